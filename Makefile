@@ -1,0 +1,26 @@
+# One-command entry points. `make demo` runs the main job, `make test` the whole suite.
+# Both install what they need (Debian packages, a venv in .venv) and are quick the
+# second time: the venv is rebuilt only when pyproject.toml changes.
+VENV ?= .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench lint clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh "$(VENV)"
+
+demo: setup
+	VENV="$(VENV)" bash scripts/demo.sh
+
+test: setup
+	VENV="$(VENV)" bash scripts/test.sh $(ARGS)
+
+bench: setup
+	VENV="$(VENV)" bash scripts/bench.sh $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf "$(VENV)" .pytest_cache build *.egg-info

@@ -1,0 +1,326 @@
+"""The embedded default broker: a local ActiveMQ Classic process run with our config.
+
+``amqstream broker start`` renders the shipped configuration into a data directory,
+starts the installed ActiveMQ (Debian's ``/usr/share/activemq`` or ``$ACTIVEMQ_HOME``)
+as a background Java process, waits until its STOMP port accepts connections and
+records the pid. Restarting on the same data directory keeps every undelivered
+persistent message (KahaDB), which is what makes the embedded broker crash-safe.
+
+Authentication is on by default: on first start a password is generated into
+``<data-dir>/credentials.json`` (mode 0600) and printed once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from urllib.parse import quote
+
+DEFAULT_PORT = 61613
+DEFAULT_USER = "amqstream"
+JAVA_OPENS = [
+    "--add-reads=java.xml=java.logging",
+    "--add-opens", "java.base/java.security=ALL-UNNAMED",
+    "--add-opens", "java.base/java.net=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util=ALL-UNNAMED",
+    "--add-opens", "java.naming/javax.naming.spi=ALL-UNNAMED",
+    "--add-opens", "java.rmi/sun.rmi.transport.tcp=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util.concurrent=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util.concurrent.atomic=ALL-UNNAMED",
+]
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started, found or stopped."""
+
+
+def default_data_dir() -> Path:
+    """Where the embedded broker keeps its config, KahaDB and pid unless told otherwise."""
+    env = os.environ.get("AMQSTREAM_BROKER_DIR")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "amqstream" / "broker"
+
+
+def activemq_home() -> Path:
+    """Locate the ActiveMQ installation, or explain how to install one."""
+    candidates = [os.environ.get("ACTIVEMQ_HOME"), "/usr/share/activemq"]
+    for cand in candidates:
+        if cand and (Path(cand) / "bin" / "activemq.jar").is_file():
+            return Path(cand)
+    raise BrokerError(
+        "ActiveMQ Classic is not installed (looked for bin/activemq.jar in "
+        f"{', '.join(c for c in candidates if c)}). Install it with "
+        "`sudo apt-get install activemq` or set ACTIVEMQ_HOME to an unpacked ActiveMQ 5.17+."
+    )
+
+
+def java_binary() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError(
+            "Java is not on PATH; ActiveMQ needs Java 11+. Install it with "
+            "`sudo apt-get install default-jre-headless`."
+        )
+    return java
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """Where a running embedded broker listens and how to log in to it."""
+
+    host: str
+    port: int
+    user: str | None
+    password: str | None
+    pid: int | None
+    data_dir: Path
+
+    @property
+    def uri(self) -> str:
+        """Airflow connection URI for this broker (contains the password: do not log)."""
+        cred = ""
+        if self.user:
+            cred = quote(self.user, safe="") + ":" + quote(self.password or "", safe="") + "@"
+        return f"amqstream://{cred}{self.host}:{self.port}"
+
+
+class EmbeddedBroker:
+    """Start, stop and inspect one ActiveMQ process bound to a data directory.
+
+    :param data_dir: directory for config, KahaDB, logs and pid file.
+    :param port: STOMP port on loopback.
+    :param auth: require a user name and password (generated on first start).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
+                 auth: bool = True, bind: str = "127.0.0.1", heap_mb: int = 512) -> None:
+        self.data_dir = Path(data_dir) if data_dir else default_data_dir()
+        if port is None:
+            try:
+                port = int((self.data_dir / "broker.port").read_text().strip())
+            except (OSError, ValueError):
+                port = DEFAULT_PORT
+        self.port = port
+        self.auth = auth
+        self.bind = bind
+        self.heap_mb = heap_mb
+
+    # -- files -------------------------------------------------------------------
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "data" / "broker.log"
+
+    @property
+    def creds_file(self) -> Path:
+        return self.data_dir / "credentials.json"
+
+    def _credentials(self) -> tuple[str, str, bool]:
+        """Return (user, password, created_now); the password is generated once."""
+        if self.creds_file.is_file():
+            data = json.loads(self.creds_file.read_text())
+            return data["user"], data["password"], False
+        alphabet = string.ascii_letters + string.digits
+        password = "".join(secrets.choice(alphabet) for _ in range(24))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"user": DEFAULT_USER, "password": password}, fh)
+        return DEFAULT_USER, password, True
+
+    def render_config(self) -> tuple[Path, bool]:
+        """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created)."""
+        conf = self.data_dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "data").mkdir(exist_ok=True)
+        (self.data_dir / "tmp").mkdir(exist_ok=True)
+        created = False
+        auth_xml = ""
+        if self.auth:
+            user, password, created = self._credentials()
+            auth_xml = _auth_plugins(user, password)
+        pkg = resources.files("airflow_provider_amqstream") / "broker_conf"
+        template = string.Template((pkg / "activemq.xml.tmpl").read_text())
+        free = shutil.disk_usage(self.data_dir).free
+        # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
+        store_mb = max(512, int(free * 0.9 / 2**20))
+        xml = template.safe_substitute(
+            broker_name=f"amqstream-{self.port}", data_dir=str(self.data_dir / "data"),
+            store_limit=f"{store_mb} mb", auth_plugins=auth_xml, bind=self.bind, port=self.port,
+        )
+        target = conf / "activemq.xml"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(xml)
+        (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())
+        return conf, created
+
+    # -- process -----------------------------------------------------------------
+    def running_pid(self) -> int | None:
+        """The pid recorded for this data dir if that process is still alive."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        # A pid can be reused after a reboot; only trust it if it is our java.
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return pid
+        return pid if str(self.data_dir).encode() in cmdline else None
+
+    def port_open(self, timeout: float = 0.5) -> bool:
+        try:
+            with socket.create_connection((self.bind, self.port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    def info(self) -> BrokerInfo:
+        user = password = None
+        if self.auth and self.creds_file.is_file():
+            data = json.loads(self.creds_file.read_text())
+            user, password = data["user"], data["password"]
+        return BrokerInfo(self.bind, self.port, user, password, self.running_pid(), self.data_dir)
+
+    def start(self, *, timeout: float = 90.0) -> tuple[BrokerInfo, bool]:
+        """Start the broker unless it already runs; return (info, credentials created now)."""
+        if self.running_pid() is not None and self.port_open():
+            return self.info(), False
+        home = activemq_home()
+        java = java_binary()
+        if self.port_open():
+            raise BrokerError(
+                f"port {self.bind}:{self.port} is already in use by another process; "
+                "stop it or pass --port to run the embedded broker elsewhere."
+            )
+        conf, created = self.render_config()
+        data = self.data_dir / "data"
+        cmd = [
+            java, f"-Xmx{self.heap_mb}M", f"-Xms{min(self.heap_mb, 256)}M",
+            "-XX:+ExitOnOutOfMemoryError",
+            *JAVA_OPENS,
+            f"-Djava.io.tmpdir={self.data_dir / 'tmp'}",
+            f"-Dactivemq.classpath={conf}",
+            f"-Dactivemq.home={home}", f"-Dactivemq.base={self.data_dir}",
+            f"-Dactivemq.conf={conf}", f"-Dactivemq.data={data}",
+            f"-Dlog4j.configuration=file:{conf / 'log4j.properties'}",
+            "-Dorg.apache.activemq.UseDedicatedTaskRunner=false",
+            "-jar", str(home / "bin" / "activemq.jar"),
+            "start", f"xbean:file:{conf / 'activemq.xml'}",
+        ]
+        out = open(data / "broker.out", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    cwd=self.data_dir)
+        finally:
+            out.close()
+        self.pid_file.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise BrokerError(
+                    f"ActiveMQ exited with code {proc.returncode} while starting; "
+                    f"see {data / 'broker.out'} and {self.log_file}:\n{self._tail()}"
+                )
+            if self.port_open():
+                (self.data_dir / "broker.port").write_text(f"{self.port}\n")
+                return self.info(), created
+            time.sleep(0.2)
+        self.stop()
+        raise BrokerError(
+            f"ActiveMQ did not open {self.bind}:{self.port} within {timeout:.0f}s; "
+            f"see {self.log_file}:\n{self._tail()}"
+        )
+
+    def stop(self, *, timeout: float = 30.0) -> bool:
+        """Stop the broker cleanly (SIGTERM, then SIGKILL); return whether one was running."""
+        pid = self.running_pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, timeout):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 10)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would (tests use this)."""
+        pid = self.running_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 10)
+
+    def _tail(self, lines: int = 15) -> str:
+        texts = []
+        for f in (self.data_dir / "data" / "broker.out", self.log_file):
+            try:
+                texts.extend(f.read_text(errors="replace").splitlines()[-lines:])
+            except OSError:
+                continue
+        return "\n".join(texts)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            # Reap it if it is our child, so it does not linger as a zombie.
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _xml_attr(value: str) -> str:
+    return (value.replace("&", "&amp;").replace('"', "&quot;")
+            .replace("<", "&lt;").replace(">", "&gt;"))
+
+
+def _auth_plugins(user: str, password: str) -> str:
+    u, p = _xml_attr(user), _xml_attr(password)
+    return f"""      <simpleAuthenticationPlugin anonymousAccessAllowed="false">
+        <users>
+          <authenticationUser username="{u}" password="{p}" groups="amqstream"/>
+        </users>
+      </simpleAuthenticationPlugin>
+      <authorizationPlugin>
+        <map>
+          <authorizationMap>
+            <authorizationEntries>
+              <authorizationEntry queue=">" read="amqstream" write="amqstream" admin="amqstream"/>
+              <authorizationEntry topic=">" read="amqstream" write="amqstream" admin="amqstream"/>
+            </authorizationEntries>
+          </authorizationMap>
+        </map>
+      </authorizationPlugin>"""

@@ -1,0 +1,223 @@
+"""Command line: ``amqstream broker|send|receive|test-connection``.
+
+Exit codes: 0 success, 1 the transfer failed (message on stderr), 2 bad usage,
+3 nothing to receive within ``--wait``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+from airflow_provider_amqstream import __version__
+from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker
+from airflow_provider_amqstream.protocol import Mode, ProtocolError
+from airflow_provider_amqstream.transport import BrokerParams, TransportError
+
+
+def _params(conn: str | None) -> BrokerParams:
+    """``--conn`` is a URI, an Airflow connection id, or (default) amqstream_default."""
+    if conn and "://" in conn:
+        return BrokerParams.from_uri(conn)
+    from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+
+    return AmqStreamHook(conn or AmqStreamHook.default_conn_name).broker_params()
+
+
+class _Progress:
+    """A one-line progress bar on a terminal; a line every 10 s otherwise (logs)."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled = label, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done < total and now - self.last < (0.2 if self.tty else 10.0):
+            return
+        self.last = now
+        rate = done / max(now - self.t0, 1e-6) / 2**20
+        pct = 100.0 * done / total if total else 100.0
+        if self.tty:
+            bar = "#" * int(pct / 4)
+            sys.stderr.write(f"\r{self.label} [{bar:<25}] {pct:5.1f}% {done / 2**20:,.1f}/"
+                             f"{total / 2**20:,.1f} MiB {rate:,.1f} MiB/s")
+            if done >= total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(f"{self.label}: {pct:5.1f}% {done}/{total} bytes {rate:,.1f} MiB/s\n")
+        sys.stderr.flush()
+
+
+def _print_result(res: Any, as_json: bool, verb: str) -> None:
+    data = res.to_json()
+    if as_json:
+        data["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(json.dumps(data), flush=True)
+        return
+    if not data["bytes_transferred"] and data["resumed_from"] == data["bytes"] and data["bytes"]:
+        print(f"stream {data['stream_id']} ({data['name']}) was already {verb} completely; "
+              f"sha256 {data['sha256']}", flush=True)
+        return
+    rate = data["bytes"] / max(data["seconds"], 1e-6) / 2**20
+    where = f" -> {data['path']}" if verb == "received" else ""
+    resumed = f", resumed at byte {data['resumed_from']}" if data["resumed_from"] else ""
+    print(f"{verb} stream {data['stream_id']} ({data['name']}, {data['bytes']} bytes, {data['chunks']} chunks) "
+          f"via {data['destination']}{where} in {data['seconds']:.2f}s ({rate:,.1f} MiB/s{resumed}); "
+          f"sha256 {data['sha256']}", flush=True)
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb)
+    if args.action == "start":
+        info, created = broker.start()
+        print(f"broker running: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
+        if created:
+            print(f"generated credentials (kept in {broker.creds_file}, shown once):")
+            print(f"  export AIRFLOW_CONN_AMQSTREAM_DEFAULT='{info.uri}'")
+        return 0
+    if args.action == "stop":
+        print("broker stopped" if broker.stop() else "broker was not running")
+        return 0
+    if args.action == "uri":
+        print(broker.info().uri)
+        return 0
+    pid = broker.running_pid()
+    if pid is not None and broker.port_open():
+        print(f"running: pid {pid}, stomp://{broker.bind}:{broker.port}, data in {broker.data_dir}")
+        return 0
+    print(f"not running (data dir {broker.data_dir})")
+    return 1
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.engine import send_file
+
+    res = send_file(
+        _params(args.conn), args.path, args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
+        window=args.window, mode=args.mode, restart=args.restart,
+        progress=_Progress(f"send {os.path.basename(args.path)}", not args.quiet),
+    )
+    _print_result(res, args.json, "sent")
+    return 0
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
+
+    params = _params(args.conn)
+    events = None
+    if args.events:
+        ev_fh = open(args.events, "a", buffering=1)  # noqa: SIM115 - lives as long as the command
+
+        def events(kind: str, data: dict[str, Any]) -> None:
+            ev_fh.write(json.dumps({"event": kind, "pid": os.getpid(), **data}) + "\n")
+
+    received = 0
+    while args.follow or received < args.count:
+        opts = ReceiveOptions(window=args.window or params.window or 16, wait_timeout=args.wait,
+                              idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
+                              progress=_Progress("receive", not args.quiet))
+        res = receive_stream(params, args.source, args.out_dir, stream_id=args.stream_id, options=opts)
+        if res is None:
+            if received or args.follow:
+                return 0
+            print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)
+            return 3
+        received += 1
+        _print_result(res, args.json, "received")
+    return 0
+
+
+def cmd_test_connection(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.transport import StompLink
+
+    params = _params(args.conn)
+    with StompLink(params) as link:
+        link.round_trip()
+    print(f"ok: connected to {params.url} and received a receipt")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="amqstream", description="Move files through ActiveMQ over STOMP.")
+    ap.add_argument("--version", action="version", version=f"amqstream {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log protocol and connection events")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("broker", help="run the embedded ActiveMQ broker")
+    b.add_argument("action", choices=["start", "stop", "status", "uri"])
+    b.add_argument("--data-dir", help="config, KahaDB and logs (default ~/.local/state/amqstream/broker)")
+    b.add_argument("--port", type=int, help="STOMP port on 127.0.0.1 (default 61613)")
+    b.add_argument("--no-auth", action="store_true", help="allow anonymous clients (not recommended)")
+    b.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap (default 512)")
+    b.set_defaults(func=cmd_broker)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--conn", help="amqstream:// URI or Airflow connection id (default amqstream_default, "
+                                      "else the embedded broker)")
+        p.add_argument("--stream-id", help="stream id (send: default derived from the file; receive: any)")
+        p.add_argument("--window", type=int, help="chunks per confirmation / prefetch (default 16)")
+        p.add_argument("--json", action="store_true", help="print one JSON object per stream")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+    s = sub.add_parser("send", help="send a file as a stream")
+    s.add_argument("path")
+    s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
+    s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
+    s.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.STREAM.value,
+                   help="stream: receivers start at once; atomic: only after every chunk is stored")
+    s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")
+    common(s)
+    s.set_defaults(func=cmd_send)
+
+    r = sub.add_parser("receive", help="receive streams into a directory")
+    r.add_argument("--from", dest="source", required=True, help="destination, e.g. /queue/landing")
+    r.add_argument("--out-dir", required=True)
+    r.add_argument("--count", type=int, default=1, help="streams to receive, one at a time (default 1)")
+    r.add_argument("--follow", action="store_true", help="keep receiving until --wait passes with nothing")
+    r.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a stream (default 60)")
+    r.add_argument("--idle-timeout", type=float, default=120.0,
+                   help="seconds without a chunk before giving up on a sender (default 120)")
+    r.add_argument("--overwrite", action="store_true", help="replace a file of the same name")
+    r.add_argument("--events", help="append JSON lines of stream_open/stream_close events to this file")
+    common(r)
+    r.set_defaults(func=cmd_receive)
+
+    t = sub.add_parser("test-connection", help="connect and prove a round trip")
+    t.add_argument("--conn")
+    t.set_defaults(func=cmd_test_connection)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
+    try:
+        return args.func(args)
+    except (BrokerError, TransportError, ProtocolError, ValueError, OSError) as exc:
+        print(f"amqstream: error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # StreamError and friends: already say what to do
+        print(f"amqstream: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("amqstream: interrupted; run the same command again to continue", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,566 @@
+"""Senders and receivers: the protocol state machines driven over a STOMP link and files.
+
+``send_file`` reads a file one chunk at a time and never holds more than one chunk;
+``receive_stream`` writes each chunk at its offset and never holds more than the
+broker's prefetch window. Both keep a durable checkpoint, so a killed process, a
+lost connection and a restarted broker all end in the same place: reconnect, reload
+the checkpoint, continue.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.transport import BrokerParams, ConnectionLost, StompLink, TransportError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+EventSink = Callable[[str, dict[str, Any]], None]
+STATE_DIR_NAME = ".amqstream"
+
+
+class StreamError(RuntimeError):
+    """A stream cannot be completed as it is; the text names stream, offset and remedy."""
+
+
+class StreamStalled(StreamError):
+    """Nothing arrived for the idle timeout; re-running continues where it stopped."""
+
+
+@dataclass
+class TransferResult:
+    """What one send or receive did. ``bytes_transferred`` counts only this run."""
+
+    stream_id: str
+    destination: str
+    name: str
+    bytes: int
+    chunks: int
+    sha256: str
+    seconds: float
+    mode: str
+    resumed_from: int = 0
+    bytes_transferred: int = 0
+    path: str | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    duplicates: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Checkpoint(Protocol):
+    """Where a sender keeps its resume point. The CLI uses a file; Airflow adds the
+    task state store so a retry on another worker finds it."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, data: dict[str, Any], *, final: bool = False) -> None: ...
+
+
+class FileCheckpoint:
+    """A JSON file replaced atomically, fsynced so a crash never leaves half a state."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StreamError(f"resume state {self.path} is unreadable ({exc}); delete it to start over") from exc
+
+    def save(self, data: dict[str, Any], *, final: bool = False) -> None:
+        _atomic_json(self.path, data)
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("AMQSTREAM_STATE_DIR")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "amqstream" / "send"
+
+
+def _atomic_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class _Backoff:
+    """Reconnect pacing with a deadline: 0.5 s doubling to 5 s."""
+
+    def __init__(self, what: str, url: str, timeout: float) -> None:
+        self.what, self.url, self.timeout = what, url, timeout
+        self.deadline = time.monotonic() + timeout
+        self.delay = 0.5
+        self.attempts = 0
+
+    def wait(self, exc: BaseException) -> None:
+        self.attempts += 1
+        if time.monotonic() + self.delay > self.deadline:
+            raise StreamError(
+                f"{self.what}: gave up reconnecting to {self.url} after {self.timeout:.0f}s "
+                f"({self.attempts} attempts); last error: {exc}. Re-run to continue from the checkpoint."
+            ) from exc
+        log.warning("%s: %s; reconnecting in %.1fs", self.what, exc, self.delay)
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 5.0)
+
+    def reset(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+        self.delay = 0.5
+
+
+# =============================================================================== send
+def send_file(
+    params: BrokerParams,
+    path: str | os.PathLike[str],
+    destination: str,
+    *,
+    stream_id: str | None = None,
+    name: str | None = None,
+    chunk_size: int | None = None,
+    window: int | None = None,
+    mode: str | p.Mode = p.Mode.STREAM,
+    checkpoint: Checkpoint | None = None,
+    restart: bool = False,
+    progress: Progress | None = None,
+    reconnect_timeout: float = 120.0,
+) -> TransferResult:
+    """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
+
+    :param params: broker connection settings.
+    :param path: the file to send.
+    :param destination: ``/queue/NAME`` (or ``/topic/NAME``) where receivers listen.
+    :param stream_id: stream id; by default derived from path, size and mtime, so the
+        same call after a crash finds its checkpoint.
+    :param chunk_size: bytes per chunk message (default 1 MiB).
+    :param window: chunks per broker confirmation (default 16).
+    :param mode: ``stream`` (receivers may start at once) or ``atomic`` (receivers see
+        the stream only once every chunk is stored).
+    :param checkpoint: where the resume point lives (default: a file in the state dir).
+    :param restart: ignore an existing checkpoint and send from the first byte.
+    :param progress: called with (bytes confirmed, total bytes) after each window.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    """
+    started = time.time()
+    t0 = time.monotonic()
+    src = Path(path)
+    try:
+        st_ = src.stat()
+    except OSError as exc:
+        raise StreamError(f"cannot read {src}: {exc.strerror}") from exc
+    if not src.is_file():
+        raise StreamError(f"{src} is not a regular file")
+    dest = p.Destination.parse(destination)
+    if dest.kind != "queue":
+        raise StreamError(f"{dest}: streams go to queues; topics are not supported yet")
+    identity = f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
+    sid = p.validate_stream_id(stream_id) if stream_id else p.derive_stream_id(src.name, identity)
+    chunk_size = chunk_size or params.chunk_size or p.DEFAULT_CHUNK_SIZE
+    window = window or params.window or p.DEFAULT_WINDOW
+    if window < 1:
+        raise StreamError(f"window must be at least 1, got {window}")
+    spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, p.Mode(mode))
+    ckpt = checkpoint or FileCheckpoint(default_state_dir() / f"{sid}.json")
+
+    state = None if restart else _load_sender_state(ckpt)
+    if state is not None and (state.identity != identity or state.spec != spec
+                              or state.destination != str(dest)):
+        raise StreamError(
+            f"stream {sid}: an interrupted transfer with this id was for a different file, "
+            f"destination or chunk size ({state.destination}, {state.spec.size} bytes); "
+            "pass restart=True (--restart) to send it again from the start, or use a new stream id"
+        )
+    state = state or p.SenderState(spec, str(dest), identity)
+    resumed_from = state.confirmed_offset
+    if state.done:
+        log.info("stream %s to %s was already sent completely", sid, dest)
+        return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
+                              0.0, spec.mode.value, resumed_from, 0, str(src), started, time.time())
+    if resumed_from:
+        log.info("stream %s: resuming at byte %d of %d", sid, resumed_from, spec.size)
+
+    data_q = dest.data_queue(sid)
+    backoff = _Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout)
+    sent_bytes = 0
+    while True:
+        try:
+            sent_bytes += _send_attempt(params, src, dest, data_q, state, ckpt, window, progress)
+            break
+        except ConnectionLost as exc:
+            backoff.wait(exc)
+        except TransportError as exc:
+            if backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
+                raise
+            backoff.wait(exc)
+    ckpt.save(state.to_json(), final=True)
+    secs = time.monotonic() - t0
+    return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "", secs,
+                          spec.mode.value, resumed_from, sent_bytes, str(src), started, time.time())
+
+
+def _load_sender_state(ckpt: Checkpoint) -> p.SenderState | None:
+    data = ckpt.load()
+    if not data:
+        return None
+    try:
+        return p.SenderState.from_json(data)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
+
+
+def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: str,
+                  state: p.SenderState, ckpt: Checkpoint, window: int,
+                  progress: Progress | None) -> int:
+    """One connected attempt; returns bytes sent in it. Resumes at the confirmed chunk."""
+    spec = state.spec
+    sent = 0
+    with StompLink(params, client_id=f"amqs-send-{spec.stream_id}-{os.getpid()}") as link:
+        if spec.mode is p.Mode.STREAM and not state.offer_sent:
+            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest), receipt=True) or "")
+            state.offer_sent = True
+            ckpt.save(state.to_json())
+        hasher = hashlib.sha256()
+        with open(src, "rb") as fh:
+            _hash_prefix(fh, hasher, state.confirmed_offset)
+            fh.seek(state.confirmed_offset)
+            # Two windows in flight: the broker stores one while we send the next.
+            pending: collections.deque[tuple[str, int]] = collections.deque()
+            for seq in range(state.confirmed_seq + 1, spec.chunks + 1):
+                offset, length = spec.chunk_span(seq)
+                body = fh.read(length)
+                hasher.update(body)
+                want = seq % window == 0 or seq == spec.chunks
+                rid = link.send(data_q, body, p.data_headers(spec, seq, body), receipt=want)
+                sent += len(body)
+                if rid:
+                    pending.append((rid, seq))
+                while len(pending) > (1 if seq < spec.chunks else 0):
+                    rid0, seq0 = pending.popleft()
+                    link.wait_receipt(rid0)
+                    state.confirm(seq0)
+                    ckpt.save(state.to_json())
+                    if progress:
+                        progress(state.confirmed_offset, spec.size)
+            if _fstat_changed(fh, spec):
+                raise StreamError(f"stream {spec.stream_id}: {src} changed while it was being sent; "
+                                  "the stream is incomplete. Re-send with restart=True once it is stable.")
+        if not state.end_sent:
+            state.sha256 = hasher.hexdigest()
+            link.wait_receipt(link.send(data_q, b"", p.end_headers(spec, state.sha256), receipt=True) or "")
+            state.end_sent = True
+            ckpt.save(state.to_json())
+        if not state.offer_sent:
+            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest), receipt=True) or "")
+            state.offer_sent = True
+        if progress:
+            progress(spec.size, spec.size)
+    return sent
+
+
+def _fstat_changed(fh: Any, spec: p.StreamSpec) -> bool:
+    return os.fstat(fh.fileno()).st_size != spec.size
+
+
+def _hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -> None:
+    """Feed the first ``upto`` bytes of an open file to ``hasher`` (resume path)."""
+    fh.seek(0)
+    left = upto
+    buf = bytearray(block)
+    view = memoryview(buf)
+    while left > 0:
+        n = fh.readinto(view[: min(block, left)])
+        if not n:
+            raise StreamError(f"{getattr(fh, 'name', 'file')} is shorter than its resume point {upto}")
+        hasher.update(view[:n])
+        left -= n
+
+
+# ============================================================================ receive
+@dataclass
+class ReceiveOptions:
+    """Knobs for :func:`receive_stream`.
+
+    :param window: broker prefetch for chunks, and chunks per fsync + acknowledgement.
+    :param wait_timeout: seconds to wait for a stream to be offered (None: forever).
+    :param idle_timeout: seconds without a chunk before the sender is presumed dead.
+    :param gap_grace: seconds to wait for late chunks after the end marker.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param overwrite: replace an existing file of the same name in the output directory.
+    :param max_bytes: refuse streams larger than this.
+    """
+
+    window: int = p.DEFAULT_WINDOW
+    wait_timeout: float | None = 60.0
+    idle_timeout: float = 120.0
+    gap_grace: float = 5.0
+    reconnect_timeout: float = 120.0
+    overwrite: bool = False
+    max_bytes: int | None = None
+    events: EventSink | None = None
+    progress: Progress | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
+                   stream_id: str | None = None, options: ReceiveOptions | None = None) -> TransferResult | None:
+    """Receive the next stream offered on ``source`` (or the one named ``stream_id``)
+    into ``out_dir``; return None if none was offered within ``wait_timeout``.
+
+    The file appears in ``out_dir`` only once every byte is on disk and its SHA-256
+    matches the sender's. Partial data and the resume state live in
+    ``out_dir/.amqstream/``; another receiver given the same directory continues it.
+    """
+    opts = options or ReceiveOptions()
+    dest = p.Destination.parse(source)
+    if dest.kind != "queue":
+        raise StreamError(f"{dest}: streams are received from queues; topics are not supported yet")
+    if stream_id:
+        p.validate_stream_id(stream_id)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / STATE_DIR_NAME).mkdir(exist_ok=True)
+    what = f"receiving {'stream ' + stream_id if stream_id else 'a stream'} from {dest}"
+    backoff = _Backoff(what, params.url, opts.reconnect_timeout)
+    wait = opts.wait_timeout
+    first = True
+    while True:
+        try:
+            with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
+                backoff.reset()
+                return _receive_attempt(link, dest, out, stream_id, opts, wait)
+        except ConnectionLost as exc:
+            backoff.wait(exc)
+        except TransportError as exc:
+            if first:
+                raise
+            backoff.wait(exc)
+        first = False
+        # After a reconnect our own unacknowledged offer is redelivered at once.
+        wait = max(wait or 0.0, 30.0) if wait is not None else None
+
+
+def _emit(opts: ReceiveOptions, kind: str, **data: Any) -> None:
+    if opts.events:
+        opts.events(kind, {"time": time.time(), **data})
+
+
+def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id: str | None,
+                     opts: ReceiveOptions, wait: float | None) -> TransferResult | None:
+    selector = f"{p.H_KIND} = 'offer'"
+    if stream_id:
+        selector += f" AND {p.H_STREAM} = '{stream_id}'"
+    # Prefetch 1 and no ack until publication: this receiver holds one offer, so the
+    # broker hands it no other stream, and the offer returns to the queue if we die.
+    link.subscribe(str(dest), prefetch=1, selector=selector)
+    offer = _get(link, wait)
+    if offer is None:
+        return None
+    try:
+        spec, data_q = p.parse_offer(offer.headers)
+    except p.ProtocolError as exc:
+        # A malformed offer would come back forever: let the broker's redelivery policy
+        # move it to the DLQ, and say so.
+        link._live().nack(offer.headers["ack"])
+        raise StreamError(f"rejected an invalid offer on {dest} (sent towards the DLQ): {exc}") from exc
+    if opts.max_bytes is not None and spec.size > opts.max_bytes:
+        link._live().nack(offer.headers["ack"])
+        raise StreamError(f"stream {spec.stream_id} on {dest} is {spec.size} bytes, over the limit of "
+                          f"{opts.max_bytes}; it was refused (sent towards the DLQ)")
+    return _StreamReceiver(link, dest, out, spec, data_q, opts).run(offer)
+
+
+def _get(link: StompLink, timeout: float | None) -> Any:
+    if timeout is None:
+        while True:
+            frame = link.get(30.0)
+            if frame is not None:
+                return frame
+    return link.get(timeout)
+
+
+class _StreamReceiver:
+    """Receives one offered stream into ``out``; see :func:`receive_stream`."""
+
+    def __init__(self, link: StompLink, dest: p.Destination, out: Path, spec: p.StreamSpec,
+                 data_q: str, opts: ReceiveOptions) -> None:
+        self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
+        sdir = out / STATE_DIR_NAME
+        self.part = sdir / f"{spec.stream_id}.part"
+        self.state_file = sdir / f"{spec.stream_id}.json"
+        self.done_file = sdir / f"{spec.stream_id}.done"
+        self.what = f"stream {spec.stream_id} ({data_q})"
+
+    def run(self, offer: Any) -> TransferResult:
+        spec, opts = self.spec, self.opts
+        started = time.time()
+        t0 = time.monotonic()
+        if self.done_file.exists():
+            # The stream was published before and the offer came again (sender re-run
+            # after its final receipt was lost): acknowledge, write nothing.
+            info = json.loads(self.done_file.read_text())
+            self.link.ack(offer)
+            _emit(opts, "duplicate_offer", stream_id=spec.stream_id)
+            return TransferResult(**{**info, "seconds": 0.0, "bytes_transferred": 0,
+                                     "started_at": started, "finished_at": time.time()})
+        fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for cp
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StreamError(f"{self.what} is being received by another process into {self.out}") from None
+            state = self._load_state()
+            resumed_from = state.contiguous_bytes
+            _emit(opts, "stream_open", stream_id=spec.stream_id, resumed_from=resumed_from)
+            hasher = hashlib.sha256()
+            with os.fdopen(os.dup(fd), "rb", buffering=0) as rfh:
+                _hash_prefix(rfh, hasher, state.contiguous_bytes)
+            written = self._drain(fd, state, hasher)
+            state.verify(hasher.hexdigest())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        final = self._final_path()
+        os.replace(self.part, final)
+        _fsync_dir(self.out)
+        result = TransferResult(
+            spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, hasher.hexdigest(),
+            time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
+            time.time(), state.duplicates)
+        info = result.to_json()
+        _atomic_json(self.done_file, info)
+        self.state_file.unlink(missing_ok=True)
+        self.link.ack(offer)
+        _emit(opts, "stream_close", stream_id=spec.stream_id, path=str(final))
+        return result
+
+    def _load_state(self) -> p.ReceiverState:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return p.ReceiverState(self.spec)
+        except (OSError, ValueError) as exc:
+            raise StreamError(f"{self.what}: resume state {self.state_file} is unreadable ({exc}); "
+                              "delete it and the .part file to receive from the start") from exc
+        state = p.ReceiverState.from_json(data)
+        if state.spec != self.spec:
+            raise StreamError(f"{self.what}: resume state {self.state_file} belongs to a different "
+                              "stream with the same id; delete it to receive from the start")
+        log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
+        return state
+
+    def _drain(self, fd: int, state: p.ReceiverState, hasher: Any) -> int:
+        """Receive chunks until complete; return bytes written by this run."""
+        link, opts, spec = self.link, self.opts, self.spec
+        if state.complete:
+            return 0
+        link.subscribe(self.data_q, prefetch=max(1, opts.window))
+        unacked: list[Any] = []
+        # Written but not yet fsynced; bodies are held by the unacked frames anyway, and
+        # both are bounded by the window, never by the file size.
+        new: list[tuple[int, bytes]] = []
+        written = 0
+        last_progress = 0.0
+        hash_seq = state.next_seq
+        while not state.complete:
+            timeout = opts.gap_grace if state.expected_sha256 else opts.idle_timeout
+            frame = link.get(min(timeout, 1.0) if unacked else timeout)
+            if frame is None:
+                if unacked:
+                    hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
+                    continue
+                if state.expected_sha256:
+                    raise StreamError(
+                        f"{self.what}: end marker arrived but {state.describe_missing()} never did; "
+                        f"they were consumed by another client or moved to a DLQ. The partial file is kept "
+                        f"in {self.part}; re-send the stream (amqstream send --restart) to complete it."
+                    )
+                raise StreamStalled(
+                    f"{self.what}: nothing arrived for {timeout:.0f}s at byte {state.contiguous_bytes} of "
+                    f"{spec.size}; is the sender still running? Re-run the receiver to continue from there."
+                )
+            try:
+                d = state.decide(frame.headers, frame.body)
+            except p.ProtocolError as exc:
+                link._live().nack(frame.headers["ack"])
+                raise StreamError(f"{self.what}: {exc}; the message was rejected (sent towards the DLQ)") from exc
+            if d.verdict is p.Verdict.CORRUPT:
+                link._live().nack(frame.headers["ack"])
+                raise StreamError(f"{self.what}: {d.reason}; nothing of it was written and the file will not "
+                                  f"be published. Re-send the stream (amqstream send --restart).")
+            if d.verdict is p.Verdict.WRITE and not any(s == d.seq for s, _ in new):
+                os.pwrite(fd, frame.body, d.offset)
+                written += len(frame.body)
+                new.append((d.seq, frame.body))
+            unacked.append(frame)
+            if len(unacked) >= opts.window or d.verdict is p.Verdict.END or (
+                    state.expected_sha256 and state.next_seq + len(new) > spec.chunks):
+                hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
+                if opts.progress and time.monotonic() - last_progress > 0.5:
+                    last_progress = time.monotonic()
+                    opts.progress(state.received_bytes, spec.size)
+        if opts.progress:
+            opts.progress(spec.size, spec.size)
+        return written
+
+    def _commit(self, fd: int, state: p.ReceiverState, hasher: Any, new: list[tuple[int, bytes]],
+                unacked: list[Any], hash_seq: int) -> int:
+        """Make written chunks durable, record them, then acknowledge (in that order, so
+        an acknowledged chunk is always on disk). Returns the next chunk to hash."""
+        if new:
+            os.fsync(fd)
+        bodies = dict(new)
+        for seq, _ in new:
+            for ready in state.mark_durable(seq):
+                if ready != hash_seq:
+                    raise StreamError(f"{self.what}: hash order broken at chunk {ready}")  # invariant
+                body = bodies.get(ready)
+                if body is None:
+                    off, length = self.spec.chunk_span(ready)
+                    body = os.pread(fd, length, off)
+                hasher.update(body)
+                hash_seq += 1
+        new.clear()
+        _atomic_json(self.state_file, state.to_json())
+        for frame in unacked:
+            self.link.ack(frame)
+        unacked.clear()
+        return hash_seq
+
+    def _final_path(self) -> Path:
+        name = p.safe_file_name(self.spec.name, self.spec.stream_id)
+        final = self.out / name
+        if final.exists() and not self.opts.overwrite:
+            stem, dot, ext = name.rpartition(".")
+            final = self.out / (f"{stem}.{self.spec.stream_id}.{ext}" if stem else f"{name}.{self.spec.stream_id}")
+        return final
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

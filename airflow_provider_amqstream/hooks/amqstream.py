@@ -1,0 +1,119 @@
+"""AmqStreamHook: the Airflow connection and the whole transfer, in one place.
+
+Operators and sensors stay thin: they validate arguments, call :meth:`send_file` or
+:meth:`receive_stream`, and publish results. The hook never touches the network in
+``__init__``; each call opens its own STOMP session, so a retry or a reconnect
+always starts from a fresh socket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from airflow_provider_amqstream import engine
+from airflow_provider_amqstream.broker import default_data_dir
+from airflow_provider_amqstream.protocol import Destination
+from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
+
+log = logging.getLogger(__name__)
+
+
+class AmqStreamHook(BaseHook):
+    """Send and receive file streams through ActiveMQ over STOMP 1.2.
+
+    :param amqstream_conn_id: Airflow connection of type ``amqstream``. If it is the
+        default id and no such connection exists, the hook falls back to the embedded
+        broker started by ``amqstream broker start`` on this machine.
+    :param uri: use this ``amqstream://`` URI instead of an Airflow connection.
+    """
+
+    conn_name_attr = "amqstream_conn_id"
+    default_conn_name = "amqstream_default"
+    conn_type = "amqstream"
+    hook_name = "ActiveMQ Stream (STOMP)"
+
+    def __init__(self, amqstream_conn_id: str = default_conn_name, *, uri: str | None = None) -> None:
+        super().__init__()
+        self.amqstream_conn_id = amqstream_conn_id
+        self.uri = uri
+        self._params: BrokerParams | None = None
+
+    # -- connection --------------------------------------------------------------
+    def broker_params(self) -> BrokerParams:
+        """Connection settings, read on first use (never at DAG parse time)."""
+        if self._params is None:
+            self._params = self._resolve_params()
+        return self._params
+
+    def _resolve_params(self) -> BrokerParams:
+        if self.uri:
+            return BrokerParams.from_uri(self.uri)
+        try:
+            conn = self.get_connection(self.amqstream_conn_id)
+        except Exception as exc:
+            if self.amqstream_conn_id != self.default_conn_name or type(exc).__name__ != "AirflowNotFoundException":
+                raise
+            embedded = _embedded_params()
+            if embedded is None:
+                raise
+            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
+            return embedded
+        return BrokerParams.from_parts(conn.host, conn.port, conn.login, conn.password, conn.extra_dejson)
+
+    def get_conn(self) -> StompLink:
+        """A new, open STOMP session. The caller closes it (or uses ``with``)."""
+        return StompLink(self.broker_params()).open()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Connect, prove a round trip with a receipt, disconnect."""
+        try:
+            params = self.broker_params()
+            with StompLink(params) as link:
+                link.round_trip()
+        except (TransportError, ValueError) as exc:
+            return False, str(exc)
+        return True, f"Connected to {params.url} and received a receipt"
+
+    # -- transfers ---------------------------------------------------------------
+    def send_file(self, path: str | os.PathLike[str], destination: str, **kwargs: Any) -> engine.TransferResult:
+        """Send a file as a stream; see :func:`airflow_provider_amqstream.engine.send_file`."""
+        return engine.send_file(self.broker_params(), path, destination, **kwargs)
+
+    def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
+                       options: engine.ReceiveOptions | None = None) -> engine.TransferResult | None:
+        """Receive one stream; see :func:`airflow_provider_amqstream.engine.receive_stream`."""
+        return engine.receive_stream(self.broker_params(), source, out_dir, stream_id=stream_id, options=options)
+
+    def offer_waiting(self, source: str, *, stream_id: str | None = None, timeout: float = 2.0) -> bool:
+        """Whether a stream is offered on ``source`` right now, without taking it.
+
+        Uses a queue browser, so nothing is consumed: cheap enough for a trigger to poll.
+        """
+        dest = Destination.parse(source)
+        selector = "amqs_kind = 'offer'" + (f" AND amqs_stream = '{stream_id}'" if stream_id else "")
+        with StompLink(self.broker_params()) as link:
+            conn = link._live()
+            conn.subscribe(str(dest), id="amqs-browse", ack="auto",
+                           headers={"browser": "true", "selector": selector, "activemq.prefetchSize": "1"})
+            frame = link.get(timeout)
+            # A browser ends with an empty end-of-browse message; anything else is an offer.
+            return frame is not None and frame.headers.get("browser") != "end"
+
+
+def _embedded_params() -> BrokerParams | None:
+    """Settings of the embedded broker on this machine, if it was started."""
+    data_dir = default_data_dir()
+    port_file = data_dir / "broker.port"
+    if not port_file.is_file():
+        return None
+    login = password = None
+    creds = data_dir / "credentials.json"
+    if creds.is_file():
+        data = json.loads(creds.read_text())
+        login, password = data["user"], data["password"]
+    return BrokerParams(hosts=(("127.0.0.1", int(port_file.read_text().strip())),), login=login, password=password)

@@ -1,0 +1,503 @@
+"""The amqstream chunk protocol: pure state machines, no I/O.
+
+Read ``docs/protocol.md`` for the wire format. In short, a stream is:
+
+* one ``offer`` message on the destination the user named (``/queue/landing``): it
+  announces the stream (id, file name, size, chunk size) and where its chunks are;
+* ``data`` messages on a per-stream queue ``<destination>.amqs.<stream id>``, one per
+  chunk, each carrying its 1-based sequence number, byte offset and CRC-32;
+* one ``end`` message on the same per-stream queue with the SHA-256 of the whole file.
+
+A receiver takes one offer at a time (prefetch 1, acknowledged only when the file is
+published), so it never has two streams open, and a crashed receiver's offer goes back
+to the queue for the next one. Chunks are placed by offset, never by arrival order, so
+a broker that reorders, redelivers or duplicates cannot corrupt the file.
+
+This module decides; the engine (``engine.py``) reads files, writes files and talks to
+the broker. Everything here can be unit-tested without a network or a disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+PROTOCOL_VERSION = 1
+
+# Header names are valid JMS identifiers, so `amqs_stream = 'x'` works as a selector.
+H_VERSION = "amqs_version"
+H_KIND = "amqs_kind"
+H_STREAM = "amqs_stream"
+H_MODE = "amqs_mode"
+H_NAME = "amqs_name"
+H_SIZE = "amqs_size"
+H_CHUNK_SIZE = "amqs_chunk_size"
+H_CHUNKS = "amqs_chunks"
+H_DATA_DEST = "amqs_data_dest"
+H_SEQ = "amqs_seq"
+H_OFFSET = "amqs_offset"
+H_CRC = "amqs_crc32"
+H_SHA256 = "amqs_sha256"
+# Standard JMS group properties: a plain JMS consumer can reassemble with these alone.
+H_GROUP_ID = "JMSXGroupID"
+H_GROUP_SEQ = "JMSXGroupSeq"
+
+DEFAULT_CHUNK_SIZE = 1024 * 1024
+DEFAULT_WINDOW = 16
+# ActiveMQ's STOMP connector refuses frames over maxDataLength (64 MiB in our config);
+# stay well below it so headers and a TLS record never push a chunk over.
+MAX_CHUNK_SIZE = 32 * 1024 * 1024
+MAX_STREAM_ID = 128
+MAX_NAME_BYTES = 255
+
+_STREAM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DEST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ProtocolError(ValueError):
+    """A message or argument breaks the protocol; the text names the stream and field."""
+
+
+class Kind(str, Enum):
+    OFFER = "offer"
+    DATA = "data"
+    END = "end"
+
+
+class Mode(str, Enum):
+    """When the receiver may see a stream.
+
+    ``stream``: the offer goes first, so a receiver can write while the sender sends.
+    ``atomic``: the offer goes last, after the broker confirmed every chunk, so no
+    receiver ever starts on a stream whose producer died (seed 000's transaction,
+    without holding the stream in broker memory: chunks wait in KahaDB).
+    """
+
+    STREAM = "stream"
+    ATOMIC = "atomic"
+
+
+# --------------------------------------------------------------------------- names
+def validate_stream_id(stream_id: str) -> str:
+    """Return ``stream_id`` if it is safe as a queue-name suffix and a file name."""
+    if not isinstance(stream_id, str) or not stream_id:
+        raise ProtocolError("stream id must be a non-empty string")
+    if len(stream_id) > MAX_STREAM_ID or not _STREAM_ID_RE.match(stream_id) or ".." in stream_id:
+        raise ProtocolError(
+            f"stream id {stream_id!r} is not valid: use 1-{MAX_STREAM_ID} characters from "
+            "A-Z a-z 0-9 . _ - starting with a letter or digit, and no '..'"
+        )
+    return stream_id
+
+
+def derive_stream_id(file_name: str, identity: str) -> str:
+    """A stable stream id for a file: readable prefix plus a hash of ``identity``.
+
+    The same file (same identity: path, size, mtime) gets the same id, which is what
+    lets a re-run of an interrupted send find its own resume point.
+    """
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", file_name).strip("._-")[:48] or "stream"
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{stem}-{digest}"
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A STOMP destination on ActiveMQ: ``/queue/NAME`` or ``/topic/NAME``."""
+
+    kind: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> Destination:
+        """Accept ``/queue/x``, ``/topic/x``, ``queue://x``, ``topic://x`` or bare ``x`` (queue)."""
+        raw = (text or "").strip()
+        kind, name = "queue", raw
+        for prefix, k in (("/queue/", "queue"), ("/topic/", "topic"),
+                          ("queue://", "queue"), ("topic://", "topic")):
+            if raw.startswith(prefix):
+                kind, name = k, raw[len(prefix):]
+                break
+        if not name or len(name) > 200 or not _DEST_NAME_RE.match(name):
+            raise ProtocolError(
+                f"destination {text!r} is not valid: use /queue/NAME or /topic/NAME where NAME "
+                "has only A-Z a-z 0-9 . _ -"
+            )
+        return cls(kind, name)
+
+    def __str__(self) -> str:
+        return f"/{self.kind}/{self.name}"
+
+    def data_queue(self, stream_id: str) -> str:
+        """The per-stream queue holding one stream's chunks and end marker."""
+        return f"/queue/{self.name}.amqs.{validate_stream_id(stream_id)}"
+
+
+_UNSAFE_CHARS = set('<>:"|?*\\')
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
+
+
+def safe_file_name(name: str, stream_id: str) -> str:
+    """Turn a file name from the wire into one that cannot leave the output directory.
+
+    Keeps only the last path component, drops control and shell-hostile characters,
+    leading dots (no ``..``, no hidden files that shadow our state directory) and
+    reserved device names, and caps the length at 200 UTF-8 bytes.
+    """
+    base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
+    base = "".join(ch for ch in base if ch.isprintable() and ch not in _UNSAFE_CHARS)
+    base = base.strip().lstrip(".").strip()
+    if base.split(".", 1)[0].upper() in _RESERVED:
+        base = "_" + base
+    if not base:
+        base = stream_id
+    raw = base.encode("utf-8", "ignore")
+    if len(raw) > 200:
+        stem, dot, ext = base.rpartition(".")
+        ext_b = (dot + ext).encode("utf-8", "ignore")[:20] if stem else b""
+        base = raw[: 200 - len(ext_b)].decode("utf-8", "ignore") + ext_b.decode("utf-8", "ignore")
+    return base
+
+
+# --------------------------------------------------------------------------- stream
+@dataclass(frozen=True)
+class StreamSpec:
+    """What an offer announces; both ends derive chunk boundaries from it."""
+
+    stream_id: str
+    name: str
+    size: int
+    chunk_size: int
+    mode: Mode = Mode.STREAM
+
+    def __post_init__(self) -> None:
+        validate_stream_id(self.stream_id)
+        if not isinstance(self.size, int) or self.size < 0:
+            raise ProtocolError(f"stream {self.stream_id}: size must be a non-negative integer")
+        if not isinstance(self.chunk_size, int) or not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise ProtocolError(
+                f"stream {self.stream_id}: chunk size {self.chunk_size} is outside 1..{MAX_CHUNK_SIZE}"
+            )
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.size // self.chunk_size)
+
+    def chunk_span(self, seq: int) -> tuple[int, int]:
+        """Byte offset and length of chunk ``seq`` (1-based)."""
+        if not 1 <= seq <= self.chunks:
+            raise ProtocolError(f"stream {self.stream_id}: chunk {seq} is outside 1..{self.chunks}")
+        offset = (seq - 1) * self.chunk_size
+        return offset, min(self.chunk_size, self.size - offset)
+
+    def offset_of(self, seq: int) -> int:
+        """Byte offset where chunk ``seq`` starts; ``chunks + 1`` gives the size."""
+        return min((seq - 1) * self.chunk_size, self.size)
+
+
+def crc32(body: bytes | memoryview) -> int:
+    return zlib.crc32(body) & 0xFFFFFFFF
+
+
+def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
+    return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: kind.value, H_STREAM: spec.stream_id,
+            H_GROUP_ID: spec.stream_id}
+
+
+def offer_headers(spec: StreamSpec, destination: Destination) -> dict[str, str]:
+    h = _base(spec, Kind.OFFER)
+    h.update({H_MODE: spec.mode.value, H_NAME: spec.name, H_SIZE: str(spec.size),
+              H_CHUNK_SIZE: str(spec.chunk_size), H_CHUNKS: str(spec.chunks),
+              H_DATA_DEST: destination.data_queue(spec.stream_id)})
+    return h
+
+
+def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[str, str]:
+    offset, length = spec.chunk_span(seq)
+    if len(body) != length:
+        raise ProtocolError(
+            f"stream {spec.stream_id}: chunk {seq} at offset {offset} has {len(body)} bytes, "
+            f"expected {length} (did the file change while it was being sent?)"
+        )
+    h = _base(spec, Kind.DATA)
+    h.update({H_SEQ: str(seq), H_GROUP_SEQ: str(seq), H_OFFSET: str(offset),
+              H_CRC: str(crc32(body))})
+    return h
+
+
+def end_headers(spec: StreamSpec, sha256_hex: str) -> dict[str, str]:
+    h = _base(spec, Kind.END)
+    # JMSXGroupSeq -1 closes the message group in ActiveMQ, freeing the consumer.
+    h.update({H_SIZE: str(spec.size), H_CHUNKS: str(spec.chunks), H_SHA256: sha256_hex,
+              H_GROUP_SEQ: "-1"})
+    return h
+
+
+def _int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,
+                hi: int = 2**63 - 1) -> int:
+    raw = headers.get(name)
+    if raw is None:
+        raise ProtocolError(f"stream {stream}: header {name} is missing")
+    try:
+        value = int(str(raw), 10)
+    except ValueError:
+        raise ProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise ProtocolError(f"stream {stream}: header {name}={value} is outside {lo}..{hi}")
+    return value
+
+
+def kind_of(headers: Mapping[str, Any]) -> Kind:
+    try:
+        return Kind(headers.get(H_KIND))
+    except ValueError:
+        raise ProtocolError(
+            f"message is not an amqstream message ({H_KIND}={str(headers.get(H_KIND))[:20]!r})"
+        ) from None
+
+
+def parse_offer(headers: Mapping[str, Any]) -> tuple[StreamSpec, str]:
+    """Validate an offer; return its spec and the data queue it names."""
+    stream = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
+    if kind_of(headers) is not Kind.OFFER:
+        raise ProtocolError(f"stream {stream}: expected an offer, got {headers.get(H_KIND)}")
+    version = _int_header(headers, H_VERSION, stream, lo=1)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"stream {stream}: protocol version {version} is not supported (this receiver "
+            f"speaks {PROTOCOL_VERSION}); upgrade airflow-provider-amqstream"
+        )
+    try:
+        mode = Mode(headers.get(H_MODE, Mode.STREAM.value))
+    except ValueError:
+        raise ProtocolError(f"stream {stream}: unknown mode {headers.get(H_MODE)!r}") from None
+    name = str(headers.get(H_NAME) or "")
+    if not name or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise ProtocolError(f"stream {stream}: file name is missing or longer than {MAX_NAME_BYTES} bytes")
+    spec = StreamSpec(
+        stream_id=validate_stream_id(str(headers.get(H_STREAM, ""))),
+        name=name,
+        size=_int_header(headers, H_SIZE, stream),
+        chunk_size=_int_header(headers, H_CHUNK_SIZE, stream, lo=1, hi=MAX_CHUNK_SIZE),
+        mode=mode,
+    )
+    chunks = _int_header(headers, H_CHUNKS, stream)
+    if chunks != spec.chunks:
+        raise ProtocolError(f"stream {stream}: {H_CHUNKS}={chunks} does not match size and chunk size")
+    data_dest = str(headers.get(H_DATA_DEST, ""))
+    if not data_dest.startswith("/queue/") or not data_dest.endswith(".amqs." + spec.stream_id):
+        raise ProtocolError(f"stream {stream}: data destination {data_dest[:80]!r} is not this stream's queue")
+    Destination.parse(data_dest)
+    return spec, data_dest
+
+
+# --------------------------------------------------------------------------- sender
+@dataclass
+class SenderState:
+    """What the sender knows for sure: the broker has stored chunks ``1..confirmed_seq``.
+
+    Serialised to JSON after every confirmed window; a re-run continues at
+    ``confirmed_seq + 1`` instead of at the start of the file.
+    """
+
+    spec: StreamSpec
+    destination: str
+    identity: str
+    confirmed_seq: int = 0
+    offer_sent: bool = False
+    end_sent: bool = False
+    sha256: str | None = None
+
+    @property
+    def confirmed_offset(self) -> int:
+        return self.spec.offset_of(self.confirmed_seq + 1)
+
+    @property
+    def done(self) -> bool:
+        return self.end_sent and (self.offer_sent or self.spec.mode is Mode.STREAM)
+
+    def confirm(self, seq: int) -> None:
+        if seq < self.confirmed_seq or seq > self.spec.chunks:
+            raise ProtocolError(
+                f"stream {self.spec.stream_id}: confirmation for chunk {seq} is out of order "
+                f"(confirmed {self.confirmed_seq} of {self.spec.chunks})"
+            )
+        self.confirmed_seq = seq
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.spec
+        return {"version": PROTOCOL_VERSION, "stream_id": s.stream_id, "name": s.name,
+                "size": s.size, "chunk_size": s.chunk_size, "mode": s.mode.value,
+                "destination": self.destination, "identity": self.identity,
+                "confirmed_seq": self.confirmed_seq, "offer_sent": self.offer_sent,
+                "end_sent": self.end_sent, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SenderState:
+        spec = StreamSpec(data["stream_id"], data["name"], int(data["size"]),
+                          int(data["chunk_size"]), Mode(data["mode"]))
+        st = cls(spec, data["destination"], data["identity"])
+        st.confirm(int(data["confirmed_seq"]))
+        st.offer_sent, st.end_sent = bool(data["offer_sent"]), bool(data["end_sent"])
+        st.sha256 = data.get("sha256")
+        return st
+
+
+# --------------------------------------------------------------------------- receiver
+class Verdict(str, Enum):
+    WRITE = "write"          # new chunk: write it at its offset, then acknowledge
+    DUPLICATE = "duplicate"  # already have it: acknowledge, write nothing
+    CORRUPT = "corrupt"      # CRC mismatch: never write; the file cannot be published
+    END = "end"              # end marker: remember the SHA-256
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    seq: int = 0
+    offset: int = 0
+    reason: str = ""
+
+
+@dataclass
+class ReceiverState:
+    """Which chunks of one stream are on disk, and whether the stream can be published.
+
+    ``next_seq`` is the first chunk not yet durable; every chunk below it is on disk.
+    ``ahead`` holds durable chunks past a gap (out-of-order delivery). Only durable
+    chunks are recorded, so a crash never claims data it did not write.
+    """
+
+    spec: StreamSpec
+    next_seq: int = 1
+    ahead: set[int] = field(default_factory=set)
+    expected_sha256: str | None = None
+    duplicates: int = 0
+
+    def decide(self, headers: Mapping[str, Any], body: bytes | memoryview) -> Decision:
+        """Classify one message of this stream's data queue. Raises ProtocolError on
+        a message that cannot belong to the stream (wrong id, bad offsets, wrong length)."""
+        sid = self.spec.stream_id
+        if headers.get(H_STREAM) != sid:
+            raise ProtocolError(
+                f"stream {sid}: message for stream {str(headers.get(H_STREAM))[:MAX_STREAM_ID]!r} "
+                "arrived on its data queue"
+            )
+        kind = kind_of(headers)
+        if kind is Kind.END:
+            size = _int_header(headers, H_SIZE, sid)
+            chunks = _int_header(headers, H_CHUNKS, sid)
+            sha = str(headers.get(H_SHA256, ""))
+            if size != self.spec.size or chunks != self.spec.chunks:
+                raise ProtocolError(
+                    f"stream {sid}: end marker says {size} bytes in {chunks} chunks, the offer "
+                    f"said {self.spec.size} in {self.spec.chunks}"
+                )
+            if not re.fullmatch(r"[0-9a-f]{64}", sha):
+                raise ProtocolError(f"stream {sid}: end marker has no valid {H_SHA256}")
+            self.expected_sha256 = sha
+            return Decision(Verdict.END)
+        if kind is not Kind.DATA:
+            raise ProtocolError(f"stream {sid}: unexpected {kind.value} message on the data queue")
+        seq = _int_header(headers, H_SEQ, sid, lo=1, hi=max(self.spec.chunks, 1))
+        if seq > self.spec.chunks:
+            raise ProtocolError(f"stream {sid}: chunk {seq} is past the last chunk {self.spec.chunks}")
+        offset, length = self.spec.chunk_span(seq)
+        claimed = _int_header(headers, H_OFFSET, sid)
+        if claimed != offset:
+            raise ProtocolError(f"stream {sid}: chunk {seq} claims offset {claimed}, expected {offset}")
+        if self.has(seq):
+            self.duplicates += 1
+            return Decision(Verdict.DUPLICATE, seq, offset)
+        if len(body) != length:
+            return Decision(Verdict.CORRUPT, seq, offset,
+                            f"chunk {seq} at offset {offset} has {len(body)} bytes, expected {length}")
+        crc = _int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
+        if crc32(body) != crc:
+            return Decision(Verdict.CORRUPT, seq, offset,
+                            f"chunk {seq} at offset {offset} failed its CRC-32 check")
+        return Decision(Verdict.WRITE, seq, offset)
+
+    def has(self, seq: int) -> bool:
+        return seq < self.next_seq or seq in self.ahead
+
+    def mark_durable(self, seq: int) -> list[int]:
+        """Record chunk ``seq`` as on disk; return the chunks that became contiguous,
+        in order (the engine feeds them to the whole-file hash)."""
+        if self.has(seq):
+            return []
+        if seq != self.next_seq:
+            self.ahead.add(seq)
+            return []
+        advanced = [seq]
+        self.next_seq += 1
+        while self.next_seq in self.ahead:
+            self.ahead.discard(self.next_seq)
+            advanced.append(self.next_seq)
+            self.next_seq += 1
+        return advanced
+
+    @property
+    def contiguous_bytes(self) -> int:
+        return self.spec.offset_of(self.next_seq)
+
+    @property
+    def received_bytes(self) -> int:
+        return self.contiguous_bytes + sum(self.spec.chunk_span(s)[1] for s in self.ahead)
+
+    @property
+    def all_chunks(self) -> bool:
+        return self.next_seq > self.spec.chunks
+
+    @property
+    def complete(self) -> bool:
+        return self.all_chunks and self.expected_sha256 is not None
+
+    def missing_ranges(self) -> list[tuple[int, int]]:
+        """Missing chunk ranges as inclusive (first, last) pairs."""
+        ranges: list[tuple[int, int]] = []
+        seq = self.next_seq
+        for have in sorted(self.ahead) + [self.spec.chunks + 1]:
+            if have > seq:
+                ranges.append((seq, have - 1))
+            seq = have + 1
+        return ranges
+
+    def describe_missing(self) -> str:
+        parts = []
+        for first, last in self.missing_ranges()[:5]:
+            lo = self.spec.offset_of(first)
+            hi = self.spec.offset_of(last + 1)
+            parts.append(f"chunks {first}-{last} (bytes {lo}-{hi - 1})")
+        more = len(self.missing_ranges()) - 5
+        return ", ".join(parts) + (f" and {more} more ranges" if more > 0 else "")
+
+    def verify(self, actual_sha256: str) -> None:
+        if not self.complete:
+            raise ProtocolError(f"stream {self.spec.stream_id}: cannot verify an incomplete stream")
+        if actual_sha256 != self.expected_sha256:
+            raise ProtocolError(
+                f"stream {self.spec.stream_id}: SHA-256 mismatch: received {actual_sha256}, "
+                f"sender reported {self.expected_sha256}; the file was not published"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.spec
+        return {"version": PROTOCOL_VERSION, "stream_id": s.stream_id, "name": s.name,
+                "size": s.size, "chunk_size": s.chunk_size, "mode": s.mode.value,
+                "next_seq": self.next_seq, "ahead": sorted(self.ahead),
+                "expected_sha256": self.expected_sha256}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReceiverState:
+        spec = StreamSpec(data["stream_id"], data["name"], int(data["size"]),
+                          int(data["chunk_size"]), Mode(data["mode"]))
+        st = cls(spec, int(data["next_seq"]), set(int(x) for x in data["ahead"]),
+                 data.get("expected_sha256"))
+        if not 1 <= st.next_seq <= spec.chunks + 1 or any(not st.next_seq < a <= spec.chunks for a in st.ahead):
+            raise ProtocolError(f"stream {spec.stream_id}: resume state is inconsistent")
+        return st

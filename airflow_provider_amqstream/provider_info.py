@@ -1,0 +1,64 @@
+"""Provider metadata: the single source of truth for what Airflow discovers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_amqstream import __version__
+
+
+def _field(label: str, description: str, type_: str, default: Any = None, **schema: Any) -> dict[str, Any]:
+    sch: dict[str, Any] = {"type": [type_, "null"], **schema}
+    if default is not None:
+        sch["default"] = default
+    return {"label": label, "description": description, "schema": sch}
+
+
+CONN_FIELDS: dict[str, dict[str, Any]] = {
+    "hosts": _field("Failover brokers", "Comma-separated host:port list tried in order after Host "
+                    "(e.g. mq2.example.com:61613). Leave empty for one broker.", "string"),
+    "tls": _field("TLS", "Speak STOMP over TLS (stomp+ssl connector).", "boolean", False),
+    "ca_file": _field("CA file", "PEM file with the CA that signed the broker certificate.", "string"),
+    "cert_file": _field("Client certificate", "PEM client certificate for mutual TLS.", "string"),
+    "key_file": _field("Client key", "PEM private key for the client certificate.", "string"),
+    "check_hostname": _field("Check hostname", "Verify the broker certificate matches the host name.",
+                             "boolean", True),
+    "heartbeat_ms": _field("Heart-beat (ms)", "STOMP heart-beat interval both ways; 0 disables.",
+                           "integer", 10000, minimum=0),
+    "chunk_size": _field("Chunk size (bytes)", "Default bytes per chunk message (1-4 MiB is best).",
+                         "integer", 1048576, minimum=1, maximum=33554432),
+    "window": _field("Window (chunks)", "Chunks per broker confirmation and receiver prefetch.",
+                     "integer", 16, minimum=1, maximum=1024),
+}
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-amqstream",
+        "name": "ActiveMQ Stream",
+        "description": "Move files of any size through Apache ActiveMQ, chunked over STOMP, "
+                       "resumable after any crash, and hand them to PySpark.",
+        "versions": [__version__],
+        "integrations": [{"integration-name": "ActiveMQ Stream", "tags": ["protocols"]}],
+        "hooks": [{"integration-name": "ActiveMQ Stream",
+                   "python-modules": ["airflow_provider_amqstream.hooks.amqstream"]}],
+        "operators": [{"integration-name": "ActiveMQ Stream",
+                       "python-modules": ["airflow_provider_amqstream.operators.stream",
+                                          "airflow_provider_amqstream.operators.spark"]}],
+        "sensors": [{"integration-name": "ActiveMQ Stream",
+                     "python-modules": ["airflow_provider_amqstream.sensors.stream"]}],
+        "triggers": [{"integration-name": "ActiveMQ Stream",
+                      "python-modules": ["airflow_provider_amqstream.triggers.stream"]}],
+        "connection-types": [{
+            "hook-class-name": "airflow_provider_amqstream.hooks.amqstream.AmqStreamHook",
+            "hook-name": "ActiveMQ Stream (STOMP)",
+            "connection-type": "amqstream",
+            "ui-field-behaviour": {
+                "hidden-fields": ["schema"],
+                "relabeling": {"host": "Broker host(s)", "login": "User", "port": "STOMP port"},
+                "placeholders": {"host": "127.0.0.1 or mq1.example.com,mq2.example.com",
+                                 "port": "61613", "login": "amqstream"},
+            },
+            "conn-fields": CONN_FIELDS,
+        }],
+    }

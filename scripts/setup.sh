@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a Debian/Ubuntu machine: Java and ActiveMQ
+# from apt (only if missing), then a Python venv with the package and its test tools.
+set -euo pipefail
+VENV="${1:-.venv}"
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+[ -f "${ACTIVEMQ_HOME:-/usr/share/activemq}/bin/activemq.jar" ] || need_apt+=(activemq)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]} with apt-get"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# pyspark 4.3 is a source package; pip caches the built wheel, so only the first
+# install on a machine builds it.
+"$VENV/bin/python" -m pip install -q -e ".[dev]"
+# The Spark provider pulls pyspark-client, which overwrites ~700 files shared with
+# pyspark; reinstall pyspark so `import pyspark` and its jars agree again.
+if ! "$VENV/bin/python" -c 'import pyspark, sys; sys.exit(pyspark.__version__ != "4.3.0")' 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "pyspark==4.3.0"
+fi
+"$VENV/bin/python" -c 'import pyspark, airflow, stomp; print(f"setup: airflow {airflow.__version__}, pyspark {pyspark.__version__}, stomp.py {stomp.__version__}")'
+touch "$VENV/.installed"
