@@ -178,8 +178,8 @@ def send_file(
         raise StreamError(f"{dest}: streams go to queues; topics are not supported yet")
     identity = f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
     sid = p.validate_stream_id(stream_id) if stream_id else p.derive_stream_id(src.name, identity)
-    chunk_size = chunk_size or params.chunk_size or p.DEFAULT_CHUNK_SIZE
-    window = window or params.window or p.DEFAULT_WINDOW
+    chunk_size = _first(chunk_size, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
+    window = _first(window, params.window, p.DEFAULT_WINDOW)
     if window < 1:
         raise StreamError(f"window must be at least 1, got {window}")
     spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, p.Mode(mode))
@@ -219,6 +219,10 @@ def send_file(
     secs = time.monotonic() - t0
     return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "", secs,
                           spec.mode.value, resumed_from, sent_bytes, str(src), started, time.time())
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
 
 
 def _load_sender_state(ckpt: Checkpoint) -> p.SenderState | None:
@@ -383,10 +387,10 @@ def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id:
     except p.ProtocolError as exc:
         # A malformed offer would come back forever: let the broker's redelivery policy
         # move it to the DLQ, and say so.
-        link._live().nack(offer.headers["ack"])
+        link.nack(offer)
         raise StreamError(f"rejected an invalid offer on {dest} (sent towards the DLQ): {exc}") from exc
     if opts.max_bytes is not None and spec.size > opts.max_bytes:
-        link._live().nack(offer.headers["ack"])
+        link.nack(offer)
         raise StreamError(f"stream {spec.stream_id} on {dest} is {spec.size} bytes, over the limit of "
                           f"{opts.max_bytes}; it was refused (sent towards the DLQ)")
     return _StreamReceiver(link, dest, out, spec, data_q, opts).run(offer)
@@ -504,19 +508,20 @@ class _StreamReceiver:
             try:
                 d = state.decide(frame.headers, frame.body)
             except p.ProtocolError as exc:
-                link._live().nack(frame.headers["ack"])
+                self._reject(fd, state, hasher, new, unacked, hash_seq, frame)
                 raise StreamError(f"{self.what}: {exc}; the message was rejected (sent towards the DLQ)") from exc
             if d.verdict is p.Verdict.CORRUPT:
-                link._live().nack(frame.headers["ack"])
+                self._reject(fd, state, hasher, new, unacked, hash_seq, frame)
                 raise StreamError(f"{self.what}: {d.reason}; nothing of it was written and the file will not "
                                   f"be published. Re-send the stream (amqstream send --restart).")
-            if d.verdict is p.Verdict.WRITE and not any(s == d.seq for s, _ in new):
+            if d.verdict is p.Verdict.WRITE:
                 os.pwrite(fd, frame.body, d.offset)
+                state.mark_written(d.seq)
                 written += len(frame.body)
                 new.append((d.seq, frame.body))
             unacked.append(frame)
             if len(unacked) >= opts.window or d.verdict is p.Verdict.END or (
-                    state.expected_sha256 and state.next_seq + len(new) > spec.chunks):
+                    state.expected_sha256 and state.all_written):
                 hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
                 if opts.progress and time.monotonic() - last_progress > 0.5:
                     last_progress = time.monotonic()
@@ -548,6 +553,13 @@ class _StreamReceiver:
             self.link.ack(frame)
         unacked.clear()
         return hash_seq
+
+    def _reject(self, fd: int, state: p.ReceiverState, hasher: Any, new: list[tuple[int, bytes]],
+                unacked: list[Any], hash_seq: int, bad: Any) -> None:
+        """Keep the good chunks received so far, then refuse ``bad``: the broker's
+        redelivery policy moves it to the DLQ, where a person can inspect it."""
+        self._commit(fd, state, hasher, new, unacked, hash_seq)
+        self.link.nack(bad)
 
     def _final_path(self) -> Path:
         name = p.safe_file_name(self.spec.name, self.spec.stream_id)

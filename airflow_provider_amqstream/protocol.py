@@ -368,8 +368,9 @@ class ReceiverState:
     """Which chunks of one stream are on disk, and whether the stream can be published.
 
     ``next_seq`` is the first chunk not yet durable; every chunk below it is on disk.
-    ``ahead`` holds durable chunks past a gap (out-of-order delivery). Only durable
-    chunks are recorded, so a crash never claims data it did not write.
+    ``ahead`` holds durable chunks past a gap (out-of-order delivery). ``written``
+    holds chunks written but not yet fsynced; it is never saved, so a crash never
+    claims data that may not be on disk.
     """
 
     spec: StreamSpec
@@ -377,6 +378,7 @@ class ReceiverState:
     ahead: set[int] = field(default_factory=set)
     expected_sha256: str | None = None
     duplicates: int = 0
+    written: set[int] = field(default_factory=set)
 
     def decide(self, headers: Mapping[str, Any], body: bytes | memoryview) -> Decision:
         """Classify one message of this stream's data queue. Raises ProtocolError on
@@ -410,7 +412,7 @@ class ReceiverState:
         claimed = _int_header(headers, H_OFFSET, sid)
         if claimed != offset:
             raise ProtocolError(f"stream {sid}: chunk {seq} claims offset {claimed}, expected {offset}")
-        if self.has(seq):
+        if self.has(seq) or seq in self.written:
             self.duplicates += 1
             return Decision(Verdict.DUPLICATE, seq, offset)
         if len(body) != length:
@@ -425,9 +427,14 @@ class ReceiverState:
     def has(self, seq: int) -> bool:
         return seq < self.next_seq or seq in self.ahead
 
+    def mark_written(self, seq: int) -> None:
+        """Chunk ``seq`` was written but is not yet known to be on disk."""
+        self.written.add(seq)
+
     def mark_durable(self, seq: int) -> list[int]:
         """Record chunk ``seq`` as on disk; return the chunks that became contiguous,
         in order (the engine feeds them to the whole-file hash)."""
+        self.written.discard(seq)
         if self.has(seq):
             return []
         if seq != self.next_seq:
@@ -452,6 +459,11 @@ class ReceiverState:
     @property
     def all_chunks(self) -> bool:
         return self.next_seq > self.spec.chunks
+
+    @property
+    def all_written(self) -> bool:
+        """Every chunk is durable or written (``written`` never overlaps the durable set)."""
+        return self.next_seq - 1 + len(self.ahead) + len(self.written) >= self.spec.chunks
 
     @property
     def complete(self) -> bool:

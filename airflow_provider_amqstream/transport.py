@@ -405,6 +405,12 @@ class StompLink:
         except (OSError, stomp_exc.StompException) as exc:
             raise ConnectionLost(f"acknowledging on {self.params.url} failed: {exc}") from exc
 
+    def nack(self, frame: Frame) -> None:
+        try:
+            self._live().nack(frame.headers["ack"])
+        except (OSError, stomp_exc.StompException) as exc:
+            raise ConnectionLost(f"rejecting a message on {self.params.url} failed: {exc}") from exc
+
     def get(self, timeout: float) -> Frame | None:
         """The next message, or None after ``timeout`` seconds with nothing."""
         if self._inbox.lost and self._inbox.messages.empty():

@@ -1,0 +1,73 @@
+"""Helpers shared by the tests: files, CLI subprocesses, waiting on conditions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_file(path: Path, size: int, *, seed: int = 0, block: int = 4 * 1024 * 1024) -> Path:
+    """A file of incompressible bytes (with NULs), written block by block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rnd = hashlib.sha256(str(seed).encode()).digest()
+    with open(path, "wb") as fh:
+        left = size
+        while left > 0:
+            n = min(block, left)
+            fh.write(os.urandom(n - 32) + rnd if n > 32 else os.urandom(n))
+            left -= n
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * 1024 * 1024), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll ``cond`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
+    """Start ``amqstream ARGS`` as a real process."""
+    return subprocess.Popen([sys.executable, "-m", "airflow_provider_amqstream.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, cwd=ROOT, **kw)
+
+
+def cli_json(proc: subprocess.Popen[str], timeout: float = 300) -> list[dict[str, Any]]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"amqstream exited {proc.returncode}: {err[-2000:]}"
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,192 @@
+"""The chunk protocol's state machines, without a network or a disk."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+
+
+def spec(size: int = 10_000, chunk: int = 1000, sid: str = "s1") -> p.StreamSpec:
+    return p.StreamSpec(sid, "data.csv", size, chunk)
+
+
+def chunks_of(data: bytes, sp: p.StreamSpec) -> list[tuple[dict[str, str], bytes]]:
+    out = []
+    for seq in range(1, sp.chunks + 1):
+        off, n = sp.chunk_span(seq)
+        body = data[off:off + n]
+        out.append((p.data_headers(sp, seq, body), body))
+    return out
+
+
+def reassemble(sp: p.StreamSpec, frames: list[tuple[dict[str, str], bytes]]) -> tuple[bytes, p.ReceiverState]:
+    st = p.ReceiverState(sp)
+    buf = bytearray(sp.size)
+    for headers, body in frames:
+        d = st.decide(headers, body)
+        if d.verdict is p.Verdict.WRITE:
+            buf[d.offset:d.offset + len(body)] = body
+            st.mark_durable(d.seq)
+    return bytes(buf), st
+
+
+def test_chunk_geometry() -> None:
+    assert spec(0).chunks == 0
+    assert spec(1000).chunks == 1
+    assert spec(1001).chunks == 2
+    assert spec(3000).chunk_span(3) == (2000, 1000)
+    assert spec(2500).chunk_span(3) == (2000, 500)
+    with pytest.raises(p.ProtocolError, match="outside 1..3"):
+        spec(2500).chunk_span(4)
+
+
+def test_headers_are_jms_identifiers_and_carry_group() -> None:
+    sp = spec()
+    h = p.data_headers(sp, 2, b"x" * 1000)
+    for name in h:
+        assert name.isidentifier() and not name.startswith("JMS") or name in (p.H_GROUP_ID, p.H_GROUP_SEQ)
+    assert h[p.H_GROUP_ID] == "s1" and h[p.H_GROUP_SEQ] == "2" and h[p.H_OFFSET] == "1000"
+    assert p.end_headers(sp, "0" * 64)[p.H_GROUP_SEQ] == "-1"
+
+
+def test_out_of_order_and_duplicates_reassemble_exactly() -> None:
+    data = random.Random(1).randbytes(10_500)
+    sp = spec(len(data))
+    frames = chunks_of(data, sp)
+    shuffled = frames + frames[3:6]
+    random.Random(2).shuffle(shuffled)
+    out, st = reassemble(sp, shuffled)
+    assert out == data
+    assert st.all_chunks and st.duplicates == 3 and not st.ahead
+
+
+def test_mark_durable_returns_chunks_in_hash_order() -> None:
+    st = p.ReceiverState(spec(5000))
+    assert st.mark_durable(3) == []
+    assert st.mark_durable(2) == []
+    assert st.mark_durable(1) == [1, 2, 3]
+    assert st.mark_durable(5) == []
+    assert st.missing_ranges() == [(4, 4)]
+    assert st.mark_durable(4) == [4, 5]
+
+
+def test_missing_ranges_are_named_with_bytes() -> None:
+    st = p.ReceiverState(spec(10_000))
+    for seq in (1, 2, 5, 9):
+        st.mark_durable(seq)
+    assert st.missing_ranges() == [(3, 4), (6, 8), (10, 10)]
+    assert "chunks 3-4 (bytes 2000-3999)" in st.describe_missing()
+
+
+def test_corrupt_chunk_is_never_written() -> None:
+    sp = spec(3000)
+    headers, body = chunks_of(b"a" * 3000, sp)[1]
+    d = p.ReceiverState(sp).decide(headers, b"b" + body[1:])
+    assert d.verdict is p.Verdict.CORRUPT and "CRC-32" in d.reason and "offset 1000" in d.reason
+    d = p.ReceiverState(sp).decide(headers, body[:-1])
+    assert d.verdict is p.Verdict.CORRUPT and "999 bytes" in d.reason
+
+
+@pytest.mark.parametrize("field,value,match", [
+    (p.H_SEQ, "0", "outside"), (p.H_SEQ, "4", "outside"), (p.H_SEQ, "x", "not an integer"),
+    (p.H_OFFSET, "5", "claims offset"), (p.H_STREAM, "other", "arrived on its data queue"),
+    (p.H_KIND, "offer", "unexpected offer"), (p.H_KIND, "zzz", "not an amqstream message"),
+])
+def test_malformed_data_headers_raise_protocol_error(field: str, value: str, match: str) -> None:
+    sp = spec(3000)
+    headers, body = chunks_of(b"a" * 3000, sp)[1]
+    headers[field] = value
+    with pytest.raises(p.ProtocolError, match=match):
+        p.ReceiverState(sp).decide(headers, body)
+
+
+def test_end_marker_and_verification() -> None:
+    data = b"hello world" * 100
+    sp = spec(len(data))
+    _, st = reassemble(sp, chunks_of(data, sp))
+    sha = hashlib.sha256(data).hexdigest()
+    assert st.decide(p.end_headers(sp, sha), b"").verdict is p.Verdict.END
+    assert st.complete
+    st.verify(sha)
+    with pytest.raises(p.ProtocolError, match="SHA-256 mismatch"):
+        st.verify("0" * 64)
+    bad = p.end_headers(sp, sha) | {p.H_SIZE: "1"}
+    with pytest.raises(p.ProtocolError, match="end marker says"):
+        p.ReceiverState(sp).decide(bad, b"")
+
+
+def test_offer_round_trip_and_validation() -> None:
+    sp = p.StreamSpec("abc-1", "naïve.csv", 12345, 1000, p.Mode.ATOMIC)
+    dest = p.Destination.parse("/queue/landing")
+    got, data_q = p.parse_offer(p.offer_headers(sp, dest))
+    assert got == sp and data_q == "/queue/landing.amqs.abc-1"
+    h = p.offer_headers(sp, dest)
+    h[p.H_DATA_DEST] = "/queue/elsewhere"
+    with pytest.raises(p.ProtocolError, match="not this stream's queue"):
+        p.parse_offer(h)
+    h = p.offer_headers(sp, dest) | {p.H_VERSION: "9"}
+    with pytest.raises(p.ProtocolError, match="version 9 is not supported"):
+        p.parse_offer(h)
+
+
+def test_receiver_state_survives_json_round_trip() -> None:
+    st = p.ReceiverState(spec(10_000))
+    for seq in (1, 2, 4, 7):
+        st.mark_durable(seq)
+    back = p.ReceiverState.from_json(st.to_json())
+    assert back.next_seq == 3 and back.ahead == {4, 7} and back.spec == st.spec
+    bad = st.to_json() | {"ahead": [1]}
+    with pytest.raises(p.ProtocolError, match="inconsistent"):
+        p.ReceiverState.from_json(bad)
+
+
+def test_sender_state_confirms_forward_only() -> None:
+    st = p.SenderState(spec(10_000), "/queue/x", "id")
+    st.confirm(4)
+    assert st.confirmed_offset == 4000
+    with pytest.raises(p.ProtocolError, match="out of order"):
+        st.confirm(3)
+    assert p.SenderState.from_json(st.to_json()).confirmed_seq == 4
+
+
+@pytest.mark.parametrize("bad", ["", "..", "a/b", "-x", "a" * 129, "a..b", "ä"])
+def test_invalid_stream_ids(bad: str) -> None:
+    with pytest.raises(p.ProtocolError):
+        p.validate_stream_id(bad)
+
+
+def test_derived_stream_id_is_stable_and_valid() -> None:
+    a = p.derive_stream_id("dätä file.csv", "/x|1|2")
+    assert a == p.derive_stream_id("dätä file.csv", "/x|1|2") != p.derive_stream_id("dätä file.csv", "/x|1|3")
+    p.validate_stream_id(a)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("../../etc/passwd", "passwd"), ("/abs/path.csv", "path.csv"), ("..", "sid"),
+    ("a\x00b\nc.csv", "abc.csv"), ("C:\\x\\y.txt", "y.txt"), ("CON.txt", "_CON.txt"),
+    (".hidden", "hidden"), ("dätä.csv", "dätä.csv"),
+])
+def test_safe_file_name(name: str, expected: str) -> None:
+    assert p.safe_file_name(name, "sid") == expected
+
+
+def test_safe_file_name_caps_length_keeping_extension() -> None:
+    out = p.safe_file_name("é" * 300 + ".parquet", "sid")
+    assert len(out.encode()) <= 200 and out.endswith(".parquet")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("landing", "/queue/landing"), ("/queue/a.b", "/queue/a.b"), ("topic://t", "/topic/t"),
+])
+def test_destination_parse(text: str, expected: str) -> None:
+    assert str(p.Destination.parse(text)) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "/queue/", "/queue/a b", "/queue/a;b", "/queue/" + "x" * 201])
+def test_destination_rejects(bad: str) -> None:
+    with pytest.raises(p.ProtocolError, match="destination"):
+        p.Destination.parse(bad)

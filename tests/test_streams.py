@@ -1,0 +1,160 @@
+"""Issue 3: streams through the real broker: shapes of files, duplicates, gaps, corruption,
+many producers and consumers, the atomic mode."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
+from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from tests.helpers import cli, cli_json, make_file, sha256_file
+
+pytestmark = pytest.mark.broker
+
+
+def roundtrip(params: BrokerParams, src: Path, queue: str, out: Path, **send_kw: object) -> Path:
+    sent = send_file(params, src, queue, **send_kw)  # type: ignore[arg-type]
+    got = receive_stream(params, queue, out, options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
+    assert got is not None, "no stream arrived"
+    assert got.sha256 == sent.sha256 == sha256_file(src)
+    assert Path(got.path or "").read_bytes() == src.read_bytes()
+    return Path(got.path or "")
+
+
+@pytest.mark.parametrize("size,chunk", [(0, 1024), (4 * 1024, 1024), (777, 1), (3 * 2**20 + 5, 2**20)],
+                         ids=["empty", "exact-multiple", "one-byte-chunks", "ragged"])
+def test_file_shapes(params: BrokerParams, tmp_path: Path, queue_name: str, size: int, chunk: int) -> None:
+    src = make_file(tmp_path / "in" / "f.bin", size)
+    roundtrip(params, src, queue_name, tmp_path / "out", chunk_size=chunk)
+
+
+def test_non_ascii_file_name(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    src = make_file(tmp_path / "in" / "Größe données 数据.csv", 5000)
+    path = roundtrip(params, src, queue_name, tmp_path / "out", chunk_size=1000)
+    assert path.name == "Größe données 数据.csv"
+
+
+def test_atomic_mode_hides_stream_until_complete(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    src = make_file(tmp_path / "f.bin", 50_000)
+    spec = p.StreamSpec("atomic-1", "f.bin", src.stat().st_size, 10_000, p.Mode.ATOMIC)
+    dest = p.Destination.parse(queue_name)
+    # A producer that stored some chunks and died: nothing is offered.
+    with StompLink(params) as link:
+        data = src.read_bytes()
+        for seq in (1, 2):
+            off, n = spec.chunk_span(seq)
+            link.send(dest.data_queue("atomic-1"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
+        link.round_trip()
+    assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=2)) is None
+    # Its retry finishes and only then offers it; the receiver gets it whole.
+    sent = send_file(params, src, queue_name, stream_id="atomic-1", chunk_size=10_000, mode="atomic")
+    got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and got.sha256 == sent.sha256 and got.duplicates == 2
+
+
+def _inject(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
+            corrupt: int | None = None, end: bool = True) -> None:
+    """Play a sender by hand with raw stomp: chosen chunks, in a chosen order."""
+    import hashlib
+
+    dest = p.Destination.parse(queue)
+    with StompLink(params) as link:
+        link.send(str(dest), b"", p.offer_headers(spec, dest))
+        for seq in seqs:
+            off, n = spec.chunk_span(seq)
+            body = data[off:off + n]
+            headers = p.data_headers(spec, seq, body)
+            if seq == corrupt:
+                body = bytes([body[0] ^ 0xFF]) + body[1:]
+            link.send(dest.data_queue(spec.stream_id), body, headers)
+        if end:
+            link.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+        link.round_trip()
+
+
+def test_reordered_and_duplicated_chunks(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    data = make_file(tmp_path / "f", 10_000).read_bytes()
+    spec = p.StreamSpec("dup-1", "f.bin", len(data), 1000)
+    _inject(params, queue_name, spec, data, [2, 1, 3, 3, 5, 4, 6, 7, 8, 1, 10, 9, 2])
+    got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10, window=4))
+    assert got is not None and Path(got.path or "").read_bytes() == data
+    assert got.duplicates == 3
+
+
+def test_missing_range_is_reported_with_stream_and_range(params: BrokerParams, tmp_path: Path,
+                                                         queue_name: str) -> None:
+    data = make_file(tmp_path / "f", 10_000).read_bytes()
+    spec = p.StreamSpec("gap-1", "f.bin", len(data), 1000)
+    _inject(params, queue_name, spec, data, [1, 2, 5, 6, 7, 8, 9, 10])
+    with pytest.raises(StreamError, match=r"gap-1.*chunks 3-4 \(bytes 2000-3999\)"):
+        receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10, gap_grace=1))
+    assert not (tmp_path / "out" / "f.bin").exists()
+
+
+def test_corrupted_chunk_detected_never_published(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    data = make_file(tmp_path / "f", 10_000).read_bytes()
+    spec = p.StreamSpec("crc-1", "f.bin", len(data), 1000)
+    _inject(params, queue_name, spec, data, list(range(1, 11)), corrupt=6)
+    with pytest.raises(StreamError, match=r"crc-1.*chunk 6 at offset 5000 failed its CRC-32"):
+        receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
+    assert not (tmp_path / "out" / "f.bin").exists()
+    state = json.loads((tmp_path / "out" / ".amqstream" / "crc-1.json").read_text())
+    assert state["next_seq"] <= 6  # the bad chunk was never recorded as received
+
+
+def test_send_rejects_bad_input_clearly(params: BrokerParams, tmp_path: Path) -> None:
+    with pytest.raises(StreamError, match="cannot read .*missing.bin"):
+        send_file(params, tmp_path / "missing.bin", "/queue/x")
+    with pytest.raises(p.ProtocolError, match="destination"):
+        send_file(params, make_file(tmp_path / "f", 10), "/queue/bad name")
+    for bad in (0, -1, p.MAX_CHUNK_SIZE + 1):
+        with pytest.raises(p.ProtocolError, match=f"chunk size {bad} is outside"):
+            send_file(params, make_file(tmp_path / "f", 10), "/queue/x", chunk_size=bad)
+    with pytest.raises(StreamError, match="window must be at least 1"):
+        send_file(params, make_file(tmp_path / "f", 10), "/queue/x", window=0)
+
+
+def test_four_producers_two_consumers_one_stream_at_a_time(uri: str, tmp_path: Path, queue_name: str) -> None:
+    files = [make_file(tmp_path / "in" / f"f{i}.bin", 200_000 + i * 150_001, seed=i) for i in range(8)]
+    out = tmp_path / "out"
+    events = tmp_path / "events.jsonl"
+    receivers = [cli("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--follow",
+                     "--wait", "8", "--window", "4", "--json", "--events", str(events), "-q") for _ in range(2)]
+    senders = [cli("send", *[], str(files[i]), "--to", queue_name, "--conn", uri, "--chunk-size", "65536",
+                   "--json", "-q") for i in range(4)]
+    for s in senders:
+        cli_json(s)
+    senders = [cli("send", str(files[i]), "--to", queue_name, "--conn", uri, "--chunk-size", "65536",
+                   "--json", "-q") for i in range(4, 8)]
+    for s in senders:
+        cli_json(s)
+    results = [r for proc in receivers for r in cli_json(proc, timeout=120)]
+    assert sorted(r["name"] for r in results) == sorted(f.name for f in files)
+    for f in files:
+        assert sha256_file(out / f.name) == sha256_file(f)
+    # No receiver ever had two streams open: its open/close events strictly alternate.
+    by_pid: dict[int, list[dict[str, object]]] = {}
+    for line in events.read_text().splitlines():
+        ev = json.loads(line)
+        by_pid.setdefault(ev["pid"], []).append(ev)
+    assert len(by_pid) == 2, "both consumers should have taken streams"
+    for evs in by_pid.values():
+        kinds = [e["event"] for e in evs]
+        assert kinds == ["stream_open", "stream_close"] * (len(kinds) // 2), kinds
+
+
+def test_concurrent_send_and_receive_in_process(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    src = make_file(tmp_path / "f.bin", 40 * 2**20 + 3)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", receive_stream(
+        params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=30))))
+    t.start()
+    sent = send_file(params, src, queue_name, chunk_size=256 * 1024)
+    t.join(60)
+    got = box["r"]
+    assert got is not None and got.sha256 == sent.sha256  # type: ignore[attr-defined]
