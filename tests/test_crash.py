@@ -1,0 +1,101 @@
+"""Issue 3's failure matrix with real processes killed by signal, not flags."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.kill]
+
+CHUNK = 256 * 1024
+SIZE = 256 * 2**20 + 12345
+WINDOW = 4
+
+
+def _receiver_progress(out: Path, sid: str) -> int:
+    state = read_json(out / ".amqstream" / f"{sid}.json")
+    return int(state["next_seq"]) if state else 0
+
+
+def _kill(proc: object) -> None:
+    os.kill(proc.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    proc.communicate(timeout=30)  # type: ignore[attr-defined]
+
+
+def test_receiver_killed_mid_stream_resumes(params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
+    src = make_file(tmp_path / "big.bin", SIZE)
+    sent = send_file(params, src, queue_name, stream_id="rk-1", chunk_size=CHUNK)
+    out = tmp_path / "out"
+    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--window", str(WINDOW),
+            "--json", "-q", "--wait", "20"]
+    first = cli(*args)
+    wait_for(lambda: _receiver_progress(out, "rk-1") >= 100, 60, "the receiver to store 100 chunks")
+    _kill(first)
+    assert not (out / "big.bin").exists()
+    done_before = _receiver_progress(out, "rk-1") - 1
+    [res] = cli_json(cli(*args))
+    assert res["sha256"] == sent.sha256 == sha256_file(out / "big.bin")
+    assert res["resumed_from"] >= done_before * CHUNK > 0
+    # Nothing recorded durable was written again; at most the unsynced window was.
+    assert res["bytes_transferred"] <= SIZE - res["resumed_from"] + WINDOW * CHUNK
+
+
+def test_second_receiver_takes_over_shared_directory(params: BrokerParams, uri: str, tmp_path: Path,
+                                                     queue_name: str) -> None:
+    src = make_file(tmp_path / "big.bin", SIZE)
+    sent = send_file(params, src, queue_name, stream_id="to-1", chunk_size=CHUNK)
+    out = tmp_path / "shared"
+    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--window", str(WINDOW),
+            "--json", "-q", "--wait", "30"]
+    a = cli(*args)
+    wait_for(lambda: _receiver_progress(out, "to-1") >= 50, 60, "receiver A to store 50 chunks")
+    b = cli(*args)  # waits: A holds the only offer
+    wait_for(lambda: _receiver_progress(out, "to-1") >= 150, 60, "receiver A to store 150 chunks")
+    _kill(a)
+    [res] = cli_json(b)
+    assert res["resumed_from"] > 0
+    assert res["sha256"] == sent.sha256 == sha256_file(out / "big.bin")
+
+
+def test_sender_killed_mid_stream_resumes_from_confirmed_offset(params: BrokerParams, uri: str, tmp_path: Path,
+                                                                queue_name: str) -> None:
+    src = make_file(tmp_path / "big.bin", SIZE)
+    state_dir = tmp_path / "send-state"
+    args = ["send", str(src), "--to", queue_name, "--conn", uri, "--stream-id", "sk-1",
+            "--chunk-size", str(CHUNK), "--window", str(WINDOW), "--json", "-q"]
+    env = {"AMQSTREAM_STATE_DIR": str(state_dir)}
+    first = cli(*args, env=env)
+    ckpt = state_dir / "sk-1.json"
+    wait_for(lambda: (read_json(ckpt) or {}).get("confirmed_seq", 0) >= 200, 60, "the sender to confirm 200 chunks")
+    _kill(first)
+    confirmed = read_json(ckpt)["confirmed_seq"]  # type: ignore[index]
+    [res] = cli_json(cli(*args, env=env))
+    assert res["resumed_from"] == confirmed * CHUNK > 0
+    assert res["bytes_transferred"] == SIZE - res["resumed_from"]  # it did not resend the whole file
+    got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=20))
+    assert got is not None and got.sha256 == sha256_file(src) == res["sha256"]
+
+
+def test_broker_killed_and_restarted_mid_stream(private_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    uri = private_broker.info().uri
+    queue = "/queue/crash.broker"
+    src = make_file(tmp_path / "big.bin", SIZE)
+    out = tmp_path / "out"
+    receiver = cli("receive", "--from", queue, "--out-dir", str(out), "--conn", uri, "--window", str(WINDOW),
+                   "--json", "-q", "--wait", "60")
+    sender = cli("send", str(src), "--to", queue, "--conn", uri, "--stream-id", "bk-1", "--chunk-size",
+                 str(CHUNK), "--window", str(WINDOW), "--json", "-q")
+    wait_for(lambda: _receiver_progress(out, "bk-1") >= 100, 60, "the receiver to store 100 chunks")
+    private_broker.kill()
+    private_broker.start()
+    [sent] = cli_json(sender)
+    [got] = cli_json(receiver)
+    assert got["sha256"] == sent["sha256"] == sha256_file(src) == sha256_file(out / "big.bin")
