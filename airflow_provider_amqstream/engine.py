@@ -17,9 +17,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.transport import BrokerParams, ConnectionLost, StompLink, TransportError

@@ -22,9 +22,10 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 PROTOCOL_VERSION = 1
 

@@ -17,8 +17,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import stomp

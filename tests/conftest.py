@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import free_port
+
+# Airflow reads its settings on first import (none of the imports above import it):
+# give the tests a private home first.
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="amqs-airflow-"))
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags" / "examples")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # spark-submit, airflow
+
 
 logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
 
@@ -59,6 +71,15 @@ def queue_name(request: pytest.FixtureRequest) -> str:
     """A destination no other test uses."""
     safe = "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
     return f"/queue/t.{safe}.{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated SQLite metadata DB in the private AIRFLOW_HOME."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True,
+                   timeout=300)
+    return home / "airflow.db"
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import pytest
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.transport import StompLink
-from tests.helpers import ROOT, free_port, wait_for
+from tests.helpers import ROOT, free_port
 
 pytestmark = pytest.mark.broker
 

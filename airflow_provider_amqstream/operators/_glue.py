@@ -1,0 +1,75 @@
+"""Airflow-side helpers shared by the operator and the sensor."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
+
+
+class LogProgress:
+    """Progress for task logs: a line every ``interval`` seconds with bytes, % and MiB/s."""
+
+    def __init__(self, log: logging.Logger, label: str, interval: float = 10.0) -> None:
+        self.log, self.label, self.interval = log, label, interval
+        self.t0 = time.monotonic()
+        self.last = self.t0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < self.interval:
+            return
+        self.last = now
+        pct = 100.0 * done / total if total else 100.0
+        rate = done / max(now - self.t0, 1e-6) / 2**20
+        self.log.info("%s: %d of %d bytes (%.1f%%), %.1f MiB/s", self.label, done, total, pct, rate)
+
+
+class TaskStateCheckpoint:
+    """A sender checkpoint that survives retries on any worker.
+
+    Airflow 3.3 clears a task's XCom at the start of every try, so the resume point
+    lives in the task state store (scoped to this task instance, kept across tries),
+    mirrored in a local file for speed. On load the more advanced of the two wins:
+    both only ever record chunks the broker confirmed. Each save also publishes the
+    offset to XCom (``resume_offset``) for other tasks and for people in the UI.
+
+    :param context: the task's execution context.
+    :param key: the store key (one per stream id).
+    :param min_interval: seconds between store writes; state changes always write.
+    """
+
+    def __init__(self, context: Any, key: str, min_interval: float = 2.0) -> None:
+        self.store = context.get("task_state_store")
+        self.ti = context.get("ti")
+        self.key = key
+        self.file = FileCheckpoint(default_state_dir() / f"{key.replace(':', '_')}.json")
+        self.min_interval = min_interval
+        self.last = 0.0
+        self.last_flags: tuple[Any, Any] | None = None
+
+    def load(self) -> dict[str, Any] | None:
+        candidates = [self.file.load()]
+        if self.store is not None:
+            candidates.append(self.store.get(self.key))
+        found = [c for c in candidates if isinstance(c, dict)]
+        if not found:
+            return None
+        return max(found, key=lambda c: (c.get("end_sent", False), c.get("offer_sent", False),
+                                         c.get("confirmed_seq", 0)))
+
+    def save(self, data: dict[str, Any], *, final: bool = False) -> None:
+        self.file.save(data)
+        flags = (data.get("offer_sent"), data.get("end_sent"))
+        now = time.monotonic()
+        if not final and flags == self.last_flags and now - self.last < self.min_interval:
+            return
+        self.last, self.last_flags = now, flags
+        if self.store is not None:
+            self.store.set(self.key, data)
+        if self.ti is not None:
+            offset = min(int(data["confirmed_seq"]) * int(data["chunk_size"]), int(data["size"]))
+            self.ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"], "offset": offset,
+                                                           "size": data["size"]})

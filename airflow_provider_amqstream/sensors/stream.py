@@ -1,0 +1,133 @@
+"""StreamCompleteSensor: receive, verify and publish one stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.common.compat.sdk import conf
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.operators._glue import LogProgress
+from airflow_provider_amqstream.protocol import Destination, validate_stream_id
+from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
+
+
+class StreamCompleteSensor(BaseSensorOperator):
+    """Wait for a stream, receive it into ``out_dir``, verify its SHA-256, publish it.
+
+    Succeeds when the file is complete and verified, returning (XCom) its ``path``,
+    ``bytes``, ``sha256``, ``name``, ``stream_id`` and transfer figures. Partial data
+    and the resume point live in ``out_dir/.amqstream/``, beside the bytes they
+    describe, so a retry (or another worker on a shared disk) continues where the
+    last try stopped; the resumed offset is published as XCom ``resume_offset``.
+
+    :param source: ``/queue/NAME`` to receive from (templated).
+    :param out_dir: directory where the file is published (templated).
+    :param stream_id: receive this stream only (templated); default the next one offered.
+    :param amqstream_conn_id: Airflow connection of type ``amqstream``.
+    :param window: chunks prefetched and acknowledged together.
+    :param idle_timeout: seconds without a chunk before the sender is presumed dead;
+        the try fails and a retry resumes.
+    :param overwrite: replace an existing file of the same name.
+    :param max_bytes: refuse streams larger than this.
+    :param deferrable: wait in the triggerer instead of a worker slot (default
+        ``[operators] default_deferrable``). Only the waiting is deferred.
+    :param offer_wait: seconds each poke waits for an offer before giving up the poke.
+    """
+
+    template_fields: Sequence[str] = ("source", "out_dir", "stream_id")
+    ui_color = "#f3e6d8"
+
+    def __init__(self, *, source: str, out_dir: str, stream_id: str | None = None,
+                 amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
+                 idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 offer_wait: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if window is not None and window < 1:
+            raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
+        if idle_timeout <= 0 or offer_wait <= 0:
+            raise ValueError(f"{self.task_id}: idle_timeout and offer_wait must be positive")
+        self.source = source
+        self.out_dir = out_dir
+        self.stream_id = stream_id
+        self.amqstream_conn_id = amqstream_conn_id
+        self.window = window
+        self.idle_timeout = idle_timeout
+        self.overwrite = overwrite
+        self.max_bytes = max_bytes
+        self.deferrable = deferrable
+        self.offer_wait = offer_wait
+
+    def _validate(self) -> None:
+        Destination.parse(self.source)
+        if self.stream_id:
+            validate_stream_id(self.stream_id)
+
+    def _receive(self, context: Any, wait: float) -> TransferResult | None:
+        hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
+        params = hook.broker_params()
+        ti = context.get("ti")
+
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "stream_open" and ti is not None:
+                ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"],
+                                                         "offset": data["resumed_from"]})
+            if kind == "stream_open" and data["resumed_from"]:
+                self.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
+
+        opts = ReceiveOptions(window=self.window or params.window or 16, wait_timeout=wait,
+                              idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
+                              events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"))
+        result = hook.receive_stream(self.source, self.out_dir, stream_id=self.stream_id, options=opts)
+        if result is not None:
+            self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
+                          result.bytes, result.sha256)
+        return result
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        self._validate()
+        result = self._receive(context, self.offer_wait)
+        if result is None:
+            return PokeReturnValue(is_done=False)
+        return PokeReturnValue(is_done=True, xcom_value=result.to_json())
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        self._validate()
+        # Take a stream that is already there without a round trip through the triggerer.
+        result = self._receive(context, 1.0)
+        if result is not None:
+            return result.to_json()
+        self._defer()
+        return None
+
+    def _defer(self) -> None:
+        timeout = self.timeout if isinstance(self.timeout, (int, float)) else None
+        self.defer(
+            trigger=StreamOfferTrigger(source=self.source, stream_id=self.stream_id,
+                                       amqstream_conn_id=self.amqstream_conn_id,
+                                       poll_interval=float(self.poke_interval)
+                                       if not isinstance(self.poke_interval, timedelta)
+                                       else self.poke_interval.total_seconds(),
+                                       timeout=timeout),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> Any:
+        if not event or event.get("status") != "success":
+            from airflow.providers.common.compat.sdk import AirflowException
+
+            raise AirflowException((event or {}).get("message", "trigger ended without an event"))
+        result = self._receive(context, 30.0)
+        if result is None:
+            # Another consumer took the offer between the trigger's look and ours.
+            self.log.info("the offered stream was taken by another receiver; waiting again")
+            self._defer()
+            return None
+        return result.to_json()

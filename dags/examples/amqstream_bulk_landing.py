@@ -1,0 +1,53 @@
+"""Example 2: scheduled bulk movement: every file in a landing directory is streamed by mapped
+tasks, received one at a time by one consumer, and each is handed to Spark."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_amqstream.example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
+from airflow_provider_amqstream.operators.spark import stream_to_parquet_job
+from airflow_provider_amqstream.operators.stream import SendStreamOperator
+from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+with DAG(
+    dag_id="amqstream_bulk_landing",
+    schedule=timedelta(hours=1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    tags=["amqstream", "example"],
+) as dag:
+
+    @task
+    def list_landing() -> list[str]:
+        """The files to move; seeds the landing directory with samples when it is empty."""
+        LANDING.mkdir(parents=True, exist_ok=True)
+        if not any(LANDING.iterdir()):
+            for i in range(3):
+                write_sample_csv(LANDING / f"batch-{i}.csv", rows=5_000, seed=i)
+        return sorted(str(p) for p in LANDING.iterdir() if p.is_file() and not p.name.startswith("."))
+
+    files = list_landing()
+    sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".bulk",
+                                      max_active_tis_per_dagrun=2).expand(path=files)
+
+    # One consumer: the mapped sensors run one at a time, each taking one stream.
+    received = StreamCompleteSensor.partial(
+        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"), overwrite=True,
+        max_active_tis_per_dagrun=1, poke_interval=5, timeout=3600,
+    ).expand(stream_id=sent.output.map(lambda r: r["stream_id"]))
+
+    @task
+    def spark_args(result: dict) -> list[str]:
+        return ["--input", result["path"], "--output", f"{PARQUET}/{result['stream_id']}",
+                "--sha256", result["sha256"], "--partition-by", "region"]
+
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    SparkSubmitOperator.partial(
+        task_id="to_parquet", application=stream_to_parquet_job(), conn_id="spark_default",
+        max_active_tis_per_dagrun=1,
+    ).expand(application_args=spark_args.expand(result=received.output))

@@ -1,0 +1,66 @@
+"""Example 1: one file end to end: send it, receive and verify it, convert it with Spark, check it."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_amqstream.example_support import DEMO_FILE, PARQUET, QUEUE, RECEIVED, write_sample_csv
+from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
+from airflow_provider_amqstream.operators.stream import SendStreamOperator
+from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+with DAG(
+    dag_id="amqstream_one_file",
+    schedule=None,
+    catchup=False,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
+    params={"path": DEMO_FILE, "rows": 50_000},
+    tags=["amqstream", "example"],
+) as dag:
+
+    @task
+    def ensure_input(params: dict | None = None) -> str:
+        """Make a sample CSV if the input does not exist yet (so the example runs as is)."""
+        path = Path(params["path"])
+        if not path.exists():
+            write_sample_csv(path, rows=int(params["rows"]))
+        return str(path)
+
+    path = ensure_input()
+    stream_id = "one-file-{{ run_id | replace(':', '-') | replace('+', '-') }}"
+
+    send = SendStreamOperator(task_id="send", path=path, destination=QUEUE + ".one", stream_id=stream_id)
+
+    receive = StreamCompleteSensor(task_id="receive", source=QUEUE + ".one", out_dir=str(RECEIVED / "one"),
+                                   stream_id=stream_id, overwrite=True, poke_interval=5, timeout=3600)
+
+    to_parquet = stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
+                                            output_dir=str(PARQUET), partition_by="region")
+
+    @task
+    def check(received: dict, ti=None) -> dict:
+        """Compare Spark's row count with the received CSV's and report the figures."""
+        summary_path = Path(PARQUET) / received["stream_id"] / "_amqstream_summary.json"
+        summary = json.loads(summary_path.read_text())
+        with open(received["path"], "rb") as fh:
+            csv_rows = sum(1 for _ in fh) - 1
+        if summary["rows"] != csv_rows:
+            raise ValueError(f"Spark read {summary['rows']} rows but {received['path']} has {csv_rows}")
+        if summary["source_sha256"] != received["sha256"]:
+            raise ValueError("the Spark job converted a different file than the one received")
+        sent = ti.xcom_pull(task_ids="send")
+        report = {"rows": csv_rows, "bytes": received["bytes"], "sha256": received["sha256"],
+                  "send_seconds": round(sent["seconds"], 3), "receive_seconds": round(received["seconds"], 3),
+                  "parquet": summary["output"], "parquet_bytes": summary["parquet_bytes"],
+                  "columns": summary["columns"]}
+        print("AMQSTREAM_REPORT " + json.dumps(report))
+        if os.environ.get("AMQSTREAM_REPORT_FILE"):
+            Path(os.environ["AMQSTREAM_REPORT_FILE"]).write_text(json.dumps(report, indent=2))
+        return report
+
+    send >> receive >> to_parquet >> check(receive.output)

@@ -1,0 +1,43 @@
+"""Example 3a: the producer site. Streams every file it finds in its outbox and moves
+each sent file to outbox/sent, so the next run does not send it again."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_amqstream.example_support import BASE, QUEUE, write_sample_csv
+from airflow_provider_amqstream.operators.stream import SendStreamOperator
+
+OUTBOX = BASE / "site-a" / "outbox"
+
+with DAG(
+    dag_id="amqstream_site_a_producer",
+    schedule=timedelta(minutes=30),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=30)},
+    tags=["amqstream", "example", "site-a"],
+) as dag:
+
+    @task
+    def outbox_files() -> list[str]:
+        OUTBOX.mkdir(parents=True, exist_ok=True)
+        if not any(p.is_file() for p in OUTBOX.iterdir()):
+            write_sample_csv(OUTBOX / "site-a-orders.csv", rows=10_000)
+        return sorted(str(p) for p in OUTBOX.iterdir() if p.is_file())
+
+    @task
+    def archive(result: dict) -> str:
+        src = Path(result["path"])
+        dest = src.parent / "sent" / src.name
+        dest.parent.mkdir(exist_ok=True)
+        shutil.move(str(src), dest)
+        return str(dest)
+
+    sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".sites",
+                                      mode="atomic").expand(path=outbox_files())
+    archive.expand(result=sent.output)

@@ -1,0 +1,25 @@
+"""Example 3b: the consumer site. Waits (deferred, no worker slot) for the next stream from
+site A, receives and verifies it, and converts it to Parquet with Spark."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG
+
+from airflow_provider_amqstream.example_support import PARQUET, QUEUE, RECEIVED
+from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
+from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+with DAG(
+    dag_id="amqstream_site_b_consumer",
+    schedule=timedelta(minutes=5),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=30)},
+    tags=["amqstream", "example", "site-b"],
+) as dag:
+    receive = StreamCompleteSensor(task_id="receive", source=QUEUE + ".sites", out_dir=str(RECEIVED / "site-b"),
+                                   deferrable=True, poke_interval=10, timeout=4 * 3600, overwrite=True)
+    receive >> stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
+                                          output_dir=str(PARQUET / "site-b"))

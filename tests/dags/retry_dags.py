@@ -1,0 +1,40 @@
+"""DAGs used by tests/test_airflow.py: each ends with a probe that records what the
+stream task returned, so a test can assert on XCom after dag.test()."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_amqstream.operators.stream import SendStreamOperator
+from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+PARAMS = {"path": "", "queue": "", "out_dir": "", "stream_id": "", "record": ""}
+
+
+@task
+def probe(result: dict, params: dict | None = None) -> None:
+    Path(params["record"]).write_text(json.dumps(result))
+
+
+with DAG("amqs_test_send_retry", schedule=None, params=PARAMS,
+         default_args={"retries": 3, "retry_delay": timedelta(seconds=0)}) as send_retry:
+    s = SendStreamOperator(task_id="send", path="{{ params.path }}", destination="{{ params.queue }}",
+                           stream_id="{{ params.stream_id }}", chunk_size=256 * 1024, window=4,
+                           reconnect_timeout=4)
+    probe(s.output)
+
+with DAG("amqs_test_recv_retry", schedule=None, params=PARAMS,
+         default_args={"retries": 3, "retry_delay": timedelta(seconds=0)}) as recv_retry:
+    r = StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                             stream_id="{{ params.stream_id }}", idle_timeout=4, window=4, poke_interval=1,
+                             timeout=300)
+    probe(r.output)
+
+with DAG("amqs_test_deferrable", schedule=None, params=PARAMS) as deferrable:
+    d = StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                             deferrable=True, poke_interval=1, timeout=300)
+    probe(d.output)

@@ -1,0 +1,210 @@
+"""Issue 4: operators, sensor, trigger and example DAGs under real Airflow (SQLite),
+a real broker and real spark-submit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from tests.conftest import ROOT, _params
+from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
+
+pytestmark = pytest.mark.broker
+SIZE = 128 * 2**20 + 999
+CHUNK = 256 * 1024
+
+
+def _load(folder: Path, dag_id: str) -> Any:
+    """Parse ``folder`` and serialize its DAGs to the DB (dag.test() needs them there)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = BundleDagBag(dag_folder=folder, bundle_path=folder, bundle_name="dags-folder")
+    assert not bag.import_errors, bag.import_errors
+    sync_bag_to_db(bag, "dags-folder", None)
+    return bag.dags[dag_id]
+
+
+def _try_number(db: Path, dag_id: str, task_id: str) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
+        row = con.execute("select max(try_number) from task_instance where dag_id=? and task_id=?",
+                          (dag_id, task_id)).fetchone()
+    return int(row[0] or 0)
+
+
+def _ti_state(db: Path, dag_id: str, task_id: str) -> str:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
+        row = con.execute("select state from task_instance where dag_id=? and task_id=? order by rowid desc",
+                          (dag_id, task_id)).fetchone()
+    return str(row[0]) if row else ""
+
+
+def _in_thread(fn: Callable[[], None]) -> Callable[[], None]:
+    """Run ``fn`` beside dag.test(); the returned join re-raises its failure."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test thread
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def join() -> None:
+        t.join(120)
+        if "exc" in box:
+            raise box["exc"]
+
+    return join
+
+
+def test_example_dags_parse_without_connections_or_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    def no_network(*a: object, **k: object) -> None:
+        raise AssertionError("DAG parsing touched the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(AmqStreamHook, "get_connection", classmethod(no_network))
+    bag = DagBag(dag_folder=ROOT / "dags" / "examples")
+    assert bag.import_errors == {}
+    assert {"amqstream_one_file", "amqstream_bulk_landing", "amqstream_site_a_producer",
+            "amqstream_site_b_consumer"} <= set(bag.dags)
+
+
+def test_operator_and_sensor_build_no_hook_in_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.operators.stream import SendStreamOperator
+    from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("hook built in __init__")
+
+    monkeypatch.setattr(AmqStreamHook, "__init__", boom)
+    SendStreamOperator(task_id="s", path="/x", destination="/queue/x", amqstream_conn_id="missing")
+    StreamCompleteSensor(task_id="r", source="/queue/x", out_dir="/tmp/x", amqstream_conn_id="missing")
+
+
+def test_operator_rejects_bad_arguments_clearly() -> None:
+    from airflow_provider_amqstream.operators.stream import SendStreamOperator
+
+    with pytest.raises(ValueError, match="s: mode must be one of"):
+        SendStreamOperator(task_id="s", path="/x", destination="/queue/x", mode="fast")
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        SendStreamOperator(task_id="s", path="/x", destination="/queue/x", window=0)
+
+
+@pytest.mark.spark
+def test_example_one_file_end_to_end_with_spark(airflow_db: Path, uri: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("AMQSTREAM_REPORT_FILE", str(report))
+    from airflow_provider_amqstream import example_support
+
+    monkeypatch.setattr(example_support, "RECEIVED", tmp_path / "received")
+    monkeypatch.setattr(example_support, "PARQUET", tmp_path / "parquet")
+    dag = _load(ROOT / "dags" / "examples", "amqstream_one_file")
+    src = tmp_path / "in" / "sales.csv"
+    dr = dag.test(run_conf={"path": str(src), "rows": 20_000})
+    assert dr.state == "success"
+    rep = json.loads(report.read_text())
+    with open(src, "rb") as fh:
+        csv_rows = sum(1 for _ in fh) - 1
+    assert rep["rows"] == csv_rows == 20_000
+    assert rep["sha256"] == sha256_file(src)
+    assert list(Path(rep["parquet"]).glob("region=*/*.parquet")), "no partitioned parquet written"
+
+
+def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: EmbeddedBroker, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", private_broker.info().uri)
+    src = make_file(tmp_path / "big.bin", SIZE)
+    record = tmp_path / "send.json"
+    ckpt = tmp_path / "send-state" / "amqstream_send_sr-1.json"
+
+    def chaos() -> None:
+        wait_for(lambda: (read_json(ckpt) or {}).get("confirmed_seq", 0) >= 100, 120,
+                 "the sender to confirm 100 chunks")
+        private_broker.kill()  # the first try loses its broker and gives up after reconnect_timeout
+        wait_for(lambda: _try_number(airflow_db, "amqs_test_send_retry", "send") >= 2, 60, "a second try")
+        private_broker.start()
+
+    join = _in_thread(chaos)
+    dag = _load(ROOT / "tests" / "dags", "amqs_test_send_retry")
+    dr = dag.test(run_conf={"path": str(src), "queue": "/queue/retry.send", "stream_id": "sr-1",
+                            "record": str(record)})
+    join()
+    assert dr.state == "success"
+    res = json.loads(record.read_text())
+    assert res["resumed_from"] > 0
+    assert res["bytes_transferred"] < SIZE  # the retry did not start from zero
+    got = receive_stream(_params(private_broker), "/queue/retry.send", tmp_path / "out",
+                         options=ReceiveOptions(wait_timeout=20))
+    assert got is not None and got.sha256 == sha256_file(src) == res["sha256"]
+
+
+def test_sensor_retry_resumes(airflow_db: Path, private_broker: EmbeddedBroker, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = private_broker.info().uri
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    src = make_file(tmp_path / "big.bin", SIZE)
+    out = tmp_path / "out"
+    record = tmp_path / "recv.json"
+    send_args = ["send", str(src), "--to", "/queue/retry.recv", "--conn", uri, "--stream-id", "rr-1",
+                 "--chunk-size", str(CHUNK), "--window", "4", "--json", "-q"]
+    state = out / ".amqstream" / "rr-1.json"
+
+    def chaos() -> None:
+        sender = cli(*send_args)
+        wait_for(lambda: (read_json(state) or {}).get("next_seq", 0) >= 100, 120, "the sensor to store 100 chunks")
+        os.kill(sender.pid, signal.SIGKILL)  # the sensor's first try stalls and fails
+        sender.communicate(timeout=30)
+        wait_for(lambda: _try_number(airflow_db, "amqs_test_recv_retry", "receive") >= 2, 60, "a second try")
+        cli_json(cli(*send_args))  # the producer's re-run resumes too
+
+    join = _in_thread(chaos)
+    dag = _load(ROOT / "tests" / "dags", "amqs_test_recv_retry")
+    dr = dag.test(run_conf={"queue": "/queue/retry.recv", "out_dir": str(out), "stream_id": "rr-1",
+                            "record": str(record)})
+    join()
+    assert dr.state == "success"
+    res = json.loads(record.read_text())
+    assert res["resumed_from"] > 0 and res["bytes_transferred"] < SIZE
+    assert sha256_file(Path(res["path"])) == sha256_file(src) == res["sha256"]
+
+
+def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", broker.info().uri)
+    src = make_file(tmp_path / "f.bin", 3 * 2**20 + 1)
+    record = tmp_path / "recv.json"
+
+    def send_when_deferred() -> None:
+        wait_for(lambda: _ti_state(airflow_db, "amqs_test_deferrable", "receive") == "deferred", 60,
+                 "the sensor to defer")
+        cli_json(cli("send", str(src), "--to", "/queue/deferred", "--conn", broker.info().uri, "--json", "-q"))
+
+    join = _in_thread(send_when_deferred)
+    dag = _load(ROOT / "tests" / "dags", "amqs_test_deferrable")
+    dr = dag.test(run_conf={"queue": "/queue/deferred", "out_dir": str(tmp_path / "out"), "record": str(record)})
+    join()
+    assert dr.state == "success"
+    res = json.loads(record.read_text())
+    assert sha256_file(Path(res["path"])) == sha256_file(src)
