@@ -58,6 +58,8 @@ class TransferResult:
     started_at: float = 0.0
     finished_at: float = 0.0
     duplicates: int = 0
+    rerequests: int = 0
+    rejected: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,6 +150,9 @@ def send_file(
     restart: bool = False,
     progress: Progress | None = None,
     reconnect_timeout: float = 120.0,
+    request_timeout: float = 60.0,
+    discovery_window: float = 2.0,
+    ack_timeout: float = 120.0,
 ) -> TransferResult:
     """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
 
@@ -164,6 +169,11 @@ def send_file(
     :param restart: ignore an existing checkpoint and send from the first byte.
     :param progress: called with (bytes confirmed, total bytes) after each window.
     :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param request_timeout: handshake mode: seconds to wait for the first receiver to answer.
+    :param discovery_window: handshake mode on a topic: seconds to keep collecting
+        receivers after the first answered.
+    :param ack_timeout: handshake mode: seconds without any word from a receiver that is
+        still short of the end before giving up.
     """
     started = time.time()
     t0 = time.monotonic()
@@ -175,8 +185,9 @@ def send_file(
     if not src.is_file():
         raise StreamError(f"{src} is not a regular file")
     dest = p.Destination.parse(destination)
-    if dest.kind != "queue":
-        raise StreamError(f"{dest}: streams go to queues; topics are not supported yet")
+    if dest.kind != "queue" and p.Mode(mode) is not p.Mode.HANDSHAKE:
+        raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
+                          "with mode='handshake' (every subscriber that answers gets the whole file)")
     identity = f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
     sid = p.validate_stream_id(stream_id) if stream_id else p.derive_stream_id(src.name, identity)
     chunk_size = _first(chunk_size, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
@@ -206,9 +217,15 @@ def send_file(
     data_q = dest.data_queue(sid)
     backoff = _Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout)
     sent_bytes = 0
+    hs_timeouts = (request_timeout, discovery_window, ack_timeout)
+    rerequests = [0]
     while True:
         try:
-            sent_bytes += _send_attempt(params, src, dest, data_q, state, ckpt, window, progress)
+            if spec.mode is p.Mode.HANDSHAKE:
+                sent_bytes += _send_handshake_attempt(params, src, dest, state, ckpt, window, progress,
+                                                      hs_timeouts, rerequests)
+            else:
+                sent_bytes += _send_attempt(params, src, dest, data_q, state, ckpt, window, progress)
             break
         except ConnectionLost as exc:
             backoff.wait(exc)
@@ -219,7 +236,8 @@ def send_file(
     ckpt.save(state.to_json(), final=True)
     secs = time.monotonic() - t0
     return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "", secs,
-                          spec.mode.value, resumed_from, sent_bytes, str(src), started, time.time())
+                          spec.mode.value, resumed_from, sent_bytes, str(src), started, time.time(),
+                          rerequests=rerequests[0])
 
 
 def _first(*values: int | None) -> int:
@@ -285,6 +303,85 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
     return sent
 
 
+def _send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
+                            ckpt: Checkpoint, window: int, progress: Progress | None,
+                            timeouts: tuple[float, float, float], rerequests: list[int]) -> int:
+    """Handshake mode (seed 004): offer, wait for receivers, send paced by their answers.
+
+    Receivers drive resumption: each reports the first chunk it lacks, so a restarted
+    receiver, a lost chunk and a restarted sender all become "send from chunk k".
+    """
+    request_timeout, discovery_window, ack_timeout = timeouts
+    spec, sid = state.spec, state.spec.stream_id
+    if state.sha256 is None:
+        # Rewinds make a running hash impossible; hash the file once up front instead.
+        hasher = hashlib.sha256()
+        with open(src, "rb") as fh:
+            _hash_prefix(fh, hasher, spec.size)
+        state.sha256 = hasher.hexdigest()
+        ckpt.save(state.to_json())
+    data_dest = dest.data_queue(sid)
+    sent = 0
+    with StompLink(params, client_id=f"amqs-send-{sid}-{os.getpid()}") as link:
+        link.subscribe(dest.control_queue(sid), ack="auto", prefetch=64)
+        # A topic keeps no offer for subscribers that come later: offer on every attempt.
+        if dest.kind == "topic" or not state.offer_sent:
+            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest, window), receipt=True) or "")
+            state.offer_sent = True
+            ckpt.save(state.to_json())
+        hs = p.HandshakeSender(spec, window, point_to_point=dest.kind == "queue")
+        deadline = time.monotonic() + request_timeout
+        while not hs.positions:
+            frame = link.get(max(0.05, deadline - time.monotonic()))
+            if frame is not None:
+                hs.on_control(frame.headers)
+            elif time.monotonic() >= deadline:
+                raise StreamError(
+                    f"stream {sid}: no receiver answered the offer on {dest} within {request_timeout:.0f}s. "
+                    "The offer stays queued; re-run the sender once a receiver is running.")
+        if dest.kind == "topic":
+            until = time.monotonic() + discovery_window
+            while (left := until - time.monotonic()) > 0:
+                frame = link.get(left)
+                if frame is not None:
+                    hs.on_control(frame.headers)
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            heard = time.monotonic()
+            while not hs.all_done:
+                while (frame := link.get(0)) is not None:
+                    hs.on_control(frame.headers)
+                    heard = time.monotonic()
+                seq = hs.next_chunk()
+                if seq is not None:
+                    offset, length = spec.chunk_span(seq)
+                    body = os.pread(fd, length, offset)
+                    link.send(data_dest, body, p.data_headers(spec, seq, body))
+                    sent += len(body)
+                    continue
+                if hs.take_end():
+                    link.send(data_dest, b"", p.end_headers(spec, state.sha256))
+                    continue
+                frame = link.get(1.0)
+                if frame is not None:
+                    hs.on_control(frame.headers)
+                    heard = time.monotonic()
+                    if progress:
+                        progress(spec.offset_of(hs.slowest), spec.size)
+                elif time.monotonic() - heard > ack_timeout:
+                    lagging = sorted(c for c in hs.positions if c not in hs.finished)
+                    raise StreamError(
+                        f"stream {sid}: receiver(s) {', '.join(lagging)} stopped answering at chunk {hs.slowest} "
+                        f"of {spec.chunks} for {ack_timeout:.0f}s; re-run the sender to continue when they return")
+        finally:
+            os.close(fd)
+            rerequests[0] += hs.rewinds
+    state.end_sent = True
+    if progress:
+        progress(spec.size, spec.size)
+    return sent
+
+
 def _fstat_changed(fh: Any, spec: p.StreamSpec) -> bool:
     return os.fstat(fh.fileno()).st_size != spec.size
 
@@ -315,6 +412,8 @@ class ReceiveOptions:
     :param reconnect_timeout: how long to keep trying to reach a lost broker.
     :param overwrite: replace an existing file of the same name in the output directory.
     :param max_bytes: refuse streams larger than this.
+    :param rerequest_after: handshake mode: seconds of silence before asking the sender
+        to resend from the first missing chunk.
     """
 
     window: int = p.DEFAULT_WINDOW
@@ -324,6 +423,7 @@ class ReceiveOptions:
     reconnect_timeout: float = 120.0
     overwrite: bool = False
     max_bytes: int | None = None
+    rerequest_after: float = 2.0
     events: EventSink | None = None
     progress: Progress | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -340,8 +440,6 @@ def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike
     """
     opts = options or ReceiveOptions()
     dest = p.Destination.parse(source)
-    if dest.kind != "queue":
-        raise StreamError(f"{dest}: streams are received from queues; topics are not supported yet")
     if stream_id:
         p.validate_stream_id(stream_id)
     out = Path(out_dir)
@@ -380,11 +478,13 @@ def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id:
     # Prefetch 1 and no ack until publication: this receiver holds one offer, so the
     # broker hands it no other stream, and the offer returns to the queue if we die.
     link.subscribe(str(dest), prefetch=1, selector=selector)
+    _emit(opts, "waiting", source=str(dest))
     offer = _get(link, wait)
     if offer is None:
         return None
     try:
         spec, data_q = p.parse_offer(offer.headers)
+        terms = p.handshake_terms(offer.headers, spec) if spec.mode is p.Mode.HANDSHAKE else None
     except p.ProtocolError as exc:
         # A malformed offer would come back forever: let the broker's redelivery policy
         # move it to the DLQ, and say so.
@@ -394,7 +494,7 @@ def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id:
         link.nack(offer)
         raise StreamError(f"stream {spec.stream_id} on {dest} is {spec.size} bytes, over the limit of "
                           f"{opts.max_bytes}; it was refused (sent towards the DLQ)")
-    return _StreamReceiver(link, dest, out, spec, data_q, opts).run(offer)
+    return _StreamReceiver(link, dest, out, spec, data_q, opts, terms).run(offer)
 
 
 def _get(link: StompLink, timeout: float | None) -> Any:
@@ -410,8 +510,17 @@ class _StreamReceiver:
     """Receives one offered stream into ``out``; see :func:`receive_stream`."""
 
     def __init__(self, link: StompLink, dest: p.Destination, out: Path, spec: p.StreamSpec,
-                 data_q: str, opts: ReceiveOptions) -> None:
+                 data_q: str, opts: ReceiveOptions, handshake: tuple[str, int] | None = None) -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
+        # Handshake mode: where to tell the sender our position, and how often. The sender
+        # stops a window ahead of us, so acknowledge every half window to keep it busy.
+        self.reply_to = handshake[0] if handshake else None
+        self.batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
+        # Stable across restarts: a receiver that comes back for the same directory is the
+        # same consumer to the sender, and its new position replaces its old one.
+        where = hashlib.sha256(str(out.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        self.consumer = f"{socket.gethostname()}:{where}"
+        self.rejected = 0
         sdir = out / STATE_DIR_NAME
         self.part = sdir / f"{spec.stream_id}.part"
         self.state_file = sdir / f"{spec.stream_id}.json"
@@ -426,6 +535,7 @@ class _StreamReceiver:
             # The stream was published before and the offer came again (sender re-run
             # after its final receipt was lost): acknowledge, write nothing.
             info = json.loads(self.done_file.read_text())
+            self._tell(p.Kind.DONE, spec.chunks + 1)
             self.link.ack(offer)
             _emit(opts, "duplicate_offer", stream_id=spec.stream_id)
             return TransferResult(**{**info, "seconds": 0.0, "bytes_transferred": 0,
@@ -454,9 +564,11 @@ class _StreamReceiver:
             spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, hasher.hexdigest(),
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
             time.time(), state.duplicates)
+        result.rejected = self.rejected
         info = result.to_json()
         _atomic_json(self.done_file, info)
         self.state_file.unlink(missing_ok=True)
+        self._tell(p.Kind.DONE, spec.chunks + 1)
         self.link.ack(offer)
         _emit(opts, "stream_close", stream_id=spec.stream_id, path=str(final))
         return result
@@ -482,6 +594,9 @@ class _StreamReceiver:
         if state.complete:
             return 0
         link.subscribe(self.data_q, prefetch=max(1, opts.window))
+        # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
+        self._tell(p.Kind.HELLO, state.next_seq)
+        quiet_since = time.monotonic()
         unacked: list[Any] = []
         # Written but not yet fsynced; bodies are held by the unacked frames anyway, and
         # both are bounded by the window, never by the file size.
@@ -491,12 +606,20 @@ class _StreamReceiver:
         hash_seq = state.next_seq
         while not state.complete:
             timeout = opts.gap_grace if state.expected_sha256 else opts.idle_timeout
+            if self.reply_to:
+                timeout = opts.rerequest_after
             frame = link.get(min(timeout, 1.0) if unacked else timeout)
             if frame is None:
                 if unacked:
                     hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
                     continue
-                if state.expected_sha256:
+                if self.reply_to and time.monotonic() - quiet_since < opts.idle_timeout:
+                    # Lost chunk, dropped end marker or a restarted sender: ask again from the gap.
+                    self._tell(p.Kind.REREQ, state.next_seq)
+                    continue
+                if self.reply_to:
+                    timeout = opts.idle_timeout
+                if state.expected_sha256 and not self.reply_to:
                     raise StreamError(
                         f"{self.what}: end marker arrived but {state.describe_missing()} never did; "
                         f"they were consumed by another client or moved to a DLQ. The partial file is kept "
@@ -506,11 +629,20 @@ class _StreamReceiver:
                     f"{self.what}: nothing arrived for {timeout:.0f}s at byte {state.contiguous_bytes} of "
                     f"{spec.size}; is the sender still running? Re-run the receiver to continue from there."
                 )
+            quiet_since = time.monotonic()
             try:
                 d = state.decide(frame.headers, frame.body)
             except p.ProtocolError as exc:
                 self._reject(fd, state, hasher, new, unacked, hash_seq, frame)
                 raise StreamError(f"{self.what}: {exc}; the message was rejected (sent towards the DLQ)") from exc
+            if d.verdict is p.Verdict.CORRUPT and self.reply_to:
+                # A live sender can resend it: drop this copy (to the DLQ) and ask again.
+                self.rejected += 1
+                log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
+                hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
+                link.nack(frame)
+                self._tell(p.Kind.REREQ, state.next_seq)
+                continue
             if d.verdict is p.Verdict.CORRUPT:
                 self._reject(fd, state, hasher, new, unacked, hash_seq, frame)
                 raise StreamError(f"{self.what}: {d.reason}; nothing of it was written and the file will not "
@@ -521,7 +653,7 @@ class _StreamReceiver:
                 written += len(frame.body)
                 new.append((d.seq, frame.body))
             unacked.append(frame)
-            if len(unacked) >= opts.window or d.verdict is p.Verdict.END or (
+            if len(unacked) >= self.batch or d.verdict is p.Verdict.END or (
                     state.expected_sha256 and state.all_written):
                 hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
                 if opts.progress and time.monotonic() - last_progress > 0.5:
@@ -553,7 +685,14 @@ class _StreamReceiver:
         for frame in unacked:
             self.link.ack(frame)
         unacked.clear()
+        self._tell(p.Kind.ACK, state.next_seq)
         return hash_seq
+
+    def _tell(self, kind: p.Kind, next_seq: int) -> None:
+        """Handshake mode: report our position to the sender (no-op otherwise)."""
+        if self.reply_to:
+            self.link.send(self.reply_to, b"", p.control_headers(self.spec, kind, self.consumer, next_seq),
+                           persistent=False)
 
     def _reject(self, fd: int, state: p.ReceiverState, hasher: Any, new: list[tuple[int, bytes]],
                 unacked: list[Any], hash_seq: int, bad: Any) -> None:

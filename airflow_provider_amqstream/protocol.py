@@ -13,6 +13,12 @@ published), so it never has two streams open, and a crashed receiver's offer goe
 to the queue for the next one. Chunks are placed by offset, never by arrival order, so
 a broker that reorders, redelivers or duplicates cannot corrupt the file.
 
+In ``handshake`` mode (seed 004) the sender also listens: receivers answer the offer
+with ``hello`` on a control queue, acknowledge each window with ``ack``, ask for a
+resend from a sequence number with ``rereq``, and say ``done``. That gives consumer
+discovery, a window of chunks per acknowledgement, recovery of lost or corrupted
+chunks from the live sender, and topics where every subscriber gets the whole file.
+
 This module decides; the engine (``engine.py``) reads files, writes files and talks to
 the broker. Everything here can be unit-tested without a network or a disk.
 """
@@ -44,6 +50,10 @@ H_OFFSET = "amqs_offset"
 H_CRC = "amqs_crc32"
 H_SHA256 = "amqs_sha256"
 # Standard JMS group properties: a plain JMS consumer can reassemble with these alone.
+H_REPLY_TO = "amqs_reply_to"
+H_WINDOW = "amqs_window"
+H_CONSUMER = "amqs_consumer"
+H_NEXT_SEQ = "amqs_next_seq"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 
@@ -67,6 +77,14 @@ class Kind(str, Enum):
     OFFER = "offer"
     DATA = "data"
     END = "end"
+    # Receiver -> sender, handshake mode only; each carries amqs_consumer and amqs_next_seq.
+    HELLO = "hello"
+    ACK = "ack"
+    REREQ = "rereq"
+    DONE = "done"
+
+
+CONTROL_KINDS = frozenset({Kind.HELLO, Kind.ACK, Kind.REREQ, Kind.DONE})
 
 
 class Mode(str, Enum):
@@ -76,10 +94,13 @@ class Mode(str, Enum):
     ``atomic``: the offer goes last, after the broker confirmed every chunk, so no
     receiver ever starts on a stream whose producer died (seed 000's transaction,
     without holding the stream in broker memory: chunks wait in KahaDB).
+    ``handshake``: the sender waits for receivers to answer the offer and paces itself
+    by their acknowledgements (seed 004); required for topics.
     """
 
     STREAM = "stream"
     ATOMIC = "atomic"
+    HANDSHAKE = "handshake"
 
 
 # --------------------------------------------------------------------------- names
@@ -134,8 +155,13 @@ class Destination:
         return f"/{self.kind}/{self.name}"
 
     def data_queue(self, stream_id: str) -> str:
-        """The per-stream queue holding one stream's chunks and end marker."""
-        return f"/queue/{self.name}.amqs.{validate_stream_id(stream_id)}"
+        """Where one stream's chunks and end marker go: a queue, or for a topic a
+        per-stream topic so every subscriber gets every chunk."""
+        return f"/{self.kind}/{self.name}.amqs.{validate_stream_id(stream_id)}"
+
+    def control_queue(self, stream_id: str) -> str:
+        """Where receivers answer the sender in handshake mode (always a queue)."""
+        return f"/queue/{self.name}.amqs.{validate_stream_id(stream_id)}.ctl"
 
 
 _UNSAFE_CHARS = set('<>:"|?*\\')
@@ -209,11 +235,25 @@ def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
             H_GROUP_ID: spec.stream_id}
 
 
-def offer_headers(spec: StreamSpec, destination: Destination) -> dict[str, str]:
+def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW) -> dict[str, str]:
     h = _base(spec, Kind.OFFER)
     h.update({H_MODE: spec.mode.value, H_NAME: spec.name, H_SIZE: str(spec.size),
               H_CHUNK_SIZE: str(spec.chunk_size), H_CHUNKS: str(spec.chunks),
               H_DATA_DEST: destination.data_queue(spec.stream_id)})
+    if spec.mode is Mode.HANDSHAKE:
+        h[H_REPLY_TO] = destination.control_queue(spec.stream_id)
+        h[H_WINDOW] = str(window)
+    return h
+
+
+def control_headers(spec: StreamSpec, kind: Kind, consumer: str, next_seq: int) -> dict[str, str]:
+    """A receiver's message to the sender: where it stands (``next_seq``: first chunk
+    it does not have on disk)."""
+    if kind not in CONTROL_KINDS:
+        raise ProtocolError(f"stream {spec.stream_id}: {kind.value} is not a control message")
+    h = _base(spec, kind)
+    del h[H_GROUP_ID]
+    h.update({H_CONSUMER: consumer, H_NEXT_SEQ: str(next_seq)})
     return h
 
 
@@ -290,10 +330,21 @@ def parse_offer(headers: Mapping[str, Any]) -> tuple[StreamSpec, str]:
     if chunks != spec.chunks:
         raise ProtocolError(f"stream {stream}: {H_CHUNKS}={chunks} does not match size and chunk size")
     data_dest = str(headers.get(H_DATA_DEST, ""))
-    if not data_dest.startswith("/queue/") or not data_dest.endswith(".amqs." + spec.stream_id):
+    if not data_dest.endswith(".amqs." + spec.stream_id):
         raise ProtocolError(f"stream {stream}: data destination {data_dest[:80]!r} is not this stream's queue")
-    Destination.parse(data_dest)
+    data = Destination.parse(data_dest)
+    if mode is not Mode.HANDSHAKE and data.kind != "queue":
+        raise ProtocolError(f"stream {stream}: a {mode.value} stream must use a data queue")
     return spec, data_dest
+
+
+def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec) -> tuple[str, int]:
+    """The control queue and sender window a handshake offer names, validated."""
+    dest = str(headers.get(H_REPLY_TO, ""))
+    if not dest.startswith("/queue/") or not dest.endswith(f".amqs.{spec.stream_id}.ctl"):
+        raise ProtocolError(f"stream {spec.stream_id}: handshake offer has no valid {H_REPLY_TO}")
+    Destination.parse(dest)
+    return dest, _int_header(headers, H_WINDOW, spec.stream_id, lo=1, hi=100_000)
 
 
 # --------------------------------------------------------------------------- sender
@@ -346,6 +397,83 @@ class SenderState:
         st.offer_sent, st.end_sent = bool(data["offer_sent"]), bool(data["end_sent"])
         st.sha256 = data.get("sha256")
         return st
+
+
+@dataclass
+class HandshakeSender:
+    """The sender's side of handshake mode: whom to send what next.
+
+    Receivers report their position (``next_seq``: first chunk not on their disk). The
+    sender sends in order from ``send_seq`` but never more than ``window`` chunks past
+    the slowest receiver; a ``hello`` or ``rereq`` below ``send_seq`` rewinds it, which
+    is both how lost chunks are recovered and how either end resumes.
+    """
+
+    spec: StreamSpec
+    window: int
+    # On a queue only the receiver holding the offer can answer, so a new one replaces
+    # the old (which died, or its offer would not have moved). On a topic all count.
+    point_to_point: bool = True
+    positions: dict[str, int] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+    send_seq: int = 1
+    end_due: bool = True
+    rewinds: int = 0
+
+    def on_control(self, headers: Mapping[str, Any]) -> Kind:
+        sid = self.spec.stream_id
+        if headers.get(H_STREAM) != sid:
+            raise ProtocolError(f"stream {sid}: control message for another stream arrived")
+        kind = kind_of(headers)
+        if kind not in CONTROL_KINDS:
+            raise ProtocolError(f"stream {sid}: {kind.value} arrived on the control queue")
+        consumer = str(headers.get(H_CONSUMER) or "")
+        if not consumer or len(consumer) > 200:
+            raise ProtocolError(f"stream {sid}: control message without a valid {H_CONSUMER}")
+        pos = _int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=self.spec.chunks + 1)
+        if kind is Kind.DONE:
+            self.finished.add(consumer)
+            self.positions[consumer] = self.spec.chunks + 1
+            return kind
+        if self.point_to_point and consumer not in self.positions:
+            self.positions.clear()
+            self.finished.clear()
+        self.finished.discard(consumer)
+        if kind is Kind.ACK:
+            self.positions[consumer] = max(self.positions.get(consumer, 1), pos)
+            return kind
+        self.positions[consumer] = pos
+        if pos < self.send_seq:
+            self.send_seq = pos
+            self.rewinds += 1
+        # A receiver that asks again from some point may have missed the end marker too.
+        self.end_due = True
+        return kind
+
+    @property
+    def slowest(self) -> int:
+        return min(self.positions.values()) if self.positions else 1
+
+    def next_chunk(self) -> int | None:
+        """The chunk to send now, or None if the window is full or all were sent."""
+        if not self.positions or self.send_seq > self.spec.chunks:
+            return None
+        if self.send_seq >= self.slowest + self.window:
+            return None
+        seq = self.send_seq
+        self.send_seq += 1
+        return seq
+
+    def take_end(self) -> bool:
+        """Whether the end marker should be sent now (after the last chunk, again after a rewind)."""
+        if self.positions and self.send_seq > self.spec.chunks and self.end_due:
+            self.end_due = False
+            return True
+        return False
+
+    @property
+    def all_done(self) -> bool:
+        return bool(self.positions) and set(self.positions) <= self.finished
 
 
 # --------------------------------------------------------------------------- receiver

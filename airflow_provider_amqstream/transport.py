@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import re
 import socket
@@ -290,7 +291,9 @@ class StompLink:
                 conn.set_ssl(for_hosts=[h], ca_certs=p.ca_file, cert_file=p.cert_file,
                              key_file=p.key_file, ssl_version=ssl.PROTOCOL_TLS_CLIENT)
         conn.set_listener("amqstream", self._inbox)
-        headers = {"client-id": self.client_id} if self.client_id else {}
+        # ActiveMQ refuses a second connection with a client-id already in use; the
+        # suffix keeps threads of one process (and a fast reconnect) apart.
+        headers = {"client-id": f"{self.client_id}-{os.urandom(3).hex()}"} if self.client_id else {}
         try:
             conn.connect(p.login, p.password, wait=True, headers=headers,
                          **({"host": p.vhost} if p.vhost else {}))

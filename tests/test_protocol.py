@@ -190,3 +190,48 @@ def test_destination_parse(text: str, expected: str) -> None:
 def test_destination_rejects(bad: str) -> None:
     with pytest.raises(p.ProtocolError, match="destination"):
         p.Destination.parse(bad)
+
+
+def _ctl(sp: p.StreamSpec, kind: p.Kind, who: str, pos: int) -> dict[str, str]:
+    return p.control_headers(sp, kind, who, pos)
+
+
+def test_handshake_sender_window_rewind_and_end() -> None:
+    sp = spec(10_000)  # 10 chunks
+    hs = p.HandshakeSender(sp, window=3, point_to_point=False)
+    assert hs.next_chunk() is None  # nobody answered yet
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "a", 1))
+    assert [hs.next_chunk() for _ in range(4)] == [1, 2, 3, None]  # window of 3
+    hs.on_control(_ctl(sp, p.Kind.ACK, "a", 3))
+    assert [hs.next_chunk() for _ in range(3)] == [4, 5, None]
+    hs.on_control(_ctl(sp, p.Kind.REREQ, "a", 4))  # chunk 4 was lost
+    assert hs.rewinds == 1 and hs.next_chunk() == 4
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "b", 1))  # a late subscriber on a topic
+    assert hs.slowest == 1 and hs.next_chunk() == 1
+    for who in ("a", "b"):
+        hs.on_control(_ctl(sp, p.Kind.ACK, who, 11))
+    assert [s for s in iter(hs.next_chunk, None)] == list(range(2, 11))
+    assert hs.take_end() and not hs.take_end()
+    hs.on_control(_ctl(sp, p.Kind.DONE, "a", 11))
+    assert not hs.all_done
+    hs.on_control(_ctl(sp, p.Kind.DONE, "b", 11))
+    assert hs.all_done
+
+
+def test_handshake_point_to_point_new_receiver_replaces_dead_one() -> None:
+    sp = spec(10_000)
+    hs = p.HandshakeSender(sp, window=2)
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "dead", 1))
+    assert [hs.next_chunk(), hs.next_chunk(), hs.next_chunk()] == [1, 2, None]
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "new", 2))  # took over the offer with chunk 1 on disk
+    assert hs.positions == {"new": 2} and hs.next_chunk() == 2  # resend what it lacks
+
+
+def test_handshake_control_validation() -> None:
+    sp = spec(10_000)
+    hs = p.HandshakeSender(sp, window=2)
+    bad = _ctl(sp, p.Kind.ACK, "a", 1) | {p.H_NEXT_SEQ: "12"}
+    with pytest.raises(p.ProtocolError, match="outside 1..11"):
+        hs.on_control(bad)
+    with pytest.raises(p.ProtocolError, match="not a control message"):
+        p.control_headers(sp, p.Kind.DATA, "a", 1)
