@@ -122,7 +122,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     res = send_file(
         _params(args.conn), args.path, args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
-        window=args.window, mode=args.mode, restart=args.restart,
+        window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
         progress=_Progress(f"send {os.path.basename(args.path)}", not args.quiet),
     )
     _print_result(res, args.json, "sent")
@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.STREAM.value,
                    help="stream: receivers start at once; atomic: only after every chunk is stored")
     s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")
+    s.add_argument("--compress", choices=["zstd"], help="compress chunks that shrink (CSV, JSON)")
     common(s)
     s.set_defaults(func=cmd_send)
 

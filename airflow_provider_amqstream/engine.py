@@ -153,6 +153,7 @@ def send_file(
     request_timeout: float = 60.0,
     discovery_window: float = 2.0,
     ack_timeout: float = 120.0,
+    compression: str | None = None,
 ) -> TransferResult:
     """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
 
@@ -174,6 +175,8 @@ def send_file(
         receivers after the first answered.
     :param ack_timeout: handshake mode: seconds without any word from a receiver that is
         still short of the end before giving up.
+    :param compression: ``"zstd"`` to compress each chunk that shrinks by 5 % or more
+        (CSV, JSON: ~3.5x at ~280 MiB/s per core); None sends every chunk as it is.
     """
     started = time.time()
     t0 = time.monotonic()
@@ -195,6 +198,7 @@ def send_file(
     if window < 1:
         raise StreamError(f"window must be at least 1, got {window}")
     spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, p.Mode(mode))
+    codec = p.ChunkCodec(compression if compression is not None else params.compression)
     ckpt = checkpoint or FileCheckpoint(default_state_dir() / f"{sid}.json")
 
     state = None if restart else _load_sender_state(ckpt)
@@ -223,9 +227,9 @@ def send_file(
         try:
             if spec.mode is p.Mode.HANDSHAKE:
                 sent_bytes += _send_handshake_attempt(params, src, dest, state, ckpt, window, progress,
-                                                      hs_timeouts, rerequests)
+                                                      hs_timeouts, rerequests, codec)
             else:
-                sent_bytes += _send_attempt(params, src, dest, data_q, state, ckpt, window, progress)
+                sent_bytes += _send_attempt(params, src, dest, data_q, state, ckpt, window, progress, codec)
             break
         except ConnectionLost as exc:
             backoff.wait(exc)
@@ -256,7 +260,7 @@ def _load_sender_state(ckpt: Checkpoint) -> p.SenderState | None:
 
 def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: str,
                   state: p.SenderState, ckpt: Checkpoint, window: int,
-                  progress: Progress | None) -> int:
+                  progress: Progress | None, codec: p.ChunkCodec) -> int:
     """One connected attempt; returns bytes sent in it. Resumes at the confirmed chunk."""
     spec = state.spec
     sent = 0
@@ -276,7 +280,8 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
                 body = fh.read(length)
                 hasher.update(body)
                 want = seq % window == 0 or seq == spec.chunks
-                rid = link.send(data_q, body, p.data_headers(spec, seq, body), receipt=want)
+                headers, wire = p.data_message(spec, seq, body, codec)
+                rid = link.send(data_q, wire, headers, receipt=want)
                 sent += len(body)
                 if rid:
                     pending.append((rid, seq))
@@ -305,7 +310,8 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
 
 def _send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
                             ckpt: Checkpoint, window: int, progress: Progress | None,
-                            timeouts: tuple[float, float, float], rerequests: list[int]) -> int:
+                            timeouts: tuple[float, float, float], rerequests: list[int],
+                            codec: p.ChunkCodec) -> int:
     """Handshake mode (seed 004): offer, wait for receivers, send paced by their answers.
 
     Receivers drive resumption: each reports the first chunk it lacks, so a restarted
@@ -356,7 +362,8 @@ def _send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination
                 if seq is not None:
                     offset, length = spec.chunk_span(seq)
                     body = os.pread(fd, length, offset)
-                    link.send(data_dest, body, p.data_headers(spec, seq, body))
+                    headers, wire = p.data_message(spec, seq, body, codec)
+                    link.send(data_dest, wire, headers)
                     sent += len(body)
                     continue
                 if hs.take_end():
@@ -648,10 +655,11 @@ class _StreamReceiver:
                 raise StreamError(f"{self.what}: {d.reason}; nothing of it was written and the file will not "
                                   f"be published. Re-send the stream (amqstream send --restart).")
             if d.verdict is p.Verdict.WRITE:
-                os.pwrite(fd, frame.body, d.offset)
+                data = frame.body if d.data is None else d.data
+                os.pwrite(fd, data, d.offset)
                 state.mark_written(d.seq)
-                written += len(frame.body)
-                new.append((d.seq, frame.body))
+                written += len(data)
+                new.append((d.seq, data))
             unacked.append(frame)
             if len(unacked) >= self.batch or d.verdict is p.Verdict.END or (
                     state.expected_sha256 and state.all_written):

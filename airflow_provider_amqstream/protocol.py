@@ -50,6 +50,7 @@ H_OFFSET = "amqs_offset"
 H_CRC = "amqs_crc32"
 H_SHA256 = "amqs_sha256"
 # Standard JMS group properties: a plain JMS consumer can reassemble with these alone.
+H_ENCODING = "amqs_encoding"
 H_REPLY_TO = "amqs_reply_to"
 H_WINDOW = "amqs_window"
 H_CONSUMER = "amqs_consumer"
@@ -230,6 +231,50 @@ def crc32(body: bytes | memoryview) -> int:
     return zlib.crc32(body) & 0xFFFFFFFF
 
 
+ENCODINGS = ("zstd",)
+# Below this saving a chunk goes raw: decompressing it would cost more than it saves.
+_MIN_SAVING = 0.95
+
+
+class ChunkCodec:
+    """Optional per-chunk compression (zstd level 1). A chunk that does not shrink by at
+    least 5 % is sent raw, so incompressible data costs one quick failed attempt."""
+
+    def __init__(self, encoding: str | None) -> None:
+        if encoding not in (None, *ENCODINGS):
+            raise ProtocolError(f"compression {encoding!r} is not supported; use one of {ENCODINGS} or none")
+        self.encoding = encoding
+        self._c = self._d = None
+        if encoding == "zstd":
+            import zstandard
+
+            self._c = zstandard.ZstdCompressor(level=1)
+            self._d = zstandard.ZstdDecompressor()
+
+    def encode(self, body: bytes) -> tuple[bytes, str | None]:
+        if self._c is None or len(body) < 512:
+            return body, None
+        packed = self._c.compress(body)
+        if len(packed) > len(body) * _MIN_SAVING:
+            return body, None
+        return packed, self.encoding
+
+    @staticmethod
+    def decode(encoding: str, wire: bytes | memoryview, length: int) -> bytes:
+        """Decompress one chunk; raises ProtocolError on anything but exactly ``length`` bytes."""
+        if encoding != "zstd":
+            raise ProtocolError(f"unknown chunk encoding {encoding[:20]!r}")
+        import zstandard
+
+        try:
+            out = zstandard.ZstdDecompressor().decompress(bytes(wire), max_output_size=length)
+        except zstandard.ZstdError as exc:
+            raise ProtocolError(f"zstd chunk does not decompress: {exc}") from None
+        if len(out) != length:
+            raise ProtocolError(f"zstd chunk decompresses to {len(out)} bytes, expected {length}")
+        return out
+
+
 def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
     return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: kind.value, H_STREAM: spec.stream_id,
             H_GROUP_ID: spec.stream_id}
@@ -258,16 +303,27 @@ def control_headers(spec: StreamSpec, kind: Kind, consumer: str, next_seq: int) 
 
 
 def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[str, str]:
+    """Headers of an uncompressed chunk; see :func:`data_message` for the general case."""
+    return data_message(spec, seq, bytes(body))[0]
+
+
+def data_message(spec: StreamSpec, seq: int, body: bytes,
+                 codec: ChunkCodec | None = None) -> tuple[dict[str, str], bytes]:
+    """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
+    corruption is caught before anything is decompressed."""
     offset, length = spec.chunk_span(seq)
     if len(body) != length:
         raise ProtocolError(
             f"stream {spec.stream_id}: chunk {seq} at offset {offset} has {len(body)} bytes, "
             f"expected {length} (did the file change while it was being sent?)"
         )
+    wire, encoding = codec.encode(body) if codec else (body, None)
     h = _base(spec, Kind.DATA)
     h.update({H_SEQ: str(seq), H_GROUP_SEQ: str(seq), H_OFFSET: str(offset),
-              H_CRC: str(crc32(body))})
-    return h
+              H_CRC: str(crc32(wire))})
+    if encoding:
+        h[H_ENCODING] = encoding
+    return h, wire
 
 
 def end_headers(spec: StreamSpec, sha256_hex: str) -> dict[str, str]:
@@ -490,6 +546,7 @@ class Decision:
     seq: int = 0
     offset: int = 0
     reason: str = ""
+    data: bytes | memoryview | None = None  # the chunk's bytes to write (decompressed)
 
 
 @dataclass
@@ -544,14 +601,20 @@ class ReceiverState:
         if self.has(seq) or seq in self.written:
             self.duplicates += 1
             return Decision(Verdict.DUPLICATE, seq, offset)
-        if len(body) != length:
-            return Decision(Verdict.CORRUPT, seq, offset,
-                            f"chunk {seq} at offset {offset} has {len(body)} bytes, expected {length}")
         crc = _int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
         if crc32(body) != crc:
             return Decision(Verdict.CORRUPT, seq, offset,
                             f"chunk {seq} at offset {offset} failed its CRC-32 check")
-        return Decision(Verdict.WRITE, seq, offset)
+        encoding = headers.get(H_ENCODING)
+        if encoding:
+            try:
+                body = ChunkCodec.decode(str(encoding), body, length)
+            except ProtocolError as exc:
+                return Decision(Verdict.CORRUPT, seq, offset, f"chunk {seq} at offset {offset}: {exc}")
+        if len(body) != length:
+            return Decision(Verdict.CORRUPT, seq, offset,
+                            f"chunk {seq} at offset {offset} has {len(body)} bytes, expected {length}")
+        return Decision(Verdict.WRITE, seq, offset, data=body)
 
     def has(self, seq: int) -> bool:
         return seq < self.next_seq or seq in self.ahead

@@ -27,6 +27,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                            "integer", 10000, minimum=0),
     "chunk_size": _field("Chunk size (bytes)", "Default bytes per chunk message (1-4 MiB is best).",
                          "integer", 1048576, minimum=1, maximum=33554432),
+    "compression": _field("Compression", "Per-chunk compression for streams sent through this connection: "
+                          "zstd (pays off on CSV/JSON, skipped on incompressible chunks) or empty.", "string",
+                          enum=["zstd", None]),
     "window": _field("Window (chunks)", "Chunks per broker confirmation and receiver prefetch.",
                      "integer", 16, minimum=1, maximum=1024),
 }

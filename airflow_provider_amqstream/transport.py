@@ -68,6 +68,7 @@ class BrokerParams:
     receipt_timeout: float = 60.0
     chunk_size: int | None = None
     window: int | None = None
+    compression: str | None = None
 
     @property
     def url(self) -> str:
@@ -110,6 +111,8 @@ class BrokerParams:
             heartbeat_ms=num("heartbeat_ms", 10_000), connect_timeout=num("connect_timeout", 15.0, float),
             receipt_timeout=num("receipt_timeout", 60.0, float),
             chunk_size=num("chunk_size", None), window=num("window", None),
+            compression=(str(extra["compression"]).lower() or None) if extra.get("compression") not in
+            (None, "", "none", "None") else None,
         )
 
     @classmethod

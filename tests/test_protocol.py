@@ -87,7 +87,8 @@ def test_corrupt_chunk_is_never_written() -> None:
     headers, body = chunks_of(b"a" * 3000, sp)[1]
     d = p.ReceiverState(sp).decide(headers, b"b" + body[1:])
     assert d.verdict is p.Verdict.CORRUPT and "CRC-32" in d.reason and "offset 1000" in d.reason
-    d = p.ReceiverState(sp).decide(headers, body[:-1])
+    short = body[:-1]  # a CRC that matches, over a body of the wrong length
+    d = p.ReceiverState(sp).decide(headers | {p.H_CRC: str(p.crc32(short))}, short)
     assert d.verdict is p.Verdict.CORRUPT and "999 bytes" in d.reason
 
 
@@ -235,3 +236,37 @@ def test_handshake_control_validation() -> None:
         hs.on_control(bad)
     with pytest.raises(p.ProtocolError, match="not a control message"):
         p.control_headers(sp, p.Kind.DATA, "a", 1)
+
+
+def test_zstd_chunks_round_trip_and_skip_incompressible() -> None:
+    text = b"order_id,region,qty\n" + b"".join(b"%d,north,%d\n" % (i, i % 7) for i in range(20_000))
+    sp = spec(len(text), 64 * 1024)
+    codec = p.ChunkCodec("zstd")
+    st = p.ReceiverState(sp)
+    out = bytearray(len(text))
+    wire_total = 0
+    for seq in range(1, sp.chunks + 1):
+        off, n = sp.chunk_span(seq)
+        headers, wire = p.data_message(sp, seq, text[off:off + n], codec)
+        wire_total += len(wire)
+        d = st.decide(headers, wire)
+        assert d.verdict is p.Verdict.WRITE and d.data is not None
+        out[off:off + n] = d.data
+    assert bytes(out) == text and wire_total < len(text) / 3
+    rnd = random.Random(3).randbytes(4096)
+    headers, wire = p.data_message(spec(4096, 4096), 1, rnd, codec)
+    assert wire == rnd and p.H_ENCODING not in headers  # incompressible: sent raw
+
+
+def test_corrupt_or_unknown_encoding_is_never_written() -> None:
+    sp = spec(8192, 8192)
+    body = b"a" * 8192
+    headers, wire = p.data_message(sp, 1, body, p.ChunkCodec("zstd"))
+    assert headers[p.H_ENCODING] == "zstd"
+    evil = wire[:-4] + b"\x00\x00\x00\x00"  # a consistent CRC over a broken frame
+    d = p.ReceiverState(sp).decide(headers | {p.H_CRC: str(p.crc32(evil))}, evil)
+    assert d.verdict is p.Verdict.CORRUPT and "decompress" in d.reason
+    d = p.ReceiverState(sp).decide(headers | {p.H_ENCODING: "lzma"}, wire)
+    assert d.verdict is p.Verdict.CORRUPT and "unknown chunk encoding" in d.reason
+    with pytest.raises(p.ProtocolError, match="not supported"):
+        p.ChunkCodec("brotli")

@@ -30,6 +30,8 @@ class SendStreamOperator(BaseOperator):
     :param window: chunks per broker confirmation; default from the connection, else 16.
     :param mode: ``stream`` (receivers start at once) or ``atomic`` (receivers see the
         stream only after every chunk is stored in the broker).
+    :param compression: ``"zstd"`` to compress chunks that shrink (CSV, JSON); default the
+        connection's ``compression`` extra, else none.
     :param reconnect_timeout: seconds to keep reconnecting to a lost broker before failing.
     :param progress_interval: seconds between progress lines in the task log.
     """
@@ -39,7 +41,8 @@ class SendStreamOperator(BaseOperator):
 
     def __init__(self, *, path: str, destination: str, stream_id: str | None = None, name: str | None = None,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, chunk_size: int | None = None,
-                 window: int | None = None, mode: str = p.Mode.STREAM.value, reconnect_timeout: float = 120.0,
+                 window: int | None = None, mode: str = p.Mode.STREAM.value, compression: str | None = None,
+                 reconnect_timeout: float = 120.0,
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if mode not in {m.value for m in p.Mode}:
@@ -48,6 +51,9 @@ class SendStreamOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: chunk_size must be in 1..{p.MAX_CHUNK_SIZE}, got {chunk_size}")
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
+        if compression not in (None, *p.ENCODINGS):
+            raise ValueError(f"{self.task_id}: compression must be one of {p.ENCODINGS} or None, got {compression!r}")
+        self.compression = compression
         self.path = path
         self.destination = destination
         self.stream_id = stream_id
@@ -69,6 +75,7 @@ class SendStreamOperator(BaseOperator):
         result = hook.send_file(
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
             window=self.window, mode=self.mode, reconnect_timeout=self.reconnect_timeout,
+            compression=self.compression,
             checkpoint=TaskStateCheckpoint(context, f"amqstream_send:{stream_id}"),
             progress=LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval),
         )
