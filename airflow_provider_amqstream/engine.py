@@ -10,11 +10,13 @@ the checkpoint, continue.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -528,6 +530,7 @@ class _StreamReceiver:
         where = hashlib.sha256(str(out.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
         self.consumer = f"{socket.gethostname()}:{where}"
         self.rejected = 0
+        self.new, self.unacked, self.inflight = [], [], None
         sdir = out / STATE_DIR_NAME
         self.part = sdir / f"{spec.stream_id}.part"
         self.state_file = sdir / f"{spec.stream_id}.json"
@@ -547,38 +550,56 @@ class _StreamReceiver:
             _emit(opts, "duplicate_offer", stream_id=spec.stream_id)
             return TransferResult(**{**info, "seconds": 0.0, "bytes_transferred": 0,
                                      "started_at": started, "finished_at": time.time()})
-        fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for cp
+        self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for cp
         try:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise StreamError(f"{self.what} is being received by another process into {self.out}") from None
-            state = self._load_state()
-            resumed_from = state.contiguous_bytes
+            self.state = self._load_state()
+            self._reserve_space()
+            resumed_from = self.state.contiguous_bytes
             _emit(opts, "stream_open", stream_id=spec.stream_id, resumed_from=resumed_from)
-            hasher = hashlib.sha256()
-            with os.fdopen(os.dup(fd), "rb", buffering=0) as rfh:
-                _hash_prefix(rfh, hasher, state.contiguous_bytes)
-            written = self._drain(fd, state, hasher)
-            state.verify(hasher.hexdigest())
-            os.fsync(fd)
+            self.hasher = hashlib.sha256()
+            with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
+                _hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync") as self.pool:
+                try:
+                    written = self._drain()
+                finally:
+                    self._settle_quietly()
+            self.state.verify(self.hasher.hexdigest())
+            os.fsync(self.fd)
         finally:
-            os.close(fd)
+            os.close(self.fd)
         final = self._final_path()
         os.replace(self.part, final)
         _fsync_dir(self.out)
         result = TransferResult(
-            spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, hasher.hexdigest(),
+            spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, self.hasher.hexdigest(),
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
-            time.time(), state.duplicates)
-        result.rejected = self.rejected
-        info = result.to_json()
-        _atomic_json(self.done_file, info)
+            time.time(), self.state.duplicates, rejected=self.rejected)
+        _atomic_json(self.done_file, result.to_json())
         self.state_file.unlink(missing_ok=True)
         self._tell(p.Kind.DONE, spec.chunks + 1)
         self.link.ack(offer)
         _emit(opts, "stream_close", stream_id=spec.stream_id, path=str(final))
         return result
+
+    def _reserve_space(self) -> None:
+        """Allocate the whole file now: a full disk fails here, naming the stream, rather
+        than hours in; and later syncs need not flush a growing size."""
+        size = self.spec.size
+        if size == 0 or os.fstat(self.fd).st_size >= size:
+            return
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as exc:
+            free = shutil.disk_usage(self.out).free
+            raise StreamError(
+                f"{self.what}: cannot reserve {size} bytes in {self.out} ({exc.strerror}; {free} bytes free). "
+                "Free space or choose another output directory, then re-run to continue."
+            ) from exc
 
     def _load_state(self) -> p.ReceiverState:
         try:
@@ -595,30 +616,27 @@ class _StreamReceiver:
         log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
         return state
 
-    def _drain(self, fd: int, state: p.ReceiverState, hasher: Any) -> int:
+    def _drain(self) -> int:
         """Receive chunks until complete; return bytes written by this run."""
-        link, opts, spec = self.link, self.opts, self.spec
+        link, opts, spec, state = self.link, self.opts, self.spec, self.state
         if state.complete:
             return 0
-        link.subscribe(self.data_q, prefetch=max(1, opts.window))
+        # Two batches in flight: one being synced to disk while the next arrives.
+        link.subscribe(self.data_q, prefetch=2 * self.batch)
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self._tell(p.Kind.HELLO, state.next_seq)
         quiet_since = time.monotonic()
-        unacked: list[Any] = []
-        # Written but not yet fsynced; bodies are held by the unacked frames anyway, and
-        # both are bounded by the window, never by the file size.
-        new: list[tuple[int, bytes]] = []
         written = 0
         last_progress = 0.0
-        hash_seq = state.next_seq
         while not state.complete:
             timeout = opts.gap_grace if state.expected_sha256 else opts.idle_timeout
             if self.reply_to:
                 timeout = opts.rerequest_after
-            frame = link.get(min(timeout, 1.0) if unacked else timeout)
+            busy = self.unacked or self.inflight
+            frame = link.get(min(timeout, 1.0) if busy else timeout)
             if frame is None:
-                if unacked:
-                    hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
+                if busy:
+                    self._commit(wait=True)
                     continue
                 if self.reply_to and time.monotonic() - quiet_since < opts.idle_timeout:
                     # Lost chunk, dropped end marker or a restarted sender: ask again from the gap.
@@ -640,30 +658,29 @@ class _StreamReceiver:
             try:
                 d = state.decide(frame.headers, frame.body)
             except p.ProtocolError as exc:
-                self._reject(fd, state, hasher, new, unacked, hash_seq, frame)
+                self._reject(frame)
                 raise StreamError(f"{self.what}: {exc}; the message was rejected (sent towards the DLQ)") from exc
             if d.verdict is p.Verdict.CORRUPT and self.reply_to:
                 # A live sender can resend it: drop this copy (to the DLQ) and ask again.
                 self.rejected += 1
                 log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
-                hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
-                link.nack(frame)
+                self._reject(frame)
                 self._tell(p.Kind.REREQ, state.next_seq)
                 continue
             if d.verdict is p.Verdict.CORRUPT:
-                self._reject(fd, state, hasher, new, unacked, hash_seq, frame)
+                self._reject(frame)
                 raise StreamError(f"{self.what}: {d.reason}; nothing of it was written and the file will not "
                                   f"be published. Re-send the stream (amqstream send --restart).")
             if d.verdict is p.Verdict.WRITE:
                 data = frame.body if d.data is None else d.data
-                os.pwrite(fd, data, d.offset)
+                os.pwrite(self.fd, data, d.offset)
                 state.mark_written(d.seq)
                 written += len(data)
-                new.append((d.seq, data))
-            unacked.append(frame)
-            if len(unacked) >= self.batch or d.verdict is p.Verdict.END or (
-                    state.expected_sha256 and state.all_written):
-                hash_seq = self._commit(fd, state, hasher, new, unacked, hash_seq)
+                self.new.append((d.seq, data))
+            self.unacked.append(frame)
+            ending = d.verdict is p.Verdict.END or (state.expected_sha256 and state.all_written)
+            if len(self.unacked) >= self.batch or ending:
+                self._commit(wait=bool(ending))
                 if opts.progress and time.monotonic() - last_progress > 0.5:
                     last_progress = time.monotonic()
                     opts.progress(state.received_bytes, spec.size)
@@ -671,43 +688,69 @@ class _StreamReceiver:
             opts.progress(spec.size, spec.size)
         return written
 
-    def _commit(self, fd: int, state: p.ReceiverState, hasher: Any, new: list[tuple[int, bytes]],
-                unacked: list[Any], hash_seq: int) -> int:
-        """Make written chunks durable, record them, then acknowledge (in that order, so
-        an acknowledged chunk is always on disk). Returns the next chunk to hash."""
-        if new:
-            os.fsync(fd)
+    # Commit protocol: sync the batch's data and the state that records it (worker thread),
+    # then mark it durable, hash it and acknowledge it (this thread). Acknowledging only
+    # after the sync means an acknowledged chunk is always on disk; the sync of one batch
+    # overlaps the arrival of the next.
+    new: list[tuple[int, bytes | memoryview]]
+    unacked: list[Any]
+    inflight: tuple[concurrent.futures.Future[None], list[tuple[int, bytes | memoryview]], list[Any]] | None
+
+    def _commit(self, *, wait: bool) -> None:
+        self._settle()
+        if not self.unacked:
+            return
+        snapshot = p.ReceiverState.from_json(self.state.to_json())
+        for seq, _ in self.new:
+            snapshot.mark_durable(seq)
+        fut = self.pool.submit(self._sync, snapshot.to_json() if self.new else None)
+        self.inflight = (fut, self.new, self.unacked)
+        self.new, self.unacked = [], []
+        if wait:
+            self._settle()
+
+    def _sync(self, snapshot: dict[str, Any] | None) -> None:
+        if snapshot is not None:
+            os.fdatasync(self.fd)
+            _atomic_json(self.state_file, snapshot)
+
+    def _settle(self) -> None:
+        """Finish the commit in flight, if any."""
+        if self.inflight is None:
+            return
+        fut, new, unacked = self.inflight
+        self.inflight = None
+        fut.result()
         bodies = dict(new)
         for seq, _ in new:
-            for ready in state.mark_durable(seq):
-                if ready != hash_seq:
-                    raise StreamError(f"{self.what}: hash order broken at chunk {ready}")  # invariant
+            for ready in self.state.mark_durable(seq):
                 body = bodies.get(ready)
-                if body is None:
+                if body is None:  # arrived out of order earlier: read it back
                     off, length = self.spec.chunk_span(ready)
-                    body = os.pread(fd, length, off)
-                hasher.update(body)
-                hash_seq += 1
-        new.clear()
-        _atomic_json(self.state_file, state.to_json())
+                    body = os.pread(self.fd, length, off)
+                self.hasher.update(body)
         for frame in unacked:
             self.link.ack(frame)
-        unacked.clear()
-        self._tell(p.Kind.ACK, state.next_seq)
-        return hash_seq
+        self._tell(p.Kind.ACK, self.state.next_seq)
+
+    def _settle_quietly(self) -> None:
+        """On the way out after an error: keep what is durable, but never mask the error."""
+        try:
+            self._settle()
+        except Exception as exc:
+            log.warning("%s: could not finish the last commit while stopping: %s", self.what, exc)
+
+    def _reject(self, bad: Any) -> None:
+        """Keep the good chunks received so far, then refuse ``bad``: the broker's
+        redelivery policy moves it to the DLQ, where a person can inspect it."""
+        self._commit(wait=True)
+        self.link.nack(bad)
 
     def _tell(self, kind: p.Kind, next_seq: int) -> None:
         """Handshake mode: report our position to the sender (no-op otherwise)."""
         if self.reply_to:
             self.link.send(self.reply_to, b"", p.control_headers(self.spec, kind, self.consumer, next_seq),
                            persistent=False)
-
-    def _reject(self, fd: int, state: p.ReceiverState, hasher: Any, new: list[tuple[int, bytes]],
-                unacked: list[Any], hash_seq: int, bad: Any) -> None:
-        """Keep the good chunks received so far, then refuse ``bad``: the broker's
-        redelivery policy moves it to the DLQ, where a person can inspect it."""
-        self._commit(fd, state, hasher, new, unacked, hash_seq)
-        self.link.nack(bad)
 
     def _final_path(self) -> Path:
         name = p.safe_file_name(self.spec.name, self.spec.stream_id)

@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f "${ACTIVEMQ_HOME:-/usr/share/activemq}/bin/activemq.jar" ] || need_apt+=(activemq)
+# OpenSSH server and client: the benchmark's SFTP baselines (and their smoke test).
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v sftp >/dev/null 2>&1 || need_apt+=(openssh-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -20,7 +23,7 @@ PY="${PYTHON:-python3}"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # pyspark 4.3 is a source package; pip caches the built wheel, so only the first
 # install on a machine builds it.
-"$VENV/bin/python" -m pip install -q -e ".[dev]"
+"$VENV/bin/python" -m pip install -q -e ".[dev,bench]"
 # The Spark provider pulls pyspark-client, which overwrites ~700 files shared with
 # pyspark; reinstall pyspark so `import pyspark` and its jars agree again.
 if ! "$VENV/bin/python" -c 'import pyspark, sys; sys.exit(pyspark.__version__ != "4.3.0")' 2>/dev/null; then

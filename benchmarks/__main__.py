@@ -1,0 +1,387 @@
+"""``python -m benchmarks``: throughput and memory of amqstream against what users use instead.
+
+In one run on one machine, for each data kind (incompressible, realistic CSV) and size:
+
+* amqstream end to end (sender and receiver at once, persistent chunks, verified), with and
+  without zstd; sender alone (backlog in the broker); receiver alone (draining it);
+* raw stomp.py through the same broker, same chunk size, no protocol;
+* paramiko SFTP put (what Airflow's SFTP provider uses) to a local OpenSSH server started
+  on a private port with a throwaway key; OpenSSH's own sftp and scp to the same server;
+* the disk itself: dd conv=fsync.
+
+Prints a table with ratios and writes docs/benchmarks.md with two plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.example_support import write_sample_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+CHUNK = 1024 * 1024
+SIZES = {"100M": 100 * MiB, "1G": 1024 * MiB, "4G": 4096 * MiB}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------ data
+def make_random(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:
+        left = size
+        while left:
+            n = min(left, 8 * MiB)
+            fh.write(os.urandom(n))
+            left -= n
+
+
+def make_csv(path: Path, size: int, seed_file: Path) -> None:
+    """A CSV of ``size`` bytes: a generated block of typed rows repeated (generating GBs of
+    rows in Python would take longer than the benchmark). Per-chunk compression sees only
+    1 MiB at a time, so the repetition does not flatter it."""
+    if not seed_file.exists():
+        write_sample_csv(seed_file, rows=600_000)
+    block = seed_file.read_bytes()
+    header, _, rows = block.partition(b"\n")
+    rows = rows[: rows.rfind(b"\n") + 1]
+    with open(path, "wb") as fh:
+        fh.write(header + b"\n")
+        left = size - len(header) - 1
+        while left > 0:
+            piece = rows[:left]
+            fh.write(piece)
+            left -= len(piece)
+
+
+# ------------------------------------------------------------------------------ runners
+def py(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def result(proc: subprocess.Popen[str], timeout: float = 3600) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{proc.args} failed ({proc.returncode}): {err[-1500:]}")
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+_QUEUES = itertools.count(1)
+
+
+class Bench:
+    def __init__(self, work: Path, uri: str) -> None:
+        self.work, self.uri = work, uri
+
+    def queue(self) -> str:
+        return f"/queue/bench.{os.getpid()}.{next(_QUEUES)}"
+
+    def ours(self, src: Path, *, compress: bool = False) -> dict[str, Any]:
+        q, out = self.queue(), self.work / "out"
+        state = {"AMQSTREAM_STATE_DIR": str(self.work / "state")}
+        extra = ["--compress", "zstd"] if compress else []
+        t0 = time.monotonic()
+        rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", self.uri,
+                "--json", "-q", "--overwrite", "--wait", "120")
+        tx = py("airflow_provider_amqstream.cli", "send", str(src), "--to", q, "--conn", self.uri, "--json", "-q",
+                "--stream-id", q.rsplit("/", 1)[1], *extra, env=state)
+        s, r = result(tx), result(rx)
+        secs = time.monotonic() - t0
+        if r["sha256"] != s["sha256"]:
+            raise RuntimeError("amqstream delivered a different file")
+        (out / src.name).unlink()
+        return {"seconds": secs, "send_rss": s["peak_rss_kib"], "recv_rss": r["peak_rss_kib"]}
+
+    def ours_split(self, src: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        q, out = self.queue(), self.work / "out"
+        s = result(py("airflow_provider_amqstream.cli", "send", str(src), "--to", q, "--conn", self.uri, "--json",
+                      "-q", "--stream-id", q.rsplit("/", 1)[1], env={"AMQSTREAM_STATE_DIR": str(self.work / "state")}))
+        r = result(py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn",
+                      self.uri, "--json", "-q", "--overwrite"))
+        (out / src.name).unlink()
+        return {"seconds": s["seconds"], "rss": s["peak_rss_kib"]}, {"seconds": r["seconds"], "rss": r["peak_rss_kib"]}
+
+    def raw_stomp(self, src: Path) -> dict[str, Any]:
+        q, out = self.queue(), self.work / "raw.out"
+        count = -(-src.stat().st_size // CHUNK)
+        t0 = time.monotonic()
+        rx = py("benchmarks.raw_stomp", "recv", str(out), q, self.uri, str(count))
+        tx = py("benchmarks.raw_stomp", "send", str(src), q, self.uri, str(CHUNK))
+        s, r = result(tx), result(rx)
+        secs = time.monotonic() - t0
+        size = out.stat().st_size
+        out.unlink()
+        if size != src.stat().st_size:
+            raise RuntimeError("raw stomp.py lost bytes")
+        return {"seconds": secs, "send_rss": s["peak_rss_kib"], "recv_rss": r["peak_rss_kib"]}
+
+    def dd(self, src: Path) -> float:
+        out = self.work / "dd.out"
+        t0 = time.monotonic()
+        subprocess.run(["dd", f"if={src}", f"of={out}", "bs=4M", "conv=fsync"], check=True, capture_output=True)
+        secs = time.monotonic() - t0
+        out.unlink()
+        return secs
+
+
+class Sshd:
+    """OpenSSH server on a private loopback port with throwaway keys; stopped on exit."""
+
+    def __init__(self, work: Path) -> None:
+        self.dir = work / "ssh"
+        self.dir.mkdir(exist_ok=True)
+        self.port = free_port()
+        self.key = self.dir / "client_key"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Sshd:
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not Path(sshd).exists():
+            raise RuntimeError("OpenSSH server is not installed: sudo apt-get install openssh-server")
+        for name in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.dir / name)], check=True)
+        (self.dir / "authorized_keys").write_text((self.dir / "client_key.pub").read_text())
+        Path("/run/sshd").mkdir(exist_ok=True)
+        conf = self.dir / "sshd_config"
+        conf.write_text(f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.dir / 'host_key'}\n"
+                        f"AuthorizedKeysFile {self.dir / 'authorized_keys'}\nPasswordAuthentication no\n"
+                        f"UsePAM no\nStrictModes no\nPidFile {self.dir / 'sshd.pid'}\n"
+                        "Subsystem sftp internal-sftp\nPermitRootLogin yes\n")
+        self.proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(conf)], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        import socket
+
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("sshd did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    @property
+    def user(self) -> str:
+        import getpass
+
+        return getpass.getuser()
+
+    def _opts(self) -> list[str]:
+        return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
+
+    def paramiko_put(self, src: Path, dest: Path) -> float:
+        import paramiko
+
+        t0 = time.monotonic()
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        client.connect("127.0.0.1", port=self.port, username=self.user, key_filename=str(self.key),
+                       look_for_keys=False, allow_agent=False)
+        sftp = client.open_sftp()
+        sftp.put(str(src), str(dest))
+        sftp.close()
+        client.close()
+        return time.monotonic() - t0
+
+    def sftp_put(self, src: Path, dest: Path) -> float:
+        t0 = time.monotonic()
+        subprocess.run(["sftp", "-q", *self._opts(), "-P", str(self.port), "-b", "-", f"{self.user}@127.0.0.1"],
+                       input=f"put {src} {dest}\n".encode(), check=True, capture_output=True)
+        return time.monotonic() - t0
+
+    def scp_put(self, src: Path, dest: Path) -> float:
+        t0 = time.monotonic()
+        subprocess.run(["scp", "-q", *self._opts(), "-P", str(self.port), str(src), f"{self.user}@127.0.0.1:{dest}"],
+                       check=True, capture_output=True)
+        return time.monotonic() - t0
+
+
+def broker_peak_kib(broker: EmbeddedBroker) -> int:
+    pid = broker.running_pid()
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# ------------------------------------------------------------------------------ report
+def mibs(size: int, secs: float) -> float:
+    return size / MiB / max(secs, 1e-9)
+
+
+def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    sshd = Sshd(work).__enter__() if ssh else None
+    try:
+        for kind in kinds:
+            for label in sizes:
+                size = SIZES.get(label) or int(label)
+                src = work / f"input-{kind}-{label}.{'csv' if kind == 'csv' else 'bin'}"
+                log(f"{kind} {label}: generating {size / MiB:,.0f} MiB")
+                (make_csv(src, size, work / "seed.csv") if kind == "csv" else make_random(src, size))
+                broker = EmbeddedBroker(work / f"broker-{kind}-{label}", port=free_port())
+                broker.start()
+                try:
+                    b = Bench(work, broker.info().uri)
+                    row: dict[str, Any] = {"kind": kind, "size": label, "bytes": size}
+                    log(f"{kind} {label}: amqstream end to end")
+                    e2e = b.ours(src)
+                    row.update(ours=mibs(size, e2e["seconds"]), send_rss=e2e["send_rss"], recv_rss=e2e["recv_rss"])
+                    log(f"{kind} {label}: amqstream end to end, zstd")
+                    row["ours_zstd"] = mibs(size, b.ours(src, compress=True)["seconds"])
+                    log(f"{kind} {label}: amqstream sender alone, then receiver alone")
+                    s_only, r_only = b.ours_split(src)
+                    row.update(send_only=mibs(size, s_only["seconds"]), recv_only=mibs(size, r_only["seconds"]))
+                    log(f"{kind} {label}: raw stomp.py")
+                    row["raw_stomp"] = mibs(size, b.raw_stomp(src)["seconds"])
+                    row["broker_rss"] = broker_peak_kib(broker)
+                finally:
+                    broker.stop()
+                    shutil.rmtree(work / f"broker-{kind}-{label}", ignore_errors=True)
+                if sshd:
+                    dest = work / "ssh.out"
+                    log(f"{kind} {label}: paramiko SFTP, OpenSSH sftp, scp")
+                    row["paramiko"] = mibs(size, sshd.paramiko_put(src, dest))
+                    row["sftp"] = mibs(size, sshd.sftp_put(src, dest))
+                    row["scp"] = mibs(size, sshd.scp_put(src, dest))
+                    dest.unlink()
+                log(f"{kind} {label}: dd conv=fsync")
+                row["dd"] = mibs(size, b.dd(src))
+                src.unlink()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        if sshd:
+            sshd.__exit__()
+    return rows
+
+
+COLS = [("ours", "amqstream e2e"), ("ours_zstd", "amqstream e2e zstd"), ("send_only", "send only"),
+        ("recv_only", "receive only"), ("raw_stomp", "raw stomp.py"), ("paramiko", "paramiko SFTP"),
+        ("sftp", "OpenSSH sftp"), ("scp", "scp"), ("dd", "dd fsync")]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| data | size | " + " | ".join(c[1] for c in COLS) + " | vs raw stomp | vs paramiko | zstd vs sftp | " \
+           "RSS send / recv / broker (MiB) |"
+    lines = [head, "|" + "---|" * (len(COLS) + 6)]
+    def ratio(r: dict[str, Any], a: str, b: str) -> str:
+        return f"{r[a] / r[b]:.2f}x" if a in r and b in r else "-"
+
+    for r in rows:
+        vals = " | ".join(f"{r[k]:,.0f}" if k in r else "-" for k, _ in COLS)
+        rss = f"{r['send_rss'] / 1024:.0f} / {r['recv_rss'] / 1024:.0f} / {r['broker_rss'] / 1024:.0f}"
+        lines.append(f"| {r['kind']} | {r['size']} | {vals} | {ratio(r, 'ours', 'raw_stomp')} | "
+                     f"{ratio(r, 'ours', 'paramiko')} | {ratio(r, 'ours_zstd', 'sftp')} | {rss} |")
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict[str, Any]], docs: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    for kind in sorted({r["kind"] for r in rows}):
+        rs = [r for r in rows if r["kind"] == kind]
+        xs = [r["bytes"] / MiB for r in rs]
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for key, label in COLS:
+            if all(key in r for r in rs):
+                ax.plot(xs, [r[key] for r in rs], marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("file size (MiB)")
+        ax.set_ylabel("MiB/s")
+        ax.set_title(f"Throughput, {kind} data")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
+        name = f"bench_throughput_{kind}.png"
+        fig.tight_layout()
+        fig.savefig(docs / name, dpi=110)
+        plt.close(fig)
+        names.append(name)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    rs = [r for r in rows if r["kind"] == rows[0]["kind"]]
+    xs = [r["bytes"] / MiB for r in rs]
+    for key, label in (("send_rss", "sender"), ("recv_rss", "receiver"), ("broker_rss", "broker (JVM)")):
+        ax.plot(xs, [r[key] / 1024 for r in rs], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("file size (MiB)")
+    ax.set_ylabel("peak RSS (MiB)")
+    ax.set_title("Peak memory vs file size")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(docs / "bench_rss.png", dpi=110)
+    plt.close(fig)
+    return [*names, "bench_rss.png"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100M,1G,4G", help="comma list of 100M, 1G, 4G or byte counts")
+    ap.add_argument("--data", default="random,csv", help="comma list of random, csv")
+    ap.add_argument("--workdir", help="scratch space (default a temp dir; needs ~3x the largest size free)")
+    ap.add_argument("--no-ssh", action="store_true", help="skip the SFTP/scp baselines")
+    ap.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.md and the plots go")
+    ap.add_argument("--no-docs", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    text = table(rows)
+    print(text)
+    if not args.no_docs:
+        docs = Path(args.docs)
+        docs.mkdir(exist_ok=True)
+        pngs = plots(rows, docs)
+        cpu = os.cpu_count()
+        md = ["# Benchmarks", "",
+              f"Measured by `make bench` (`python -m benchmarks`) in one run on one machine ({cpu} cores), "
+              f"{time.strftime('%Y-%m-%d')}. Throughput in MiB/s of a file of that size, 1 MiB chunks; "
+              "end-to-end runs start sender and receiver together and verify the SHA-256. Ratios compare "
+              "figures from the same run. Peak RSS is VmHWM of each process.", "", text, "",
+              *[f"![{p}]({p})" for p in pngs], "",
+              "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", ""]
+        (docs / "benchmarks.md").write_text("\n".join(md))
+        log(f"wrote {docs / 'benchmarks.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
