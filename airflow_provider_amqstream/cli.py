@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_provider_amqstream import __version__
 from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker
-from airflow_provider_amqstream.protocol import Mode, ProtocolError
+from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Mode, ProtocolError
 from airflow_provider_amqstream.transport import BrokerParams, TransportError
 
 
@@ -142,7 +142,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
     received = 0
     while args.follow or received < args.count:
-        opts = ReceiveOptions(window=args.window or params.window or 16, wait_timeout=args.wait,
+        opts = ReceiveOptions(window=args.window or DEFAULT_RECEIVE_BATCH, wait_timeout=args.wait,
                               idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
                               progress=_Progress("receive", not args.quiet))
         res = receive_stream(params, args.source, args.out_dir, stream_id=args.stream_id, options=opts)
@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--conn", help="amqstream:// URI or Airflow connection id (default amqstream_default, "
                                       "else the embedded broker)")
         p.add_argument("--stream-id", help="stream id (send: default derived from the file; receive: any)")
-        p.add_argument("--window", type=int, help="chunks per confirmation / prefetch (default 16)")
+        p.add_argument("--window", type=int, help="send: chunks per broker confirmation (default 16); "
+                                                  "receive: chunks per sync and acknowledgement (default 8)")
         p.add_argument("--json", action="store_true", help="print one JSON object per stream")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 

@@ -60,6 +60,8 @@ H_GROUP_SEQ = "JMSXGroupSeq"
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_WINDOW = 16
+# Receiver batch: half the broker's page size (maxPageSize=16 in the shipped config).
+DEFAULT_RECEIVE_BATCH = 8
 # ActiveMQ's STOMP connector refuses frames over maxDataLength (64 MiB in our config);
 # stay well below it so headers and a TLS record never push a chunk over.
 MAX_CHUNK_SIZE = 32 * 1024 * 1024

@@ -30,7 +30,8 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "compression": _field("Compression", "Per-chunk compression for streams sent through this connection: "
                           "zstd (pays off on CSV/JSON, skipped on incompressible chunks) or empty.", "string",
                           enum=["zstd", None]),
-    "window": _field("Window (chunks)", "Chunks per broker confirmation and receiver prefetch.",
+    "window": _field("Window (chunks)", "Chunks a sender sends per broker confirmation (handshake mode: "
+                     "ahead of the slowest receiver).",
                      "integer", 16, minimum=1, maximum=1024),
 }
 

@@ -28,12 +28,11 @@ from stomp import exception as stomp_exc
 from stomp.connect import BaseConnection
 from stomp.protocol import Protocol12
 from stomp.transport import Transport
-from stomp.utils import Frame
+from stomp.utils import HEARTBEAT_FRAME, Frame, parse_frame
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 61613
-_CONTENT_LENGTH_RE = re.compile(rb"(?:^|\n)content-length:[ \t]*(\d+)", re.IGNORECASE)
 
 
 class TransportError(ConnectionError):
@@ -141,67 +140,113 @@ class _FastTransport(Transport):
 
     stomp.py 9.0 appends each socket read to an immutable buffer and rescans it from
     the start whenever a read contains a NUL byte, so reading a binary frame costs the
-    square of its size (a 16 MiB body takes ~0.7 s). We keep one bytearray, use
-    content-length to know where a frame ends, and read in 1 MiB blocks.
+    square of its size (a 16 MiB body takes ~0.7 s). Here a frame's header is parsed
+    once, and on a blocking socket its body is read with ``recv_into`` straight into a
+    buffer of its content-length: one copy, no rescans.
     """
+
+    _MAX_HEADER = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._amqs_buf = bytearray()
 
-    def _BaseTransport__read(self) -> list[bytes]:  # noqa: N802 - overrides a mangled name
-        buf = self._amqs_buf
+    def _BaseTransport__read_frames(self) -> None:  # noqa: N802 - overrides a mangled name
+        for frame in self._amqs_read():
+            self.process_frame(frame, b"")  # the raw text is only used in log lines
+
+    def _amqs_read(self) -> list[Frame]:
         while self.running:
             frames = self._amqs_extract()
             if frames:
                 return frames
-            try:
-                chunk = self.receive()
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            if not self._amqs_fill():
                 return []
-            except stomp_exc.InterruptedException:
-                continue
-            except OSError:
-                chunk = b""
-            if not chunk:
-                if not self.blocking:
-                    return []
-                raise stomp_exc.ConnectionClosedException()
-            buf += chunk
         return []
 
-    def _amqs_extract(self) -> list[bytes]:
+    def _amqs_fill(self) -> bool:
+        """Append one socket read to the buffer; False if a non-blocking read had nothing."""
+        try:
+            chunk = self.receive()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+            return False
+        except stomp_exc.InterruptedException:
+            return True
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if not self.blocking:
+                return False
+            raise stomp_exc.ConnectionClosedException()
+        self._amqs_buf += chunk
+        return True
+
+    def _amqs_body(self, head: Frame, buffered: bytearray, size: int) -> None:
+        """Read the rest of a large body straight from the socket into its own buffer."""
+        body = bytearray(size)
+        have = len(buffered)
+        body[:have] = buffered
+        view = memoryview(body)
+        while have < size:
+            try:
+                n = self.socket.recv_into(view[have:])
+            except OSError:
+                n = 0
+            if not n:
+                raise stomp_exc.ConnectionClosedException()
+            have += n
+        head.body = body
+
+    def _amqs_extract(self) -> list[Frame]:
+        """Every complete frame in the buffer (bare EOLs become heart-beats)."""
         buf = self._amqs_buf
-        out: list[bytes] = []
+        out: list[Frame] = []
         while buf:
             skip = 0
             while skip < len(buf) and buf[skip] in (10, 13):
                 skip += 1
             if skip:
                 del buf[:skip]
-                out.append(b"\n")  # stomp.py reads a bare EOL as a heart-beat
+                out.append(HEARTBEAT_FRAME)
                 continue
-            head_end = buf.find(b"\n\n")
-            crlf = buf.find(b"\r\n\r\n")
+            head_end, sep = buf.find(b"\n\n", 0, self._MAX_HEADER), 2
+            crlf = buf.find(b"\r\n\r\n", 0, self._MAX_HEADER)
             if crlf >= 0 and (head_end < 0 or crlf < head_end):
                 head_end, sep = crlf, 4
-            else:
-                sep = 2
             if head_end < 0:
+                if len(buf) >= self._MAX_HEADER:
+                    raise stomp_exc.ConnectionClosedException()  # not STOMP, or hostile
                 break
-            body_start = head_end + sep
-            m = _CONTENT_LENGTH_RE.search(buf, 0, head_end)
-            if m:
-                end = body_start + int(m.group(1))
+            head = parse_frame(bytes(buf[:head_end]))
+            if head is None:
+                raise stomp_exc.ConnectionClosedException()
+            start = head_end + sep
+            length = head.headers.get("content-length")
+            if length is not None:
+                end = start + int(length)
                 if len(buf) <= end:
+                    if not self.blocking:
+                        break  # TLS: the select loop calls again when more arrives
+                    # Large body still on the wire: fetch it directly, then its NUL.
+                    self._amqs_body(head, buf[start:], end - start)
+                    del buf[:]
+                    while not buf:
+                        if not self._amqs_fill():
+                            raise stomp_exc.ConnectionClosedException()
+                    if buf[0] != 0:
+                        raise stomp_exc.ConnectionClosedException()
+                    del buf[:1]
+                    out.append(head)
                     break
                 if buf[end] != 0:
                     raise stomp_exc.ConnectionClosedException()
+                head.body = bytes(buf[start:end])
             else:
-                end = buf.find(b"\x00", body_start)
+                end = buf.find(b"\x00", start)
                 if end < 0:
                     break
-            out.append(bytes(buf[:end]))
+                head.body = bytes(buf[start:end])
+            out.append(head)
             del buf[:end + 1]
         return out
 

@@ -26,35 +26,64 @@ def test_bad_scheme_is_refused() -> None:
         BrokerParams.from_uri("http://x")
 
 
-class _FakeSock(_FastTransport):
-    """The reader fed from a list of byte strings instead of a socket."""
+class _Wire:
+    """A socket stand-in: recv and recv_into serve the same byte stream in small pieces."""
 
-    def __init__(self, pieces: list[bytes]) -> None:
+    def __init__(self, data: bytes, piece: int) -> None:
+        self.data, self.pos, self.piece = data, 0, piece
+
+    def recv(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + min(n, self.piece)]
+        self.pos += len(out)
+        return out
+
+    def recv_into(self, view: memoryview) -> int:
+        out = self.recv(len(view))
+        view[:len(out)] = out
+        return len(out)
+
+
+class _FakeTransport(_FastTransport):
+    def __init__(self, data: bytes, piece: int = 777) -> None:
         super().__init__([("127.0.0.1", 1)])
-        self._pieces = list(pieces)
+        self.socket = _Wire(data, piece)
         self.running = True
 
     def receive(self) -> bytes:
-        return self._pieces.pop(0) if self._pieces else b""
+        return self.socket.recv(1 << 20)
 
 
 def _frame(body: bytes, cmd: bytes = b"MESSAGE") -> bytes:
     return cmd + b"\nfoo:bar\ncontent-length:" + str(len(body)).encode() + b"\n\n" + body + b"\x00"
 
 
-def test_frames_with_nul_bodies_split_across_reads() -> None:
-    bodies = [os.urandom(100_000) + b"\x00" * 10, b"", b"\x00\x00\n\n\x00"]
-    stream = b"\n" + b"\n".join(_frame(b) for b in bodies)
-    pieces = [stream[i:i + 777] for i in range(0, len(stream), 777)]
-    t = _FakeSock(pieces)
-    got: list[bytes] = []
-    while len([f for f in got if f != b"\n"]) < 3:
-        got.extend(t._BaseTransport__read())
-    frames = [f for f in got if f != b"\n"]
-    assert [f.split(b"\n\n", 1)[1] for f in frames] == bodies
-    assert got[0] == b"\n"  # the leading EOL is reported as a heart-beat
+def _read_all(t: _FakeTransport, want: int) -> list:
+    got: list = []
+    while len([f for f in got if f.cmd != "heartbeat"]) < want:
+        got.extend(t._amqs_read())
+    return got
+
+
+@pytest.mark.parametrize("piece", [1, 777, 1 << 20])
+def test_frames_with_nul_bodies_split_across_reads(piece: int) -> None:
+    bodies = [os.urandom(100_000) + b"\x00" * 10, b"", b"\x00\x00\n\n\x00", b"\r\n\r\n" * 5]
+    t = _FakeTransport(b"\n" + b"\n".join(_frame(b) for b in bodies), piece)
+    got = _read_all(t, len(bodies))
+    frames = [f for f in got if f.cmd != "heartbeat"]
+    assert [bytes(f.body) for f in frames] == bodies
+    assert all(f.headers["foo"] == "bar" and f.cmd == "MESSAGE" for f in frames)
+    assert got[0].cmd == "heartbeat"  # the leading EOL is reported as a heart-beat
 
 
 def test_frame_without_content_length_ends_at_nul() -> None:
-    t = _FakeSock([b"RECEIPT\nreceipt-id:r-1\n\n", b"\x00"])
-    assert t._BaseTransport__read() == [b"RECEIPT\nreceipt-id:r-1\n\n"]
+    t = _FakeTransport(b"RECEIPT\nreceipt-id:r-1\n\n\x00")
+    [frame] = t._amqs_read()
+    assert frame.cmd == "RECEIPT" and frame.headers["receipt-id"] == "r-1" and frame.body == b""
+
+
+def test_garbage_without_header_end_closes_the_connection() -> None:
+    from stomp.exception import ConnectionClosedException
+
+    t = _FakeTransport(b"X" * (128 * 1024))
+    with pytest.raises(ConnectionClosedException):
+        t._amqs_read()

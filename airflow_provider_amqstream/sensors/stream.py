@@ -12,7 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators._glue import LogProgress
-from airflow_provider_amqstream.protocol import Destination, validate_stream_id
+from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
 
@@ -29,7 +29,8 @@ class StreamCompleteSensor(BaseSensorOperator):
     :param out_dir: directory where the file is published (templated).
     :param stream_id: receive this stream only (templated); default the next one offered.
     :param amqstream_conn_id: Airflow connection of type ``amqstream``.
-    :param window: chunks prefetched and acknowledged together.
+    :param window: chunks synced and acknowledged together (default 8; keep it at most half
+        the broker's maxPageSize, or the broker stops dispatching until we acknowledge).
     :param idle_timeout: seconds without a chunk before the sender is presumed dead;
         the try fails and a retry resumes.
     :param overwrite: replace an existing file of the same name.
@@ -70,7 +71,6 @@ class StreamCompleteSensor(BaseSensorOperator):
 
     def _receive(self, context: Any, wait: float) -> TransferResult | None:
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
-        params = hook.broker_params()
         ti = context.get("ti")
 
         def on_event(kind: str, data: dict[str, Any]) -> None:
@@ -80,7 +80,7 @@ class StreamCompleteSensor(BaseSensorOperator):
             if kind == "stream_open" and data["resumed_from"]:
                 self.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
 
-        opts = ReceiveOptions(window=self.window or params.window or 16, wait_timeout=wait,
+        opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                               idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
                               events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"))
         result = hook.receive_stream(self.source, self.out_dir, stream_id=self.stream_id, options=opts)
