@@ -87,14 +87,26 @@ class BrokerInfo:
     password: str | None
     pid: int | None
     data_dir: Path
+    tls_port: int | None = None
+    ca_file: Path | None = None
+
+    def _cred(self) -> str:
+        if not self.user:
+            return ""
+        return quote(self.user, safe="") + ":" + quote(self.password or "", safe="") + "@"
 
     @property
     def uri(self) -> str:
         """Airflow connection URI for this broker (contains the password: do not log)."""
-        cred = ""
-        if self.user:
-            cred = quote(self.user, safe="") + ":" + quote(self.password or "", safe="") + "@"
-        return f"amqstream://{cred}{self.host}:{self.port}"
+        return f"amqstream://{self._cred()}{self.host}:{self.port}"
+
+    @property
+    def tls_uri(self) -> str | None:
+        """The same over TLS, trusting the broker's generated certificate."""
+        if not self.tls_port:
+            return None
+        return (f"amqstream://{self._cred()}{self.host}:{self.tls_port}?tls=true&ca_file="
+                f"{quote(str(self.ca_file), safe='/')}")
 
 
 class EmbeddedBroker:
@@ -106,17 +118,23 @@ class EmbeddedBroker:
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
-                 auth: bool = True, bind: str = "127.0.0.1", heap_mb: int = 512) -> None:
+                 auth: bool = True, bind: str = "127.0.0.1", heap_mb: int = 512, tls_port: int | None = None,
+                 store_dir: str | os.PathLike[str] | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
-        if port is None:
-            try:
-                port = int((self.data_dir / "broker.port").read_text().strip())
-            except (OSError, ValueError):
-                port = DEFAULT_PORT
-        self.port = port
+        self.port = port if port is not None else self._remembered("broker.port", DEFAULT_PORT)
+        self.tls_port = tls_port if tls_port is not None else self._remembered("broker.tls_port", None)
         self.auth = auth
         self.bind = bind
         self.heap_mb = heap_mb
+        # Two brokers given the same store_dir form a shared-store master/slave pair: the
+        # one holding the KahaDB lock serves, the other waits to take over.
+        self.store_dir = Path(store_dir) if store_dir else self.data_dir / "data" / "kahadb"
+
+    def _remembered(self, name: str, default: int | None) -> int | None:
+        try:
+            return int((self.data_dir / name).read_text().strip())
+        except (OSError, ValueError):
+            return default
 
     # -- files -------------------------------------------------------------------
     @property
@@ -130,6 +148,32 @@ class EmbeddedBroker:
     @property
     def creds_file(self) -> Path:
         return self.data_dir / "credentials.json"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / "tls" / "broker-cert.pem"
+
+    def _keystore(self) -> tuple[Path, str]:
+        """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
+        made once with the JDK's keytool; the certificate is exported for clients."""
+        tls = self.data_dir / "tls"
+        store, secret = tls / "broker.p12", tls / "keystore.json"
+        if store.is_file() and secret.is_file():
+            return store, json.loads(secret.read_text())["password"]
+        tls.mkdir(parents=True, exist_ok=True, mode=0o700)
+        keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+        password = secrets.token_urlsafe(18)
+        common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
+        subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
+                        "-validity", "825", "-dname", "CN=localhost", "-ext", "SAN=dns:localhost,ip:127.0.0.1",
+                        "-keypass", password, *common], check=True, capture_output=True, timeout=60)
+        subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(self.ca_file), *common],
+                       check=True, capture_output=True, timeout=60)
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"password": password}, fh)
+        os.chmod(store, 0o600)
+        return store, password
 
     def _credentials(self) -> tuple[str, str, bool]:
         """Return (user, password, created_now); the password is generated once."""
@@ -160,9 +204,18 @@ class EmbeddedBroker:
         free = shutil.disk_usage(self.data_dir).free
         # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
         store_mb = max(512, int(free * 0.9 / 2**20))
+        ssl_xml = tls_xml = ""
+        if self.tls_port:
+            store, store_pw = self._keystore()
+            ssl_xml = (f'    <sslContext><sslContext keyStore="file:{_xml_attr(str(store))}" '
+                       f'keyStorePassword="{_xml_attr(store_pw)}" keyStoreType="pkcs12"/></sslContext>')
+            tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{self.bind}:{self.tls_port}'
+                       '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
+                       '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
         xml = template.safe_substitute(
             broker_name=f"amqstream-{self.port}", data_dir=str(self.data_dir / "data"),
-            store_limit=f"{store_mb} mb", auth_plugins=auth_xml, bind=self.bind, port=self.port,
+            store_dir=str(self.store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
+            bind=self.bind, port=self.port, ssl_context=ssl_xml, tls_connector=tls_xml,
         )
         target = conf / "activemq.xml"
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -203,11 +256,16 @@ class EmbeddedBroker:
         if self.auth and self.creds_file.is_file():
             data = json.loads(self.creds_file.read_text())
             user, password = data["user"], data["password"]
-        return BrokerInfo(self.bind, self.port, user, password, self.running_pid(), self.data_dir)
+        return BrokerInfo(self.bind, self.port, user, password, self.running_pid(), self.data_dir,
+                          self.tls_port, self.ca_file if self.tls_port else None)
 
-    def start(self, *, timeout: float = 90.0) -> tuple[BrokerInfo, bool]:
-        """Start the broker unless it already runs; return (info, credentials created now)."""
-        if self.running_pid() is not None and self.port_open():
+    def start(self, *, timeout: float = 90.0, wait: bool = True) -> tuple[BrokerInfo, bool]:
+        """Start the broker unless it already runs; return (info, credentials created now).
+
+        :param wait: wait until the STOMP port accepts. A shared-store slave opens its
+            ports only once it holds the store lock, so start it with ``wait=False``.
+        """
+        if self.running_pid() is not None and (self.port_open() or not wait):
             return self.info(), False
         home = activemq_home()
         java = java_binary()
@@ -239,6 +297,11 @@ class EmbeddedBroker:
         finally:
             out.close()
         self.pid_file.write_text(f"{proc.pid}\n")
+        (self.data_dir / "broker.port").write_text(f"{self.port}\n")
+        if self.tls_port:
+            (self.data_dir / "broker.tls_port").write_text(f"{self.tls_port}\n")
+        if not wait:
+            return self.info(), created
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -247,7 +310,6 @@ class EmbeddedBroker:
                     f"see {data / 'broker.out'} and {self.log_file}:\n{self._tail()}"
                 )
             if self.port_open():
-                (self.data_dir / "broker.port").write_text(f"{self.port}\n")
                 return self.info(), created
             time.sleep(0.2)
         self.stop()

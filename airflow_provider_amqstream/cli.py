@@ -95,19 +95,23 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb)
+    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb,
+                            tls_port=args.tls_port)
     if args.action == "start":
         info, created = broker.start()
         print(f"broker running: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
+        if info.tls_port:
+            print(f"  TLS: stomp+ssl://{info.host}:{info.tls_port}, certificate {info.ca_file}")
         if created:
             print(f"generated credentials (kept in {broker.creds_file}, shown once):")
-            print(f"  export AIRFLOW_CONN_AMQSTREAM_DEFAULT='{info.uri}'")
+            print(f"  export AIRFLOW_CONN_AMQSTREAM_DEFAULT='{info.tls_uri or info.uri}'")
         return 0
     if args.action == "stop":
         print("broker stopped" if broker.stop() else "broker was not running")
         return 0
     if args.action == "uri":
-        print(broker.info().uri)
+        info = broker.info()
+        print(info.tls_uri if args.tls and info.tls_uri else info.uri)
         return 0
     pid = broker.running_pid()
     if pid is not None and broker.port_open():
@@ -178,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--port", type=int, help="STOMP port on 127.0.0.1 (default 61613)")
     b.add_argument("--no-auth", action="store_true", help="allow anonymous clients (not recommended)")
     b.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap (default 512)")
+    b.add_argument("--tls-port", type=int, help="also listen for STOMP over TLS here (certificate generated)")
+    b.add_argument("--tls", action="store_true", help="uri: print the TLS URI")
     b.set_defaults(func=cmd_broker)
 
     def common(p: argparse.ArgumentParser) -> None:
