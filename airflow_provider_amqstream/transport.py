@@ -146,6 +146,8 @@ class _FastTransport(Transport):
     """
 
     _MAX_HEADER = 64 * 1024
+    # The broker refuses frames over 64 MiB (maxDataLength); allow headroom, no more.
+    _MAX_BODY = 80 * 1024 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -223,6 +225,8 @@ class _FastTransport(Transport):
             start = head_end + sep
             length = head.headers.get("content-length")
             if length is not None:
+                if not length.isdigit() or int(length) > self._MAX_BODY:
+                    raise stomp_exc.ConnectionClosedException()  # never allocate what a peer claims
                 end = start + int(length)
                 if len(buf) <= end:
                     if not self.blocking:

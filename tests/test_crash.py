@@ -99,3 +99,16 @@ def test_broker_killed_and_restarted_mid_stream(private_broker: EmbeddedBroker, 
     [sent] = cli_json(sender)
     [got] = cli_json(receiver)
     assert got["sha256"] == sent["sha256"] == sha256_file(src) == sha256_file(out / "big.bin")
+
+
+def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerParams, tmp_path: Path,
+                                                                queue_name: str) -> None:
+    from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
+
+    src = make_file(tmp_path / "f.bin", 1000)
+    sent = send_file(params, src, queue_name, stream_id="cs-1", chunk_size=100)
+    ckpt = FileCheckpoint(default_state_dir() / "cs-1.json")
+    data = ckpt.load() or {}
+    ckpt.save({**data, "confirmed_seq": 4, "end_sent": False})  # as if killed after chunk 4
+    again = send_file(params, src, queue_name, stream_id="cs-1")  # no chunk size given
+    assert again.resumed_from == 400 and again.chunks == 10 and again.sha256 == sent.sha256

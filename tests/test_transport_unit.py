@@ -87,3 +87,11 @@ def test_garbage_without_header_end_closes_the_connection() -> None:
     t = _FakeTransport(b"X" * (128 * 1024))
     with pytest.raises(ConnectionClosedException):
         t._amqs_read()
+
+
+def test_absurd_content_length_is_refused_without_allocating() -> None:
+    from stomp.exception import ConnectionClosedException
+
+    t = _FakeTransport(b"MESSAGE\ncontent-length:99999999999\n\n")
+    with pytest.raises(ConnectionClosedException):
+        t._amqs_read()

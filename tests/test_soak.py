@@ -1,0 +1,145 @@
+"""Soak: many streams, random kills of senders, receivers and the broker. Opt-in:
+
+    make test ARGS="-m soak -s"
+
+Bounded: a fixed number of streams and kills, loopback only, a deadline on every wait.
+Every stream must end byte-exact in the output directory or be reported failed with a
+reason; none may vanish; the broker must hold no message of ours at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from tests.helpers import cli, free_port, make_file, sha256_file, wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.soak]
+
+STREAMS = int(os.environ.get("AMQSTREAM_SOAK_STREAMS", "200"))
+PRODUCERS, RECEIVERS = 4, 2
+QUEUE = "/queue/soak"
+
+
+class Chaos:
+    def __init__(self) -> None:
+        self.kills = {"sender": 0, "receiver": 0, "broker": 0}
+        self.lock = threading.Lock()
+
+    def count(self, what: str) -> None:
+        with self.lock:
+            self.kills[what] += 1
+
+
+def _producer(files: list[Path], uri: str, env: dict[str, str], rnd: random.Random, chaos: Chaos,
+              failed: dict[str, str]) -> None:
+    for f in files:
+        # The first run picks a chunk size; re-runs name none and continue the checkpoint.
+        size = ["--chunk-size", str(rnd.choice([64 * 1024, 256 * 1024, 1024 * 1024]))]
+        for _attempt in range(8):
+            proc = cli("send", str(f), "--to", QUEUE, "--conn", uri, "--stream-id", f.stem, *size, "--json", "-q",
+                       env=env)
+            size = []
+            if rnd.random() < 0.15:
+                time.sleep(rnd.uniform(0.05, 0.4))  # when to strike: chaos, not synchronisation
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    chaos.count("sender")
+            out, err = proc.communicate(timeout=300)
+            if proc.returncode == 0:
+                break
+        else:
+            failed[f.stem] = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+
+
+def _browse_empty(params: BrokerParams, dest: str) -> bool:
+    with StompLink(params) as link:
+        link._live().subscribe(dest, id="b", ack="auto", headers={"browser": "true"})
+        frame = link.get(10)
+        return frame is not None and frame.headers.get("browser") == "end"
+
+
+def test_soak(tmp_path: Path) -> None:
+    rnd = random.Random(int(os.environ.get("AMQSTREAM_SOAK_SEED", "20261122")))
+    broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
+    broker.start()
+    t0 = time.monotonic()
+    try:
+        uri = broker.info().uri
+        params = BrokerParams.from_uri(uri)
+        files = [make_file(tmp_path / "in" / f"s{i:03d}.bin", rnd.choice([0, 1, 777, 65536]) if i % 10 == 0
+                           else rnd.randrange(1, 6 * 2**20), seed=i) for i in range(STREAMS)]
+        out = tmp_path / "out"
+        env = {"AMQSTREAM_STATE_DIR": str(tmp_path / "send-state")}
+        chaos = Chaos()
+        failed: dict[str, str] = {}
+        stop = threading.Event()
+
+        def receiver() -> subprocess.Popen[str]:
+            return cli("receive", "--from", QUEUE, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "600",
+                       "--idle-timeout", "30", "--json", "-q")
+
+        receivers = [receiver() for _ in range(RECEIVERS)]
+
+        def chaos_loop() -> None:
+            broker_kills = 0
+            while not stop.wait(rnd.uniform(1.0, 3.0)):
+                i = rnd.randrange(RECEIVERS)
+                if rnd.random() < 0.5:
+                    receivers[i].send_signal(signal.SIGKILL)
+                    receivers[i].communicate(timeout=30)
+                    chaos.count("receiver")
+                if receivers[i].poll() is not None:  # killed, or gave up on a stalled sender
+                    receivers[i] = receiver()
+                if broker_kills < 2 and rnd.random() < 0.15:
+                    broker.kill()
+                    broker.start()
+                    broker_kills += 1
+                    chaos.count("broker")
+
+        chaos_thread = threading.Thread(target=chaos_loop, daemon=True)
+        chaos_thread.start()
+        shares = [files[i::PRODUCERS] for i in range(PRODUCERS)]
+        producers = [threading.Thread(target=_producer, args=(s, uri, env, random.Random(rnd.random()), chaos, failed))
+                     for s in shares]
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join(1200)
+
+        def delivered() -> bool:
+            return all((out / f.name).exists() for f in files if f.stem not in failed)
+
+        wait_for(delivered, 600, "every sent stream to be published", interval=0.5)
+        stop.set()
+        chaos_thread.join(30)
+        for proc in receivers:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+        bad = [f.name for f in files if f.stem not in failed and sha256_file(out / f.name) != sha256_file(f)]
+        total = sum(f.stat().st_size for f in files)
+        summary: dict[str, Any] = {"streams": STREAMS, "bytes": total, "failed": failed, "corrupt": bad,
+                                   "kills": chaos.kills, "seconds": round(time.monotonic() - t0, 1)}
+        print("SOAK " + json.dumps(summary))
+        assert not bad
+        assert not failed, f"streams reported failed: {failed}"
+        assert sum(chaos.kills.values()) > 0
+        dest = p.Destination.parse(QUEUE)
+        assert _browse_empty(params, QUEUE), "offers left in the broker"
+        leftovers = [f.stem for f in files if not _browse_empty(params, dest.data_queue(f.stem))]
+        assert not leftovers, f"chunks left in the broker for {leftovers[:5]}"
+    finally:
+        broker.stop()
