@@ -213,7 +213,12 @@ def send_file(
             f"destination or chunk size ({state.destination}, {state.spec.size} bytes); "
             "pass restart=True (--restart) to send it again from the start, or use a new stream id"
         )
-    state = state or p.SenderState(spec, str(dest), identity)
+    if state is None:
+        state = p.SenderState(spec, str(dest), identity)
+        # Recorded before the first message leaves: a re-run must find this stream's spec
+        # (chunk size above all) even if we die before the broker confirms anything, or it
+        # could offer the same stream id with different chunk boundaries.
+        ckpt.save(state.to_json(), final=True)
     resumed_from = state.confirmed_offset
     if state.done:
         log.info("stream %s to %s was already sent completely", sid, dest)
@@ -268,6 +273,7 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
     """One connected attempt; returns bytes sent in it. Resumes at the confirmed chunk."""
     spec = state.spec
     sent = 0
+    rerun = state.offer_sent or state.confirmed_seq > 0
     with StompLink(params, client_id=f"amqs-send-{spec.stream_id}-{os.getpid()}") as link:
         if spec.mode is p.Mode.STREAM and not state.offer_sent:
             link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest), receipt=True) or "")
@@ -307,6 +313,11 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
         if not state.offer_sent:
             link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest), receipt=True) or "")
             state.offer_sent = True
+        elif rerun:
+            # We may have repeated chunks or the end marker that a receiver already
+            # consumed and published; the re-offer sends it back to clear them.
+            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest, reoffer=True),
+                                        receipt=True) or "")
         if progress:
             progress(spec.size, spec.size)
     return sent
@@ -491,9 +502,14 @@ def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id:
     # broker hands it no other stream, and the offer returns to the queue if we die.
     link.subscribe(str(dest), prefetch=1, selector=selector)
     _emit(opts, "waiting", source=str(dest))
-    offer = _get(link, wait)
-    if offer is None:
-        return None
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        offer = _get(link, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if offer is None:
+            return None
+        if not offer.headers.get(p.H_REOFFER):
+            break
+        _clear_leftovers(link, dest, out, offer, opts)
     try:
         spec, data_q = p.parse_offer(offer.headers)
         terms = p.handshake_terms(offer.headers, spec) if spec.mode is p.Mode.HANDSHAKE else None
@@ -507,6 +523,34 @@ def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id:
         raise StreamError(f"stream {spec.stream_id} on {dest} is {spec.size} bytes, over the limit of "
                           f"{opts.max_bytes}; it was refused (sent towards the DLQ)")
     return _StreamReceiver(link, dest, out, spec, data_q, opts, terms).run(offer)
+
+
+def _clear_leftovers(link: StompLink, dest: p.Destination, out: Path, offer: Any, opts: ReceiveOptions) -> None:
+    """Handle a re-offer. If this directory published the stream, drain what the sender's
+    re-run repeated; if it holds the stream's partial data, its receiver drains when it
+    publishes. Either way acknowledge the re-offer, and never start a reception from it."""
+    sid = str(offer.headers.get(p.H_STREAM, ""))
+    try:
+        p.validate_stream_id(sid)
+    except p.ProtocolError:
+        link.nack(offer)
+        return
+    if (out / STATE_DIR_NAME / f"{sid}.done").exists():
+        drained = _drain_leftovers(link, dest.data_queue(sid))
+        _emit(opts, "leftovers_cleared", stream_id=sid, messages=drained)
+    link.ack(offer)
+
+
+def _drain_leftovers(link: StompLink, data_q: str, quiet: float = 0.3) -> int:
+    """Acknowledge whatever is left on a published stream's data queue (repeats from a
+    sender's re-run) until it stays quiet for ``quiet`` seconds."""
+    sub = link.subscribe(data_q, prefetch=16)
+    n = 0
+    while (frame := link.get(quiet)) is not None:
+        link.ack(frame)
+        n += 1
+    link.unsubscribe(sub)
+    return n
 
 
 def _get(link: StompLink, timeout: float | None) -> Any:
@@ -534,6 +578,7 @@ class _StreamReceiver:
         self.consumer = f"{socket.gethostname()}:{where}"
         self.rejected = 0
         self.new, self.unacked, self.inflight = [], [], None
+        self.data_sub: str | None = None
         sdir = out / STATE_DIR_NAME
         self.part = sdir / f"{spec.stream_id}.part"
         self.state_file = sdir / f"{spec.stream_id}.json"
@@ -549,6 +594,8 @@ class _StreamReceiver:
             # after its final receipt was lost): acknowledge, write nothing.
             info = json.loads(self.done_file.read_text())
             self._tell(p.Kind.DONE, spec.chunks + 1)
+            if not self.reply_to:
+                _drain_leftovers(self.link, self.data_q)
             self.link.ack(offer)
             _emit(opts, "duplicate_offer", stream_id=spec.stream_id)
             return TransferResult(**{**info, "seconds": 0.0, "bytes_transferred": 0,
@@ -585,6 +632,11 @@ class _StreamReceiver:
         _atomic_json(self.done_file, result.to_json())
         self.state_file.unlink(missing_ok=True)
         self._tell(p.Kind.DONE, spec.chunks + 1)
+        if not self.reply_to:
+            # Repeats from a sender's re-run may follow the end marker; clear them now.
+            if self.data_sub:
+                self.link.unsubscribe(self.data_sub)
+            _drain_leftovers(self.link, self.data_q)
         self.link.ack(offer)
         _emit(opts, "stream_close", stream_id=spec.stream_id, path=str(final))
         return result
@@ -629,7 +681,7 @@ class _StreamReceiver:
         # so a batch must stay below that or dispatch stops until we commit: batches of 8
         # ran at ~4x the speed of 16 here, 32 at a tenth. A deeper prefetch (4 batches)
         # was no faster and cost 15 MiB of peak memory.
-        link.subscribe(self.data_q, prefetch=2 * self.batch)
+        self.data_sub = link.subscribe(self.data_q, prefetch=2 * self.batch)
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self._tell(p.Kind.HELLO, state.next_seq)
         quiet_since = time.monotonic()

@@ -53,6 +53,7 @@ H_SHA256 = "amqs_sha256"
 H_ENCODING = "amqs_encoding"
 H_REPLY_TO = "amqs_reply_to"
 H_WINDOW = "amqs_window"
+H_REOFFER = "amqs_reoffer"
 H_CONSUMER = "amqs_consumer"
 H_NEXT_SEQ = "amqs_next_seq"
 H_GROUP_ID = "JMSXGroupID"
@@ -282,8 +283,14 @@ def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
             H_GROUP_ID: spec.stream_id}
 
 
-def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW) -> dict[str, str]:
+def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW, *,
+                  reoffer: bool = False) -> dict[str, str]:
+    """The offer announcing a stream. A ``reoffer`` follows a sender's re-run: it may have
+    repeated messages a receiver already consumed, so whoever published the stream
+    clears them; nobody starts a reception from a re-offer."""
     h = _base(spec, Kind.OFFER)
+    if reoffer:
+        h[H_REOFFER] = "1"
     h.update({H_MODE: spec.mode.value, H_NAME: spec.name, H_SIZE: str(spec.size),
               H_CHUNK_SIZE: str(spec.chunk_size), H_CHUNKS: str(spec.chunks),
               H_DATA_DEST: destination.data_queue(spec.stream_id)})

@@ -112,3 +112,25 @@ def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerPa
     ckpt.save({**data, "confirmed_seq": 4, "end_sent": False})  # as if killed after chunk 4
     again = send_file(params, src, queue_name, stream_id="cs-1")  # no chunk size given
     assert again.resumed_from == 400 and again.chunks == 10 and again.sha256 == sent.sha256
+
+
+def test_checkpoint_exists_before_the_first_message(params: BrokerParams, tmp_path: Path, queue_name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.engine import FileCheckpoint, StreamError, default_state_dir
+    from airflow_provider_amqstream.transport import StompLink
+
+    src = make_file(tmp_path / "f.bin", 10_000)
+
+    def die(*a: object, **k: object) -> None:
+        raise SystemExit("killed before anything was sent")
+
+    real_send = StompLink.send
+    monkeypatch.setattr(StompLink, "send", die)
+    with pytest.raises(SystemExit):
+        send_file(params, src, queue_name, stream_id="early-1", chunk_size=1000)
+    monkeypatch.setattr(StompLink, "send", real_send)
+    assert (FileCheckpoint(default_state_dir() / "early-1.json").load() or {})["chunk_size"] == 1000
+    # A re-run naming another chunk size is refused rather than offering a conflicting stream.
+    with pytest.raises(StreamError, match="different file, destination or chunk size"):
+        send_file(params, src, queue_name, stream_id="early-1", chunk_size=4096)
+    assert send_file(params, src, queue_name, stream_id="early-1").chunks == 10

@@ -165,3 +165,27 @@ def test_compressed_csv_round_trip(params: BrokerParams, tmp_path: Path, queue_n
 
     src = write_sample_csv(tmp_path / "sales.csv", rows=60_000)
     roundtrip(params, src, queue_name, tmp_path / "out", compression="zstd", chunk_size=256 * 1024)
+
+
+def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    """A sender killed after the broker confirmed its end marker, but before its checkpoint
+    said so, repeats it on the re-run; nothing may be left behind in the broker."""
+    from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
+
+    src = make_file(tmp_path / "f.bin", 5000)
+    sent = send_file(params, src, queue_name, stream_id="rep-1", chunk_size=1000)
+    got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and got.sha256 == sent.sha256
+    ckpt = FileCheckpoint(default_state_dir() / "rep-1.json")
+    ckpt.save({**(ckpt.load() or {}), "confirmed_seq": 3, "end_sent": False})
+    send_file(params, src, queue_name, stream_id="rep-1")  # repeats chunks 4-5 and the end, then re-offers
+    events: list[str] = []
+    assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(
+        wait_timeout=3, events=lambda kind, data: events.append(f"{kind}:{data.get('messages', '')}"))) is None
+    assert "leftovers_cleared:3" in events
+    dest = p.Destination.parse(queue_name)
+    with StompLink(params) as link:
+        for q in (queue_name, dest.data_queue("rep-1")):
+            link._live().subscribe(q, id=q, ack="auto", headers={"browser": "true"})
+            frame = link.get(10)
+            assert frame is not None and frame.headers.get("browser") == "end", f"{q} is not empty"
