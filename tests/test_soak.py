@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
-from tests.helpers import cli, free_port, make_file, sha256_file, wait_for
+from tests.helpers import ROOT, cli, free_port, make_file, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.soak]
 
@@ -75,10 +76,10 @@ def test_soak(tmp_path: Path) -> None:
     rnd = random.Random(int(os.environ.get("AMQSTREAM_SOAK_SEED", "20261122")))
     broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
     broker.start()
+    params = BrokerParams.from_uri(broker.info().uri)
     t0 = time.monotonic()
     try:
         uri = broker.info().uri
-        params = BrokerParams.from_uri(uri)
         files = [make_file(tmp_path / "in" / f"s{i:03d}.bin", rnd.choice([0, 1, 777, 65536]) if i % 10 == 0
                            else rnd.randrange(1, 6 * 2**20), seed=i) for i in range(STREAMS)]
         out = tmp_path / "out"
@@ -87,27 +88,46 @@ def test_soak(tmp_path: Path) -> None:
         failed: dict[str, str] = {}
         stop = threading.Event()
 
+        logs = tmp_path / "receiver-logs"
+        logs.mkdir()
+        exits: list[str] = []
+
         def receiver() -> subprocess.Popen[str]:
-            return cli("receive", "--from", QUEUE, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "600",
-                       "--idle-timeout", "30", "--json", "-q")
+            # Output to files: a pipe nobody reads would fill and block the receiver.
+            log = open(logs / f"r{len(list(logs.iterdir()))}.log", "w")  # noqa: SIM115 - closed by the process end
+            return subprocess.Popen([sys.executable, "-m", "airflow_provider_amqstream.cli", "receive", "--from",
+                                     QUEUE, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "600",
+                                     "--idle-timeout", "30", "--json", "-q"], stdout=log, stderr=log, text=True,
+                                    cwd=ROOT)
+
+        def reap(proc: subprocess.Popen[str]) -> None:
+            if proc.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
+                exits.append(f"receiver exited {proc.returncode}")
 
         receivers = [receiver() for _ in range(RECEIVERS)]
 
+        chaos_errors: list[BaseException] = []
+
         def chaos_loop() -> None:
             broker_kills = 0
-            while not stop.wait(rnd.uniform(1.0, 3.0)):
-                i = rnd.randrange(RECEIVERS)
-                if rnd.random() < 0.5:
-                    receivers[i].send_signal(signal.SIGKILL)
-                    receivers[i].communicate(timeout=30)
-                    chaos.count("receiver")
-                if receivers[i].poll() is not None:  # killed, or gave up on a stalled sender
-                    receivers[i] = receiver()
-                if broker_kills < 2 and rnd.random() < 0.15:
-                    broker.kill()
-                    broker.start()
-                    broker_kills += 1
-                    chaos.count("broker")
+            try:
+                while not stop.wait(rnd.uniform(1.0, 3.0)):
+                    i = rnd.randrange(RECEIVERS)
+                    if rnd.random() < 0.5:
+                        receivers[i].send_signal(signal.SIGKILL)
+                        receivers[i].wait(30)
+                        chaos.count("receiver")
+                    for j, proc in enumerate(receivers):  # killed, or gave up on a stalled sender
+                        if proc.poll() is not None:
+                            reap(proc)
+                            receivers[j] = receiver()
+                    if broker_kills < 2 and rnd.random() < 0.15:
+                        broker.kill()
+                        broker.start()
+                        broker_kills += 1
+                        chaos.count("broker")
+            except BaseException as exc:  # handed to the test thread
+                chaos_errors.append(exc)
 
         chaos_thread = threading.Thread(target=chaos_loop, daemon=True)
         chaos_thread.start()
@@ -122,23 +142,34 @@ def test_soak(tmp_path: Path) -> None:
         def delivered() -> bool:
             return all((out / f.name).exists() for f in files if f.stem not in failed)
 
-        wait_for(delivered, 600, "every sent stream to be published", interval=0.5)
+        def delivered_or_broken() -> bool:
+            return delivered() or bool(chaos_errors)
+
+        wait_for(delivered_or_broken, 300, "every sent stream to be published", interval=0.5)
         stop.set()
         chaos_thread.join(30)
+        if chaos_errors:
+            raise chaos_errors[0]
+        for i, proc in enumerate(receivers):  # chaos may have left one stopped
+            if proc.poll() is not None:
+                reap(proc)
+                receivers[i] = receiver()
+        # Re-offers and repeated offers from re-run senders are handled after the last file.
+        wait_for(lambda: _browse_empty(params, QUEUE), 120, "the receivers to handle every offer", interval=1)
         for proc in receivers:
             proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=30)
+            proc.wait(30)
 
         bad = [f.name for f in files if f.stem not in failed and sha256_file(out / f.name) != sha256_file(f)]
         total = sum(f.stat().st_size for f in files)
         summary: dict[str, Any] = {"streams": STREAMS, "bytes": total, "failed": failed, "corrupt": bad,
-                                   "kills": chaos.kills, "seconds": round(time.monotonic() - t0, 1)}
+                                   "kills": chaos.kills, "receiver_exits": exits,
+                                   "seconds": round(time.monotonic() - t0, 1)}
         print("SOAK " + json.dumps(summary))
         assert not bad
         assert not failed, f"streams reported failed: {failed}"
         assert sum(chaos.kills.values()) > 0
         dest = p.Destination.parse(QUEUE)
-        assert _browse_empty(params, QUEUE), "offers left in the broker"
         leftovers = [f.stem for f in files if not _browse_empty(params, dest.data_queue(f.stem))]
         assert not leftovers, f"chunks left in the broker for {leftovers[:5]}"
     finally:
