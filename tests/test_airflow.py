@@ -45,13 +45,6 @@ def _try_number(db: Path, dag_id: str, task_id: str) -> int:
     return int(row[0] or 0)
 
 
-def _ti_state(db: Path, dag_id: str, task_id: str) -> str:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
-        row = con.execute("select state from task_instance where dag_id=? and task_id=? order by rowid desc",
-                          (dag_id, task_id)).fetchone()
-    return str(row[0]) if row else ""
-
-
 def _in_thread(fn: Callable[[], None]) -> Callable[[], None]:
     """Run ``fn`` beside dag.test(); the returned join re-raises its failure."""
     box: dict[str, BaseException] = {}
@@ -195,10 +188,18 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", broker.info().uri)
     src = make_file(tmp_path / "f.bin", 3 * 2**20 + 1)
     record = tmp_path / "recv.json"
+    # dag.test() runs the trigger in this process: watch it poll, then send.
+    polled = threading.Event()
+    real = AmqStreamHook.offer_waiting
+
+    def watched(self: AmqStreamHook, *a: Any, **k: Any) -> bool:
+        polled.set()
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(AmqStreamHook, "offer_waiting", watched)
 
     def send_when_deferred() -> None:
-        wait_for(lambda: _ti_state(airflow_db, "amqs_test_deferrable", "receive") == "deferred", 60,
-                 "the sensor to defer")
+        assert polled.wait(60), "the sensor never deferred to its trigger"
         cli_json(cli("send", str(src), "--to", "/queue/deferred", "--conn", broker.info().uri, "--json", "-q"))
 
     join = _in_thread(send_when_deferred)
