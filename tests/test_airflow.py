@@ -209,3 +209,27 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     assert dr.state == "success"
     res = json.loads(record.read_text())
     assert sha256_file(Path(res["path"])) == sha256_file(src)
+
+
+@pytest.mark.spark
+def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, uri: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Examples 2 and 3 run without edits: mapped bulk movement, then producer and consumer sites."""
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+    from airflow_provider_amqstream import example_support
+
+    for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):
+        monkeypatch.setattr(example_support, name, tmp_path / name.lower())
+    examples = ROOT / "dags" / "examples"
+    for dag_id in ("amqstream_bulk_landing", "amqstream_site_a_producer", "amqstream_site_b_consumer"):
+        assert _load(examples, dag_id).test().state == "success", dag_id
+    received = sorted(p.name for p in (tmp_path / "received" / "bulk").iterdir() if p.is_file())
+    assert received == ["batch-0.csv", "batch-1.csv", "batch-2.csv"]
+    for name in received:
+        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(tmp_path / "landing" / name)
+    summaries = list((tmp_path / "parquet").glob("*/_amqstream_summary.json"))
+    assert len(summaries) == 3 and all(json.loads(s.read_text())["rows"] == 5000 for s in summaries)
+    assert (tmp_path / "received" / "site-b" / "site-a-orders.csv").exists()
+    assert list((tmp_path / "parquet" / "site-b").glob("*/_amqstream_summary.json"))
