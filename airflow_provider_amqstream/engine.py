@@ -20,7 +20,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -449,7 +449,6 @@ class ReceiveOptions:
     rerequest_after: float = 2.0
     events: EventSink | None = None
     progress: Progress | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,

@@ -441,7 +441,9 @@ class StompLink:
             inbox.receipts.discard(rid)
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
-                  selector: str | None = None, exclusive: bool = False) -> str:
+                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
+        """Subscribe; with ``browser`` ActiveMQ shows the queue without consuming it and ends
+        with a message whose ``browser`` header is ``end``."""
         conn = self._live()
         sub_id = f"s-{next(self._ids)}"
         headers = {"activemq.prefetchSize": str(prefetch)}
@@ -449,6 +451,9 @@ class StompLink:
             headers["selector"] = selector
         if exclusive:
             headers["activemq.exclusive"] = "true"
+        if browser:
+            headers["browser"] = "true"
+            ack = "auto"
         conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
         return sub_id
 

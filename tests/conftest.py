@@ -34,26 +34,25 @@ def _params(broker: EmbeddedBroker) -> BrokerParams:
                         connect_timeout=10.0, receipt_timeout=30.0)
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """One authenticated broker for the session (tests use their own queue names)."""
-    b = EmbeddedBroker(tmp_path_factory.mktemp("broker"), port=free_port())
+def _running_broker(data_dir: Path) -> Iterator[EmbeddedBroker]:
+    b = EmbeddedBroker(data_dir, port=free_port())
     b.start()
     try:
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """One authenticated broker for the session (tests use their own queue names)."""
+    yield from _running_broker(tmp_path_factory.mktemp("broker"))
 
 
 @pytest.fixture
 def private_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     """A broker this test may kill and restart."""
-    b = EmbeddedBroker(tmp_path / "broker", port=free_port())
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield from _running_broker(tmp_path / "broker")
 
 
 @pytest.fixture

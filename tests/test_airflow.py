@@ -38,6 +38,14 @@ def _load(folder: Path, dag_id: str) -> Any:
     return bag.dags[dag_id]
 
 
+@pytest.fixture
+def spark_and_broker(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections for the example DAGs: the session broker and Spark in local mode."""
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+
+
 def _try_number(db: Path, dag_id: str, task_id: str) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as con:
         row = con.execute("select max(try_number) from task_instance where dag_id=? and task_id=?",
@@ -102,11 +110,8 @@ def test_operator_rejects_bad_arguments_clearly() -> None:
 
 
 @pytest.mark.spark
-def test_example_one_file_end_to_end_with_spark(airflow_db: Path, uri: str, tmp_path: Path,
+def test_example_one_file_end_to_end_with_spark(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
-        {"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
     report = tmp_path / "report.json"
     monkeypatch.setenv("AMQSTREAM_REPORT_FILE", str(report))
     from airflow_provider_amqstream import example_support
@@ -212,12 +217,9 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
 
 
 @pytest.mark.spark
-def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, uri: str, tmp_path: Path,
+def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Examples 2 and 3 run without edits: mapped bulk movement, then producer and consumer sites."""
-    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
-        {"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
     from airflow_provider_amqstream import example_support
 
     for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):

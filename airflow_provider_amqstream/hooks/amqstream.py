@@ -97,9 +97,7 @@ class AmqStreamHook(BaseHook):
         dest = Destination.parse(source)
         selector = "amqs_kind = 'offer'" + (f" AND amqs_stream = '{stream_id}'" if stream_id else "")
         with StompLink(self.broker_params()) as link:
-            conn = link._live()
-            conn.subscribe(str(dest), id="amqs-browse", ack="auto",
-                           headers={"browser": "true", "selector": selector, "activemq.prefetchSize": "1"})
+            link.subscribe(str(dest), selector=selector, browser=True)
             frame = link.get(timeout)
             # A browser ends with an empty end-of-browse message; anything else is an offer.
             return frame is not None and frame.headers.get("browser") != "end"
