@@ -244,12 +244,16 @@ class EmbeddedBroker:
             return pid
         return pid if str(self.data_dir).encode() in cmdline else None
 
-    def port_open(self, timeout: float = 0.5) -> bool:
+    def port_open(self, timeout: float = 0.5, port: int | None = None) -> bool:
         try:
-            with socket.create_connection((self.bind, self.port), timeout=timeout):
+            with socket.create_connection((self.bind, port or self.port), timeout=timeout):
                 return True
         except OSError:
             return False
+
+    def _ready(self) -> bool:
+        # Connectors start one after another: the TLS one ~0.1 s after plain STOMP.
+        return self.port_open() and (not self.tls_port or self.port_open(port=self.tls_port))
 
     def info(self) -> BrokerInfo:
         user = password = None
@@ -309,7 +313,7 @@ class EmbeddedBroker:
                     f"ActiveMQ exited with code {proc.returncode} while starting; "
                     f"see {data / 'broker.out'} and {self.log_file}:\n{self._tail()}"
                 )
-            if self.port_open():
+            if self._ready():
                 return self.info(), created
             time.sleep(0.2)
         self.stop()
