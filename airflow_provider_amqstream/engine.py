@@ -276,7 +276,7 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
     rerun = state.offer_sent or state.confirmed_seq > 0
     with StompLink(params, client_id=f"amqs-send-{spec.stream_id}-{os.getpid()}") as link:
         if spec.mode is p.Mode.STREAM and not state.offer_sent:
-            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest), receipt=True) or "")
+            link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest))
             state.offer_sent = True
             ckpt.save(state.to_json())
         hasher = hashlib.sha256()
@@ -307,17 +307,16 @@ def _send_attempt(params: BrokerParams, src: Path, dest: p.Destination, data_q: 
                                   "the stream is incomplete. Re-send with restart=True once it is stable.")
         if not state.end_sent:
             state.sha256 = hasher.hexdigest()
-            link.wait_receipt(link.send(data_q, b"", p.end_headers(spec, state.sha256), receipt=True) or "")
+            link.send_confirmed(data_q, b"", p.end_headers(spec, state.sha256))
             state.end_sent = True
             ckpt.save(state.to_json())
         if not state.offer_sent:
-            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest), receipt=True) or "")
+            link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest))
             state.offer_sent = True
         elif rerun:
             # We may have repeated chunks or the end marker that a receiver already
             # consumed and published; the re-offer sends it back to clear them.
-            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest, reoffer=True),
-                                        receipt=True) or "")
+            link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest, reoffer=True))
         if progress:
             progress(spec.size, spec.size)
     return sent
@@ -347,7 +346,7 @@ def _send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination
         link.subscribe(dest.control_queue(sid), ack="auto", prefetch=64)
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
         if dest.kind == "topic" or not state.offer_sent:
-            link.wait_receipt(link.send(str(dest), b"", p.offer_headers(spec, dest, window), receipt=True) or "")
+            link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest, window))
             state.offer_sent = True
             ckpt.save(state.to_json())
         hs = p.HandshakeSender(spec, window, point_to_point=dest.kind == "queue")

@@ -421,6 +421,12 @@ class StompLink:
             raise ConnectionLost(f"sending to {destination} on {self.params.url} failed: {exc}") from exc
         return rid
 
+    def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
+        """Send one persistent message and wait until the broker has stored it."""
+        rid = f"r-{next(self._ids)}"
+        self.send(destination, body, {**headers, "receipt": rid})
+        self.wait_receipt(rid)
+
     def wait_receipt(self, rid: str, timeout: float | None = None) -> None:
         """Block until the broker confirmed ``rid``, or raise naming the broker."""
         timeout = self.params.receipt_timeout if timeout is None else timeout

@@ -26,7 +26,7 @@ def test_hook_round_trips_binary_bodies_byte_exact(uri: str, queue_name: str,
     hook = AmqStreamHook()
     with hook.get_conn() as link:
         for body in bodies:
-            link.wait_receipt(link.send(queue_name, body, {"n": "1"}, receipt=True) or "")
+            link.send_confirmed(queue_name, body, {"n": "1"})
         link.subscribe(queue_name, prefetch=2)
         got = []
         for _ in bodies:
@@ -107,7 +107,7 @@ def test_broker_command_survives_kill9_with_persistent_message(tmp_path: Path) -
         from airflow_provider_amqstream.transport import BrokerParams
         params = BrokerParams.from_uri(uri)
         with StompLink(params) as link:
-            link.wait_receipt(link.send("/queue/survivor", b"\x00keep me", {}, receipt=True) or "")
+            link.send_confirmed("/queue/survivor", b"\x00keep me", {})
         pid = broker.running_pid()
         broker.kill()
         assert broker.running_pid() is None
