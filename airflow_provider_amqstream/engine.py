@@ -193,8 +193,8 @@ def send_file(
     if dest.kind != "queue" and p.Mode(mode) is not p.Mode.HANDSHAKE:
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
-    identity = f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
-    sid = p.validate_stream_id(stream_id) if stream_id else p.derive_stream_id(src.name, identity)
+    identity = _file_identity(src, st_)
+    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_)
     window = _first(window, params.window, p.DEFAULT_WINDOW)
     if window < 1:
         raise StreamError(f"window must be at least 1, got {window}")
@@ -251,6 +251,25 @@ def send_file(
     return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "", secs,
                           spec.mode.value, resumed_from, sent_bytes, str(src), started, time.time(),
                           rerequests=rerequests[0])
+
+
+def _file_identity(src: Path, st_: os.stat_result) -> str:
+    return f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
+
+
+def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destination,
+                      st_: os.stat_result | None = None) -> str:
+    """The stream id a send gets when none is given: the same file (path, size, mtime) to
+    the same destination always gets the same id, so a re-run finds its checkpoint; the
+    same file to another destination is another stream.
+
+    :param path: the file to send.
+    :param destination: where it goes.
+    :param st_: the file's stat result, if the caller has it.
+    """
+    src = Path(path)
+    identity = _file_identity(src, st_ or src.stat())
+    return p.derive_stream_id(src.name, f"{identity}|{p.Destination.parse(str(destination))}")
 
 
 def _first(*values: int | None) -> int:
@@ -611,6 +630,7 @@ class _StreamReceiver:
             self.hasher = hashlib.sha256()
             with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
                 _hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
+            self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync") as self.pool:
                 try:
                     written = self._drain()
@@ -734,7 +754,11 @@ class _StreamReceiver:
                 os.pwrite(self.fd, data, d.offset)
                 state.mark_written(d.seq)
                 written += len(data)
-                self.new.append((d.seq, data))
+                self._hash_along(d.seq, data)
+                self.new.append(d.seq)
+            # Only the ack header is needed from here on: let the body go now rather than
+            # hold a batch of megabytes until the batch is synced.
+            frame.body = b""
             self.unacked.append(frame)
             ending = d.verdict is p.Verdict.END or (state.expected_sha256 and state.all_written)
             if len(self.unacked) >= self.batch or ending:
@@ -746,20 +770,34 @@ class _StreamReceiver:
             opts.progress(spec.size, spec.size)
         return written
 
+    def _hash_along(self, seq: int, data: bytes | memoryview) -> None:
+        """Feed the whole-file hash with every chunk that is now contiguous. The hash lives
+        in memory only (a resumed run rehashes the prefix from disk), so written is enough;
+        chunks that arrived ahead of a gap are read back from the page cache."""
+        state = self.state
+        while self.hashed_to <= self.spec.chunks and (
+                state.has(self.hashed_to) or self.hashed_to in state.written):
+            if self.hashed_to == seq:
+                self.hasher.update(data)
+            else:
+                off, length = self.spec.chunk_span(self.hashed_to)
+                self.hasher.update(os.pread(self.fd, length, off))
+            self.hashed_to += 1
+
     # Commit protocol: sync the batch's data and the state that records it (worker thread),
-    # then mark it durable, hash it and acknowledge it (this thread). Acknowledging only
-    # after the sync means an acknowledged chunk is always on disk; the sync of one batch
-    # overlaps the arrival of the next.
-    new: list[tuple[int, bytes | memoryview]]
+    # then mark it durable and acknowledge it (this thread). Acknowledging only after the
+    # sync means an acknowledged chunk is always on disk; the sync of one batch overlaps
+    # the arrival of the next.
+    new: list[int]
     unacked: list[Any]
-    inflight: tuple[concurrent.futures.Future[None], list[tuple[int, bytes | memoryview]], list[Any]] | None
+    inflight: tuple[concurrent.futures.Future[None], list[int], list[Any]] | None
 
     def _commit(self, *, wait: bool) -> None:
         self._settle()
         if not self.unacked:
             return
         snapshot = p.ReceiverState.from_json(self.state.to_json())
-        for seq, _ in self.new:
+        for seq in self.new:
             snapshot.mark_durable(seq)
         fut = self.pool.submit(self._sync, snapshot.to_json() if self.new else None)
         self.inflight = (fut, self.new, self.unacked)
@@ -779,14 +817,8 @@ class _StreamReceiver:
         fut, new, unacked = self.inflight
         self.inflight = None
         fut.result()
-        bodies = dict(new)
-        for seq, _ in new:
-            for ready in self.state.mark_durable(seq):
-                body = bodies.get(ready)
-                if body is None:  # arrived out of order earlier: read it back
-                    off, length = self.spec.chunk_span(ready)
-                    body = os.pread(self.fd, length, off)
-                self.hasher.update(body)
+        for seq in new:
+            self.state.mark_durable(seq)
         for frame in unacked:
             self.link.ack(frame)
         self._tell(p.Kind.ACK, self.state.next_seq)

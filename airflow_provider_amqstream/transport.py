@@ -149,9 +149,15 @@ class _FastTransport(Transport):
     # The broker refuses frames over 64 MiB (maxDataLength); allow headroom, no more.
     _MAX_BODY = 80 * 1024 * 1024
 
+    # Headers and small frames are read through this fixed buffer. A large recv size here
+    # made every read allocate (and shrink) a megabyte, and those odd-sized leftovers
+    # fragmented the heap: a receiver's peak RSS crept up with file size.
+    _SCRATCH = 64 * 1024
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._amqs_buf = bytearray()
+        self._amqs_scratch = bytearray(self._SCRATCH)
 
     def _BaseTransport__read_frames(self) -> None:  # noqa: N802 - overrides a mangled name
         for frame in self._amqs_read():
@@ -169,18 +175,21 @@ class _FastTransport(Transport):
     def _amqs_fill(self) -> bool:
         """Append one socket read to the buffer; False if a non-blocking read had nothing."""
         try:
-            chunk = self.receive()
+            if self.blocking:
+                data: bytes | memoryview = memoryview(self._amqs_scratch)[:self.socket.recv_into(self._amqs_scratch)]
+            else:
+                data = self.receive() or b""
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
             return False
         except stomp_exc.InterruptedException:
             return True
         except OSError:
-            chunk = b""
-        if not chunk:
+            data = b""
+        if not data:
             if not self.blocking:
                 return False
             raise stomp_exc.ConnectionClosedException()
-        self._amqs_buf += chunk
+        self._amqs_buf += data
         return True
 
     def _amqs_body(self, head: Frame, buffered: bytearray, size: int) -> None:
@@ -284,15 +293,40 @@ class _Connection12(BaseConnection, Protocol12):
 class _Inbox(stomp.ConnectionListener):
     """The single listener: messages into a queue, receipts into a set, errors kept."""
 
+    # Message bodies delivered but not yet taken by get(), in bytes. Past this the reader
+    # thread waits for the consumer, so the rest of a prefetch window stays in the kernel's
+    # socket buffer rather than in Python objects: a receiver holds a few chunks, not
+    # prefetch x chunk size, and its peak memory no longer depends on how a run's timing
+    # happened to bunch deliveries.
+    HIGH_WATER = 2 * 2**20
+    # The reader also delivers receipts and errors, so it never waits long, and not at all
+    # while someone waits for a receipt.
+    MAX_HOLD = 0.2
+
     def __init__(self) -> None:
         self.messages: queue.Queue[Frame | None] = queue.Queue()
         self.receipts: set[str] = set()
         self.errors: list[str] = []
         self.lost = False
         self.cond = threading.Condition()
+        self.held = 0
+        self.receipt_waiters = 0
+
+    def _can_deliver(self) -> bool:
+        return self.held <= self.HIGH_WATER or self.lost or self.receipt_waiters > 0
 
     def on_message(self, frame: Frame) -> None:
+        with self.cond:
+            if not self._can_deliver():
+                self.cond.wait_for(self._can_deliver, timeout=self.MAX_HOLD)
+            self.held += len(frame.body or b"")
         self.messages.put(frame)
+
+    def taken(self, frame: Frame) -> None:
+        """get() handed ``frame`` to the consumer."""
+        with self.cond:
+            self.held -= len(frame.body or b"")
+            self.cond.notify_all()
 
     def on_receipt(self, frame: Frame) -> None:
         with self.cond:
@@ -433,18 +467,26 @@ class StompLink:
         inbox = self._inbox
         deadline = time.monotonic() + timeout
         with inbox.cond:
-            while rid not in inbox.receipts:
-                if inbox.errors:
-                    raise TransportError(f"broker {self.params.url} reported: {'; '.join(inbox.errors)}")
-                if inbox.lost:
-                    raise ConnectionLost(f"connection to {self.params.url} lost while waiting for receipt {rid}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ConnectionLost(
-                        f"broker {self.params.url} did not confirm receipt {rid} within {timeout:.0f}s"
-                    )
-                inbox.cond.wait(min(left, 1.0))
-            inbox.receipts.discard(rid)
+            inbox.receipt_waiters += 1
+            inbox.cond.notify_all()
+            try:
+                self._await_receipt(rid, timeout, deadline)
+            finally:
+                inbox.receipt_waiters -= 1
+
+    def _await_receipt(self, rid: str, timeout: float, deadline: float) -> None:
+        """The wait itself; the caller holds the inbox's condition."""
+        inbox = self._inbox
+        while rid not in inbox.receipts:
+            if inbox.errors:
+                raise TransportError(f"broker {self.params.url} reported: {'; '.join(inbox.errors)}")
+            if inbox.lost:
+                raise ConnectionLost(f"connection to {self.params.url} lost while waiting for receipt {rid}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionLost(f"broker {self.params.url} did not confirm receipt {rid} within {timeout:.0f}s")
+            inbox.cond.wait(min(left, 1.0))
+        inbox.receipts.discard(rid)
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
                   selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
@@ -489,6 +531,7 @@ class StompLink:
             return None
         if frame is None:
             raise ConnectionLost(f"connection to {self.params.url} was lost")
+        self._inbox.taken(frame)
         return frame
 
     def round_trip(self, timeout: float = 10.0) -> None:

@@ -189,3 +189,17 @@ def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: P
             link._live().subscribe(q, id=q, ack="auto", headers={"browser": "true"})
             frame = link.get(10)
             assert frame is not None and frame.headers.get("browser") == "end", f"{q} is not empty"
+
+
+def test_same_file_to_two_destinations_is_two_streams(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    """Fan-out by re-sending: the second send must not mistake the first's finished
+    checkpoint for an interrupted transfer of its own."""
+    src = make_file(tmp_path / "f.bin", 3000)
+    first = send_file(params, src, queue_name + ".a", chunk_size=1000)
+    second = send_file(params, src, queue_name + ".b", chunk_size=1000)
+    assert first.stream_id != second.stream_id
+    assert second.resumed_from == 0 and second.bytes_transferred == 3000
+    for suffix in (".a", ".b"):
+        got = receive_stream(params, queue_name + suffix, tmp_path / f"out{suffix}",
+                             options=ReceiveOptions(wait_timeout=10))
+        assert got is not None and got.sha256 == sha256_file(src)

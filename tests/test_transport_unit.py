@@ -1,12 +1,14 @@
-"""Transport pieces that need no broker: URI parsing and the linear frame reader."""
+"""Transport pieces that need no broker: URI parsing, the linear frame reader, the inbox."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
+from stomp.utils import Frame
 
-from airflow_provider_amqstream.transport import BrokerParams, _FastTransport
+from airflow_provider_amqstream.transport import BrokerParams, _FastTransport, _Inbox
 
 
 def test_uri_with_failover_hosts_and_options() -> None:
@@ -95,3 +97,36 @@ def test_absurd_content_length_is_refused_without_allocating() -> None:
     t = _FakeTransport(b"MESSAGE\ncontent-length:99999999999\n\n")
     with pytest.raises(ConnectionClosedException):
         t._amqs_read()
+
+
+def _deliver_in_thread(inbox: _Inbox, frame: Frame) -> threading.Event:
+    done = threading.Event()
+    threading.Thread(target=lambda: (inbox.on_message(frame), done.set()), daemon=True).start()
+    return done
+
+
+def test_inbox_holds_the_reader_while_the_consumer_is_behind() -> None:
+    inbox = _Inbox()
+    inbox.MAX_HOLD = 60
+    inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))  # below the mark: at once
+    done = _deliver_in_thread(inbox, Frame("MESSAGE", {}, b"next"))
+    assert not done.wait(0.3), "the reader was not held back with the consumer a window behind"
+    inbox.taken(inbox.messages.get_nowait())
+    assert done.wait(10), "taking a frame did not release the reader"
+    assert inbox.held == 4
+
+
+def test_inbox_never_holds_the_reader_while_a_receipt_is_awaited() -> None:
+    inbox = _Inbox()
+    inbox.MAX_HOLD = 60
+    inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))
+    inbox.receipt_waiters = 1  # the receipt may be behind this frame on the wire
+    assert _deliver_in_thread(inbox, Frame("MESSAGE", {}, b"next")).wait(10)
+
+
+def test_inbox_hold_is_bounded() -> None:
+    inbox = _Inbox()
+    inbox.MAX_HOLD = 0.05
+    inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))
+    assert _deliver_in_thread(inbox, Frame("MESSAGE", {}, b"next")).wait(10)
+    assert inbox.messages.qsize() == 2

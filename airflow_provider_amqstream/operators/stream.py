@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine import default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators._glue import LogProgress, TaskStateCheckpoint
 
@@ -70,7 +71,7 @@ class SendStreamOperator(BaseOperator):
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
         p.Destination.parse(self.destination)
-        stream_id = self.stream_id or p.derive_stream_id(src.name, _identity(src))
+        stream_id = self.stream_id or default_stream_id(src, self.destination)
         hook = AmqStreamHook(self.amqstream_conn_id)
         result = hook.send_file(
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
@@ -85,8 +86,3 @@ class SendStreamOperator(BaseOperator):
         self.log.info("sent %s (%d bytes, %d chunks) to %s in %.1fs, sha256 %s", src, result.bytes, result.chunks,
                       result.destination, result.seconds, result.sha256)
         return result.to_json()
-
-
-def _identity(src: Path) -> str:
-    st = src.stat()
-    return f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}"
