@@ -7,13 +7,16 @@ records the pid. Restarting on the same data directory keeps every undelivered
 persistent message (KahaDB), which is what makes the embedded broker crash-safe.
 
 Authentication is on by default: on first start a password is generated into
-``<data-dir>/credentials.json`` (mode 0600) and printed once.
+``<data-dir>/credentials.json`` (mode 0600) and printed once. That administrator may use
+every destination; :meth:`EmbeddedBroker.add_user` adds users who may only send to, or
+receive from, the destinations they are granted (``<data-dir>/users.json``, mode 0600).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -21,10 +24,14 @@ import socket
 import string
 import subprocess
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
+
+from airflow_provider_amqstream.protocol import Destination, ProtocolError
 
 DEFAULT_PORT = 61613
 DEFAULT_USER = "amqstream"
@@ -153,6 +160,60 @@ class EmbeddedBroker:
     def ca_file(self) -> Path:
         return self.data_dir / "tls" / "broker-cert.pem"
 
+    @property
+    def users_file(self) -> Path:
+        return self.data_dir / "users.json"
+
+    # -- users -------------------------------------------------------------------
+    def users(self) -> dict[str, dict[str, Any]]:
+        """Users added with :meth:`add_user`: name -> {password, send, receive}."""
+        try:
+            return dict(json.loads(self.users_file.read_text())["users"])
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError) as exc:
+            raise BrokerError(f"{self.users_file} is unreadable ({exc}); fix or delete it") from exc
+
+    def add_user(self, name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
+                 password: str | None = None) -> BrokerInfo:
+        """Add (or replace) a user who may only send to ``send`` and receive from
+        ``receive``; return its connection details. Takes effect at the next start.
+
+        :param name: user name (``A-Z a-z 0-9 . _ -``, up to 64 characters).
+        :param send: destinations it may send streams to (``/queue/x``, ``/topic/x``; a
+            trailing ``.>`` grants a whole family, e.g. ``/queue/sites.>``).
+        :param receive: destinations it may receive streams from, in the same form.
+        :param password: its password; generated when not given.
+        """
+        if not _USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
+            raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
+                              f"(and not {DEFAULT_USER!r}, the administrator)")
+        send, receive = sorted(set(send)), sorted(set(receive))
+        if not send and not receive:
+            raise BrokerError(f"user {name}: grant at least one --send or --receive destination")
+        for text in (*send, *receive):
+            parse_grant(text)
+        users = self.users()
+        users[name] = {"password": password or _new_password(), "send": send, "receive": receive}
+        self._write_users(users)
+        return self.info(user=name)
+
+    def remove_user(self, name: str) -> bool:
+        """Remove a user added with :meth:`add_user`; takes effect at the next start."""
+        users = self.users()
+        if users.pop(name, None) is None:
+            return False
+        self._write_users(users)
+        return True
+
+    def _write_users(self, users: Mapping[str, Any]) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.users_file.with_name("users.json.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"users": dict(users)}, fh, indent=1)
+        os.replace(tmp, self.users_file)
+
     def _keystore(self) -> tuple[Path, str]:
         """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
         made once with the JDK's keytool; the certificate is exported for clients."""
@@ -180,8 +241,7 @@ class EmbeddedBroker:
         if self.creds_file.is_file():
             data = json.loads(self.creds_file.read_text())
             return data["user"], data["password"], False
-        alphabet = string.ascii_letters + string.digits
-        password = "".join(secrets.choice(alphabet) for _ in range(24))
+        password = _new_password()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -198,7 +258,7 @@ class EmbeddedBroker:
         auth_xml = ""
         if self.auth:
             user, password, created = self._credentials()
-            auth_xml = _auth_plugins(user, password)
+            auth_xml = _auth_plugins(user, password, self.users())
         pkg = resources.files("airflow_provider_amqstream") / "broker_conf"
         template = string.Template((pkg / "activemq.xml.tmpl").read_text())
         free = shutil.disk_usage(self.data_dir).free
@@ -255,9 +315,14 @@ class EmbeddedBroker:
         # Connectors start one after another: the TLS one ~0.1 s after plain STOMP.
         return self.port_open() and (not self.tls_port or self.port_open(port=self.tls_port))
 
-    def info(self) -> BrokerInfo:
-        user = password = None
-        if self.auth and self.creds_file.is_file():
+    def info(self, *, user: str | None = None) -> BrokerInfo:
+        """Where the broker listens, with the administrator's credentials, or ``user``'s."""
+        password = None
+        if user is not None:
+            if user not in self.users():
+                raise BrokerError(f"no user {user!r} in {self.users_file}")
+            password = self.users()[user]["password"]
+        elif self.auth and self.creds_file.is_file():
             data = json.loads(self.creds_file.read_text())
             user, password = data["user"], data["password"]
         return BrokerInfo(self.bind, self.port, user, password, self.running_pid(), self.data_dir,
@@ -373,19 +438,81 @@ def _xml_attr(value: str) -> str:
             .replace("<", "&lt;").replace(">", "&gt;"))
 
 
-def _auth_plugins(user: str, password: str) -> str:
-    u, p = _xml_attr(user), _xml_attr(password)
+_USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ADMIN_GROUP = "amqstream"
+
+
+def _new_password() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(24))
+
+
+def parse_grant(text: str) -> tuple[str, str]:
+    """``/queue/x`` or ``/queue/x.>`` -> (kind, ActiveMQ destination pattern)."""
+    family = text.endswith(".>")
+    try:
+        dest = Destination.parse(text[:-2] if family else text)
+    except ProtocolError as exc:
+        raise BrokerError(f"cannot grant {text!r}: {exc}") from None
+    return dest.kind, dest.name + (".>" if family else "")
+
+
+def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]]:
+    """The (kind, pattern, rights) a user needs to ``send`` streams to, or ``receive``
+    them from, ``kind``/``pattern``: the offers there, each stream's data
+    (``NAME.amqs.<id>``) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
+    ``admin`` lets the first user of a destination create it."""
+    main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
+    if pattern.endswith(".>"):
+        # ActiveMQ wildcards match prefixes only, so a family pattern cannot tell a
+        # member's offers and data from its control queues: on queues it grants both.
+        if kind == "queue":
+            return [("queue", pattern, "read,write,admin")]
+        return [("topic", pattern, main), ("queue", pattern, ctl)]
+    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl)]
+
+
+def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:
+    """Every user's grants as ActiveMQ authorization entries: (kind, pattern) -> right ->
+    groups. Each user is the only member of its own group, ``amqs-user-<name>``."""
+    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for user, info in sorted(users.items()):
+        group = f"amqs-user-{user}"
+        for role in ("send", "receive"):
+            for text in info.get(role, []):
+                kind, pattern = parse_grant(text)
+                for k, n, rights in stream_acls(role, kind, pattern):
+                    entry = entries.setdefault((k, n), {"read": set(), "write": set(), "admin": set()})
+                    for right in rights.split(","):
+                        entry[right].add(group)
+    return entries
+
+
+def _auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = [f'          <authenticationUser username="{_xml_attr(user)}" password="{_xml_attr(password)}" '
+             f'groups="{ADMIN_GROUP}"/>']
+    for name, info in sorted(users.items()):
+        lines.append(f'          <authenticationUser username="{_xml_attr(name)}" '
+                     f'password="{_xml_attr(info["password"])}" groups="amqs-user-{_xml_attr(name)}"/>')
+    # The administrator may do everything; ActiveMQ unions the groups of every entry
+    # whose pattern matches, so the per-user entries only ever add rights.
+    acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
+           f'admin="{ADMIN_GROUP}"/>' for k in ("queue", "topic")]
+    for (kind, pattern), rights in sorted(acl_entries(users).items()):
+        attrs = " ".join(f'{r}="{_xml_attr(",".join(sorted(rights[r] | {ADMIN_GROUP})))}"'
+                         for r in ("read", "write", "admin"))
+        acl.append(f'              <authorizationEntry {kind}="{_xml_attr(pattern)}" {attrs}/>')
+    nl = "\n"
     return f"""      <simpleAuthenticationPlugin anonymousAccessAllowed="false">
         <users>
-          <authenticationUser username="{u}" password="{p}" groups="amqstream"/>
+{nl.join(lines)}
         </users>
       </simpleAuthenticationPlugin>
       <authorizationPlugin>
         <map>
           <authorizationMap>
             <authorizationEntries>
-              <authorizationEntry queue=">" read="amqstream" write="amqstream" admin="amqstream"/>
-              <authorizationEntry topic=">" read="amqstream" write="amqstream" admin="amqstream"/>
+{nl.join(acl)}
             </authorizationEntries>
           </authorizationMap>
         </map>

@@ -1,4 +1,4 @@
-"""Command line: ``amqstream broker|send|receive|test-connection``.
+"""Command line: ``amqstream broker|users|send|receive|test-connection``.
 
 Exit codes: 0 success, 1 the transfer failed (message on stderr), 2 bad usage,
 3 nothing to receive within ``--wait``.
@@ -109,6 +109,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "stop":
         print("broker stopped" if broker.stop() else "broker was not running")
         return 0
+    if args.action == "restart":
+        broker.stop()
+        info, _ = broker.start()
+        print(f"broker restarted: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
+        return 0
     if args.action == "uri":
         info = broker.info()
         print(info.tls_uri if args.tls and info.tls_uri else info.uri)
@@ -119,6 +124,29 @@ def cmd_broker(args: argparse.Namespace) -> int:
         return 0
     print(f"not running (data dir {broker.data_dir})")
     return 1
+
+
+def cmd_users(args: argparse.Namespace) -> int:
+    broker = EmbeddedBroker(args.data_dir, port=args.port)
+    if args.action == "list":
+        for name, info in sorted(broker.users().items()):
+            print(f"{name}: send {', '.join(info['send']) or '-'}; receive {', '.join(info['receive']) or '-'}")
+        return 0
+    if not args.name:
+        raise ValueError(f"users {args.action}: name the user")
+    if args.action == "add":
+        info = broker.add_user(args.name, send=args.send, receive=args.receive)
+        print(f"user {args.name} may send to {', '.join(args.send) or 'nothing'} and receive from "
+              f"{', '.join(args.receive) or 'nothing'}; its connection (password shown once, kept in "
+              f"{broker.users_file}):")
+        print(f"  {info.tls_uri or info.uri}")
+    elif not broker.remove_user(args.name):
+        raise ValueError(f"no user {args.name!r} in {broker.users_file}")
+    else:
+        print(f"user {args.name} removed")
+    if broker.running_pid() is not None:
+        print("the broker is running: `amqstream broker restart` applies the change")
+    return 0
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -177,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("broker", help="run the embedded ActiveMQ broker")
-    b.add_argument("action", choices=["start", "stop", "status", "uri"])
+    b.add_argument("action", choices=["start", "stop", "restart", "status", "uri"])
     b.add_argument("--data-dir", help="config, KahaDB and logs (default ~/.local/state/amqstream/broker)")
     b.add_argument("--port", type=int, help="STOMP port on 127.0.0.1 (default 61613)")
     b.add_argument("--no-auth", action="store_true", help="allow anonymous clients (not recommended)")
@@ -185,6 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tls-port", type=int, help="also listen for STOMP over TLS here (certificate generated)")
     b.add_argument("--tls", action="store_true", help="uri: print the TLS URI")
     b.set_defaults(func=cmd_broker)
+
+    u = sub.add_parser("users", help="users of the embedded broker limited to some destinations")
+    u.add_argument("action", choices=["add", "remove", "list"])
+    u.add_argument("name", nargs="?")
+    u.add_argument("--send", action="append", default=[], metavar="DEST",
+                   help="add: may send streams to DEST (repeatable; /queue/x, /topic/x, /queue/x.> for a family)")
+    u.add_argument("--receive", action="append", default=[], metavar="DEST",
+                   help="add: may receive streams from DEST (repeatable)")
+    u.add_argument("--data-dir", help="the broker's data dir (default ~/.local/state/amqstream/broker)")
+    u.add_argument("--port", type=int, help="the broker's STOMP port, for the printed URI")
+    u.set_defaults(func=cmd_users)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--conn", help="amqstream:// URI or Airflow connection id (default amqstream_default, "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.transport import BrokerParams, ConnectionLost, StompLink, TransportError
+from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,8 @@ def send_file(
             else:
                 sent_bytes += _send_attempt(params, src, dest, data_q, state, ckpt, window, progress, codec)
             break
+        except AccessDenied:
+            raise
         except ConnectionLost as exc:
             backoff.wait(exc)
         except TransportError as exc:
@@ -494,6 +496,8 @@ def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike
             with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
                 return _receive_attempt(link, dest, out, stream_id, opts, wait)
+        except AccessDenied:
+            raise
         except ConnectionLost as exc:
             backoff.wait(exc)
         except TransportError as exc:
@@ -528,17 +532,17 @@ def _receive_attempt(link: StompLink, dest: p.Destination, out: Path, stream_id:
             break
         _clear_leftovers(link, dest, out, offer, opts)
     try:
-        spec, data_q = p.parse_offer(offer.headers)
-        terms = p.handshake_terms(offer.headers, spec) if spec.mode is p.Mode.HANDSHAKE else None
+        spec, data_q = p.parse_offer(offer.headers, dest)
+        terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
     except p.ProtocolError as exc:
-        # A malformed offer would come back forever: let the broker's redelivery policy
-        # move it to the DLQ, and say so.
+        # A malformed offer would come back forever: NACK it (the broker moves it to the
+        # DLQ) and say so.
         link.nack(offer)
-        raise StreamError(f"rejected an invalid offer on {dest} (sent towards the DLQ): {exc}") from exc
+        raise StreamError(f"rejected an invalid offer on {dest} (moved to the broker's DLQ): {exc}") from exc
     if opts.max_bytes is not None and spec.size > opts.max_bytes:
         link.nack(offer)
         raise StreamError(f"stream {spec.stream_id} on {dest} is {spec.size} bytes, over the limit of "
-                          f"{opts.max_bytes}; it was refused (sent towards the DLQ)")
+                          f"{opts.max_bytes}; it was refused (moved to the broker's DLQ)")
     return _StreamReceiver(link, dest, out, spec, data_q, opts, terms).run(offer)
 
 
@@ -737,7 +741,7 @@ class _StreamReceiver:
                 d = state.decide(frame.headers, frame.body)
             except p.ProtocolError as exc:
                 self._reject(frame)
-                raise StreamError(f"{self.what}: {exc}; the message was rejected (sent towards the DLQ)") from exc
+                raise StreamError(f"{self.what}: {exc}; the message was rejected (moved to the broker's DLQ)") from exc
             if d.verdict is p.Verdict.CORRUPT and self.reply_to:
                 # A live sender can resend it: drop this copy (to the DLQ) and ask again.
                 self.rejected += 1
@@ -751,7 +755,10 @@ class _StreamReceiver:
                                   f"be published. Re-send the stream (amqstream send --restart).")
             if d.verdict is p.Verdict.WRITE:
                 data = frame.body if d.data is None else d.data
-                os.pwrite(self.fd, data, d.offset)
+                try:
+                    os.pwrite(self.fd, data, d.offset)
+                except OSError as exc:
+                    raise self._disk_error(exc, f"writing chunk {d.seq} at offset {d.offset} of {self.part}") from exc
                 state.mark_written(d.seq)
                 written += len(data)
                 self._hash_along(d.seq, data)
@@ -816,12 +823,23 @@ class _StreamReceiver:
             return
         fut, new, unacked = self.inflight
         self.inflight = None
-        fut.result()
+        try:
+            fut.result()
+        except OSError as exc:
+            raise self._disk_error(exc, f"syncing {self.part} and recording progress in {self.state_file}") from exc
         for seq in new:
             self.state.mark_durable(seq)
         for frame in unacked:
             self.link.ack(frame)
         self._tell(p.Kind.ACK, self.state.next_seq)
+
+    def _disk_error(self, exc: OSError, doing: str) -> StreamError:
+        free = shutil.disk_usage(self.out).free
+        return StreamError(
+            f"{self.what}: {doing} failed: {exc.strerror or exc} ({free} bytes free in {self.out}). Nothing "
+            f"past byte {self.state.contiguous_bytes} was acknowledged, so the broker keeps the rest, and the "
+            f"partial file is kept; free space and re-run the receiver to continue from there."
+        )
 
     def _settle_quietly(self) -> None:
         """On the way out after an error: keep what is durable, but never mask the error."""
@@ -831,8 +849,8 @@ class _StreamReceiver:
             log.warning("%s: could not finish the last commit while stopping: %s", self.what, exc)
 
     def _reject(self, bad: Any) -> None:
-        """Keep the good chunks received so far, then refuse ``bad``: the broker's
-        redelivery policy moves it to the DLQ, where a person can inspect it."""
+        """Keep the good chunks received so far, then refuse ``bad``; the shipped broker
+        config moves it to the DLQ, where a person can inspect it."""
         self._commit(wait=True)
         self.link.nack(bad)
 

@@ -164,8 +164,10 @@ class Destination:
         return f"/{self.kind}/{self.name}.amqs.{validate_stream_id(stream_id)}"
 
     def control_queue(self, stream_id: str) -> str:
-        """Where receivers answer the sender in handshake mode (always a queue)."""
-        return f"/queue/{self.name}.amqs.{validate_stream_id(stream_id)}.ctl"
+        """Where receivers answer the sender in handshake mode (always a queue). Its own
+        name element, not a suffix of the data queue's, so that a broker ACL (whose
+        wildcards match prefixes only) can let senders read it without reading data."""
+        return f"/queue/{self.name}.amqs_ctl.{validate_stream_id(stream_id)}"
 
 
 _UNSAFE_CHARS = set('<>:"|?*\\')
@@ -366,7 +368,7 @@ def kind_of(headers: Mapping[str, Any]) -> Kind:
         ) from None
 
 
-def parse_offer(headers: Mapping[str, Any]) -> tuple[StreamSpec, str]:
+def parse_offer(headers: Mapping[str, Any], offered_on: Destination) -> tuple[StreamSpec, str]:
     """Validate an offer; return its spec and the data queue it names."""
     stream = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
     if kind_of(headers) is not Kind.OFFER:
@@ -395,20 +397,21 @@ def parse_offer(headers: Mapping[str, Any]) -> tuple[StreamSpec, str]:
     if chunks != spec.chunks:
         raise ProtocolError(f"stream {stream}: {H_CHUNKS}={chunks} does not match size and chunk size")
     data_dest = str(headers.get(H_DATA_DEST, ""))
-    if not data_dest.endswith(".amqs." + spec.stream_id):
-        raise ProtocolError(f"stream {stream}: data destination {data_dest[:80]!r} is not this stream's queue")
-    data = Destination.parse(data_dest)
-    if mode is not Mode.HANDSHAKE and data.kind != "queue":
+    # Exactly the queue the offer's own destination implies: an offer naming any other
+    # would make the receiver read (with its own rights) from somewhere the sender chose.
+    if data_dest != offered_on.data_queue(spec.stream_id):
+        raise ProtocolError(f"stream {stream}: data destination {data_dest[:80]!r} is not this stream's queue "
+                            f"on {offered_on}")
+    if mode is not Mode.HANDSHAKE and offered_on.kind != "queue":
         raise ProtocolError(f"stream {stream}: a {mode.value} stream must use a data queue")
     return spec, data_dest
 
 
-def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec) -> tuple[str, int]:
+def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec, offered_on: Destination) -> tuple[str, int]:
     """The control queue and sender window a handshake offer names, validated."""
     dest = str(headers.get(H_REPLY_TO, ""))
-    if not dest.startswith("/queue/") or not dest.endswith(f".amqs.{spec.stream_id}.ctl"):
+    if dest != offered_on.control_queue(spec.stream_id):
         raise ProtocolError(f"stream {spec.stream_id}: handshake offer has no valid {H_REPLY_TO}")
-    Destination.parse(dest)
     return dest, _int_header(headers, H_WINDOW, spec.stream_id, lo=1, hi=100_000)
 
 

@@ -43,6 +43,10 @@ class ConnectionLost(TransportError):
     """An established connection dropped (broker restart, network, heartbeat timeout)."""
 
 
+class AccessDenied(TransportError):
+    """The broker refused this user an operation on a destination; retrying cannot help."""
+
+
 @dataclass(frozen=True)
 class BrokerParams:
     """How to reach the broker(s). Built from an Airflow connection or a URI.
@@ -429,9 +433,22 @@ class StompLink:
     def connected(self) -> bool:
         return self._conn is not None and not self._inbox.lost and self._conn.is_connected()
 
+    def _check_refused(self) -> None:
+        """Raise AccessDenied if the broker refused us a destination. Checked before a
+        lost connection: ActiveMQ closes the session right after saying why."""
+        denied = [e for e in self._inbox.errors if "not authorized" in e.lower()]
+        if denied:
+            who = self.params.login or "(anonymous)"
+            raise AccessDenied(
+                f"broker {self.params.url} refused user {who}: {'; '.join(denied)}. Grant the user this "
+                f"destination (embedded broker: `amqstream users add {who} --send DEST` or `--receive DEST`, "
+                "then restart it; otherwise an authorizationEntry in the broker's activemq.xml)."
+            )
+
     def _live(self) -> _Connection12:
         if self._conn is None:
             raise TransportError(f"not connected to {self.params.url}")
+        self._check_refused()
         if self._inbox.lost:
             raise ConnectionLost(f"connection to {self.params.url} was lost")
         if self._inbox.errors:
@@ -478,6 +495,7 @@ class StompLink:
         """The wait itself; the caller holds the inbox's condition."""
         inbox = self._inbox
         while rid not in inbox.receipts:
+            self._check_refused()
             if inbox.errors:
                 raise TransportError(f"broker {self.params.url} reported: {'; '.join(inbox.errors)}")
             if inbox.lost:
@@ -502,7 +520,15 @@ class StompLink:
         if browser:
             headers["browser"] = "true"
             ack = "auto"
-        conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
+        # Confirmed, so a refused subscription fails here, naming the destination, rather
+        # than as a silent wait for messages that will never come.
+        rid = f"r-{next(self._ids)}"
+        headers["receipt"] = rid
+        try:
+            conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
+        except (OSError, stomp_exc.StompException) as exc:
+            raise ConnectionLost(f"subscribing to {destination} on {self.params.url} failed: {exc}") from exc
+        self.wait_receipt(rid)
         return sub_id
 
     def unsubscribe(self, sub_id: str) -> None:
@@ -522,6 +548,7 @@ class StompLink:
 
     def get(self, timeout: float) -> Frame | None:
         """The next message, or None after ``timeout`` seconds with nothing."""
+        self._check_refused()
         if self._inbox.lost and self._inbox.messages.empty():
             raise ConnectionLost(f"connection to {self.params.url} was lost")
         try:

@@ -8,10 +8,14 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
+from airflow_provider_amqstream.transport import BrokerParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +76,34 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+class Receiver(threading.Thread):
+    """receive_stream in a thread; ``waiting`` is set once it listens for offers."""
+
+    def __init__(self, params: BrokerParams, source: str, out: Path, **opts: Any) -> None:
+        super().__init__(daemon=True)
+        self.waiting = threading.Event()
+        self.result: TransferResult | None = None
+        self.error: BaseException | None = None
+        self.args = (params, source, out)
+        self.opts = ReceiveOptions(wait_timeout=30, idle_timeout=30, events=self._event, **opts)
+        self.start()
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "waiting":
+            self.waiting.set()
+
+    def run(self) -> None:
+        try:
+            self.result = receive_stream(*self.args, options=self.opts)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def finish(self) -> TransferResult:
+        self.join(120)
+        assert not self.is_alive(), "receiver did not finish"
+        if self.error:
+            raise self.error
+        assert self.result is not None
+        return self.result

@@ -12,42 +12,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, TransferResult, receive_stream, send_file
+from airflow_provider_amqstream.engine import StreamError, TransferResult, send_file
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
-from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
+from tests.helpers import Receiver, cli, cli_json, make_file, read_json, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
-
-
-class Receiver(threading.Thread):
-    """receive_stream in a thread; ``waiting`` is set once it listens for offers."""
-
-    def __init__(self, params: BrokerParams, source: str, out: Path, **opts: Any) -> None:
-        super().__init__(daemon=True)
-        self.waiting = threading.Event()
-        self.result: TransferResult | None = None
-        self.error: BaseException | None = None
-        self.args = (params, source, out)
-        self.opts = ReceiveOptions(wait_timeout=30, idle_timeout=30, events=self._event, **opts)
-        self.start()
-
-    def _event(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "waiting":
-            self.waiting.set()
-
-    def run(self) -> None:
-        try:
-            self.result = receive_stream(*self.args, options=self.opts)
-        except BaseException as exc:  # reported by finish()
-            self.error = exc
-
-    def finish(self) -> TransferResult:
-        self.join(120)
-        assert not self.is_alive(), "receiver did not finish"
-        if self.error:
-            raise self.error
-        assert self.result is not None
-        return self.result
 
 
 def test_queue_handshake_round_trip(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:

@@ -92,7 +92,7 @@ def test_names_from_the_wire_stay_inside_the_output_directory(name: str) -> None
 def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, str]) -> None:
     headers.setdefault(p.H_KIND, "offer")
     try:
-        spec, data_dest = p.parse_offer(headers)
+        spec, data_dest = p.parse_offer(headers, p.Destination.parse("/queue/landing"))
     except p.ProtocolError:
         return
     assume(False)  # a random dict that forms a valid offer is fine, but says nothing

@@ -120,18 +120,32 @@ def test_end_marker_and_verification() -> None:
         p.ReceiverState(sp).decide(bad, b"")
 
 
+def test_handshake_reply_queue_must_be_the_streams_own() -> None:
+    sp = p.StreamSpec("abc-1", "f.bin", 10, 5, p.Mode.HANDSHAKE)
+    topic = p.Destination.parse("/topic/news")
+    h = p.offer_headers(sp, topic, window=4)
+    assert p.parse_offer(h, topic) == (sp, "/topic/news.amqs.abc-1")
+    assert p.handshake_terms(h, sp, topic) == ("/queue/news.amqs_ctl.abc-1", 4)
+    for reply in ("/queue/payroll.amqs_ctl.abc-1", "/topic/news.amqs_ctl.abc-1", ""):
+        with pytest.raises(p.ProtocolError, match="no valid amqs_reply_to"):
+            p.handshake_terms(h | {p.H_REPLY_TO: reply}, sp, topic)
+
+
 def test_offer_round_trip_and_validation() -> None:
     sp = p.StreamSpec("abc-1", "naïve.csv", 12345, 1000, p.Mode.ATOMIC)
     dest = p.Destination.parse("/queue/landing")
-    got, data_q = p.parse_offer(p.offer_headers(sp, dest))
+    got, data_q = p.parse_offer(p.offer_headers(sp, dest), dest)
     assert got == sp and data_q == "/queue/landing.amqs.abc-1"
-    h = p.offer_headers(sp, dest)
-    h[p.H_DATA_DEST] = "/queue/elsewhere"
+    for elsewhere in ("/queue/elsewhere", "/queue/secret.amqs.abc-1"):
+        h = p.offer_headers(sp, dest)
+        h[p.H_DATA_DEST] = elsewhere  # a confused deputy: the receiver would read with its own rights
+        with pytest.raises(p.ProtocolError, match="not this stream's queue"):
+            p.parse_offer(h, dest)
     with pytest.raises(p.ProtocolError, match="not this stream's queue"):
-        p.parse_offer(h)
+        p.parse_offer(p.offer_headers(sp, dest), p.Destination.parse("/queue/other"))
     h = p.offer_headers(sp, dest) | {p.H_VERSION: "9"}
     with pytest.raises(p.ProtocolError, match="version 9 is not supported"):
-        p.parse_offer(h)
+        p.parse_offer(h, dest)
 
 
 def test_receiver_state_survives_json_round_trip() -> None:

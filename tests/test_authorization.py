@@ -1,0 +1,145 @@
+"""Issue 6: users restricted to their destinations by the broker's own authorization.
+
+One broker with an administrator and three users: ``producer`` may send to
+``/queue/landing`` and the ``/topic/news`` handshake, ``consumer`` may receive from both,
+and ``site`` owns the ``/queue/sites.>`` family. Streams flow for each; every step
+outside a grant is refused by the broker with an error naming the user and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker, acl_entries
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
+from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, StompLink
+from tests.helpers import Receiver, cli, free_port, make_file, sha256_file
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    b = EmbeddedBroker(tmp_path_factory.mktemp("acl") / "broker", port=free_port())
+    b.add_user("producer", send=["/queue/landing", "/topic/news"])
+    b.add_user("consumer", receive=["/queue/landing", "/topic/news"])
+    b.add_user("site", send=["/queue/sites.>"], receive=["/queue/sites.>"])
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
+    return dataclasses.replace(BrokerParams.from_uri(broker.info(user=user).uri), connect_timeout=10.0,
+                               receipt_timeout=15.0)
+
+
+def test_grants_become_least_privilege_entries() -> None:
+    entries = acl_entries({"p": {"send": ["/queue/landing"]}, "c": {"receive": ["/queue/landing"]}})
+    data = entries[("queue", "landing.amqs.>")]
+    ctl = entries[("queue", "landing.amqs_ctl.>")]
+    assert entries[("queue", "landing")] == {"read": {"amqs-user-c"}, "write": {"amqs-user-p"},
+                                             "admin": {"amqs-user-c", "amqs-user-p"}}
+    assert data["write"] == {"amqs-user-p"} and data["read"] == {"amqs-user-c"}
+    assert ctl["read"] == {"amqs-user-p"} and ctl["write"] == {"amqs-user-c"}
+
+
+def test_bad_user_names_and_grants_are_refused(tmp_path: Path) -> None:
+    b = EmbeddedBroker(tmp_path / "b", port=free_port())
+    for name, grant, match in [("../x", "/queue/a", "not valid"), ("amqstream", "/queue/a", "administrator"),
+                               ("u", "/queue/a*", "cannot grant"), ("u", None, "at least one")]:
+        with pytest.raises(BrokerError, match=match):
+            b.add_user(name, send=[grant] if grant else [])
+    assert not b.users_file.exists()
+
+
+def test_producer_and_consumer_move_a_stream_within_their_grants(acl_broker: EmbeddedBroker,
+                                                                  tmp_path: Path) -> None:
+    src = make_file(tmp_path / "f.bin", 2 * 2**20 + 11)
+    sent = send_file(_as(acl_broker, "producer"), src, "/queue/landing", chunk_size=256 * 1024)
+    got = receive_stream(_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+                         options=ReceiveOptions(wait_timeout=20))
+    assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
+
+
+def test_handshake_to_a_topic_within_grants(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """The sender reads the control queue and the receiver writes it, and neither more."""
+    src = make_file(tmp_path / "f.bin", 700_000)
+    rx = Receiver(_as(acl_broker, "consumer"), "/topic/news", tmp_path / "out")
+    assert rx.waiting.wait(30), "the receiver never subscribed"
+    sent = send_file(_as(acl_broker, "producer"), src, "/topic/news", mode="handshake", chunk_size=100_000)
+    assert rx.finish().sha256 == sent.sha256
+
+
+def test_family_grant_covers_its_members(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    src = make_file(tmp_path / "f.bin", 5000)
+    site = _as(acl_broker, "site")
+    send_file(site, src, "/queue/sites.paris", chunk_size=1000)
+    got = receive_stream(site, "/queue/sites.paris", tmp_path / "out", options=ReceiveOptions(wait_timeout=20))
+    assert got is not None and got.sha256 == sha256_file(src)
+
+
+@pytest.mark.parametrize("user,action,dest", [
+    ("producer", "send", "/queue/payroll"),          # not its destination
+    ("consumer", "send", "/queue/landing"),          # a consumer cannot forge offers
+    ("producer", "receive", "/queue/landing"),       # a producer cannot take streams
+    ("consumer", "receive", "/queue/payroll"),
+    ("site", "send", "/queue/landing"),
+])
+def test_outside_the_grant_is_refused_clearly(acl_broker: EmbeddedBroker, tmp_path: Path,
+                                              user: str, action: str, dest: str) -> None:
+    params = _as(acl_broker, user)
+    src = make_file(tmp_path / "f.bin", 3000)
+    with pytest.raises(AccessDenied) as err:
+        if action == "send":
+            send_file(params, src, dest, chunk_size=1000, reconnect_timeout=5)
+        else:
+            receive_stream(params, dest, tmp_path / "out", options=ReceiveOptions(wait_timeout=5))
+    text = str(err.value)
+    assert f"refused user {user}" in text and "amqstream users add" in text
+    assert params.password not in text
+
+
+def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """A producer's offer that names a data queue elsewhere (one the consumer may read)
+    is refused by the receiver rather than followed."""
+    spec = p.StreamSpec("evil-1", "x.bin", 10, 10, p.Mode.STREAM)
+    landing = p.Destination.parse("/queue/landing")
+    headers = p.offer_headers(spec, landing) | {p.H_DATA_DEST: "/queue/landing.amqs.other-stream"}
+    with StompLink(_as(acl_broker, "producer")) as link:
+        link.send_confirmed("/queue/landing", b"", headers)
+    with pytest.raises(StreamError, match="not this stream's queue"):
+        receive_stream(_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+                       options=ReceiveOptions(wait_timeout=20))
+    # Refused by a consumer that may not write anywhere: still moved to the DLQ, where the
+    # administrator finds it, and gone from the offers.
+    with StompLink(_as(acl_broker, None)) as admin:
+        admin.subscribe("/queue/DLQ.landing", prefetch=1)
+        dead = admin.get(30)
+        assert dead is not None and dead.headers.get(p.H_STREAM) == "evil-1"
+        admin.ack(dead)
+        admin.subscribe("/queue/landing", browser=True)
+        end = admin.get(30)
+        assert end is not None and end.headers.get("browser") == "end", "the refused offer is still queued"
+
+
+def test_users_cli_adds_lists_and_removes(tmp_path: Path) -> None:
+    d = str(tmp_path / "b")
+    add = cli("users", "add", "alice", "--send", "/queue/a", "--receive", "/queue/b", "--data-dir", d)
+    out, err = add.communicate(timeout=60)
+    assert add.returncode == 0, err
+    assert "amqstream://alice:" in out
+    listed = cli("users", "list", "--data-dir", d).communicate(timeout=60)[0]
+    assert listed.strip() == "alice: send /queue/a; receive /queue/b"
+    assert (tmp_path / "b" / "users.json").stat().st_mode & 0o077 == 0
+    rm = cli("users", "remove", "alice", "--data-dir", d)
+    assert "user alice removed" in rm.communicate(timeout=60)[0]
+    again = cli("users", "remove", "alice", "--data-dir", d)
+    assert "no user 'alice'" in again.communicate(timeout=60)[1] and again.returncode == 1

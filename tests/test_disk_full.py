@@ -1,0 +1,86 @@
+"""Issue 6: a really full filesystem (a small tmpfs) under a receiver. The stream stops
+with an error naming it, the partial file is kept, nothing unwritten is acknowledged,
+and once there is space the same stream completes byte-exact."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import make_file, sha256_file
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: needs root (CI runs as root); skipped with the reason otherwise."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                         capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}); run as root to test a full disk")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True, timeout=30)
+
+
+def _fill(directory: Path) -> Path:
+    """Write zeros until the filesystem refuses."""
+    filler = directory / "filler"
+    block = b"\0" * 4096
+    with open(filler, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(block)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
+        params: BrokerParams, tmp_path: Path, queue_name: str, small_fs: Path) -> None:
+    src = make_file(tmp_path / "big.bin", 12 * 2**20)
+    send_file(params, src, queue_name)
+    with pytest.raises(StreamError) as err:
+        receive_stream(params, queue_name, small_fs / "out", options=ReceiveOptions(wait_timeout=20))
+    text = str(err.value)
+    assert "stream big.bin-" in text and "cannot reserve 12582912 bytes" in text and "No space left" in text
+    # Nothing was acknowledged: a receiver with room gets the whole stream.
+    got = receive_stream(params, queue_name, tmp_path / "roomy", options=ReceiveOptions(wait_timeout=20))
+    assert got is not None and got.sha256 == sha256_file(src)
+
+
+def test_disk_filling_up_mid_stream_stops_it_and_a_rerun_completes(
+        params: BrokerParams, tmp_path: Path, queue_name: str, small_fs: Path) -> None:
+    src = make_file(tmp_path / "f.bin", 3 * 2**20 + 5)
+    send_file(params, src, queue_name, chunk_size=256 * 1024)
+    out = small_fs / "out"
+    fillers: list[Path] = []
+
+    def fill_once_opened(kind: str, data: dict[str, Any]) -> None:
+        # The file's space is reserved by now; another process takes all the rest.
+        if kind == "stream_open" and not fillers:
+            fillers.append(_fill(small_fs))
+
+    with pytest.raises(StreamError) as err:
+        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=20, events=fill_once_opened))
+    text = str(err.value)
+    assert "No space left on device" in text and "partial file is kept" in text and "stream f.bin-" in text
+    [part] = (out / ".amqstream").glob("*.part")
+    assert part.stat().st_size == src.stat().st_size  # reserved, kept
+    assert not (out / "f.bin").exists()
+
+    os.unlink(fillers[0])
+    got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=20))
+    assert got is not None and got.sha256 == sha256_file(src) == sha256_file(out / "f.bin")
