@@ -18,6 +18,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -349,6 +350,7 @@ class EmbeddedBroker:
             java, f"-Xmx{self.heap_mb}M", f"-Xms{min(self.heap_mb, 256)}M",
             "-XX:+ExitOnOutOfMemoryError",
             *JAVA_OPENS,
+            *shlex.split(os.environ.get("AMQSTREAM_BROKER_JAVA_OPTS", "")),
             f"-Djava.io.tmpdir={self.data_dir / 'tmp'}",
             f"-Dactivemq.classpath={conf}",
             f"-Dactivemq.home={home}", f"-Dactivemq.base={self.data_dir}",
