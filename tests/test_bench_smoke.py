@@ -14,7 +14,7 @@ pytestmark = pytest.mark.broker
 
 def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--sizes", str(3 * 2**20), "--data", "random,csv", "--workdir", str(tmp_path / "w"),
-                 "--docs", str(tmp_path / "docs")]) == 0
+                 "--docs", str(tmp_path / "docs"), "--warm-up", "1"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["kind"] for r in rows] == ["random", "csv"]
     for r in rows:
