@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("send", help="send a file as a stream")
     s.add_argument("path")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
-    s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB; 4 MiB with --compress)")
+    s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
     s.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.STREAM.value,
                    help="stream: receivers start at once; atomic: only after every chunk is stored")
     s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")

@@ -164,7 +164,7 @@ def send_file(
     :param destination: ``/queue/NAME`` (or ``/topic/NAME``) where receivers listen.
     :param stream_id: stream id; by default derived from path, size, mtime and
         destination, so the same call after a crash finds its checkpoint.
-    :param chunk_size: bytes per chunk message (default 1 MiB; 4 MiB with compression).
+    :param chunk_size: bytes per chunk message (default 1 MiB).
     :param window: chunks per broker confirmation (default 16).
     :param mode: ``stream`` (receivers may start at once) or ``atomic`` (receivers see
         the stream only once every chunk is stored).
@@ -203,8 +203,7 @@ def send_file(
     state = None if restart else _load_sender_state(ckpt)
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
-    chunk_size = _first(chunk_size, default_chunk, params.chunk_size,
-                        p.DEFAULT_COMPRESSED_CHUNK_SIZE if codec.encoding else p.DEFAULT_CHUNK_SIZE)
+    chunk_size = _first(chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
     spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, p.Mode(mode))
 
     if state is not None and (state.identity != identity or state.spec != spec

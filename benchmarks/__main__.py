@@ -384,11 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu = os.cpu_count()
         md = ["# Benchmarks", "",
               f"Measured by `make bench` (`python -m benchmarks`) in one run on one machine ({cpu} cores), "
-              f"{time.strftime('%Y-%m-%d')}. Throughput in MiB/s of a file of that size, default chunk "
-              "sizes (1 MiB; 4 MiB with zstd; raw stomp.py 1 MiB); end-to-end runs start sender and "
-              f"receiver together and verify the SHA-256; each fresh broker first moves {args.warm_up} MiB unmeasured "
-              "(JIT warm-up). Ratios compare "
-              "figures from the same run. Peak RSS is VmHWM of each process.", "", text, "",
+              f"{time.strftime('%Y-%m-%d')}. Throughput in MiB/s of a file of that size, 1 MiB chunks; "
+              "end-to-end runs start sender and receiver together and verify the SHA-256; each fresh "
+              f"broker first moves {args.warm_up} MiB unmeasured (JIT warm-up). Ratios compare figures "
+              "from the same run. Peak RSS is VmHWM of each process.", "", text, "",
               *[f"![{p}]({p})" for p in pngs], "",
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", ""]
         (docs / "benchmarks.md").write_text("\n".join(md))

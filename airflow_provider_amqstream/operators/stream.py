@@ -27,8 +27,7 @@ class SendStreamOperator(BaseOperator):
     :param stream_id: stream id (templated); default derived from path, size and mtime.
     :param name: file name announced to receivers (templated); default the base name.
     :param amqstream_conn_id: Airflow connection of type ``amqstream``.
-    :param chunk_size: bytes per chunk; default from the connection, else 1 MiB (4 MiB
-        with compression).
+    :param chunk_size: bytes per chunk; default from the connection, else 1 MiB.
     :param window: chunks per broker confirmation; default from the connection, else 16.
     :param mode: ``stream`` (receivers start at once) or ``atomic`` (receivers see the
         stream only after every chunk is stored in the broker).
