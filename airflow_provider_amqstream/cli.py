@@ -76,10 +76,17 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def cpu_seconds() -> float:
+    """User plus system CPU time of this process so far, all threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _print_result(res: Any, as_json: bool, verb: str) -> None:
     data = res.to_json()
     if as_json:
         data["peak_rss_kib"] = peak_rss_kib()
+        data["cpu_seconds"] = round(cpu_seconds(), 3)
         print(json.dumps(data), flush=True)
         return
     if not data["bytes_transferred"] and data["resumed_from"] == data["bytes"] and data["bytes"]:

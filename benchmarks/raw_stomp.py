@@ -15,7 +15,7 @@ import time
 
 import stomp
 
-from airflow_provider_amqstream.cli import peak_rss_kib
+from airflow_provider_amqstream.cli import cpu_seconds, peak_rss_kib
 from airflow_provider_amqstream.transport import BrokerParams
 
 
@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
             if not lst.done.wait(1800):
                 raise SystemExit(f"only {n - lst.left} of {n} messages arrived")
     conn.disconnect()
-    print(json.dumps({"seconds": time.monotonic() - t0, "peak_rss_kib": peak_rss_kib()}), flush=True)
+    print(json.dumps({"seconds": time.monotonic() - t0, "peak_rss_kib": peak_rss_kib(),
+                      "cpu_seconds": cpu_seconds()}), flush=True)
     return 0
 
 

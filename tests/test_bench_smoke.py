@@ -21,6 +21,8 @@ def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.Captur
         for key in ("ours", "ours_zstd", "send_only", "recv_only", "raw_stomp", "paramiko", "sftp", "scp", "dd"):
             assert r[key] > 0, key
         assert 0 < r["send_rss"] < 150 * 1024 and 0 < r["recv_rss"] < 150 * 1024
+        for key in ("cpu_ours", "cpu_zstd", "cpu_raw"):
+            assert len(r[key]) == 3 and all(c > 0 for c in r[key]), (key, r[key])
     md = (tmp_path / "docs" / "benchmarks.md").read_text()
-    assert "| random |" in md and "bench_rss.png" in md
+    assert "| random |" in md and "bench_rss.png" in md and "Where the CPU goes" in md
     assert (tmp_path / "docs" / "bench_rss.png").stat().st_size > 1000
