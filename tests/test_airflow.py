@@ -8,8 +8,10 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from tests.conftest import ROOT, _params
-from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
+from tests.helpers import cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 SIZE = 128 * 2**20 + 999
@@ -109,9 +111,55 @@ def test_operator_rejects_bad_arguments_clearly() -> None:
         SendStreamOperator(task_id="s", path="/x", destination="/queue/x", window=0)
 
 
+@pytest.fixture
+def spark_cluster(tmp_path: Path) -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
+    """A real Spark standalone cluster on loopback, one master and one worker, started
+    from the pyspark distribution; yields the master URL and a reader of its status."""
+    import urllib.request
+
+    spark_class = str(Path(sys.executable).parent / "spark-class")
+    port, ui = free_port(), free_port()
+    logs = tmp_path / "spark-logs"
+    logs.mkdir()
+    procs = [subprocess.Popen(
+        [spark_class, *args], stdout=open(logs / f"{name}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True) for name, args in [
+        ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                    "--webui-port", str(ui)]),
+        ("worker", ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--webui-port", str(free_port()),
+                    "--cores", "2", "--memory", "2g", "--work-dir", str(tmp_path / "spark-work"),
+                    f"spark://127.0.0.1:{port}"])]]
+
+    def status() -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as resp:
+                return dict(json.load(resp))
+        except OSError:
+            return {}
+
+    try:
+        wait_for(lambda: status().get("aliveworkers"), 120, "a Spark worker registered with the standalone master")
+        yield f"spark://127.0.0.1:{port}", status
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
+
+
 @pytest.mark.spark
+@pytest.mark.parametrize("cluster", [False, True], ids=["local", "standalone-cluster"])
 def test_example_one_file_end_to_end_with_spark(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+                                                cluster: bool) -> None:
+    if cluster:
+        # Only the Spark connection changes: the same DAG, operator and job run on a cluster.
+        master, status = request.getfixturevalue("spark_cluster")
+        host, port = master.rsplit(":", 1)
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+            {"conn_type": "spark", "host": host, "port": int(port),
+             "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+        monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # the executors' Python, as the driver's
     report = tmp_path / "report.json"
     monkeypatch.setenv("AMQSTREAM_REPORT_FILE", str(report))
     from airflow_provider_amqstream import example_support
@@ -128,6 +176,9 @@ def test_example_one_file_end_to_end_with_spark(airflow_db: Path, spark_and_brok
     assert rep["rows"] == csv_rows == 20_000
     assert rep["sha256"] == sha256_file(src)
     assert list(Path(rep["parquet"]).glob("region=*/*.parquet")), "no partitioned parquet written"
+    if cluster:
+        apps = status().get("completedapps", [])
+        assert [app["name"] for app in apps] == ["amqstream:sales.csv"], apps  # the job names itself after its file
 
 
 def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: EmbeddedBroker, tmp_path: Path,
