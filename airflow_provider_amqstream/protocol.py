@@ -636,8 +636,8 @@ class ReceiverState:
         self.written.add(seq)
 
     def mark_durable(self, seq: int) -> list[int]:
-        """Record chunk ``seq`` as on disk; return the chunks that became contiguous,
-        in order (the engine feeds them to the whole-file hash)."""
+        """Record chunk ``seq`` as on disk; return the chunks that became contiguous
+        with the durable prefix, in order."""
         self.written.discard(seq)
         if self.has(seq):
             return []

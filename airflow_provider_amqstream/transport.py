@@ -180,7 +180,8 @@ class _FastTransport(Transport):
         """Append one socket read to the buffer; False if a non-blocking read had nothing."""
         try:
             if self.blocking:
-                data: bytes | memoryview = memoryview(self._amqs_scratch)[:self.socket.recv_into(self._amqs_scratch)]
+                n = self.socket.recv_into(self._amqs_scratch)
+                data: bytes | memoryview = memoryview(self._amqs_scratch)[:n]
             else:
                 data = self.receive() or b""
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
