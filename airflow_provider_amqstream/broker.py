@@ -208,12 +208,7 @@ class EmbeddedBroker:
         return True
 
     def _write_users(self, users: Mapping[str, Any]) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.users_file.with_name("users.json.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"users": dict(users)}, fh, indent=1)
-        os.replace(tmp, self.users_file)
+        _write_secret_json(self.users_file, {"users": dict(users)})
 
     def _keystore(self) -> tuple[Path, str]:
         """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
@@ -231,9 +226,7 @@ class EmbeddedBroker:
                         "-keypass", password, *common], check=True, capture_output=True, timeout=60)
         subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(self.ca_file), *common],
                        check=True, capture_output=True, timeout=60)
-        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"password": password}, fh)
+        _write_secret_json(secret, {"password": password})
         os.chmod(store, 0o600)
         return store, password
 
@@ -320,9 +313,10 @@ class EmbeddedBroker:
         """Where the broker listens, with the administrator's credentials, or ``user``'s."""
         password = None
         if user is not None:
-            if user not in self.users():
+            users = self.users()
+            if user not in users:
                 raise BrokerError(f"no user {user!r} in {self.users_file}")
-            password = self.users()[user]["password"]
+            password = users[user]["password"]
         elif self.auth and self.creds_file.is_file():
             data = json.loads(self.creds_file.read_text())
             user, password = data["user"], data["password"]
@@ -442,6 +436,16 @@ def _xml_attr(value: str) -> str:
 
 _USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ADMIN_GROUP = "amqstream"
+
+
+def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``data``, readable by its owner only from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(dict(data), fh, indent=1)
+    os.replace(tmp, path)
 
 
 def _new_password() -> str:

@@ -446,7 +446,7 @@ def _hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) 
 class ReceiveOptions:
     """Knobs for :func:`receive_stream`.
 
-    :param window: chunks per sync + acknowledgement (the broker prefetch is 4x this).
+    :param window: chunks per sync + acknowledgement (the broker prefetch is 2x this).
         Keep it at most half the broker's maxPageSize (16 in the shipped config).
     :param wait_timeout: seconds to wait for a stream to be offered (None: forever).
     :param idle_timeout: seconds without a chunk before the sender is presumed dead.

@@ -465,7 +465,7 @@ class StompLink:
         h["persistent"] = "true" if persistent else "false"
         rid = None
         if receipt:
-            rid = f"r-{next(self._ids)}"
+            rid = self._receipt_id()
             h["receipt"] = rid
         try:
             conn.send(destination, body, headers=h)
@@ -475,9 +475,12 @@ class StompLink:
 
     def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
         """Send one persistent message and wait until the broker has stored it."""
-        rid = f"r-{next(self._ids)}"
+        rid = self._receipt_id()
         self.send(destination, body, {**headers, "receipt": rid})
         self.wait_receipt(rid)
+
+    def _receipt_id(self) -> str:
+        return f"r-{next(self._ids)}"
 
     def wait_receipt(self, rid: str, timeout: float | None = None) -> None:
         """Block until the broker confirmed ``rid``, or raise naming the broker."""
@@ -485,27 +488,25 @@ class StompLink:
         inbox = self._inbox
         deadline = time.monotonic() + timeout
         with inbox.cond:
+            # While anyone waits here the reader thread must not hold back for the consumer:
+            # the receipt may be behind unread messages on the wire.
             inbox.receipt_waiters += 1
             inbox.cond.notify_all()
             try:
-                self._await_receipt(rid, timeout, deadline)
+                while rid not in inbox.receipts:
+                    self._check_refused()
+                    if inbox.errors:
+                        raise TransportError(f"broker {self.params.url} reported: {'; '.join(inbox.errors)}")
+                    if inbox.lost:
+                        raise ConnectionLost(f"connection to {self.params.url} lost while waiting for receipt {rid}")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ConnectionLost(
+                            f"broker {self.params.url} did not confirm receipt {rid} within {timeout:.0f}s")
+                    inbox.cond.wait(min(left, 1.0))
+                inbox.receipts.discard(rid)
             finally:
                 inbox.receipt_waiters -= 1
-
-    def _await_receipt(self, rid: str, timeout: float, deadline: float) -> None:
-        """The wait itself; the caller holds the inbox's condition."""
-        inbox = self._inbox
-        while rid not in inbox.receipts:
-            self._check_refused()
-            if inbox.errors:
-                raise TransportError(f"broker {self.params.url} reported: {'; '.join(inbox.errors)}")
-            if inbox.lost:
-                raise ConnectionLost(f"connection to {self.params.url} lost while waiting for receipt {rid}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ConnectionLost(f"broker {self.params.url} did not confirm receipt {rid} within {timeout:.0f}s")
-            inbox.cond.wait(min(left, 1.0))
-        inbox.receipts.discard(rid)
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
                   selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
@@ -523,7 +524,7 @@ class StompLink:
             ack = "auto"
         # Confirmed, so a refused subscription fails here, naming the destination, rather
         # than as a silent wait for messages that will never come.
-        rid = f"r-{next(self._ids)}"
+        rid = self._receipt_id()
         headers["receipt"] = rid
         try:
             conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
