@@ -469,13 +469,16 @@ def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]
     (``NAME.amqs.<id>``) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
     ``admin`` lets the first user of a destination create it."""
     main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
+    # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
+    quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
     if pattern.endswith(".>"):
         # ActiveMQ wildcards match prefixes only, so a family pattern cannot tell a
         # member's offers and data from its control queues: on queues it grants both.
         if kind == "queue":
-            return [("queue", pattern, "read,write,admin")]
-        return [("topic", pattern, main), ("queue", pattern, ctl)]
-    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl)]
+            return [("queue", pattern, "read,write,admin"), *quarantine]
+        return [("topic", pattern, main), ("queue", pattern, ctl), *quarantine]
+    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl),
+            *quarantine]
 
 
 def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:

@@ -169,7 +169,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
+    from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams
 
     params = _params(args.conn)
     events = None
@@ -179,19 +179,23 @@ def cmd_receive(args: argparse.Namespace) -> int:
         def events(kind: str, data: dict[str, Any]) -> None:
             ev_fh.write(json.dumps({"event": kind, "pid": os.getpid(), **data}) + "\n")
 
-    received = 0
-    while args.follow or received < args.count:
-        opts = ReceiveOptions(window=args.window or DEFAULT_RECEIVE_BATCH, wait_timeout=args.wait,
-                              idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
-                              progress=_Progress("receive", not args.quiet))
-        res = receive_stream(params, args.source, args.out_dir, stream_id=args.stream_id, options=opts)
-        if res is None:
-            if received or args.follow:
-                return 0
-            print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)
-            return 3
-        received += 1
-        _print_result(res, args.json, "received")
+    def on_failure(failure: Any) -> None:
+        # Another stream's failure is reported, never fatal: the receiver goes on.
+        print(f"amqstream: stream {failure.stream_id} on {failure.destination} {failure.status}: {failure.reason}",
+              file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(failure.to_json()), flush=True)
+
+    opts = ReceiveOptions(window=args.window or DEFAULT_RECEIVE_BATCH, wait_timeout=args.wait,
+                          idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
+                          max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
+                          progress=_Progress("receive", not args.quiet))
+    got = receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
+                          stream_id=args.stream_id, options=opts, on_failure=on_failure,
+                          on_result=lambda res: _print_result(res, args.json, "received"))
+    if not got and not args.follow:
+        print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -256,12 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--from", dest="source", required=True, help="destination, e.g. /queue/landing")
     r.add_argument("--out-dir", required=True)
     r.add_argument("--count", type=int, default=1, help="streams to receive, one at a time (default 1)")
-    r.add_argument("--follow", action="store_true", help="keep receiving until --wait passes with nothing")
+    r.add_argument("--follow", action="store_true",
+                   help="keep receiving until --wait passes with nothing; a stream that fails is reported "
+                        "(quarantined or skipped for now) and the next one received")
     r.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a stream (default 60)")
     r.add_argument("--idle-timeout", type=float, default=120.0,
                    help="seconds without a chunk before giving up on a sender (default 120)")
     r.add_argument("--overwrite", action="store_true", help="replace a file of the same name")
     r.add_argument("--events", help="append JSON lines of stream_open/stream_close events to this file")
+    r.add_argument("--max-bytes", type=int, help="quarantine streams larger than this many bytes")
+    r.add_argument("--min-free", type=int, metavar="BYTES",
+                   help="free space to keep in --out-dir; larger streams wait (default 2%% of the disk, max 1 GiB)")
+    r.add_argument("--quarantine", metavar="DEST",
+                   help="where streams that can never succeed go (default /queue/DLQ.<name>)")
     common(r)
     r.set_defaults(func=cmd_receive)
 

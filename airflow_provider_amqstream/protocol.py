@@ -56,6 +56,14 @@ H_WINDOW = "amqs_window"
 H_REOFFER = "amqs_reoffer"
 H_CONSUMER = "amqs_consumer"
 H_NEXT_SEQ = "amqs_next_seq"
+# Who made the stream: a digest of the sender's file identity and destination. A stream id
+# names a stream; the origin tells a repeat of it from another stream that reused the id.
+H_ORIGIN = "amqs_origin"
+# Added by a receiver that quarantines a stream, on the copy of its offer it files away.
+H_QUARANTINE_REASON = "amqs_quarantine_reason"
+H_QUARANTINED_FROM = "amqs_quarantined_from"
+H_QUARANTINED_BY = "amqs_quarantined_by"
+H_QUARANTINED_AT = "amqs_quarantined_at"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 
@@ -286,13 +294,16 @@ def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
 
 
 def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW, *,
-                  reoffer: bool = False) -> dict[str, str]:
+                  reoffer: bool = False, origin: str | None = None) -> dict[str, str]:
     """The offer announcing a stream. A ``reoffer`` follows a sender's re-run: it may have
     repeated messages a receiver already consumed, so whoever published the stream
-    clears them; nobody starts a reception from a re-offer."""
+    clears them; nobody starts a reception from a re-offer. ``origin`` identifies the
+    sender's file (see :data:`H_ORIGIN`)."""
     h = _base(spec, Kind.OFFER)
     if reoffer:
         h[H_REOFFER] = "1"
+    if origin:
+        h[H_ORIGIN] = origin
     h.update({H_MODE: spec.mode.value, H_NAME: spec.name, H_SIZE: str(spec.size),
               H_CHUNK_SIZE: str(spec.chunk_size), H_CHUNKS: str(spec.chunks),
               H_DATA_DEST: destination.data_queue(spec.stream_id)})
@@ -405,6 +416,12 @@ def parse_offer(headers: Mapping[str, Any], offered_on: Destination) -> tuple[St
     if mode is not Mode.HANDSHAKE and offered_on.kind != "queue":
         raise ProtocolError(f"stream {stream}: a {mode.value} stream must use a data queue")
     return spec, data_dest
+
+
+def offer_origin(headers: Mapping[str, Any]) -> str:
+    """The offer's origin digest, or "" when the sender sent none (older or plain producers)."""
+    origin = str(headers.get(H_ORIGIN) or "")
+    return origin if re.fullmatch(r"[0-9a-f]{16,64}", origin) else ""
 
 
 def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec, offered_on: Destination) -> tuple[str, int]:

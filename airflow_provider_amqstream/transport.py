@@ -9,6 +9,7 @@ its durable state, so reconnect and crash recovery are the same code path.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -371,11 +372,15 @@ class StompLink:
         self._conn: _Connection12 | None = None
         self._inbox = _Inbox()
         self._ids = itertools.count(1)
+        # Frames that arrived for one subscription while the caller read another's. A
+        # subscription we left is dropped: the broker redelivers what we did not ack.
+        self._stash: dict[str, collections.deque[Frame]] = {}
 
     # -- life cycle --------------------------------------------------------------
     def open(self) -> StompLink:
         p = self.params
         self._inbox = _Inbox()
+        self._stash = {}
         conn = _Connection12(list(p.hosts), (p.heartbeat_ms, p.heartbeat_ms), p.connect_timeout)
         if p.tls:
             for h in p.hosts:
@@ -531,10 +536,17 @@ class StompLink:
         except (OSError, stomp_exc.StompException) as exc:
             raise ConnectionLost(f"subscribing to {destination} on {self.params.url} failed: {exc}") from exc
         self.wait_receipt(rid)
+        self._stash[sub_id] = collections.deque()
         return sub_id
 
     def unsubscribe(self, sub_id: str) -> None:
-        self._live().unsubscribe(sub_id)
+        """Leave a subscription; the broker returns its unacknowledged messages to the
+        destination (another consumer, or a later subscription, gets them)."""
+        self._stash.pop(sub_id, None)
+        try:
+            self._live().unsubscribe(sub_id)
+        except (OSError, stomp_exc.StompException) as exc:
+            raise ConnectionLost(f"unsubscribing on {self.params.url} failed: {exc}") from exc
 
     def ack(self, frame: Frame) -> None:
         try:
@@ -548,8 +560,26 @@ class StompLink:
         except (OSError, stomp_exc.StompException) as exc:
             raise ConnectionLost(f"rejecting a message on {self.params.url} failed: {exc}") from exc
 
-    def get(self, timeout: float) -> Frame | None:
-        """The next message, or None after ``timeout`` seconds with nothing."""
+    def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
+        """The next message (for ``subscription`` only, if given), or None after ``timeout``
+        seconds with nothing."""
+        if subscription is None:
+            return self._next(timeout)
+        stash = self._stash.get(subscription)
+        if stash:
+            return stash.popleft()
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self._next(max(0.0, deadline - time.monotonic()))
+            if frame is None:
+                return None
+            sub = frame.headers.get("subscription")
+            if sub == subscription:
+                return frame
+            if sub in self._stash:
+                self._stash[sub].append(frame)
+
+    def _next(self, timeout: float) -> Frame | None:
         self._check_refused()
         if self._inbox.lost and self._inbox.messages.empty():
             raise ConnectionLost(f"connection to {self.params.url} was lost")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -68,8 +69,10 @@ def uri(broker: EmbeddedBroker) -> str:
 @pytest.fixture
 def queue_name(request: pytest.FixtureRequest) -> str:
     """A destination no other test uses."""
-    safe = "".join(c if c.isalnum() else "_" for c in request.node.name)[:60]
-    return f"/queue/t.{safe}.{os.getpid()}"
+    safe = "".join(c if c.isalnum() else "_" for c in request.node.name)[:48]
+    # Cut names of parametrized cases can agree; the digest of the full id cannot.
+    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]
+    return f"/queue/t.{safe}.{digest}.{os.getpid()}"
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,18 @@ def cli_json(proc: subprocess.Popen[str], timeout: float = 300) -> list[dict[str
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def browse(params: BrokerParams, queue: str, timeout: float = 10.0) -> list[Any]:
+    """Every message on ``queue`` right now, without consuming it (a queue browser)."""
+    from airflow_provider_amqstream.transport import StompLink
+
+    frames = []
+    with StompLink(params) as link:
+        link.subscribe(queue, browser=True)
+        while (frame := link.get(timeout)) is not None and frame.headers.get("browser") != "end":
+            frames.append(frame)
+    return frames
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
+from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, receive_stream
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from tests.conftest import ROOT, _params
 from tests.helpers import cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
@@ -186,7 +186,10 @@ def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", private_broker.info().uri)
     src = make_file(tmp_path / "big.bin", SIZE)
     record = tmp_path / "send.json"
-    ckpt = tmp_path / "send-state" / "amqstream_send_sr-1.json"
+    from airflow_provider_amqstream.transport import BrokerParams
+
+    name = checkpoint_name("sr-1", BrokerParams.from_uri(private_broker.info().uri)).removesuffix(".json")
+    ckpt = tmp_path / "send-state" / f"amqstream_send_{name}.json"
 
     def chaos() -> None:
         wait_for(lambda: (read_json(ckpt) or {}).get("confirmed_seq", 0) >= 100, 120,

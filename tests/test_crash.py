@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, receive_stream, send_file
 from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
 
@@ -73,7 +73,7 @@ def test_sender_killed_mid_stream_resumes_from_confirmed_offset(params: BrokerPa
             "--chunk-size", str(CHUNK), "--window", str(WINDOW), "--json", "-q"]
     env = {"AMQSTREAM_STATE_DIR": str(state_dir)}
     first = cli(*args, env=env)
-    ckpt = state_dir / "sk-1.json"
+    ckpt = state_dir / checkpoint_name("sk-1", params)
     wait_for(lambda: (read_json(ckpt) or {}).get("confirmed_seq", 0) >= 200, 60, "the sender to confirm 200 chunks")
     _kill(first)
     confirmed = read_json(ckpt)["confirmed_seq"]  # type: ignore[index]
@@ -103,11 +103,11 @@ def test_broker_killed_and_restarted_mid_stream(private_broker: EmbeddedBroker, 
 
 def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerParams, tmp_path: Path,
                                                                 queue_name: str) -> None:
-    from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
+    from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
 
     src = make_file(tmp_path / "f.bin", 1000)
     sent = send_file(params, src, queue_name, stream_id="cs-1", chunk_size=100)
-    ckpt = FileCheckpoint(default_state_dir() / "cs-1.json")
+    ckpt = FileCheckpoint(default_state_dir() / checkpoint_name("cs-1", params))
     data = ckpt.load() or {}
     ckpt.save({**data, "confirmed_seq": 4, "end_sent": False})  # as if killed after chunk 4
     again = send_file(params, src, queue_name, stream_id="cs-1")  # no chunk size given
@@ -116,7 +116,7 @@ def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerPa
 
 def test_checkpoint_exists_before_the_first_message(params: BrokerParams, tmp_path: Path, queue_name: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_amqstream.engine import FileCheckpoint, StreamError, default_state_dir
+    from airflow_provider_amqstream.engine import FileCheckpoint, StreamError, checkpoint_name, default_state_dir
     from airflow_provider_amqstream.transport import StompLink
 
     src = make_file(tmp_path / "f.bin", 10_000)
@@ -129,7 +129,7 @@ def test_checkpoint_exists_before_the_first_message(params: BrokerParams, tmp_pa
     with pytest.raises(SystemExit):
         send_file(params, src, queue_name, stream_id="early-1", chunk_size=1000)
     monkeypatch.setattr(StompLink, "send", real_send)
-    assert (FileCheckpoint(default_state_dir() / "early-1.json").load() or {})["chunk_size"] == 1000
+    assert (FileCheckpoint(default_state_dir() / checkpoint_name("early-1", params)).load() or {})["chunk_size"] == 1000
     # A re-run naming another chunk size is refused rather than offering a conflicting stream.
     with pytest.raises(StreamError, match="different file, destination or chunk size"):
         send_file(params, src, queue_name, stream_id="early-1", chunk_size=4096)

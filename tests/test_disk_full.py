@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, StreamNoRoom, receive_stream, send_file
 from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import make_file, sha256_file
 
@@ -52,10 +53,19 @@ def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
         params: BrokerParams, tmp_path: Path, queue_name: str, small_fs: Path) -> None:
     src = make_file(tmp_path / "big.bin", 12 * 2**20)
     send_file(params, src, queue_name)
-    with pytest.raises(StreamError) as err:
+    free = shutil.disk_usage(small_fs).free
+    # Refused before anything is allocated: it would cross the free-space reserve.
+    with pytest.raises(StreamNoRoom) as err:
         receive_stream(params, queue_name, small_fs / "out", options=ReceiveOptions(wait_timeout=20))
     text = str(err.value)
-    assert "stream big.bin-" in text and "cannot reserve 12582912 bytes" in text and "No space left" in text
+    assert "stream big.bin-" in text and "needs 12582912 more bytes" in text and "reserve" in text
+    assert shutil.disk_usage(small_fs).free >= free - 64 * 1024 and not list(small_fs.glob("out/.amqstream/*.part"))
+    # With no reserve, the allocation itself fails; what it took is given back.
+    with pytest.raises(StreamNoRoom) as err:
+        receive_stream(params, queue_name, small_fs / "out2", stream_id=err.value.failure.stream_id,
+                       options=ReceiveOptions(wait_timeout=20, min_free_bytes=0))
+    assert "cannot reserve 12582912 bytes" in str(err.value) and "No space left" in str(err.value)
+    assert shutil.disk_usage(small_fs).free >= free - 64 * 1024 and not list(small_fs.glob("out2/.amqstream/*.part"))
     # Nothing was acknowledged: a receiver with room gets the whole stream.
     got = receive_stream(params, queue_name, tmp_path / "roomy", options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sha256_file(src)

@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    StreamError,
+    StreamQuarantined,
+    receive_stream,
+    send_file,
+)
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
-from tests.helpers import cli, cli_json, make_file, sha256_file
+from tests.helpers import browse, cli, cli_json, make_file, sha256_file
 
 pytestmark = pytest.mark.broker
 
@@ -100,11 +106,17 @@ def test_corrupted_chunk_detected_never_published(params: BrokerParams, tmp_path
     data = make_file(tmp_path / "f", 10_000).read_bytes()
     spec = p.StreamSpec("crc-1", "f.bin", len(data), 1000)
     _inject(params, queue_name, spec, data, list(range(1, 11)), corrupt=6)
-    with pytest.raises(StreamError, match=r"crc-1.*chunk 6 at offset 5000 failed its CRC-32"):
+    good = make_file(tmp_path / "g.bin", 3000)
+    sent = send_file(params, good, queue_name, chunk_size=1000)
+    with pytest.raises(StreamQuarantined, match=r"crc-1.*chunk 6 at offset 5000 failed its CRC-32"):
         receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert not (tmp_path / "out" / "f.bin").exists()
-    state = json.loads((tmp_path / "out" / ".amqstream" / "crc-1.json").read_text())
-    assert state["next_seq"] <= 6  # the bad chunk was never recorded as received
+    # Quarantined: no partial data left, the offer filed with its reason, the queue moves on.
+    assert not list((tmp_path / "out" / ".amqstream").glob("crc-1.*"))
+    [filed] = browse(params, "/queue/DLQ." + queue_name.split("/")[-1])
+    assert filed.headers[p.H_STREAM] == "crc-1" and "CRC-32" in filed.headers[p.H_QUARANTINE_REASON]
+    got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and got.sha256 == sent.sha256
 
 
 def test_send_rejects_bad_input_clearly(params: BrokerParams, tmp_path: Path) -> None:
@@ -170,13 +182,13 @@ def test_compressed_csv_round_trip(params: BrokerParams, tmp_path: Path, queue_n
 def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
     """A sender killed after the broker confirmed its end marker, but before its checkpoint
     said so, repeats it on the re-run; nothing may be left behind in the broker."""
-    from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
+    from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
 
     src = make_file(tmp_path / "f.bin", 5000)
     sent = send_file(params, src, queue_name, stream_id="rep-1", chunk_size=1000)
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.sha256 == sent.sha256
-    ckpt = FileCheckpoint(default_state_dir() / "rep-1.json")
+    ckpt = FileCheckpoint(default_state_dir() / checkpoint_name("rep-1", params))
     ckpt.save({**(ckpt.load() or {}), "confirmed_seq": 3, "end_sent": False})
     send_file(params, src, queue_name, stream_id="rep-1")  # repeats chunks 4-5 and the end, then re-offers
     events: list[str] = []

@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine import default_stream_id
+from airflow_provider_amqstream.engine import checkpoint_name, default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators._glue import LogProgress, TaskStateCheckpoint
 
@@ -77,7 +77,9 @@ class SendStreamOperator(BaseOperator):
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
             window=self.window, mode=self.mode, reconnect_timeout=self.reconnect_timeout,
             compression=self.compression,
-            checkpoint=TaskStateCheckpoint(context, f"amqstream_send:{stream_id}"),
+            # One resume point per stream and broker, as for the CLI.
+            checkpoint=TaskStateCheckpoint(
+                context, "amqstream_send:" + checkpoint_name(stream_id, hook.broker_params()).removesuffix(".json")),
             progress=LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval),
         )
         if result.resumed_from:

@@ -9,7 +9,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, TransferResult
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators._glue import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
@@ -80,10 +80,25 @@ class StreamCompleteSensor(BaseSensorOperator):
             if kind == "stream_open" and data["resumed_from"]:
                 self.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
 
+        failures: list[dict[str, Any]] = []
+
+        def on_failure(failure: StreamFailure) -> None:
+            # Another stream on the destination failed; it was quarantined or yielded its
+            # place, and this sensor keeps waiting for a good one.
+            self.log.warning("stream %s on %s %s: %s", failure.stream_id, failure.destination, failure.status,
+                             failure.reason)
+            failures.append(failure.to_json())
+
         opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                               idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
                               events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"))
-        result = hook.receive_stream(self.source, self.out_dir, stream_id=self.stream_id, options=opts)
+        try:
+            got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
+                                       on_failure=on_failure)
+        finally:
+            if failures and ti is not None:
+                ti.xcom_push(key="failed_streams", value=failures)
+        result = got[0] if got else None
         if result is not None:
             self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
                           result.bytes, result.sha256)

@@ -1,0 +1,34 @@
+"""Senders and receivers: the protocol state machines driven over a STOMP link and files.
+
+* ``sending.py``: one file out as a stream (stream and atomic modes), resumable.
+* ``handshake.py``: the sender's side of handshake mode (paced by its receivers).
+* ``receiving.py``: streams in, one at a time over one connection, and the policy for a
+  stream that fails (quarantine, or yield its place).
+* ``stream_receiver.py``: one stream onto disk: offsets, batches, sync, verify, publish.
+* ``records.py``: results, errors and crash-safe files shared by both ends.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
+from airflow_provider_amqstream.engine.records import (
+    STATE_DIR_NAME,
+    Checkpoint,
+    FileCheckpoint,
+    StreamError,
+    StreamFailure,
+    StreamNoRoom,
+    StreamQuarantined,
+    StreamStalled,
+    StreamYielded,
+    TransferResult,
+    default_state_dir,
+)
+from airflow_provider_amqstream.engine.sending import checkpoint_name, default_stream_id, send_file
+from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
+
+__all__ = [
+    "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
+    "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
+    "default_state_dir", "default_stream_id", "find_received", "receive_stream", "receive_streams", "send_file",
+]

@@ -1,0 +1,383 @@
+"""The receiving end: the streams offered on a destination, one at a time, over one
+connection, and what happens when one of them fails.
+
+The policy in one sentence: a stream that can never succeed is quarantined, a stream
+that cannot go on now yields its place, and only failures of the receiver's own
+(connection, authorization, local disk) stop it. In detail (docs/protocol.md, "When a
+stream fails"):
+
+* **Quarantine** (integrity failure, protocol violation, over ``max_bytes``, a stream id
+  reused by another stream): a copy of the offer with ``amqs_quarantine_*`` headers
+  saying why goes to the quarantine queue (``/queue/DLQ.<name>`` by default), the
+  stream's remaining chunks are refused (the broker moves them to its DLQ), the partial
+  file is removed, the original offer is acknowledged, and the receiver moves on.
+* **Yield** (the sender went silent for ``idle_timeout``, or the file does not fit the
+  free space less the reserve): the partial data is kept, the offer goes back to the
+  queue, and this output directory skips the stream for a back-off (``yield_backoff``
+  seconds, doubling for each consecutive yield up to an hour; a completed stream resets
+  it), kept in ``.amqstream/yielded.json``. It gets its turn back when the back-off ends,
+  or at once for a receiver that asks for that stream id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.records import (
+    Backoff,
+    StreamError,
+    StreamFailure,
+    StreamQuarantined,
+    StreamYielded,
+    TransferResult,
+    read_json,
+    state_dir,
+    write_json,
+)
+from airflow_provider_amqstream.engine.stream_receiver import (
+    Poisoned,
+    ReceiveOptions,
+    StreamReceiver,
+    consumer_name,
+    drain_queue,
+)
+from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
+
+log = logging.getLogger(__name__)
+
+ResultSink = Callable[[TransferResult], None]
+FailureSink = Callable[[StreamFailure], None]
+
+# Longest a yielded stream is skipped, however often it yields.
+MAX_YIELD_BACKOFF = 3600.0
+
+
+def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
+                   stream_id: str | None = None, options: ReceiveOptions | None = None) -> TransferResult | None:
+    """Receive the next stream offered on ``source`` (or the one named ``stream_id``)
+    into ``out_dir``; return None if none was offered within ``wait_timeout``.
+
+    The file appears in ``out_dir`` only once every byte is on disk and its SHA-256
+    matches the sender's. Partial data and the resume state live in
+    ``out_dir/.amqstream/``; another receiver given the same directory continues it. A
+    stream that fails is handled by the policy above first (quarantined, or yielded), then
+    raised: :class:`StreamQuarantined`, :class:`StreamStalled` or :class:`StreamNoRoom`.
+    """
+    got = receive_streams(params, source, out_dir, count=1, stream_id=stream_id, options=options, fail_fast=True)
+    return got[0] if got else None
+
+
+def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
+                    count: int | None = None, stream_id: str | None = None, options: ReceiveOptions | None = None,
+                    fail_fast: bool = False, on_result: ResultSink | None = None,
+                    on_failure: FailureSink | None = None) -> list[TransferResult]:
+    """Receive streams until ``count`` arrived, or until ``wait_timeout`` passes with no
+    offer; return them. One connection serves them all.
+
+    :param count: how many streams to receive (None: until the wait runs out).
+    :param stream_id: receive only this stream.
+    :param fail_fast: raise the first stream failure instead of reporting it and going on
+        (always so when ``stream_id`` is given: that stream is the whole job).
+    :param on_result: called with each stream received.
+    :param on_failure: called with each stream quarantined or yielded.
+    """
+    opts = options or ReceiveOptions()
+    dest = p.Destination.parse(source)
+    if stream_id:
+        p.validate_stream_id(stream_id)
+    out = Path(out_dir)
+    sdir = state_dir(out)
+    book = YieldBook(sdir / "yielded.json", opts.yield_backoff)
+    what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
+    backoff = Backoff(what, params.url, opts.reconnect_timeout)
+    results: list[TransferResult] = []
+    wait = opts.wait_timeout
+    first = True
+    while True:
+        try:
+            with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
+                backoff.reset()
+                offers = _Offers(link, dest, stream_id, book)
+                while count is None or len(results) < count:
+                    deadline = None if wait is None else time.monotonic() + wait
+                    offer = offers.next(deadline)
+                    if offer is None:
+                        return results
+                    wait = opts.wait_timeout
+                    outcome = _take(link, dest, out, sdir, offer, opts, book, offers)
+                    if outcome is None:
+                        continue
+                    if isinstance(outcome, TransferResult):
+                        results.append(outcome)
+                        if on_result:
+                            on_result(outcome)
+                        continue
+                    if fail_fast or stream_id:
+                        raise outcome
+                    if on_failure and outcome.failure is not None:
+                        on_failure(outcome.failure)
+                return results
+        except AccessDenied:
+            raise
+        except ConnectionLost as exc:
+            backoff.wait(exc)
+        except TransportError as exc:
+            if first:
+                raise
+            backoff.wait(exc)
+        first = False
+        # After a reconnect our own unacknowledged offer is redelivered, but not at once.
+        wait = max(wait, 30.0) if wait is not None else None
+
+
+class _Offers:
+    """The subscription that hands this receiver one offer at a time.
+
+    Prefetch 1 and no acknowledgement until the stream is settled: while the receiver
+    holds an offer the broker gives it no other, and if it dies the offer returns to the
+    queue. Streams that yielded are left out by a selector until their back-off ends.
+    """
+
+    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, book: YieldBook) -> None:
+        self.link, self.dest, self.stream_id, self.book = link, dest, stream_id, book
+        self.sub: str | None = None
+        self.excluded: tuple[str, ...] = ()
+
+    def _selector(self) -> str:
+        sel = f"{p.H_KIND} = 'offer'"
+        if self.stream_id:
+            return sel + f" AND {p.H_STREAM} = '{self.stream_id}'"
+        if self.excluded:
+            # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
+            sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
+        return sel
+
+    def next(self, deadline: float | None) -> Any:
+        """The next offer (re-offers handled on the way), or None at ``deadline``."""
+        while True:
+            excluded = () if self.stream_id else self.book.active()
+            if self.sub is None or excluded != self.excluded:
+                self.release()
+                self.excluded = excluded
+                self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector())
+            now = time.monotonic()
+            wake = self.book.next_expiry()
+            left = 30.0 if deadline is None else deadline - now
+            if wake is not None:
+                left = min(left, max(0.05, wake - time.time()))
+            offer = self.link.get(max(0.0, left), self.sub)
+            if offer is not None:
+                return offer
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def release(self) -> None:
+        """Give back the offer we hold (the broker requeues it) by leaving the subscription."""
+        if self.sub is not None:
+            sub, self.sub = self.sub, None
+            self.link.unsubscribe(sub)
+
+
+def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
+          book: YieldBook, offers: _Offers) -> TransferResult | StreamError | None:
+    """Settle one offer: a result, a handled failure (to report or raise), or None for a
+    re-offer (nothing to receive)."""
+    sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+    if offer.headers.get(p.H_REOFFER):
+        _clear_leftovers(link, dest, sdir, offer, opts)
+        return None
+    try:
+        spec, data_q = p.parse_offer(offer.headers, dest)
+        terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
+    except p.ProtocolError as exc:
+        return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
+    origin = p.offer_origin(offer.headers)
+    if opts.max_bytes is not None and spec.size > opts.max_bytes:
+        return _quarantine(link, dest, offer, sid, f"stream {sid} is {spec.size} bytes, over this receiver's limit "
+                           f"of {opts.max_bytes} (max_bytes)", opts)
+    done = find_received(out, sid)
+    if done is not None:
+        if _same_stream(done, spec, origin):
+            return _duplicate(link, dest, out, offer, spec, data_q, done, opts, terms)
+        when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
+        return _quarantine(link, dest, offer, sid, (
+            f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
+            f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
+            "with a new stream id (the default id is derived from the file and is unique)."), opts)
+    clash = _other_partial(sdir, spec)
+    if clash:
+        return _quarantine(link, dest, offer, sid, clash, opts)
+    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms)
+    try:
+        result = receiver.run()
+    except Poisoned as bad:
+        moved = receiver.abandon()
+        return _quarantine(link, dest, offer, sid, bad.reason, opts, offset=bad.offset, moved=moved)
+    except StreamYielded as exc:
+        receiver.stop_data()
+        offers.release()
+        retry = book.add(sid, str(exc))
+        failure = StreamFailure(sid, str(dest), "stalled" if "nothing arrived" in str(exc) else "no_room",
+                                str(exc), receiver.offset, retry_after=retry)
+        log.warning("%s (skipped by this directory for %.0fs)", exc, retry)
+        opts.emit("stream_yielded", **failure.to_json())
+        exc.failure = failure
+        return exc
+    book.clear(sid)
+    link.ack(offer)
+    return result
+
+
+def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
+    """Whether an offer repeats the stream a ``.done`` record describes. Records and
+    offers from before origins existed compare by size and chunk count alone."""
+    if int(done.get("bytes", -1)) != spec.size or int(done.get("chunks", -1)) != spec.chunks:
+        return False
+    if done.get("chunk_size") and int(done["chunk_size"]) != spec.chunk_size:
+        return False
+    return str(done.get("origin") or "") == origin
+
+
+def _other_partial(sdir: Path, spec: p.StreamSpec) -> str | None:
+    """A partial reception under this id for a different stream: refuse the newcomer and
+    leave the other's data alone."""
+    try:
+        data = read_json(sdir / f"{spec.stream_id}.json")
+    except (OSError, ValueError):
+        return None  # the receiver reports an unreadable state itself
+    if data is None:
+        return None
+    same = (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name)
+    if same:
+        return None
+    return (f"stream id {spec.stream_id} has a partial reception of another stream ({data.get('name')!r}, "
+            f"{data.get('size')} bytes) in {sdir}; this one ({spec.name!r}, {spec.size} bytes) reuses the id. "
+            "Re-send it with a new stream id.")
+
+
+def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec: p.StreamSpec, data_q: str,
+               done: dict[str, Any], opts: ReceiveOptions, terms: tuple[str, int] | None) -> TransferResult:
+    """The stream was published here before and was offered again (a sender re-run after
+    its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
+    if terms:
+        done_msg = p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1)
+        link.send(terms[0], b"", done_msg, persistent=False)
+    else:
+        drain_queue(link, data_q, ack=True)
+    link.ack(offer)
+    opts.emit("duplicate_offer", stream_id=spec.stream_id)
+    log.info("stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
+             spec.stream_id, dest, done.get("path"))
+    return TransferResult.from_json({**done, "seconds": 0.0, "bytes_transferred": 0, "started_at": time.time(),
+                                     "finished_at": time.time(), "status": "duplicate"})
+
+
+def _quarantine(link: StompLink, dest: p.Destination, offer: Any, sid: str, reason: str, opts: ReceiveOptions, *,
+                offset: int = 0, moved: int = 0) -> StreamQuarantined:
+    """File the offer away with the reason, acknowledge the original, report."""
+    qdest = opts.quarantine or f"/queue/DLQ.{dest.name}"
+    headers = {k: str(v)[:1024] for k, v in offer.headers.items()
+               if k.startswith("amqs_") and not k.startswith("amqs_quarantine")}
+    headers.update({
+        p.H_QUARANTINE_REASON: reason[:2000],
+        p.H_QUARANTINED_FROM: str(dest),
+        p.H_QUARANTINED_BY: socket.gethostname(),
+        p.H_QUARANTINED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    })
+    link.send_confirmed(qdest, b"", headers)
+    link.ack(offer)
+    failure = StreamFailure(sid or "?", str(dest), "quarantined", reason, offset, qdest, moved)
+    log.error("stream %s on %s quarantined to %s: %s", sid or "?", dest, qdest, reason)
+    opts.emit("stream_quarantined", **failure.to_json())
+    return StreamQuarantined(f"stream {sid or '?'} on {dest} was quarantined to {qdest}: {reason}", failure)
+
+
+def _clear_leftovers(link: StompLink, dest: p.Destination, sdir: Path, offer: Any, opts: ReceiveOptions) -> None:
+    """Handle a re-offer. If this directory published the stream, drain what the sender's
+    re-run repeated; if it holds the stream's partial data, its receiver drains when it
+    publishes. Either way acknowledge the re-offer, and never start a reception from it."""
+    sid = str(offer.headers.get(p.H_STREAM, ""))
+    try:
+        p.validate_stream_id(sid)
+    except p.ProtocolError as exc:
+        _quarantine(link, dest, offer, sid[:p.MAX_STREAM_ID], f"invalid re-offer: {exc}", opts)
+        return
+    if (sdir / f"{sid}.done").exists():
+        drained = drain_queue(link, dest.data_queue(sid), ack=True)
+        opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
+    link.ack(offer)
+
+
+def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, Any] | None:
+    """The completion record of ``stream_id`` if it was received into ``out_dir``, else None.
+
+    :param out_dir: the receiver's output directory.
+    :param stream_id: the stream.
+    """
+    p.validate_stream_id(stream_id)
+    try:
+        return read_json(Path(out_dir) / ".amqstream" / f"{stream_id}.done")
+    except (OSError, ValueError) as exc:
+        raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc})") from exc
+
+
+class YieldBook:
+    """Streams this output directory skips for now, with when each gets its turn back."""
+
+    MAX_SKIPPED = 64
+
+    def __init__(self, path: Path, first_backoff: float) -> None:
+        self.path, self.first = path, max(1.0, first_backoff)
+        self._cache: dict[str, dict[str, Any]] | None = None
+
+    def _entries(self) -> dict[str, dict[str, Any]]:
+        if self._cache is None:
+            try:
+                data = read_json(self.path) or {}
+            except (OSError, ValueError) as exc:
+                raise StreamError(f"{self.path} is unreadable ({exc}); delete it (it only lists streams to skip)") \
+                    from exc
+            self._cache = {k: v for k, v in data.items() if isinstance(v, dict) and _valid_id(k)}
+        return self._cache
+
+    def active(self) -> tuple[str, ...]:
+        now = time.time()
+        live = sorted((v["until"], k) for k, v in self._entries().items() if v.get("until", 0) > now)
+        return tuple(sorted(k for _, k in live[-self.MAX_SKIPPED:]))
+
+    def next_expiry(self) -> float | None:
+        now = time.time()
+        ends = [v["until"] for v in self._entries().values() if v.get("until", 0) > now]
+        return min(ends) if ends else None
+
+    def add(self, stream_id: str, reason: str) -> float:
+        """Skip ``stream_id`` for its next back-off; return that back-off in seconds."""
+        entries = self._entries()
+        prev = entries.get(stream_id)
+        backoff = min(float(prev["backoff"]) * 2, MAX_YIELD_BACKOFF) if prev else self.first
+        entries[stream_id] = {"until": time.time() + backoff, "backoff": backoff, "reason": reason[:500]}
+        # Forget streams that have not yielded for a day.
+        for k in [k for k, v in entries.items() if v["until"] < time.time() - 86400]:
+            del entries[k]
+        write_json(self.path, entries)
+        return backoff
+
+    def clear(self, stream_id: str) -> None:
+        if self._entries().pop(stream_id, None) is not None:
+            write_json(self.path, self._entries())
+
+
+def _valid_id(stream_id: str) -> bool:
+    try:
+        p.validate_stream_id(stream_id)
+    except p.ProtocolError:
+        return False
+    return True

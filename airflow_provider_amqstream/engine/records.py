@@ -1,0 +1,256 @@
+"""What both ends of a transfer share: results, errors, and files that survive a crash.
+
+Every file the engine writes goes through :func:`write_json` or :func:`open_private`:
+replaced atomically, fsynced, and never through a symbolic link someone else planted in
+an output directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+STATE_DIR_NAME = ".amqstream"
+
+
+class StreamError(RuntimeError):
+    """A stream cannot be completed as it is; the text names stream, offset and remedy.
+    ``failure`` is set when a receiver handled it (quarantined or yielded the stream)."""
+
+    failure: StreamFailure | None = None
+
+
+class StreamYielded(StreamError):
+    """The stream cannot go on now but may later: its partial data is kept and it gives up
+    its place in the queue, so the streams behind it are received meanwhile."""
+
+
+class StreamStalled(StreamYielded):
+    """Nothing arrived for the idle timeout; re-running continues where it stopped."""
+
+
+class StreamNoRoom(StreamYielded):
+    """The stream does not fit the output directory's free space (less the reserve)."""
+
+
+class StreamQuarantined(StreamError):
+    """The stream can never succeed (integrity failure, protocol violation, over a limit,
+    reused id): its offer and remaining chunks were moved to a quarantine queue."""
+
+    def __init__(self, message: str, failure: StreamFailure) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+@dataclass
+class TransferResult:
+    """What one send or receive did. ``bytes_transferred`` counts only this run.
+
+    ``status`` is ``complete``, ``duplicate`` (a receiver saw a stream it had published
+    before) or ``already_sent`` (a sender found its stream confirmed before).
+    """
+
+    stream_id: str
+    destination: str
+    name: str
+    bytes: int
+    chunks: int
+    sha256: str
+    seconds: float
+    mode: str
+    resumed_from: int = 0
+    bytes_transferred: int = 0
+    path: str | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    duplicates: int = 0
+    rerequests: int = 0
+    rejected: int = 0
+    status: str = "complete"
+    chunk_size: int = 0
+    origin: str = ""
+    broker: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TransferResult:
+        """Load a stored record, ignoring fields a newer version may have added."""
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class StreamFailure:
+    """A stream a receiver gave up on, and why; receiving goes on with the next stream.
+
+    :param status: ``quarantined`` (can never succeed; moved to ``quarantine``),
+        ``stalled`` (sender silent) or ``no_room`` (does not fit); the last two keep
+        their partial data and get their turn back later.
+    """
+
+    stream_id: str
+    destination: str
+    status: str
+    reason: str
+    offset: int = 0
+    quarantine: str | None = None
+    chunks_moved: int = 0
+    retry_after: float | None = None
+    time: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Checkpoint(Protocol):
+    """Where a sender keeps its resume point. The CLI uses a file; Airflow adds the
+    task state store so a retry on another worker finds it."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, data: dict[str, Any], *, final: bool = False) -> None: ...
+
+
+class FileCheckpoint:
+    """A JSON file replaced atomically, fsynced so a crash never leaves half a state."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            return read_json(self.path)
+        except (OSError, ValueError) as exc:
+            raise StreamError(f"resume state {self.path} is unreadable ({exc}); delete it to start over") from exc
+
+    def save(self, data: dict[str, Any], *, final: bool = False) -> None:
+        write_json(self.path, data)
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("AMQSTREAM_STATE_DIR")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "amqstream" / "send"
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_private(path: Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` that refuses a symbolic link at ``path`` and anything but a regular file."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StreamError(f"{path} is a symbolic link; amqstream writes only files it created there. "
+                              "Remove the link and re-run.") from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StreamError(f"{path} is not a regular file; remove it and re-run")
+    return fd
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path`` (not through a link), or None if there is none."""
+    try:
+        fd = open_private(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        data = json.loads(fh.read())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666) -> None:
+    """Replace ``path`` with ``data``: a fresh temporary file (never an existing one or a
+    link), fsynced, renamed over the old one (a rename replaces a link, never follows it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def state_dir(out: Path) -> Path:
+    """Create (or check) ``out/.amqstream``: a real directory owned by us, never a link."""
+    out.mkdir(parents=True, exist_ok=True)
+    sdir = out / STATE_DIR_NAME
+    try:
+        os.mkdir(sdir, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(sdir)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise StreamError(f"{sdir} is not a directory (a symbolic link or a file); amqstream keeps partial "
+                          "data there and will not write through it. Remove it and re-run.")
+    if st.st_uid != os.geteuid():
+        raise StreamError(f"{sdir} belongs to user id {st.st_uid}, not to this process ({os.geteuid()}); "
+                          "amqstream will not write partial data into a directory another user controls.")
+    return sdir
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -> None:
+    """Feed the first ``upto`` bytes of an open file to ``hasher`` (resume path)."""
+    fh.seek(0)
+    left = upto
+    buf = bytearray(block)
+    view = memoryview(buf)
+    while left > 0:
+        n = fh.readinto(view[: min(block, left)])
+        if not n:
+            raise StreamError(f"{getattr(fh, 'name', 'file')} is shorter than its resume point {upto}")
+        hasher.update(view[:n])
+        left -= n
+
+
+class Backoff:
+    """Reconnect pacing with a deadline: 0.5 s doubling to 5 s."""
+
+    def __init__(self, what: str, url: str, timeout: float) -> None:
+        self.what, self.url, self.timeout = what, url, timeout
+        self.deadline = time.monotonic() + timeout
+        self.delay = 0.5
+        self.attempts = 0
+
+    def wait(self, exc: BaseException) -> None:
+        self.attempts += 1
+        if time.monotonic() + self.delay > self.deadline:
+            raise StreamError(
+                f"{self.what}: gave up reconnecting to {self.url} after {self.timeout:.0f}s "
+                f"({self.attempts} attempts); last error: {exc}. Re-run to continue from the checkpoint."
+            ) from exc
+        log.warning("%s: %s; reconnecting in %.1fs", self.what, exc, self.delay)
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 5.0)
+
+    def reset(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+        self.delay = 0.5

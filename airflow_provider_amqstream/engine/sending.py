@@ -1,0 +1,279 @@
+"""The sending end: one file out as a stream, resumable from a durable checkpoint.
+
+``send_file`` reads a file one chunk at a time and never holds more than one chunk. A
+lost connection, a restarted broker and a killed process all end the same way:
+reconnect, reload the checkpoint, continue at the last chunk the broker confirmed.
+Handshake mode (the sender paced by its receivers) lives in ``handshake.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.handshake import send_handshake_attempt
+from airflow_provider_amqstream.engine.records import (
+    Backoff,
+    Checkpoint,
+    FileCheckpoint,
+    StreamError,
+    TransferResult,
+    default_state_dir,
+    hash_prefix,
+)
+from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+def send_file(
+    params: BrokerParams,
+    path: str | os.PathLike[str],
+    destination: str,
+    *,
+    stream_id: str | None = None,
+    name: str | None = None,
+    chunk_size: int | None = None,
+    window: int | None = None,
+    mode: str | p.Mode = p.Mode.STREAM,
+    checkpoint: Checkpoint | None = None,
+    restart: bool = False,
+    progress: Progress | None = None,
+    reconnect_timeout: float = 120.0,
+    request_timeout: float = 60.0,
+    discovery_window: float = 2.0,
+    ack_timeout: float = 120.0,
+    compression: str | None = None,
+) -> TransferResult:
+    """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
+
+    :param params: broker connection settings.
+    :param path: the file to send.
+    :param destination: ``/queue/NAME`` (or ``/topic/NAME``) where receivers listen.
+    :param stream_id: stream id; by default derived from path, size, mtime and
+        destination, so the same call after a crash finds its checkpoint.
+    :param chunk_size: bytes per chunk message (default 1 MiB).
+    :param window: chunks per broker confirmation (default 16).
+    :param mode: ``stream`` (receivers may start at once) or ``atomic`` (receivers see
+        the stream only once every chunk is stored).
+    :param checkpoint: where the resume point lives (default: a file in the state dir,
+        one per stream id and broker).
+    :param restart: ignore an existing checkpoint and send from the first byte.
+    :param progress: called with (bytes confirmed, total bytes) after each window.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param request_timeout: handshake mode: seconds to wait for the first receiver to answer.
+    :param discovery_window: handshake mode on a topic: seconds to keep collecting
+        receivers after the first answered.
+    :param ack_timeout: handshake mode: seconds without any word from a receiver that is
+        still short of the end before giving up.
+    :param compression: ``"zstd"`` to compress each chunk that shrinks by 5 % or more
+        (CSV, JSON: ~3.5x at ~280 MiB/s per core); None sends every chunk as it is.
+    """
+    started = time.time()
+    t0 = time.monotonic()
+    src = Path(path)
+    try:
+        st_ = src.stat()
+    except OSError as exc:
+        raise StreamError(f"cannot read {src}: {exc.strerror}") from exc
+    if not src.is_file():
+        raise StreamError(f"{src} is not a regular file")
+    dest = p.Destination.parse(destination)
+    if dest.kind != "queue" and p.Mode(mode) is not p.Mode.HANDSHAKE:
+        raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
+                          "with mode='handshake' (every subscriber that answers gets the whole file)")
+    identity = _file_identity(src, st_)
+    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_)
+    origin = stream_origin(identity, dest)
+    window = _first(window, params.window, p.DEFAULT_WINDOW)
+    if window < 1:
+        raise StreamError(f"window must be at least 1, got {window}")
+    codec = p.ChunkCodec(compression if compression is not None else params.compression)
+    ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params))
+    loaded = None if restart else ckpt.load()
+    state = None if not loaded else _sender_state(loaded)
+    # A re-run that names no chunk size continues with the interrupted run's.
+    default_chunk = state.spec.chunk_size if state is not None else None
+    chunk_size = _first(chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
+    spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, p.Mode(mode))
+
+    if state is not None and (state.identity != identity or state.spec != spec
+                              or state.destination != str(dest)):
+        raise StreamError(
+            f"stream {sid}: an interrupted transfer with this id was for a different file, "
+            f"destination or chunk size ({state.destination}, {state.spec.size} bytes); "
+            "pass restart=True (--restart) to send it again from the start, or use a new stream id"
+        )
+    extra = {"broker": params.url, "login": params.login or ""}
+    if state is None:
+        state = p.SenderState(spec, str(dest), identity)
+        # Recorded before the first message leaves: a re-run must find this stream's spec
+        # (chunk size above all) even if we die before the broker confirms anything, or it
+        # could offer the same stream id with different chunk boundaries.
+        ckpt.save({**state.to_json(), **extra}, final=True)
+    resumed_from = state.confirmed_offset
+    if state.done:
+        return _already_sent(params, src, dest, state, loaded or {}, started)
+    if resumed_from:
+        log.info("stream %s: resuming at byte %d of %d", sid, resumed_from, spec.size)
+
+    def save(final: bool = False) -> None:
+        ckpt.save({**state.to_json(), **extra}, final=final)
+
+    attempt = _Attempt(params, src, dest, state, save, window, progress, codec, origin)
+    backoff = Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout)
+    hs_timeouts = (request_timeout, discovery_window, ack_timeout)
+    rerequests = [0]
+    while True:
+        try:
+            if spec.mode is p.Mode.HANDSHAKE:
+                attempt.sent += send_handshake_attempt(params, src, dest, state, save, window, progress,
+                                                       hs_timeouts, rerequests, codec, origin)
+            else:
+                attempt.run()
+            break
+        except AccessDenied:
+            raise
+        except ConnectionLost as exc:
+            backoff.wait(exc)
+        except TransportError as exc:
+            if backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
+                raise
+            backoff.wait(exc)
+    ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
+    return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
+                          time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
+                          time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=origin,
+                          broker=params.url)
+
+
+def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
+                  record: dict[str, Any], started: float) -> TransferResult:
+    """The checkpoint says this broker confirmed the whole stream. Still prove the broker
+    takes these credentials: a wrong password must fail, not pass as "already sent"."""
+    spec = state.spec
+    with StompLink(params) as link:
+        link.round_trip()
+    when = record.get("sent_at")
+    at = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if when else "an earlier run"
+    log.info("stream %s (%s) was already sent completely to %s on %s at %s; nothing to send "
+             "(--restart sends it again)", spec.stream_id, src, dest, params.url, at)
+    return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
+                          0.0, spec.mode.value, state.confirmed_offset, 0, str(src), started, time.time(),
+                          status="already_sent", chunk_size=spec.chunk_size, broker=params.url)
+
+
+def _file_identity(src: Path, st_: os.stat_result) -> str:
+    return f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
+
+
+def stream_origin(identity: str, dest: p.Destination) -> str:
+    """The ``amqs_origin`` a sender puts on its offer: which file went where."""
+    return hashlib.sha256(f"{identity}|{dest}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
+    """A checkpoint file per stream and broker: the same file sent to another broker (or
+    as another user) is another transfer, never "already sent"."""
+    broker = hashlib.sha256(f"{params.url}|{params.login or ''}".encode()).hexdigest()[:12]
+    return f"{stream_id}@{broker}.json"
+
+
+def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destination,
+                      st_: os.stat_result | None = None) -> str:
+    """The stream id a send gets when none is given: the same file (path, size, mtime) to
+    the same destination always gets the same id, so a re-run finds its checkpoint; the
+    same file to another destination is another stream.
+
+    :param path: the file to send.
+    :param destination: where it goes.
+    :param st_: the file's stat result, if the caller has it.
+    """
+    src = Path(path)
+    identity = _file_identity(src, st_ or src.stat())
+    return p.derive_stream_id(src.name, f"{identity}|{p.Destination.parse(str(destination))}")
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
+
+
+def _sender_state(data: dict[str, Any]) -> p.SenderState:
+    try:
+        return p.SenderState.from_json(data)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
+
+
+class _Attempt:
+    """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
+
+    def __init__(self, params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
+                 save: Callable[..., None], window: int, progress: Progress | None, codec: p.ChunkCodec,
+                 origin: str) -> None:
+        self.params, self.src, self.dest, self.state, self.save = params, src, dest, state, save
+        self.window, self.progress, self.codec, self.origin = window, progress, codec, origin
+        self.data_q = dest.data_queue(state.spec.stream_id)
+        self.sent = 0
+
+    def _offer(self, **kw: Any) -> dict[str, str]:
+        return p.offer_headers(self.state.spec, self.dest, origin=self.origin, **kw)
+
+    def run(self) -> None:
+        """One connected attempt; adds the bytes it sent to ``self.sent``."""
+        state, spec, dest, data_q = self.state, self.state.spec, self.dest, self.data_q
+        rerun = state.offer_sent or state.confirmed_seq > 0
+        with StompLink(self.params, client_id=f"amqs-send-{spec.stream_id}-{os.getpid()}") as link:
+            if spec.mode is p.Mode.STREAM and not state.offer_sent:
+                link.send_confirmed(str(dest), b"", self._offer())
+                state.offer_sent = True
+                self.save()
+            hasher = hashlib.sha256()
+            with open(self.src, "rb") as fh:
+                hash_prefix(fh, hasher, state.confirmed_offset)
+                fh.seek(state.confirmed_offset)
+                # Two windows in flight: the broker stores one while we send the next.
+                pending: collections.deque[tuple[str, int]] = collections.deque()
+                for seq in range(state.confirmed_seq + 1, spec.chunks + 1):
+                    body = fh.read(spec.chunk_span(seq)[1])
+                    hasher.update(body)
+                    want = seq % self.window == 0 or seq == spec.chunks
+                    headers, wire = p.data_message(spec, seq, body, self.codec)
+                    rid = link.send(data_q, wire, headers, receipt=want)
+                    self.sent += len(body)
+                    if rid:
+                        pending.append((rid, seq))
+                    while len(pending) > (1 if seq < spec.chunks else 0):
+                        rid0, seq0 = pending.popleft()
+                        link.wait_receipt(rid0)
+                        state.confirm(seq0)
+                        self.save()
+                        if self.progress:
+                            self.progress(state.confirmed_offset, spec.size)
+                if os.fstat(fh.fileno()).st_size != spec.size:
+                    raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
+                                      "stream is incomplete. Re-send with restart=True once it is stable.")
+            if not state.end_sent:
+                state.sha256 = hasher.hexdigest()
+                link.send_confirmed(data_q, b"", p.end_headers(spec, state.sha256))
+                state.end_sent = True
+                self.save()
+            if not state.offer_sent:
+                link.send_confirmed(str(dest), b"", self._offer())
+                state.offer_sent = True
+            elif rerun:
+                # We may have repeated chunks or the end marker that a receiver already
+                # consumed and published; the re-offer sends it back to clear them.
+                link.send_confirmed(str(dest), b"", self._offer(reoffer=True))
+            if self.progress and spec.chunks == 0:
+                self.progress(spec.size, spec.size)

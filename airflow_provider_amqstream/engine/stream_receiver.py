@@ -1,0 +1,501 @@
+"""One offered stream onto disk: write each chunk at its offset, commit in batches,
+verify, publish.
+
+:class:`PartialFile` owns the bytes (reservation, writes, the running SHA-256, the
+batch commit that makes acknowledged chunks durable); :class:`StreamReceiver` owns the
+conversation with the broker (which message means what, when to commit, when to give
+up). Giving up comes in two kinds the caller acts on: :class:`Poisoned` (this stream can
+never succeed: quarantine it) and :class:`StreamYielded` (not now: keep the partial data,
+let the queue move on).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.records import (
+    StreamError,
+    StreamNoRoom,
+    StreamStalled,
+    TransferResult,
+    fsync_dir,
+    hash_prefix,
+    open_private,
+    read_json,
+    write_json,
+)
+from airflow_provider_amqstream.transport import StompLink
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+EventSink = Callable[[str, dict[str, Any]], None]
+
+# A published name must fit one directory entry (255 bytes on every common filesystem).
+_NAME_MAX = 255
+
+
+@dataclass
+class ReceiveOptions:
+    """Knobs for receiving.
+
+    :param window: chunks per sync + acknowledgement (the broker prefetch is 2x this).
+        Keep it at most half the broker's maxPageSize (16 in the shipped config).
+    :param wait_timeout: seconds to wait for a stream to be offered (None: forever).
+    :param idle_timeout: seconds without a chunk before the sender is presumed gone: the
+        stream yields its place (partial data kept) and is tried again later.
+    :param gap_grace: seconds to wait for late chunks after the end marker.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param overwrite: replace an existing file of the same name in the output directory.
+    :param max_bytes: quarantine streams larger than this.
+    :param min_free_bytes: free space to leave in the output directory; a stream that would
+        cross it yields its place instead of starting (None: 2 % of the filesystem, at
+        most 1 GiB).
+    :param quarantine: where quarantined streams go (default ``/queue/DLQ.<name>``).
+    :param yield_backoff: seconds a stream that yielded is skipped by this output
+        directory, doubling for each consecutive yield (at most an hour).
+    :param rerequest_after: handshake mode: seconds of silence before asking the sender
+        to resend from the first missing chunk.
+    :param events: called with (event name, data) as streams open, close and fail.
+    :param progress: called with (bytes received, total bytes).
+    """
+
+    window: int = p.DEFAULT_RECEIVE_BATCH
+    wait_timeout: float | None = 60.0
+    idle_timeout: float = 120.0
+    gap_grace: float = 5.0
+    reconnect_timeout: float = 120.0
+    overwrite: bool = False
+    max_bytes: int | None = None
+    min_free_bytes: int | None = None
+    quarantine: str | None = None
+    yield_backoff: float = 300.0
+    rerequest_after: float = 2.0
+    events: EventSink | None = None
+    progress: Progress | None = None
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if self.events:
+            self.events(kind, {"time": time.time(), **data})
+
+
+class Poisoned(Exception):
+    """Internal: the stream can never succeed. ``reason`` names what and where."""
+
+    def __init__(self, reason: str, offset: int = 0) -> None:
+        super().__init__(reason)
+        self.reason, self.offset = reason, offset
+
+
+def consumer_name(out: Path) -> str:
+    """A receiver's identity for handshake mode: stable across restarts for one directory,
+    so a receiver that comes back is the same consumer to the sender."""
+    where = hashlib.sha256(str(out.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{socket.gethostname()}:{where}"
+
+
+def default_reserve(path: Path) -> int:
+    total = shutil.disk_usage(path).total
+    return min(total // 50, 2**30)
+
+
+class PartialFile:
+    """The ``.part`` file of one stream and the durable record of what is in it.
+
+    Writes land at their offsets at once; a batch becomes durable when a worker thread
+    has fdatasynced the file and saved the state that records it. Only then are its
+    messages acknowledged, so an acknowledged chunk is always on disk.
+    """
+
+    def __init__(self, sdir: Path, spec: p.StreamSpec, what: str) -> None:
+        self.spec, self.what, self.sdir = spec, what, sdir
+        self.part = sdir / f"{spec.stream_id}.part"
+        self.state_file = sdir / f"{spec.stream_id}.json"
+        self.fd = -1
+        self.created = False
+        self.state = p.ReceiverState(spec)
+        self.hasher = hashlib.sha256()
+        self.hashed_to = 1
+        self.new: list[int] = []
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Any]] | None = None
+
+    def open(self, min_free: int) -> None:
+        self.created = not os.path.lexists(self.part)
+        self.fd = open_private(self.part, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = -1
+            raise StreamError(f"{self.what} is being received by another process into {self.sdir.parent}") from None
+        self.state = self._load_state()
+        self._reserve(min_free)
+        with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
+            hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
+        self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def discard(self) -> None:
+        """Remove the partial data and its state (the stream was quarantined)."""
+        self.close()
+        self.part.unlink(missing_ok=True)
+        self.state_file.unlink(missing_ok=True)
+
+    def _load_state(self) -> p.ReceiverState:
+        try:
+            data = read_json(self.state_file)
+        except (OSError, ValueError) as exc:
+            raise StreamError(f"{self.what}: resume state {self.state_file} is unreadable ({exc}); "
+                              "delete it and the .part file to receive from the start") from exc
+        if data is None:
+            return p.ReceiverState(self.spec)
+        state = p.ReceiverState.from_json(data)
+        if state.spec != self.spec:
+            raise StreamError(f"{self.what}: resume state {self.state_file} belongs to a different "
+                              "stream with the same id; delete it to receive from the start")
+        log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
+        return state
+
+    def _reserve(self, min_free: int) -> None:
+        """Allocate the whole file now, so a full disk fails here rather than hours in, and
+        later syncs need not flush a growing size. A stream that would leave less than
+        ``min_free`` bytes free is refused before anything is allocated."""
+        size = self.spec.size
+        have = os.fstat(self.fd).st_size
+        if size == 0 or have >= size:
+            return
+        usage = shutil.disk_usage(self.sdir)
+        if usage.free - (size - have) < min_free:
+            self._release(have)
+            raise StreamNoRoom(
+                f"{self.what}: needs {size - have} more bytes in {self.sdir.parent}, which has {usage.free} free "
+                f"and keeps {min_free} in reserve; the stream yields its place and is tried again later. Free "
+                "space, lower the reserve (min_free_bytes, --min-free) or receive into another directory.")
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as exc:
+            free = shutil.disk_usage(self.sdir).free
+            self._release(have)
+            raise StreamNoRoom(
+                f"{self.what}: cannot reserve {size} bytes in {self.sdir.parent} ({exc.strerror}; {free} bytes free); "
+                "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
+
+    def _release(self, keep: int) -> None:
+        """Give back a reservation that failed: fallocate may have filled the disk first."""
+        if self.created:
+            self.close()
+            self.part.unlink(missing_ok=True)
+        else:
+            os.ftruncate(self.fd, keep)
+
+    def write(self, seq: int, offset: int, data: bytes | memoryview) -> None:
+        try:
+            os.pwrite(self.fd, data, offset)
+        except OSError as exc:
+            raise self.disk_error(exc, f"writing chunk {seq} at offset {offset} of {self.part}") from exc
+        self.state.mark_written(seq)
+        self._hash_along(seq, data)
+        self.new.append(seq)
+
+    def _hash_along(self, seq: int, data: bytes | memoryview) -> None:
+        """Feed the whole-file hash with every chunk that is now contiguous. The hash lives
+        in memory only (a resumed run rehashes the prefix from disk), so written is enough;
+        chunks that arrived ahead of a gap are read back from the page cache."""
+        state = self.state
+        while self.hashed_to <= self.spec.chunks and (
+                state.has(self.hashed_to) or self.hashed_to in state.written):
+            if self.hashed_to == seq:
+                self.hasher.update(data)
+            else:
+                off, length = self.spec.chunk_span(self.hashed_to)
+                self.hasher.update(os.pread(self.fd, length, off))
+            self.hashed_to += 1
+
+    def commit(self, frames: list[Any], on_durable: Callable[[list[Any]], None], *, wait: bool) -> None:
+        """Hand the batch (new chunks, and ``frames`` to acknowledge) to the sync thread;
+        the previous batch is finished first. ``on_durable`` acknowledges frames."""
+        self.settle(on_durable)
+        if not frames and not self.new:
+            return
+        snapshot = p.ReceiverState.from_json(self.state.to_json())
+        for seq in self.new:
+            snapshot.mark_durable(seq)
+        if self.pool is None:
+            raise StreamError(f"{self.what}: commit on a partial file that is not open")
+        fut = self.pool.submit(self._sync, snapshot.to_json() if self.new else None)
+        self.inflight = (fut, self.new, frames)
+        self.new = []
+        if wait:
+            self.settle(on_durable)
+
+    def _sync(self, snapshot: dict[str, Any] | None) -> None:
+        if snapshot is not None:
+            os.fdatasync(self.fd)
+            write_json(self.state_file, snapshot)
+
+    def settle(self, on_durable: Callable[[list[Any]], None]) -> None:
+        """Finish the commit in flight, if any."""
+        if self.inflight is None:
+            return
+        fut, new, frames = self.inflight
+        self.inflight = None
+        try:
+            fut.result()
+        except OSError as exc:
+            raise self.disk_error(exc, f"syncing {self.part} and recording progress in {self.state_file}") from exc
+        for seq in new:
+            self.state.mark_durable(seq)
+        on_durable(frames)
+
+    def disk_error(self, exc: OSError, doing: str) -> StreamError:
+        free = shutil.disk_usage(self.sdir).free
+        return StreamError(
+            f"{self.what}: {doing} failed: {exc.strerror or exc} ({free} bytes free in {self.sdir.parent}). Nothing "
+            f"past byte {self.state.contiguous_bytes} was acknowledged, so the broker keeps the rest, and the "
+            f"partial file is kept; free space and re-run the receiver to continue from there."
+        )
+
+    def publish(self, final: Path) -> None:
+        os.fsync(self.fd)
+        self.close()
+        os.replace(self.part, final)
+        fsync_dir(final.parent)
+        self.state_file.unlink(missing_ok=True)
+
+
+class StreamReceiver:
+    """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
+
+    def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,
+                 data_q: str, opts: ReceiveOptions, *, origin: str = "",
+                 handshake: tuple[str, int] | None = None) -> None:
+        self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
+        self.origin = origin
+        # Handshake mode: where to tell the sender our position, and how often. The sender
+        # stops a window ahead of us, so acknowledge every half window to keep it busy.
+        self.reply_to = handshake[0] if handshake else None
+        self.batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
+        self.consumer = consumer_name(out)
+        self.rejected = 0
+        self.unacked: list[Any] = []
+        self.refused: list[Any] = []
+        self.data_sub: str | None = None
+        self.done_file = sdir / f"{spec.stream_id}.done"
+        self.what = f"stream {spec.stream_id} ({data_q})"
+        self.file = PartialFile(sdir, spec, self.what)
+
+    @property
+    def offset(self) -> int:
+        return self.file.state.contiguous_bytes
+
+    def run(self) -> TransferResult:
+        """Receive, verify and publish. Raises :class:`Poisoned`, :class:`StreamYielded`,
+        or StreamError / ConnectionLost for failures of our own."""
+        spec, opts = self.spec, self.opts
+        started = time.time()
+        t0 = time.monotonic()
+        min_free = opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(self.out)
+        try:
+            self.file.open(min_free)
+            resumed_from = self.file.state.contiguous_bytes
+            opts.emit("stream_open", stream_id=spec.stream_id, resumed_from=resumed_from)
+            try:
+                written = self._drain()
+            finally:
+                self._settle_quietly()
+            try:
+                self.file.state.verify(self.file.hasher.hexdigest())
+            except p.ProtocolError as exc:
+                raise Poisoned(str(exc), self.offset) from None
+            final = self._final_path()
+            self.file.publish(final)
+        finally:
+            self.file.close()
+        result = TransferResult(
+            spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, self.file.hasher.hexdigest(),
+            time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
+            time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
+            origin=self.origin)
+        write_json(self.done_file, result.to_json())
+        self.tell(p.Kind.DONE, spec.chunks + 1)
+        self.stop_data()
+        if not self.reply_to:
+            # Repeats from a sender's re-run may follow the end marker; clear them now.
+            drain_queue(self.link, self.data_q, ack=True)
+        opts.emit("stream_close", stream_id=spec.stream_id, path=str(final))
+        return result
+
+    def stop_data(self) -> None:
+        """Leave the data queue; what we did not acknowledge stays there for a later run."""
+        if self.data_sub is not None:
+            sub, self.data_sub = self.data_sub, None
+            self.link.unsubscribe(sub)
+
+    def abandon(self) -> int:
+        """After :class:`Poisoned`: refuse every message of the stream we hold and what is
+        left on its data queue (the broker moves them to its DLQ), remove the partial
+        data. Returns how many messages were refused."""
+        self._settle_quietly()
+        n = 0
+        for frame in [*self.unacked, *self.refused]:
+            self.link.nack(frame)
+            n += 1
+        self.unacked, self.refused = [], []
+        self.stop_data()
+        self.file.discard()
+        if not self.reply_to:
+            n += drain_queue(self.link, self.data_q, ack=False)
+        return n
+
+    def _drain(self) -> int:
+        """Receive chunks until complete; return bytes written by this run."""
+        link, opts, spec, state = self.link, self.opts, self.spec, self.file.state
+        if state.complete:
+            return 0
+        # Two batches in flight: one being synced while the next arrives. The broker keeps
+        # paged in (maxPageSize, 16 in our config) every message we have not acknowledged,
+        # so a batch must stay below that or dispatch stops until we commit: batches of 8
+        # ran at ~4x the speed of 16 here, 32 at a tenth.
+        self.data_sub = link.subscribe(self.data_q, prefetch=2 * self.batch)
+        # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
+        self.tell(p.Kind.HELLO, state.next_seq)
+        quiet_since = time.monotonic()
+        written = 0
+        last_progress = 0.0
+        while not state.complete:
+            timeout = opts.gap_grace if state.expected_sha256 else opts.idle_timeout
+            if self.reply_to:
+                timeout = opts.rerequest_after
+            busy = self.unacked or self.file.inflight
+            # With work pending, a short pause means the broker is waiting for our acks.
+            frame = link.get(min(timeout, 0.05) if busy else timeout, self.data_sub)
+            if frame is None:
+                if busy:
+                    self._commit(wait=True)
+                    continue
+                silent = time.monotonic() - quiet_since
+                if self.reply_to and silent < opts.idle_timeout:
+                    # Lost chunk, dropped end marker or a restarted sender: ask again from the gap.
+                    self.tell(p.Kind.REREQ, state.next_seq)
+                    continue
+                if state.expected_sha256 and not self.reply_to:
+                    raise Poisoned(
+                        f"end marker arrived but {state.describe_missing()} never did (consumed by another "
+                        f"client or moved to a DLQ); the stream cannot be completed", self.offset)
+                raise StreamStalled(
+                    f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
+                    f"{spec.size}; is the sender still running? The partial data is kept and the stream is "
+                    "tried again later (a re-run of the sender continues it).")
+            quiet_since = time.monotonic()
+            try:
+                d = state.decide(frame.headers, frame.body)
+            except p.ProtocolError as exc:
+                self.refused.append(frame)
+                raise Poisoned(str(exc), self.offset) from None
+            if d.verdict is p.Verdict.CORRUPT and self.reply_to:
+                # A live sender can resend it: drop this copy (to the DLQ) and ask again.
+                self.rejected += 1
+                log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
+                self._commit(wait=True)
+                link.nack(frame)
+                self.tell(p.Kind.REREQ, state.next_seq)
+                continue
+            if d.verdict is p.Verdict.CORRUPT:
+                self.refused.append(frame)
+                raise Poisoned(d.reason, d.offset)
+            if d.verdict is p.Verdict.WRITE:
+                data = frame.body if d.data is None else d.data
+                self.file.write(d.seq, d.offset, data)
+                written += len(data)
+            # Only the ack header is needed from here on: let the body go now rather than
+            # hold a batch of megabytes until the batch is synced.
+            frame.body = b""
+            self.unacked.append(frame)
+            ending = d.verdict is p.Verdict.END or (state.expected_sha256 and state.all_written)
+            if len(self.unacked) >= self.batch or ending:
+                self._commit(wait=bool(ending))
+                if opts.progress and time.monotonic() - last_progress > 0.5:
+                    last_progress = time.monotonic()
+                    opts.progress(state.received_bytes, spec.size)
+        if opts.progress:
+            opts.progress(spec.size, spec.size)
+        return written
+
+    def _commit(self, *, wait: bool) -> None:
+        frames, self.unacked = self.unacked, []
+        self.file.commit(frames, self._durable, wait=wait)
+
+    def _durable(self, frames: list[Any]) -> None:
+        for frame in frames:
+            self.link.ack(frame)
+        self.tell(p.Kind.ACK, self.file.state.next_seq)
+
+    def _settle_quietly(self) -> None:
+        """On the way out after an error: keep what is durable, but never mask the error."""
+        try:
+            self.file.settle(self._durable)
+        except Exception as exc:
+            log.warning("%s: could not finish the last commit while stopping: %s", self.what, exc)
+
+    def tell(self, kind: p.Kind, next_seq: int) -> None:
+        """Handshake mode: report our position to the sender (no-op otherwise)."""
+        if self.reply_to:
+            self.link.send(self.reply_to, b"", p.control_headers(self.spec, kind, self.consumer, next_seq),
+                           persistent=False)
+
+    def _final_path(self) -> Path:
+        name = p.safe_file_name(self.spec.name, self.spec.stream_id)
+        final = self.out / name
+        if os.path.lexists(final) and not self.opts.overwrite:
+            final = self.out / collision_name(name, self.spec.stream_id)
+        return final
+
+
+def collision_name(name: str, stream_id: str) -> str:
+    """``<stem>.<stream id>.<ext>`` for a name already taken, cut to fit one directory entry."""
+    stem, dot, ext = name.rpartition(".")
+    if not stem:
+        stem, ext = name, ""
+    tail = f".{stream_id}" + (f".{ext}" if ext else "")
+    if len(tail.encode("utf-8", "surrogatepass")) > _NAME_MAX - 1:
+        tail = f".{stream_id}"
+    room = _NAME_MAX - len(tail.encode("utf-8", "surrogatepass"))
+    cut = stem.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore") or "_"
+    return cut + tail
+
+
+def drain_queue(link: StompLink, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:
+    """Take whatever is left on ``queue`` until it stays quiet for ``quiet`` seconds (at
+    most ``limit`` seconds in all): acknowledge it (repeats of a published stream) or
+    refuse it (a quarantined stream's chunks; the broker moves them to its DLQ)."""
+    sub = link.subscribe(queue, prefetch=16)
+    n = 0
+    until = time.monotonic() + limit
+    try:
+        while time.monotonic() < until and (frame := link.get(quiet, sub)) is not None:
+            (link.ack if ack else link.nack)(frame)
+            n += 1
+    finally:
+        link.unsubscribe(sub)
+    return n

@@ -1,0 +1,258 @@
+"""Issue 9: no stream can block a queue, and nothing is dropped silently.
+
+Against the real broker and real receivers: a stream that can never succeed is
+quarantined (its offer filed under DLQ.<queue> with the reason) and the receiver goes
+on; a stream whose sender went silent yields its place; a reused stream id is refused
+loudly, never acknowledged into nothing; a sender's "already sent" is per broker.
+Hostile streams are played with raw stomp.py as an authorized sender would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stomp
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    StreamQuarantined,
+    StreamStalled,
+    TransferResult,
+    receive_stream,
+    receive_streams,
+    send_file,
+)
+from airflow_provider_amqstream.transport import BrokerParams, TransportError
+from tests.helpers import browse, cli, make_file, sha256_file
+
+pytestmark = pytest.mark.broker
+
+
+class RawSender:
+    """An authorized sender speaking STOMP with stomp.py directly: any header, any body."""
+
+    def __init__(self, params: BrokerParams) -> None:
+        self.conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
+        self.conn.connect(params.login, params.password, wait=True)
+
+    def send(self, dest: str, body: bytes, headers: dict[str, str]) -> None:
+        self.conn.send(dest, body, headers={**headers, "persistent": "true"})
+
+    def close(self) -> None:
+        self.conn.disconnect(receipt="bye")  # the receipt: every frame before it was stored
+
+
+def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
+         end: bool = True, tamper: Any = None, sha: str | None = None) -> None:
+    """Offer ``spec`` and send chunks ``seqs``; ``tamper(seq, headers, body)`` may change a chunk."""
+    dest = p.Destination.parse(queue)
+    raw = RawSender(params)
+    raw.send(str(dest), b"", p.offer_headers(spec, dest))
+    for seq in seqs:
+        off, n = spec.chunk_span(seq)
+        body = data[off:off + n]
+        headers = p.data_headers(spec, seq, body)
+        if tamper:
+            headers, body = tamper(seq, headers, body)
+        raw.send(dest.data_queue(spec.stream_id), body, headers)
+    if end:
+        raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
+    raw.close()
+
+
+def dlq(params: BrokerParams, queue: str) -> list[Any]:
+    return browse(params, "/queue/DLQ." + p.Destination.parse(queue).name)
+
+
+def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
+    """The figure in issue 9: one --follow run, a poisoned and an abandoned stream at the
+    head of the queue, twenty good streams behind them; all twenty arrive byte-exact."""
+    data = make_file(tmp_path / "bad.bin", 8000).read_bytes()
+    poisoned = p.StreamSpec("poison-1", "bad.bin", len(data), 1000)
+
+    def flip(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        return headers, (bytes([body[0] ^ 1]) + body[1:]) if seq == 2 else body
+
+    play(params, queue_name, poisoned, data, list(range(1, 9)), tamper=flip)
+    abandoned = p.StreamSpec("gone-1", "gone.bin", len(data), 1000)
+    play(params, queue_name, abandoned, data, [1, 2, 3], end=False)  # its sender died after chunk 3
+    good = [make_file(tmp_path / "good" / f"g{i:02d}.bin", 64 * 1024 + i) for i in range(20)]
+    for f in good:
+        send_file(params, f, queue_name, chunk_size=16 * 1024)
+    out = tmp_path / "out"
+    idle = 3.0
+    t0 = time.monotonic()
+    proc = cli("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "4",
+               "--idle-timeout", str(idle), "--json", "-q")
+    stdout, stderr = proc.communicate(timeout=240)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, stderr
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    done = [r for r in lines if r["status"] == "complete"]
+    assert sorted(Path(r["path"]).name for r in done) == sorted(f.name for f in good)
+    for f in good:
+        assert sha256_file(out / f.name) == sha256_file(f)
+    [q] = [r for r in lines if r["status"] == "quarantined"]
+    assert q["stream_id"] == "poison-1" and "CRC-32" in q["reason"]
+    [s] = [r for r in lines if r["status"] == "stalled"]
+    assert s["stream_id"] == "gone-1" and s["offset"] == 3000 and s["retry_after"] >= 60
+    assert "poison-1" in stderr and "gone-1" in stderr
+    # Poisoned: filed with the reason, no partial data. Abandoned: partial data kept for a resume.
+    [filed] = dlq(params, queue_name)
+    assert filed.headers[p.H_STREAM] == "poison-1" and "CRC-32" in filed.headers[p.H_QUARANTINE_REASON]
+    assert not list((out / ".amqstream").glob("poison-1.*"))
+    assert (out / ".amqstream" / "gone-1.part").exists() and (out / ".amqstream" / "gone-1.json").exists()
+    # The stalled stream's offer went back to the queue for its turn.
+    assert [f.headers[p.H_STREAM] for f in browse(params, queue_name)] == ["gone-1"]
+    print(f"\nissue-9 figure: 20 good streams behind a poisoned and an abandoned one, one --follow run: "
+          f"{wall:.1f}s wall with idle_timeout {idle:.0f}s and --wait 4s")
+
+
+def test_a_stalled_stream_gets_its_turn_back_and_completes(params: BrokerParams, tmp_path: Path,
+                                                           queue_name: str) -> None:
+    data = make_file(tmp_path / "late.bin", 6000).read_bytes()
+    spec = p.StreamSpec("late-1", "late.bin", len(data), 1000)
+    play(params, queue_name, spec, data, [1, 2], end=False)
+    out = tmp_path / "out"
+    opts = ReceiveOptions(wait_timeout=5, idle_timeout=1, yield_backoff=2)
+    with pytest.raises(StreamStalled, match=r"late-1.*at byte 2000 of 6000.*partial data is kept"):
+        receive_stream(params, queue_name, out, options=opts)
+    # Skipped for its back-off: nothing else is offered, so nothing is received meanwhile.
+    assert receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=0.5)) is None
+    # The sender comes back with the rest; after the back-off the stream resumes at byte 2000.
+    play_rest = RawSender(params)
+    dest = p.Destination.parse(queue_name)
+    for seq in range(3, 7):
+        off, n = spec.chunk_span(seq)
+        play_rest.send(dest.data_queue("late-1"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
+    play_rest.send(dest.data_queue("late-1"), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+    play_rest.close()
+    got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and got.resumed_from == 2000 and (out / "late.bin").read_bytes() == data
+    assert json.loads((out / ".amqstream" / "yielded.json").read_text()) == {}
+
+
+@pytest.mark.parametrize("case", ["bad-offset", "wrong-sha", "unknown-kind", "past-the-end"])
+def test_protocol_violations_are_quarantined_and_the_next_stream_arrives(
+        params: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
+    data = make_file(tmp_path / "f.bin", 5000).read_bytes()
+    spec = p.StreamSpec(f"pv-{case}", "f.bin", len(data), 1000)
+
+    def tamper(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        if seq == 3 and case == "bad-offset":
+            headers[p.H_OFFSET] = "0"
+        if seq == 3 and case == "unknown-kind":
+            headers[p.H_KIND] = "offer"
+        if seq == 3 and case == "past-the-end":
+            headers[p.H_SEQ] = "9"
+        return headers, body
+
+    play(params, queue_name, spec, data, list(range(1, 6)), tamper=tamper,
+         sha="0" * 64 if case == "wrong-sha" else None)
+    good = make_file(tmp_path / "good.bin", 3000)
+    sent = send_file(params, good, queue_name, chunk_size=1000)
+    got: list[TransferResult] = []
+    failures: list[Any] = []
+    receive_streams(params, queue_name, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=10),
+                    on_result=got.append, on_failure=failures.append)
+    assert [r.sha256 for r in got] == [sent.sha256]
+    [f] = failures
+    assert f.status == "quarantined" and f.stream_id == spec.stream_id and f.quarantine.startswith("/queue/DLQ.")
+    [filed] = dlq(params, queue_name)
+    assert filed.headers[p.H_STREAM] == spec.stream_id and filed.headers[p.H_QUARANTINE_REASON]
+    assert not (tmp_path / "out" / "f.bin").exists()
+    assert not list((tmp_path / "out" / ".amqstream").glob(f"{spec.stream_id}.*"))
+
+
+def test_oversized_stream_is_quarantined_by_the_cli_max_bytes(params: BrokerParams, uri: str, tmp_path: Path,
+                                                              queue_name: str) -> None:
+    big = make_file(tmp_path / "big.bin", 50_000)
+    small = make_file(tmp_path / "small.bin", 5_000)
+    send_file(params, big, queue_name, chunk_size=10_000)
+    send_file(params, small, queue_name, chunk_size=10_000)
+    proc = cli("receive", "--from", queue_name, "--out-dir", str(tmp_path / "out"), "--conn", uri, "--count", "1",
+               "--max-bytes", "10000", "--wait", "10", "--json", "-q")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert [(r["status"], r.get("name") or r["stream_id"].split("-")[0]) for r in lines] == [
+        ("quarantined", "big.bin"), ("complete", "small.bin")]
+    assert "over this receiver's limit of 10000" in lines[0]["reason"]
+    assert sha256_file(tmp_path / "out" / "small.bin") == sha256_file(small)
+
+
+def test_a_reused_stream_id_is_refused_loudly_and_a_repeat_is_a_duplicate(
+        params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    first = make_file(tmp_path / "a" / "report.csv", 4000, seed=1)
+    other = make_file(tmp_path / "b" / "report.csv", 4000, seed=2)
+    out = tmp_path / "out"
+    sent = send_file(params, first, queue_name, stream_id="daily-report", chunk_size=1000)
+    got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and got.sha256 == sent.sha256
+    # Another file under the same id (what `send --restart --stream-id` did): never acked into nothing.
+    send_file(params, other, queue_name, stream_id="daily-report", chunk_size=1000, restart=True)
+    with pytest.raises(StreamQuarantined, match="daily-report was already used by another stream"):
+        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert sha256_file(out / "report.csv") == sent.sha256  # the first file is untouched
+    [filed] = dlq(params, queue_name)
+    assert filed.headers[p.H_ORIGIN] and "already used" in filed.headers[p.H_QUARANTINE_REASON]
+    # The same stream again is a duplicate: acknowledged, drained, reported, nothing written.
+    os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns))
+    send_file(params, first, queue_name, stream_id="daily-report", chunk_size=1000, restart=True)
+    again = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert again is not None and again.status == "duplicate" and again.bytes_transferred == 0
+    assert sorted(x.name for x in out.iterdir()) == [".amqstream", "report.csv"]
+    assert browse(params, p.Destination.parse(queue_name).data_queue("daily-report")) == []
+
+
+def test_already_sent_is_per_broker_and_proves_the_credentials(
+        params: BrokerParams, private_broker: EmbeddedBroker, tmp_path: Path, queue_name: str) -> None:
+    src = make_file(tmp_path / "f.bin", 3000)
+    first = send_file(params, src, queue_name)
+    assert first.status == "complete"
+    assert send_file(params, src, queue_name).status == "already_sent"
+    info = private_broker.info()
+    other = BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
+    # The same file to another broker is another transfer, not "already sent".
+    again = send_file(other, src, queue_name)
+    assert again.status == "complete" and again.bytes_transferred == 3000
+    got = receive_stream(other, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and got.sha256 == first.sha256
+    # A wrong password fails even when the checkpoint says the stream was sent.
+    with pytest.raises(TransportError, match="refused login"):
+        send_file(BrokerParams(hosts=params.hosts, login=params.login, password="wrong"), src, queue_name)
+
+
+def test_the_output_directory_is_never_written_through_a_link(params: BrokerParams, tmp_path: Path,
+                                                              queue_name: str) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    data = make_file(tmp_path / "f.bin", 3000).read_bytes()
+    spec = p.StreamSpec("link-1", "f.bin", len(data), 1000)
+    play(params, queue_name, spec, data, [1, 2, 3])
+    # A link planted where the receiver keeps its partial file.
+    out = tmp_path / "out"
+    (out / ".amqstream").mkdir(parents=True, mode=0o700)
+    (out / ".amqstream" / "link-1.part").symlink_to(victim)
+    (out / ".amqstream" / "link-1.json.tmp").symlink_to(victim)
+    with pytest.raises(Exception, match="link-1.part is a symbolic link"):
+        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert victim.read_text() == "keep me"
+    (out / ".amqstream" / "link-1.part").unlink()
+    got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and (out / "f.bin").read_bytes() == data and victim.read_text() == "keep me"
+    # A state directory that is a link is refused outright.
+    linked = tmp_path / "out2"
+    linked.mkdir()
+    (linked / ".amqstream").symlink_to(tmp_path)
+    with pytest.raises(Exception, match="not a directory"):
+        receive_stream(params, queue_name, linked, options=ReceiveOptions(wait_timeout=1))
