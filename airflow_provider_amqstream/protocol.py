@@ -59,6 +59,9 @@ H_NEXT_SEQ = "amqs_next_seq"
 # Who made the stream: a digest of the sender's file identity and destination. A stream id
 # names a stream; the origin tells a repeat of it from another stream that reused the id.
 H_ORIGIN = "amqs_origin"
+# Handshake mode: a receiver's secret for one stream, sent only on the control queue (which
+# other receivers cannot read), so the sender can tell its receiver from an impostor.
+H_TOKEN = "amqs_token"
 # Added by a receiver that quarantines a stream, on the copy of its offer it files away.
 H_QUARANTINE_REASON = "amqs_quarantine_reason"
 H_QUARANTINED_FROM = "amqs_quarantined_from"
@@ -313,14 +316,14 @@ def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFA
     return h
 
 
-def control_headers(spec: StreamSpec, kind: Kind, consumer: str, next_seq: int) -> dict[str, str]:
+def control_headers(spec: StreamSpec, kind: Kind, consumer: str, next_seq: int, token: str) -> dict[str, str]:
     """A receiver's message to the sender: where it stands (``next_seq``: first chunk
-    it does not have on disk)."""
+    it does not have on disk), and its ``token`` for this stream."""
     if kind not in CONTROL_KINDS:
         raise ProtocolError(f"stream {spec.stream_id}: {kind.value} is not a control message")
     h = _base(spec, kind)
     del h[H_GROUP_ID]
-    h.update({H_CONSUMER: consumer, H_NEXT_SEQ: str(next_seq)})
+    h.update({H_CONSUMER: consumer, H_NEXT_SEQ: str(next_seq), H_TOKEN: token})
     return h
 
 
@@ -492,20 +495,39 @@ class HandshakeSender:
     sender sends in order from ``send_seq`` but never more than ``window`` chunks past
     the slowest receiver; a ``hello`` or ``rereq`` below ``send_seq`` rewinds it, which
     is both how lost chunks are recovered and how either end resumes.
+
+    A receiver joins with ``hello`` and is bound to that message's token; its later
+    messages with another token are ignored, as are messages from receivers that never
+    said hello, and ``done`` before every chunk and the end marker were sent once. On a queue only the
+    receiver holding the offer can answer, so the sender serves one receiver: another
+    replaces it only after it was silent for ``takeover_after`` seconds (it died and its
+    offer moved). On a topic every receiver counts. Re-sent chunks are bounded by
+    ``max_resend``: a receiver that rewinds for ever stops the sender.
     """
 
     spec: StreamSpec
     window: int
-    # On a queue only the receiver holding the offer can answer, so a new one replaces
-    # the old (which died, or its offer would not have moved). On a topic all count.
     point_to_point: bool = True
+    takeover_after: float = 10.0
     positions: dict[str, int] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    tokens: dict[str, str] = field(default_factory=dict)
+    heard: dict[str, float] = field(default_factory=dict)
     send_seq: int = 1
     end_due: bool = True
     rewinds: int = 0
+    resent: int = 0
+    highest_sent: int = 0
+    ignored: int = 0
+    end_sent_once: bool = False
 
-    def on_control(self, headers: Mapping[str, Any]) -> Kind:
+    @property
+    def max_resend(self) -> int:
+        return 2 * self.spec.chunks + 64
+
+    def on_control(self, headers: Mapping[str, Any], *, now: float) -> Kind | None:
+        """Take one control message; return its kind, or None if it was ignored (not from a
+        receiver this sender serves). Raises ProtocolError on a malformed message."""
         sid = self.spec.stream_id
         if headers.get(H_STREAM) != sid:
             raise ProtocolError(f"stream {sid}: control message for another stream arrived")
@@ -515,14 +537,20 @@ class HandshakeSender:
         consumer = str(headers.get(H_CONSUMER) or "")
         if not consumer or len(consumer) > 200:
             raise ProtocolError(f"stream {sid}: control message without a valid {H_CONSUMER}")
+        token = str(headers.get(H_TOKEN) or "")
+        if not re.fullmatch(r"[0-9a-f]{32}", token):
+            raise ProtocolError(f"stream {sid}: control message from {consumer[:80]!r} without a valid {H_TOKEN}")
         pos = _int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=self.spec.chunks + 1)
+        # Nobody is finished before everything was sent once, whatever it says.
+        premature = kind is Kind.DONE and not self.end_sent_once
+        if premature or not self._admit(kind, consumer, token, now):
+            self.ignored += 1
+            return None
+        self.heard[consumer] = now
         if kind is Kind.DONE:
             self.finished.add(consumer)
             self.positions[consumer] = self.spec.chunks + 1
             return kind
-        if self.point_to_point and consumer not in self.positions:
-            self.positions.clear()
-            self.finished.clear()
         self.finished.discard(consumer)
         if kind is Kind.ACK:
             self.positions[consumer] = max(self.positions.get(consumer, 1), pos)
@@ -534,6 +562,23 @@ class HandshakeSender:
         # A receiver that asks again from some point may have missed the end marker too.
         self.end_due = True
         return kind
+
+    def _admit(self, kind: Kind, consumer: str, token: str, now: float) -> bool:
+        known = self.tokens.get(consumer)
+        if known is not None:
+            return known == token
+        if kind is not Kind.HELLO:
+            return False  # a receiver introduces itself before anything else
+        if self.point_to_point and self.tokens:
+            last = max(self.heard.values(), default=now)
+            if now - last < self.takeover_after:
+                return False
+            # The receiver we served went silent: it died, and this one took over its offer.
+            self.positions.clear()
+            self.finished.clear()
+            self.tokens.clear()
+        self.tokens[consumer] = token
+        return True
 
     @property
     def slowest(self) -> int:
@@ -547,12 +592,20 @@ class HandshakeSender:
             return None
         seq = self.send_seq
         self.send_seq += 1
+        if seq <= self.highest_sent:
+            self.resent += 1
+            if self.resent > self.max_resend:
+                raise ProtocolError(
+                    f"stream {self.spec.stream_id}: receivers asked for {self.resent} chunks again, more than "
+                    f"{self.max_resend} for a {self.spec.chunks}-chunk stream; stopping rather than resend for ever")
+        self.highest_sent = max(self.highest_sent, seq)
         return seq
 
     def take_end(self) -> bool:
         """Whether the end marker should be sent now (after the last chunk, again after a rewind)."""
         if self.positions and self.send_seq > self.spec.chunks and self.end_due:
             self.end_due = False
+            self.end_sent_once = True
             return True
         return False
 

@@ -208,38 +208,61 @@ def test_destination_rejects(bad: str) -> None:
 
 
 def _ctl(sp: p.StreamSpec, kind: p.Kind, who: str, pos: int) -> dict[str, str]:
-    return p.control_headers(sp, kind, who, pos)
+    return p.control_headers(sp, kind, who, pos, hashlib.sha256(who.encode()).hexdigest()[:32])
 
 
 def test_handshake_sender_window_rewind_and_end() -> None:
     sp = spec(10_000)  # 10 chunks
     hs = p.HandshakeSender(sp, window=3, point_to_point=False)
     assert hs.next_chunk() is None  # nobody answered yet
-    hs.on_control(_ctl(sp, p.Kind.HELLO, "a", 1))
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "a", 1), now=0.0)
     assert [hs.next_chunk() for _ in range(4)] == [1, 2, 3, None]  # window of 3
-    hs.on_control(_ctl(sp, p.Kind.ACK, "a", 3))
+    hs.on_control(_ctl(sp, p.Kind.ACK, "a", 3), now=0.0)
     assert [hs.next_chunk() for _ in range(3)] == [4, 5, None]
-    hs.on_control(_ctl(sp, p.Kind.REREQ, "a", 4))  # chunk 4 was lost
+    hs.on_control(_ctl(sp, p.Kind.REREQ, "a", 4), now=0.0)  # chunk 4 was lost
     assert hs.rewinds == 1 and hs.next_chunk() == 4
-    hs.on_control(_ctl(sp, p.Kind.HELLO, "b", 1))  # a late subscriber on a topic
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "b", 1), now=0.0)  # a late subscriber on a topic
     assert hs.slowest == 1 and hs.next_chunk() == 1
     for who in ("a", "b"):
-        hs.on_control(_ctl(sp, p.Kind.ACK, who, 11))
+        hs.on_control(_ctl(sp, p.Kind.ACK, who, 11), now=0.0)
     assert [s for s in iter(hs.next_chunk, None)] == list(range(2, 11))
     assert hs.take_end() and not hs.take_end()
-    hs.on_control(_ctl(sp, p.Kind.DONE, "a", 11))
+    hs.on_control(_ctl(sp, p.Kind.DONE, "a", 11), now=0.0)
     assert not hs.all_done
-    hs.on_control(_ctl(sp, p.Kind.DONE, "b", 11))
+    hs.on_control(_ctl(sp, p.Kind.DONE, "b", 11), now=0.0)
     assert hs.all_done
 
 
 def test_handshake_point_to_point_new_receiver_replaces_dead_one() -> None:
     sp = spec(10_000)
     hs = p.HandshakeSender(sp, window=2)
-    hs.on_control(_ctl(sp, p.Kind.HELLO, "dead", 1))
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "dead", 1), now=0.0)
     assert [hs.next_chunk(), hs.next_chunk(), hs.next_chunk()] == [1, 2, None]
-    hs.on_control(_ctl(sp, p.Kind.HELLO, "new", 2))  # took over the offer with chunk 1 on disk
+    hs.on_control(_ctl(sp, p.Kind.HELLO, "new", 2), now=11.0)  # took over the offer with chunk 1 on disk
     assert hs.positions == {"new": 2} and hs.next_chunk() == 2  # resend what it lacks
+
+
+def test_handshake_ignores_impostors_and_bounds_rewinds() -> None:
+    sp = spec(10_000)
+    hs = p.HandshakeSender(sp, window=2)
+    assert hs.on_control(_ctl(sp, p.Kind.HELLO, "real", 1), now=0.0) is p.Kind.HELLO
+    # Another receiver's hello while the real one is alive, and a done with a forged token.
+    assert hs.on_control(_ctl(sp, p.Kind.HELLO, "thief", 1), now=1.0) is None
+    forged = _ctl(sp, p.Kind.DONE, "real", 11) | {p.H_TOKEN: "f" * 32}
+    assert hs.on_control(forged, now=1.0) is None
+    # Even the real receiver cannot be done before everything was sent once.
+    assert hs.on_control(_ctl(sp, p.Kind.DONE, "real", 11), now=1.0) is None
+    assert hs.on_control(_ctl(sp, p.Kind.ACK, "stranger", 5), now=1.0) is None
+    assert hs.positions == {"real": 1} and not hs.all_done and hs.ignored == 4
+    with pytest.raises(p.ProtocolError, match="without a valid amqs_token"):
+        hs.on_control(_ctl(sp, p.Kind.ACK, "real", 1) | {p.H_TOKEN: ""}, now=1.0)
+    # The real receiver rewinding for ever is stopped after a bounded number of resends.
+    with pytest.raises(p.ProtocolError, match="asked for .* chunks again"):
+        for _ in range(1000):
+            while hs.next_chunk() is not None:
+                pass
+            hs.on_control(_ctl(sp, p.Kind.HELLO, "real", 1), now=2.0)
+    assert hs.resent == hs.max_resend + 1
 
 
 def test_handshake_control_validation() -> None:
@@ -247,9 +270,9 @@ def test_handshake_control_validation() -> None:
     hs = p.HandshakeSender(sp, window=2)
     bad = _ctl(sp, p.Kind.ACK, "a", 1) | {p.H_NEXT_SEQ: "12"}
     with pytest.raises(p.ProtocolError, match="outside 1..11"):
-        hs.on_control(bad)
+        hs.on_control(bad, now=0.0)
     with pytest.raises(p.ProtocolError, match="not a control message"):
-        p.control_headers(sp, p.Kind.DATA, "a", 1)
+        p.control_headers(sp, p.Kind.DATA, "a", 1, "0" * 32)
 
 
 def test_zstd_chunks_round_trip_and_skip_incompressible() -> None:

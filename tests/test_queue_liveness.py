@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from airflow_provider_amqstream.engine import (
     receive_streams,
     send_file,
 )
+from airflow_provider_amqstream.engine.stream_receiver import consumer_name
 from airflow_provider_amqstream.transport import BrokerParams, TransportError
 from tests.helpers import browse, cli, make_file, sha256_file
 
@@ -256,3 +258,42 @@ def test_the_output_directory_is_never_written_through_a_link(params: BrokerPara
     (linked / ".amqstream").symlink_to(tmp_path)
     with pytest.raises(Exception, match="not a directory"):
         receive_stream(params, queue_name, linked, options=ReceiveOptions(wait_timeout=1))
+
+
+def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: BrokerParams, tmp_path: Path,
+                                                                   queue_name: str) -> None:
+    """A peer who may write control messages (any receiver may) sends a forged ``done`` and
+    ``hello next_seq=1`` again and again. The sender neither stops early nor rewinds for it."""
+    src = make_file(tmp_path / "f.bin", 64 * 16 * 1024)
+    dest = p.Destination.parse(queue_name)
+    spec = p.StreamSpec("hs-guard", "f.bin", src.stat().st_size, 16 * 1024, p.Mode.HANDSHAKE)
+    ctl = dest.control_queue("hs-guard")
+    impostor = RawSender(params)
+    token = "e" * 32
+    for _ in range(3):  # queued before the sender even subscribes: it reads these first
+        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.DONE, "evil:1", spec.chunks + 1, token))
+        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.HELLO, "evil:2", 1, token))
+    out = tmp_path / "out"
+    box: dict[str, Any] = {}
+    opened = threading.Event()
+    opts = ReceiveOptions(wait_timeout=60, idle_timeout=60,
+                          events=lambda kind, data: opened.set() if kind == "stream_open" else None)
+    rx = threading.Thread(target=lambda: box.setdefault("got", receive_stream(params, queue_name, out, options=opts)),
+                          daemon=True)
+    rx.start()
+    tx = threading.Thread(target=lambda: box.setdefault("sent", send_file(
+        params, src, queue_name, mode="handshake", stream_id="hs-guard", chunk_size=16 * 1024, window=8,
+        ack_timeout=60)), daemon=True)
+    tx.start()
+    assert opened.wait(60), "the receiver never took the offer"
+    while tx.is_alive():  # keep forging while the transfer runs
+        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.HELLO, "evil:2", 1, token))
+        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1, token))
+        tx.join(0.05)
+    impostor.close()
+    rx.join(60)
+    sent, got = box["sent"], box["got"]
+    assert got is not None and got.sha256 == sent.sha256 == sha256_file(src) == sha256_file(out / "f.bin")
+    # Messages forged before the offer existed were discarded; later ones were ignored: no
+    # rewind was made for the impostor.
+    assert sent.bytes_transferred <= 2 * spec.size

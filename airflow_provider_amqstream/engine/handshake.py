@@ -9,14 +9,18 @@ receiver's side (hello, ack, rereq, done) is a few lines in ``stream_receiver.py
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 
@@ -40,17 +44,37 @@ def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination,
     sent = 0
     with StompLink(params, client_id=f"amqs-send-{sid}-{os.getpid()}") as link:
         link.subscribe(dest.control_queue(sid), ack="auto", prefetch=64)
+        if not state.offer_sent:
+            # Nobody can answer an offer that does not exist yet: whatever waits on the
+            # control queue now was written by someone guessing the stream id.
+            forged = 0
+            until = time.monotonic() + 1.0  # bounded: an impostor may keep writing
+            while time.monotonic() < until and link.get(0.2) is not None:
+                forged += 1
+            if forged:
+                log.warning("stream %s: discarded %d control messages sent to %s before the offer existed",
+                            sid, forged, dest.control_queue(sid))
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
         if dest.kind == "topic" or not state.offer_sent:
             link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest, window, origin=origin))
             state.offer_sent = True
             save()
         hs = p.HandshakeSender(spec, window, point_to_point=dest.kind == "queue")
+
+        def hear(frame: Any) -> bool:
+            """Take a control message; a malformed or foreign one is logged and ignored, so
+            nobody but our receivers can stop, rewind or finish this sender."""
+            try:
+                return hs.on_control(frame.headers, now=time.monotonic()) is not None
+            except p.ProtocolError as exc:
+                log.warning("stream %s: ignored a control message on %s: %s", sid, dest.control_queue(sid), exc)
+                return False
+
         deadline = time.monotonic() + request_timeout
         while not hs.positions:
             frame = link.get(max(0.05, deadline - time.monotonic()))
             if frame is not None:
-                hs.on_control(frame.headers)
+                hear(frame)
             elif time.monotonic() >= deadline:
                 raise StreamError(
                     f"stream {sid}: no receiver answered the offer on {dest} within {request_timeout:.0f}s. "
@@ -60,15 +84,18 @@ def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination,
             while (left := until - time.monotonic()) > 0:
                 frame = link.get(left)
                 if frame is not None:
-                    hs.on_control(frame.headers)
+                    hear(frame)
         fd = os.open(src, os.O_RDONLY)
         try:
             heard = time.monotonic()
             while not hs.all_done:
                 while (frame := link.get(0)) is not None:
-                    hs.on_control(frame.headers)
-                    heard = time.monotonic()
-                seq = hs.next_chunk()
+                    if hear(frame):
+                        heard = time.monotonic()
+                try:
+                    seq = hs.next_chunk()
+                except p.ProtocolError as exc:
+                    raise StreamError(f"{exc}; a receiver of {dest} keeps rewinding (see its log)") from None
                 if seq is not None:
                     offset, length = spec.chunk_span(seq)
                     body = os.pread(fd, length, offset)
@@ -80,8 +107,7 @@ def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination,
                     link.send(data_dest, b"", p.end_headers(spec, state.sha256))
                     continue
                 frame = link.get(1.0)
-                if frame is not None:
-                    hs.on_control(frame.headers)
+                if frame is not None and hear(frame):
                     heard = time.monotonic()
                     if progress:
                         progress(spec.offset_of(hs.slowest), spec.size)

@@ -48,6 +48,7 @@ from airflow_provider_amqstream.engine.stream_receiver import (
     StreamReceiver,
     consumer_name,
     drain_queue,
+    receiver_token,
 )
 from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
 
@@ -105,7 +106,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         try:
             with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
-                offers = _Offers(link, dest, stream_id, book)
+                offers = _Offers(link, dest, stream_id, book, opts)
                 while count is None or len(results) < count:
                     deadline = None if wait is None else time.monotonic() + wait
                     offer = offers.next(deadline)
@@ -146,8 +147,9 @@ class _Offers:
     queue. Streams that yielded are left out by a selector until their back-off ends.
     """
 
-    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, book: YieldBook) -> None:
-        self.link, self.dest, self.stream_id, self.book = link, dest, stream_id, book
+    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, book: YieldBook,
+                 opts: ReceiveOptions) -> None:
+        self.link, self.dest, self.stream_id, self.book, self.opts = link, dest, stream_id, book, opts
         self.sub: str | None = None
         self.excluded: tuple[str, ...] = ()
 
@@ -168,6 +170,7 @@ class _Offers:
                 self.release()
                 self.excluded = excluded
                 self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector())
+                self.opts.emit("waiting", source=str(self.dest), skipping=list(excluded))
             now = time.monotonic()
             wake = self.book.next_expiry()
             left = 30.0 if deadline is None else deadline - now
@@ -268,7 +271,8 @@ def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec
     """The stream was published here before and was offered again (a sender re-run after
     its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
     if terms:
-        done_msg = p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1)
+        done_msg = p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1,
+                                     receiver_token(out / ".amqstream", spec.stream_id))
         link.send(terms[0], b"", done_msg, persistent=False)
     else:
         drain_queue(link, data_q, ack=True)

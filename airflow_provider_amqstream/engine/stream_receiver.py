@@ -14,8 +14,10 @@ from __future__ import annotations
 import concurrent.futures
 import fcntl
 import hashlib
+import hmac
 import logging
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -104,6 +106,27 @@ def consumer_name(out: Path) -> str:
     so a receiver that comes back is the same consumer to the sender."""
     where = hashlib.sha256(str(out.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{socket.gethostname()}:{where}"
+
+
+def receiver_token(sdir: Path, stream_id: str) -> str:
+    """This directory's secret for one stream (handshake mode): an HMAC of the stream id
+    under a key kept in ``.amqstream/receiver.key`` (mode 0600), so a receiver that
+    restarts, or another process on the same directory, speaks with the same token."""
+    key_file = sdir / "receiver.key"
+    try:
+        fd = open_private(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secrets.token_bytes(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+    with os.fdopen(open_private(key_file, os.O_RDONLY), "rb") as fh:
+        key = fh.read()
+    if len(key) < 32:
+        raise StreamError(f"{key_file} is damaged (shorter than 32 bytes); delete it and re-run")
+    return hmac.new(key, stream_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def default_reserve(path: Path) -> int:
@@ -297,6 +320,7 @@ class StreamReceiver:
         self.reply_to = handshake[0] if handshake else None
         self.batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
         self.consumer = consumer_name(out)
+        self.token = receiver_token(sdir, spec.stream_id) if handshake else ""
         self.rejected = 0
         self.unacked: list[Any] = []
         self.refused: list[Any] = []
@@ -461,8 +485,8 @@ class StreamReceiver:
     def tell(self, kind: p.Kind, next_seq: int) -> None:
         """Handshake mode: report our position to the sender (no-op otherwise)."""
         if self.reply_to:
-            self.link.send(self.reply_to, b"", p.control_headers(self.spec, kind, self.consumer, next_seq),
-                           persistent=False)
+            headers = p.control_headers(self.spec, kind, self.consumer, next_seq, self.token)
+            self.link.send(self.reply_to, b"", headers, persistent=False)
 
     def _final_path(self) -> Path:
         name = p.safe_file_name(self.spec.name, self.spec.stream_id)
