@@ -33,7 +33,7 @@ from airflow_provider_amqstream.engine import (
 )
 from airflow_provider_amqstream.engine.stream_receiver import consumer_name
 from airflow_provider_amqstream.transport import BrokerParams, TransportError
-from tests.helpers import browse, cli, make_file, sha256_file
+from tests.helpers import browse, cli, make_file, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -286,6 +286,9 @@ def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: Broke
         ack_timeout=60)), daemon=True)
     tx.start()
     assert opened.wait(60), "the receiver never took the offer"
+    # An impostor who answers an offer before its receiver can hold it up (documented); here
+    # the real receiver is bound first: its first batch is on disk.
+    wait_for(lambda: (out / ".amqstream" / "hs-guard.json").exists(), 60, "the first batch on disk")
     while tx.is_alive():  # keep forging while the transfer runs
         impostor.send(ctl, b"", p.control_headers(spec, p.Kind.HELLO, "evil:2", 1, token))
         impostor.send(ctl, b"", p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1, token))
