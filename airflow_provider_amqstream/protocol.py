@@ -54,6 +54,9 @@ H_ENCODING = "amqs_encoding"
 H_REPLY_TO = "amqs_reply_to"
 H_WINDOW = "amqs_window"
 H_REOFFER = "amqs_reoffer"
+# Optional: the subdirectory of the receiver's output directory the file goes to, relative,
+# components separated by "/" (a directory send keeps its tree).
+H_DIR = "amqs_dir"
 H_CONSUMER = "amqs_consumer"
 H_NEXT_SEQ = "amqs_next_seq"
 # Who made the stream: a digest of the sender's file identity and destination. A stream id
@@ -79,6 +82,9 @@ DEFAULT_RECEIVE_BATCH = 8
 MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
+MAX_DIR_BYTES = 1024
+MAX_DIR_DEPTH = 16
+MAX_DIR_COMPONENT_BYTES = 200
 
 _STREAM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DEST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -185,6 +191,45 @@ _UNSAFE_CHARS = set('<>:"|?*\\')
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
 
 
+def _clean_component(part: str) -> str:
+    part = "".join(ch for ch in part if ch.isprintable() and ch not in _UNSAFE_CHARS)
+    part = part.strip().lstrip(".").strip()
+    if part and part.split(".", 1)[0].upper() in _RESERVED:
+        part = "_" + part
+    return part
+
+
+def safe_subdir(raw: str | None, stream_id: str) -> tuple[str, ...]:
+    """The components of an offer's ``amqs_dir``, each made safe as names are; refuses
+    (ProtocolError) what cannot be a relative path inside the output directory.
+
+    Refused: an absolute path, an empty, ``.`` or ``..`` component, a component that is
+    empty once cleaned or longer than 200 bytes, more than 16 levels, more than 1024 bytes.
+    Leading dots are dropped, so nothing can land in (or shadow) ``.amqstream``.
+    """
+    text = str(raw or "")
+    if not text:
+        return ()
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_DIR_BYTES:
+        raise ProtocolError(f"stream {stream_id}: {H_DIR} is longer than {MAX_DIR_BYTES} bytes")
+    text = text.replace("\\", "/")
+    if text.startswith("/") or re.match(r"^[A-Za-z]:", text):
+        raise ProtocolError(f"stream {stream_id}: {H_DIR}={text[:80]!r} is absolute; it must be relative")
+    parts = text.split("/")
+    if len(parts) > MAX_DIR_DEPTH:
+        raise ProtocolError(f"stream {stream_id}: {H_DIR} has {len(parts)} levels, more than {MAX_DIR_DEPTH}")
+    out = []
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ProtocolError(f"stream {stream_id}: {H_DIR}={text[:80]!r} has an empty, '.' or '..' component")
+        clean = _clean_component(part)
+        if not clean or len(clean.encode("utf-8", "surrogatepass")) > MAX_DIR_COMPONENT_BYTES:
+            raise ProtocolError(f"stream {stream_id}: {H_DIR} component {part[:40]!r} is empty once cleaned or "
+                                f"longer than {MAX_DIR_COMPONENT_BYTES} bytes")
+        out.append(clean)
+    return tuple(out)
+
+
 def safe_file_name(name: str, stream_id: str) -> str:
     """Turn a file name from the wire into one that cannot leave the output directory.
 
@@ -193,10 +238,7 @@ def safe_file_name(name: str, stream_id: str) -> str:
     reserved device names, and caps the length at 200 UTF-8 bytes.
     """
     base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
-    base = "".join(ch for ch in base if ch.isprintable() and ch not in _UNSAFE_CHARS)
-    base = base.strip().lstrip(".").strip()
-    if base.split(".", 1)[0].upper() in _RESERVED:
-        base = "_" + base
+    base = _clean_component(base)
     if not base:
         base = stream_id
     raw = base.encode("utf-8", "ignore")
@@ -297,12 +339,15 @@ def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
 
 
 def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW, *,
-                  reoffer: bool = False, origin: str | None = None) -> dict[str, str]:
+                  reoffer: bool = False, origin: str | None = None, subdir: str = "") -> dict[str, str]:
     """The offer announcing a stream. A ``reoffer`` follows a sender's re-run: it may have
     repeated messages a receiver already consumed, so whoever published the stream
     clears them; nobody starts a reception from a re-offer. ``origin`` identifies the
-    sender's file (see :data:`H_ORIGIN`)."""
+    sender's file (see :data:`H_ORIGIN`); ``subdir`` the relative directory it goes to
+    (see :data:`H_DIR`)."""
     h = _base(spec, Kind.OFFER)
+    if subdir:
+        h[H_DIR] = subdir
     if reoffer:
         h[H_REOFFER] = "1"
     if origin:

@@ -1,6 +1,7 @@
 """Senders and receivers: the protocol state machines driven over a STOMP link and files.
 
 * ``sending.py``: one file out as a stream (stream and atomic modes), resumable.
+* ``bulk.py``: many files out over one connection, pipelined, resumable per file.
 * ``handshake.py``: the sender's side of handshake mode (paced by its receivers).
 * ``receiving.py``: streams in, one at a time over one connection, and the policy for a
   stream that fails (quarantine, or yield its place).
@@ -10,6 +11,14 @@
 
 from __future__ import annotations
 
+from airflow_provider_amqstream.engine.bulk import (
+    BatchFile,
+    BatchStatus,
+    BulkResult,
+    FileFailure,
+    collect_files,
+    send_files,
+)
 from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
@@ -28,6 +37,7 @@ from airflow_provider_amqstream.engine.sending import checkpoint_name, default_s
 from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
 
 __all__ = [
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "receive_stream", "receive_streams", "send_file",

@@ -200,6 +200,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     try:
         spec, data_q = p.parse_offer(offer.headers, dest)
         terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
+        subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
     origin = p.offer_origin(offer.headers)
@@ -218,7 +219,8 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     clash = _other_partial(sdir, spec)
     if clash:
         return _quarantine(link, dest, offer, sid, clash, opts)
-    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms)
+    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
+                              subdir=subdir)
     try:
         result = receiver.run()
     except Poisoned as bad:
@@ -314,9 +316,15 @@ def _clear_leftovers(link: StompLink, dest: p.Destination, sdir: Path, offer: An
     except p.ProtocolError as exc:
         _quarantine(link, dest, offer, sid[:p.MAX_STREAM_ID], f"invalid re-offer: {exc}", opts)
         return
-    if (sdir / f"{sid}.done").exists():
+    done = sdir / f"{sid}.done"
+    if not done.exists() and (sdir / f"{sid}.part").exists():
+        # Another receiver of this directory is receiving the stream: it publishes, then
+        # looks for this mark and drains; we mark first and look again, so one of us does.
+        write_json(sdir / f"{sid}.reoffered", {"at": time.time()})
+    if done.exists():
         drained = drain_queue(link, dest.data_queue(sid), ack=True)
         opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
+        (sdir / f"{sid}.reoffered").unlink(missing_ok=True)
     link.ack(offer)
 
 
