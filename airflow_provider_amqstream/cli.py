@@ -213,7 +213,8 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     bulk = send_files(_params(args.conn), files, args.to, batch_id=args.batch_id, chunk_size=args.chunk_size,
                       window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
-                      fail_fast=args.fail_fast, progress=progress, on_result=on_result, on_failure=on_failure)
+                      fail_fast=args.fail_fast, progress=progress, on_result=on_result, on_failure=on_failure,
+                      manifest=args.manifest if args.manifest is not None else args.recursive)
     totals = bulk.totals()
     if args.json:
         totals["peak_rss_kib"] = peak_rss_kib()
@@ -311,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-id", help="several files: the batch's resume ledger name (default derived from "
                                       "the destination and the files)")
     s.add_argument("--fail-fast", action="store_true", help="several files: stop at the first file that fails")
+    s.add_argument("--manifest", action=argparse.BooleanOptionalAction, default=None,
+                   help="several files: announce the batch so receivers write <batch id>.manifest.jsonl once all "
+                        "its files are in (default: on with --recursive)")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
     s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
     s.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.STREAM.value,

@@ -26,6 +26,7 @@ the broker. Everything here can be unit-tested without a network or a disk.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import zlib
 from collections.abc import Mapping
@@ -65,6 +66,10 @@ H_ORIGIN = "amqs_origin"
 # Handshake mode: a receiver's secret for one stream, sent only on the control queue (which
 # other receivers cannot read), so the sender can tell its receiver from an impostor.
 H_TOKEN = "amqs_token"
+# A batch message: its id (also in amqs_stream, so selectors on it see one), part k of n.
+H_BATCH = "amqs_batch"
+H_PART = "amqs_part"
+H_PARTS = "amqs_parts"
 # Added by a receiver that quarantines a stream, on the copy of its offer it files away.
 H_QUARANTINE_REASON = "amqs_quarantine_reason"
 H_QUARANTINED_FROM = "amqs_quarantined_from"
@@ -83,6 +88,11 @@ MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
 MAX_DIR_BYTES = 1024
+# A batch list is split into parts of at most this many files (each a JSON line of ~250 bytes),
+# and a receiver refuses a part whose body is larger than MAX_BATCH_BODY.
+BATCH_PART_FILES = 2000
+MAX_BATCH_BODY = 2 * 1024 * 1024
+MAX_BATCH_PARTS = 10_000
 MAX_DIR_DEPTH = 16
 MAX_DIR_COMPONENT_BYTES = 200
 
@@ -103,6 +113,8 @@ class Kind(str, Enum):
     ACK = "ack"
     REREQ = "rereq"
     DONE = "done"
+    # Sender -> receivers, on the destination after a batch's offers: its file list.
+    BATCH = "batch"
 
 
 CONTROL_KINDS = frozenset({Kind.HELLO, Kind.ACK, Kind.REREQ, Kind.DONE})
@@ -832,3 +844,62 @@ class ReceiverState:
         if not 1 <= st.next_seq <= spec.chunks + 1 or any(not st.next_seq < a <= spec.chunks for a in st.ahead):
             raise ProtocolError(f"stream {spec.stream_id}: resume state is inconsistent")
         return st
+
+
+# --------------------------------------------------------------------------- batches
+def batch_messages(batch_id: str, entries: list[Mapping[str, Any]]) -> list[tuple[dict[str, str], bytes]]:
+    """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
+    ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``."""
+    validate_stream_id(batch_id)
+    parts = [entries[i:i + BATCH_PART_FILES] for i in range(0, len(entries), BATCH_PART_FILES)] or [[]]
+    out = []
+    for k, part in enumerate(parts, 1):
+        body = b"".join(json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
+                                   ensure_ascii=False).encode() + b"\n" for e in part)
+        h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
+             H_PART: str(k), H_PARTS: str(len(parts))}
+        out.append((h, body))
+    return out
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One file of a batch as the receiver checked it: where it must land, what it holds."""
+
+    stream_id: str
+    subdir: tuple[str, ...]
+    name: str
+    size: int
+    sha256: str
+
+
+def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int, list[BatchEntry]]:
+    """Validate a batch message; return its id, part number, number of parts and entries."""
+    batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
+    try:
+        validate_stream_id(batch_id)
+    except ProtocolError:
+        raise ProtocolError(f"batch message has an invalid {H_BATCH} {batch_id!r}") from None
+    if str(headers.get(H_STREAM, "")) != batch_id:
+        raise ProtocolError(f"batch {batch_id}: {H_STREAM} must equal {H_BATCH}")
+    parts = _int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
+    part = _int_header(headers, H_PART, batch_id, lo=1, hi=parts)
+    if len(body) > MAX_BATCH_BODY:
+        raise ProtocolError(f"batch {batch_id}: part {part} is {len(body)} bytes, over {MAX_BATCH_BODY}")
+    entries = []
+    for n, line in enumerate(bytes(body).splitlines(), 1):
+        if len(entries) >= BATCH_PART_FILES:
+            raise ProtocolError(f"batch {batch_id}: part {part} lists more than {BATCH_PART_FILES} files")
+        try:
+            raw = json.loads(line)
+            sid = validate_stream_id(str(raw["stream_id"]))
+            size = int(raw["bytes"])
+            sha = str(raw["sha256"])
+            name = str(raw["name"])
+            subdir = safe_subdir(str(raw.get("dir") or ""), sid)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"batch {batch_id}: part {part} line {n} is not a valid entry ({exc})") from None
+        if size < 0 or not re.fullmatch(r"[0-9a-f]{64}", sha) or not name:
+            raise ProtocolError(f"batch {batch_id}: part {part} line {n} has a bad size, sha256 or name")
+        entries.append(BatchEntry(sid, subdir, name, size, sha))
+    return batch_id, part, parts, entries

@@ -40,7 +40,7 @@ def tree(root: Path, n: int, size: int = 4096) -> list[Path]:
 def receive_all(params: BrokerParams, queue: str, out: Path, count: int, **kw: object) -> tuple[
         list[TransferResult], list[StreamFailure]]:
     failures: list[StreamFailure] = []
-    opts = ReceiveOptions(wait_timeout=30, idle_timeout=30, **kw)  # type: ignore[arg-type]
+    opts = ReceiveOptions(**{"wait_timeout": 30, "idle_timeout": 30, **kw})  # type: ignore[arg-type]
     got = receive_streams(params, queue, out, count=count, options=opts, on_failure=failures.append)
     return got, failures
 
@@ -171,3 +171,65 @@ def test_thousand_small_files_killed_mid_batch_resume_and_skip_confirmed(
     # Memory flat in the number of files: the last hundred streams cost no more than the first hundred.
     assert max(rss[-100:]) < max(rss[:100]) + 20 * 1024, (rss[:3], rss[-3:])
     print(f"\n1,000 small files: receive {n / (time.monotonic() - t0):.0f} files/s; killed after {confirmed}")
+
+
+def test_a_directory_send_writes_one_manifest_when_the_batch_is_complete(params: BrokerParams, tmp_path: Path,
+                                                                         queue_name: str) -> None:
+    src = tmp_path / "landing"
+    files = tree(src, 12)
+    res = send_files(params, collect_files([src], recursive=True), queue_name, manifest=True)
+    out = tmp_path / "out"
+    events: list[tuple[str, dict]] = []
+    opts = ReceiveOptions(wait_timeout=3, idle_timeout=30, events=lambda k, d: events.append((k, d)))
+    got = receive_streams(params, queue_name, out, options=opts)  # until nothing for 3 s
+    assert len(got) == len(files)
+    manifest = out / f"{res.batch_id}.manifest.jsonl"
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert sorted(r["path"] for r in rows) == sorted(str(f.relative_to(src)) for f in files)
+    for r in rows:
+        assert sha256_file(out / r["path"]) == r["sha256"] and (out / r["path"]).stat().st_size == r["bytes"]
+    assert [d["manifest"] for k, d in events if k == "batch_complete"] == [str(manifest)]
+    assert not list((out / ".amqstream" / "batches").glob("*.json"))
+
+
+def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerParams, tmp_path: Path,
+                                                               queue_name: str) -> None:
+    """The batch message can be taken before its streams are published (another receiver
+    held them): the manifest appears when the last listed stream is published."""
+    dest = p.Destination.parse(queue_name)
+    f = make_file(tmp_path / "a.bin", 3000)
+    entry = {"stream_id": "late-a", "dir": "x", "name": "a.bin", "bytes": 3000, "sha256": sha256_file(f)}
+    raw = RawSender(params)
+    for headers, body in p.batch_messages("b-late", [entry]):
+        raw.send(str(dest), body, headers)
+    raw.close()
+    out = tmp_path / "out"
+    assert receive_all(params, queue_name, out, 1, wait_timeout=2)[0] == []
+    assert not (out / "b-late.manifest.jsonl").exists()
+    from airflow_provider_amqstream.engine import send_file
+    send_file(params, f, queue_name, stream_id="late-a", subdir="x")
+    got, _ = receive_all(params, queue_name, out, 1)
+    assert [Path(r.path or "") for r in got] == [out / "x" / "a.bin"]
+    [row] = [json.loads(line) for line in (out / "b-late.manifest.jsonl").read_text().splitlines()]
+    assert row["path"] == "x/a.bin" and row["sha256"] == entry["sha256"]
+
+
+@pytest.mark.parametrize("body,why", [
+    (b'{"stream_id": "../x", "dir": "", "name": "a", "bytes": 1, "sha256": "' + b"0" * 64 + b'"}\n', "valid"),
+    (b'{"stream_id": "ok-1", "dir": "../up", "name": "a", "bytes": 1, "sha256": "' + b"0" * 64 + b'"}\n', "valid"),
+    (b"not json\n", "valid entry"), (b"x" * (3 * 2**20), "over"),
+])
+def test_hostile_batch_messages_are_quarantined(params: BrokerParams, tmp_path: Path, queue_name: str,
+                                                body: bytes, why: str) -> None:
+    dest = p.Destination.parse(queue_name)
+    raw = RawSender(params)
+    raw.send(str(dest), body, {p.H_VERSION: "1", p.H_KIND: "batch", p.H_STREAM: "bad-b", p.H_BATCH: "bad-b",
+                               p.H_PART: "1", p.H_PARTS: "1"})
+    raw.close()
+    good = make_file(tmp_path / "good.bin", 2000)
+    send_files(params, [good], queue_name)
+    out = tmp_path / "out"
+    got, failures = receive_all(params, queue_name, out, 1)
+    assert [f.stream_id for f in failures] == ["bad-b"] and why in failures[0].reason
+    assert [Path(r.path or "").name for r in got] == ["good.bin"]
+    assert not list(out.glob("*.manifest.jsonl"))

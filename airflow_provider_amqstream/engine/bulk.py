@@ -268,6 +268,7 @@ def send_files(
     ledger_flush: Callable[[list[str]], None] | None = None,
     ledger_seed: Iterable[str] = (),
     reconnect_timeout: float = 120.0,
+    manifest: bool = False,
 ) -> BulkResult:
     """Send many files over one connection; return one result per file and the totals.
 
@@ -294,6 +295,9 @@ def send_files(
     :param ledger_flush: called with every confirmed stream id after each ledger write.
     :param ledger_seed: stream ids known confirmed from elsewhere (a retry on another worker).
     :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param manifest: after every file is confirmed, announce the batch (a ``batch``
+        message listing each file's stream id, relative path, size and SHA-256), so the
+        receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
     """
     t0 = time.monotonic()
     dest = p.Destination.parse(destination)
@@ -381,7 +385,9 @@ def send_files(
             first = False
     finally:
         ledger.flush()
-    if entries and not ctx.sent_any:
+    if manifest and results:
+        _announce(params, dest, batch_id, results, {e.stream_id: e.subdir for e in entries}, reconnect_timeout)
+    elif entries and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
         with StompLink(params) as link:
@@ -391,10 +397,37 @@ def send_files(
     return BulkResult(batch_id, str(dest), results, failures, time.monotonic() - t0, params.url)
 
 
+def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results: list[TransferResult],
+              subdirs: dict[str, str], reconnect_timeout: float) -> None:
+    """Send the batch's file list after its offers (a re-run sends it again: receivers
+    rewrite the same manifest)."""
+    entries = [{"stream_id": r.stream_id, "dir": subdirs.get(r.stream_id, ""), "name": r.name, "bytes": r.bytes,
+                "sha256": r.sha256} for r in results]
+    backoff = Backoff(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
+    while True:
+        try:
+            with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+                for headers, body in p.batch_messages(batch_id, entries):
+                    link.send_confirmed(str(dest), body, headers)
+            return
+        except AccessDenied:
+            raise
+        except (ConnectionLost, TransportError) as exc:
+            backoff.wait(exc)
+
+
 def _already(rec: dict[str, Any], e: _Entry, dest: p.Destination, params: BrokerParams) -> TransferResult:
     now = time.time()
+    sha = str(rec.get("sha256") or "")
+    if not sha:
+        # Known confirmed from the task state store, which keeps ids only: hash it here.
+        h = hashlib.sha256()
+        with open(e.src, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        sha = h.hexdigest()
     return TransferResult(e.stream_id, str(dest), str(rec.get("name") or e.src.name), e.size,
-                          int(rec.get("chunks") or 0), str(rec.get("sha256") or ""), 0.0,
+                          int(rec.get("chunks") or 0), sha, 0.0,
                           str(rec.get("mode") or "atomic"), e.size, 0, str(e.src), now, now, status="already_sent",
                           chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
 
