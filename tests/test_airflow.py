@@ -271,21 +271,46 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
 
 
 @pytest.mark.spark
-def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Examples 2 and 3 run without edits: mapped bulk movement, then producer and consumer sites."""
+def test_example_bulk_moves_the_landing_directory_in_one_task_twice(
+        airflow_db: Path, spark_and_broker: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Example 2 as shipped, two runs in a row: each moves the whole landing directory in
+    one send task, one receive task and one Spark application, and archives what it sent."""
+    from airflow_provider_amqstream import example_support
+
+    for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):
+        monkeypatch.setattr(example_support, name, tmp_path / name.lower())
+    dag = _load(ROOT / "dags" / "examples", "amqstream_bulk_landing")
+    runs = []
+    for _ in range(2):
+        dr = dag.test()
+        assert dr.state == "success"
+        runs.append(dr.run_id.replace(":", "_").replace("+", "_"))
+        # Everything it sent was archived; the landing directory holds no file.
+        assert not [p for p in (tmp_path / "landing").rglob("*") if p.is_file()]
+        sent = tmp_path / "sent" / runs[-1]
+        rel = sorted(str(p.relative_to(sent)) for p in sent.rglob("*") if p.is_file())
+        assert rel == ["eu/batch-1.csv", "us/batch-0.csv", "us/batch-2.csv"]
+        received = tmp_path / "received" / "bulk"
+        for r in rel:
+            assert sha256_file(received / r) == sha256_file(sent / r)
+        out = tmp_path / "parquet" / "bulk" / runs[-1]
+        batch = json.loads((out / "_amqstream_batch_summary.json").read_text())
+        assert batch["files"] == 3 and batch["rows"] == 15_000
+        assert all(json.loads((out / Path(r).with_suffix("") / "_amqstream_summary.json").read_text())["rows"]
+                   == 5000 for r in rel)
+    assert len(list((tmp_path / "received" / "bulk").glob("*.manifest.jsonl"))) == 2 and runs[0] != runs[1]
+
+
+@pytest.mark.spark
+def test_examples_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Example 3 runs without edits: producer and consumer sites."""
     from airflow_provider_amqstream import example_support
 
     for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):
         monkeypatch.setattr(example_support, name, tmp_path / name.lower())
     examples = ROOT / "dags" / "examples"
-    for dag_id in ("amqstream_bulk_landing", "amqstream_site_a_producer", "amqstream_site_b_consumer"):
+    for dag_id in ("amqstream_site_a_producer", "amqstream_site_b_consumer"):
         assert _load(examples, dag_id).test().state == "success", dag_id
-    received = sorted(p.name for p in (tmp_path / "received" / "bulk").iterdir() if p.is_file())
-    assert received == ["batch-0.csv", "batch-1.csv", "batch-2.csv"]
-    for name in received:
-        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(tmp_path / "landing" / name)
-    summaries = list((tmp_path / "parquet").glob("*/_amqstream_summary.json"))
-    assert len(summaries) == 3 and all(json.loads(s.read_text())["rows"] == 5000 for s in summaries)
     assert (tmp_path / "received" / "site-b" / "site-a-orders.csv").exists()
     assert list((tmp_path / "parquet" / "site-b").glob("*/_amqstream_summary.json"))

@@ -385,7 +385,7 @@ def send_files(
             first = False
     finally:
         ledger.flush()
-    if manifest and results:
+    if manifest:
         _announce(params, dest, batch_id, results, {e.stream_id: e.subdir for e in entries}, reconnect_timeout)
     elif entries and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
