@@ -314,3 +314,23 @@ def test_examples_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: N
         assert _load(examples, dag_id).test().state == "success", dag_id
     assert (tmp_path / "received" / "site-b" / "site-a-orders.csv").exists()
     assert list((tmp_path / "parquet" / "site-b").glob("*/_amqstream_summary.json"))
+
+
+def test_operator_sends_a_glob_in_one_task(airflow_db: Path, uri: str, params: Any, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, queue_name: str) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    files = [make_file(tmp_path / "in" / f"part-{i}.bin", 10_000 + i, seed=i) for i in range(25)]
+    make_file(tmp_path / "in" / "skip.txt", 10)
+    record = tmp_path / "many.json"
+    dag = _load(ROOT / "tests" / "dags", "amqs_test_send_many")
+    dr = dag.test(run_conf={"path": str(tmp_path / "in" / "part-*.bin"), "queue": queue_name,
+                            "record": str(record)})
+    assert dr.state == "success"
+    res = json.loads(record.read_text())
+    assert sorted(Path(f["path"]).name for f in res["files"]) == sorted(f.name for f in files)
+    assert res["totals"]["files_sent"] == 25 and res["failed"] == []
+    from airflow_provider_amqstream.engine import receive_streams
+
+    got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=3))
+    assert len(got) == 25
+    assert (tmp_path / "out" / f"{res['totals']['batch_id']}.manifest.jsonl").exists()

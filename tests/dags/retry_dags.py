@@ -38,3 +38,8 @@ with DAG("amqs_test_deferrable", schedule=None, params=PARAMS) as deferrable:
     d = StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
                              deferrable=True, poke_interval=1, timeout=300)
     probe(d.output)
+
+with DAG("amqs_test_send_many", schedule=None, params=PARAMS) as send_many:
+    # A glob pattern in path: every match in one task, over one connection.
+    m = SendStreamOperator(task_id="send", path="{{ params.path }}", destination="{{ params.queue }}")
+    probe(m.output)
