@@ -277,6 +277,13 @@ class PartialFile:
             os.fdatasync(self.fd)
             write_json(self.state_file, snapshot)
 
+    def assume_durable(self) -> None:
+        """Count the written chunks as durable without syncing them: only for the last batch
+        of a stream that is published (fsynced, renamed) before its messages are acknowledged."""
+        for seq in self.new:
+            self.state.mark_durable(seq)
+        self.new = []
+
     def settle(self, on_durable: Callable[[list[Any]], None]) -> None:
         """Finish the commit in flight, if any."""
         if self.inflight is None:
@@ -401,6 +408,9 @@ class StreamReceiver:
             time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
             origin=self.origin)
         write_json(self.done_file, result.to_json())
+        frames, self.unacked = self.unacked, []
+        for frame in frames:
+            self.link.ack(frame)
         self.tell(p.Kind.DONE, spec.chunks + 1)
         self.stop_data()
         # Repeats from a sender's re-run are cleared when its re-offer arrives (it always
@@ -500,6 +510,14 @@ class StreamReceiver:
             frame.body = b""
             self.unacked.append(frame)
             ending = d.verdict is p.Verdict.END or (state.expected_sha256 and state.all_written)
+            if ending and not self.reply_to and state.expected_sha256 and state.all_written:
+                # The last batch is made durable by publishing: run() fsyncs the file,
+                # renames it and writes .done before these messages are acknowledged, so
+                # no state file is written (or synced) for it. A crash before the
+                # acknowledgement redelivers the offer, which finds .done: a duplicate.
+                self.file.settle(self._durable)
+                self.file.assume_durable()
+                break
             if len(self.unacked) >= self.batch or ending:
                 self._commit(wait=bool(ending))
                 if opts.progress and time.monotonic() - last_progress > 0.5:
