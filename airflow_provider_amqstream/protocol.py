@@ -498,7 +498,7 @@ class HandshakeSender:
 
     A receiver joins with ``hello`` and is bound to that message's token; its later
     messages with another token are ignored, as are messages from receivers that never
-    said hello, and ``done`` before every chunk and the end marker were sent once. On a queue only the
+    said hello. On a queue only the
     receiver holding the offer can answer, so the sender serves one receiver: another
     replaces it only after it was silent for ``takeover_after`` seconds (it died and its
     offer moved). On a topic every receiver counts. Re-sent chunks are bounded by
@@ -519,7 +519,6 @@ class HandshakeSender:
     resent: int = 0
     highest_sent: int = 0
     ignored: int = 0
-    end_sent_once: bool = False
 
     @property
     def max_resend(self) -> int:
@@ -541,9 +540,7 @@ class HandshakeSender:
         if not re.fullmatch(r"[0-9a-f]{32}", token):
             raise ProtocolError(f"stream {sid}: control message from {consumer[:80]!r} without a valid {H_TOKEN}")
         pos = _int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=self.spec.chunks + 1)
-        # Nobody is finished before everything was sent once, whatever it says.
-        premature = kind is Kind.DONE and not self.end_sent_once
-        if premature or not self._admit(kind, consumer, token, now):
+        if not self._admit(kind, consumer, token, now):
             self.ignored += 1
             return None
         self.heard[consumer] = now
@@ -605,7 +602,6 @@ class HandshakeSender:
         """Whether the end marker should be sent now (after the last chunk, again after a rewind)."""
         if self.positions and self.send_seq > self.spec.chunks and self.end_due:
             self.end_due = False
-            self.end_sent_once = True
             return True
         return False
 
