@@ -23,6 +23,7 @@ from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
+    StreamError,
     StreamQuarantined,
     StreamStalled,
     TransferResult,
@@ -212,11 +213,12 @@ def test_the_output_directory_is_never_written_through_a_link(params: BrokerPara
     out = tmp_path / "out"
     (out / ".amqstream").mkdir(parents=True, mode=0o700)
     (out / ".amqstream" / "link-1.part").symlink_to(victim)
-    (out / ".amqstream" / "link-1.json.tmp").symlink_to(victim)
-    with pytest.raises(Exception, match="link-1.part is a symbolic link"):
-        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
-    assert victim.read_text() == "keep me"
-    (out / ".amqstream" / "link-1.part").unlink()
+    (out / ".amqstream" / "link-1.json").symlink_to(victim)
+    for planted in ("link-1.json", "link-1.part"):
+        with pytest.raises(StreamError, match=f"{planted} is a symbolic link"):
+            receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+        assert victim.read_text() == "keep me"
+        (out / ".amqstream" / planted).unlink()
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert got is not None and (out / "f.bin").read_bytes() == data and victim.read_text() == "keep me"
     # A state directory that is a link is refused outright.
