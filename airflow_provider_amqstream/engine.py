@@ -874,3 +874,17 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, Any] | None:
+    """The completion record of ``stream_id`` if ``out_dir`` already published it, else None.
+
+    The record is what the receiver stored in ``out_dir/.amqstream/<stream_id>.done``
+    (a :class:`TransferResult` as JSON).
+    """
+    done = Path(out_dir) / STATE_DIR_NAME / f"{p.validate_stream_id(stream_id)}.done"
+    try:
+        text = done.read_text()
+    except FileNotFoundError:
+        return None
+    return dict(json.loads(text))

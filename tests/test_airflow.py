@@ -246,13 +246,15 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     record = tmp_path / "recv.json"
     # dag.test() runs the trigger in this process: watch it poll, then send.
     polled = threading.Event()
-    real = AmqStreamHook.offer_waiting
+    from airflow_provider_amqstream.triggers.offers import OfferBrowser
 
-    def watched(self: AmqStreamHook, *a: Any, **k: Any) -> bool:
+    real = OfferBrowser.look
+
+    def watched(self: OfferBrowser, *a: Any, **k: Any) -> Any:
         polled.set()
         return real(self, *a, **k)
 
-    monkeypatch.setattr(AmqStreamHook, "offer_waiting", watched)
+    monkeypatch.setattr(OfferBrowser, "look", watched)
 
     def send_when_deferred() -> None:
         assert polled.wait(60), "the sensor never deferred to its trigger"

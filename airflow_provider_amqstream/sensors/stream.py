@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult
+from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, find_received
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators._glue import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
@@ -69,7 +70,26 @@ class StreamCompleteSensor(BaseSensorOperator):
         if self.stream_id:
             validate_stream_id(self.stream_id)
 
+    def _already_received(self) -> TransferResult | None:
+        """The stored result if ``out_dir`` already holds ``stream_id``: a re-run, or a run
+        started for a stream another run took, must not wait for an offer that is gone."""
+        if not self.stream_id:
+            return None
+        record = find_received(self.out_dir, self.stream_id)
+        if record is None:
+            return None
+        result = TransferResult(**{k: v for k, v in record.items() if k in TransferResult.__dataclass_fields__})
+        self.log.info("stream %s was already received into %s (%d bytes, sha256 %s); not waiting for it again",
+                      result.stream_id, result.path, result.bytes, result.sha256)
+        if result.path and not Path(result.path).exists():
+            self.log.warning("%s is no longer there (moved or deleted since stream %s was received)",
+                             result.path, result.stream_id)
+        return result
+
     def _receive(self, context: Any, wait: float) -> TransferResult | None:
+        done = self._already_received()
+        if done is not None:
+            return done
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         ti = context.get("ti")
 
