@@ -89,6 +89,7 @@ class StreamCompleteSensor(BaseSensorOperator):
     def _receive(self, context: Any, wait: float) -> TransferResult | None:
         done = self._already_received()
         if done is not None:
+            self._amqstream_result = done.to_json()
             return done
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         ti = context.get("ti")
@@ -107,7 +108,16 @@ class StreamCompleteSensor(BaseSensorOperator):
         if result is not None:
             self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
                           result.bytes, result.sha256)
+            self._amqstream_result = result.to_json()
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage: the destination (``amqstream://broker:port`` + name) became the file
+        (``file://host`` + path), with its size and SHA-256."""
+        from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
+
+        return transfer_lineage(result_of(self, task_instance),
+                                AmqStreamHook(self.amqstream_conn_id).broker_params(), sending=False)
 
     def poke(self, context: Any) -> PokeReturnValue:
         self._validate()

@@ -14,7 +14,7 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 
 from airflow_provider_amqstream.example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
-from airflow_provider_amqstream.operators.spark import stream_to_parquet_job
+from airflow_provider_amqstream.operators.spark import quiet_spark_conf, stream_to_parquet_job
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -70,5 +70,5 @@ with DAG(
 
     SparkSubmitOperator.partial(
         task_id="to_parquet", application=stream_to_parquet_job(), conn_id="spark_default",
-        max_active_tis_per_dagrun=1,
+        conf=quiet_spark_conf(), max_active_tis_per_dagrun=1,
     ).expand(application_args=spark_args.expand(result=received.output))
