@@ -66,6 +66,11 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [{"integration-name": "ActiveMQ Stream",
                       "python-modules": ["airflow_provider_amqstream.triggers.stream",
                                          "airflow_provider_amqstream.triggers.offered"]}],
+        "asset-uris": [{"schemes": ["amqstream"],
+                        "handler": "airflow_provider_amqstream.assets.amqstream.sanitize_uri",
+                        "factory": "airflow_provider_amqstream.assets.amqstream.create_asset",
+                        "to_openlineage_converter":
+                            "airflow_provider_amqstream.assets.amqstream.convert_asset_to_openlineage"}],
         # Needs apache-airflow-providers-common-messaging (extra "messaging"); without it
         # Airflow logs the feature as unavailable and skips it.
         "queues": ["airflow_provider_amqstream.queues.amqstream.AmqStreamMessageQueueProvider"],

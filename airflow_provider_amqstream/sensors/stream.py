@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +40,10 @@ class StreamCompleteSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
+    :param file_asset_alias: name of an ``AssetAlias`` this task declares as an outlet; on
+        success it emits an asset event for the received file, ``file://<host><path>``
+        (extra: stream id, bytes, SHA-256), so DAGs scheduled on that file's asset, or on
+        the alias, run when it arrives. Static ``outlets`` work as for any operator.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "stream_id")
@@ -48,8 +53,13 @@ class StreamCompleteSensor(BaseSensorOperator):
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-                 offer_wait: float = 5.0, **kwargs: Any) -> None:
+                 offer_wait: float = 5.0, file_asset_alias: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.file_asset_alias = file_asset_alias
+        if file_asset_alias:
+            from airflow.sdk import AssetAlias
+
+            self.outlets = [*self.outlets, AssetAlias(name=file_asset_alias)]
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
         if idle_timeout <= 0 or offer_wait <= 0:
@@ -90,6 +100,7 @@ class StreamCompleteSensor(BaseSensorOperator):
         done = self._already_received()
         if done is not None:
             self._amqstream_result = done.to_json()
+            self._emit_file_asset(context, done)
             return done
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         ti = context.get("ti")
@@ -109,7 +120,22 @@ class StreamCompleteSensor(BaseSensorOperator):
             self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
                           result.bytes, result.sha256)
             self._amqstream_result = result.to_json()
+            self._emit_file_asset(context, result)
         return result
+
+    def _emit_file_asset(self, context: Any, result: TransferResult) -> None:
+        if not self.file_asset_alias or not result.path:
+            return
+        from airflow.sdk import Asset, AssetAlias
+
+        uri = f"file://{socket.gethostname()}{Path(result.path).resolve()}"
+        events = context.get("outlet_events") if hasattr(context, "get") else None
+        if events is None:
+            self.log.warning("no outlet events in this context: asset %s not emitted", uri)
+            return
+        events[AssetAlias(name=self.file_asset_alias)].add(
+            Asset(uri=uri), extra={"stream_id": result.stream_id, "bytes": result.bytes, "sha256": result.sha256})
+        self.log.info("asset event for %s (alias %s)", uri, self.file_asset_alias)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Lineage: the destination (``amqstream://broker:port`` + name) became the file
