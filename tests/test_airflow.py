@@ -282,8 +282,9 @@ def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, spark_and_
         assert _load(examples, dag_id).test().state == "success", dag_id
     received = sorted(p.name for p in (tmp_path / "received" / "bulk").iterdir() if p.is_file())
     assert received == ["batch-0.csv", "batch-1.csv", "batch-2.csv"]
+    (run_dir,) = (tmp_path / "landing" / "sent").iterdir()  # what was sent moved out of the landing directory
     for name in received:
-        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(tmp_path / "landing" / name)
+        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(run_dir / name)
     summaries = list((tmp_path / "parquet").glob("*/_amqstream_summary.json"))
     assert len(summaries) == 3 and all(json.loads(s.read_text())["rows"] == 5000 for s in summaries)
     assert (tmp_path / "received" / "site-b" / "site-a-orders.csv").exists()
