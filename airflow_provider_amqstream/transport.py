@@ -32,6 +32,10 @@ from stomp.transport import Transport
 from stomp.utils import HEARTBEAT_FRAME, Frame, parse_frame
 
 log = logging.getLogger(__name__)
+# stomp.py logs every connect at INFO ("established connection to host ..."); in task logs
+# that is noise. Quieted unless someone configured the logger on purpose.
+if logging.getLogger("stomp.py").level == logging.NOTSET:
+    logging.getLogger("stomp.py").setLevel(logging.WARNING)
 
 DEFAULT_PORT = 61613
 
@@ -411,7 +415,7 @@ class StompLink:
         if errs:
             low = errs.lower()
             if "password" in low or "user name" in low or "security" in low or "auth" in low:
-                return (f"broker {p.url} refused login for user {p.login or '(none)'}: {errs}. "
+                return (f"broker {p.url} refused login for user {p.login or '(none)'}: {errs.rstrip('. ')}. "
                         "Check the connection's login and password.")
             return f"broker {p.url} refused the connection: {errs}"
         reachable = any(_port_open(h, port) for h, port in p.hosts)

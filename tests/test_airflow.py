@@ -249,13 +249,15 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     record = tmp_path / "recv.json"
     # dag.test() runs the trigger in this process: watch it poll, then send.
     polled = threading.Event()
-    real = AmqStreamHook.offer_waiting
+    from airflow_provider_amqstream.triggers.offers import OfferBrowser
 
-    def watched(self: AmqStreamHook, *a: Any, **k: Any) -> bool:
+    real = OfferBrowser.look
+
+    def watched(self: OfferBrowser, *a: Any, **k: Any) -> Any:
         polled.set()
         return real(self, *a, **k)
 
-    monkeypatch.setattr(AmqStreamHook, "offer_waiting", watched)
+    monkeypatch.setattr(OfferBrowser, "look", watched)
 
     def send_when_deferred() -> None:
         assert polled.wait(60), "the sensor never deferred to its trigger"
@@ -283,8 +285,9 @@ def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, spark_and_
         assert _load(examples, dag_id).test().state == "success", dag_id
     received = sorted(p.name for p in (tmp_path / "received" / "bulk").iterdir() if p.is_file())
     assert received == ["batch-0.csv", "batch-1.csv", "batch-2.csv"]
+    (run_dir,) = (tmp_path / "landing" / "sent").iterdir()  # what was sent moved out of the landing directory
     for name in received:
-        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(tmp_path / "landing" / name)
+        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(run_dir / name)
     summaries = list((tmp_path / "parquet").glob("*/_amqstream_summary.json"))
     assert len(summaries) == 3 and all(json.loads(s.read_text())["rows"] == 5000 for s in summaries)
     assert (tmp_path / "received" / "site-b" / "site-a-orders.csv").exists()

@@ -87,4 +87,13 @@ class SendStreamOperator(BaseOperator):
                           stream_id, result.resumed_from, result.bytes_transferred)
         self.log.info("sent %s (%d bytes, %d chunks) to %s in %.1fs, sha256 %s", src, result.bytes, result.chunks,
                       result.destination, result.seconds, result.sha256)
-        return result.to_json()
+        self._amqstream_result = result.to_json()
+        return self._amqstream_result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage: the file (``file://host`` + path) went to the destination
+        (``amqstream://broker:port`` + name), with its size and SHA-256."""
+        from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
+
+        return transfer_lineage(result_of(self, task_instance),
+                                AmqStreamHook(self.amqstream_conn_id).broker_params(), sending=True)

@@ -6,7 +6,8 @@ Run by ``spark-submit`` (see :func:`airflow_provider_amqstream.operators.spark.s
         [--format auto|csv|json|parquet] [--sha256 HEX]
 
 Writes the dataset to DIR and a summary to DIR/_amqstream_summary.json (rows,
-columns, bytes, source SHA-256). Exits 2 with a clear message on unreadable input.
+columns, bytes, source SHA-256), and prints one summary line. Spark itself logs
+warnings only. Exits 2 with a clear message on unreadable input.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
@@ -51,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
+    started = time.monotonic()
     spark = SparkSession.builder.appName(f"amqstream:{src.name}").getOrCreate()
+    # As early as the API allows; the launcher's own start-up lines are quieted by the
+    # log4j2 configuration that stream_to_parquet_operator passes to the driver JVM.
+    spark.sparkContext.setLogLevel("WARN")
     try:
         reader = spark.read
         if fmt == "csv":
@@ -86,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out / "_amqstream_summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     os.replace(tmp, out / "_amqstream_summary.json")
-    print(json.dumps(summary))
+    print(f"stream_to_parquet: {src} ({fmt}, {summary['input_bytes']} bytes) -> {out}: {rows} rows, "
+          f"{len(columns)} columns, {size} bytes of Parquet in {time.monotonic() - started:.1f}s", flush=True)
     return 0
 
 

@@ -1,14 +1,20 @@
 """Example 2: scheduled bulk movement: every file in a landing directory is streamed by mapped
-tasks, received one at a time by one consumer, and each is handed to Spark."""
+tasks, received one at a time by one consumer, and each is handed to Spark.
+
+As a real landing zone, it moves each sent file to ``landing/sent/<run>/``, so the next run
+sends only what arrived since; received files are never overwritten (a later file of the
+same name is stored with its stream id in the name)."""
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
+from pathlib import Path
 
 from airflow.sdk import DAG, task
 
 from airflow_provider_amqstream.example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
-from airflow_provider_amqstream.operators.spark import stream_to_parquet_job
+from airflow_provider_amqstream.operators.spark import quiet_spark_conf, stream_to_parquet_job
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -25,18 +31,33 @@ with DAG(
     def list_landing() -> list[str]:
         """The files to move; seeds the landing directory with samples when it is empty."""
         LANDING.mkdir(parents=True, exist_ok=True)
-        if not any(LANDING.iterdir()):
+
+        def waiting() -> list[str]:
+            return sorted(str(p) for p in LANDING.iterdir() if p.is_file() and not p.name.startswith("."))
+
+        if not waiting():
             for i in range(3):
                 write_sample_csv(LANDING / f"batch-{i}.csv", rows=5_000, seed=i)
-        return sorted(str(p) for p in LANDING.iterdir() if p.is_file() and not p.name.startswith("."))
+        return waiting()
+
+    @task
+    def archive(result: dict, run_id: str | None = None) -> str:
+        """Move a sent file out of the landing directory, into sent/<run>/."""
+        src = Path(result["path"])
+        dest = LANDING / "sent" / str(run_id).replace(":", "-").replace("+", "-") / src.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.exists():  # a retry of this task finds it moved already
+            shutil.move(str(src), dest)
+        return str(dest)
 
     files = list_landing()
     sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".bulk",
                                       max_active_tis_per_dagrun=2).expand(path=files)
+    archive.expand(result=sent.output)
 
     # One consumer: the mapped sensors run one at a time, each taking one stream.
     received = StreamCompleteSensor.partial(
-        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"), overwrite=True,
+        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"),
         max_active_tis_per_dagrun=1, poke_interval=5, timeout=3600,
     ).expand(stream_id=sent.output.map(lambda r: r["stream_id"]))
 
@@ -49,5 +70,5 @@ with DAG(
 
     SparkSubmitOperator.partial(
         task_id="to_parquet", application=stream_to_parquet_job(), conn_id="spark_default",
-        max_active_tis_per_dagrun=1,
+        conf=quiet_spark_conf(), max_active_tis_per_dagrun=1,
     ).expand(application_args=spark_args.expand(result=received.output))
