@@ -176,8 +176,17 @@ def test_soak(tmp_path: Path) -> None:
                 receivers[i] = receiver()
         # Re-offers and repeated offers from re-run senders are handled after the last file;
         # what stays is the abandoned streams' offers, waiting for senders that never return.
-        wait_for(lambda: sorted(f.headers[p.H_STREAM] for f in browse(params, QUEUE)) == abandoned, 120,
-                 "the receivers to handle every offer but the abandoned ones", interval=1)
+        seen: list[list[str]] = [[]]
+
+        def only_abandoned_left() -> bool:
+            seen[0] = sorted(f"{f.headers[p.H_STREAM]}{'(re)' if f.headers.get(p.H_REOFFER) else ''}"
+                             for f in browse(params, QUEUE))
+            return seen[0] == abandoned
+
+        try:
+            wait_for(only_abandoned_left, 120, "the receivers to handle every offer but the abandoned ones", interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; offers on {QUEUE}: {seen[0]}; receiver logs in {logs}") from None
         for proc in receivers:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
