@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # The choices of ``send --mode``, here so that building the parser imports nothing;
 # tests check them against protocol.Mode.
 MODES = ("stream", "atomic", "handshake")
+CONN_HELP = ("amqstream:// URI, or a connection id looked up in AIRFLOW_CONN_<ID>, then in Airflow's metadata "
+             "database (default amqstream_default, else the embedded broker)")
 
 
 def _params(args: argparse.Namespace) -> BrokerParams:
@@ -251,8 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_users)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--conn", help="amqstream:// URI or Airflow connection id (default amqstream_default, "
-                                      "else the embedded broker)")
+        p.add_argument("--conn", help=CONN_HELP)
         p.add_argument("--stream-id", help="stream id (send: default derived from the file; receive: any)")
         p.add_argument("--window", type=int, help="send: chunks per broker confirmation (default 16); "
                                                   "receive: chunks per sync and acknowledgement (default 8)")
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_receive)
 
     t = sub.add_parser("test-connection", help="connect and prove a round trip")
-    t.add_argument("--conn")
+    t.add_argument("--conn", help=CONN_HELP)
     t.set_defaults(func=cmd_test_connection)
     return ap
 

@@ -11,11 +11,13 @@ module level: the hook and the CLI both build on it.
 
 from __future__ import annotations
 
+import configparser
 import json
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -172,11 +174,38 @@ def parse_connection(value: str, conn_id: str, where: str = "connection") -> Con
     return parse_uri(value, conn_id, where)
 
 
+def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | None:
+    """The custom secrets backend Airflow is configured with (``[secrets] backend`` or
+    ``[workers] secrets_backend``), read cheaply from the environment and airflow.cfg.
+
+    Airflow asks such a backend before the environment variables, so when one is set the
+    shortcut through ``AIRFLOW_CONN_<ID>`` would change which definition wins.
+    """
+    env = os.environ if environ is None else environ
+    for var in ("AIRFLOW__SECRETS__BACKEND", "AIRFLOW__WORKERS__SECRETS_BACKEND"):
+        if env.get(var, "").strip():
+            return env[var].strip()
+    home = Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
+    cfg = Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg").expanduser()
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(cfg)
+    except configparser.Error as exc:
+        raise ValueError(f"{cfg}: cannot be read as Airflow's configuration ({exc})") from None
+    for section, key in (("secrets", "backend"), ("workers", "secrets_backend")):
+        value = parser.get(section, key, fallback="").strip()
+        if value:
+            return value
+    return None
+
+
 def from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> ConnFields | None:
-    """Connection ``conn_id`` from its ``AIRFLOW_CONN_<ID>`` variable, or None if unset."""
+    """Connection ``conn_id`` from its ``AIRFLOW_CONN_<ID>`` variable, or None if unset
+    (or if a custom secrets backend is configured: Airflow asks that first)."""
     name = env_var_name(conn_id)
-    value = (os.environ if environ is None else environ).get(name)
-    if value is None:
+    env = os.environ if environ is None else environ
+    value = env.get(name)
+    if value is None or custom_secrets_backend(env):
         return None
     return parse_connection(value, conn_id, where=name)
 
@@ -230,8 +259,9 @@ def resolve(conn: str | None) -> tuple[BrokerParams, str]:
     """Broker settings for the CLI's ``--conn`` and where they came from.
 
     ``conn`` is a URI, a connection id, or None for ``amqstream_default``. A connection
-    id is looked up in ``AIRFLOW_CONN_<ID>`` first and in Airflow's metadata database
-    only if no variable is set; a missing ``amqstream_default`` falls back to the
+    id is looked up in ``AIRFLOW_CONN_<ID>`` first, and through Airflow's own lookup
+    (secrets backends, metadata database) if no variable is set or a custom secrets
+    backend is configured; a missing ``amqstream_default`` falls back to the
     embedded broker. Raises :class:`ConnectionNotFound` saying what to set.
     """
     if conn and "://" in conn:
@@ -242,7 +272,7 @@ def resolve(conn: str | None) -> tuple[BrokerParams, str]:
         return fields.broker_params(), f"${env_var_name(conn_id)}"
     fields = from_metadata_db(conn_id)
     if fields is not None:
-        return fields.broker_params(), f"connection {conn_id!r} in Airflow's metadata database"
+        return fields.broker_params(), f"connection {conn_id!r} through Airflow's lookup"
     if conn_id == DEFAULT_CONN_ID:
         embedded = embedded_params()
         if embedded is not None:

@@ -149,3 +149,19 @@ def test_hook_reads_the_variable_the_same_way(monkeypatch: pytest.MonkeyPatch) -
     assert params == c.from_env("amqs_hooked").broker_params()  # type: ignore[union-attr]
     assert params.hosts == (("mq1", 61613), ("mq2", 61614)) and params.receipt_timeout == 7.0
     assert isinstance(params, BrokerParams) and params.password == "p@ss"
+
+
+def test_a_custom_secrets_backend_is_asked_first_as_airflow_does(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AMQS_SHADOWED", "amqstream://a:b@envhost:1")
+    monkeypatch.delenv("AIRFLOW__SECRETS__BACKEND", raising=False)
+    monkeypatch.delenv("AIRFLOW__WORKERS__SECRETS_BACKEND", raising=False)
+    cfg = tmp_path / "airflow.cfg"
+    monkeypatch.setenv("AIRFLOW_CONFIG", str(cfg))
+    assert c.from_env("amqs_shadowed") is not None  # no airflow.cfg: nothing configured
+    cfg.write_text("[secrets]\nbackend = my.vault.Backend\nbackend_kwargs = {\"x\": \"%(y)s\"}\n")
+    assert c.custom_secrets_backend() == "my.vault.Backend"
+    assert c.from_env("amqs_shadowed") is None  # defer to Airflow, which asks the backend first
+    cfg.write_text("[core]\nload_examples = False\n")
+    monkeypatch.setenv("AIRFLOW__WORKERS__SECRETS_BACKEND", "other.Backend")
+    assert c.from_env("amqs_shadowed") is None
