@@ -4,6 +4,9 @@ environment or the metadata database, and machine output that is only machine ou
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +15,16 @@ import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.cli import MODES, _print_result
-from airflow_provider_amqstream.engine import TransferResult
+from airflow_provider_amqstream.engine import TransferResult, send_file
 from airflow_provider_amqstream.protocol import Mode
-from tests.helpers import cli, make_file, sha256_file
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import cli, make_file, read_json, sha256_file, wait_for
 
 NO_ENV_CONN = {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": ""}
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
          python_opts: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    import os
-
     full_env = {**os.environ, **(env or {})}
     for k, v in (env or {}).items():
         if v == "":
@@ -113,6 +115,37 @@ def test_progress_prints_its_last_line_once(uri: str, tmp_path: Path, queue_name
         assert len(finals) == 1, err
     # A human reads the summary on stdout; its rate is this run's.
     assert "MiB/s" in sent.stdout and "sha256" in sent.stdout
+
+
+@pytest.mark.broker
+@pytest.mark.kill
+def test_resumed_receive_prints_this_runs_rate(params: BrokerParams, uri: str, tmp_path: Path,
+                                              queue_name: str) -> None:
+    size, chunk = 96 * 2**20, 2**20
+    src = make_file(tmp_path / "resume.bin", size)
+    send_file(params, src, queue_name, stream_id="rate-1", chunk_size=chunk)
+    out = tmp_path / "out"
+    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--window", "4", "-q"]
+    first = cli(*args)
+
+    def stored() -> int:
+        state = read_json(out / ".amqstream" / "rate-1.json")
+        return int(state["next_seq"]) if state else 0
+
+    wait_for(lambda: stored() >= 48, 120, "the receiver to store 48 chunks")
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=30)
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    m = re.search(r"in ([\d.]+)s \(([\d,.]+) MiB/s, resumed at byte (\d+)\)", again.stdout)
+    assert m, again.stdout
+    secs, rate, resumed = float(m[1]), float(m[2].replace(",", "")), int(m[3])
+    assert 0 < resumed < size
+    this_run = (size - resumed) / 2**20 / secs
+    whole_file = size / 2**20 / secs
+    # At most the unsynced window (4 chunks) is written again on top of what was left.
+    assert this_run * 0.9 <= rate <= (size - resumed + 4 * chunk) / 2**20 / secs * 1.1, (rate, this_run)
+    assert rate < 0.75 * whole_file
 
 
 def test_rate_of_a_resumed_transfer_counts_only_this_run(capsys: pytest.CaptureFixture[str]) -> None:
