@@ -11,7 +11,8 @@ from airflow.sdk import BaseOperator
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import checkpoint_name, default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators._glue import LogProgress, TaskStateCheckpoint
+from airflow_provider_amqstream.operators.checkpoint import TaskStateCheckpoint
+from airflow_provider_amqstream.operators.progress import LogProgress
 
 
 class SendStreamOperator(BaseOperator):

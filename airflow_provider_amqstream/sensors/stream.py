@@ -13,7 +13,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, TransferResult, find_received
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators._glue import LogProgress
+from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
