@@ -79,9 +79,17 @@ DEFAULT_RECEIVE_BATCH = 8
 MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
+# How far past the first missing chunk a chunk may be. Delivery reorders within a few
+# prefetch windows; further ahead is a sender playing games (each chunk ahead of a gap is
+# kept in the resume state, which is rewritten every batch).
+MAX_AHEAD = 1024
+# Set by the transport on a frame whose header section it had to cut (see transport.py).
+H_TRUNCATED = "amqs_truncated"
 
-_STREAM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_DEST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# fullmatch only: `$` also matches before a trailing newline, which would reach file names.
+_STREAM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DEST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 class ProtocolError(ValueError):
@@ -123,7 +131,7 @@ def validate_stream_id(stream_id: str) -> str:
     """Return ``stream_id`` if it is safe as a queue-name suffix and a file name."""
     if not isinstance(stream_id, str) or not stream_id:
         raise ProtocolError("stream id must be a non-empty string")
-    if len(stream_id) > MAX_STREAM_ID or not _STREAM_ID_RE.match(stream_id) or ".." in stream_id:
+    if len(stream_id) > MAX_STREAM_ID or not _STREAM_ID_RE.fullmatch(stream_id) or ".." in stream_id:
         raise ProtocolError(
             f"stream id {stream_id!r} is not valid: use 1-{MAX_STREAM_ID} characters from "
             "A-Z a-z 0-9 . _ - starting with a letter or digit, and no '..'"
@@ -159,7 +167,7 @@ class Destination:
             if raw.startswith(prefix):
                 kind, name = k, raw[len(prefix):]
                 break
-        if not name or len(name) > 200 or not _DEST_NAME_RE.match(name):
+        if not name or len(name) > 200 or not _DEST_NAME_RE.fullmatch(name):
             raise ProtocolError(
                 f"destination {text!r} is not valid: use /queue/NAME or /topic/NAME where NAME "
                 "has only A-Z a-z 0-9 . _ -"
@@ -194,7 +202,9 @@ def safe_file_name(name: str, stream_id: str) -> str:
     """
     base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
     base = "".join(ch for ch in base if ch.isprintable() and ch not in _UNSAFE_CHARS)
-    base = base.strip().lstrip(".").strip()
+    # Until stable: ". .bashrc" must not become ".bashrc", nor ". .." become "..".
+    while base != (stripped := base.strip().lstrip(".")):
+        base = stripped
     if base.split(".", 1)[0].upper() in _RESERVED:
         base = "_" + base
     if not base:
@@ -277,13 +287,26 @@ class ChunkCodec:
 
     @staticmethod
     def decode(encoding: str, wire: bytes | memoryview, length: int) -> bytes:
-        """Decompress one chunk; raises ProtocolError on anything but exactly ``length`` bytes."""
+        """Decompress one chunk; raises ProtocolError on anything but exactly ``length`` bytes.
+
+        The frame must declare its content size, and it must be ``length``: python-zstandard
+        allocates what a frame declares whatever ``max_output_size`` says (a 17-byte frame
+        declaring 1 TiB ended in MemoryError), so the declaration is checked first.
+        """
         if encoding != "zstd":
             raise ProtocolError(f"unknown chunk encoding {encoding[:20]!r}")
         import zstandard
 
+        data = bytes(wire)
         try:
-            out = zstandard.ZstdDecompressor().decompress(bytes(wire), max_output_size=length)
+            declared = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as exc:
+            raise ProtocolError(f"zstd chunk has no valid frame header: {exc}") from None
+        if declared != length:
+            what = "no content size" if declared < 0 else f"{declared} bytes"
+            raise ProtocolError(f"zstd chunk declares {what}, expected {length}")
+        try:
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=length)
         except zstandard.ZstdError as exc:
             raise ProtocolError(f"zstd chunk does not decompress: {exc}") from None
         if len(out) != length:
@@ -364,16 +387,21 @@ def _int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int =
     raw = headers.get(name)
     if raw is None:
         raise ProtocolError(f"stream {stream}: header {name} is missing")
-    try:
-        value = int(str(raw), 10)
-    except ValueError:
-        raise ProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer") from None
+    # ASCII digits only: int() also takes "+2", " 4", "0_0" and other scripts' digits.
+    if not _DIGITS.fullmatch(str(raw)):
+        raise ProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer "
+                            "(non-negative, ASCII digits only)")
+    value = int(str(raw))
     if not lo <= value <= hi:
         raise ProtocolError(f"stream {stream}: header {name}={value} is outside {lo}..{hi}")
     return value
 
 
 def kind_of(headers: Mapping[str, Any]) -> Kind:
+    if H_TRUNCATED in headers:
+        raise ProtocolError(
+            f"stream {str(headers.get(H_STREAM, '?'))[:MAX_STREAM_ID]}: the message's header section was too large "
+            f"and was cut by the receiver ({str(headers[H_TRUNCATED])[:80]})")
     try:
         return Kind(headers.get(H_KIND))
     except ValueError:
@@ -672,6 +700,9 @@ class ReceiverState:
         seq = _int_header(headers, H_SEQ, sid, lo=1, hi=max(self.spec.chunks, 1))
         if seq > self.spec.chunks:
             raise ProtocolError(f"stream {sid}: chunk {seq} is past the last chunk {self.spec.chunks}")
+        if seq >= self.next_seq + MAX_AHEAD:
+            raise ProtocolError(f"stream {sid}: chunk {seq} is {seq - self.next_seq} chunks past the first missing "
+                                f"chunk {self.next_seq} (at most {MAX_AHEAD} are accepted ahead of a gap)")
         offset, length = self.spec.chunk_span(seq)
         claimed = _int_header(headers, H_OFFSET, sid)
         if claimed != offset:
