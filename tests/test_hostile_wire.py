@@ -30,7 +30,7 @@ def _receive_after(params: BrokerParams, queue: str, tmp_path: Path) -> tuple[li
     sha = send_file(params, good, queue, chunk_size=1000).sha256
     got: list[Any] = []
     failed: list[Any] = []
-    receive_streams(params, queue, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=20),
+    receive_streams(params, queue, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=20, idle_timeout=10),
                     on_result=got.append, on_failure=failed.append)
     return got, failed, sha
 
@@ -87,7 +87,7 @@ def _bomb(declared: int) -> bytes:
 def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
         params: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
     data = make_file(tmp_path / "f.bin", 4 * 1024).read_bytes()
-    spec = p.StreamSpec(f"hc-{case}", "f.bin", len(data), 4 if case == "far-ahead" else 1024)
+    spec = p.StreamSpec(f"hc-{case}", "f.bin", len(data), 2 if case == "far-ahead" else 1024)
 
     def tamper(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
         if seq != 1:
@@ -96,7 +96,7 @@ def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
             wire = _bomb(2**40) if case == "bomb-1tib" else zstandard.ZstdCompressor().compress(b"\0" * 65536)
             return {**headers, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(wire))}, wire
         if case == "far-ahead":
-            far = spec.chunks  # the last of 1024 four-byte chunks, with 1..1023 missing
+            far = spec.chunks  # the last of 2048 two-byte chunks, 2047 past the gap
             off, n = spec.chunk_span(far)
             return p.data_headers(spec, far, data[off:off + n]), data[off:off + n]
         if case == "cut-headers":
