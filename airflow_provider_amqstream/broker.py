@@ -523,6 +523,10 @@ def _auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any
             <authorizationEntries>
 {nl.join(acl)}
             </authorizationEntries>
+            <!-- Temporary destinations: the protocol uses none; only the administrator may. -->
+            <tempDestinationAuthorizationEntry>
+              <tempDestinationAuthorizationEntry read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" admin="{ADMIN_GROUP}"/>
+            </tempDestinationAuthorizationEntry>
           </authorizationMap>
         </map>
       </authorizationPlugin>"""

@@ -2,6 +2,11 @@
 
 Exit codes: 0 success, 1 the transfer failed (message on stderr), 2 bad usage,
 3 nothing to receive within ``--wait``.
+
+Start-up time is part of every transfer a script makes, so this module imports only
+what a command needs, when it runs it; Airflow only to look a connection up in the
+metadata database. Machine output (``--json``) goes alone to stdout; progress, notices
+and logs go to stderr.
 """
 
 from __future__ import annotations
@@ -13,49 +18,59 @@ import os
 import resource
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_amqstream import __version__
-from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker
-from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Mode, ProtocolError
-from airflow_provider_amqstream.transport import BrokerParams, TransportError
+
+if TYPE_CHECKING:
+    from airflow_provider_amqstream.transport import BrokerParams
+
+# The choices of ``send --mode``, here so that building the parser imports nothing;
+# tests check them against protocol.Mode.
+MODES = ("stream", "atomic", "handshake")
+CONN_HELP = ("amqstream:// URI, or a connection id looked up in AIRFLOW_CONN_<ID>, then in Airflow's metadata "
+             "database (default amqstream_default, else the embedded broker)")
 
 
-def _params(conn: str | None) -> BrokerParams:
-    """``--conn`` is a URI, an Airflow connection id, or (default) amqstream_default."""
-    if conn and "://" in conn:
-        return BrokerParams.from_uri(conn)
-    from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+def _params(args: argparse.Namespace) -> BrokerParams:
+    """``--conn`` is a URI, a connection id, or (default) amqstream_default."""
+    from airflow_provider_amqstream.connection import resolve
 
-    return AmqStreamHook(conn or AmqStreamHook.default_conn_name).broker_params()
+    params, source = resolve(args.conn)
+    if "airflow" in sys.modules:
+        # Airflow's import configures logging to stdout: take it back for --json.
+        _setup_logging(args.verbose)
+    if source.startswith("the embedded broker") and not getattr(args, "quiet", False):
+        print(f"amqstream: using {source} at {params.url}", file=sys.stderr)
+    logging.getLogger(__name__).info("connection from %s: %s", source, params.url)
+    return params
 
 
 class _Progress:
     """A one-line progress bar on a terminal; a line every 10 s otherwise (logs)."""
 
     def __init__(self, label: str, enabled: bool) -> None:
+        from airflow_provider_amqstream.progress import ProgressMeter
+
         self.label, self.enabled = label, enabled
         self.tty = sys.stderr.isatty()
-        self.t0 = time.monotonic()
-        self.last = 0.0
+        self.meter = ProgressMeter(0.2 if self.tty else 10.0)
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
-        now = time.monotonic()
-        if done < total and now - self.last < (0.2 if self.tty else 10.0):
+        rep = self.meter.reading(done, total)
+        if rep is None:
             return
-        self.last = now
-        rate = done / max(now - self.t0, 1e-6) / 2**20
-        pct = 100.0 * done / total if total else 100.0
+        rate = f" {rep.rate / 2**20:,.1f} MiB/s" if rep.rate is not None else ""
         if self.tty:
-            bar = "#" * int(pct / 4)
-            sys.stderr.write(f"\r{self.label} [{bar:<25}] {pct:5.1f}% {done / 2**20:,.1f}/"
-                             f"{total / 2**20:,.1f} MiB {rate:,.1f} MiB/s")
-            if done >= total:
+            bar = "#" * int(rep.percent / 4)
+            sys.stderr.write(f"\r{self.label} [{bar:<25}] {rep.percent:5.1f}% {done / 2**20:,.1f}/"
+                             f"{total / 2**20:,.1f} MiB{rate}\x1b[K")
+            if rep.final:
                 sys.stderr.write("\n")
         else:
-            sys.stderr.write(f"{self.label}: {pct:5.1f}% {done}/{total} bytes {rate:,.1f} MiB/s\n")
+            sys.stderr.write(f"{self.label}: {rep.percent:5.1f}% {done}/{total} bytes{rate}\n")
         sys.stderr.flush()
 
 
@@ -93,7 +108,8 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
         print(f"stream {data['stream_id']} ({data['name']}) was already {verb} completely; "
               f"sha256 {data['sha256']}", flush=True)
         return
-    rate = data["bytes"] / max(data["seconds"], 1e-6) / 2**20
+    # This run's bytes over this run's time: a resumed transfer moved less than its size.
+    rate = data["bytes_transferred"] / max(data["seconds"], 1e-6) / 2**20
     where = f" -> {data['path']}" if verb == "received" else ""
     resumed = f", resumed at byte {data['resumed_from']}" if data["resumed_from"] else ""
     print(f"{verb} stream {data['stream_id']} ({data['name']}, {data['bytes']} bytes, {data['chunks']} chunks) "
@@ -102,6 +118,8 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.broker import EmbeddedBroker
+
     broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb,
                             tls_port=args.tls_port)
     if args.action == "start":
@@ -134,6 +152,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_users(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.broker import EmbeddedBroker
+
     broker = EmbeddedBroker(args.data_dir, port=args.port)
     if args.action == "list":
         for name, info in sorted(broker.users().items()):
@@ -189,7 +209,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         from airflow_provider_amqstream.engine import send_file
 
         res = send_file(
-            _params(args.conn), args.path[0], args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
+            _params(args), args.path[0], args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
             window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
             progress=_Progress(f"send {os.path.basename(args.path[0])}", not args.quiet),
         )
@@ -211,7 +231,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(res.to_json()), flush=True)
 
-    bulk = send_files(_params(args.conn), files, args.to, batch_id=args.batch_id, chunk_size=args.chunk_size,
+    bulk = send_files(_params(args), files, args.to, batch_id=args.batch_id, chunk_size=args.chunk_size,
                       window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
                       fail_fast=args.fail_fast, progress=progress, on_result=on_result, on_failure=on_failure,
                       manifest=args.manifest if args.manifest is not None else args.recursive)
@@ -230,8 +250,9 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 def cmd_receive(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams
+    from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH
 
-    params = _params(args.conn)
+    params = _params(args)
     events = None
     if args.events:
         ev_fh = open(args.events, "a", buffering=1)  # noqa: SIM115 - lives as long as the command
@@ -262,7 +283,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 def cmd_test_connection(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.transport import StompLink
 
-    params = _params(args.conn)
+    params = _params(args)
     with StompLink(params) as link:
         link.round_trip()
     print(f"ok: connected to {params.url} and received a receipt")
@@ -297,8 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_users)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--conn", help="amqstream:// URI or Airflow connection id (default amqstream_default, "
-                                      "else the embedded broker)")
+        p.add_argument("--conn", help=CONN_HELP)
         p.add_argument("--stream-id", help="stream id (send: default derived from the file; receive: any)")
         p.add_argument("--window", type=int, help="send: chunks per broker confirmation (default 16); "
                                                   "receive: chunks per sync and acknowledgement (default 8)")
@@ -317,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "its files are in (default: on with --recursive)")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
     s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
-    s.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.STREAM.value,
+    s.add_argument("--mode", choices=MODES, default=MODES[0],
                    help="stream: receivers start at once; atomic: only after every chunk is stored")
     s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")
     s.add_argument("--compress", choices=["zstd"], help="compress chunks that shrink (CSV, JSON)")
@@ -345,23 +365,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_receive)
 
     t = sub.add_parser("test-connection", help="connect and prove a round trip")
-    t.add_argument("--conn")
+    t.add_argument("--conn", help=CONN_HELP)
     t.set_defaults(func=cmd_test_connection)
     return ap
 
 
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
+    _setup_logging(args.verbose)
     try:
         return args.func(args)
-    except (BrokerError, TransportError, ProtocolError, ValueError, OSError) as exc:
-        print(f"amqstream: error: {exc}", file=sys.stderr)
-        return 1
-    except RuntimeError as exc:  # StreamError and friends: already say what to do
+    # Our errors all derive from these (BrokerError and StreamError from RuntimeError,
+    # ProtocolError from ValueError, TransportError from OSError, ConnectionNotFound from
+    # LookupError) and already say what failed and what to do; naming the classes here
+    # would import every module for every command.
+    except (ValueError, OSError, RuntimeError, LookupError) as exc:
         print(f"amqstream: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -95,9 +95,17 @@ MAX_BATCH_BODY = 2 * 1024 * 1024
 MAX_BATCH_PARTS = 10_000
 MAX_DIR_DEPTH = 16
 MAX_DIR_COMPONENT_BYTES = 200
+# How far past the first missing chunk a chunk may be. Delivery reorders within a few
+# prefetch windows; further ahead is a sender playing games (each chunk ahead of a gap is
+# kept in the resume state, which is rewritten every batch).
+MAX_AHEAD = 1024
+# Set by the transport on a frame whose header section it had to cut (see transport.py).
+H_TRUNCATED = "amqs_truncated"
 
-_STREAM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_DEST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# fullmatch only: `$` also matches before a trailing newline, which would reach file names.
+_STREAM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DEST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 class ProtocolError(ValueError):
@@ -141,7 +149,7 @@ def validate_stream_id(stream_id: str) -> str:
     """Return ``stream_id`` if it is safe as a queue-name suffix and a file name."""
     if not isinstance(stream_id, str) or not stream_id:
         raise ProtocolError("stream id must be a non-empty string")
-    if len(stream_id) > MAX_STREAM_ID or not _STREAM_ID_RE.match(stream_id) or ".." in stream_id:
+    if len(stream_id) > MAX_STREAM_ID or not _STREAM_ID_RE.fullmatch(stream_id) or ".." in stream_id:
         raise ProtocolError(
             f"stream id {stream_id!r} is not valid: use 1-{MAX_STREAM_ID} characters from "
             "A-Z a-z 0-9 . _ - starting with a letter or digit, and no '..'"
@@ -177,7 +185,7 @@ class Destination:
             if raw.startswith(prefix):
                 kind, name = k, raw[len(prefix):]
                 break
-        if not name or len(name) > 200 or not _DEST_NAME_RE.match(name):
+        if not name or len(name) > 200 or not _DEST_NAME_RE.fullmatch(name):
             raise ProtocolError(
                 f"destination {text!r} is not valid: use /queue/NAME or /topic/NAME where NAME "
                 "has only A-Z a-z 0-9 . _ -"
@@ -205,7 +213,9 @@ _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LP
 
 def _clean_component(part: str) -> str:
     part = "".join(ch for ch in part if ch.isprintable() and ch not in _UNSAFE_CHARS)
-    part = part.strip().lstrip(".").strip()
+    # Until stable: ". .bashrc" must not become ".bashrc", nor ". .." become "..".
+    while part != (stripped := part.strip().lstrip(".")):
+        part = stripped
     if part and part.split(".", 1)[0].upper() in _RESERVED:
         part = "_" + part
     return part
@@ -331,13 +341,26 @@ class ChunkCodec:
 
     @staticmethod
     def decode(encoding: str, wire: bytes | memoryview, length: int) -> bytes:
-        """Decompress one chunk; raises ProtocolError on anything but exactly ``length`` bytes."""
+        """Decompress one chunk; raises ProtocolError on anything but exactly ``length`` bytes.
+
+        The frame must declare its content size, and it must be ``length``: python-zstandard
+        allocates what a frame declares whatever ``max_output_size`` says (a 17-byte frame
+        declaring 1 TiB ended in MemoryError), so the declaration is checked first.
+        """
         if encoding != "zstd":
             raise ProtocolError(f"unknown chunk encoding {encoding[:20]!r}")
         import zstandard
 
+        data = bytes(wire)
         try:
-            out = zstandard.ZstdDecompressor().decompress(bytes(wire), max_output_size=length)
+            declared = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as exc:
+            raise ProtocolError(f"zstd chunk has no valid frame header: {exc}") from None
+        if declared != length:
+            what = "no content size" if declared < 0 else f"{declared} bytes"
+            raise ProtocolError(f"zstd chunk declares {what}, expected {length}")
+        try:
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=length)
         except zstandard.ZstdError as exc:
             raise ProtocolError(f"zstd chunk does not decompress: {exc}") from None
         if len(out) != length:
@@ -421,16 +444,21 @@ def _int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int =
     raw = headers.get(name)
     if raw is None:
         raise ProtocolError(f"stream {stream}: header {name} is missing")
-    try:
-        value = int(str(raw), 10)
-    except ValueError:
-        raise ProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer") from None
+    # ASCII digits only: int() also takes "+2", " 4", "0_0" and other scripts' digits.
+    if not _DIGITS.fullmatch(str(raw)):
+        raise ProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer "
+                            "(non-negative, ASCII digits only)")
+    value = int(str(raw))
     if not lo <= value <= hi:
         raise ProtocolError(f"stream {stream}: header {name}={value} is outside {lo}..{hi}")
     return value
 
 
 def kind_of(headers: Mapping[str, Any]) -> Kind:
+    if H_TRUNCATED in headers:
+        raise ProtocolError(
+            f"stream {str(headers.get(H_STREAM, '?'))[:MAX_STREAM_ID]}: the message's header section was too large "
+            f"and was cut by the receiver ({str(headers[H_TRUNCATED])[:80]})")
     try:
         return Kind(headers.get(H_KIND))
     except ValueError:
@@ -555,7 +583,7 @@ class HandshakeSender:
 
     A receiver joins with ``hello`` and is bound to that message's token; its later
     messages with another token are ignored, as are messages from receivers that never
-    said hello, and ``done`` before every chunk and the end marker were sent once. On a queue only the
+    said hello. On a queue only the
     receiver holding the offer can answer, so the sender serves one receiver: another
     replaces it only after it was silent for ``takeover_after`` seconds (it died and its
     offer moved). On a topic every receiver counts. Re-sent chunks are bounded by
@@ -576,7 +604,6 @@ class HandshakeSender:
     resent: int = 0
     highest_sent: int = 0
     ignored: int = 0
-    end_sent_once: bool = False
 
     @property
     def max_resend(self) -> int:
@@ -598,9 +625,7 @@ class HandshakeSender:
         if not re.fullmatch(r"[0-9a-f]{32}", token):
             raise ProtocolError(f"stream {sid}: control message from {consumer[:80]!r} without a valid {H_TOKEN}")
         pos = _int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=self.spec.chunks + 1)
-        # Nobody is finished before everything was sent once, whatever it says.
-        premature = kind is Kind.DONE and not self.end_sent_once
-        if premature or not self._admit(kind, consumer, token, now):
+        if not self._admit(kind, consumer, token, now):
             self.ignored += 1
             return None
         self.heard[consumer] = now
@@ -662,7 +687,6 @@ class HandshakeSender:
         """Whether the end marker should be sent now (after the last chunk, again after a rewind)."""
         if self.positions and self.send_seq > self.spec.chunks and self.end_due:
             self.end_due = False
-            self.end_sent_once = True
             return True
         return False
 
@@ -733,6 +757,9 @@ class ReceiverState:
         seq = _int_header(headers, H_SEQ, sid, lo=1, hi=max(self.spec.chunks, 1))
         if seq > self.spec.chunks:
             raise ProtocolError(f"stream {sid}: chunk {seq} is past the last chunk {self.spec.chunks}")
+        if seq >= self.next_seq + MAX_AHEAD:
+            raise ProtocolError(f"stream {sid}: chunk {seq} is {seq - self.next_seq} chunks past the first missing "
+                                f"chunk {self.next_seq} (at most {MAX_AHEAD} are accepted ahead of a gap)")
         offset, length = self.spec.chunk_span(seq)
         claimed = _int_header(headers, H_OFFSET, sid)
         if claimed != offset:
@@ -893,7 +920,9 @@ def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int,
         try:
             raw = json.loads(line)
             sid = validate_stream_id(str(raw["stream_id"]))
-            size = int(raw["bytes"])
+            size = raw["bytes"]
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise ValueError("bytes is not an integer")
             sha = str(raw["sha256"])
             name = str(raw["name"])
             subdir = safe_subdir(str(raw.get("dir") or ""), sid)

@@ -15,8 +15,9 @@ def _field(label: str, description: str, type_: str, default: Any = None, **sche
 
 
 CONN_FIELDS: dict[str, dict[str, Any]] = {
-    "hosts": _field("Failover brokers", "Comma-separated host:port list tried in order after Host "
-                    "(e.g. mq2.example.com:61613). Leave empty for one broker.", "string"),
+    "hosts": _field("Failover brokers", "Brokers tried in order, as comma-separated host:port "
+                    "(e.g. mq1.example.com:61613,mq2.example.com:61613). When set, it replaces Broker host(s), "
+                    "which can also list several hosts itself. Leave empty for one broker.", "string"),
     "tls": _field("TLS", "Speak STOMP over TLS (stomp+ssl connector).", "boolean", False),
     "ca_file": _field("CA file", "PEM file with the CA that signed the broker certificate.", "string"),
     "cert_file": _field("Client certificate", "PEM client certificate for mutual TLS.", "string"),
@@ -27,12 +28,23 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                            "integer", 10000, minimum=0),
     "chunk_size": _field("Chunk size (bytes)", "Default bytes per chunk message (1-4 MiB is best).",
                          "integer", 1048576, minimum=1, maximum=33554432),
-    "compression": _field("Compression", "Per-chunk compression for streams sent through this connection: "
-                          "zstd (pays off on CSV/JSON, skipped on incompressible chunks) or empty.", "string",
-                          enum=["zstd", None]),
+    "compression": {
+        "label": "Compression",
+        "description": "Per-chunk compression for streams sent through this connection: zstd pays off on "
+                       "CSV/JSON (chunks that do not shrink are sent as they are); none sends every chunk as is.",
+        # Not nullable: a null member shows up as a literal "null" choice in the form.
+        "schema": {"type": "string", "enum": ["none", "zstd"], "default": "none",
+                   "values_display": {"none": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}},
+    },
     "window": _field("Window (chunks)", "Chunks a sender sends per broker confirmation (handshake mode: "
                      "ahead of the slowest receiver).",
                      "integer", 16, minimum=1, maximum=1024),
+    "connect_timeout": _field("Connect timeout (s)", "Seconds to wait for a broker to accept the STOMP "
+                              "connection before trying the next one or failing.", "number", 15.0,
+                              exclusiveMinimum=0),
+    "receipt_timeout": _field("Receipt timeout (s)", "Seconds to wait for the broker to confirm a stored "
+                              "message before the connection is treated as lost.", "number", 60.0,
+                              exclusiveMinimum=0),
 }
 
 
@@ -53,7 +65,16 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [{"integration-name": "ActiveMQ Stream",
                      "python-modules": ["airflow_provider_amqstream.sensors.stream"]}],
         "triggers": [{"integration-name": "ActiveMQ Stream",
-                      "python-modules": ["airflow_provider_amqstream.triggers.stream"]}],
+                      "python-modules": ["airflow_provider_amqstream.triggers.stream",
+                                         "airflow_provider_amqstream.triggers.offered"]}],
+        "asset-uris": [{"schemes": ["amqstream"],
+                        "handler": "airflow_provider_amqstream.assets.amqstream.sanitize_uri",
+                        "factory": "airflow_provider_amqstream.assets.amqstream.create_asset",
+                        "to_openlineage_converter":
+                            "airflow_provider_amqstream.assets.amqstream.convert_asset_to_openlineage"}],
+        # Needs apache-airflow-providers-common-messaging (extra "messaging"); without it
+        # Airflow logs the feature as unavailable and skips it.
+        "queues": ["airflow_provider_amqstream.queues.amqstream.AmqStreamMessageQueueProvider"],
         "connection-types": [{
             "hook-class-name": "airflow_provider_amqstream.hooks.amqstream.AmqStreamHook",
             "hook-name": "ActiveMQ Stream (STOMP)",

@@ -32,6 +32,10 @@ from stomp.transport import Transport
 from stomp.utils import HEARTBEAT_FRAME, Frame, parse_frame
 
 log = logging.getLogger(__name__)
+# stomp.py logs every connect at INFO ("established connection to host ..."); in task logs
+# that is noise. Quieted unless someone configured the logger on purpose.
+if logging.getLogger("stomp.py").level == logging.NOTSET:
+    logging.getLogger("stomp.py").setLevel(logging.WARNING)
 
 DEFAULT_PORT = 61613
 
@@ -93,6 +97,8 @@ class BrokerParams:
                 continue
             if item.count(":") == 1:
                 h, _, p = item.partition(":")
+                if not p.isdigit():
+                    raise ValueError(f"broker host {item!r}: the port must be a number")
                 hosts.append((h, int(p)))
             else:
                 hosts.append((item.strip("[]"), default_port))
@@ -105,7 +111,13 @@ class BrokerParams:
 
         def num(name: str, default: Any, conv: Any = int) -> Any:
             v = extra.get(name)
-            return default if v in (None, "") else conv(v)
+            if v in (None, ""):
+                return default
+            try:
+                return conv(v)
+            except (TypeError, ValueError):
+                kind = "a whole number" if conv is int else "a number"
+                raise ValueError(f"connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
 
         return cls(
             hosts=tuple(hosts), login=login or None, password=password or None,
@@ -125,11 +137,20 @@ class BrokerParams:
         parts = urlsplit(uri)
         if parts.scheme not in ("amqstream", "stomp", "stomp+ssl"):
             raise ValueError(f"not an amqstream URI (scheme {parts.scheme!r}); use amqstream://host:port")
+        rest = uri.split("://", 1)[-1]
+        authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        if "@" in rest[len(authority):]:
+            # The user or password holds a character that ends the authority: every error
+            # from here on would quote part of the password. Say what to do, quote nothing.
+            raise ValueError("the connection URI's user or password contains '/', '?', '#' or '@' that must be "
+                             "percent-encoded (%2F, %3F, %23, %40); the URI is not shown because it holds a password")
         netloc = parts.netloc.rpartition("@")[2]
         host, port = netloc, None
         if re.search(r":\d+$", netloc):
             host, _, p = netloc.rpartition(":")
             port = int(p)
+        elif ":" in netloc.strip("[]") and not netloc.startswith("["):
+            raise ValueError(f"the connection URI's port must be a number (host part {netloc[:80]!r})")
         extra = dict(parse_qsl(parts.query))
         if parts.scheme == "stomp+ssl":
             extra.setdefault("tls", "true")
@@ -159,10 +180,20 @@ class _FastTransport(Transport):
     # fragmented the heap: a receiver's peak RSS crept up with file size.
     _SCRATCH = 64 * 1024
 
+    # A header line longer than this is dropped whole (ActiveMQ accepts 10 KiB per header).
+    _MAX_LINE = 16 * 1024
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._amqs_buf = bytearray()
         self._amqs_scratch = bytearray(self._SCRATCH)
+        # Set while reading past a header section over _MAX_HEADER: the lines kept so far.
+        self._amqs_cut: list[bytes] | None = None
+        self._amqs_cut_size = 0
+        self._amqs_dropped = 0
+        self._amqs_in_long_line = False
+        # A cut frame's head, already consumed from the buffer, waiting for its body.
+        self._amqs_pending: Frame | None = None
 
     def attempt_connection(self) -> None:
         super().attempt_connection()
@@ -225,30 +256,74 @@ class _FastTransport(Transport):
             have += n
         head.body = body
 
+    def _amqs_head(self, buf: bytearray) -> tuple[Frame, int] | None:
+        """The frame's command and headers, and where its body starts in ``buf``; None if
+        more bytes are needed. A header section over the cap is not a reason to drop the
+        connection (the broker would hand us the same message again, for ever): it is read
+        past line by line, keeping what fits, and the frame is marked ``amqs_truncated`` so
+        the protocol refuses it like any malformed message."""
+        if self._amqs_pending is not None:
+            head, self._amqs_pending = self._amqs_pending, None
+            return head, 0
+        if self._amqs_cut is None:
+            head_end, sep = buf.find(b"\n\n", 0, self._MAX_HEADER), 2
+            crlf = buf.find(b"\r\n\r\n", 0, self._MAX_HEADER)
+            if crlf >= 0 and (head_end < 0 or crlf < head_end):
+                head_end, sep = crlf, 4
+            if head_end >= 0:
+                head = parse_frame(bytes(buf[:head_end]))
+                if head is None:
+                    raise stomp_exc.ConnectionClosedException()
+                return head, head_end + sep
+            if len(buf) < self._MAX_HEADER:
+                return None
+            self._amqs_cut, self._amqs_cut_size, self._amqs_dropped = [], 0, 0
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > self._MAX_LINE:  # the rest of an over-long line: drop as it comes
+                    self._amqs_dropped += len(buf)
+                    self._amqs_in_long_line = True
+                    del buf[:]
+                return None
+            line = bytes(buf[:nl]).rstrip(b"\r")
+            del buf[:nl + 1]
+            if self._amqs_in_long_line:
+                self._amqs_in_long_line = False
+                self._amqs_dropped += len(line)
+                continue
+            if line:
+                if len(line) > self._MAX_LINE or self._amqs_cut_size + len(line) > self._MAX_HEADER:
+                    self._amqs_dropped += len(line)
+                else:
+                    self._amqs_cut.append(line)
+                    self._amqs_cut_size += len(line) + 1
+                continue
+            kept, self._amqs_cut = self._amqs_cut, None
+            head = parse_frame(b"\n".join(kept))
+            if head is None:
+                raise stomp_exc.ConnectionClosedException()
+            head.headers["amqs_truncated"] = f"{self._amqs_dropped} bytes of headers dropped"
+            log.warning("a %s frame's header section was over %d bytes; %d bytes of it were dropped",
+                        head.cmd, self._MAX_HEADER, self._amqs_dropped)
+            return head, 0
+
     def _amqs_extract(self) -> list[Frame]:
         """Every complete frame in the buffer (bare EOLs become heart-beats)."""
         buf = self._amqs_buf
         out: list[Frame] = []
         while buf:
             skip = 0
-            while skip < len(buf) and buf[skip] in (10, 13):
+            while self._amqs_cut is None and self._amqs_pending is None and skip < len(buf) and buf[skip] in (10, 13):
                 skip += 1
             if skip:
                 del buf[:skip]
                 out.append(HEARTBEAT_FRAME)
                 continue
-            head_end, sep = buf.find(b"\n\n", 0, self._MAX_HEADER), 2
-            crlf = buf.find(b"\r\n\r\n", 0, self._MAX_HEADER)
-            if crlf >= 0 and (head_end < 0 or crlf < head_end):
-                head_end, sep = crlf, 4
-            if head_end < 0:
-                if len(buf) >= self._MAX_HEADER:
-                    raise stomp_exc.ConnectionClosedException()  # not STOMP, or hostile
+            found = self._amqs_head(buf)
+            if found is None:
                 break
-            head = parse_frame(bytes(buf[:head_end]))
-            if head is None:
-                raise stomp_exc.ConnectionClosedException()
-            start = head_end + sep
+            head, start = found
             length = head.headers.get("content-length")
             if length is not None:
                 if not length.isdigit() or int(length) > self._MAX_BODY:
@@ -256,6 +331,8 @@ class _FastTransport(Transport):
                 end = start + int(length)
                 if len(buf) <= end:
                     if not self.blocking:
+                        if start == 0:  # a cut head is no longer in the buffer: keep it
+                            self._amqs_pending = head
                         break  # TLS: the select loop calls again when more arrives
                     # Large body still on the wire: fetch it directly, then its NUL.
                     self._amqs_body(head, buf[start:], end - start)
@@ -274,6 +351,8 @@ class _FastTransport(Transport):
             else:
                 end = buf.find(b"\x00", start)
                 if end < 0:
+                    if start == 0:
+                        self._amqs_pending = head
                     break
                 head.body = bytes(buf[start:end])
             out.append(head)
@@ -422,7 +501,7 @@ class StompLink:
         if errs:
             low = errs.lower()
             if "password" in low or "user name" in low or "security" in low or "auth" in low:
-                return (f"broker {p.url} refused login for user {p.login or '(none)'}: {errs}. "
+                return (f"broker {p.url} refused login for user {p.login or '(none)'}: {errs.rstrip('. ')}. "
                         "Check the connection's login and password.")
             return f"broker {p.url} refused the connection: {errs}"
         reachable = any(_port_open(h, port) for h, port in p.hosts)

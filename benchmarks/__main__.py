@@ -4,12 +4,15 @@ In one run on one machine, for each data kind (incompressible, realistic CSV) an
 
 * amqstream end to end (sender and receiver at once, persistent chunks, verified), with and
   without zstd; sender alone (backlog in the broker); receiver alone (draining it);
+* the same end to end through the installed ``amqstream`` command with the default
+  connection from ``AIRFLOW_CONN_AMQSTREAM_DEFAULT``, as users run it (``--installed-sizes``);
 * raw stomp.py through the same broker, same chunk size, no protocol;
 * paramiko SFTP put (what Airflow's SFTP provider uses) to a local OpenSSH server started
   on a private port with a throwaway key; OpenSSH's own sftp and scp to the same server;
 * the disk itself: dd conv=fsync.
 
-Prints a table with ratios and writes docs/benchmarks.md with two plots.
+Prints a table with ratios, writes docs/benchmarks.md with plots, and rewrites the figures of
+the README's "Why" table from the same rows (``--readme-only`` does that from the last report).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.example_support import write_sample_csv
+from benchmarks.readme import rows_from_report, update_readme
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -81,6 +85,19 @@ def py(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
                             text=True, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
+def cli_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return py("airflow_provider_amqstream.cli", *args, env=env)
+
+
+def amqstream_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The ``amqstream`` console script installed beside this Python, run as users run it
+    (no ``-m``, no ``--conn``); ``python -m`` only where the package is not installed."""
+    exe = Path(sys.executable).parent / "amqstream"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "airflow_provider_amqstream.cli"]
+    return subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **(env or {})})
+
+
 def result(proc: subprocess.Popen[str], timeout: float = 3600) -> dict[str, Any]:
     out, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0:
@@ -106,15 +123,21 @@ class Bench:
     def queue(self) -> str:
         return f"/queue/bench.{os.getpid()}.{next(_QUEUES)}"
 
-    def ours(self, src: Path, *, compress: bool = False) -> dict[str, Any]:
+    def ours(self, src: Path, *, compress: bool = False, installed: bool = False) -> dict[str, Any]:
+        """End to end through the CLI. ``installed``: the ``amqstream`` command with the
+        connection in ``AIRFLOW_CONN_AMQSTREAM_DEFAULT``; else ``python -m`` with ``--conn URI``."""
         q, out = self.queue(), self.work / "out"
         state = {"AMQSTREAM_STATE_DIR": str(self.work / "state")}
         extra = ["--compress", "zstd"] if compress else []
+        if installed:
+            run, conn, env = amqstream_command, [], {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": self.uri}
+        else:
+            run, conn, env = cli_module, ["--conn", self.uri], {}
         t0, b0 = time.monotonic(), process_cpu(self.broker_pid)
-        rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", self.uri,
-                "--json", "-q", "--overwrite", "--wait", "120")
-        tx = py("airflow_provider_amqstream.cli", "send", str(src), "--to", q, "--conn", self.uri, "--json", "-q",
-                "--stream-id", q.rsplit("/", 1)[1], *extra, env=state)
+        rx = run("receive", "--from", q, "--out-dir", str(out), *conn, "--json", "-q", "--overwrite", "--wait", "120",
+                 env=env)
+        tx = run("send", str(src), "--to", q, *conn, "--json", "-q", "--stream-id", q.rsplit("/", 1)[1], *extra,
+                 env={**env, **state})
         s, r = result(tx), result(rx)
         secs = time.monotonic() - t0
         if r["sha256"] != s["sha256"]:
@@ -253,7 +276,8 @@ def per_gib(cpu: list[float], size: int) -> list[float]:
     return [round(c * 1024 * MiB / size, 2) for c in cpu]
 
 
-def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int = 64) -> list[dict[str, Any]]:
+def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int = 64,
+        installed_sizes: tuple[str, ...] = ("1G",)) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     sshd = Sshd(work).__enter__() if ssh else None
     warm = work / "warm-up.bin"
@@ -281,6 +305,11 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
                     e2e = b.ours(src)
                     row.update(ours=mibs(size, e2e["seconds"]), send_rss=e2e["send_rss"], recv_rss=e2e["recv_rss"],
                                cpu_ours=per_gib(e2e["cpu"], size))
+                    if label in installed_sizes:
+                        log(f"{kind} {label}: amqstream end to end, installed command, $AIRFLOW_CONN_AMQSTREAM_DEFAULT")
+                        env_e2e = b.ours(src, installed=True)
+                        row.update(ours_env=mibs(size, env_e2e["seconds"]), env_send_rss=env_e2e["send_rss"],
+                                   env_recv_rss=env_e2e["recv_rss"])
                     log(f"{kind} {label}: amqstream end to end, zstd")
                     zstd = b.ours(src, compress=True)
                     row.update(ours_zstd=mibs(size, zstd["seconds"]), cpu_zstd=per_gib(zstd["cpu"], size))
@@ -312,15 +341,16 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
     return rows
 
 
-COLS = [("ours", "amqstream e2e"), ("ours_zstd", "amqstream e2e zstd"), ("send_only", "send only"),
+COLS = [("ours", "amqstream e2e"), ("ours_env", "amqstream e2e, installed, $AIRFLOW_CONN"),
+        ("ours_zstd", "amqstream e2e zstd"), ("send_only", "send only"),
         ("recv_only", "receive only"), ("raw_stomp", "raw stomp.py"), ("paramiko", "paramiko SFTP"),
         ("sftp", "OpenSSH sftp"), ("scp", "scp"), ("dd", "dd fsync")]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| data | size | " + " | ".join(c[1] for c in COLS) + " | vs raw stomp | vs paramiko | zstd vs sftp | " \
-           "RSS send / recv / broker (MiB) |"
-    lines = [head, "|" + "---|" * (len(COLS) + 6)]
+    head = "| data | size | " + " | ".join(c[1] for c in COLS) + " | vs raw stomp | installed vs raw stomp | " \
+           "vs paramiko | zstd vs sftp | RSS send / recv / broker (MiB) |"
+    lines = [head, "|" + "---|" * (len(COLS) + 7)]
     def ratio(r: dict[str, Any], a: str, b: str) -> str:
         return f"{r[a] / r[b]:.2f}x" if a in r and b in r else "-"
 
@@ -328,7 +358,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         vals = " | ".join(f"{r[k]:,.0f}" if k in r else "-" for k, _ in COLS)
         rss = f"{r['send_rss'] / 1024:.0f} / {r['recv_rss'] / 1024:.0f} / {r['broker_rss'] / 1024:.0f}"
         lines.append(f"| {r['kind']} | {r['size']} | {vals} | {ratio(r, 'ours', 'raw_stomp')} | "
-                     f"{ratio(r, 'ours', 'paramiko')} | {ratio(r, 'ours_zstd', 'sftp')} | {rss} |")
+                     f"{ratio(r, 'ours_env', 'raw_stomp')} | {ratio(r, 'ours', 'paramiko')} | "
+                     f"{ratio(r, 'ours_zstd', 'sftp')} | {rss} |")
     lines += ["", "Where the CPU goes: seconds of CPU per GiB moved end to end, sender / receiver / broker "
               "(user + system, all threads), for the same runs.", "",
               "| data | size | amqstream | amqstream zstd | raw stomp.py |", "|---|---|---|---|---|"]
@@ -393,12 +424,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow bulk run")
     ap.add_argument("--warm-up", type=int, default=64, metavar="MIB",
                     help="MiB sent through each fresh broker, unmeasured, before measuring (default 64)")
+    ap.add_argument("--installed-sizes", default="1G",
+                    help="sizes (of --sizes) also measured through the installed `amqstream` command with the "
+                         "connection in AIRFLOW_CONN_AMQSTREAM_DEFAULT (default 1G; empty for none)")
+    ap.add_argument("--readme", default=str(ROOT / "README.md"),
+                    help="README whose \"Why\" figures are rewritten from this run (with the docs)")
+    ap.add_argument("--readme-only", action="store_true",
+                    help="measure nothing: rewrite the README's figures from the rows in --docs/benchmarks.md")
     args = ap.parse_args(argv)
+    if args.readme_only:
+        rows, date, cores = rows_from_report(Path(args.docs) / "benchmarks.md")
+        update_readme(Path(args.readme), rows, date, cores)
+        log(f"rewrote the figures in {args.readme} from {len(rows)} rows of {date}")
+        return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     bulk_rows: list[dict[str, Any]] = []
     try:
-        rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh, args.warm_up)
+        rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh, args.warm_up,
+                   tuple(filter(None, args.installed_sizes.split(","))))
         if args.bulk_sets:
             from benchmarks import bulk
 
@@ -442,9 +486,13 @@ def main(argv: list[str] | None = None) -> int:
                  "OpenSSH sftp `put -r`, rsync over ssh and a paramiko SFTP loop to a local sshd; Airflow with "
                  "one SendStreamOperator task for the directory, and with mapped tasks (one per file, capped), "
                  "each under `airflow dags test`.", "", bulk_text, ""] if bulk_text else []),
-              "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in [*rows, *bulk_rows]], "```", ""]
+              "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
+              *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
+                if bulk_rows else [])]
         (docs / "benchmarks.md").write_text("\n".join(md))
         log(f"wrote {docs / 'benchmarks.md'}")
+        update_readme(Path(args.readme), rows, time.strftime("%Y-%m-%d"), cpu)
+        log(f"rewrote the figures in {args.readme}")
     return 0
 
 

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import stomp
+
+from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
 from airflow_provider_amqstream.transport import BrokerParams
 
@@ -119,3 +122,35 @@ class Receiver(threading.Thread):
             raise self.error
         assert self.result is not None
         return self.result
+
+
+class RawSender:
+    """An authorized sender speaking STOMP with stomp.py directly: any header, any body."""
+
+    def __init__(self, params: BrokerParams) -> None:
+        self.conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
+        self.conn.connect(params.login, params.password, wait=True)
+
+    def send(self, dest: str, body: bytes, headers: dict[str, str]) -> None:
+        self.conn.send(dest, body, headers={**headers, "persistent": "true"})
+
+    def close(self) -> None:
+        self.conn.disconnect(receipt="bye")  # the receipt: every frame before it was stored
+
+
+def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
+         end: bool = True, tamper: Any = None, sha: str | None = None) -> None:
+    """Offer ``spec`` and send chunks ``seqs``; ``tamper(seq, headers, body)`` may change a chunk."""
+    dest = p.Destination.parse(queue)
+    raw = RawSender(params)
+    raw.send(str(dest), b"", p.offer_headers(spec, dest))
+    for seq in seqs:
+        off, n = spec.chunk_span(seq)
+        body = data[off:off + n]
+        headers = p.data_headers(spec, seq, body)
+        if tamper:
+            headers, body = tamper(seq, headers, body)
+        raw.send(dest.data_queue(spec.stream_id), body, headers)
+    if end:
+        raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
+    raw.close()

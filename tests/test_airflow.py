@@ -249,13 +249,15 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     record = tmp_path / "recv.json"
     # dag.test() runs the trigger in this process: watch it poll, then send.
     polled = threading.Event()
-    real = AmqStreamHook.offer_waiting
+    from airflow_provider_amqstream.triggers.offers import OfferBrowser
 
-    def watched(self: AmqStreamHook, *a: Any, **k: Any) -> bool:
+    real = OfferBrowser.look
+
+    def watched(self: OfferBrowser, *a: Any, **k: Any) -> Any:
         polled.set()
         return real(self, *a, **k)
 
-    monkeypatch.setattr(AmqStreamHook, "offer_waiting", watched)
+    monkeypatch.setattr(OfferBrowser, "look", watched)
 
     def send_when_deferred() -> None:
         assert polled.wait(60), "the sensor never deferred to its trigger"
@@ -268,37 +270,6 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     assert dr.state == "success"
     res = json.loads(record.read_text())
     assert sha256_file(Path(res["path"])) == sha256_file(src)
-
-
-@pytest.mark.spark
-def test_example_bulk_moves_the_landing_directory_in_one_task_twice(
-        airflow_db: Path, spark_and_broker: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Example 2 as shipped, two runs in a row: each moves the whole landing directory in
-    one send task, one receive task and one Spark application, and archives what it sent."""
-    from airflow_provider_amqstream import example_support
-
-    for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):
-        monkeypatch.setattr(example_support, name, tmp_path / name.lower())
-    dag = _load(ROOT / "dags" / "examples", "amqstream_bulk_landing")
-    runs = []
-    for _ in range(2):
-        dr = dag.test()
-        assert dr.state == "success"
-        runs.append(dr.run_id.replace(":", "_").replace("+", "_"))
-        # Everything it sent was archived; the landing directory holds no file.
-        assert not [p for p in (tmp_path / "landing").rglob("*") if p.is_file()]
-        sent = tmp_path / "sent" / runs[-1]
-        rel = sorted(str(p.relative_to(sent)) for p in sent.rglob("*") if p.is_file())
-        assert rel == ["eu/batch-1.csv", "us/batch-0.csv", "us/batch-2.csv"]
-        received = tmp_path / "received" / "bulk"
-        for r in rel:
-            assert sha256_file(received / r) == sha256_file(sent / r)
-        out = tmp_path / "parquet" / "bulk" / runs[-1]
-        batch = json.loads((out / "_amqstream_batch_summary.json").read_text())
-        assert batch["files"] == 3 and batch["rows"] == 15_000
-        assert all(json.loads((out / Path(r).with_suffix("") / "_amqstream_summary.json").read_text())["rows"]
-                   == 5000 for r in rel)
-    assert len(list((tmp_path / "received" / "bulk").glob("*.manifest.jsonl"))) == 2 and runs[0] != runs[1]
 
 
 @pytest.mark.spark

@@ -143,3 +143,16 @@ def test_users_cli_adds_lists_and_removes(tmp_path: Path) -> None:
     assert "user alice removed" in rm.communicate(timeout=60)[0]
     again = cli("users", "remove", "alice", "--data-dir", d)
     assert "no user 'alice'" in again.communicate(timeout=60)[1] and again.returncode == 1
+
+
+@pytest.mark.parametrize("user", ["producer", "consumer"])
+def test_temporary_destinations_are_for_the_administrator_only(acl_broker: EmbeddedBroker, user: str) -> None:
+    with StompLink(_as(acl_broker, user)) as link, pytest.raises(AccessDenied, match=f"refused user {user}"):
+        link.subscribe("/temp-queue/scratch")
+    with StompLink(_as(acl_broker, user)) as link, pytest.raises(AccessDenied, match=f"refused user {user}"):
+        link.send_confirmed("/temp-topic/scratch", b"x", {})
+    with StompLink(_as(acl_broker, None)) as link:  # the administrator may
+        link.subscribe("/temp-queue/scratch")
+        link.send_confirmed("/temp-queue/scratch", b"x", {})
+        frame = link.get(10)
+        assert frame is not None and bytes(frame.body) == b"x"

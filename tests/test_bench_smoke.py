@@ -3,26 +3,56 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from benchmarks.__main__ import main
+from benchmarks.__main__ import ROOT, main
+from benchmarks.readme import BEGIN, update_readme
 
 pytestmark = pytest.mark.broker
 
 
 def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
     assert main(["--sizes", str(3 * 2**20), "--data", "random,csv", "--workdir", str(tmp_path / "w"),
-                 "--docs", str(tmp_path / "docs"), "--warm-up", "1"]) == 0
+                 "--docs", str(tmp_path / "docs"), "--warm-up", "1", "--installed-sizes", str(3 * 2**20),
+                 "--readme", str(readme)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["kind"] for r in rows] == ["random", "csv"]
     for r in rows:
-        for key in ("ours", "ours_zstd", "send_only", "recv_only", "raw_stomp", "paramiko", "sftp", "scp", "dd"):
+        for key in ("ours", "ours_env", "ours_zstd", "send_only", "recv_only", "raw_stomp", "paramiko", "sftp",
+                    "scp", "dd"):
             assert r[key] > 0, key
         assert 0 < r["send_rss"] < 150 * 1024 and 0 < r["recv_rss"] < 150 * 1024
+        # The installed command with the connection from the environment does not load Airflow.
+        assert r["env_send_rss"] < 60 * 1024 and r["env_recv_rss"] < 60 * 1024, r
         for key in ("cpu_ours", "cpu_zstd", "cpu_raw"):
             assert len(r[key]) == 3 and all(c > 0 for c in r[key]), (key, r[key])
     md = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "| random |" in md and "bench_rss.png" in md and "Where the CPU goes" in md
     assert (tmp_path / "docs" / "bench_rss.png").stat().st_size > 1000
+    # The README's figures now come from this run, and the installed-command row is among them.
+    why = readme.read_text().split(BEGIN, 1)[1]
+    big = max(rows, key=lambda r: r["ours_env"])
+    assert "the installed command with `AIRFLOW_CONN_AMQSTREAM_DEFAULT`" in why
+    assert f"{big['ours_env']:.0f}" in why and "3 MiB" in why
+
+
+def test_readme_figures_come_from_rows(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n\n{BEGIN}\n| | a | b | c |\n|---|---|---|---|\n| kept | x | y | z |\n"
+                      "| memory | 43-52 MiB | flat | flat |\n| throughput | 115-140 MiB/s | x | n/a |\n"
+                      "<!-- /why-table -->\n\nafter\n")
+    row = {"kind": "random", "size": "1G", "bytes": 2**30, "ours": 158.4, "ours_env": 150.2, "raw_stomp": 125.9,
+           "paramiko": 142.7, "send_rss": 30376, "recv_rss": 33948, "broker_rss": 658280}
+    update_readme(readme, [row], "2026-11-22", 2)
+    text = readme.read_text()
+    assert "43-52" not in text and "115-140" not in text
+    assert "| kept | x | y | z |" in text and text.startswith("intro") and text.endswith("after\n")
+    assert "receiver 33 MiB" in text and "158 MiB/s (1.11x paramiko)" in text and "(1.19x raw stomp.py)" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers are missing"):
+        update_readme(readme, [row], "2026-11-22", 2)

@@ -50,7 +50,7 @@ def _fill(directory: Path) -> Path:
 
 
 def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
-        params: BrokerParams, tmp_path: Path, queue_name: str, small_fs: Path) -> None:
+        params: BrokerParams, tmp_path: Path, queue_name: str, small_fs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_file(tmp_path / "big.bin", 12 * 2**20)
     send_file(params, src, queue_name)
     free = shutil.disk_usage(small_fs).free
@@ -60,10 +60,21 @@ def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
     text = str(err.value)
     assert "stream big.bin-" in text and "needs 12582912 more bytes" in text and "reserve" in text
     assert shutil.disk_usage(small_fs).free >= free - 64 * 1024 and not list(small_fs.glob("out/.amqstream/*.part"))
-    # With no reserve, the allocation itself fails; what it took is given back.
+    # An allocation that fills the disk before failing (as posix_fallocate did for a 1 TiB
+    # offer) is given back: nothing of it stays.
+    assert err.value.failure is not None
+    sid = err.value.failure.stream_id
+    real = os.posix_fallocate
+
+    def fills_then_fails(fd: int, offset: int, length: int) -> None:
+        real(fd, 0, shutil.disk_usage(small_fs).free // 2)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", fills_then_fails)
     with pytest.raises(StreamNoRoom) as err:
-        receive_stream(params, queue_name, small_fs / "out2", stream_id=err.value.failure.stream_id,
-                       options=ReceiveOptions(wait_timeout=20, min_free_bytes=0))
+        receive_stream(params, queue_name, small_fs / "out2", stream_id=sid,
+                       options=ReceiveOptions(wait_timeout=20, min_free_bytes=-2**40))
+    monkeypatch.undo()
     assert "cannot reserve 12582912 bytes" in str(err.value) and "No space left" in str(err.value)
     assert shutil.disk_usage(small_fs).free >= free - 64 * 1024 and not list(small_fs.glob("out2/.amqstream/*.part"))
     # Nothing was acknowledged: a receiver with room gets the whole stream.

@@ -81,6 +81,7 @@ def test_names_from_the_wire_stay_inside_the_output_directory(name: str) -> None
     out = Path("/srv/out")
     safe = p.safe_file_name(name, "sid-1")
     assert safe and "/" not in safe and "\x00" not in safe and not safe.startswith(".")
+    assert safe not in (".", "..") and not safe.lstrip().startswith(".")
     assert len(safe.encode("utf-8", "surrogatepass")) <= 220
     assert os.path.normpath(out / safe).startswith(str(out) + "/")
     assert all(ch.isprintable() for ch in safe)
@@ -96,6 +97,17 @@ def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, st
     except p.ProtocolError:
         return
     assume(False)  # a random dict that forms a valid offer is fine, but says nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", fullmatch=True))
+def test_collision_names_always_fit_one_directory_entry(name: str, sid: str) -> None:
+    from airflow_provider_amqstream.engine.stream_receiver import collision_name
+
+    base = p.safe_file_name(name, sid)
+    other = collision_name(base, sid)
+    assert len(other.encode("utf-8", "surrogatepass")) <= 255 and sid in other
+    assert "/" not in other and not other.startswith(".") and other != base
 
 
 @settings(max_examples=200, deadline=None)

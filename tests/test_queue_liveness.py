@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import stomp
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
+    StreamError,
     StreamQuarantined,
     StreamStalled,
     TransferResult,
@@ -33,41 +33,9 @@ from airflow_provider_amqstream.engine import (
 )
 from airflow_provider_amqstream.engine.stream_receiver import consumer_name
 from airflow_provider_amqstream.transport import BrokerParams, TransportError
-from tests.helpers import browse, cli, make_file, sha256_file, wait_for
+from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
-
-
-class RawSender:
-    """An authorized sender speaking STOMP with stomp.py directly: any header, any body."""
-
-    def __init__(self, params: BrokerParams) -> None:
-        self.conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
-        self.conn.connect(params.login, params.password, wait=True)
-
-    def send(self, dest: str, body: bytes, headers: dict[str, str]) -> None:
-        self.conn.send(dest, body, headers={**headers, "persistent": "true"})
-
-    def close(self) -> None:
-        self.conn.disconnect(receipt="bye")  # the receipt: every frame before it was stored
-
-
-def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
-         end: bool = True, tamper: Any = None, sha: str | None = None) -> None:
-    """Offer ``spec`` and send chunks ``seqs``; ``tamper(seq, headers, body)`` may change a chunk."""
-    dest = p.Destination.parse(queue)
-    raw = RawSender(params)
-    raw.send(str(dest), b"", p.offer_headers(spec, dest))
-    for seq in seqs:
-        off, n = spec.chunk_span(seq)
-        body = data[off:off + n]
-        headers = p.data_headers(spec, seq, body)
-        if tamper:
-            headers, body = tamper(seq, headers, body)
-        raw.send(dest.data_queue(spec.stream_id), body, headers)
-    if end:
-        raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
-    raw.close()
 
 
 def dlq(params: BrokerParams, queue: str) -> list[Any]:
@@ -245,11 +213,12 @@ def test_the_output_directory_is_never_written_through_a_link(params: BrokerPara
     out = tmp_path / "out"
     (out / ".amqstream").mkdir(parents=True, mode=0o700)
     (out / ".amqstream" / "link-1.part").symlink_to(victim)
-    (out / ".amqstream" / "link-1.json.tmp").symlink_to(victim)
-    with pytest.raises(Exception, match="link-1.part is a symbolic link"):
-        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
-    assert victim.read_text() == "keep me"
-    (out / ".amqstream" / "link-1.part").unlink()
+    (out / ".amqstream" / "link-1.json").symlink_to(victim)
+    for planted in ("link-1.json", "link-1.part"):
+        with pytest.raises(StreamError, match=f"{planted} is a symbolic link"):
+            receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+        assert victim.read_text() == "keep me"
+        (out / ".amqstream" / planted).unlink()
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert got is not None and (out / "f.bin").read_bytes() == data and victim.read_text() == "keep me"
     # A state directory that is a link is refused outright.
@@ -300,3 +269,25 @@ def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: Broke
     # Messages forged before the offer existed were discarded; later ones were ignored: no
     # rewind was made for the impostor.
     assert sent.bytes_transferred <= 2 * spec.size
+
+
+def test_sensor_reports_a_poisoned_stream_and_receives_the_good_one(
+        airflow_db: Path, uri: str, params: BrokerParams, tmp_path: Path, queue_name: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_airflow import _load
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    data = make_file(tmp_path / "bad.bin", 5000).read_bytes()
+    spec = p.StreamSpec("sensor-poison", "bad.bin", len(data), 1000)
+    play(params, queue_name, spec, data, list(range(1, 6)), sha="0" * 64)
+    good = make_file(tmp_path / "good.bin", 4000)
+    sent = send_file(params, good, queue_name, chunk_size=1000)
+    record = tmp_path / "record.json"
+    dag = _load(Path(__file__).parent / "dags", "amqs_test_sensor_policy")
+    dr = dag.test(run_conf={"queue": queue_name, "out_dir": str(tmp_path / "out"), "record": str(record)})
+    assert dr.state == "success"
+    got = json.loads(record.read_text())
+    assert got["sha256"] == sent.sha256 and got["status"] == "complete"
+    [failure] = json.loads(Path(str(record) + ".failures").read_text())
+    assert failure["stream_id"] == "sensor-poison" and failure["status"] == "quarantined"
+    assert "SHA-256 mismatch" in failure["reason"]

@@ -4,7 +4,10 @@
 
 Bounded: a fixed number of streams and kills, loopback only, a deadline on every wait.
 Every stream must end byte-exact in the output directory or be reported failed with a
-reason; none may vanish; the broker must hold no message of ours at the end.
+reason; none may vanish; the broker must hold no message of ours at the end. Poisoned
+streams (a corrupt chunk) and abandoned ones (the sender gone after a few chunks), played
+with raw stomp.py before the good ones, must hold nothing up: the poisoned end in
+DLQ.soak with their reason, the abandoned keep their offers and partial data.
 """
 
 from __future__ import annotations
@@ -25,13 +28,29 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
-from tests.helpers import ROOT, cli, free_port, make_file, sha256_file, wait_for
+from tests.helpers import ROOT, browse, cli, free_port, make_file, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.soak]
 
 STREAMS = int(os.environ.get("AMQSTREAM_SOAK_STREAMS", "200"))
 PRODUCERS, RECEIVERS = 4, 2
 QUEUE = "/queue/soak"
+POISONED, ABANDONED = 5, 3
+
+
+def _hostile_streams(params: BrokerParams, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """Poisoned and abandoned streams at the head of the queue."""
+    data = make_file(tmp_path / "hostile.bin", 40_000).read_bytes()
+
+    def flip(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        return headers, (bytes([body[0] ^ 1]) + body[1:]) if seq == 3 else body
+
+    poisoned, abandoned = [f"poison-{i}" for i in range(POISONED)], [f"gone-{i}" for i in range(ABANDONED)]
+    for sid in poisoned:
+        play(params, QUEUE, p.StreamSpec(sid, f"{sid}.bin", len(data), 4000), data, list(range(1, 11)), tamper=flip)
+    for sid in abandoned:
+        play(params, QUEUE, p.StreamSpec(sid, f"{sid}.bin", len(data), 4000), data, [1, 2], end=False)
+    return poisoned, abandoned
 
 
 class Chaos:
@@ -83,6 +102,7 @@ def test_soak(tmp_path: Path) -> None:
         files = [make_file(tmp_path / "in" / f"s{i:03d}.bin", rnd.choice([0, 1, 777, 65536]) if i % 10 == 0
                            else rnd.randrange(1, 6 * 2**20), seed=i) for i in range(STREAMS)]
         out = tmp_path / "out"
+        poisoned, abandoned = _hostile_streams(params, tmp_path)
         env = {"AMQSTREAM_STATE_DIR": str(tmp_path / "send-state")}
         chaos = Chaos()
         failed: dict[str, str] = {}
@@ -154,8 +174,19 @@ def test_soak(tmp_path: Path) -> None:
             if proc.poll() is not None:
                 reap(proc)
                 receivers[i] = receiver()
-        # Re-offers and repeated offers from re-run senders are handled after the last file.
-        wait_for(lambda: _browse_empty(params, QUEUE), 120, "the receivers to handle every offer", interval=1)
+        # Re-offers and repeated offers from re-run senders are handled after the last file;
+        # what stays is the abandoned streams' offers, waiting for senders that never return.
+        seen: list[list[str]] = [[]]
+
+        def only_abandoned_left() -> bool:
+            seen[0] = sorted(f"{f.headers[p.H_STREAM]}{'(re)' if f.headers.get(p.H_REOFFER) else ''}"
+                             for f in browse(params, QUEUE))
+            return seen[0] == abandoned
+
+        try:
+            wait_for(only_abandoned_left, 120, "the receivers to handle every offer but the abandoned ones", interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; offers on {QUEUE}: {seen[0]}; receiver logs in {logs}") from None
         for proc in receivers:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
@@ -172,5 +203,11 @@ def test_soak(tmp_path: Path) -> None:
         dest = p.Destination.parse(QUEUE)
         leftovers = [f.stem for f in files if not _browse_empty(params, dest.data_queue(f.stem))]
         assert not leftovers, f"chunks left in the broker for {leftovers[:5]}"
+        filed = browse(params, "/queue/DLQ.soak")
+        assert sorted(f.headers[p.H_STREAM] for f in filed) == poisoned
+        assert all("CRC-32" in f.headers[p.H_QUARANTINE_REASON] for f in filed)
+        assert all((out / ".amqstream" / f"{sid}.part").exists() for sid in abandoned)
+        summary.update(poisoned=len(poisoned), abandoned=len(abandoned))
+        print("SOAK hostile " + json.dumps(summary))
     finally:
         broker.stop()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
+from urllib.parse import quote
 
 import pytest
 from stomp.utils import Frame
@@ -83,12 +85,26 @@ def test_frame_without_content_length_ends_at_nul() -> None:
     assert frame.cmd == "RECEIPT" and frame.headers["receipt-id"] == "r-1" and frame.body == b""
 
 
-def test_garbage_without_header_end_closes_the_connection() -> None:
-    from stomp.exception import ConnectionClosedException
-
-    t = _FakeTransport(b"X" * (128 * 1024))
-    with pytest.raises(ConnectionClosedException):
-        t._amqs_read()
+@pytest.mark.parametrize("piece", [1000, 1 << 20])
+@pytest.mark.parametrize("tls", [False, True])
+def test_an_oversized_header_section_is_read_past_and_marked(piece: int, tls: bool) -> None:
+    """ActiveMQ accepts a header section far over our 64 KiB cap (10 KiB per header, many of
+    them). Dropping the connection made the broker hand us the same message for ever; the
+    frame is delivered instead, its big headers dropped and the frame marked."""
+    big = b"".join(b"junk%d:%s\n" % (i, b"x" * 10_000) for i in range(20))  # ~200 KiB
+    huge_line = b"one:" + b"y" * 100_000 + b"\n"  # one header longer than the cap by itself
+    body = os.urandom(5000) + b"\x00"
+    hostile = (b"MESSAGE\n" + big + b"ack:a-1\n" + huge_line + b"content-length:" + str(len(body)).encode()
+               + b"\nsubscription:s-1\n\n" + body + b"\x00")
+    t = _FakeTransport(hostile + _frame(b"next"), piece)
+    t.blocking = not tls
+    frames = [f for f in _read_all(t, 2) if f.cmd != "heartbeat"]
+    assert [f.cmd for f in frames] == ["MESSAGE", "MESSAGE"]
+    cut, nxt = frames
+    assert "amqs_truncated" in cut.headers and bytes(cut.body) == body
+    assert cut.headers["ack"] == "a-1" and cut.headers["subscription"] == "s-1" and "one" not in cut.headers
+    assert len(b"".join(k.encode() + v.encode() for k, v in cut.headers.items())) <= 70 * 1024
+    assert bytes(nxt.body) == b"next" and "amqs_truncated" not in nxt.headers
 
 
 def test_absurd_content_length_is_refused_without_allocating() -> None:
@@ -130,3 +146,25 @@ def test_inbox_hold_is_bounded() -> None:
     inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))
     assert _deliver_in_thread(inbox, Frame("MESSAGE", {}, b"next")).wait(10)
     assert inbox.messages.qsize() == 2
+
+
+@pytest.mark.parametrize("secret", ["Zq#9k", "Zq/9k", "Zq?9k", "Xy#Zq/9k?Wv"])
+def test_a_password_with_reserved_characters_is_never_echoed(secret: str) -> None:
+    with pytest.raises(ValueError) as err:
+        BrokerParams.from_uri(f"amqstream://user:{secret}@mq.example.com:61613?heartbeat_ms=0")
+    text = str(err.value)
+    assert "percent-encoded" in text
+    for piece in {secret, *[s for s in re.split(r"[#/?@]", secret) if len(s) > 1]}:
+        assert piece not in text, piece
+    # Percent-encoded, the same password works.
+    good = BrokerParams.from_uri("amqstream://user:" + quote(secret, safe="") + "@mq.example.com:61613")
+    assert good.password == secret
+
+
+def test_bad_numbers_in_the_extras_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"connection extra 'heartbeat_ms' must be a whole number, got 'abc'"):
+        BrokerParams.from_parts("h", 61613, None, None, {"heartbeat_ms": "abc"})
+    with pytest.raises(ValueError, match=r"connection extra 'receipt_timeout' must be a number"):
+        BrokerParams.from_parts("h", 61613, None, None, {"receipt_timeout": "soon"})
+    with pytest.raises(ValueError, match=r"broker host 'b:x': the port must be a number"):
+        BrokerParams.from_parts("a,b:x", 61613, None, None, {})

@@ -37,6 +37,7 @@ from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamFailure,
     StreamQuarantined,
+    StreamStalled,
     StreamYielded,
     TransferResult,
     read_json,
@@ -246,7 +247,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
         receiver.stop_data()
         offers.release()
         retry = book.add(sid, str(exc))
-        failure = StreamFailure(sid, str(dest), "stalled" if "nothing arrived" in str(exc) else "no_room",
+        failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
                                 str(exc), receiver.offset, retry_after=retry)
         log.warning("%s (skipped by this directory for %.0fs)", exc, retry)
         opts.emit("stream_yielded", **failure.to_json())
@@ -289,9 +290,11 @@ def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec
     """The stream was published here before and was offered again (a sender re-run after
     its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
     if terms:
-        done_msg = p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1,
-                                     receiver_token(out / ".amqstream", spec.stream_id))
-        link.send(terms[0], b"", done_msg, persistent=False)
+        # A sender believes only receivers that introduced themselves: hello, then done.
+        token = receiver_token(out / ".amqstream", spec.stream_id)
+        for kind in (p.Kind.HELLO, p.Kind.DONE):
+            link.send(terms[0], b"", p.control_headers(spec, kind, consumer_name(out), spec.chunks + 1, token),
+                      persistent=False)
     else:
         drain_queue(link, data_q, ack=True)
     link.ack(offer)

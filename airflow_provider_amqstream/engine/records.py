@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import secrets
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -178,17 +179,22 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666) -> None:
-    """Replace ``path`` with ``data``: a fresh temporary file (never an existing one or a
-    link), fsynced, renamed over the old one (a rename replaces a link, never follows it)."""
+    """Replace ``path`` with ``data``: a fresh temporary file of a new name (never an existing
+    file or a link), fsynced, renamed over the old one (a rename replaces a link, never
+    follows it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
+    # A name of its own per writer: two receivers may share a directory's records.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def state_dir(out: Path) -> Path:

@@ -164,6 +164,9 @@ class PartialFile:
             os.close(self.fd)
             self.fd = -1
             raise StreamError(f"{self.what} is being received by another process into {self.sdir.parent}") from None
+        # When this stream last made progress, across receiver restarts: a receiver killed
+        # while it waited on a silent sender must not make the next one wait from zero.
+        self.last_write = time.time() if self.created else os.fstat(self.fd).st_mtime
         self.state = self._load_state()
         self._reserve(min_free)
         with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
@@ -457,11 +460,14 @@ class StreamReceiver:
         self.data_sub = link.subscribe(self.data_q, prefetch=2 * self.batch)
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self.tell(p.Kind.HELLO, state.next_seq)
-        quiet_since = time.monotonic()
+        quiet_since = time.monotonic() - max(0.0, time.time() - self.file.last_write)
         written = 0
         last_progress = 0.0
         while not state.complete:
-            timeout = opts.gap_grace if state.expected_sha256 else opts.idle_timeout
+            # Whatever waits in the broker arrives within a moment of subscribing, so a
+            # stream silent since before this run gets a short look, not a whole timeout.
+            left = opts.idle_timeout - (time.monotonic() - quiet_since)
+            timeout = opts.gap_grace if state.expected_sha256 else max(left, min(opts.idle_timeout, 2.0))
             if self.reply_to:
                 timeout = opts.rerequest_after
             busy = self.unacked or self.file.inflight

@@ -8,15 +8,13 @@ always starts from a fresh socket.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_amqstream import engine
-from airflow_provider_amqstream.broker import default_data_dir
+from airflow_provider_amqstream import connection, engine
 from airflow_provider_amqstream.protocol import Destination
 from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
 
@@ -53,12 +51,18 @@ class AmqStreamHook(BaseHook):
     def _resolve_params(self) -> BrokerParams:
         if self.uri:
             return BrokerParams.from_uri(self.uri)
+        # The same reading of AIRFLOW_CONN_<ID> as the CLI's, so both agree on what a
+        # connection means; anything else goes through Airflow's own lookup.
+        fields = connection.from_env(self.amqstream_conn_id)
+        if fields is not None:
+            _mask(fields.password)
+            return fields.broker_params()
         try:
             conn = self.get_connection(self.amqstream_conn_id)
         except Exception as exc:
             if self.amqstream_conn_id != self.default_conn_name or type(exc).__name__ != "AirflowNotFoundException":
                 raise
-            embedded = _embedded_params()
+            embedded = connection.embedded_params()
             if embedded is None:
                 raise
             log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
@@ -116,15 +120,10 @@ class AmqStreamHook(BaseHook):
             return frame is not None and frame.headers.get("browser") != "end"
 
 
-def _embedded_params() -> BrokerParams | None:
-    """Settings of the embedded broker on this machine, if it was started."""
-    data_dir = default_data_dir()
-    port_file = data_dir / "broker.port"
-    if not port_file.is_file():
-        return None
-    login = password = None
-    creds = data_dir / "credentials.json"
-    if creds.is_file():
-        data = json.loads(creds.read_text())
-        login, password = data["user"], data["password"]
-    return BrokerParams(hosts=(("127.0.0.1", int(port_file.read_text().strip())),), login=login, password=password)
+def _mask(secret: str | None) -> None:
+    """Keep a password read from the environment out of task logs, as Airflow does for the
+    connections it reads itself."""
+    if secret:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(secret)

@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, manifest_path
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators._glue import LogProgress
+from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 
 

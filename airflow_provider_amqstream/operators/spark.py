@@ -13,15 +13,61 @@ def stream_to_parquet_job() -> str:
     return str(resources.files("airflow_provider_amqstream") / "spark" / "stream_to_parquet.py")
 
 
+def quiet_driver_log_conf() -> str:
+    """Path of the log4j2 configuration that keeps the Spark driver at WARN."""
+    return str(resources.files("airflow_provider_amqstream") / "spark" / "log4j2.properties")
+
+
+def quiet_spark_conf(conf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``conf`` plus driver Java options that load :func:`quiet_driver_log_conf`, unless
+    the caller set their own ``spark.driver.extraJavaOptions``.
+
+    Spark's INFO lines (about 220 per conversion) would otherwise all land in the task log.
+    """
+    out = dict(conf or {})
+    out.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_driver_log_conf()}")
+    return out
+
+
+class StreamToParquetOperator(SparkSubmitOperator):
+    """SparkSubmitOperator running the shipped job on the file a sensor received; reports
+    that file as its OpenLineage input and the dataset directory as its output.
+
+    :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.
+    """
+
+    def __init__(self, *, sensor_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sensor_task_id = sensor_task_id
+
+    def _arg(self, flag: str) -> str | None:
+        args = list(self.application_args or [])
+        return str(args[args.index(flag) + 1]) if flag in args[:-1] else None
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from airflow_provider_amqstream.operators.lineage import file_dataset
+
+        received = task_instance.xcom_pull(task_ids=self.sensor_task_id) if task_instance is not None else None
+        received = received if isinstance(received, dict) else {}
+        src, out = self._arg("--input"), self._arg("--output")
+        inputs = [file_dataset(src, role="input", size=received.get("bytes"), sha256=received.get("sha256"))] \
+            if src else []
+        return OperatorLineage(inputs=inputs, outputs=[file_dataset(out, role="output")] if out else [])
+
+
 def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir: str,
                                partition_by: str | list[str] = "", input_format: str = "auto",
-                               conn_id: str = "spark_default", **kwargs: Any) -> SparkSubmitOperator:
+                               conn_id: str = "spark_default", **kwargs: Any) -> StreamToParquetOperator:
     """Build a SparkSubmitOperator that converts the file a sensor received into Parquet.
 
     The input path and SHA-256 are pulled at run time from ``sensor_task_id``'s XCom;
     the dataset goes to ``output_dir/<stream id>`` with a ``_amqstream_summary.json``.
     Runs on whatever master the Spark connection names (``local[*]``, ``spark://host:7077``,
-    ``yarn``...).
+    ``yarn``...). Spark's driver logs at WARN (see :func:`quiet_spark_conf`); the job
+    prints one summary line. With the OpenLineage provider installed, the received file
+    is reported as the input and the dataset as the output.
 
     :param task_id: this task's id.
     :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.
@@ -40,8 +86,10 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     if parts:
         args += ["--partition-by", parts]
     kwargs.setdefault("name", f"amqstream-{task_id}")
-    return SparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
-                               conn_id=conn_id, **kwargs)
+    kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
+    return StreamToParquetOperator(task_id=task_id, sensor_task_id=sensor_task_id,
+                                   application=stream_to_parquet_job(), application_args=args,
+                                   conn_id=conn_id, **kwargs)
 
 
 def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str, partition_by: str | list[str] = "",
@@ -65,5 +113,6 @@ def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str
     if parts:
         args += ["--partition-by", parts]
     kwargs.setdefault("name", f"amqstream-{task_id}")
+    kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
     return SparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
                                conn_id=conn_id, **kwargs)

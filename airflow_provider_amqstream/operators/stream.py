@@ -13,7 +13,8 @@ from airflow.sdk import BaseOperator
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import BatchStatus, checkpoint_name, collect_files, default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators._glue import LogProgress, TaskStateCheckpoint
+from airflow_provider_amqstream.operators.checkpoint import TaskStateCheckpoint
+from airflow_provider_amqstream.operators.progress import LogProgress
 
 
 class SendStreamOperator(BaseOperator):
@@ -111,7 +112,8 @@ class SendStreamOperator(BaseOperator):
                           stream_id, result.resumed_from, result.bytes_transferred)
         self.log.info("sent %s (%d bytes, %d chunks) to %s in %.1fs, sha256 %s", src, result.bytes, result.chunks,
                       result.destination, result.seconds, result.sha256)
-        return result.to_json()
+        self._amqstream_result = result.to_json()
+        return self._amqstream_result
 
     def _execute_many(self, context: Any) -> dict[str, Any]:
         if self.stream_id or self.name:
@@ -161,3 +163,12 @@ class SendStreamOperator(BaseOperator):
             raise RuntimeError(f"{self.task_id}: {len(bulk.failures)} of {totals['files']} files failed: {names}; "
                                "a retry sends only what was not confirmed")
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage: the file (``file://host`` + path) went to the destination
+        (``amqstream://broker:port`` + name), with its size and SHA-256. A many-file send
+        reports none yet."""
+        from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
+
+        return transfer_lineage(result_of(self, task_instance),
+                                AmqStreamHook(self.amqstream_conn_id).broker_params(), sending=True)

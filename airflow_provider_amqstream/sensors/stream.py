@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, TransferResult
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, TransferResult, find_received
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators._glue import LogProgress
+from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
@@ -38,6 +40,10 @@ class StreamCompleteSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
+    :param file_asset_alias: name of an ``AssetAlias`` this task declares as an outlet; on
+        success it emits an asset event for the received file, ``file://<host><path>``
+        (extra: stream id, bytes, SHA-256), so DAGs scheduled on that file's asset, or on
+        the alias, run when it arrives. Static ``outlets`` work as for any operator.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "stream_id")
@@ -47,8 +53,13 @@ class StreamCompleteSensor(BaseSensorOperator):
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-                 offer_wait: float = 5.0, **kwargs: Any) -> None:
+                 offer_wait: float = 5.0, file_asset_alias: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.file_asset_alias = file_asset_alias
+        if file_asset_alias:
+            from airflow.sdk import AssetAlias
+
+            self.outlets = [*self.outlets, AssetAlias(name=file_asset_alias)]
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
         if idle_timeout <= 0 or offer_wait <= 0:
@@ -69,7 +80,28 @@ class StreamCompleteSensor(BaseSensorOperator):
         if self.stream_id:
             validate_stream_id(self.stream_id)
 
+    def _already_received(self) -> TransferResult | None:
+        """The stored result if ``out_dir`` already holds ``stream_id``: a re-run, or a run
+        started for a stream another run took, must not wait for an offer that is gone."""
+        if not self.stream_id:
+            return None
+        record = find_received(self.out_dir, self.stream_id)
+        if record is None:
+            return None
+        result = TransferResult.from_json(record)
+        self.log.info("stream %s was already received into %s (%d bytes, sha256 %s); not waiting for it again",
+                      result.stream_id, result.path, result.bytes, result.sha256)
+        if result.path and not Path(result.path).exists():
+            self.log.warning("%s is no longer there (moved or deleted since stream %s was received)",
+                             result.path, result.stream_id)
+        return result
+
     def _receive(self, context: Any, wait: float) -> TransferResult | None:
+        done = self._already_received()
+        if done is not None:
+            self._amqstream_result = done.to_json()
+            self._emit_file_asset(context, done)
+            return done
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         ti = context.get("ti")
 
@@ -102,7 +134,31 @@ class StreamCompleteSensor(BaseSensorOperator):
         if result is not None:
             self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
                           result.bytes, result.sha256)
+            self._amqstream_result = result.to_json()
+            self._emit_file_asset(context, result)
         return result
+
+    def _emit_file_asset(self, context: Any, result: TransferResult) -> None:
+        if not self.file_asset_alias or not result.path:
+            return
+        from airflow.sdk import Asset, AssetAlias
+
+        uri = f"file://{socket.gethostname()}{Path(result.path).resolve()}"
+        events = context.get("outlet_events") if hasattr(context, "get") else None
+        if events is None:
+            self.log.warning("no outlet events in this context: asset %s not emitted", uri)
+            return
+        events[AssetAlias(name=self.file_asset_alias)].add(
+            Asset(uri=uri), extra={"stream_id": result.stream_id, "bytes": result.bytes, "sha256": result.sha256})
+        self.log.info("asset event for %s (alias %s)", uri, self.file_asset_alias)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage: the destination (``amqstream://broker:port`` + name) became the file
+        (``file://host`` + path), with its size and SHA-256."""
+        from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
+
+        return transfer_lineage(result_of(self, task_instance),
+                                AmqStreamHook(self.amqstream_conn_id).broker_params(), sending=False)
 
     def poke(self, context: Any) -> PokeReturnValue:
         self._validate()

@@ -7,11 +7,11 @@ Run by ``spark-submit`` (see :func:`airflow_provider_amqstream.operators.spark.s
     spark-submit stream_to_parquet.py --manifest FILE_OR_DIR --output DIR [...]
 
 Writes the dataset to DIR and a summary to DIR/_amqstream_summary.json (rows,
-columns, bytes, source SHA-256). With ``--manifest`` (a receiver's
-``<batch id>.manifest.jsonl``, or a directory of them) every file it lists is converted in
-this one application, each to DIR/<its path without extension>, and
-DIR/_amqstream_batch_summary.json lists them all. Exits 2 with a clear message on
-unreadable input.
+columns, bytes, source SHA-256), and prints one summary line. With ``--manifest`` (a
+receiver's ``<batch id>.manifest.jsonl``, or a directory of them) every file it lists is
+converted in this one application, each to DIR/<its path without extension>, and
+DIR/_amqstream_batch_summary.json lists them all. Spark itself logs warnings only. Exits 2
+with a clear message on unreadable input.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
@@ -79,6 +80,7 @@ def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
 def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Namespace, sha256: str) -> dict:
     from pyspark.errors import PySparkException
 
+    started = time.monotonic()
     try:
         reader = spark.read  # type: ignore[attr-defined]
         if fmt == "csv":
@@ -109,6 +111,8 @@ def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Na
                "input_bytes": src.stat().st_size, "parquet_bytes": size, "partition_by": parts,
                "source_sha256": sha256 or None}
     _write_json(output / "_amqstream_summary.json", summary)
+    print(f"stream_to_parquet: {src} ({fmt}, {summary['input_bytes']} bytes) -> {output}: {rows} rows, "
+          f"{len(columns)} columns, {size} bytes of Parquet in {time.monotonic() - started:.1f}s", flush=True)
     return summary
 
 
@@ -134,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.appName(name).getOrCreate()
+    # As early as the API allows; the launcher's own start-up lines are quieted by the
+    # log4j2 configuration that the operators pass to the driver JVM.
+    spark.sparkContext.setLogLevel("WARN")
     try:
         summaries = [_convert(spark, src, fmt, out, args, sha) for src, fmt, out, sha in jobs]
     finally:
@@ -143,9 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                  "datasets": summaries}
         Path(args.output).mkdir(parents=True, exist_ok=True)
         _write_json(Path(args.output) / "_amqstream_batch_summary.json", batch)
-        print(json.dumps({k: v for k, v in batch.items() if k != "datasets"}))
-    else:
-        print(json.dumps(summaries[0]))
+        print(f"stream_to_parquet: batch {args.manifest}: {batch['files']} files, {batch['rows']} rows",
+              flush=True)
     return 0
 
 

@@ -1,7 +1,9 @@
 """Example 2: scheduled bulk movement. Each run moves the whole landing directory in one
 send task (one connection, small files pipelined), receives it in one task, converts every
 file of the batch in one Spark application, and archives what it sent under
-``sent/<run id>/`` so the next run moves only what landed since."""
+``sent/<run id>/`` (beside the landing directory) so the next run moves only what landed
+since. Received files are never overwritten: a later file of the same name is stored with
+its stream id in the name, and the batch's manifest says where each one landed."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ with DAG(
     # One receive task takes every stream of the batch over one connection and finishes when
     # the batch's manifest (path, bytes, sha256 per file) is written.
     receive = ReceiveStreamsOperator(
-        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"), overwrite=True,
+        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"),
         batch_id="{{ ti.xcom_pull(task_ids='send')['totals']['batch_id'] }}", deadline=1800)
 
     # One Spark application converts every file the manifest lists.

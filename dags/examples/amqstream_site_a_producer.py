@@ -1,5 +1,6 @@
 """Example 3a: the producer site. Streams every file it finds in its outbox and moves
-each sent file to outbox/sent, so the next run does not send it again."""
+each sent file to outbox/sent/<date>/, so the next run does not send it again and every
+run's files are kept (a name already archived that day gets the stream id added)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,15 @@ with DAG(
         return sorted(str(p) for p in OUTBOX.iterdir() if p.is_file())
 
     @task
-    def archive(result: dict) -> str:
+    def archive(result: dict, ds: str | None = None) -> str:
         src = Path(result["path"])
-        dest = src.parent / "sent" / src.name
-        dest.parent.mkdir(exist_ok=True)
-        shutil.move(str(src), dest)
+        day = OUTBOX / "sent" / str(ds)
+        dest = day / src.name
+        if dest.exists():
+            dest = day / f"{src.stem}.{result['stream_id']}{src.suffix}"
+        day.mkdir(parents=True, exist_ok=True)
+        if src.exists():  # a retry of this task finds it moved already
+            shutil.move(str(src), dest)
         return str(dest)
 
     sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".sites",

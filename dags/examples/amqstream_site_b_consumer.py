@@ -1,5 +1,7 @@
 """Example 3b: the consumer site. Waits (deferred, no worker slot) for the next stream from
-site A, receives and verifies it, and converts it to Parquet with Spark."""
+site A, receives and verifies it, and converts it to Parquet with Spark. Nothing is
+overwritten: a file of a name received before is stored with its stream id in the name,
+and each stream's dataset has its own directory (``parquet/site-b/<stream id>``)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,6 @@ with DAG(
     tags=["amqstream", "example", "site-b"],
 ) as dag:
     receive = StreamCompleteSensor(task_id="receive", source=QUEUE + ".sites", out_dir=str(RECEIVED / "site-b"),
-                                   deferrable=True, poke_interval=10, timeout=4 * 3600, overwrite=True)
+                                   deferrable=True, poke_interval=10, timeout=4 * 3600)
     receive >> stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
                                           output_dir=str(PARQUET / "site-b"))

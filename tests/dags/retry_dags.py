@@ -39,6 +39,19 @@ with DAG("amqs_test_deferrable", schedule=None, params=PARAMS) as deferrable:
                              deferrable=True, poke_interval=1, timeout=300)
     probe(d.output)
 
+
+@task
+def failures_probe(params: dict | None = None, ti: object = None) -> None:
+    found = ti.xcom_pull(task_ids="receive", key="failed_streams")  # type: ignore[attr-defined]
+    Path(params["record"] + ".failures").write_text(json.dumps(found))
+
+
+with DAG("amqs_test_sensor_policy", schedule=None, params=PARAMS) as sensor_policy:
+    w = StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                             idle_timeout=4, poke_interval=1, timeout=120)
+    probe(w.output)
+    w >> failures_probe()
+
 with DAG("amqs_test_send_many", schedule=None, params=PARAMS) as send_many:
     # A glob pattern in path: every match in one task, over one connection.
     m = SendStreamOperator(task_id="send", path="{{ params.path }}", destination="{{ params.queue }}")

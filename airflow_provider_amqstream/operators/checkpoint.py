@@ -1,30 +1,11 @@
-"""Airflow-side helpers shared by the operator and the sensor."""
+"""TaskStateCheckpoint: the sender's resume point, kept where Airflow retries can find it."""
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
-
-
-class LogProgress:
-    """Progress for task logs: a line every ``interval`` seconds with bytes, % and MiB/s."""
-
-    def __init__(self, log: logging.Logger, label: str, interval: float = 10.0) -> None:
-        self.log, self.label, self.interval = log, label, interval
-        self.t0 = time.monotonic()
-        self.last = self.t0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self.last < self.interval:
-            return
-        self.last = now
-        pct = 100.0 * done / total if total else 100.0
-        rate = done / max(now - self.t0, 1e-6) / 2**20
-        self.log.info("%s: %d of %d bytes (%.1f%%), %.1f MiB/s", self.label, done, total, pct, rate)
 
 
 class TaskStateCheckpoint:

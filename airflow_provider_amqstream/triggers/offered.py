@@ -1,0 +1,95 @@
+"""StreamOfferedTrigger: an event trigger that fires once per stream offered on a queue.
+
+Made for event-driven scheduling (an ``AssetWatcher`` on an ``Asset``), directly or as
+``MessageQueueTrigger(scheme="amqstream", ...)``. It only looks: the triggerer never
+takes an offer and never moves a byte of the file; the DAG run it starts receives the
+stream it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from airflow_provider_amqstream.transport import AccessDenied, TransportError
+from airflow_provider_amqstream.triggers.offers import Every, OfferBrowser
+
+
+class StreamOfferedTrigger(BaseEventTrigger):
+    """Fire one event per stream offered on ``destination``.
+
+    The event's payload carries ``stream_id``, ``name``, ``size``, ``chunks``, ``mode``,
+    ``destination``, ``sender`` (the sending user, where the broker stamps JMSXUserID,
+    else None) and ``offered_at`` (broker timestamp, ms). A stream fires once while its
+    offer stays visible, however many looks see it; the ids are remembered until the
+    offer is gone (received), so a stream offered again later fires again. A new
+    triggerer process starts with an empty memory and fires for waiting offers again;
+    the receiving sensor returns at once for a stream its directory already holds.
+
+    The broker shows a browser at most ``maxBrowsePageSize`` offers (16 in the shipped
+    config); more waiting offers are seen as receivers take the earlier ones.
+
+    :param destination: ``/queue/NAME`` where streams are offered.
+    :param amqstream_conn_id: Airflow connection of type ``amqstream``.
+    :param poll_interval: seconds between looks.
+    :param still_waiting_every: seconds between "still watching" log lines.
+    """
+
+    def __init__(self, *, destination: str, amqstream_conn_id: str = "amqstream_default",
+                 poll_interval: float = 5.0, still_waiting_every: float = 600.0) -> None:
+        super().__init__()
+        self.destination = destination
+        self.amqstream_conn_id = amqstream_conn_id
+        self.poll_interval = poll_interval
+        self.still_waiting_every = still_waiting_every
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"destination": self.destination, "amqstream_conn_id": self.amqstream_conn_id,
+                 "poll_interval": self.poll_interval, "still_waiting_every": self.still_waiting_every})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+
+        # Connection lookups and stomp.py are blocking: keep them off the event loop.
+        params = await asyncio.to_thread(AmqStreamHook(self.amqstream_conn_id).broker_params)
+        browser = OfferBrowser(params, self.destination)
+        fired: set[str] = set()
+        note = Every(self.still_waiting_every)
+        self.log.info("watching %s on %s for offered streams, looking every %gs", self.destination, params.url,
+                      self.poll_interval)
+        failing = False
+        try:
+            while True:
+                try:
+                    offers = await asyncio.to_thread(browser.look)
+                except AccessDenied:
+                    raise  # no retry can help; the message says which grant is missing
+                except TransportError as exc:
+                    if not failing or note.due():
+                        self.log.warning("cannot look at %s: %s; trying again every %gs", self.destination, exc,
+                                         self.poll_interval)
+                    failing = True
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+                if failing:
+                    self.log.info("watching %s on %s again", self.destination, params.url)
+                    failing = False
+                visible = {o.stream_id for o in offers}
+                for offer in offers:
+                    if offer.stream_id in fired:
+                        continue
+                    fired.add(offer.stream_id)
+                    self.log.info("stream %s (%s, %d bytes) is offered on %s", offer.stream_id, offer.name,
+                                  offer.size, self.destination)
+                    yield TriggerEvent(offer.payload())
+                fired &= visible
+                if note.due():
+                    self.log.info("still watching %s: %d offer(s) waiting to be received", self.destination,
+                                  len(visible))
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await asyncio.to_thread(browser.close)

@@ -1,0 +1,163 @@
+"""OfferBrowser: look at the offers waiting on a destination over one kept connection.
+
+Triggers poll; a poll that opened a connection each time filled task logs with connect
+lines and cost the broker a login per look. This keeps one STOMP session per watcher,
+opens a fresh one only after the old one is lost, and only browses (ActiveMQ queue
+browsers consume nothing), so whoever receives the stream still finds its offer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
+
+log = logging.getLogger(__name__)
+
+# The sender's user as the broker stamps it (broker option populateJMSXUserID); a sender
+# cannot forge it there. Absent when the broker does not stamp it.
+H_USER = "JMSXUserID"
+MAX_SENDER = 128
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One stream offered on a destination, as the trigger reports it."""
+
+    stream_id: str
+    name: str
+    size: int
+    chunks: int
+    mode: str
+    destination: str
+    sender: str | None
+    offered_at: int | None
+
+    def payload(self) -> dict[str, Any]:
+        return {"stream_id": self.stream_id, "name": self.name, "size": self.size, "chunks": self.chunks,
+                "mode": self.mode, "destination": self.destination, "sender": self.sender,
+                "offered_at": self.offered_at}
+
+
+def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination) -> Offer:
+    """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one."""
+    spec, _ = p.parse_offer(headers, dest)
+    sender = headers.get(H_USER)
+    if sender is not None:
+        sender = "".join(c for c in str(sender)[:MAX_SENDER] if c.isprintable()) or None
+    raw_ts = str(headers.get("timestamp", ""))
+    offered_at = int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
+    return Offer(spec.stream_id, spec.name, spec.size, spec.chunks, spec.mode.value, str(dest), sender, offered_at)
+
+
+class OfferBrowser:
+    """Browse the offers on ``source`` through one kept STOMP session (blocking; call it
+    from a worker thread in a trigger).
+
+    :param params: broker settings.
+    :param source: ``/queue/NAME`` to watch.
+    :param browse_timeout: seconds to wait for the broker's end-of-browse marker.
+    """
+
+    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0) -> None:
+        self.params = params
+        self.dest = p.Destination.parse(source)
+        if self.dest.kind != "queue":
+            raise ValueError(f"{source}: only a queue can be watched for offers (a topic keeps no backlog to browse)")
+        self.browse_timeout = browse_timeout
+        self.link: StompLink | None = None
+        self.opened = 0  # sessions opened so far: one, unless the broker went away
+        self._bad_seen: set[str] = set()
+
+    def _session(self) -> StompLink:
+        if self.link is not None and self.link.connected:
+            return self.link
+        if self.link is not None:
+            log.warning("connection to %s for watching %s was lost; reconnecting", self.params.url, self.dest)
+            self.close()
+        link = StompLink(self.params, client_id=f"amqs-watch-{socket.gethostname()}-{os.getpid()}")
+        link.open()
+        self.link = link
+        self.opened += 1
+        return link
+
+    def look(self, stream_id: str | None = None) -> list[Offer]:
+        """The valid offers visible on the destination now (for ``stream_id`` only, if given).
+
+        Raises :class:`TransportError` if the broker cannot be reached; the next call
+        reconnects. Invalid offers are skipped, each reported once.
+        """
+        if stream_id:
+            p.validate_stream_id(stream_id)
+        selector = f"{p.H_KIND} = 'offer'" + (f" AND {p.H_STREAM} = '{stream_id}'" if stream_id else "")
+        link = self._session()
+        try:
+            offers = self._browse(link, selector)
+        except TransportError:
+            # Lost, refused or stuck: whatever state the session is in, the next look
+            # starts from a fresh one.
+            self.close()
+            raise
+        return offers
+
+    def _browse(self, link: StompLink, selector: str) -> list[Offer]:
+        sub = link.subscribe(str(self.dest), selector=selector, browser=True, prefetch=64)
+        offers: list[Offer] = []
+        deadline = time.monotonic() + self.browse_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportError(f"broker {self.params.url} did not finish browsing {self.dest} "
+                                     f"within {self.browse_timeout:.0f}s")
+            frame = link.get(left)
+            if frame is None or frame.headers.get("subscription") != sub:
+                continue
+            if frame.headers.get("browser") == "end":
+                break
+            if frame.headers.get(p.H_REOFFER):
+                continue  # nobody starts a reception from a re-offer: not an arrival
+            try:
+                offers.append(parse_visible_offer(frame.headers, self.dest))
+            except p.ProtocolError as exc:
+                self._report_bad(frame.headers, exc)
+        link.unsubscribe(sub)
+        return offers
+
+    def _report_bad(self, headers: Mapping[str, Any], exc: p.ProtocolError) -> None:
+        key = str(headers.get("message-id", ""))[:200]
+        if key in self._bad_seen:
+            return
+        if len(self._bad_seen) >= 10_000:  # a flood of junk must not grow a long-lived trigger
+            self._bad_seen.clear()
+        self._bad_seen.add(key)
+        log.warning("ignoring an invalid offer on %s (it stays there for a receiver to reject): %s", self.dest, exc)
+
+    def close(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            link.close()
+
+
+class Every:
+    """True at most once per ``interval`` seconds: for rare "still waiting" lines.
+
+    :param interval: seconds between two true answers.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return False
+        self.last = now
+        return True

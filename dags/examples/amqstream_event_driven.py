@@ -1,0 +1,67 @@
+"""Example 4: event-driven. Every stream offered on a queue starts a DAG run (no schedule, no
+polling sensor per expected file): an ``AssetWatcher`` runs the amqstream trigger in the
+triggerer, which only looks at the queue and fires one asset event per offered stream. The
+run receives exactly the streams named by its triggering events and converts each with Spark.
+
+The scheduler folds events that arrive close together into one run, so the run maps over
+its events: one receive and one Spark task per stream. Triggered by hand, it takes the
+stream ids in the ``stream_ids`` parameter instead.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+
+from airflow_provider_amqstream.example_support import PARQUET, QUEUE, RECEIVED
+from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, quiet_spark_conf, stream_to_parquet_job
+from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+INCOMING = QUEUE + ".events"
+
+try:  # common-messaging's generic trigger, when the "messaging" extra is installed
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+
+    watch = MessageQueueTrigger(scheme="amqstream", destination=INCOMING, amqstream_conn_id="amqstream_default",
+                                poll_interval=5.0)
+except ImportError:  # the same trigger, named directly
+    from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+
+    watch = StreamOfferedTrigger(destination=INCOMING, amqstream_conn_id="amqstream_default", poll_interval=5.0)
+
+incoming_streams = Asset(name="amqstream_incoming_streams",
+                         watchers=[AssetWatcher(name="amqstream_offers", trigger=watch)])
+
+with DAG(
+    dag_id="amqstream_event_driven",
+    schedule=[incoming_streams],
+    catchup=False,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    params={"stream_ids": []},
+    tags=["amqstream", "example", "event-driven"],
+) as dag:
+
+    @task
+    def offered_streams(triggering_asset_events: dict | None = None, params: dict | None = None) -> list[str]:
+        """The stream ids this run is for: from its asset events, else from the parameters."""
+        ids = [event.extra["payload"]["stream_id"]
+               for events in (triggering_asset_events or {}).values() for event in events
+               if isinstance((event.extra or {}).get("payload"), dict) and "stream_id" in event.extra["payload"]]
+        ids += list((params or {}).get("stream_ids") or [])
+        return list(dict.fromkeys(ids))
+
+    received = StreamCompleteSensor.partial(
+        task_id="receive", source=INCOMING, out_dir=str(RECEIVED / "events"), poke_interval=5, timeout=3600,
+        file_asset_alias="amqstream_received_files",
+    ).expand(stream_id=offered_streams())
+
+    @task
+    def spark_args(result: dict) -> list[str]:
+        return ["--input", result["path"], "--output", f"{PARQUET}/events/{result['stream_id']}",
+                "--sha256", result["sha256"], "--format", "auto"]
+
+    StreamToParquetOperator.partial(
+        task_id="to_parquet", sensor_task_id="receive", application=stream_to_parquet_job(),
+        conn_id="spark_default", conf=quiet_spark_conf(), max_active_tis_per_dagrun=1,
+    ).expand(application_args=spark_args.expand(result=received.output))

@@ -1,0 +1,13 @@
+"""DAGs used by tests/test_assets.py: a sensor that declares the received file as an asset."""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG
+
+from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+with DAG("amqs_test_file_asset", schedule=None,
+         params={"queue": "/queue/unused", "out_dir": "/tmp/unused", "stream_id": "unused"}) as file_asset:
+    StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                         stream_id="{{ params.stream_id }}", poke_interval=1, timeout=120,
+                         file_asset_alias="amqs_received_files")

@@ -1,0 +1,84 @@
+"""Issue 12: the event-driven example DAG (asset watcher -> one receive per offered stream)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream.engine import send_file
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.conftest import ROOT
+from tests.helpers import sha256_file
+from tests.test_airflow import _load
+
+EXAMPLES = ROOT / "dags" / "examples"
+
+
+def test_event_driven_dag_parses_and_its_watcher_serializes() -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(dag_folder=EXAMPLES / "amqstream_event_driven.py")
+    assert bag.import_errors == {}
+    dag = bag.dags["amqstream_event_driven"]
+    text = json.dumps(DagSerialization.to_dict(dag))
+    assert "airflow_provider_amqstream.triggers.offered.StreamOfferedTrigger" in text
+    assert "amqstream_offers" in text and "/queue/amqstream.examples.events" in text
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_event_driven_run_receives_exactly_its_streams(airflow_db: Path, params: BrokerParams, uri: str,
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream import example_support
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+    queue = f"/queue/evt.{tmp_path.name}"
+    for name in ("RECEIVED", "PARQUET"):
+        monkeypatch.setattr(example_support, name, tmp_path / name.lower())
+    monkeypatch.setattr(example_support, "QUEUE", queue)
+    files = {}
+    for i in range(3):
+        src = tmp_path / f"orders-{i}.csv"
+        example_support.write_sample_csv(src, rows=200, seed=i)
+        files[f"evt-{i}"] = send_file(params, src, queue + ".events", stream_id=f"evt-{i}", mode="atomic")
+    dag = _load(EXAMPLES, "amqstream_event_driven")
+    # The run is for two of the three offered streams; the third must stay on the queue.
+    dr = dag.test(run_conf={"stream_ids": ["evt-0", "evt-2"]})
+    assert dr.state == "success"
+    got = sorted(p.name for p in (tmp_path / "received" / "events").iterdir() if p.is_file())
+    assert got == ["orders-0.csv", "orders-2.csv"]
+    for name in got:
+        assert sha256_file(tmp_path / "received" / "events" / name) == sha256_file(tmp_path / name)
+    summaries = sorted(p.parent.name for p in (tmp_path / "parquet" / "events").glob("*/_amqstream_summary.json"))
+    assert summaries == ["evt-0", "evt-2"]
+    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+
+    browser = OfferBrowser(params, queue + ".events")
+    try:
+        assert [o.stream_id for o in browser.look()] == ["evt-1"]
+    finally:
+        browser.close()
+
+
+def test_run_takes_the_stream_ids_of_its_triggering_events() -> None:
+    """Events the scheduler folded into one run each give a stream id (what the trigger put
+    in the payload), in order, once; the hand-triggered parameter adds to them."""
+    from types import SimpleNamespace
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=EXAMPLES / "amqstream_event_driven.py").dags["amqstream_event_driven"]
+    pick = dag.get_task("offered_streams").python_callable
+
+    def event(payload: object) -> SimpleNamespace:
+        return SimpleNamespace(extra={"from_trigger": True, "payload": payload})
+
+    events = {"amqstream_incoming_streams": [event({"stream_id": "a-1", "size": 3}), event({"stream_id": "b-2"}),
+                                             event({"stream_id": "a-1"}), event("not a dict"), event({})]}
+    assert pick(triggering_asset_events=events, params={"stream_ids": []}) == ["a-1", "b-2"]
+    assert pick(triggering_asset_events={}, params={"stream_ids": ["c-3"]}) == ["c-3"]

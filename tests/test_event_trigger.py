@@ -1,0 +1,280 @@
+"""Issue 12: the ``amqstream`` message queue (event-driven scheduling) and quiet triggers.
+
+Triggers run with asyncio against the real session broker; offers are made with the
+real sender (``send_file``) or, for hostile ones, with raw stomp.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stomp
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.transport import BrokerParams
+from airflow_provider_amqstream.triggers import offers as offers_mod
+from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+from airflow_provider_amqstream.triggers.offers import OfferBrowser
+from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
+from tests.conftest import ROOT
+from tests.helpers import make_file
+
+CONN_ID = "amqs_evt"
+
+
+@pytest.fixture
+def conn(uri: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", uri)
+    return CONN_ID
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts looks and STOMP sessions opened by watchers."""
+    counts = {"looks": 0, "opens": 0}
+    real_look, real_open = OfferBrowser.look, offers_mod.StompLink.open
+
+    def look(self: OfferBrowser, *a: Any, **k: Any) -> Any:
+        counts["looks"] += 1
+        return real_look(self, *a, **k)
+
+    def open_(self: Any) -> Any:
+        if (self.client_id or "").startswith("amqs-watch"):  # not the test's own senders and receivers
+            counts["opens"] += 1
+        return real_open(self)
+
+    monkeypatch.setattr(OfferBrowser, "look", look)
+    monkeypatch.setattr(offers_mod.StompLink, "open", open_)
+    return counts
+
+
+async def _collect(gen: AsyncIterator[Any], events: list[Any], until: Callable[[], bool], timeout: float) -> None:
+    """Drain ``gen`` into ``events`` until ``until()`` holds (checked after each event and
+    every few milliseconds), then close it; fail after ``timeout`` seconds."""
+
+    async def pump() -> None:
+        async for ev in gen:
+            events.append(ev)
+
+    task = asyncio.ensure_future(pump())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while not until():
+            if task.done():
+                task.result()  # re-raise what ended it
+                return
+            if loop.time() > deadline:
+                raise AssertionError(f"timed out after {timeout}s; events so far: {events}")
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+def _offer_two(tmp_path: Path, params: BrokerParams, queue: str) -> dict[str, Any]:
+    sent = {}
+    for i, size in enumerate((70_000, 3 * 2**20 + 5)):
+        src = make_file(tmp_path / f"in-{i}.bin", size, seed=i)
+        res = send_file(params, src, queue, stream_id=f"evt-{i}", mode="atomic", chunk_size=2**20)
+        sent[res.stream_id] = res
+    return sent
+
+
+def test_message_queue_trigger_resolves_to_our_trigger() -> None:
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+
+    mq = MessageQueueTrigger(scheme="amqstream", destination="/queue/incoming", amqstream_conn_id="c1",
+                             poll_interval=2.0)
+    assert isinstance(mq.trigger, StreamOfferedTrigger)
+    classpath, kwargs = mq.serialize()
+    assert classpath == "airflow_provider_amqstream.triggers.offered.StreamOfferedTrigger"
+    assert kwargs["destination"] == "/queue/incoming" and kwargs["amqstream_conn_id"] == "c1"
+    again = StreamOfferedTrigger(**kwargs)  # what the triggerer rebuilds
+    assert again.serialize() == (classpath, kwargs)
+
+
+def test_provider_works_without_common_messaging() -> None:
+    """With common.messaging missing, our queue module says what to install; the rest imports."""
+    code = textwrap.dedent("""
+        import sys
+        # As if the package were not installed: None in sys.modules makes an import fail.
+        for name in ("airflow.providers.common.messaging.providers",
+                     "airflow.providers.common.messaging.providers.base_provider"):
+            sys.modules[name] = None
+        from airflow.exceptions import AirflowOptionalProviderFeatureException
+        try:
+            import airflow_provider_amqstream.queues.amqstream
+        except AirflowOptionalProviderFeatureException as exc:
+            print("OPTIONAL:", exc)
+        import airflow_provider_amqstream.sensors.stream, airflow_provider_amqstream.triggers.offered
+        from airflow_provider_amqstream.provider_info import get_provider_info
+        print("OK", len(get_provider_info()["queues"]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "OPTIONAL:" in out.stdout and "airflow-provider-amqstream[messaging]" in out.stdout
+    assert "OK 1" in out.stdout
+
+
+@pytest.mark.broker
+def test_event_trigger_fires_once_per_offered_stream(conn: str, params: BrokerParams, queue_name: str,
+                                                     tmp_path: Path, counted: dict[str, int]) -> None:
+    sent = _offer_two(tmp_path, params, queue_name)
+    trig = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05)
+    events: list[Any] = []
+    marks: dict[str, int] = {}
+
+    def two_then_more_looks() -> bool:
+        if len(events) < 2:
+            return False
+        marks.setdefault("looks", counted["looks"])
+        return counted["looks"] >= marks["looks"] + 5  # five more looks see both offers again
+
+    asyncio.run(_collect(trig.run(), events, two_then_more_looks, 120))
+    assert len(events) == 2, [e.payload for e in events]
+    by_id = {e.payload["stream_id"]: e.payload for e in events}
+    assert set(by_id) == set(sent)
+    for sid, res in sent.items():
+        got = by_id[sid]
+        assert (got["name"], got["size"], got["destination"], got["mode"]) == (res.name, res.bytes, queue_name,
+                                                                              "atomic")
+        assert "sender" in got and isinstance(got["offered_at"], int)
+    assert counted["opens"] == 1, "the trigger opened more than one connection"
+
+    # It only looked: both streams are still there for their receivers.
+    for sid, res in sent.items():
+        got = receive_stream(params, queue_name, tmp_path / "out", stream_id=sid,
+                             options=ReceiveOptions(wait_timeout=30))
+        assert got is not None and got.sha256 == res.sha256
+
+
+@pytest.mark.broker
+def test_event_trigger_forgets_received_streams_and_fires_new_ones(conn: str, params: BrokerParams,
+                                                                   queue_name: str, tmp_path: Path,
+                                                                   counted: dict[str, int]) -> None:
+    browser = OfferBrowser(params, queue_name)
+    try:
+        assert browser.look() == []
+        src = make_file(tmp_path / "a.bin", 1000)
+        send_file(params, src, queue_name, stream_id="again-1", mode="atomic")
+        assert [o.stream_id for o in browser.look()] == ["again-1"]
+        assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=30))
+        assert browser.look() == []
+        assert browser.opened == 1
+    finally:
+        browser.close()
+
+
+def _raw_send(info: Any, queue: str, headers: dict[str, str], body: bytes = b"") -> None:
+    conn = stomp.Connection12([(info.host, info.port)], auto_decode=False)
+    conn.connect(info.user, info.password, wait=True)
+    try:
+        conn.send(queue, body, headers={**headers, "persistent": "true", "receipt": "r1"})
+    finally:
+        conn.disconnect()
+
+
+@pytest.mark.broker
+def test_hostile_offers_are_skipped_and_reported_once(broker: EmbeddedBroker, conn: str, params: BrokerParams,
+                                                      queue_name: str, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An authorized sender offers the worst values with raw stomp.py; only the good offer fires."""
+    info = broker.info()
+    dest = p.Destination.parse(queue_name)
+    good = p.offer_headers(p.StreamSpec("good-1", "ok.csv", 10, 10), dest)
+
+    def bad(**changes: str) -> dict[str, str]:
+        h = dict(good, **changes)
+        if p.H_DATA_DEST not in changes:  # keep the data queue consistent, so only the change is wrong
+            h[p.H_DATA_DEST] = f"{queue_name}.amqs.{h[p.H_STREAM]}"
+        return h
+
+    hostile = [
+        bad(**{p.H_STREAM: "../../etc"}),
+        bad(**{p.H_STREAM: "x" * 5000}),
+        bad(**{p.H_STREAM: "big-name", p.H_NAME: "n" * 9000}),
+        bad(**{p.H_STREAM: "neg", p.H_SIZE: "-1"}),
+        bad(**{p.H_STREAM: "huge", p.H_SIZE: "9" * 400}),
+        bad(**{p.H_STREAM: "forged", p.H_DATA_DEST: "/queue/elsewhere"}),
+        bad(**{p.H_STREAM: "v9", p.H_VERSION: "9"}),
+        bad(**{p.H_STREAM: "re-1", p.H_REOFFER: "1"}),  # valid, but nobody starts from a re-offer
+    ]
+    for h in hostile:
+        _raw_send(info, queue_name, h)
+    # The sender field comes off the wire too: a long, unprintable one is cut and cleaned.
+    _raw_send(info, queue_name, dict(good, JMSXUserID="evil\x07" + "u" * 10_000))
+    trig = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05)
+    events: list[Any] = []
+    looks = {"n": 0}
+    real_look = OfferBrowser.look
+
+    def look(self: OfferBrowser, *a: Any, **k: Any) -> Any:
+        looks["n"] += 1
+        return real_look(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.WARNING, logger=offers_mod.__name__):
+        mp.setattr(OfferBrowser, "look", look)
+        asyncio.run(_collect(trig.run(), events, lambda: looks["n"] >= 6, 120))
+    assert [e.payload["stream_id"] for e in events] == ["good-1"]
+    sender = events[0].payload["sender"]
+    assert sender is None or (len(sender) <= offers_mod.MAX_SENDER and sender.isprintable())
+    warnings = [r for r in caplog.records if "invalid offer" in r.getMessage()]
+    assert len(warnings) == 7, [r.getMessage()[:120] for r in warnings]  # each once, not once per look
+
+
+@pytest.mark.broker
+def test_waiting_trigger_keeps_one_connection_and_logs_little(conn: str, params: BrokerParams, queue_name: str,
+                                                              tmp_path: Path, counted: dict[str, int],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    trig = StreamOfferTrigger(source=queue_name, stream_id="late-1", amqstream_conn_id=conn, poll_interval=0.02,
+                              timeout=600)
+    events: list[Any] = []
+    marks: dict[str, int] = {}
+
+    def offer_after_many_looks() -> bool:
+        if counted["looks"] >= 40 and "sent" not in marks:
+            marks["sent"] = 1
+            send_file(params, make_file(tmp_path / "late.bin", 500), queue_name, stream_id="late-1",
+                      mode="atomic")
+        return bool(events)
+
+    asyncio.run(_collect(trig.run(), events, offer_after_many_looks, 180))
+    assert events[0].payload["status"] == "success"
+    assert counted["looks"] >= 40 and counted["opens"] == 1
+    # Triggers log through Airflow's structlog set-up, to stdout here as in a task log.
+    ours = [line for line in capsys.readouterr().out.splitlines() if "StreamOfferTrigger" in line]
+    assert len(ours) <= 3, ours
+    assert any("waiting for stream late-1" in line and "until" in line for line in ours), ours
+
+
+@pytest.mark.broker
+def test_stomp_connect_line_stays_out_of_logs(params: BrokerParams) -> None:
+    """A process that logs at INFO (as a task does) does not get stomp.py's per-connect line."""
+    h, port = params.hosts[0]
+    code = textwrap.dedent(f"""
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        from airflow_provider_amqstream.transport import BrokerParams, StompLink
+        params = BrokerParams(hosts=(({h!r}, {port}),), login={params.login!r}, password={params.password!r})
+        for _ in range(3):
+            with StompLink(params) as link:
+                link.round_trip()
+        print("DONE")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "DONE" in out.stdout, out.stderr[-2000:]
+    assert "established connection" not in out.stderr.lower(), out.stderr[-2000:]

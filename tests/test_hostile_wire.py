@@ -1,0 +1,126 @@
+"""Issue 9: hostile frames from an authorized sender (raw stomp.py) against a real receiver.
+
+Every header, name and size a sender controls, at its worst: the receiver refuses the
+stream (quarantined, with the reason), never hangs, crashes or blows its memory, and the
+next good stream still arrives byte-exact.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file
+from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file
+
+pytestmark = pytest.mark.broker
+
+
+def _receive_after(params: BrokerParams, queue: str, tmp_path: Path) -> tuple[list[Any], list[Any], str]:
+    """Send a good stream behind whatever is queued; receive one stream; return what
+    arrived, what failed, and the good file's SHA-256."""
+    good = make_file(tmp_path / "good.bin", 5000)
+    sha = send_file(params, good, queue, chunk_size=1000).sha256
+    got: list[Any] = []
+    failed: list[Any] = []
+    receive_streams(params, queue, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=20, idle_timeout=10),
+                    on_result=got.append, on_failure=failed.append)
+    return got, failed, sha
+
+
+def _raw_offer(params: BrokerParams, queue: str, **changes: str) -> None:
+    dest = p.Destination.parse(queue)
+    spec = p.StreamSpec("hostile-1", "f.bin", 3000, 1000)
+    raw = RawSender(params)
+    raw.send(str(dest), b"", {**p.offer_headers(spec, dest), **changes})
+    raw.close()
+
+
+def test_an_offer_with_a_200_kib_header_section_is_refused_not_looped_on(
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
+    """ActiveMQ accepts it (10 KiB per header); a receiver that drops the connection on it
+    reconnects into the same message for ever. Through the CLI, as users run it."""
+    big = {f"junk{i}": "x" * 10_000 for i in range(20)}
+    _raw_offer(params, queue_name, **big)
+    good = make_file(tmp_path / "good.bin", 5000)
+    sent = send_file(params, good, queue_name, chunk_size=1000)
+    t0 = time.monotonic()
+    proc = cli("receive", "--from", queue_name, "--out-dir", str(tmp_path / "out"), "--conn", uri, "--count", "1",
+               "--wait", "20", "--json", "-q")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [x["status"] for x in lines] == ["quarantined", "complete"]
+    assert "header section was too large" in lines[0]["reason"]
+    assert lines[1]["sha256"] == sent.sha256 == sha256_file(tmp_path / "out" / "good.bin")
+    assert time.monotonic() - t0 < 60
+    [filed] = browse(params, "/queue/DLQ." + p.Destination.parse(queue_name).name)
+    assert p.H_QUARANTINE_REASON in filed.headers
+
+
+@pytest.mark.parametrize("changes", [
+    {p.H_SIZE: "+3000"}, {p.H_SIZE: " 3000"}, {p.H_SIZE: "3_000"}, {p.H_SIZE: "\u0663\u0660\u0660\u0660"},
+    {p.H_CHUNK_SIZE: "1e3"}, {p.H_STREAM: "hostile-1\n"}, {p.H_STREAM: "../../etc"}, {p.H_NAME: "x" * 300},
+    {p.H_VERSION: "2"}, {p.H_MODE: "stream\n"},
+], ids=lambda c: "-".join(f"{k}={v[:12]!r}" for k, v in c.items()))
+def test_malformed_offers_are_quarantined_and_the_next_stream_arrives(
+        params: BrokerParams, tmp_path: Path, queue_name: str, changes: dict[str, str]) -> None:
+    _raw_offer(params, queue_name, **changes)
+    got, failed, sha = _receive_after(params, queue_name, tmp_path)
+    assert [r.sha256 for r in got] == [sha]
+    assert [f.status for f in failed] == ["quarantined"] and "invalid offer" in failed[0].reason
+
+
+def _bomb(declared: int) -> bytes:
+    """A zstd frame header declaring ``declared`` bytes, then one empty raw block."""
+    return b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + declared.to_bytes(8, "little") + b"\x01\x00\x00"
+
+
+@pytest.mark.parametrize("case", ["bomb-1tib", "bomb-64kib", "far-ahead", "cut-headers", "huge-crc"])
+def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
+        params: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
+    data = make_file(tmp_path / "f.bin", 4 * 1024).read_bytes()
+    spec = p.StreamSpec(f"hc-{case}", "f.bin", len(data), 2 if case == "far-ahead" else 1024)
+
+    def tamper(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        if seq != 1:
+            return headers, body
+        if case.startswith("bomb"):
+            wire = _bomb(2**40) if case == "bomb-1tib" else zstandard.ZstdCompressor().compress(b"\0" * 65536)
+            return {**headers, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(wire))}, wire
+        if case == "far-ahead":
+            far = spec.chunks  # the last of 2048 two-byte chunks, 2047 past the gap
+            off, n = spec.chunk_span(far)
+            return p.data_headers(spec, far, data[off:off + n]), data[off:off + n]
+        if case == "cut-headers":
+            return {**headers, **{f"pad{i}": "y" * 10_000 for i in range(12)}}, body
+        return {**headers, p.H_CRC: "9" * 20}, body
+
+    play(params, queue_name, spec, data, [1], end=False, tamper=tamper)
+    got, failed, sha = _receive_after(params, queue_name, tmp_path)
+    assert [r.sha256 for r in got] == [sha]
+    [f] = failed
+    assert f.status == "quarantined" and f.stream_id == spec.stream_id
+    assert not list((tmp_path / "out" / ".amqstream").glob(f"{spec.stream_id}.*"))
+
+
+def test_the_broker_schedules_nothing_for_a_sender(params: BrokerParams, queue_name: str) -> None:
+    """schedulerSupport is off: repeat and delay headers are ordinary headers."""
+    raw = RawSender(params)
+    raw.send(queue_name, b"once", {"AMQ_SCHEDULED_REPEAT": "50", "AMQ_SCHEDULED_PERIOD": "1000"})
+    raw.send(queue_name, b"now", {"AMQ_SCHEDULED_DELAY": "600000"})
+    raw.close()
+    with StompLink(params) as link:
+        sub = link.subscribe(queue_name, prefetch=100)
+        bodies = []
+        while (frame := link.get(3, sub)) is not None:
+            bodies.append(bytes(frame.body))
+            link.ack(frame)
+    assert bodies == [b"once", b"now"]

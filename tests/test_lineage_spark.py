@@ -1,0 +1,122 @@
+"""Issue 12 items 5 and 8: OpenLineage from executed tasks, and a quiet Spark hand-off."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.operators.spark import quiet_spark_conf, stream_to_parquet_job
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import make_file, sha256_file
+
+CONN_ID = "amqs_lineage"
+
+
+def _as_json(dataset: Any) -> dict[str, Any]:
+    from openlineage.client.serde import Serde
+
+    return json.loads(Serde.to_json(dataset))
+
+
+@pytest.mark.broker
+def test_send_and_receive_report_file_and_destination_lineage(params: BrokerParams, uri: str, queue_name: str,
+                                                              tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.operators.stream import SendStreamOperator
+    from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", uri)
+    src = make_file(tmp_path / "in" / "data.bin", 300_000)
+    send = SendStreamOperator(task_id="send", path=str(src), destination=queue_name, stream_id="lin-1",
+                              amqstream_conn_id=CONN_ID, mode="atomic")
+    send.execute({})
+    recv = StreamCompleteSensor(task_id="recv", source=queue_name, out_dir=str(tmp_path / "out"),
+                                stream_id="lin-1", amqstream_conn_id=CONN_ID)
+    assert recv.poke({}).is_done
+    host, port = params.hosts[0]
+    file_ns, dest_ns = f"file://{socket.gethostname()}", f"amqstream://{host}:{port}"
+    sha, size = sha256_file(src), src.stat().st_size
+
+    sent = send.get_openlineage_facets_on_complete(None)
+    (inp,), (out,) = sent.inputs, sent.outputs
+    assert (inp.namespace, inp.name) == (file_ns, str(src.resolve()))
+    assert (out.namespace, out.name) == (dest_ns, queue_name)
+    got = _as_json(out)
+    assert got["facets"]["version"]["datasetVersion"] == sha
+    assert got["outputFacets"]["outputStatistics"]["size"] == size
+
+    received = recv.get_openlineage_facets_on_complete(None)
+    (inp,), (out,) = received.inputs, received.outputs
+    assert (inp.namespace, inp.name) == (dest_ns, queue_name)
+    assert (out.namespace, out.name) == (file_ns, str((tmp_path / "out" / "data.bin").resolve()))
+    assert _as_json(inp)["inputFacets"]["inputStatistics"]["size"] == size
+    assert _as_json(out)["facets"]["version"]["datasetVersion"] == sha
+
+
+def test_lineage_is_empty_before_a_result_exists(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.operators.stream import SendStreamOperator
+
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", uri)
+    op = SendStreamOperator(task_id="s", path="/nope", destination="/queue/x", amqstream_conn_id=CONN_ID)
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert lineage.inputs == [] and lineage.outputs == []
+
+
+class _XComOnly:
+    """Stands in for a task instance: the method reads the sensor's XCom, nothing else."""
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        self.value = value
+
+    def xcom_pull(self, task_ids: str, **_: Any) -> dict[str, Any] | None:
+        return self.value if task_ids == "receive" else None
+
+
+def test_spark_hand_off_reports_the_received_file_as_input(tmp_path: Path) -> None:
+    from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
+
+    op = stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive", output_dir=str(tmp_path / "pq"))
+    received = {"path": str(tmp_path / "got.csv"), "stream_id": "s-1", "sha256": "ab" * 32, "bytes": 1234}
+    op.application_args = [a.replace("{{ ti.xcom_pull(task_ids='receive')['path'] }}", received["path"])
+                           .replace("{{ ti.xcom_pull(task_ids='receive')['stream_id'] }}", "s-1")
+                           for a in op.application_args]  # as rendered at run time
+    lineage = op.get_openlineage_facets_on_complete(_XComOnly(received))
+    (inp,), (out,) = lineage.inputs, lineage.outputs
+    assert inp.name == received["path"] and inp.namespace.startswith("file://")
+    assert _as_json(inp)["facets"]["version"]["datasetVersion"] == received["sha256"]
+    assert out.name == str(tmp_path / "pq" / "s-1")
+    assert "log4j2.configurationFile=file:" in op.conf["spark.driver.extraJavaOptions"]
+
+
+def _spark_submit(tmp_path: Path, conf: dict[str, Any], tag: str) -> subprocess.CompletedProcess[str]:
+    csv = tmp_path / "tiny.csv"
+    csv.write_text("id,region,amount\n1,north,2.5\n2,south,3.0\n3,north,1.0\n")
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]"]
+    for k, v in conf.items():
+        cmd += ["--conf", f"{k}={v}"]
+    cmd += [stream_to_parquet_job(), "--input", str(csv), "--output", str(tmp_path / f"pq-{tag}")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.spark
+def test_spark_job_logs_warnings_and_one_summary_line(tmp_path: Path) -> None:
+    quiet = _spark_submit(tmp_path, quiet_spark_conf(), "quiet")
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    lines = (quiet.stdout + quiet.stderr).splitlines()
+    info = [line for line in lines if " INFO " in line]
+    assert len(info) <= 5, info
+    summary = [line for line in lines if line.startswith("stream_to_parquet: ")]
+    assert len(summary) == 1 and "3 rows" in summary[0], lines[-20:]
+    # The same job without our driver configuration, for comparison (and to show the
+    # assertion above could fail).
+    loud = _spark_submit(tmp_path, {}, "loud")
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    loud_info = [line for line in (loud.stdout + loud.stderr).splitlines() if " INFO " in line]
+    print(f"spark INFO lines: {len(loud_info)} by default, {len(info)} with quiet_spark_conf")
+    assert len(loud_info) > 10 * max(len(info), 1)

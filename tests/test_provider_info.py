@@ -1,0 +1,63 @@
+"""Issue 12 item 4: what the connection form and Airflow's provider registry get from us."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_amqstream.provider_info import CONN_FIELDS, get_provider_info
+from airflow_provider_amqstream.transport import BrokerParams
+
+
+def _schemas() -> dict[str, dict[str, Any]]:
+    return {name: f["schema"] for name, f in CONN_FIELDS.items()}
+
+
+def test_compression_is_an_optional_choice_without_null() -> None:
+    sch = _schemas()["compression"]
+    assert None not in sch["enum"] and "null" not in str(sch["type"])
+    assert set(sch["enum"]) == {"none", "zstd"} and sch["default"] == "none"
+    assert set(sch["values_display"]) == set(sch["enum"])
+    # Each choice the form can store means what it says.
+    assert BrokerParams.from_parts("h", None, None, None, {"compression": "none"}).compression is None
+    assert BrokerParams.from_parts("h", None, None, None, {"compression": "zstd"}).compression == "zstd"
+    assert BrokerParams.from_parts("h", None, None, None, {"compression": None}).compression is None
+
+
+def test_timeouts_have_fields_that_reach_the_transport() -> None:
+    for name, default in (("connect_timeout", 15.0), ("receipt_timeout", 60.0)):
+        field = CONN_FIELDS[name]
+        assert field["label"] and field["description"] and field["schema"]["default"] == default
+        assert field["schema"]["exclusiveMinimum"] == 0
+    got = BrokerParams.from_parts("h", None, None, None, {"connect_timeout": "3.5", "receipt_timeout": 7})
+    assert (got.connect_timeout, got.receipt_timeout) == (3.5, 7.0)
+
+
+def test_failover_help_names_the_field_it_relates_to() -> None:
+    info = get_provider_info()["connection-types"][0]
+    host_label = info["ui-field-behaviour"]["relabeling"]["host"]
+    help_text = CONN_FIELDS["hosts"]["description"]
+    assert host_label in help_text and "after Host" not in help_text
+    # What the help promises: the list replaces the host field.
+    got = BrokerParams.from_parts("ignored", 61613, None, None, {"hosts": "a:1,b:2"})
+    assert got.hosts == (("a", 1), ("b", 2))
+
+
+def test_every_field_has_label_help_and_a_schema_airflow_accepts() -> None:
+    from airflow.providers_manager import ProvidersManager
+
+    pm = ProvidersManager()
+    pm.initialize_providers_list()
+    ours = pm.providers["airflow-provider-amqstream"]
+    assert ours.data["connection-types"][0]["conn-fields"] == CONN_FIELDS  # passed Airflow's schema check
+    for name, field in CONN_FIELDS.items():
+        assert field["label"] and field["description"], name
+    assert "airflow_provider_amqstream.queues.amqstream.AmqStreamMessageQueueProvider" in pm.queue_class_names
+
+
+def test_login_refusal_has_one_period_before_our_advice() -> None:
+    from airflow_provider_amqstream.transport import StompLink
+
+    link = StompLink(BrokerParams(login="u"))
+    link._inbox.errors.append("User name [u] or password is invalid.")
+    msg = link._refusal_reason(None)
+    assert "invalid. Check" in msg and ".." not in msg
