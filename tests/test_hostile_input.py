@@ -102,7 +102,7 @@ def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, st
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", fullmatch=True))
 def test_collision_names_always_fit_one_directory_entry(name: str, sid: str) -> None:
-    from airflow_provider_amqstream.engine.stream_receiver import collision_name
+    from airflow_provider_amqstream.engine.partial_file import collision_name
 
     base = p.safe_file_name(name, sid)
     other = collision_name(base, sid)

@@ -10,7 +10,8 @@ from urllib.parse import quote
 import pytest
 from stomp.utils import Frame
 
-from airflow_provider_amqstream.transport import BrokerParams, _FastTransport, _Inbox
+from airflow_provider_amqstream.frames import FastTransport
+from airflow_provider_amqstream.transport import BrokerParams, _Inbox
 
 
 def test_uri_with_failover_hosts_and_options() -> None:
@@ -47,7 +48,7 @@ class _Wire:
         return len(out)
 
 
-class _FakeTransport(_FastTransport):
+class _FakeTransport(FastTransport):
     def __init__(self, data: bytes, piece: int = 777) -> None:
         super().__init__([("127.0.0.1", 1)])
         self.socket = _Wire(data, piece)

@@ -6,7 +6,8 @@
 * ``handshake.py``: the sender's side of handshake mode (paced by its receivers).
 * ``receiving.py``: streams in, one at a time over one connection, and the policy for a
   stream that fails (quarantine, or yield its place).
-* ``stream_receiver.py``: one stream onto disk: offsets, batches, sync, verify, publish.
+* ``stream_receiver.py``: one stream's messages: decide, commit, verify, publish.
+* ``partial_file.py``: one stream's bytes on disk: reservation, writes, durable batches.
 * ``records.py``: results, errors and crash-safe files shared by both ends.
 """
 

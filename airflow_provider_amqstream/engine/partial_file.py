@@ -1,0 +1,239 @@
+"""The bytes of one stream on disk: the ``.part`` file, its durable record, publishing.
+
+Writes land at their offsets at once; a batch becomes durable when a worker thread has
+fdatasynced the file and saved the state that records it, and only then are its
+messages acknowledged, so an acknowledged chunk is always on disk. The conversation
+with the broker that decides what to write is ``stream_receiver.py``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.records import (
+    StreamError,
+    StreamNoRoom,
+    hash_prefix,
+    open_private,
+    read_json,
+    write_json,
+)
+
+log = logging.getLogger(__name__)
+
+# A published name must fit one directory entry (255 bytes on every common filesystem).
+_NAME_MAX = 255
+
+
+def default_reserve(path: Path) -> int:
+    total = shutil.disk_usage(path).total
+    return min(total // 50, 2**30)
+
+
+class PartialFile:
+    """The ``.part`` file of one stream and the durable record of what is in it.
+
+    Writes land at their offsets at once; a batch becomes durable when a worker thread
+    has fdatasynced the file and saved the state that records it. Only then are its
+    messages acknowledged, so an acknowledged chunk is always on disk.
+    """
+
+    def __init__(self, sdir: Path, spec: p.StreamSpec, what: str) -> None:
+        self.spec, self.what, self.sdir = spec, what, sdir
+        self.part = sdir / f"{spec.stream_id}.part"
+        self.state_file = sdir / f"{spec.stream_id}.json"
+        self.fd = -1
+        self.created = False
+        self.state = p.ReceiverState(spec)
+        self.hasher = hashlib.sha256()
+        self.hashed_to = 1
+        self.new: list[int] = []
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Any]] | None = None
+
+    def open(self, min_free: int) -> None:
+        self.created = not os.path.lexists(self.part)
+        self.fd = open_private(self.part, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = -1
+            raise StreamError(f"{self.what} is being received by another process into {self.sdir.parent}") from None
+        # When this stream last made progress, across receiver restarts: a receiver killed
+        # while it waited on a silent sender must not make the next one wait from zero.
+        self.last_write = time.time() if self.created else os.fstat(self.fd).st_mtime
+        self.state = self._load_state()
+        self._reserve(min_free)
+        with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
+            hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
+        self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def discard(self) -> None:
+        """Remove the partial data and its state (the stream was quarantined)."""
+        self.close()
+        self.part.unlink(missing_ok=True)
+        self.state_file.unlink(missing_ok=True)
+
+    def _load_state(self) -> p.ReceiverState:
+        try:
+            data = read_json(self.state_file)
+        except (OSError, ValueError) as exc:
+            raise StreamError(f"{self.what}: resume state {self.state_file} is unreadable ({exc}); "
+                              "delete it and the .part file to receive from the start") from exc
+        if data is None:
+            return p.ReceiverState(self.spec)
+        state = p.ReceiverState.from_json(data)
+        if state.spec != self.spec:
+            raise StreamError(f"{self.what}: resume state {self.state_file} belongs to a different "
+                              "stream with the same id; delete it to receive from the start")
+        log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
+        return state
+
+    def _reserve(self, min_free: int) -> None:
+        """Allocate the whole file now, so a full disk fails here rather than hours in, and
+        later syncs need not flush a growing size. A stream that would leave less than
+        ``min_free`` bytes free is refused before anything is allocated."""
+        size = self.spec.size
+        have = os.fstat(self.fd).st_size
+        if size == 0 or have >= size:
+            return
+        usage = shutil.disk_usage(self.sdir)
+        if usage.free - (size - have) < min_free:
+            self._release(have)
+            raise StreamNoRoom(
+                f"{self.what}: needs {size - have} more bytes in {self.sdir.parent}, which has {usage.free} free "
+                f"and keeps {min_free} in reserve; the stream yields its place and is tried again later. Free "
+                "space, lower the reserve (min_free_bytes, --min-free) or receive into another directory.")
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as exc:
+            free = shutil.disk_usage(self.sdir).free
+            self._release(have)
+            raise StreamNoRoom(
+                f"{self.what}: cannot reserve {size} bytes in {self.sdir.parent} ({exc.strerror}; {free} bytes free); "
+                "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
+
+    def _release(self, keep: int) -> None:
+        """Give back a reservation that failed: fallocate may have filled the disk first."""
+        if self.created:
+            self.close()
+            self.part.unlink(missing_ok=True)
+        else:
+            os.ftruncate(self.fd, keep)
+
+    def write(self, seq: int, offset: int, data: bytes | memoryview) -> None:
+        try:
+            os.pwrite(self.fd, data, offset)
+        except OSError as exc:
+            raise self.disk_error(exc, f"writing chunk {seq} at offset {offset} of {self.part}") from exc
+        self.state.mark_written(seq)
+        self._hash_along(seq, data)
+        self.new.append(seq)
+
+    def _hash_along(self, seq: int, data: bytes | memoryview) -> None:
+        """Feed the whole-file hash with every chunk that is now contiguous. The hash lives
+        in memory only (a resumed run rehashes the prefix from disk), so written is enough;
+        chunks that arrived ahead of a gap are read back from the page cache."""
+        state = self.state
+        while self.hashed_to <= self.spec.chunks and (
+                state.has(self.hashed_to) or self.hashed_to in state.written):
+            if self.hashed_to == seq:
+                self.hasher.update(data)
+            else:
+                off, length = self.spec.chunk_span(self.hashed_to)
+                self.hasher.update(os.pread(self.fd, length, off))
+            self.hashed_to += 1
+
+    def commit(self, frames: list[Any], on_durable: Callable[[list[Any]], None], *, wait: bool) -> None:
+        """Hand the batch (new chunks, and ``frames`` to acknowledge) to the sync thread;
+        the previous batch is finished first. ``on_durable`` acknowledges frames."""
+        self.settle(on_durable)
+        if not frames and not self.new:
+            return
+        snapshot = p.ReceiverState.from_json(self.state.to_json())
+        for seq in self.new:
+            snapshot.mark_durable(seq)
+        if self.pool is None:
+            raise StreamError(f"{self.what}: commit on a partial file that is not open")
+        fut = self.pool.submit(self._sync, snapshot.to_json() if self.new else None)
+        self.inflight = (fut, self.new, frames)
+        self.new = []
+        if wait:
+            self.settle(on_durable)
+
+    def _sync(self, snapshot: dict[str, Any] | None) -> None:
+        if snapshot is not None:
+            os.fdatasync(self.fd)
+            write_json(self.state_file, snapshot)
+
+    def assume_durable(self) -> None:
+        """Count the written chunks as durable without syncing them: only for the last batch
+        of a stream that is published (fsynced, renamed) before its messages are acknowledged."""
+        for seq in self.new:
+            self.state.mark_durable(seq)
+        self.new = []
+
+    def settle(self, on_durable: Callable[[list[Any]], None]) -> None:
+        """Finish the commit in flight, if any."""
+        if self.inflight is None:
+            return
+        fut, new, frames = self.inflight
+        self.inflight = None
+        try:
+            fut.result()
+        except OSError as exc:
+            raise self.disk_error(exc, f"syncing {self.part} and recording progress in {self.state_file}") from exc
+        for seq in new:
+            self.state.mark_durable(seq)
+        on_durable(frames)
+
+    def disk_error(self, exc: OSError, doing: str) -> StreamError:
+        free = shutil.disk_usage(self.sdir).free
+        return StreamError(
+            f"{self.what}: {doing} failed: {exc.strerror or exc} ({free} bytes free in {self.sdir.parent}). Nothing "
+            f"past byte {self.state.contiguous_bytes} was acknowledged, so the broker keeps the rest, and the "
+            f"partial file is kept; free space and re-run the receiver to continue from there."
+        )
+
+    def publish(self, dir_fd: int, name: str) -> None:
+        """Rename the verified file to ``name`` in the directory open as ``dir_fd``: the
+        rename replaces an entry, never follows a link, and lands in the directory we
+        opened even if its path was swapped meanwhile."""
+        os.fsync(self.fd)
+        self.close()
+        os.replace(self.part, name, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        self.state_file.unlink(missing_ok=True)
+
+
+def collision_name(name: str, stream_id: str) -> str:
+    """``<stem>.<stream id>.<ext>`` for a name already taken, cut to fit one directory entry."""
+    stem, dot, ext = name.rpartition(".")
+    if not stem:
+        stem, ext = name, ""
+    tail = f".{stream_id}" + (f".{ext}" if ext else "")
+    if len(tail.encode("utf-8", "surrogatepass")) > _NAME_MAX - 1:
+        tail = f".{stream_id}"
+    room = _NAME_MAX - len(tail.encode("utf-8", "surrogatepass"))
+    cut = stem.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore") or "_"
+    return cut + tail
