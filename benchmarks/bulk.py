@@ -166,6 +166,8 @@ def airflow_runs(src: Path, sums: dict[str, str], work: Path, uri: str, mapped_f
 def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow: bool = True,
              mapped_files: int = 100) -> list[dict[str, Any]]:
     rows = []
+    work = work / "bulk"
+    work.mkdir(parents=True, exist_ok=True)
     sshd = Sshd(work).__enter__() if ssh else None
     try:
         for text in sets:
