@@ -17,6 +17,7 @@ import logging
 import os
 import resource
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_amqstream import __version__
@@ -175,16 +176,76 @@ def cmd_users(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_send(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import send_file
+class _BatchProgress:
+    """Progress of a many-file send on stderr: files done/total, bytes, MiB/s of this run."""
 
-    res = send_file(
-        _params(args), args.path, args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
-        window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
-        progress=_Progress(f"send {os.path.basename(args.path)}", not args.quiet),
-    )
-    _print_result(res, args.json, "sent")
-    return 0
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.ended = False
+
+    def __call__(self, st: Any) -> None:
+        if not self.enabled or self.ended:
+            return
+        now = time.monotonic()
+        final = st.files_done + st.failed >= st.files_total
+        if not final and now - self.last < (0.2 if self.tty else 10.0):
+            return
+        self.last = now
+        line = (f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
+                f"{st.bytes_total / 2**20:,.1f} MiB, {st.rate:,.1f} MiB/s")
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        self.ended = final
+        sys.stderr.flush()
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    single = len(args.path) == 1 and not args.recursive and os.path.isfile(args.path[0])
+    if single:
+        from airflow_provider_amqstream.engine import send_file
+
+        res = send_file(
+            _params(args), args.path[0], args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
+            window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
+            progress=_Progress(f"send {os.path.basename(args.path[0])}", not args.quiet),
+        )
+        _print_result(res, args.json, "sent")
+        return 0
+    from airflow_provider_amqstream.engine import collect_files, send_files
+
+    if args.stream_id:
+        raise ValueError("--stream-id names one stream; it cannot be used with several files")
+    files = collect_files(args.path, recursive=args.recursive)
+    progress = _BatchProgress(not args.quiet)
+
+    def on_failure(failure: Any) -> None:
+        print(f"amqstream: {failure.path}: {failure.error}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(failure.to_json()), flush=True)
+
+    def on_result(res: Any) -> None:
+        if args.json:
+            print(json.dumps(res.to_json()), flush=True)
+
+    bulk = send_files(_params(args), files, args.to, batch_id=args.batch_id, chunk_size=args.chunk_size,
+                      window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
+                      fail_fast=args.fail_fast, progress=progress, on_result=on_result, on_failure=on_failure,
+                      manifest=args.manifest if args.manifest is not None else args.recursive)
+    totals = bulk.totals()
+    if args.json:
+        totals["peak_rss_kib"] = peak_rss_kib()
+        totals["cpu_seconds"] = round(cpu_seconds(), 3)
+        print(json.dumps(totals), flush=True)
+    else:
+        print(f"sent {totals['files_sent']} files ({totals['files_already_sent']} sent before, "
+              f"{totals['files_failed']} failed), {totals['bytes_transferred']} bytes to {bulk.destination} in "
+              f"{totals['seconds']:.2f}s ({totals['files_per_second']:,.1f} files/s, "
+              f"{totals['mib_per_second']:,.1f} MiB/s); batch {bulk.batch_id}", flush=True)
+    return 1 if bulk.failures else 0
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
@@ -264,8 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print one JSON object per stream")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
-    s = sub.add_parser("send", help="send a file as a stream")
-    s.add_argument("path")
+    s = sub.add_parser("send", help="send files as streams (several over one connection)")
+    s.add_argument("path", nargs="+", help="files, directories (with --recursive) or quoted glob patterns")
+    s.add_argument("-r", "--recursive", action="store_true",
+                   help="send what is under each directory, keeping its relative paths on the receiving side")
+    s.add_argument("--batch-id", help="several files: the batch's resume ledger name (default derived from "
+                                      "the destination and the files)")
+    s.add_argument("--fail-fast", action="store_true", help="several files: stop at the first file that fails")
+    s.add_argument("--manifest", action=argparse.BooleanOptionalAction, default=None,
+                   help="several files: announce the batch so receivers write <batch id>.manifest.jsonl once all "
+                        "its files are in (default: on with --recursive)")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
     s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
     s.add_argument("--mode", choices=MODES, default=MODES[0],

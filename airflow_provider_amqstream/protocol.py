@@ -26,6 +26,7 @@ the broker. Everything here can be unit-tested without a network or a disk.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import zlib
 from collections.abc import Mapping
@@ -54,6 +55,9 @@ H_ENCODING = "amqs_encoding"
 H_REPLY_TO = "amqs_reply_to"
 H_WINDOW = "amqs_window"
 H_REOFFER = "amqs_reoffer"
+# Optional: the subdirectory of the receiver's output directory the file goes to, relative,
+# components separated by "/" (a directory send keeps its tree).
+H_DIR = "amqs_dir"
 H_CONSUMER = "amqs_consumer"
 H_NEXT_SEQ = "amqs_next_seq"
 # Who made the stream: a digest of the sender's file identity and destination. A stream id
@@ -62,6 +66,10 @@ H_ORIGIN = "amqs_origin"
 # Handshake mode: a receiver's secret for one stream, sent only on the control queue (which
 # other receivers cannot read), so the sender can tell its receiver from an impostor.
 H_TOKEN = "amqs_token"
+# A batch message: its id (also in amqs_stream, so selectors on it see one), part k of n.
+H_BATCH = "amqs_batch"
+H_PART = "amqs_part"
+H_PARTS = "amqs_parts"
 # Added by a receiver that quarantines a stream, on the copy of its offer it files away.
 H_QUARANTINE_REASON = "amqs_quarantine_reason"
 H_QUARANTINED_FROM = "amqs_quarantined_from"
@@ -79,6 +87,14 @@ DEFAULT_RECEIVE_BATCH = 8
 MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
+MAX_DIR_BYTES = 1024
+# A batch list is split into parts of at most this many files (each a JSON line of ~250 bytes),
+# and a receiver refuses a part whose body is larger than MAX_BATCH_BODY.
+BATCH_PART_FILES = 2000
+MAX_BATCH_BODY = 2 * 1024 * 1024
+MAX_BATCH_PARTS = 10_000
+MAX_DIR_DEPTH = 16
+MAX_DIR_COMPONENT_BYTES = 200
 # How far past the first missing chunk a chunk may be. Delivery reorders within a few
 # prefetch windows; further ahead is a sender playing games (each chunk ahead of a gap is
 # kept in the resume state, which is rewritten every batch).
@@ -105,6 +121,8 @@ class Kind(str, Enum):
     ACK = "ack"
     REREQ = "rereq"
     DONE = "done"
+    # Sender -> receivers, on the destination after a batch's offers: its file list.
+    BATCH = "batch"
 
 
 CONTROL_KINDS = frozenset({Kind.HELLO, Kind.ACK, Kind.REREQ, Kind.DONE})
@@ -193,6 +211,47 @@ _UNSAFE_CHARS = set('<>:"|?*\\')
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
 
 
+def _clean_component(part: str) -> str:
+    part = "".join(ch for ch in part if ch.isprintable() and ch not in _UNSAFE_CHARS)
+    # Until stable: ". .bashrc" must not become ".bashrc", nor ". .." become "..".
+    while part != (stripped := part.strip().lstrip(".")):
+        part = stripped
+    if part and part.split(".", 1)[0].upper() in _RESERVED:
+        part = "_" + part
+    return part
+
+
+def safe_subdir(raw: str | None, stream_id: str) -> tuple[str, ...]:
+    """The components of an offer's ``amqs_dir``, each made safe as names are; refuses
+    (ProtocolError) what cannot be a relative path inside the output directory.
+
+    Refused: an absolute path, an empty, ``.`` or ``..`` component, a component that is
+    empty once cleaned or longer than 200 bytes, more than 16 levels, more than 1024 bytes.
+    Leading dots are dropped, so nothing can land in (or shadow) ``.amqstream``.
+    """
+    text = str(raw or "")
+    if not text:
+        return ()
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_DIR_BYTES:
+        raise ProtocolError(f"stream {stream_id}: {H_DIR} is longer than {MAX_DIR_BYTES} bytes")
+    text = text.replace("\\", "/")
+    if text.startswith("/") or re.match(r"^[A-Za-z]:", text):
+        raise ProtocolError(f"stream {stream_id}: {H_DIR}={text[:80]!r} is absolute; it must be relative")
+    parts = text.split("/")
+    if len(parts) > MAX_DIR_DEPTH:
+        raise ProtocolError(f"stream {stream_id}: {H_DIR} has {len(parts)} levels, more than {MAX_DIR_DEPTH}")
+    out = []
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ProtocolError(f"stream {stream_id}: {H_DIR}={text[:80]!r} has an empty, '.' or '..' component")
+        clean = _clean_component(part)
+        if not clean or len(clean.encode("utf-8", "surrogatepass")) > MAX_DIR_COMPONENT_BYTES:
+            raise ProtocolError(f"stream {stream_id}: {H_DIR} component {part[:40]!r} is empty once cleaned or "
+                                f"longer than {MAX_DIR_COMPONENT_BYTES} bytes")
+        out.append(clean)
+    return tuple(out)
+
+
 def safe_file_name(name: str, stream_id: str) -> str:
     """Turn a file name from the wire into one that cannot leave the output directory.
 
@@ -201,12 +260,7 @@ def safe_file_name(name: str, stream_id: str) -> str:
     reserved device names, and caps the length at 200 UTF-8 bytes.
     """
     base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
-    base = "".join(ch for ch in base if ch.isprintable() and ch not in _UNSAFE_CHARS)
-    # Until stable: ". .bashrc" must not become ".bashrc", nor ". .." become "..".
-    while base != (stripped := base.strip().lstrip(".")):
-        base = stripped
-    if base.split(".", 1)[0].upper() in _RESERVED:
-        base = "_" + base
+    base = _clean_component(base)
     if not base:
         base = stream_id
     raw = base.encode("utf-8", "ignore")
@@ -320,12 +374,15 @@ def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
 
 
 def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW, *,
-                  reoffer: bool = False, origin: str | None = None) -> dict[str, str]:
+                  reoffer: bool = False, origin: str | None = None, subdir: str = "") -> dict[str, str]:
     """The offer announcing a stream. A ``reoffer`` follows a sender's re-run: it may have
     repeated messages a receiver already consumed, so whoever published the stream
     clears them; nobody starts a reception from a re-offer. ``origin`` identifies the
-    sender's file (see :data:`H_ORIGIN`)."""
+    sender's file (see :data:`H_ORIGIN`); ``subdir`` the relative directory it goes to
+    (see :data:`H_DIR`)."""
     h = _base(spec, Kind.OFFER)
+    if subdir:
+        h[H_DIR] = subdir
     if reoffer:
         h[H_REOFFER] = "1"
     if origin:
@@ -814,3 +871,64 @@ class ReceiverState:
         if not 1 <= st.next_seq <= spec.chunks + 1 or any(not st.next_seq < a <= spec.chunks for a in st.ahead):
             raise ProtocolError(f"stream {spec.stream_id}: resume state is inconsistent")
         return st
+
+
+# --------------------------------------------------------------------------- batches
+def batch_messages(batch_id: str, entries: list[Mapping[str, Any]]) -> list[tuple[dict[str, str], bytes]]:
+    """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
+    ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``."""
+    validate_stream_id(batch_id)
+    parts = [entries[i:i + BATCH_PART_FILES] for i in range(0, len(entries), BATCH_PART_FILES)] or [[]]
+    out = []
+    for k, part in enumerate(parts, 1):
+        body = b"".join(json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
+                                   ensure_ascii=False).encode() + b"\n" for e in part)
+        h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
+             H_PART: str(k), H_PARTS: str(len(parts))}
+        out.append((h, body))
+    return out
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One file of a batch as the receiver checked it: where it must land, what it holds."""
+
+    stream_id: str
+    subdir: tuple[str, ...]
+    name: str
+    size: int
+    sha256: str
+
+
+def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int, list[BatchEntry]]:
+    """Validate a batch message; return its id, part number, number of parts and entries."""
+    batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
+    try:
+        validate_stream_id(batch_id)
+    except ProtocolError:
+        raise ProtocolError(f"batch message has an invalid {H_BATCH} {batch_id!r}") from None
+    if str(headers.get(H_STREAM, "")) != batch_id:
+        raise ProtocolError(f"batch {batch_id}: {H_STREAM} must equal {H_BATCH}")
+    parts = _int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
+    part = _int_header(headers, H_PART, batch_id, lo=1, hi=parts)
+    if len(body) > MAX_BATCH_BODY:
+        raise ProtocolError(f"batch {batch_id}: part {part} is {len(body)} bytes, over {MAX_BATCH_BODY}")
+    entries = []
+    for n, line in enumerate(bytes(body).splitlines(), 1):
+        if len(entries) >= BATCH_PART_FILES:
+            raise ProtocolError(f"batch {batch_id}: part {part} lists more than {BATCH_PART_FILES} files")
+        try:
+            raw = json.loads(line)
+            sid = validate_stream_id(str(raw["stream_id"]))
+            size = raw["bytes"]
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise ValueError("bytes is not an integer")
+            sha = str(raw["sha256"])
+            name = str(raw["name"])
+            subdir = safe_subdir(str(raw.get("dir") or ""), sid)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"batch {batch_id}: part {part} line {n} is not a valid entry ({exc})") from None
+        if size < 0 or not re.fullmatch(r"[0-9a-f]{64}", sha) or not name:
+            raise ProtocolError(f"batch {batch_id}: part {part} line {n} has a bad size, sha256 or name")
+        entries.append(BatchEntry(sid, subdir, name, size, sha))
+    return batch_id, part, parts, entries

@@ -60,6 +60,7 @@ def get_provider_info() -> dict[str, Any]:
                    "python-modules": ["airflow_provider_amqstream.hooks.amqstream"]}],
         "operators": [{"integration-name": "ActiveMQ Stream",
                        "python-modules": ["airflow_provider_amqstream.operators.stream",
+                                          "airflow_provider_amqstream.operators.receive",
                                           "airflow_provider_amqstream.operators.spark"]}],
         "sensors": [{"integration-name": "ActiveMQ Stream",
                      "python-modules": ["airflow_provider_amqstream.sensors.stream"]}],

@@ -419,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ssh", action="store_true", help="skip the SFTP/scp baselines")
     ap.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.md and the plots go")
     ap.add_argument("--no-docs", action="store_true", help="print only")
+    ap.add_argument("--bulk-sets", default="1000x64K,200x1M,20x50M",
+                    help="many-file sets COUNTxSIZE for benchmarks.bulk (empty: skip)")
+    ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow bulk run")
     ap.add_argument("--warm-up", type=int, default=64, metavar="MIB",
                     help="MiB sent through each fresh broker, unmeasured, before measuring (default 64)")
     ap.add_argument("--installed-sizes", default="1G",
@@ -436,14 +439,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    bulk_rows: list[dict[str, Any]] = []
     try:
         rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh, args.warm_up,
                    tuple(filter(None, args.installed_sizes.split(","))))
+        if args.bulk_sets:
+            from benchmarks import bulk
+
+            broker = EmbeddedBroker(work / "bulk-broker", port=free_port())
+            info, _ = broker.start()
+            try:
+                bulk_rows = bulk.run_bulk(args.bulk_sets.split(","), work, info.uri, ssh=not args.no_ssh,
+                                          mapped_files=args.mapped_files)
+            finally:
+                broker.stop()
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     text = table(rows)
     print(text)
+    bulk_text = ""
+    if bulk_rows:
+        from benchmarks import bulk
+
+        bulk_text = bulk.table(bulk_rows)
+        print(bulk_text)
     if not args.no_docs:
         docs = Path(args.docs)
         docs.mkdir(exist_ok=True)
@@ -461,7 +481,14 @@ def main(argv: list[str] | None = None) -> int:
               "passes through the broker's JVM; on two cores the sender, the broker and the receiver share "
               "the CPU, which the second table splits.", "", text, "",
               *[f"![{p}]({p})" for p in pngs], "",
-              "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", ""]
+              *(["## Many files", "", "Files/s and MiB/s of a directory of N files moved end to end and checked "
+                 "byte by byte (`python -m benchmarks.bulk`): amqstream's CLI with one send and one receive; "
+                 "OpenSSH sftp `put -r`, rsync over ssh and a paramiko SFTP loop to a local sshd; Airflow with "
+                 "one SendStreamOperator task for the directory, and with mapped tasks (one per file, capped), "
+                 "each under `airflow dags test`.", "", bulk_text, ""] if bulk_text else []),
+              "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
+              *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
+                if bulk_rows else [])]
         (docs / "benchmarks.md").write_text("\n".join(md))
         log(f"wrote {docs / 'benchmarks.md'}")
         update_readme(Path(args.readme), rows, time.strftime("%Y-%m-%d"), cpu)

@@ -83,7 +83,8 @@ def update_readme(path: Path, rows: list[dict[str, Any]], date: str, cores: int 
 def rows_from_report(report: Path) -> tuple[list[dict[str, Any]], str, int | None]:
     """The raw rows, date and core count that docs/benchmarks.md was written from."""
     text = report.read_text()
-    rows = [json.loads(line) for line in text.split("Raw rows (JSON):", 1)[-1].splitlines() if line.startswith("{")]
+    raw = text.split("Raw rows (JSON):", 1)[-1].split("Many-file rows (JSON):", 1)[0]
+    rows = [json.loads(line) for line in raw.splitlines() if line.startswith("{")]
     date = re.search(r"\d{4}-\d{2}-\d{2}", text)
     cores = re.search(r"\((\d+) cores\)", text)
     return rows, date.group(0) if date else "date unknown", int(cores.group(1)) if cores else None

@@ -273,22 +273,35 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
 
 
 @pytest.mark.spark
-def test_examples_bulk_and_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Examples 2 and 3 run without edits: mapped bulk movement, then producer and consumer sites."""
+def test_examples_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Example 3 runs without edits: producer and consumer sites."""
     from airflow_provider_amqstream import example_support
 
     for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):
         monkeypatch.setattr(example_support, name, tmp_path / name.lower())
     examples = ROOT / "dags" / "examples"
-    for dag_id in ("amqstream_bulk_landing", "amqstream_site_a_producer", "amqstream_site_b_consumer"):
+    for dag_id in ("amqstream_site_a_producer", "amqstream_site_b_consumer"):
         assert _load(examples, dag_id).test().state == "success", dag_id
-    received = sorted(p.name for p in (tmp_path / "received" / "bulk").iterdir() if p.is_file())
-    assert received == ["batch-0.csv", "batch-1.csv", "batch-2.csv"]
-    (run_dir,) = (tmp_path / "landing" / "sent").iterdir()  # what was sent moved out of the landing directory
-    for name in received:
-        assert sha256_file(tmp_path / "received" / "bulk" / name) == sha256_file(run_dir / name)
-    summaries = list((tmp_path / "parquet").glob("*/_amqstream_summary.json"))
-    assert len(summaries) == 3 and all(json.loads(s.read_text())["rows"] == 5000 for s in summaries)
     assert (tmp_path / "received" / "site-b" / "site-a-orders.csv").exists()
     assert list((tmp_path / "parquet" / "site-b").glob("*/_amqstream_summary.json"))
+
+
+def test_operator_sends_a_glob_in_one_task(airflow_db: Path, uri: str, params: Any, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, queue_name: str) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    files = [make_file(tmp_path / "in" / f"part-{i}.bin", 10_000 + i, seed=i) for i in range(25)]
+    make_file(tmp_path / "in" / "skip.txt", 10)
+    record = tmp_path / "many.json"
+    dag = _load(ROOT / "tests" / "dags", "amqs_test_send_many")
+    dr = dag.test(run_conf={"path": str(tmp_path / "in" / "part-*.bin"), "queue": queue_name,
+                            "record": str(record)})
+    assert dr.state == "success"
+    res = json.loads(record.read_text())
+    assert sorted(Path(f["path"]).name for f in res["files"]) == sorted(f.name for f in files)
+    assert res["totals"]["files_sent"] == 25 and res["failed"] == []
+    from airflow_provider_amqstream.engine import receive_streams
+
+    got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=3))
+    assert len(got) == 25
+    assert (tmp_path / "out" / f"{res['totals']['batch_id']}.manifest.jsonl").exists()

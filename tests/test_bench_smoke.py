@@ -19,7 +19,7 @@ def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.Captur
     shutil.copy(ROOT / "README.md", readme)
     assert main(["--sizes", str(3 * 2**20), "--data", "random,csv", "--workdir", str(tmp_path / "w"),
                  "--docs", str(tmp_path / "docs"), "--warm-up", "1", "--installed-sizes", str(3 * 2**20),
-                 "--readme", str(readme)]) == 0
+                 "--readme", str(readme), "--bulk-sets", ""]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["kind"] for r in rows] == ["random", "csv"]
     for r in rows:
@@ -56,3 +56,15 @@ def test_readme_figures_come_from_rows(tmp_path: Path) -> None:
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="markers are missing"):
         update_readme(readme, [row], "2026-11-22", 2)
+
+
+def test_bulk_benchmark_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The many-file rows: every path delivers the set byte-exact (checked inside)."""
+    from benchmarks import bulk
+
+    out = tmp_path / "rows.json"
+    assert bulk.main(["--sets", "12x4K", "--workdir", str(tmp_path / "w"), "--no-airflow", "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())
+    for key in ("ours", "sftp", "paramiko"):
+        assert row[key]["files_per_s"] > 0, key
+    assert "12x4K" in capsys.readouterr().out

@@ -74,17 +74,31 @@ def example_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uri: str) -> P
 
 @pytest.mark.spark
 def test_bulk_landing_runs_twice_in_a_row(airflow_db: Path, example_dirs: Path) -> None:
+    """Example 2 as shipped, two runs in a row: each moves the whole landing directory in one
+    send task, one receive task and one Spark application, and archives what it sent."""
     dag = _load(ROOT / "dags" / "examples", "amqstream_bulk_landing")
+    received = example_dirs / "received" / "bulk"
     for run in (1, 2):
-        assert dag.test().state == "success", f"run {run}"
-        landing = example_dirs / "landing"
-        assert not [p for p in landing.iterdir() if p.is_file()], "sent files stayed in the landing directory"
-    runs = sorted((example_dirs / "landing" / "sent").iterdir())
-    assert len(runs) == 2 and all(len(list(r.iterdir())) == 3 for r in runs)
-    received = sorted(p.name for p in (example_dirs / "received" / "bulk").iterdir() if p.is_file())
-    assert len(received) == 6 and sum(n.startswith("batch-0") for n in received) == 2, received  # none overwritten
-    summaries = list((example_dirs / "parquet").glob("*/_amqstream_summary.json"))
-    assert len(summaries) == 6 and all(json.loads(s.read_text())["rows"] == 5000 for s in summaries)
+        before = set(received.glob("*.manifest.jsonl"))
+        dr = dag.test()
+        assert dr.state == "success", f"run {run}"
+        assert not [p for p in (example_dirs / "landing").rglob("*") if p.is_file()], "sent files stayed behind"
+        run_id = dr.run_id.replace(":", "_").replace("+", "_")
+        sent = example_dirs / "sent" / run_id
+        rel = sorted(str(p.relative_to(sent)) for p in sent.rglob("*") if p.is_file())
+        assert rel == ["eu/batch-1.csv", "us/batch-0.csv", "us/batch-2.csv"]
+        # The run's manifest names where each file landed (a name taken by run 1 gets the stream id).
+        [manifest] = set(received.glob("*.manifest.jsonl")) - before
+        rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+        assert len(rows) == 3
+        for row in rows:
+            assert sha256_file(received / row["path"]) == row["sha256"]
+        assert sorted(sha256_file(sent / r) for r in rel) == sorted(r["sha256"] for r in rows)
+        batch = json.loads((example_dirs / "parquet" / "bulk" / run_id / "_amqstream_batch_summary.json").read_text())
+        assert batch["files"] == 3 and batch["rows"] == 15_000
+    kept = [p.name for p in received.rglob("*.csv") if ".amqstream" not in p.parts]
+    assert len(kept) == 6 and sum(n.startswith("batch-0") for n in kept) == 2, kept  # none overwritten
+    assert len(list(received.glob("*.manifest.jsonl"))) == 2
 
 
 @pytest.mark.spark

@@ -1,6 +1,8 @@
 """Senders and receivers: the protocol state machines driven over a STOMP link and files.
 
 * ``sending.py``: one file out as a stream (stream and atomic modes), resumable.
+* ``bulk.py``: many files out over one connection, pipelined, resumable per file.
+* ``manifest.py``: a batch's manifest on the receiving side, once all its files are in.
 * ``handshake.py``: the sender's side of handshake mode (paced by its receivers).
 * ``receiving.py``: streams in, one at a time over one connection, and the policy for a
   stream that fails (quarantine, or yield its place).
@@ -11,6 +13,15 @@
 
 from __future__ import annotations
 
+from airflow_provider_amqstream.engine.bulk import (
+    BatchFile,
+    BatchStatus,
+    BulkResult,
+    FileFailure,
+    collect_files,
+    send_files,
+)
+from airflow_provider_amqstream.engine.manifest import manifest_path
 from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
@@ -29,6 +40,7 @@ from airflow_provider_amqstream.engine.sending import checkpoint_name, default_s
 from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
 
 __all__ = [
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "manifest_path", "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "receive_stream", "receive_streams", "send_file",

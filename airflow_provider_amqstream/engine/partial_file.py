@@ -23,7 +23,6 @@ from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamNoRoom,
-    fsync_dir,
     hash_prefix,
     open_private,
     read_json,
@@ -187,6 +186,13 @@ class PartialFile:
             os.fdatasync(self.fd)
             write_json(self.state_file, snapshot)
 
+    def assume_durable(self) -> None:
+        """Count the written chunks as durable without syncing them: only for the last batch
+        of a stream that is published (fsynced, renamed) before its messages are acknowledged."""
+        for seq in self.new:
+            self.state.mark_durable(seq)
+        self.new = []
+
     def settle(self, on_durable: Callable[[list[Any]], None]) -> None:
         """Finish the commit in flight, if any."""
         if self.inflight is None:
@@ -209,11 +215,14 @@ class PartialFile:
             f"partial file is kept; free space and re-run the receiver to continue from there."
         )
 
-    def publish(self, final: Path) -> None:
+    def publish(self, dir_fd: int, name: str) -> None:
+        """Rename the verified file to ``name`` in the directory open as ``dir_fd``: the
+        rename replaces an entry, never follows a link, and lands in the directory we
+        opened even if its path was swapped meanwhile."""
         os.fsync(self.fd)
         self.close()
-        os.replace(self.part, final)
-        fsync_dir(final.parent)
+        os.replace(self.part, name, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
         self.state_file.unlink(missing_ok=True)
 
 

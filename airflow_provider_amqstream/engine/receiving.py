@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.manifest import Batches
 from airflow_provider_amqstream.engine.records import (
     Backoff,
     StreamError,
@@ -98,6 +99,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
     out = Path(out_dir)
     sdir = state_dir(out)
     book = YieldBook(sdir / "yielded.json", opts.yield_backoff)
+    batches = Batches(out, sdir)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
     results: list[TransferResult] = []
@@ -114,10 +116,12 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                     if offer is None:
                         return results
                     wait = opts.wait_timeout
-                    outcome = _take(link, dest, out, sdir, offer, opts, book, offers)
+                    outcome = _take(link, dest, out, sdir, offer, opts, book, offers, batches)
                     if outcome is None:
                         continue
                     if isinstance(outcome, TransferResult):
+                        for manifest in batches.published(outcome.stream_id):
+                            opts.emit("batch_complete", manifest=str(manifest))
                         results.append(outcome)
                         if on_result:
                             on_result(outcome)
@@ -155,9 +159,10 @@ class _Offers:
         self.excluded: tuple[str, ...] = ()
 
     def _selector(self) -> str:
-        sel = f"{p.H_KIND} = 'offer'"
         if self.stream_id:
-            return sel + f" AND {p.H_STREAM} = '{self.stream_id}'"
+            return f"{p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}'"
+        # Batch messages carry their id in amqs_stream, so the NOT IN below sees a value.
+        sel = f"{p.H_KIND} IN ('offer', 'batch')"
         if self.excluded:
             # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
             sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
@@ -191,16 +196,28 @@ class _Offers:
 
 
 def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
-          book: YieldBook, offers: _Offers) -> TransferResult | StreamError | None:
+          book: YieldBook, offers: _Offers, batches: Batches) -> TransferResult | StreamError | None:
     """Settle one offer: a result, a handled failure (to report or raise), or None for a
-    re-offer (nothing to receive)."""
+    re-offer or a batch message (nothing to receive)."""
     sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+    if offer.headers.get(p.H_KIND) == p.Kind.BATCH.value:
+        try:
+            batch_id, part, parts, entries = p.parse_batch(offer.headers, offer.body or b"")
+        except p.ProtocolError as exc:
+            return _quarantine(link, dest, offer, sid, f"invalid batch message: {exc}", opts)
+        manifest = batches.record(batch_id, part, parts, entries)
+        link.ack(offer)
+        opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
+        if manifest is not None:
+            opts.emit("batch_complete", manifest=str(manifest))
+        return None
     if offer.headers.get(p.H_REOFFER):
         _clear_leftovers(link, dest, sdir, offer, opts)
         return None
     try:
         spec, data_q = p.parse_offer(offer.headers, dest)
         terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
+        subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
     origin = p.offer_origin(offer.headers)
@@ -219,7 +236,8 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     clash = _other_partial(sdir, spec)
     if clash:
         return _quarantine(link, dest, offer, sid, clash, opts)
-    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms)
+    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
+                              subdir=subdir)
     try:
         result = receiver.run()
     except Poisoned as bad:
@@ -317,9 +335,15 @@ def _clear_leftovers(link: StompLink, dest: p.Destination, sdir: Path, offer: An
     except p.ProtocolError as exc:
         _quarantine(link, dest, offer, sid[:p.MAX_STREAM_ID], f"invalid re-offer: {exc}", opts)
         return
-    if (sdir / f"{sid}.done").exists():
+    done = sdir / f"{sid}.done"
+    if not done.exists() and (sdir / f"{sid}.part").exists():
+        # Another receiver of this directory is receiving the stream: it publishes, then
+        # looks for this mark and drains; we mark first and look again, so one of us does.
+        write_json(sdir / f"{sid}.reoffered", {"at": time.time()})
+    if done.exists():
         drained = drain_queue(link, dest.data_queue(sid), ack=True)
         opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
+        (sdir / f"{sid}.reoffered").unlink(missing_ok=True)
     link.ack(offer)
 
 

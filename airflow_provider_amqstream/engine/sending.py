@@ -54,6 +54,8 @@ def send_file(
     discovery_window: float = 2.0,
     ack_timeout: float = 120.0,
     compression: str | None = None,
+    subdir: str = "",
+    link: StompLink | None = None,
 ) -> TransferResult:
     """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
 
@@ -78,6 +80,10 @@ def send_file(
         still short of the end before giving up.
     :param compression: ``"zstd"`` to compress each chunk that shrinks by 5 % or more
         (CSV, JSON: ~3.5x at ~280 MiB/s per core); None sends every chunk as it is.
+    :param subdir: the relative directory (``a/b``) under the receiver's output directory
+        the file goes to (offer header ``amqs_dir``); "" for the directory itself.
+    :param link: an open connection to send over (``send_files`` shares one across files);
+        a lost connection is then raised, not retried here. Stream and atomic modes only.
     """
     started = time.time()
     t0 = time.monotonic()
@@ -123,14 +129,19 @@ def send_file(
         ckpt.save({**state.to_json(), **extra}, final=True)
     resumed_from = state.confirmed_offset
     if state.done:
-        return _already_sent(params, src, dest, state, loaded or {}, started)
+        return _already_sent(params, src, dest, state, loaded or {}, started, link)
     if resumed_from:
         log.info("stream %s: resuming at byte %d of %d", sid, resumed_from, spec.size)
 
     def save(final: bool = False) -> None:
         ckpt.save({**state.to_json(), **extra}, final=final)
 
-    attempt = _Attempt(params, src, dest, state, save, window, progress, codec, origin)
+    attempt = _Attempt(params, src, dest, state, save, window, progress, codec, origin, subdir)
+    if link is not None:
+        if spec.mode is p.Mode.HANDSHAKE:
+            raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
+        attempt.run(link)
+        return _finish(ckpt, state, extra, params, src, dest, attempt.sent, resumed_from, started, t0, origin, 0)
     backoff = Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout)
     hs_timeouts = (request_timeout, discovery_window, ack_timeout)
     rerequests = [0]
@@ -150,20 +161,30 @@ def send_file(
             if backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
                 raise
             backoff.wait(exc)
+    return _finish(ckpt, state, extra, params, src, dest, attempt.sent, resumed_from, started, t0, origin,
+                   rerequests[0])
+
+
+def _finish(ckpt: Checkpoint, state: p.SenderState, extra: dict[str, Any], params: BrokerParams, src: Path,
+            dest: p.Destination, sent: int, resumed_from: int, started: float, t0: float, origin: str,
+            rerequests: int) -> TransferResult:
+    spec = state.spec
     ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
-    return TransferResult(sid, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
-                          time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
-                          time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=origin,
+    return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
+                          time.monotonic() - t0, spec.mode.value, resumed_from, sent, str(src), started,
+                          time.time(), rerequests=rerequests, chunk_size=spec.chunk_size, origin=origin,
                           broker=params.url)
 
 
 def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
-                  record: dict[str, Any], started: float) -> TransferResult:
+                  record: dict[str, Any], started: float, link: StompLink | None = None) -> TransferResult:
     """The checkpoint says this broker confirmed the whole stream. Still prove the broker
-    takes these credentials: a wrong password must fail, not pass as "already sent"."""
+    takes these credentials: a wrong password must fail, not pass as "already sent" (a
+    shared ``link`` was proved when it was opened)."""
     spec = state.spec
-    with StompLink(params) as link:
-        link.round_trip()
+    if link is None:
+        with StompLink(params) as own:
+            own.round_trip()
     when = record.get("sent_at")
     at = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if when else "an earlier run"
     log.info("stream %s (%s) was already sent completely to %s on %s at %s; nothing to send "
@@ -220,60 +241,71 @@ class _Attempt:
 
     def __init__(self, params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
                  save: Callable[..., None], window: int, progress: Progress | None, codec: p.ChunkCodec,
-                 origin: str) -> None:
+                 origin: str, subdir: str = "") -> None:
         self.params, self.src, self.dest, self.state, self.save = params, src, dest, state, save
         self.window, self.progress, self.codec, self.origin = window, progress, codec, origin
+        self.subdir = subdir
         self.data_q = dest.data_queue(state.spec.stream_id)
         self.sent = 0
 
     def _offer(self, **kw: Any) -> dict[str, str]:
-        return p.offer_headers(self.state.spec, self.dest, origin=self.origin, **kw)
+        return p.offer_headers(self.state.spec, self.dest, origin=self.origin, subdir=self.subdir, **kw)
 
-    def run(self) -> None:
-        """One connected attempt; adds the bytes it sent to ``self.sent``."""
+    def run(self, shared: StompLink | None = None) -> None:
+        """One connected attempt (over ``shared`` if given); adds the bytes it sent to ``self.sent``."""
+        if shared is not None:
+            self._run(shared)
+            return
+        with StompLink(self.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
+            self._run(link)
+
+    def _run(self, link: StompLink) -> None:
         state, spec, dest, data_q = self.state, self.state.spec, self.dest, self.data_q
         rerun = state.offer_sent or state.confirmed_seq > 0
-        with StompLink(self.params, client_id=f"amqs-send-{spec.stream_id}-{os.getpid()}") as link:
-            if spec.mode is p.Mode.STREAM and not state.offer_sent:
-                link.send_confirmed(str(dest), b"", self._offer())
-                state.offer_sent = True
-                self.save()
-            hasher = hashlib.sha256()
-            with open(self.src, "rb") as fh:
-                hash_prefix(fh, hasher, state.confirmed_offset)
-                fh.seek(state.confirmed_offset)
-                # Two windows in flight: the broker stores one while we send the next.
-                pending: collections.deque[tuple[str, int]] = collections.deque()
-                for seq in range(state.confirmed_seq + 1, spec.chunks + 1):
-                    body = fh.read(spec.chunk_span(seq)[1])
-                    hasher.update(body)
-                    want = seq % self.window == 0 or seq == spec.chunks
-                    headers, wire = p.data_message(spec, seq, body, self.codec)
-                    rid = link.send(data_q, wire, headers, receipt=want)
-                    self.sent += len(body)
-                    if rid:
-                        pending.append((rid, seq))
-                    while len(pending) > (1 if seq < spec.chunks else 0):
-                        rid0, seq0 = pending.popleft()
-                        link.wait_receipt(rid0)
-                        state.confirm(seq0)
-                        self.save()
-                        if self.progress:
-                            self.progress(state.confirmed_offset, spec.size)
-                if os.fstat(fh.fileno()).st_size != spec.size:
-                    raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
-                                      "stream is incomplete. Re-send with restart=True once it is stable.")
-            if not state.end_sent:
-                state.sha256 = hasher.hexdigest()
-                link.send_confirmed(data_q, b"", p.end_headers(spec, state.sha256))
-                state.end_sent = True
-                self.save()
-            if not state.offer_sent:
-                link.send_confirmed(str(dest), b"", self._offer())
-                state.offer_sent = True
-            elif rerun:
-                # We may have repeated chunks or the end marker that a receiver already
-                # consumed and published; the re-offer sends it back to clear them.
+        if spec.mode is p.Mode.STREAM and not state.offer_sent:
+            link.send_confirmed(str(dest), b"", self._offer())
+            state.offer_sent = True
+            self.save()
+        hasher = hashlib.sha256()
+        with open(self.src, "rb") as fh:
+            hash_prefix(fh, hasher, state.confirmed_offset)
+            fh.seek(state.confirmed_offset)
+            # Two windows in flight: the broker stores one while we send the next.
+            pending: collections.deque[tuple[str, int]] = collections.deque()
+            for seq in range(state.confirmed_seq + 1, spec.chunks + 1):
+                body = fh.read(spec.chunk_span(seq)[1])
+                hasher.update(body)
+                want = seq % self.window == 0 or seq == spec.chunks
+                headers, wire = p.data_message(spec, seq, body, self.codec)
+                rid = link.send(data_q, wire, headers, receipt=want)
+                self.sent += len(body)
+                if rid:
+                    pending.append((rid, seq))
+                while len(pending) > (1 if seq < spec.chunks else 0):
+                    rid0, seq0 = pending.popleft()
+                    link.wait_receipt(rid0)
+                    state.confirm(seq0)
+                    self.save()
+                    if self.progress:
+                        self.progress(state.confirmed_offset, spec.size)
+            if os.fstat(fh.fileno()).st_size != spec.size:
+                raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
+                                  "stream is incomplete. Re-send with restart=True once it is stable.")
+        if not state.end_sent:
+            state.sha256 = hasher.hexdigest()
+            link.send_confirmed(data_q, b"", p.end_headers(spec, state.sha256))
+            state.end_sent = True
+            self.save()
+        if not state.offer_sent:
+            link.send_confirmed(str(dest), b"", self._offer())
+            state.offer_sent = True
+            if rerun:
+                # Atomic re-run: chunks repeated after the first end marker would be
+                # left behind once a receiver published at that marker.
                 link.send_confirmed(str(dest), b"", self._offer(reoffer=True))
-            if self.progress and spec.chunks == 0:
-                self.progress(spec.size, spec.size)
+        elif rerun:
+            # We may have repeated chunks or the end marker that a receiver already
+            # consumed and published; the re-offer sends it back to clear them.
+            link.send_confirmed(str(dest), b"", self._offer(reoffer=True))
+        if self.progress and spec.chunks == 0:
+            self.progress(spec.size, spec.size)

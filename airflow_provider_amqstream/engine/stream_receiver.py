@@ -11,6 +11,7 @@ let the queue move on).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import logging
@@ -120,14 +121,43 @@ def receiver_token(sdir: Path, stream_id: str) -> str:
     return hmac.new(key, stream_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 
+def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
+    """A descriptor of ``out/parts...``, creating what is missing, one component at a time
+    relative to its parent, never through a symbolic link: a link planted in the output
+    directory cannot send a file elsewhere (:class:`Poisoned` names it)."""
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        walked = out
+        for part in parts:
+            walked = walked / part
+            try:
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Poisoned(f"{what}: its directory {walked} is a symbolic link or not a directory; "
+                                   "amqstream writes only into real directories under the output directory") from None
+                raise
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
     def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
-                 handshake: tuple[str, int] | None = None) -> None:
+                 handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = ()) -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
-        self.origin = origin
+        self.origin, self.subdir = origin, subdir
+        self.sdir = sdir
         # Handshake mode: where to tell the sender our position, and how often. The sender
         # stops a window ahead of us, so acknowledge every half window to keep it busy.
         self.reply_to = handshake[0] if handshake else None
@@ -153,6 +183,11 @@ class StreamReceiver:
         started = time.time()
         t0 = time.monotonic()
         min_free = opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(self.out)
+        # Opened before any data moves: a bad target directory quarantines the stream at once.
+        try:
+            dir_fd = open_subdir(self.out, self.subdir, self.what)
+        except OSError as exc:
+            raise self.file.disk_error(exc, f"creating {self.out.joinpath(*self.subdir)}") from exc
         try:
             self.file.open(min_free)
             resumed_from = self.file.state.contiguous_bytes
@@ -165,21 +200,30 @@ class StreamReceiver:
                 self.file.state.verify(self.file.hasher.hexdigest())
             except p.ProtocolError as exc:
                 raise Poisoned(str(exc), self.offset) from None
-            final = self._final_path()
-            self.file.publish(final)
+            name = self._final_name(dir_fd)
+            final = self.out.joinpath(*self.subdir, name)
+            self.file.publish(dir_fd, name)
         finally:
             self.file.close()
+            os.close(dir_fd)
         result = TransferResult(
             spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, self.file.hasher.hexdigest(),
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
             time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
             origin=self.origin)
         write_json(self.done_file, result.to_json())
+        frames, self.unacked = self.unacked, []
+        for frame in frames:
+            self.link.ack(frame)
         self.tell(p.Kind.DONE, spec.chunks + 1)
         self.stop_data()
-        if not self.reply_to:
-            # Repeats from a sender's re-run may follow the end marker; clear them now.
+        # Repeats from a sender's re-run are cleared when its re-offer arrives (it always
+        # ends with one), by whoever takes it and finds this record. If another receiver of
+        # this directory took the re-offer while we were still receiving, it left a mark.
+        mark = self.sdir / f"{spec.stream_id}.reoffered"
+        if not self.reply_to and os.path.lexists(mark):
             drain_queue(self.link, self.data_q, ack=True)
+            mark.unlink(missing_ok=True)
         opts.emit("stream_close", stream_id=spec.stream_id, path=str(final))
         return result
 
@@ -273,6 +317,14 @@ class StreamReceiver:
             frame.body = b""
             self.unacked.append(frame)
             ending = d.verdict is p.Verdict.END or (state.expected_sha256 and state.all_written)
+            if ending and not self.reply_to and state.expected_sha256 and state.all_written:
+                # The last batch is made durable by publishing: run() fsyncs the file,
+                # renames it and writes .done before these messages are acknowledged, so
+                # no state file is written (or synced) for it. A crash before the
+                # acknowledgement redelivers the offer, which finds .done: a duplicate.
+                self.file.settle(self._durable)
+                self.file.assume_durable()
+                break
             if len(self.unacked) >= self.batch or ending:
                 self._commit(wait=bool(ending))
                 if opts.progress and time.monotonic() - last_progress > 0.5:
@@ -304,25 +356,35 @@ class StreamReceiver:
             headers = p.control_headers(self.spec, kind, self.consumer, next_seq, self.token)
             self.link.send(self.reply_to, b"", headers, persistent=False)
 
-    def _final_path(self) -> Path:
+    def _final_name(self, dir_fd: int) -> str:
         name = p.safe_file_name(self.spec.name, self.spec.stream_id)
-        final = self.out / name
-        if os.path.lexists(final) and not self.opts.overwrite:
-            final = self.out / collision_name(name, self.spec.stream_id)
-        return final
+        if not self.opts.overwrite:
+            try:
+                os.lstat(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                return name
+            return collision_name(name, self.spec.stream_id)
+        return name
 
 
 def drain_queue(link: StompLink, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:
     """Take whatever is left on ``queue`` until it stays quiet for ``quiet`` seconds (at
     most ``limit`` seconds in all): acknowledge it (repeats of a published stream) or
-    refuse it (a quarantined stream's chunks; the broker moves them to its DLQ)."""
+    refuse it (a quarantined stream's chunks; the broker moves them to its DLQ).
+
+    Callers drain after an offer that was sent after everything it clears, so the
+    leftovers are stored already and come as one backlog: once an end marker went by,
+    50 ms of quiet is enough."""
     sub = link.subscribe(queue, prefetch=16)
     n = 0
     until = time.monotonic() + limit
+    wait = quiet
     try:
-        while time.monotonic() < until and (frame := link.get(quiet, sub)) is not None:
+        while time.monotonic() < until and (frame := link.get(wait, sub)) is not None:
             (link.ack if ack else link.nack)(frame)
             n += 1
+            if frame.headers.get(p.H_KIND) == p.Kind.END.value:
+                wait = min(quiet, 0.05)
     finally:
         link.unsubscribe(sub)
     return n

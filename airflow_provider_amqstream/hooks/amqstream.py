@@ -88,6 +88,10 @@ class AmqStreamHook(BaseHook):
         """Send a file as a stream; see :func:`airflow_provider_amqstream.engine.send_file`."""
         return engine.send_file(self.broker_params(), path, destination, **kwargs)
 
+    def send_files(self, files: Any, destination: str, **kwargs: Any) -> engine.BulkResult:
+        """Send many files over one connection; see :func:`airflow_provider_amqstream.engine.send_files`."""
+        return engine.send_files(self.broker_params(), files, destination, **kwargs)
+
     def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
                        options: engine.ReceiveOptions | None = None) -> engine.TransferResult | None:
         """Receive one stream; see :func:`airflow_provider_amqstream.engine.receive_stream`."""

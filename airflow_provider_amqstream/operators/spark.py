@@ -90,3 +90,29 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     return StreamToParquetOperator(task_id=task_id, sensor_task_id=sensor_task_id,
                                    application=stream_to_parquet_job(), application_args=args,
                                    conn_id=conn_id, **kwargs)
+
+
+def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str, partition_by: str | list[str] = "",
+                                 input_format: str = "auto", conn_id: str = "spark_default",
+                                 **kwargs: Any) -> SparkSubmitOperator:
+    """Build a SparkSubmitOperator that converts every file of a batch manifest in one
+    application: each to ``output_dir/<its path without extension>``, with a
+    ``_amqstream_batch_summary.json`` listing them.
+
+    :param task_id: this task's id.
+    :param manifest: the ``<batch id>.manifest.jsonl`` (or a directory of them; templated,
+        e.g. ``"{{ ti.xcom_pull(task_ids='receive')['manifest'] }}"``).
+    :param output_dir: parent directory of the Parquet datasets (templated).
+    :param partition_by: column(s) to partition each dataset by.
+    :param input_format: ``auto`` (by extension), ``csv``, ``json`` or ``parquet``.
+    :param conn_id: the Spark connection.
+    :param kwargs: passed to SparkSubmitOperator.
+    """
+    parts = ",".join(partition_by) if isinstance(partition_by, list) else partition_by
+    args = ["--manifest", manifest, "--output", output_dir, "--format", input_format]
+    if parts:
+        args += ["--partition-by", parts]
+    kwargs.setdefault("name", f"amqstream-{task_id}")
+    kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
+    return SparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
+                               conn_id=conn_id, **kwargs)

@@ -1,7 +1,9 @@
-"""SendStreamOperator: stream one file to an ActiveMQ destination."""
+"""SendStreamOperator: stream one file, or many over one connection, to an ActiveMQ destination."""
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,21 +11,34 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine import checkpoint_name, default_stream_id
+from airflow_provider_amqstream.engine import BatchStatus, checkpoint_name, collect_files, default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import TaskStateCheckpoint
 from airflow_provider_amqstream.operators.progress import LogProgress
 
 
 class SendStreamOperator(BaseOperator):
-    """Send a file as a chunked, resumable stream.
+    """Send a file as a chunked, resumable stream, or many files over one connection.
 
     A retry continues from the last chunk the broker confirmed (kept in the task
-    state store), never from zero. Returns (XCom ``return_value``) the stream id,
-    destination, bytes, chunks, SHA-256, seconds, ``resumed_from`` and
+    state store), never from zero. For one file, returns (XCom ``return_value``) the
+    stream id, destination, bytes, chunks, SHA-256, seconds, ``resumed_from`` and
     ``bytes_transferred``; ``resume_offset`` is published while it runs.
 
-    :param path: file to send (templated).
+    Given a list, a glob pattern or a directory (``recursive``), sends them all in this
+    one task over one connection (small files pipelined, see ``engine.send_files``) and
+    returns ``{"files": [one entry per file], "failed": [...], "totals": {...}}``. A retry
+    skips the files already confirmed (kept in the task state store) and resumes a large
+    one where it stopped. A file that fails does not stop the others unless ``fail_fast``;
+    the task fails at the end if any did.
+
+    :param path: file to send, or a list of files, a glob pattern or a directory (templated).
+    :param recursive: a directory in ``path`` sends everything under it, keeping relative
+        paths on the receiving side.
+    :param fail_fast: many files: stop at the first one that fails.
+    :param manifest: many files: announce the batch so the receiving side writes
+        ``<batch id>.manifest.jsonl`` once all of them are in (default on); the batch id is
+        in ``totals["batch_id"]``.
     :param destination: ``/queue/NAME`` the receivers listen on (templated).
     :param stream_id: stream id (templated); default derived from path, size and mtime.
     :param name: file name announced to receivers (templated); default the base name.
@@ -41,7 +56,9 @@ class SendStreamOperator(BaseOperator):
     template_fields: Sequence[str] = ("path", "destination", "stream_id", "name")
     ui_color = "#d8ecf3"
 
-    def __init__(self, *, path: str, destination: str, stream_id: str | None = None, name: str | None = None,
+    def __init__(self, *, path: str | list[str], destination: str, recursive: bool = False, fail_fast: bool = False,
+                 manifest: bool = True,
+                 stream_id: str | None = None, name: str | None = None,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, chunk_size: int | None = None,
                  window: int | None = None, mode: str = p.Mode.STREAM.value, compression: str | None = None,
                  reconnect_timeout: float = 120.0,
@@ -57,6 +74,7 @@ class SendStreamOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: compression must be one of {p.ENCODINGS} or None, got {compression!r}")
         self.compression = compression
         self.path = path
+        self.recursive, self.fail_fast, self.manifest = recursive, fail_fast, manifest
         self.destination = destination
         self.stream_id = stream_id
         self.name = name
@@ -67,8 +85,14 @@ class SendStreamOperator(BaseOperator):
         self.reconnect_timeout = reconnect_timeout
         self.progress_interval = progress_interval
 
+    def _is_single(self) -> bool:
+        path = self.path
+        return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
+
     def execute(self, context: Any) -> dict[str, Any]:
-        src = Path(self.path)
+        if not self._is_single():
+            return self._execute_many(context)
+        src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
         p.Destination.parse(self.destination)
@@ -91,9 +115,59 @@ class SendStreamOperator(BaseOperator):
         self._amqstream_result = result.to_json()
         return self._amqstream_result
 
+    def _execute_many(self, context: Any) -> dict[str, Any]:
+        if self.stream_id or self.name:
+            raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
+        args = [self.path] if isinstance(self.path, str) else list(self.path)
+        files = collect_files(args, recursive=self.recursive)
+        hook = AmqStreamHook(self.amqstream_conn_id)
+        params = hook.broker_params()
+        ti = context.get("ti")
+        run = f"{getattr(ti, 'dag_id', '')}|{self.task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}"
+        batch_id = "af-" + hashlib.sha256(run.encode()).hexdigest()[:24]
+        store = context.get("task_state_store")
+        key = f"amqstream_batch:{batch_id}"
+        seed = (store.get(key) if store is not None else None) or []
+
+        def flushed(ids: list[str]) -> None:
+            if store is not None:
+                store.set(key, ids)
+
+        last = [0.0]
+
+        def progress(st: BatchStatus) -> None:
+            now = time.monotonic()
+            if st.files_done + st.failed < st.files_total and now - last[0] < self.progress_interval:
+                return
+            last[0] = now
+            self.log.info("batch %s -> %s: %d of %d files, %.1f of %.1f MiB, %.1f MiB/s", batch_id, self.destination,
+                          st.files_done, st.files_total, st.bytes_done / 2**20, st.bytes_total / 2**20, st.rate)
+
+        bulk = hook.send_files(
+            files, self.destination, batch_id=batch_id, chunk_size=self.chunk_size, window=self.window,
+            mode=self.mode, compression=self.compression, fail_fast=self.fail_fast, progress=progress,
+            reconnect_timeout=self.reconnect_timeout, ledger_flush=flushed, ledger_seed=seed, manifest=self.manifest,
+            checkpoint_for=lambda sid: TaskStateCheckpoint(
+                context, "amqstream_send:" + checkpoint_name(sid, params).removesuffix(".json")),
+        )
+        totals = bulk.totals()
+        self.log.info("batch %s: %d files sent, %d sent before, %d failed; %d bytes in %.1fs (%.1f files/s)",
+                      batch_id, totals["files_sent"], totals["files_already_sent"], totals["files_failed"],
+                      totals["bytes_transferred"], totals["seconds"], totals["files_per_second"])
+        result = {"files": [r.to_json() for r in bulk.results], "failed": [f.to_json() for f in bulk.failures],
+                  "totals": totals}
+        if bulk.failures:
+            if ti is not None:
+                ti.xcom_push(key="partial_result", value=result)
+            names = ", ".join(f"{f.path} ({f.error})" for f in bulk.failures[:5])
+            raise RuntimeError(f"{self.task_id}: {len(bulk.failures)} of {totals['files']} files failed: {names}; "
+                               "a retry sends only what was not confirmed")
+        return result
+
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Lineage: the file (``file://host`` + path) went to the destination
-        (``amqstream://broker:port`` + name), with its size and SHA-256."""
+        (``amqstream://broker:port`` + name), with its size and SHA-256. A many-file send
+        reports none yet."""
         from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
 
         return transfer_lineage(result_of(self, task_instance),

@@ -4,10 +4,14 @@ Run by ``spark-submit`` (see :func:`airflow_provider_amqstream.operators.spark.s
 
     spark-submit stream_to_parquet.py --input FILE --output DIR [--partition-by COL]
         [--format auto|csv|json|parquet] [--sha256 HEX]
+    spark-submit stream_to_parquet.py --manifest FILE_OR_DIR --output DIR [...]
 
 Writes the dataset to DIR and a summary to DIR/_amqstream_summary.json (rows,
-columns, bytes, source SHA-256), and prints one summary line. Spark itself logs
-warnings only. Exits 2 with a clear message on unreadable input.
+columns, bytes, source SHA-256), and prints one summary line. With ``--manifest`` (a
+receiver's ``<batch id>.manifest.jsonl``, or a directory of them) every file it lists is
+converted in this one application, each to DIR/<its path without extension>, and
+DIR/_amqstream_batch_summary.json lists them all. Spark itself logs warnings only. Exits 2
+with a clear message on unreadable input.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".nd
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--input", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input")
+    src.add_argument("--manifest", help="a batch manifest (JSON lines: path, bytes, sha256) or a directory of them")
     ap.add_argument("--output", required=True)
     ap.add_argument("--format", default="auto", choices=["auto", "csv", "json", "parquet"])
     ap.add_argument("--partition-by", default="", help="comma-separated columns to partition by")
@@ -39,27 +45,44 @@ def fail(msg: str) -> None:
     sys.exit(2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    src = Path(args.input)
-    if not src.is_file():
-        fail(f"input {src} does not exist or is not a file")
-    fmt = args.format
+def _format_of(src: Path, fmt: str) -> str:
     if fmt == "auto":
         fmt = FORMATS.get(src.suffix.lower(), "")
         if not fmt:
             fail(f"cannot tell the format of {src.name} from its extension; pass --format csv|json|parquet")
+    return fmt
 
+
+def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
+    """(file, manifest row) for every row of the manifest(s); paths are relative to the
+    manifest's directory (the receiver's output directory)."""
+    where = Path(arg)
+    manifests = sorted(where.glob("*.manifest.jsonl")) if where.is_dir() else [where]
+    if not manifests or not all(m.is_file() for m in manifests):
+        fail(f"no manifest at {where} (a <batch id>.manifest.jsonl, or a directory holding some)")
+    out = []
+    for m in manifests:
+        for n, line in enumerate(m.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                row = json.loads(line)
+                rel = Path(row["path"])
+            except (ValueError, KeyError, TypeError):
+                fail(f"{m} line {n} is not a manifest row")
+            if rel.is_absolute() or ".." in rel.parts:
+                fail(f"{m} line {n}: path {row['path']!r} leaves the manifest's directory")
+            src = m.parent / rel
+            if not src.is_file() or src.stat().st_size != int(row.get("bytes", -1)):
+                fail(f"{src} (listed in {m}) is missing or not {row.get('bytes')} bytes")
+            out.append((src, row))
+    return out
+
+
+def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Namespace, sha256: str) -> dict:
     from pyspark.errors import PySparkException
-    from pyspark.sql import SparkSession
 
     started = time.monotonic()
-    spark = SparkSession.builder.appName(f"amqstream:{src.name}").getOrCreate()
-    # As early as the API allows; the launcher's own start-up lines are quieted by the
-    # log4j2 configuration that stream_to_parquet_operator passes to the driver JVM.
-    spark.sparkContext.setLogLevel("WARN")
     try:
-        reader = spark.read
+        reader = spark.read  # type: ignore[attr-defined]
         if fmt == "csv":
             sep = "\t" if src.suffix.lower() == ".tsv" else ","
             df = reader.options(header=True, inferSchema=True, sep=sep, mode="FAILFAST").csv(str(src))
@@ -79,21 +102,56 @@ def main(argv: list[str] | None = None) -> int:
         writer = df.write.mode(args.mode)
         if parts:
             writer = writer.partitionBy(*parts)
-        writer.parquet(args.output)
+        writer.parquet(str(output))
+        df.unpersist()
     except PySparkException as exc:
         fail(f"cannot convert {src} as {fmt}: {str(exc).splitlines()[0]}")
+    size = sum(f.stat().st_size for f in output.rglob("*.parquet"))
+    summary = {"input": str(src), "output": str(output), "format": fmt, "rows": rows, "columns": columns,
+               "input_bytes": src.stat().st_size, "parquet_bytes": size, "partition_by": parts,
+               "source_sha256": sha256 or None}
+    _write_json(output / "_amqstream_summary.json", summary)
+    print(f"stream_to_parquet: {src} ({fmt}, {summary['input_bytes']} bytes) -> {output}: {rows} rows, "
+          f"{len(columns)} columns, {size} bytes of Parquet in {time.monotonic() - started:.1f}s", flush=True)
+    return summary
+
+
+def _write_json(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.manifest:
+        jobs = [(src, _format_of(src, args.format), Path(args.output) / Path(row["path"]).with_suffix(""),
+                 str(row.get("sha256") or "")) for src, row in _manifest_files(args.manifest)]
+        name = f"amqstream:{Path(args.manifest).name}"
+    else:
+        src = Path(args.input)
+        if not src.is_file():
+            fail(f"input {src} does not exist or is not a file")
+        jobs = [(src, _format_of(src, args.format), Path(args.output), args.sha256)]
+        name = f"amqstream:{src.name}"
+
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(name).getOrCreate()
+    # As early as the API allows; the launcher's own start-up lines are quieted by the
+    # log4j2 configuration that the operators pass to the driver JVM.
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        summaries = [_convert(spark, src, fmt, out, args, sha) for src, fmt, out, sha in jobs]
     finally:
         spark.stop()
-    out = Path(args.output)
-    size = sum(f.stat().st_size for f in out.rglob("*.parquet"))
-    summary = {"input": str(src), "output": str(out), "format": fmt, "rows": rows, "columns": columns,
-               "input_bytes": src.stat().st_size, "parquet_bytes": size, "partition_by": parts,
-               "source_sha256": args.sha256 or None}
-    tmp = out / "_amqstream_summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    os.replace(tmp, out / "_amqstream_summary.json")
-    print(f"stream_to_parquet: {src} ({fmt}, {summary['input_bytes']} bytes) -> {out}: {rows} rows, "
-          f"{len(columns)} columns, {size} bytes of Parquet in {time.monotonic() - started:.1f}s", flush=True)
+    if args.manifest:
+        batch = {"manifest": args.manifest, "files": len(summaries), "rows": sum(s["rows"] for s in summaries),
+                 "datasets": summaries}
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+        _write_json(Path(args.output) / "_amqstream_batch_summary.json", batch)
+        print(f"stream_to_parquet: batch {args.manifest}: {batch['files']} files, {batch['rows']} rows",
+              flush=True)
     return 0
 
 

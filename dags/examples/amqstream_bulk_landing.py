@@ -1,9 +1,9 @@
-"""Example 2: scheduled bulk movement: every file in a landing directory is streamed by mapped
-tasks, received one at a time by one consumer, and each is handed to Spark.
-
-As a real landing zone, it moves each sent file to ``landing/sent/<run>/``, so the next run
-sends only what arrived since; received files are never overwritten (a later file of the
-same name is stored with its stream id in the name)."""
+"""Example 2: scheduled bulk movement. Each run moves the whole landing directory in one
+send task (one connection, small files pipelined), receives it in one task, converts every
+file of the batch in one Spark application, and archives what it sent under
+``sent/<run id>/`` (beside the landing directory) so the next run moves only what landed
+since. Received files are never overwritten: a later file of the same name is stored with
+its stream id in the name, and the batch's manifest says where each one landed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 
 from airflow_provider_amqstream.example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
-from airflow_provider_amqstream.operators.spark import quiet_spark_conf, stream_to_parquet_job
+from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
+from airflow_provider_amqstream.operators.spark import manifest_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
-from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
 with DAG(
     dag_id="amqstream_bulk_landing",
@@ -28,47 +28,44 @@ with DAG(
 ) as dag:
 
     @task
-    def list_landing() -> list[str]:
-        """The files to move; seeds the landing directory with samples when it is empty."""
+    def seed_landing() -> str:
+        """Seeds the landing directory with samples (in two subdirectories) when it is empty."""
         LANDING.mkdir(parents=True, exist_ok=True)
-
-        def waiting() -> list[str]:
-            return sorted(str(p) for p in LANDING.iterdir() if p.is_file() and not p.name.startswith("."))
-
-        if not waiting():
+        if not any(p.is_file() for p in LANDING.rglob("*")):
             for i in range(3):
-                write_sample_csv(LANDING / f"batch-{i}.csv", rows=5_000, seed=i)
-        return waiting()
+                write_sample_csv(LANDING / ("eu" if i % 2 else "us") / f"batch-{i}.csv", rows=5_000, seed=i)
+        return str(LANDING)
 
-    @task
-    def archive(result: dict, run_id: str | None = None) -> str:
-        """Move a sent file out of the landing directory, into sent/<run>/."""
-        src = Path(result["path"])
-        dest = LANDING / "sent" / str(run_id).replace(":", "-").replace("+", "-") / src.name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.exists():  # a retry of this task finds it moved already
-            shutil.move(str(src), dest)
-        return str(dest)
+    # The whole directory in one task; relative paths are kept on the receiving side. A retry
+    # skips the files the broker already confirmed.
+    send = SendStreamOperator(task_id="send", path="{{ ti.xcom_pull(task_ids='seed_landing') }}", recursive=True,
+                              destination=QUEUE + ".bulk")
+    seed_landing() >> send
 
-    files = list_landing()
-    sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".bulk",
-                                      max_active_tis_per_dagrun=2).expand(path=files)
-    archive.expand(result=sent.output)
-
-    # One consumer: the mapped sensors run one at a time, each taking one stream.
-    received = StreamCompleteSensor.partial(
+    # One receive task takes every stream of the batch over one connection and finishes when
+    # the batch's manifest (path, bytes, sha256 per file) is written.
+    receive = ReceiveStreamsOperator(
         task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"),
-        max_active_tis_per_dagrun=1, poke_interval=5, timeout=3600,
-    ).expand(stream_id=sent.output.map(lambda r: r["stream_id"]))
+        batch_id="{{ ti.xcom_pull(task_ids='send')['totals']['batch_id'] }}", deadline=1800)
+
+    # One Spark application converts every file the manifest lists.
+    to_parquet = manifest_to_parquet_operator(
+        task_id="to_parquet", manifest="{{ ti.xcom_pull(task_ids='receive')['manifest'] }}",
+        output_dir=f"{PARQUET}/bulk/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}", partition_by="region")
 
     @task
-    def spark_args(result: dict) -> list[str]:
-        return ["--input", result["path"], "--output", f"{PARQUET}/{result['stream_id']}",
-                "--sha256", result["sha256"], "--partition-by", "region"]
+    def archive(sent: dict, run_id: str | None = None) -> int:
+        """Move what was sent to ``sent/<run id>/`` (same relative paths): the next run does
+        not send it again, and a rerun of this run finds nothing left to move."""
+        target = LANDING.parent / "sent" / str(run_id).replace(":", "_").replace("+", "_")
+        moved = 0
+        for entry in sent["files"]:
+            src = Path(entry["path"])
+            if src.exists():
+                dest = target / src.relative_to(LANDING)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(src, dest)
+                moved += 1
+        return moved
 
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-
-    SparkSubmitOperator.partial(
-        task_id="to_parquet", application=stream_to_parquet_job(), conn_id="spark_default",
-        conf=quiet_spark_conf(), max_active_tis_per_dagrun=1,
-    ).expand(application_args=spark_args.expand(result=received.output))
+    send >> receive >> to_parquet >> archive(send.output)

@@ -51,3 +51,8 @@ with DAG("amqs_test_sensor_policy", schedule=None, params=PARAMS) as sensor_poli
                              idle_timeout=4, poke_interval=1, timeout=120)
     probe(w.output)
     w >> failures_probe()
+
+with DAG("amqs_test_send_many", schedule=None, params=PARAMS) as send_many:
+    # A glob pattern in path: every match in one task, over one connection.
+    m = SendStreamOperator(task_id="send", path="{{ params.path }}", destination="{{ params.queue }}")
+    probe(m.output)

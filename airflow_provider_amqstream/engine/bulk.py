@@ -1,0 +1,562 @@
+"""Many files out over one connection, pipelined, resumable per file.
+
+A small file (all its chunks within one window) costs no round trip of its own: its
+chunks, its end marker and then its offer go out back to back (atomic order: no
+receiver sees the offer before the chunks are stored), with a receipt on the offer only.
+ActiveMQ handles one connection's frames in order and stores a persistent message before
+it sends that message's receipt, so the offer's receipt confirms the whole file. Many
+files are in flight at once; each is marked confirmed when its receipt arrives.
+
+A large file goes through the single-file path (``send_file``) over the same connection,
+with its own per-stream checkpoint, so a kill in the middle of it resumes at its last
+confirmed window.
+
+Which files are confirmed is kept in one append-only ledger per batch
+(``<state dir>/batch-<batch id>@<broker>.jsonl``), one JSON line per file, fsynced per
+group of confirmations: a re-run of the same batch skips those files and sends the
+others again from their start (a small file) or from their checkpoint (a large one). A
+file confirmed by the broker but not yet in the ledger when the sender died is sent again;
+its receiver sees the same stream twice and reports the repeat as a duplicate.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.records import (
+    Backoff,
+    Checkpoint,
+    FileCheckpoint,
+    StreamError,
+    TransferResult,
+    default_state_dir,
+    open_private,
+)
+from airflow_provider_amqstream.engine.sending import (
+    _file_identity,
+    checkpoint_name,
+    default_stream_id,
+    send_file,
+    stream_origin,
+)
+from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
+
+log = logging.getLogger(__name__)
+
+# Files whose receipts may be outstanding at once, and their bytes: enough to keep the
+# broker busy while we wait, small enough that a lost connection resends little.
+MAX_IN_FLIGHT_FILES = 256
+MAX_IN_FLIGHT_BYTES = 64 * 2**20
+# Confirmations recorded in the ledger per fsync, and the longest they wait for it.
+LEDGER_GROUP = 64
+LEDGER_INTERVAL = 1.0
+
+BatchProgress = Callable[["BatchStatus"], None]
+
+
+@dataclass
+class BatchStatus:
+    """Where a batch stands; passed to the progress callback after each group."""
+
+    files_total: int
+    bytes_total: int
+    files_done: int = 0
+    bytes_done: int = 0
+    bytes_sent: int = 0
+    failed: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        """MiB/s moved by this run."""
+        return self.bytes_sent / max(time.monotonic() - self.started, 1e-6) / 2**20
+
+
+@dataclass
+class FileFailure:
+    """A file of the batch that was not sent, and why."""
+
+    path: str
+    error: str
+    stream_id: str = ""
+    status: str = "failed"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BulkResult:
+    """One ``TransferResult`` per file sent (or found already sent), failures, totals."""
+
+    batch_id: str
+    destination: str
+    results: list[TransferResult]
+    failures: list[FileFailure]
+    seconds: float
+    broker: str = ""
+
+    def totals(self) -> dict[str, Any]:
+        moved = sum(r.bytes_transferred for r in self.results)
+        return {
+            "status": "totals", "batch_id": self.batch_id, "destination": self.destination, "broker": self.broker,
+            "files": len(self.results) + len(self.failures), "files_sent": sum(
+                r.status == "complete" for r in self.results),
+            "files_already_sent": sum(r.status == "already_sent" for r in self.results),
+            "files_failed": len(self.failures), "bytes": sum(r.bytes for r in self.results),
+            "bytes_transferred": moved, "seconds": round(self.seconds, 3),
+            "files_per_second": round(len(self.results) / max(self.seconds, 1e-6), 1),
+            "mib_per_second": round(moved / max(self.seconds, 1e-6) / 2**20, 1),
+        }
+
+
+@dataclass
+class BatchFile:
+    """A file to send and the relative directory (``a/b``) it lands in on the receiving side."""
+
+    path: Path
+    subdir: str = ""
+
+
+def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
+    """Expand paths, directories and glob patterns into files, in a stable order.
+
+    A directory (with ``recursive``) contributes every regular file under it, keeping its
+    path relative to that directory; links to directories are not followed. A pattern
+    (``*``, ``?``, ``[``) that is not itself an existing path is expanded here (``**``
+    matches across directories); its files land flat.
+
+    :param args: files, directories or patterns.
+    :param recursive: descend into directories (otherwise a directory is an error).
+    """
+    out: list[BatchFile] = []
+    seen: set[Path] = set()
+
+    def add(path: Path, subdir: str) -> None:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(BatchFile(path, subdir))
+
+    for arg in args:
+        text = os.fspath(arg)
+        if not os.path.lexists(text) and any(c in text for c in "*?["):
+            matches = sorted(glob.glob(text, recursive=True))
+            files = [Path(m) for m in matches if os.path.isfile(m)]
+            if not files:
+                raise StreamError(f"no file matches {text!r}")
+            for f in files:
+                add(f, "")
+            continue
+        path = Path(text)
+        if path.is_dir():
+            if not recursive:
+                raise StreamError(f"{path} is a directory; pass recursive=True (--recursive) to send what is in it")
+            for root, dirs, names in os.walk(path):
+                dirs.sort()
+                rel = Path(root).relative_to(path)
+                for n in sorted(names):
+                    f = Path(root) / n
+                    if f.is_file():
+                        add(f, "" if rel == Path(".") else rel.as_posix())
+            continue
+        if not path.is_file():
+            raise StreamError(f"{path} does not exist or is not a regular file")
+        add(path, "")
+    return out
+
+
+def _subdir_of(path: Path, base_dir: Path | None) -> str:
+    if base_dir is None:
+        return ""
+    try:
+        rel = path.resolve().parent.relative_to(base_dir.resolve())
+    except ValueError:
+        raise StreamError(f"{path} is not under the base directory {base_dir}") from None
+    return "" if rel == Path(".") else rel.as_posix()
+
+
+class BatchLedger:
+    """The confirmed files of one batch: an append-only JSON-lines file, fsynced per group.
+
+    A line torn by a crash is ignored (that file is sent again). ``on_flush`` (the Airflow
+    operator's task state store) gets the stream ids recorded so far after each group.
+    """
+
+    def __init__(self, path: Path, on_flush: Callable[[list[str]], None] | None = None,
+                 seed: Iterable[str] = ()) -> None:
+        self.path, self.on_flush = path, on_flush
+        self.records: dict[str, dict[str, Any]] = {}
+        self.seed = set(seed)
+        self.buffer: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        try:
+            fd = open_private(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return self.records
+        with os.fdopen(fd, "rb") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # the torn last line of a killed run
+                if isinstance(rec, dict) and isinstance(rec.get("stream_id"), str):
+                    self.records[rec["stream_id"]] = rec
+        return self.records
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records[record["stream_id"]] = record
+        self.buffer.append(record)
+        if len(self.buffer) >= LEDGER_GROUP or time.monotonic() - self.last_flush > LEDGER_INTERVAL:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last_flush = time.monotonic()
+        if not self.buffer:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, b"".join(json.dumps(r).encode() + b"\n" for r in self.buffer))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.buffer = []
+        if self.on_flush:
+            self.on_flush(sorted(self.records))
+
+
+@dataclass
+class _Entry:
+    src: Path
+    subdir: str
+    stream_id: str
+    size: int
+    identity: str
+
+
+def send_files(
+    params: BrokerParams,
+    files: Sequence[str | os.PathLike[str] | BatchFile],
+    destination: str,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    batch_id: str | None = None,
+    chunk_size: int | None = None,
+    window: int | None = None,
+    mode: str | p.Mode = p.Mode.STREAM,
+    compression: str | None = None,
+    restart: bool = False,
+    fail_fast: bool = False,
+    progress: BatchProgress | None = None,
+    on_result: Callable[[TransferResult], None] | None = None,
+    on_failure: Callable[[FileFailure], None] | None = None,
+    checkpoint_for: Callable[[str], Checkpoint] | None = None,
+    ledger_flush: Callable[[list[str]], None] | None = None,
+    ledger_seed: Iterable[str] = (),
+    reconnect_timeout: float = 120.0,
+    manifest: bool = False,
+) -> BulkResult:
+    """Send many files over one connection; return one result per file and the totals.
+
+    :param params: broker connection settings.
+    :param files: paths, or :class:`BatchFile` (path and relative directory); see
+        :func:`collect_files` for directories and patterns.
+    :param destination: ``/queue/NAME``.
+    :param base_dir: keep each path's directory relative to this one (for plain paths).
+    :param batch_id: names the batch's ledger (letters, digits, ``._-``); default derived
+        from the destination and the files, so the same call finds it again. Give one when
+        the set of files may change between tries (an Airflow run id).
+    :param chunk_size: bytes per chunk (default 1 MiB).
+    :param window: chunks per confirmation (default 16); a file within one window is "small".
+    :param mode: ``stream`` or ``atomic`` for large files; small files are always sent in
+        atomic order (chunks, end, offer).
+    :param compression: ``"zstd"`` to compress chunks that shrink.
+    :param restart: ignore the ledger and checkpoints; send everything again.
+    :param fail_fast: stop at the first file that fails (default: report it, go on).
+    :param progress: called with a :class:`BatchStatus` after each group of confirmations.
+    :param on_result: called with each file's result as it is confirmed.
+    :param on_failure: called with each file that failed.
+    :param checkpoint_for: the checkpoint of a large file's stream id (default a file in
+        the state dir, as ``send_file``).
+    :param ledger_flush: called with every confirmed stream id after each ledger write.
+    :param ledger_seed: stream ids known confirmed from elsewhere (a retry on another worker).
+    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param manifest: after every file is confirmed, announce the batch (a ``batch``
+        message listing each file's stream id, relative path, size and SHA-256), so the
+        receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
+    """
+    t0 = time.monotonic()
+    dest = p.Destination.parse(destination)
+    if p.Mode(mode) is p.Mode.HANDSHAKE or dest.kind != "queue":
+        raise StreamError(f"{dest}: many files in one send go to a queue in stream or atomic mode; "
+                          "send handshake-mode files one at a time")
+    window = next(v for v in (window, params.window, p.DEFAULT_WINDOW) if v is not None)
+    chunk = next(v for v in (chunk_size, params.chunk_size, p.DEFAULT_CHUNK_SIZE) if v is not None)
+    if window < 1 or not 1 <= chunk <= p.MAX_CHUNK_SIZE:
+        raise StreamError(f"window ({window}) must be at least 1 and chunk size ({chunk}) in 1..{p.MAX_CHUNK_SIZE}")
+    codec = p.ChunkCodec(compression if compression is not None else params.compression)
+    base = Path(base_dir) if base_dir is not None else None
+    failures: list[FileFailure] = []
+    results: list[TransferResult] = []
+
+    def fail(path: Path | str, error: str, sid: str = "") -> None:
+        failure = FileFailure(str(path), error, sid)
+        failures.append(failure)
+        log.error("%s: %s", path, error)
+        if on_failure:
+            on_failure(failure)
+        if fail_fast:
+            raise StreamError(f"{path}: {error}")
+
+    entries: list[_Entry] = []
+    ids: set[str] = set()
+    for item in files:
+        bf = item if isinstance(item, BatchFile) else BatchFile(Path(item), "")
+        try:
+            st_ = bf.path.stat()
+            if not bf.path.is_file():
+                raise StreamError(f"{bf.path} is not a regular file")
+            subdir = bf.subdir or _subdir_of(bf.path, base)
+            p.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
+            sid = default_stream_id(bf.path, dest, st_)
+        except (OSError, StreamError, p.ProtocolError) as exc:
+            fail(bf.path, str(getattr(exc, "strerror", None) or exc))
+            continue
+        if sid not in ids:
+            ids.add(sid)
+            entries.append(_Entry(bf.path, subdir, sid, st_.st_size, _file_identity(bf.path, st_)))
+    if batch_id is None:
+        digest = hashlib.sha256("|".join([str(dest), *sorted(ids)]).encode()).hexdigest()[:20]
+        batch_id = f"b-{digest}"
+    p.validate_stream_id(batch_id)
+    broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
+    ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
+    done = {} if restart else ledger.load()
+    seeded = set() if restart else set(ledger_seed)
+    status = BatchStatus(len(entries), sum(e.size for e in entries))
+    todo: collections.deque[_Entry] = collections.deque()
+    for e in entries:
+        rec = done.get(e.stream_id)
+        if rec is not None or e.stream_id in seeded:
+            res = _already(rec or {}, e, dest, params)
+            results.append(res)
+            status.files_done += 1
+            status.bytes_done += e.size
+            if on_result:
+                on_result(res)
+        else:
+            todo.append(e)
+    if progress and status.files_done:
+        progress(status)
+    ctx = _Ctx(params, dest, window, chunk, codec, mode, restart, ledger, status, results, progress, on_result,
+               checkpoint_for)
+    backoff = Backoff(f"sending {len(todo)} files to {dest}", params.url, reconnect_timeout)
+    first = True
+    try:
+        while todo:
+            try:
+                with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+                    backoff.reset()
+                    ctx.run(link, todo, fail)
+            except AccessDenied:
+                raise
+            except ConnectionLost as exc:
+                ledger.flush()
+                backoff.wait(exc)
+            except TransportError as exc:
+                if first:
+                    raise
+                ledger.flush()
+                backoff.wait(exc)
+            first = False
+    finally:
+        ledger.flush()
+    if manifest:
+        _announce(params, dest, batch_id, results, {e.stream_id: e.subdir for e in entries}, reconnect_timeout)
+    elif entries and not ctx.sent_any:
+        # Everything was sent before: still prove the broker takes these credentials, so a
+        # wrong password fails rather than passing as "already sent".
+        with StompLink(params) as link:
+            link.round_trip()
+    if progress:
+        progress(status)
+    return BulkResult(batch_id, str(dest), results, failures, time.monotonic() - t0, params.url)
+
+
+def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results: list[TransferResult],
+              subdirs: dict[str, str], reconnect_timeout: float) -> None:
+    """Send the batch's file list after its offers (a re-run sends it again: receivers
+    rewrite the same manifest)."""
+    entries = [{"stream_id": r.stream_id, "dir": subdirs.get(r.stream_id, ""), "name": r.name, "bytes": r.bytes,
+                "sha256": r.sha256} for r in results]
+    backoff = Backoff(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
+    while True:
+        try:
+            with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+                for headers, body in p.batch_messages(batch_id, entries):
+                    link.send_confirmed(str(dest), body, headers)
+            return
+        except AccessDenied:
+            raise
+        except (ConnectionLost, TransportError) as exc:
+            backoff.wait(exc)
+
+
+def _already(rec: dict[str, Any], e: _Entry, dest: p.Destination, params: BrokerParams) -> TransferResult:
+    now = time.time()
+    sha = str(rec.get("sha256") or "")
+    if not sha:
+        # Known confirmed from the task state store, which keeps ids only: hash it here.
+        h = hashlib.sha256()
+        with open(e.src, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        sha = h.hexdigest()
+    return TransferResult(e.stream_id, str(dest), str(rec.get("name") or e.src.name), e.size,
+                          int(rec.get("chunks") or 0), sha, 0.0,
+                          str(rec.get("mode") or "atomic"), e.size, 0, str(e.src), now, now, status="already_sent",
+                          chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
+
+
+class _Ctx:
+    """One batch's sending state across reconnects."""
+
+    def __init__(self, params: BrokerParams, dest: p.Destination, window: int, chunk: int, codec: p.ChunkCodec,
+                 mode: str | p.Mode, restart: bool, ledger: BatchLedger, status: BatchStatus,
+                 results: list[TransferResult], progress: BatchProgress | None,
+                 on_result: Callable[[TransferResult], None] | None,
+                 checkpoint_for: Callable[[str], Checkpoint] | None) -> None:
+        self.params, self.dest, self.window, self.chunk, self.codec = params, dest, window, chunk, codec
+        self.mode, self.restart, self.ledger, self.status, self.results = p.Mode(mode), restart, ledger, status, results
+        self.progress, self.on_result, self.checkpoint_for = progress, on_result, checkpoint_for
+        self.sent_any = False
+        self.last_progress = 0.0
+        self.restarted: set[str] = set()
+
+    def run(self, link: StompLink, todo: collections.deque[_Entry], fail: Callable[..., None]) -> None:
+        """Send what is left in ``todo`` over ``link``; a lost connection puts the files
+        whose receipts did not arrive back at the front of ``todo``."""
+        pending: collections.deque[tuple[str, _Entry, TransferResult]] = collections.deque()
+        in_flight = 0
+        try:
+            while todo:
+                e = todo[0]
+                small = e.size <= self.window * self.chunk
+                if small:
+                    try:
+                        rid, res = self._send_small(link, e)
+                    except (OSError, StreamError, p.ProtocolError) as exc:
+                        todo.popleft()
+                        fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
+                        continue
+                    todo.popleft()
+                    self.sent_any = True
+                    pending.append((rid, e, res))
+                    in_flight += e.size
+                    while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
+                        in_flight -= self._confirm(link, pending)
+                    continue
+                while pending:
+                    in_flight -= self._confirm(link, pending)
+                try:
+                    res = self._send_large(link, e)
+                except (OSError, StreamError, p.ProtocolError) as exc:
+                    todo.popleft()
+                    fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
+                    continue
+                todo.popleft()
+                self.sent_any = True
+                self._record(e, res)
+            while pending:
+                in_flight -= self._confirm(link, pending)
+        except (TransportError, ConnectionLost):
+            # Not confirmed: they go again, whole, on the next connection.
+            for _, e, _ in reversed(pending):
+                todo.appendleft(e)
+            raise
+
+    def _send_small(self, link: StompLink, e: _Entry) -> tuple[str, TransferResult]:
+        started = time.time()
+        t0 = time.monotonic()
+        spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
+        data_q = self.dest.data_queue(e.stream_id)
+        hasher = hashlib.sha256()
+        with open(e.src, "rb") as fh:
+            for seq in range(1, spec.chunks + 1):
+                body = fh.read(spec.chunk_span(seq)[1])
+                hasher.update(body)
+                headers, wire = p.data_message(spec, seq, body, self.codec)
+                link.send(data_q, wire, headers)
+            if os.fstat(fh.fileno()).st_size != e.size:
+                raise StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
+                                  "Send it again once it is stable.")
+        sha = hasher.hexdigest()
+        link.send(data_q, b"", p.end_headers(spec, sha))
+        origin = stream_origin(e.identity, self.dest)
+        rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, origin=origin, subdir=e.subdir),
+                        receipt=True)
+        assert rid is not None
+        res = TransferResult(e.stream_id, str(self.dest), spec.name, e.size, spec.chunks, sha, 0.0, spec.mode.value,
+                             0, e.size, str(e.src), started, 0.0, chunk_size=self.chunk, origin=origin,
+                             broker=self.params.url)
+        res.seconds = t0  # finished in _confirm
+        return rid, res
+
+    def _confirm(self, link: StompLink, pending: collections.deque[tuple[str, _Entry, TransferResult]]) -> int:
+        """Wait for the oldest receipt; the file leaves ``pending`` only once confirmed."""
+        rid, e, res = pending[0]
+        link.wait_receipt(rid)
+        pending.popleft()
+        res.seconds = time.monotonic() - res.seconds
+        res.finished_at = time.time()
+        self._record(e, res)
+        return e.size
+
+    def _send_large(self, link: StompLink, e: _Entry) -> TransferResult:
+        ckpt = self.checkpoint_for(e.stream_id) if self.checkpoint_for else FileCheckpoint(
+            default_state_dir() / checkpoint_name(e.stream_id, self.params))
+        base = self.status.bytes_done
+        # --restart discards a large file's checkpoint once, not again after a reconnect.
+        restart = self.restart and e.stream_id not in self.restarted
+        self.restarted.add(e.stream_id)
+
+        def each(done: int, total: int) -> None:
+            now = time.monotonic()
+            if self.progress and now - self.last_progress > 1.0:
+                self.last_progress = now
+                self.status.bytes_done = base + done
+                self.progress(self.status)
+                self.status.bytes_done = base
+
+        return send_file(self.params, e.src, str(self.dest), stream_id=e.stream_id, chunk_size=self.chunk,
+                         window=self.window, mode=self.mode, checkpoint=ckpt, restart=restart, progress=each,
+                         compression=self.codec.encoding, subdir=e.subdir, link=link)
+
+    def _record(self, e: _Entry, res: TransferResult) -> None:
+        self.ledger.add({"stream_id": e.stream_id, "path": str(e.src), "subdir": e.subdir, "name": res.name,
+                         "bytes": res.bytes, "chunks": res.chunks, "chunk_size": res.chunk_size,
+                         "sha256": res.sha256, "mode": res.mode, "sent_at": time.time()})
+        self.results.append(res)
+        self.status.files_done += 1
+        self.status.bytes_done += e.size
+        self.status.bytes_sent += res.bytes_transferred
+        if self.on_result:
+            self.on_result(res)
+        now = time.monotonic()
+        if self.progress and now - self.last_progress > 0.5:
+            self.last_progress = now
+            self.progress(self.status)

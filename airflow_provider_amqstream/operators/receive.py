@@ -1,0 +1,93 @@
+"""ReceiveStreamsOperator: drain a destination into a directory in one task, one connection."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, manifest_path
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.operators.progress import LogProgress
+from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
+
+
+class ReceiveStreamsOperator(BaseOperator):
+    """Receive many streams in one task over one connection: until ``count`` arrived, until
+    the manifest of ``batch_id`` is written, or until ``wait_timeout`` passes with no offer.
+
+    Returns (XCom ``return_value``) ``{"files": [one entry per stream], "failed": [...],
+    "manifest": path or None, "count": n}``. Streams that fail are quarantined or yield
+    their place and are reported in ``failed``; they do not stop the others.
+
+    :param source: ``/queue/NAME`` to receive from (templated).
+    :param out_dir: the output directory (templated).
+    :param count: stop after this many streams (None: no limit).
+    :param batch_id: stop once ``out_dir/<batch_id>.manifest.jsonl`` exists (templated; a
+        sender's ``totals["batch_id"]``); the task fails if it does not by ``deadline``.
+    :param wait_timeout: seconds with no offer before stopping (without ``batch_id``).
+    :param deadline: seconds in all before giving up on ``batch_id``.
+    :param amqstream_conn_id: Airflow connection of type ``amqstream``.
+    :param window: chunks synced and acknowledged together (default 8).
+    :param idle_timeout: seconds without a chunk before a sender is presumed gone.
+    :param overwrite: replace an existing file of the same name.
+    :param max_bytes: quarantine streams larger than this.
+    """
+
+    template_fields: Sequence[str] = ("source", "out_dir", "batch_id")
+    ui_color = "#f3e6d8"
+
+    def __init__(self, *, source: str, out_dir: str, count: int | None = None, batch_id: str | None = None,
+                 wait_timeout: float = 30.0, deadline: float = 3600.0,
+                 amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
+                 idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if count is not None and count < 1:
+            raise ValueError(f"{self.task_id}: count must be at least 1, got {count}")
+        if wait_timeout <= 0 or deadline <= 0:
+            raise ValueError(f"{self.task_id}: wait_timeout and deadline must be positive")
+        self.source, self.out_dir, self.count, self.batch_id = source, out_dir, count, batch_id
+        self.wait_timeout, self.deadline = wait_timeout, deadline
+        self.amqstream_conn_id, self.window, self.idle_timeout = amqstream_conn_id, window, idle_timeout
+        self.overwrite, self.max_bytes = overwrite, max_bytes
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        Destination.parse(self.source)
+        manifest = manifest_path(self.out_dir, validate_stream_id(self.batch_id)) if self.batch_id else None
+        hook = AmqStreamHook(self.amqstream_conn_id)
+        results: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+
+        def on_failure(failure: StreamFailure) -> None:
+            self.log.warning("stream %s on %s %s: %s", failure.stream_id, failure.destination, failure.status,
+                             failure.reason)
+            failed.append(failure.to_json())
+
+        until = time.monotonic() + self.deadline
+        while True:
+            left = until - time.monotonic()
+            wanted = None if self.count is None else self.count - len(results)
+            # With a batch to wait for, look for its manifest every few seconds.
+            wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if manifest else self.wait_timeout
+            opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
+                                  idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
+                                  progress=LogProgress(self.log, f"receive from {self.source}"))
+            got = hook.receive_streams(self.source, self.out_dir, count=wanted, options=opts, on_failure=on_failure)
+            results += [r.to_json() for r in got]
+            if manifest is not None and manifest.exists():
+                break
+            if self.count is not None and len(results) >= self.count:
+                break
+            if manifest is None and not got:
+                break
+            if manifest is not None and time.monotonic() >= until:
+                raise RuntimeError(f"{self.task_id}: batch {self.batch_id} was not complete in {self.out_dir} "
+                                   f"after {self.deadline:.0f}s ({len(results)} streams received); its manifest "
+                                   f"{manifest} is written once every listed file is in")
+        self.log.info("received %d streams from %s into %s%s", len(results), self.source, self.out_dir,
+                      f"; manifest {manifest}" if manifest else "")
+        return {"files": results, "failed": failed, "manifest": str(manifest) if manifest else None,
+                "count": len(results)}

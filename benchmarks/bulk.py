@@ -1,0 +1,272 @@
+"""Many files: files/s and MiB/s of a directory moved end to end, byte-exact.
+
+``python -m benchmarks.bulk --sets 1000x64K,200x1M,20x50M`` (``make bench`` runs it too).
+For each set of N files of one size:
+
+* amqstream, one ``send DIR --recursive`` and one ``receive --count N`` started together
+  (CLI, URI connection), every file checked against its SHA-256;
+* OpenSSH ``sftp -b`` with ``put -r``, ``rsync -a`` over ssh, and a paramiko SFTP loop (one
+  connection, one ``put`` per file: what Airflow's SFTP provider does), all to a local sshd;
+* Airflow: the same files sent by one ``SendStreamOperator`` task (the whole directory)
+  and by mapped ``SendStreamOperator`` tasks (one per file), each run timed under
+  ``airflow dags test`` with one receiver draining beside it. The mapped run is capped
+  (``--mapped-files``, default 100) and reported in files/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.__main__ import Sshd, free_port, log, make_random, py
+
+KiB, MiB = 1024, 2**20
+
+
+def parse_set(text: str) -> tuple[int, int]:
+    count, _, size = text.lower().partition("x")
+    mult = {"k": KiB, "m": MiB, "g": 1024 * MiB}.get(size[-1:], 1)
+    return int(count), int(size.rstrip("kmg")) * mult
+
+
+def make_set(root: Path, count: int, size: int) -> dict[str, str]:
+    """``count`` random files of ``size`` bytes; returns relative path -> SHA-256."""
+    root.mkdir(parents=True, exist_ok=True)
+    sums = {}
+    for i in range(count):
+        f = root / f"f{i:05d}.bin"
+        make_random(f, size)
+        sums[f.name] = _sha(f)
+    return sums
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * MiB), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_tree(dest: Path, sums: dict[str, str], what: str) -> None:
+    for name, digest in sums.items():
+        if _sha(dest / name) != digest:
+            raise RuntimeError(f"{what} delivered {name} wrong")
+
+
+def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str) -> dict[str, Any]:
+    q, out = f"/queue/bench.bulk.{os.getpid()}.{tag}", work / f"out-{tag}"
+    t0 = time.monotonic()
+    rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", uri,
+            "--count", str(len(sums)), "--json", "-q", "--wait", "120")
+    tx = py("airflow_provider_amqstream.cli", "send", str(src), "--recursive", "--to", q, "--conn", uri, "--json",
+            "-q", env={"AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
+    s_out, s_err = tx.communicate(timeout=7200)
+    r_out, r_err = rx.communicate(timeout=7200)
+    secs = time.monotonic() - t0
+    if tx.returncode or rx.returncode:
+        raise RuntimeError(f"amqstream failed: {s_err[-800:]} {r_err[-800:]}")
+    sent = [json.loads(line) for line in s_out.splitlines()]
+    got = [json.loads(line) for line in r_out.splitlines()]
+    if {Path(r["path"]).name: r["sha256"] for r in got if r.get("status") == "complete"} != sums:
+        raise RuntimeError("amqstream delivered a different set of files")
+    check_tree(out, sums, "amqstream")
+    shutil.rmtree(out)
+    return {"seconds": secs, "send_rss": sent[-1]["peak_rss_kib"], "recv_rss": max(r["peak_rss_kib"] for r in got)}
+
+
+def sftp_put_r(sshd: Sshd, src: Path, dest: Path) -> float:
+    t0 = time.monotonic()
+    subprocess.run(["sftp", "-q", *sshd._opts(), "-P", str(sshd.port), "-b", "-", f"{sshd.user}@127.0.0.1"],
+                   input=f"put -r {src} {dest}\n".encode(), check=True, capture_output=True)
+    return time.monotonic() - t0
+
+
+def rsync_ssh(sshd: Sshd, src: Path, dest: Path) -> float | None:
+    if not shutil.which("rsync"):
+        log("rsync is not installed: skipped (apt-get install rsync)")
+        return None
+    ssh = " ".join(["ssh", *sshd._opts(), "-p", str(sshd.port)])
+    t0 = time.monotonic()
+    subprocess.run(["rsync", "-a", "-e", ssh, f"{src}/", f"{sshd.user}@127.0.0.1:{dest}/"], check=True,
+                   capture_output=True)
+    return time.monotonic() - t0
+
+
+def paramiko_loop(sshd: Sshd, src: Path, dest: Path) -> float:
+    import paramiko
+
+    t0 = time.monotonic()
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port=sshd.port, username=sshd.user, key_filename=str(sshd.key),
+                   look_for_keys=False, allow_agent=False)
+    sftp = client.open_sftp()
+    sftp.mkdir(str(dest))
+    for f in sorted(src.iterdir()):
+        sftp.put(str(f), str(dest / f.name))
+    sftp.close()
+    client.close()
+    return time.monotonic() - t0
+
+
+_DAG = '''
+from airflow.sdk import DAG
+from airflow_provider_amqstream.operators.stream import SendStreamOperator
+
+with DAG("bench_bulk_one_task", schedule=None):
+    SendStreamOperator(task_id="send", path={src!r}, recursive=True, destination={q1!r}, manifest=False)
+
+with DAG("bench_bulk_mapped", schedule=None):
+    SendStreamOperator.partial(task_id="send", destination={q2!r}).expand(path={files!r})
+'''
+
+
+def airflow_runs(src: Path, sums: dict[str, str], work: Path, uri: str, mapped_files: int) -> dict[str, Any]:
+    """files/s of one task for the whole directory, and of mapped tasks (capped), each
+    timed under ``airflow dags test`` with a receiver draining beside it."""
+    home = work / "airflow"
+    dags = home / "dags"
+    dags.mkdir(parents=True, exist_ok=True)
+    q1, q2 = f"/queue/bench.af1.{os.getpid()}", f"/queue/bench.af2.{os.getpid()}"
+    mapped = sorted(str(f) for f in src.iterdir())[:mapped_files]
+    (dags / "bench_bulk.py").write_text(textwrap.dedent(_DAG.format(src=str(src), q1=q1, q2=q2, files=mapped)))
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW_CONN_AMQSTREAM_DEFAULT": uri,
+           "AMQSTREAM_STATE_DIR": str(work / "af-state"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+    rows = {}
+    for dag_id, q, n in (("bench_bulk_one_task", q1, len(sums)), ("bench_bulk_mapped", q2, len(mapped))):
+        out = work / f"af-out-{dag_id}"
+        t0 = time.monotonic()
+        rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", uri,
+                "--count", str(n), "--json", "-q", "--wait", "600")
+        run = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", dag_id], env=env, capture_output=True,
+                             text=True, timeout=7200)
+        r_out, r_err = rx.communicate(timeout=7200)
+        secs = time.monotonic() - t0
+        if run.returncode or rx.returncode:
+            raise RuntimeError(f"{dag_id} failed: {run.stderr[-1500:]} {r_err[-800:]}")
+        check_tree(out, {Path(f).name: sums[Path(f).name] for f in (mapped if n < len(sums) else sums)}, dag_id)
+        shutil.rmtree(out)
+        rows[dag_id] = {"files": n, "seconds": secs}
+    return rows
+
+
+def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow: bool = True,
+             mapped_files: int = 100) -> list[dict[str, Any]]:
+    rows = []
+    work = work / "bulk"
+    work.mkdir(parents=True, exist_ok=True)
+    sshd = Sshd(work).__enter__() if ssh else None
+    try:
+        for text in sets:
+            count, size = parse_set(text)
+            src = work / f"set-{text}"
+            log(f"{text}: making {count} files of {size} bytes")
+            sums = make_set(src, count, size)
+            total = count * size
+            row: dict[str, Any] = {"set": text, "files": count, "bytes": total}
+
+            def rate(secs: float | None, n: int = count, size: int = size) -> dict[str, float] | None:
+                if secs is None:
+                    return None
+                return {"seconds": round(secs, 3), "files_per_s": round(n / secs, 1),
+                        "mib_per_s": round(n * size / MiB / secs, 1)}
+
+            log(f"{text}: amqstream CLI, one send and one receive")
+            o = ours(src, sums, work, uri, text)
+            row["ours"] = {**rate(o["seconds"]), "send_rss_kib": o["send_rss"], "recv_rss_kib": o["recv_rss"]}
+            if sshd:
+                for key, fn in (("sftp", sftp_put_r), ("rsync", rsync_ssh), ("paramiko", paramiko_loop)):
+                    dest = work / f"ssh-{key}-{text}"
+                    log(f"{text}: {key}")
+                    secs = fn(sshd, src, dest)
+                    if secs is not None:
+                        check_tree(dest, sums, key)
+                    shutil.rmtree(dest, ignore_errors=True)
+                    row[key] = rate(secs)
+            if airflow:
+                log(f"{text}: Airflow, one task for the directory vs mapped tasks (dags test)")
+                af = airflow_runs(src, sums, work, uri, mapped_files)
+                row["airflow_one_task"] = rate(af["bench_bulk_one_task"]["seconds"])
+                m = af["bench_bulk_mapped"]
+                row["airflow_mapped"] = rate(m["seconds"], m["files"]) | {"files": m["files"]}
+            shutil.rmtree(src)
+            rows.append(row)
+            log(json.dumps(row))
+    finally:
+        if sshd:
+            sshd.__exit__()
+    return rows
+
+
+COLS = [("ours", "amqstream CLI"), ("sftp", "OpenSSH sftp put -r"), ("rsync", "rsync over ssh"),
+        ("paramiko", "paramiko SFTP loop"), ("airflow_one_task", "Airflow, one task"),
+        ("airflow_mapped", "Airflow, mapped tasks")]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| set | " + " | ".join(c[1] for c in COLS) +
+            " | ours vs paramiko | ours vs sftp | one task vs mapped | sender / receiver RSS MiB |")
+    lines = [head, "|" + "---|" * (len(COLS) + 5)]
+
+    def cell(r: dict[str, Any], k: str) -> str:
+        v = r.get(k)
+        if not v:
+            return "-"
+        extra = f" ({v['files']} files)" if "files" in v else ""
+        return f"{v['files_per_s']:,.0f} files/s, {v['mib_per_s']:,.1f} MiB/s{extra}"
+
+    def ratio(r: dict[str, Any], a: str, b: str) -> str:
+        x, y = r.get(a), r.get(b)
+        return f"{x['files_per_s'] / y['files_per_s']:.2f}x" if x and y else "-"
+
+    for r in rows:
+        o = r["ours"]
+        lines.append(f"| {r['set']} | " + " | ".join(cell(r, k) for k, _ in COLS) +
+                     f" | {ratio(r, 'ours', 'paramiko')} | {ratio(r, 'ours', 'sftp')} | "
+                     f"{ratio(r, 'airflow_one_task', 'airflow_mapped')} | "
+                     f"{o['send_rss_kib'] / 1024:.0f} / {o['recv_rss_kib'] / 1024:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from airflow_provider_amqstream.broker import EmbeddedBroker
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bulk", description=__doc__.splitlines()[0])
+    ap.add_argument("--sets", default="1000x64K,200x1M,20x50M", help="comma list of COUNTxSIZE (K, M, G)")
+    ap.add_argument("--workdir", help="scratch space (default a temp dir)")
+    ap.add_argument("--no-ssh", action="store_true", help="skip sftp, rsync and paramiko")
+    ap.add_argument("--no-airflow", action="store_true", help="skip the Airflow one-task and mapped runs")
+    ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow run (default 100)")
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bulk-"))
+    broker = EmbeddedBroker(work / "broker", port=free_port())
+    info, _ = broker.start()
+    try:
+        rows = run_bulk(args.sets.split(","), work, info.uri, ssh=not args.no_ssh, airflow=not args.no_airflow,
+                        mapped_files=args.mapped_files)
+    finally:
+        broker.stop()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

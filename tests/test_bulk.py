@@ -1,0 +1,235 @@
+"""Issue 10: many files in one send over one connection, in one receive; relative paths
+land under the output directory and never outside it; a killed batch resumes per file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine import (
+    BatchFile,
+    ReceiveOptions,
+    StreamFailure,
+    TransferResult,
+    collect_files,
+    receive_streams,
+    send_files,
+)
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import cli, make_file, sha256_file, wait_for
+from tests.test_queue_liveness import RawSender
+
+pytestmark = pytest.mark.broker
+
+
+def tree(root: Path, n: int, size: int = 4096) -> list[Path]:
+    """``n`` files spread over a few subdirectories (and the top level)."""
+    files = []
+    for i in range(n):
+        sub = root / ("" if i % 3 == 0 else f"d{i % 3}") / ("deep" if i % 5 == 0 else "")
+        files.append(make_file(sub / f"f{i:04d}.bin", size + i, seed=i))
+    return files
+
+
+def receive_all(params: BrokerParams, queue: str, out: Path, count: int, **kw: object) -> tuple[
+        list[TransferResult], list[StreamFailure]]:
+    failures: list[StreamFailure] = []
+    opts = ReceiveOptions(**{"wait_timeout": 30, "idle_timeout": 30, **kw})  # type: ignore[arg-type]
+    got = receive_streams(params, queue, out, count=count, options=opts, on_failure=failures.append)
+    return got, failures
+
+
+def test_a_directory_in_one_send_lands_in_the_same_tree(params: BrokerParams, tmp_path: Path,
+                                                        queue_name: str) -> None:
+    src = tmp_path / "landing"
+    files = tree(src, 60)
+    big = make_file(src / "d1" / "big.bin", 5 * 2**20 + 3, seed=99)  # past one window: the large path
+    files.append(big)
+    seen: list[TransferResult] = []
+    res = send_files(params, collect_files([src], recursive=True), queue_name, chunk_size=256 * 1024, window=4,
+                     on_result=seen.append)
+    assert not res.failures and len(res.results) == len(files) == len(seen)
+    totals = res.totals()
+    assert totals["files_sent"] == len(files) and totals["bytes"] == sum(f.stat().st_size for f in files)
+    out = tmp_path / "out"
+    got, failures = receive_all(params, queue_name, out, len(files))
+    assert not failures and len(got) == len(files)
+    for f in files:
+        landed = out / f.relative_to(src)
+        assert sha256_file(landed) == sha256_file(f), landed
+    # A second send of the same batch sends nothing and says so.
+    again = send_files(params, collect_files([src], recursive=True), queue_name, chunk_size=256 * 1024, window=4)
+    assert {r.status for r in again.results} == {"already_sent"} and again.totals()["bytes_transferred"] == 0
+
+
+def test_a_failed_file_does_not_stop_the_others_unless_fail_fast(params: BrokerParams, tmp_path: Path,
+                                                                  queue_name: str) -> None:
+    good = [make_file(tmp_path / f"g{i}.bin", 1000 + i) for i in range(3)]
+    missing = tmp_path / "gone.bin"
+    res = send_files(params, [good[0], missing, *good[1:]], queue_name)
+    assert [f.path for f in res.failures] == [str(missing)] and len(res.results) == 3
+    with pytest.raises(RuntimeError, match="gone.bin"):
+        send_files(params, [missing, *good], queue_name, fail_fast=True)
+    got, _ = receive_all(params, queue_name, tmp_path / "out", 3)
+    assert sorted(Path(r.path or "").name for r in got) == sorted(g.name for g in good)
+
+
+@pytest.mark.parametrize("subdir,why", [
+    ("../escape", "'..'"), ("/etc", "absolute"), ("a//b", "empty"), ("x" * 300, "longer than"),
+    ("/".join(["d"] * 17), "levels"),
+])
+def test_hostile_relative_paths_are_quarantined_and_the_next_stream_arrives(
+        params: BrokerParams, tmp_path: Path, queue_name: str, subdir: str, why: str) -> None:
+    dest = p.Destination.parse(queue_name)
+    data = b"hostile" * 100
+    spec = p.StreamSpec("hostile-1", "f.bin", len(data), 1024, p.Mode.ATOMIC)
+    raw = RawSender(params)
+    raw.send(dest.data_queue(spec.stream_id), data, p.data_headers(spec, 1, data))
+    import hashlib
+    raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+    raw.send(str(dest), b"", {**p.offer_headers(spec, dest), p.H_DIR: subdir})
+    raw.close()
+    good = make_file(tmp_path / "good.bin", 5000)
+    send_files(params, [BatchFile(good, "ok/sub")], queue_name)
+    out = tmp_path / "out"
+    got, failures = receive_all(params, queue_name, out, 1)
+    assert [f.stream_id for f in failures] == ["hostile-1"] and why in failures[0].reason
+    assert [Path(r.path or "") for r in got] == [out / "ok" / "sub" / "good.bin"]
+    assert sha256_file(out / "ok" / "sub" / "good.bin") == sha256_file(good)
+    # Nothing was written outside the output directory, nor anywhere for the hostile stream.
+    assert not (tmp_path / "escape").exists() and not list(out.rglob("f.bin"))
+
+
+def test_a_symlinked_subdirectory_cannot_redirect_a_file(params: BrokerParams, tmp_path: Path,
+                                                         queue_name: str) -> None:
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "sub").symlink_to(elsewhere, target_is_directory=True)
+    f1 = make_file(tmp_path / "src" / "sub" / "a.bin", 3000)
+    f2 = make_file(tmp_path / "src" / "ok" / "b.bin", 3000, seed=2)
+    send_files(params, [BatchFile(f1, "sub"), BatchFile(f2, "ok")], queue_name)
+    got, failures = receive_all(params, queue_name, out, 1)
+    assert len(failures) == 1 and "symbolic link" in failures[0].reason
+    assert not list(elsewhere.iterdir())
+    assert [Path(r.path or "") for r in got] == [out / "ok" / "b.bin"]
+    assert sha256_file(out / "ok" / "b.bin") == sha256_file(f2)
+    assert f1.exists()
+
+
+def test_thousand_small_files_killed_mid_batch_resume_and_skip_confirmed(
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
+    """The issue's acceptance test: 1,000 small files through one CLI send and one receive,
+    the sender killed (SIGKILL) in the middle; the re-run skips what was confirmed."""
+    src = tmp_path / "landing"
+    n = 1000
+    files = [make_file(src / f"p{i % 10}" / f"f{i:04d}.bin", 16 * 1024 + i, seed=i) for i in range(n)]
+    state = tmp_path / "state"
+    env = {"AMQSTREAM_STATE_DIR": str(state)}
+    # Without --json: nobody reads its stdout until it is killed, and a full pipe would block it.
+    proc = cli("send", str(src), "--recursive", "--to", queue_name, "--conn", uri, "-q", env=env)
+
+    def ledger_lines() -> int:
+        assert proc.poll() is None, f"the sender ended early: {proc.communicate()}"
+        ledgers = list(state.glob("batch-*.jsonl"))
+        return sum(1 for _ in ledgers[0].open()) if ledgers else 0
+
+    wait_for(lambda: ledger_lines() >= 100, 120, "the sender to confirm 100 files")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    ledger = next(state.glob("batch-*.jsonl"))
+    confirmed = sum(1 for _ in ledger.open())
+    assert 100 <= confirmed < n, f"killed too late ({confirmed} confirmed)"
+    proc = cli("send", str(src), "--recursive", "--to", queue_name, "--conn", uri, "--json", "-q", env=env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    totals = lines[-1]
+    assert totals["status"] == "totals" and totals["files"] == n and totals["files_failed"] == 0
+    assert totals["files_already_sent"] >= confirmed
+    assert sum(1 for r in lines[:-1] if r["status"] == "already_sent") == totals["files_already_sent"]
+    # One receive takes them all (files resent after the kill arrive as duplicates).
+    rx = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = cli("receive", "--from", queue_name, "--out-dir", str(rx), "--conn", uri, "--follow", "--wait", "5",
+               "--json", "-q")
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err
+    got = [json.loads(line) for line in out.splitlines()]
+    complete = [r for r in got if r["status"] == "complete"]
+    assert len(complete) == n, err[-2000:]
+    for f in files:
+        assert sha256_file(rx / f.relative_to(src)) == sha256_file(f)
+    rss = [r["peak_rss_kib"] for r in complete]
+    # Memory flat in the number of files: the last hundred streams cost no more than the first hundred.
+    assert max(rss[-100:]) < max(rss[:100]) + 20 * 1024, (rss[:3], rss[-3:])
+    print(f"\n1,000 small files: receive {n / (time.monotonic() - t0):.0f} files/s; killed after {confirmed}")
+
+
+def test_a_directory_send_writes_one_manifest_when_the_batch_is_complete(params: BrokerParams, tmp_path: Path,
+                                                                         queue_name: str) -> None:
+    src = tmp_path / "landing"
+    files = tree(src, 12)
+    res = send_files(params, collect_files([src], recursive=True), queue_name, manifest=True)
+    out = tmp_path / "out"
+    events: list[tuple[str, dict]] = []
+    opts = ReceiveOptions(wait_timeout=3, idle_timeout=30, events=lambda k, d: events.append((k, d)))
+    got = receive_streams(params, queue_name, out, options=opts)  # until nothing for 3 s
+    assert len(got) == len(files)
+    manifest = out / f"{res.batch_id}.manifest.jsonl"
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert sorted(r["path"] for r in rows) == sorted(str(f.relative_to(src)) for f in files)
+    for r in rows:
+        assert sha256_file(out / r["path"]) == r["sha256"] and (out / r["path"]).stat().st_size == r["bytes"]
+    assert [d["manifest"] for k, d in events if k == "batch_complete"] == [str(manifest)]
+    assert not list((out / ".amqstream" / "batches").glob("*.json"))
+
+
+def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerParams, tmp_path: Path,
+                                                               queue_name: str) -> None:
+    """The batch message can be taken before its streams are published (another receiver
+    held them): the manifest appears when the last listed stream is published."""
+    dest = p.Destination.parse(queue_name)
+    f = make_file(tmp_path / "a.bin", 3000)
+    entry = {"stream_id": "late-a", "dir": "x", "name": "a.bin", "bytes": 3000, "sha256": sha256_file(f)}
+    raw = RawSender(params)
+    for headers, body in p.batch_messages("b-late", [entry]):
+        raw.send(str(dest), body, headers)
+    raw.close()
+    out = tmp_path / "out"
+    assert receive_all(params, queue_name, out, 1, wait_timeout=2)[0] == []
+    assert not (out / "b-late.manifest.jsonl").exists()
+    from airflow_provider_amqstream.engine import send_file
+    send_file(params, f, queue_name, stream_id="late-a", subdir="x")
+    got, _ = receive_all(params, queue_name, out, 1)
+    assert [Path(r.path or "") for r in got] == [out / "x" / "a.bin"]
+    [row] = [json.loads(line) for line in (out / "b-late.manifest.jsonl").read_text().splitlines()]
+    assert row["path"] == "x/a.bin" and row["sha256"] == entry["sha256"]
+
+
+@pytest.mark.parametrize("body,why", [
+    (b'{"stream_id": "../x", "dir": "", "name": "a", "bytes": 1, "sha256": "' + b"0" * 64 + b'"}\n', "valid"),
+    (b'{"stream_id": "ok-1", "dir": "../up", "name": "a", "bytes": 1, "sha256": "' + b"0" * 64 + b'"}\n', "valid"),
+    (b"not json\n", "valid entry"), (b"x" * (3 * 2**20), "over"),
+])
+def test_hostile_batch_messages_are_quarantined(params: BrokerParams, tmp_path: Path, queue_name: str,
+                                                body: bytes, why: str) -> None:
+    dest = p.Destination.parse(queue_name)
+    raw = RawSender(params)
+    raw.send(str(dest), body, {p.H_VERSION: "1", p.H_KIND: "batch", p.H_STREAM: "bad-b", p.H_BATCH: "bad-b",
+                               p.H_PART: "1", p.H_PARTS: "1"})
+    raw.close()
+    good = make_file(tmp_path / "good.bin", 2000)
+    send_files(params, [good], queue_name)
+    out = tmp_path / "out"
+    got, failures = receive_all(params, queue_name, out, 1)
+    assert [f.stream_id for f in failures] == ["bad-b"] and why in failures[0].reason
+    assert [Path(r.path or "").name for r in got] == ["good.bin"]
+    assert not list(out.glob("*.manifest.jsonl"))
