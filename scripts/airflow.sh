@@ -63,27 +63,38 @@ NAMES=()
 started_broker=0
 stopping=0
 
-# Stop what this script started: each component leads its own session (setsid), and its
+# Stop what this script started: each component leads a session of its own, and its
 # LocalExecutor workers, tasks (in process groups of their own) and spark-submit JVMs stay
-# in that session. SIGTERM to every process of each session, SIGKILL to what is left after
-# 30 s, then the broker.
+# in it. The scheduler, triggerer and DAG processor go first, while their tasks can still
+# report to the API (with the API gone first they retry for minutes), then the api-server,
+# then the broker: SIGTERM to every process of a session, SIGKILL to what is left of it
+# after 30 s.
 session_pids() { ps -eo pid=,sid= | awk -v s="$1" '$2 == s { print $1 }'; }
 signal_session() { local p; for p in $(session_pids "$2"); do kill "-$1" "$p" 2>/dev/null || true; done; }
+stop_sessions() {  # names of components to stop together
+  local i name deadline
+  for name in "$@"; do
+    for i in "${!NAMES[@]}"; do [ "${NAMES[i]}" = "$name" ] && signal_session TERM "${PIDS[i]}"; done
+  done
+  deadline=$((SECONDS + 30))
+  for name in "$@"; do
+    for i in "${!NAMES[@]}"; do
+      [ "${NAMES[i]}" = "$name" ] || continue
+      while [ -n "$(session_pids "${PIDS[i]}")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+      if [ -n "$(session_pids "${PIDS[i]}")" ]; then
+        say "$name (session ${PIDS[i]}) did not stop in 30 s; killing what is left of it"
+        signal_session KILL "${PIDS[i]}"
+      fi
+    done
+  done
+}
 stop_all() {
   [ "$stopping" = 1 ] && return
   stopping=1
   trap '' INT TERM
   say "stopping ${NAMES[*]:-nothing}"
-  local i deadline
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do signal_session TERM "${PIDS[i]}"; done
-  deadline=$((SECONDS + 30))
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    while [ -n "$(session_pids "${PIDS[i]}")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
-    if [ -n "$(session_pids "${PIDS[i]}")" ]; then
-      say "${NAMES[i]} (session ${PIDS[i]}) did not stop in 30 s; killing what is left of it"
-      signal_session KILL "${PIDS[i]}"
-    fi
-  done
+  stop_sessions scheduler triggerer dag-processor
+  stop_sessions api-server
   if [ "$started_broker" = 1 ]; then
     if amqstream broker stop >/dev/null; then say "stopped the broker"; else say "could not stop the broker in $AMQSTREAM_BROKER_DIR"; fi
   fi

@@ -139,17 +139,15 @@ def test_scheduled_examples_succeed_twice_and_the_deferred_sensor_resumes_in_the
     assert f"received stream {got['stream_id']}" in log
 
 
-def test_one_file_example_succeeds_twice(deployment: Deployment) -> None:
+def test_one_file_example_succeeds(deployment: Deployment) -> None:
+    # Not scheduled (triggered by hand with a path): one run here.
     d = deployment
     conf = {"path": str(d.home / "one-file.csv"), "rows": 3_000}
-    reports = []
-    for _ in range(2):
-        run_id = d.trigger("amqstream_one_file", conf)
-        d.wait_run("amqstream_one_file", run_id)
-        reports.append(d.xcom("amqstream_one_file", run_id, "check"))
-    assert [r["rows"] for r in reports] == [3_000, 3_000]
-    assert reports[0]["sha256"] == reports[1]["sha256"] == sha256_file(Path(conf["path"]))
-    assert reports[0]["parquet"] != reports[1]["parquet"], "the second run overwrote the first run's dataset"
+    run_id = d.trigger("amqstream_one_file", conf)
+    d.wait_run("amqstream_one_file", run_id)
+    report = d.xcom("amqstream_one_file", run_id, "check")
+    assert report["rows"] == 3_000 and report["sha256"] == sha256_file(Path(conf["path"]))
+    assert Path(report["parquet"], "_amqstream_summary.json").is_file()
 
 
 def _event_runs_received(d: Deployment, before: set[str]) -> dict[str, list[str]]:
@@ -165,10 +163,16 @@ def _event_runs_received(d: Deployment, before: set[str]) -> dict[str, list[str]
     return got
 
 
-def _offer_event(d: Deployment, tmp_path: Path, i: int) -> tuple[str, str]:
-    src = write_sample_csv(tmp_path / f"event-{i}.csv", rows=1_000, seed=20 + i)
-    result = _send(d, src, QUEUE + ".events", "--stream-id", f"evt-{tmp_path.name[-16:]}-{i}", "--mode", "atomic")
-    return result["stream_id"], result["sha256"]
+def _offer_events(d: Deployment, tmp_path: Path, *numbers: int) -> dict[str, str]:
+    """Offer one atomic stream per number, back to back from this process: stream id -> sha256."""
+    from airflow_provider_amqstream.engine import send_file
+    from airflow_provider_amqstream.transport import BrokerParams
+
+    params = BrokerParams.from_uri(_broker_uri(d))
+    files = {i: write_sample_csv(tmp_path / f"event-{i}.csv", rows=1_000, seed=20 + i) for i in numbers}
+    results = [send_file(params, path, QUEUE + ".events", stream_id=f"evt-{tmp_path.name[-16:]}-{i}", mode="atomic")
+               for i, path in files.items()]
+    return {r.stream_id: r.sha256 for r in results}
 
 
 def test_event_driven_example_runs_once_per_offered_stream(deployment: Deployment, tmp_path: Path) -> None:
@@ -176,7 +180,7 @@ def test_event_driven_example_runs_once_per_offered_stream(deployment: Deploymen
     before = {r["dag_run_id"] for r in d.runs("amqstream_event_driven")}
     offered = {}
     for i in range(2):  # one after the other: see the next test for streams offered together
-        sid, digest = _offer_event(d, tmp_path, i)
+        [(sid, digest)] = _offer_events(d, tmp_path, i).items()
         offered[sid] = digest
         wait_for(lambda sid=sid: sid in _event_runs_received(d, before), 240,
                  f"an event-driven run to receive {sid}", interval=2)
@@ -200,7 +204,7 @@ def test_event_driven_example_runs_once_per_offered_stream(deployment: Deploymen
 def test_event_driven_streams_offered_together_are_all_received(deployment: Deployment, tmp_path: Path) -> None:
     d = deployment
     before = {r["dag_run_id"] for r in d.runs("amqstream_event_driven")}
-    offered = dict(_offer_event(d, tmp_path, i) for i in range(2))
+    offered = _offer_events(d, tmp_path, 0, 1)
     wait_for(lambda: set(_event_runs_received(d, before)) & set(offered), 240,
              "an event-driven run to receive one of two streams offered together", interval=2)
     # The scheduler has made a run from these events: the other stream must follow soon.
