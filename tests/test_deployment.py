@@ -120,9 +120,18 @@ def test_scheduled_examples_succeed_twice_and_the_deferred_sensor_resumes_in_the
 
     # Second site run: the consumer first, so its sensor must wait for the producer in the
     # triggerer, then the producer.
-    b2 = d.trigger("amqstream_site_b_consumer")
-    ti = wait_for(lambda: (t := d.ti("amqstream_site_b_consumer", b2, "receive"))["state"] == "deferred" and t, 120,
-                  "site B's sensor to defer", interval=0.5)
+    d.trigger("amqstream_site_b_consumer")
+
+    def deferred_site_b_run() -> str | None:
+        # Mine, or a newer scheduled one (every 5 min) that came first: max_active_runs is 1.
+        for run in d.runs("amqstream_site_b_consumer"):
+            mine = run["dag_run_id"] != first["amqstream_site_b_consumer"] and run["state"] == "running"
+            if mine and d.ti("amqstream_site_b_consumer", run["dag_run_id"], "receive")["state"] == "deferred":
+                return run["dag_run_id"]
+        return None
+
+    b2 = wait_for(deferred_site_b_run, 120, "site B's sensor to defer", interval=0.5)
+    ti = d.ti("amqstream_site_b_consumer", b2, "receive")
     assert ti["trigger"] and ti["trigger"]["classpath"].endswith("StreamOfferTrigger"), ti
     wait_for(lambda: d.ti("amqstream_site_b_consumer", b2, "receive")["triggerer_job"], 60,
              "a triggerer to take the trigger", interval=0.5)
