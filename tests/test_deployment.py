@@ -217,7 +217,7 @@ def test_event_driven_streams_offered_together_are_all_received(deployment: Depl
     wait_for(lambda: set(_event_runs_received(d, before)) & set(offered), 240,
              "an event-driven run to receive one of two streams offered together", interval=2)
     # The scheduler has made a run from these events: the other stream must follow soon.
-    wait_for(lambda: set(_event_runs_received(d, before)) >= set(offered), 45,
+    wait_for(lambda: set(_event_runs_received(d, before)) >= set(offered), 30,
              "the second of two streams offered together to be received", interval=2)
 
 
