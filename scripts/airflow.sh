@@ -49,7 +49,7 @@ export AIRFLOW__API__PORT="$API_PORT"
 # server on another port fails with httpx.ConnectError.
 export AIRFLOW__API__BASE_URL="http://$HOST:$API_PORT"
 export AIRFLOW__API__WORKERS="${AIRFLOW__API__WORKERS:-1}"
-# The Test button of the connection form (off by default in Airflow 3).
+# The Test button in the connection list (off by default in Airflow 3).
 export AIRFLOW__CORE__TEST_CONNECTION="${AIRFLOW__CORE__TEST_CONNECTION:-Enabled}"
 export AMQSTREAM_BROKER_DIR="$DIR/broker"
 export AMQSTREAM_EXAMPLE_DIR="${AMQSTREAM_EXAMPLE_DIR:-$DIR/examples}"
