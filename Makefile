@@ -1,10 +1,11 @@
-# One-command entry points. `make demo` runs the main job, `make test` the whole suite.
-# Both install what they need (Debian packages, a venv in .venv) and are quick the
+# One-command entry points. `make demo` runs the main job, `make test` the whole suite,
+# `make airflow` a local Airflow deployment of the examples (Ctrl-C stops it).
+# All three install what they need (Debian packages, a venv in .venv) and are quick the
 # second time: the venv is rebuilt only when pyproject.toml changes.
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench lint clean airflow
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -12,6 +13,9 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 demo: setup
 	VENV="$(VENV)" bash scripts/demo.sh
+
+airflow: setup
+	VENV="$(VENV)" bash scripts/airflow.sh
 
 test: setup
 	VENV="$(VENV)" bash scripts/test.sh $(ARGS)

@@ -11,6 +11,9 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 # OpenSSH server and client: the benchmark's SFTP baselines (and their smoke test).
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v sftp >/dev/null 2>&1 || need_apt+=(openssh-client)
+# Headless Chromium for the UI checks of tests/test_deployment.py (driven by Playwright's
+# Python package, which downloads no browser of its own here).
+[ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

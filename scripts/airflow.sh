@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# A local Airflow deployment of the example DAGs against the embedded broker, in the
+# foreground: the broker, then `airflow api-server`, `scheduler`, `dag-processor` and
+# `triggerer` (LocalExecutor on SQLite, which Airflow 3.3 accepts), each in a session of its
+# own. It prints the UI address and the admin login; Ctrl-C or SIGTERM stops every process it
+# started (by session, so LocalExecutor workers, tasks and spark-submit go too) and
+# the broker if it started it. Everything lives in one directory, kept between runs.
+#
+# Settings (environment):
+#   AMQSTREAM_AIRFLOW_DIR    the deployment's directory (default ./airflow-local): airflow/
+#                            (AIRFLOW_HOME), broker/, examples/ (the examples' files), logs/
+#   AMQSTREAM_AIRFLOW_PORT   the UI and API port on 127.0.0.1 (default 8080, else a free one)
+#   AMQSTREAM_BROKER_PORT    the broker's STOMP port (default: a free one)
+#   AMQSTREAM_DAGS_FOLDER    the DAGs (default dags/examples)
+#   AIRFLOW__CORE__PARALLELISM  task slots (default 4: the machine this was tuned on has 2 cores)
+#   any other AIRFLOW__* variable is passed to every Airflow process.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+source scripts/env.sh
+
+DIR="${AMQSTREAM_AIRFLOW_DIR:-$ROOT/airflow-local}"
+mkdir -p "$DIR/logs"
+DIR="$(cd "$DIR" && pwd)"
+HOST=127.0.0.1
+
+say() { echo "airflow.sh: $*"; }
+
+free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port_busy() { python -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$1" 2>/dev/null; }
+
+API_PORT="${AMQSTREAM_AIRFLOW_PORT:-}"
+if [ -z "$API_PORT" ]; then
+  API_PORT=8080
+  if port_busy "$API_PORT"; then API_PORT="$(free_port)"; fi
+elif port_busy "$API_PORT"; then
+  say "port $API_PORT on $HOST is already in use; choose another with AMQSTREAM_AIRFLOW_PORT" >&2
+  exit 1
+fi
+
+export AIRFLOW_HOME="$DIR/airflow"
+export AIRFLOW__CORE__DAGS_FOLDER="${AMQSTREAM_DAGS_FOLDER:-$ROOT/dags/examples}"
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
+export AIRFLOW__API__HOST="$HOST"
+export AIRFLOW__API__PORT="$API_PORT"
+# Tasks reach the API through base_url: left at its default (port 8080) every task of a
+# server on another port fails with httpx.ConnectError.
+export AIRFLOW__API__BASE_URL="http://$HOST:$API_PORT"
+export AIRFLOW__API__WORKERS="${AIRFLOW__API__WORKERS:-1}"
+# The Test button in the connection list (off by default in Airflow 3).
+export AIRFLOW__CORE__TEST_CONNECTION="${AIRFLOW__CORE__TEST_CONNECTION:-Enabled}"
+export AMQSTREAM_BROKER_DIR="$DIR/broker"
+export AMQSTREAM_EXAMPLE_DIR="${AMQSTREAM_EXAMPLE_DIR:-$DIR/examples}"
+export AMQSTREAM_STATE_DIR="$DIR/send-state"
+if [ -z "${AIRFLOW_CONN_SPARK_DEFAULT:-}" ]; then
+  export AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}'
+fi
+
+PIDS=()
+NAMES=()
+started_broker=0
+stopping=0
+
+# Stop what this script started: each component leads a session of its own, and its
+# LocalExecutor workers, tasks (in process groups of their own) and spark-submit JVMs stay
+# in it. The scheduler, triggerer and DAG processor go first, while their tasks can still
+# report to the API (with the API gone first they retry for minutes), then the api-server,
+# then the broker: SIGTERM to every process of a session, SIGKILL to what is left of it
+# after 30 s.
+session_pids() { ps -eo pid=,sid= | awk -v s="$1" '$2 == s { print $1 }'; }
+signal_session() { local p; for p in $(session_pids "$2"); do kill "-$1" "$p" 2>/dev/null || true; done; }
+stop_sessions() {  # names of components to stop together
+  local i name deadline
+  for name in "$@"; do
+    for i in "${!NAMES[@]}"; do [ "${NAMES[i]}" = "$name" ] && signal_session TERM "${PIDS[i]}"; done
+  done
+  deadline=$((SECONDS + 30))
+  for name in "$@"; do
+    for i in "${!NAMES[@]}"; do
+      [ "${NAMES[i]}" = "$name" ] || continue
+      while [ -n "$(session_pids "${PIDS[i]}")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+      if [ -n "$(session_pids "${PIDS[i]}")" ]; then
+        say "$name (session ${PIDS[i]}) did not stop in 30 s; killing what is left of it"
+        signal_session KILL "${PIDS[i]}"
+      fi
+    done
+  done
+}
+stop_all() {
+  [ "$stopping" = 1 ] && return
+  stopping=1
+  trap '' INT TERM
+  say "stopping ${NAMES[*]:-nothing}"
+  stop_sessions scheduler triggerer dag-processor
+  stop_sessions api-server
+  if [ "$started_broker" = 1 ]; then
+    if amqstream broker stop >/dev/null; then say "stopped the broker"; else say "could not stop the broker in $AMQSTREAM_BROKER_DIR"; fi
+  fi
+  rm -f "$DIR/pids"
+  say "stopped"
+}
+trap 'stop_all; exit 130' INT
+trap 'stop_all; exit 143' TERM
+trap 'stop_all' EXIT
+
+# The broker: this deployment's own, unless one already runs on its data dir.
+if amqstream broker status >/dev/null 2>&1; then
+  say "using the broker already running in $AMQSTREAM_BROKER_DIR"
+else
+  BROKER_PORT="${AMQSTREAM_BROKER_PORT:-$(free_port)}"
+  amqstream broker start --port "$BROKER_PORT" >"$DIR/logs/broker-start.log" 2>&1 || {
+    say "the broker did not start:" >&2; cat "$DIR/logs/broker-start.log" >&2; exit 1; }
+  started_broker=1
+fi
+AIRFLOW_CONN_AMQSTREAM_DEFAULT="$(amqstream broker uri)"
+export AIRFLOW_CONN_AMQSTREAM_DEFAULT
+
+airflow db migrate >"$DIR/logs/db-migrate.log" 2>&1 || {
+  say "airflow db migrate failed:" >&2; tail -30 "$DIR/logs/db-migrate.log" >&2; exit 1; }
+
+start() {
+  local name="$1"; shift
+  # setsid: each component leads a session of its own, which its children stay in.
+  setsid "$@" >"$DIR/logs/$name.log" 2>&1 &
+  PIDS+=("$!")
+  NAMES+=("$name")
+  echo "$name $!" >>"$DIR/pids"
+}
+rm -f "$DIR/pids"
+start api-server airflow api-server
+start scheduler airflow scheduler
+start dag-processor airflow dag-processor
+start triggerer airflow triggerer
+
+# Ready when the API answers healthy; the admin password exists from then on.
+PASSWORDS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
+if ! python - "$AIRFLOW__API__BASE_URL" "$PASSWORDS" "$DIR/pids" <<'PY'
+import json, os, sys, time, urllib.request
+base, passwords, pids = sys.argv[1:]
+deadline = time.monotonic() + float(os.environ.get("AMQSTREAM_AIRFLOW_START_TIMEOUT", "180"))
+while time.monotonic() < deadline:
+    for line in open(pids):
+        name, pid = line.split()
+        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+            sys.exit(f"airflow.sh: {name} exited during start-up; see its log")
+    try:
+        with urllib.request.urlopen(base + "/api/v2/monitor/health", timeout=5) as r:
+            if r.status == 200 and os.path.exists(passwords) and json.load(open(passwords)).get("admin"):
+                sys.exit(0)
+    except (OSError, ValueError):
+        pass
+    time.sleep(1)
+sys.exit(f"airflow.sh: the API at {base} did not answer in time")
+PY
+then
+  say "start-up failed; logs in $DIR/logs" >&2
+  exit 1
+fi
+ADMIN_PASSWORD="$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["admin"])' "$PASSWORDS")"
+
+cat <<EOF
+airflow.sh: ready
+  UI          $AIRFLOW__API__BASE_URL   user admin, password $ADMIN_PASSWORD
+              (the password is kept in $PASSWORDS)
+  broker      $(amqstream broker status)
+  connection  amqstream_default and spark_default (local[2]) come from the environment
+  DAGs        $AIRFLOW__CORE__DAGS_FOLDER (unpaused), files under $AMQSTREAM_EXAMPLE_DIR
+  logs        $DIR/logs/ (components), $AIRFLOW_HOME/logs/ (tasks)
+  Ctrl-C stops everything this started.
+EOF
+
+# Wait until a signal comes or a component dies; a dead component stops the rest.
+set +e
+wait -n "${PIDS[@]}"
+status=$?
+[ "$stopping" = 1 ] && exit 0
+for i in "${!PIDS[@]}"; do
+  if ! kill -0 "${PIDS[i]}" 2>/dev/null; then
+    say "${NAMES[i]} exited (status $status); see $DIR/logs/${NAMES[i]}.log" >&2
+  fi
+done
+exit 1

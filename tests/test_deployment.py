@@ -1,0 +1,399 @@
+"""Issue 12: the examples in a real deployment, started the way users start it (``make airflow``
+runs scripts/airflow.sh): api-server, scheduler, dag-processor and triggerer (LocalExecutor,
+SQLite) on private loopback ports, the embedded broker, Spark in local mode. Runs are
+triggered and read through the public REST API; the connection form, its Test button and a
+running sensor's log are checked in headless Chromium.
+
+One deployment serves the module (starting it costs ~30-60 s here); each test triggers its
+own runs and waits on them, so none depends on another having run."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.example_support import write_sample_csv
+from tests.deployment import Deployment, json_line
+from tests.helpers import ROOT, make_file, sha256_file, wait_for
+
+pytestmark = [pytest.mark.deployment, pytest.mark.broker, pytest.mark.spark]
+
+EXAMPLES = ROOT / "dags" / "examples"
+SCHEDULED = ("amqstream_bulk_landing", "amqstream_site_a_producer", "amqstream_site_b_consumer")
+QUEUE = "/queue/amqstream.examples"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    home = tmp_path_factory.mktemp("deployment")
+    dags = home / "dags"
+    dags.mkdir()
+    for dag_file in [*EXAMPLES.glob("*.py"), ROOT / "tests" / "dags" / "deploy_dags.py"]:
+        (dags / dag_file.name).symlink_to(dag_file)
+    # One file already waits in the landing zone, so the first scheduled bulk run moves just
+    # it (an empty landing zone is seeded with three, which is three Spark jobs).
+    write_sample_csv(home / "examples" / "landing" / "arrived-0.csv", rows=2_000, seed=10)
+    d = Deployment(home, dags)
+    try:
+        d.wait_ready()
+        print(f"\ndeployment ready in {d.startup_seconds:.1f}s at {d.base}")
+        yield d
+    finally:
+        seconds = d.stop()
+        print(f"\ndeployment stopped in {seconds:.1f}s")
+        # Everything it started is gone: components, LocalExecutor workers, tasks, spark-submit, broker.
+        try:
+            wait_for(lambda: not d.own_processes(), 30, "every process of the deployment to exit", interval=0.5)
+        except AssertionError:
+            pytest.fail(f"left running after SIGTERM: {d.own_processes()}\n{d.text()[-2000:]}")
+        assert "airflow.sh: stopped" in d.text(), d.text()[-2000:]
+
+
+def _broker_uri(d: Deployment) -> str:
+    env = {**os.environ, "AMQSTREAM_BROKER_DIR": str(d.home / "broker")}
+    out = subprocess.run([sys.executable, "-m", "airflow_provider_amqstream.cli", "broker", "uri"], check=True,
+                         capture_output=True, text=True, env=env)
+    return out.stdout.strip()
+
+
+def _send(d: Deployment, path: Path, destination: str, *extra: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "airflow_provider_amqstream.cli", "send", str(path), "--to",
+                          destination, "--conn", _broker_uri(d), "--json", *extra], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "AMQSTREAM_STATE_DIR": str(d.home / "cli-state")})
+    assert out.returncode == 0, out.stderr
+    return json_line(out.stdout)
+
+
+def _scheduled_run(d: Deployment, dag_id: str) -> str:
+    runs = wait_for(lambda: [r for r in d.runs(dag_id) if r["run_type"] == "scheduled"], 120,
+                    f"a scheduled run of {dag_id}", interval=1)
+    return runs[0]["dag_run_id"]
+
+
+def test_make_airflow_serves_the_examples_unpaused_and_prints_the_login(deployment: Deployment) -> None:
+    d = deployment
+    assert f"UI          {d.base}   user admin, password " in d.text()
+    r = __import__("httpx").post(f"{d.base}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=30)
+    assert r.status_code == 401
+    health = d.api("GET", "/monitor/health")
+    assert health["scheduler"]["status"] == "healthy", health
+    assert health["triggerer"]["status"] == "healthy", health
+    assert health["dag_processor"]["status"] == "healthy", health
+    dags = wait_for(lambda: {x["dag_id"]: x for x in d.api("GET", "/dags", params={"limit": 100})["dags"]
+                             if x["dag_id"].startswith("amqstream_")} or None, 60, "the example DAGs", interval=1)
+    assert set(dags) == {p.stem for p in EXAMPLES.glob("amqstream_*.py")}
+    assert not any(x["is_paused"] for x in dags.values())
+    assert d.api("GET", "/importErrors")["total_entries"] == 0
+    conn = d.api("POST", "/connections/test", json={"connection_id": "probe", "conn_type": "amqstream",
+                                                    **_conn_fields(_broker_uri(d))})
+    assert conn["status"] is True and conn["message"].startswith("Connected to stomp://127.0.0.1:"), conn
+
+
+def test_scheduled_examples_succeed_twice_and_the_deferred_sensor_resumes_in_the_triggerer(
+        deployment: Deployment) -> None:
+    d = deployment
+    # First runs: the ones the scheduler made when the DAGs appeared (unpaused at creation).
+    first = {dag_id: _scheduled_run(d, dag_id) for dag_id in SCHEDULED}
+    for dag_id, run_id in first.items():
+        d.wait_run(dag_id, run_id, timeout=300)
+    landing = d.home / "examples" / "landing"
+    assert not (landing / "arrived-0.csv").exists(), "the bulk example left its sent file in the landing zone"
+
+    # Second bulk run: a new file arrived; the run moves only it, and the file sent before
+    # does not hold it up (stream ids no longer repeat).
+    write_sample_csv(landing / "arrived-1.csv", rows=2_000, seed=11)
+    bulk2 = d.trigger("amqstream_bulk_landing")
+    d.wait_run("amqstream_bulk_landing", bulk2)
+    sent = d.xcom("amqstream_bulk_landing", bulk2, "send", map_index=0)
+    assert sent["name"] == "arrived-1.csv" and d.xcom("amqstream_bulk_landing", bulk2, "send", map_index=1) is None
+    assert sha256_file(d.home / "examples" / "received" / "bulk" / "arrived-1.csv") == sent["sha256"]
+
+    # Second site run: the consumer first, so its sensor must wait for the producer in the
+    # triggerer, then the producer.
+    d.trigger("amqstream_site_b_consumer")
+
+    def deferred_site_b_run() -> str | None:
+        # Mine, or a newer scheduled one (every 5 min) that came first: max_active_runs is 1.
+        for run in d.runs("amqstream_site_b_consumer"):
+            mine = run["dag_run_id"] != first["amqstream_site_b_consumer"] and run["state"] == "running"
+            if mine and d.ti("amqstream_site_b_consumer", run["dag_run_id"], "receive")["state"] == "deferred":
+                return run["dag_run_id"]
+        return None
+
+    b2 = wait_for(deferred_site_b_run, 120, "site B's sensor to defer", interval=0.5)
+    ti = d.ti("amqstream_site_b_consumer", b2, "receive")
+    assert ti["trigger"] and ti["trigger"]["classpath"].endswith("StreamOfferTrigger"), ti
+    wait_for(lambda: d.ti("amqstream_site_b_consumer", b2, "receive")["triggerer_job"], 60,
+             "a triggerer to take the trigger", interval=0.5)
+    a2 = d.trigger("amqstream_site_a_producer")
+    d.wait_run("amqstream_site_a_producer", a2)
+    d.wait_run("amqstream_site_b_consumer", b2)
+    receive = d.ti("amqstream_site_b_consumer", b2, "receive")
+    assert receive["try_number"] == 1, "the sensor was retried instead of resumed"
+    got = d.xcom("amqstream_site_b_consumer", b2, "receive")
+    assert got["stream_id"] == d.xcom("amqstream_site_a_producer", a2, "send", map_index=0)["stream_id"]
+    log = d.log("amqstream_site_b_consumer", b2, "receive", 1)
+    assert "Pausing task as DEFERRED" in log
+    assert re.search(r"waiting for .* to be offered on /queue/amqstream\.examples\.sites", log), log[-3000:]
+    assert f"received stream {got['stream_id']}" in log
+
+
+def test_one_file_example_succeeds(deployment: Deployment) -> None:
+    # Not scheduled (triggered by hand with a path): one run here.
+    d = deployment
+    conf = {"path": str(d.home / "one-file.csv"), "rows": 3_000}
+    run_id = d.trigger("amqstream_one_file", conf)
+    d.wait_run("amqstream_one_file", run_id)
+    report = d.xcom("amqstream_one_file", run_id, "check")
+    assert report["rows"] == 3_000 and report["sha256"] == sha256_file(Path(conf["path"]))
+    assert Path(report["parquet"], "_amqstream_summary.json").is_file()
+
+
+def _event_runs_received(d: Deployment, before: set[str]) -> dict[str, list[str]]:
+    """stream id -> the new event-driven runs (not in ``before``) whose receive took it, from XCom."""
+    got: dict[str, list[str]] = {}
+    for run in d.runs("amqstream_event_driven"):
+        if run["dag_run_id"] in before:
+            continue
+        for t in d.task_instances("amqstream_event_driven", run["dag_run_id"]):
+            if t["task_id"] == "receive" and t["state"] == "success":
+                x = d.xcom("amqstream_event_driven", run["dag_run_id"], "receive", map_index=t["map_index"])
+                got.setdefault(x["stream_id"], []).append(run["dag_run_id"])
+    return got
+
+
+def _offer_events(d: Deployment, tmp_path: Path, *numbers: int) -> dict[str, str]:
+    """Offer one atomic stream per number, back to back from this process: stream id -> sha256."""
+    from airflow_provider_amqstream.engine import send_file
+    from airflow_provider_amqstream.transport import BrokerParams
+
+    params = BrokerParams.from_uri(_broker_uri(d))
+    files = {i: write_sample_csv(tmp_path / f"event-{i}.csv", rows=1_000, seed=20 + i) for i in numbers}
+    results = [send_file(params, path, QUEUE + ".events", stream_id=f"evt-{tmp_path.name[-16:]}-{i}", mode="atomic")
+               for i, path in files.items()]
+    return {r.stream_id: r.sha256 for r in results}
+
+
+def test_event_driven_example_runs_once_per_offered_stream(deployment: Deployment, tmp_path: Path) -> None:
+    d = deployment
+    before = {r["dag_run_id"] for r in d.runs("amqstream_event_driven")}
+    offered = {}
+    for i in range(2):  # one after the other: see the next test for streams offered together
+        [(sid, digest)] = _offer_events(d, tmp_path, i).items()
+        offered[sid] = digest
+        wait_for(lambda sid=sid: sid in _event_runs_received(d, before), 240,
+                 f"an event-driven run to receive {sid}", interval=2)
+    got = _event_runs_received(d, before)
+    assert {sid: len(got[sid]) for sid in offered} == {sid: 1 for sid in offered}, got
+    assert got[list(offered)[0]] != got[list(offered)[1]], "one run for two streams offered apart"
+    runs = [r for r in d.runs("amqstream_event_driven") if r["dag_run_id"] not in before]
+    assert runs and all(r["run_type"] == "asset_triggered" for r in runs), runs
+    for run_id in {r for rs in got.values() for r in rs}:  # each run goes on to Spark and succeeds
+        d.wait_run("amqstream_event_driven", run_id)
+    for sid, digest in offered.items():
+        summary = d.home / "examples" / "parquet" / "events" / sid / "_amqstream_summary.json"
+        assert summary.is_file() and digest in summary.read_text()
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "Airflow 3.3.2 (SQLite): an asset event that arrives while the DAG's asset-queue row waits for the "
+    "scheduler is newer than that row's created_at, so the run created from it leaves the event out, "
+    "and the event waits for the next one to start a run (apache/airflow#54659, #56050; 3.4 reworks the "
+    "queue in #70972). Streams offered together: the first is received, the rest wait for a later offer."))
+def test_event_driven_streams_offered_together_are_all_received(deployment: Deployment, tmp_path: Path) -> None:
+    d = deployment
+    before = {r["dag_run_id"] for r in d.runs("amqstream_event_driven")}
+    offered = _offer_events(d, tmp_path, 0, 1)
+    wait_for(lambda: set(_event_runs_received(d, before)) & set(offered), 240,
+             "an event-driven run to receive one of two streams offered together", interval=2)
+    # The scheduler has made a run from these events: the other stream must follow soon.
+    wait_for(lambda: set(_event_runs_received(d, before)) >= set(offered), 30,
+             "the second of two streams offered together to be received", interval=2)
+
+
+def test_killed_send_is_retried_by_the_scheduler_and_resumes(deployment: Deployment, tmp_path: Path) -> None:
+    d = deployment
+    src = make_file(tmp_path / "big.bin", 48 * 2**20 + 123, seed=3)
+    stream_id = f"kill-{tmp_path.name[-16:]}"
+    run_id = d.trigger("amqs_deploy_slow_transfer", {"path": str(src), "queue": f"/queue/deploy.kill.{stream_id}",
+                                                     "out_dir": str(tmp_path / "in"), "stream_id": stream_id})
+    # Mid-send: the broker has confirmed chunks (resume_offset published) and the task runs.
+    offset = wait_for(lambda: (x := d.xcom("amqs_deploy_slow_transfer", run_id, "send", key="resume_offset"))
+                      and x["offset"] > 0 and x["offset"], 120, "the send to publish a resume offset", interval=0.3)
+    ti = d.ti("amqs_deploy_slow_transfer", run_id, "send")
+    assert ti["state"] == "running" and ti["try_number"] == 1 and ti["pid"], ti
+    assert d.owns(ti["pid"]), f"pid {ti['pid']} is not a process of this deployment"
+    os.kill(ti["pid"], signal.SIGKILL)
+    d.wait_run("amqs_deploy_slow_transfer", run_id, timeout=300)
+    ti = d.ti("amqs_deploy_slow_transfer", run_id, "send")
+    assert ti["try_number"] == 2, ti
+    tries = d.api("GET", f"/dags/amqs_deploy_slow_transfer/dagRuns/{run_id}/taskInstances/send/tries")
+    assert tries["task_instances"][0]["state"] in ("failed", "up_for_retry"), tries
+    result = d.xcom("amqs_deploy_slow_transfer", run_id, "send")
+    assert result["resumed_from"] >= offset > 0, (result, offset)
+    assert result["bytes_transferred"] < src.stat().st_size - offset + 1, result
+    got = d.xcom("amqs_deploy_slow_transfer", run_id, "receive")
+    assert got["sha256"] == sha256_file(src) == result["sha256"]
+
+
+# ---------------------------------------------------------------- the UI, in headless Chromium
+
+
+def _chromium() -> str | None:
+    for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or ""):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _conn_fields(uri: str) -> dict[str, Any]:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(uri)
+    return {"host": u.hostname, "port": u.port, "login": u.username, "password": u.password}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no Chromium: apt-get install chromium (scripts/setup.sh does)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any, deployment: Deployment, tmp_path: Path) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(deployment.base + "/")
+    pg.get_by_label("Username").fill("admin")
+    pg.get_by_label("Password").fill(deployment.password)
+    pg.get_by_role("button", name="Sign in").click()
+    pg.wait_for_url(deployment.base + "/")
+    try:
+        yield pg
+    finally:
+        pg.screenshot(path=str(tmp_path / "last.png"))
+        context.close()
+
+
+FIELDS = {  # label: what the form must show in the field (defaults), or None
+    "Failover brokers": "", "TLS": None, "CA file": "", "Client certificate": "", "Client key": "",
+    "Check hostname": None, "Heart-beat (ms)": "10000", "Chunk size (bytes)": "1048576", "Compression": None,
+    "Window (chunks)": "16", "Connect timeout (s)": "15", "Receipt timeout (s)": "60",
+}
+KEEP = os.environ.get("AMQSTREAM_UI_SCREENSHOTS")  # a directory: also keep the screenshots there (docs/)
+
+
+def _shot(pg: Any, tmp_path: Path, name: str, *, full_page: bool = False) -> None:
+    pg.screenshot(path=str(tmp_path / name), full_page=full_page)
+    if KEEP:
+        pg.screenshot(path=str(Path(KEEP) / name), full_page=full_page)
+
+
+def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment: Deployment, tmp_path: Path) -> None:
+    d, pg = deployment, page
+    pg.goto(d.base + "/connections")
+    pg.get_by_role("button", name="Add Connection").click()
+    dlg = pg.get_by_role("dialog")
+    dlg.get_by_role("combobox").fill("amqstream")
+    pg.keyboard.press("Enter")
+    assert dlg.get_by_text("ActiveMQ Stream (STOMP)", exact=True).is_visible()
+
+    # Standard fields: relabelled, with placeholders; schema hidden.
+    for name, label, placeholder in (("host", "Broker host(s)", "127.0.0.1 or mq1.example.com,mq2.example.com"),
+                                     ("port", "STOMP port", "61613"), ("login", "User", "amqstream")):
+        field = dlg.locator(f"input[name={name}]")
+        assert field.get_attribute("placeholder") == placeholder
+        assert dlg.locator(f"label[for='{field.get_attribute('id')}']").inner_text().strip() == label
+    assert dlg.locator("input[name=schema]").count() == 0
+    dlg.locator("input[name=connection_id]").fill("amq_ui_good")
+    uri = _broker_uri(d)
+    for name, value in _conn_fields(uri).items():
+        dlg.locator(f"input[name={name}]").fill(str(value))
+    _shot(pg, tmp_path, "ui-connection-standard.png")
+
+    # Extra fields: every one with its label, help text and default.
+    dlg.get_by_role("button", name="Extra Fields", exact=True).click()
+    text = dlg.inner_text()
+    for label, default in FIELDS.items():
+        assert re.search(rf"^{re.escape(label)}$", text, re.M), f"no field labelled {label!r} in the form"
+        key = {"Failover brokers": "hosts", "Heart-beat (ms)": "heartbeat_ms", "Chunk size (bytes)": "chunk_size",
+               "Window (chunks)": "window", "Connect timeout (s)": "connect_timeout",
+               "Receipt timeout (s)": "receipt_timeout", "CA file": "ca_file", "Client certificate": "cert_file",
+               "Client key": "key_file"}.get(label)
+        if key:
+            assert dlg.locator(f"[name=element_{key}]").input_value() == default, label
+    assert "Brokers tried in order, as comma-separated host:port" in text
+    assert "none (send chunks as they are)" in text and "null" not in text.lower().split()
+    pg.set_viewport_size({"width": 1400, "height": 2100})  # the whole dialog in one picture
+    _shot(pg, tmp_path, "ui-connection-form.png")
+    pg.set_viewport_size({"width": 1400, "height": 1000})
+    dlg.get_by_role("button", name="Save").click()
+    wait_for(lambda: any(c["connection_id"] == "amq_ui_good" for c in d.api("GET", "/connections")["connections"]),
+             30, "the saved connection")
+    saved = d.api("GET", "/connections/amq_ui_good")
+    assert saved["conn_type"] == "amqstream" and saved["port"] == _conn_fields(uri)["port"]
+
+    # A connection with a wrong password, made through the API.
+    d.api("POST", "/connections", json={"connection_id": "amq_ui_bad_password", "conn_type": "amqstream",
+                                         **{**_conn_fields(uri), "password": "not-the-password"}})
+
+    def test_button(conn_id: str) -> str:
+        pg.goto(d.base + "/connections")
+        row = pg.get_by_role("row").filter(has_text=conn_id)
+        row.get_by_role("button", name="Test Connection").click()
+        toast = pg.locator("[data-scope=toast][data-part=root]").filter(has_text=re.compile("Connect|connect"))
+        toast.first.wait_for()
+        return toast.first.inner_text()
+
+    good = test_button("amq_ui_good")
+    assert f"Connected to stomp://127.0.0.1:{_conn_fields(uri)['port']} and received a receipt" in good, good
+    _shot(pg, tmp_path, "ui-connection-test-good.png")
+    bad = test_button("amq_ui_bad_password")
+    assert "Connected to" not in bad and re.search(r"password|credential|authenticat|login", bad, re.I), bad
+    _shot(pg, tmp_path, "ui-connection-test-bad.png")
+
+
+def test_running_sensor_log_shows_progress_in_the_ui(page: Any, deployment: Deployment, tmp_path: Path) -> None:
+    d, pg = deployment, page
+    src = make_file(tmp_path / "slow.bin", 96 * 2**20, seed=4)
+    stream_id = f"ui-{tmp_path.name[-16:]}"
+    run_id = d.trigger("amqs_deploy_slow_transfer", {"path": str(src), "queue": f"/queue/deploy.ui.{stream_id}",
+                                                     "out_dir": str(tmp_path / "in"), "stream_id": stream_id})
+    wait_for(lambda: d.ti("amqs_deploy_slow_transfer", run_id, "receive")["state"] == "running", 120,
+             "the sensor to run", interval=0.5)
+    progress = re.compile(rf"receive from /queue/deploy\.ui\.{re.escape(stream_id)}: \d+ of {src.stat().st_size} bytes")
+
+    def shown() -> bool:
+        pg.goto(f"{d.base}/dags/amqs_deploy_slow_transfer/runs/{run_id}/tasks/receive")
+        try:
+            pg.get_by_text(progress).first.wait_for(timeout=5_000)
+        except Exception:  # not logged yet: look again
+            return False
+        return True
+
+    wait_for(shown, 120, "a progress line in the sensor's log in the UI", interval=1)
+    still_running = d.ti("amqs_deploy_slow_transfer", run_id, "receive")["state"] == "running"
+    _shot(pg, tmp_path, "ui-sensor-progress-log.png")
+    assert still_running, "the sensor finished before its log showed progress; the check proves nothing"
+    d.wait_run("amqs_deploy_slow_transfer", run_id, timeout=300)
+    assert d.xcom("amqs_deploy_slow_transfer", run_id, "receive")["sha256"] == sha256_file(src)
+    print(f"deployment test so far: {time.monotonic() - d.started:.0f}s since start-up")
