@@ -186,7 +186,8 @@ class FastTransport(Transport):
             head, start = found
             length = head.headers.get("content-length")
             if length is not None:
-                if not length.isdigit() or int(length) > self._MAX_BODY:
+                # isdigit() alone takes "²", which int() then refuses: ASCII digits only.
+                if not (length.isascii() and length.isdigit()) or int(length) > self._MAX_BODY:
                     raise stomp_exc.ConnectionClosedException()  # never allocate what a peer claims
                 end = start + int(length)
                 if len(buf) <= end:

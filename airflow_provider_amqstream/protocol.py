@@ -517,7 +517,9 @@ def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec, offered_on: De
     dest = str(headers.get(H_REPLY_TO, ""))
     if dest != offered_on.control_queue(spec.stream_id):
         raise ProtocolError(f"stream {spec.stream_id}: handshake offer has no valid {H_REPLY_TO}")
-    return dest, _int_header(headers, H_WINDOW, spec.stream_id, lo=1, hi=100_000)
+    # A window past MAX_AHEAD would let an honest sender run further ahead of a gap than
+    # any receiver accepts.
+    return dest, _int_header(headers, H_WINDOW, spec.stream_id, lo=1, hi=MAX_AHEAD)
 
 
 # --------------------------------------------------------------------------- sender

@@ -119,3 +119,9 @@ def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: st
     assert got["resumed_from"] > 0
     assert got["sha256"] == box["sent"].sha256 == sha256_file(src)
     assert box["sent"].rerequests >= 1  # the sender rewound to where the new receiver stood
+
+
+def test_a_handshake_window_past_max_ahead_is_refused(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    src = make_file(tmp_path / "f.bin", 1000)
+    with pytest.raises(StreamError, match="window 2000 is too large for handshake mode"):
+        send_file(params, src, queue_name, mode="handshake", window=2000)

@@ -169,3 +169,11 @@ def test_bad_numbers_in_the_extras_name_the_field() -> None:
         BrokerParams.from_parts("h", 61613, None, None, {"receipt_timeout": "soon"})
     with pytest.raises(ValueError, match=r"broker host 'b:x': the port must be a number"):
         BrokerParams.from_parts("a,b:x", 61613, None, None, {})
+
+
+def test_a_content_length_in_other_digits_closes_instead_of_crashing() -> None:
+    from stomp.exception import ConnectionClosedException
+
+    t = _FakeTransport(b"MESSAGE\ncontent-length:\xc2\xb2\n\nxx\x00")  # "²": isdigit() but not int()
+    with pytest.raises(ConnectionClosedException):
+        t._amqs_read()

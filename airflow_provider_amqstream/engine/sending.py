@@ -104,6 +104,9 @@ def send_file(
     window = _first(window, params.window, p.DEFAULT_WINDOW)
     if window < 1:
         raise StreamError(f"window must be at least 1, got {window}")
+    if p.Mode(mode) is p.Mode.HANDSHAKE and window > p.MAX_AHEAD:
+        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
+                          f"{p.MAX_AHEAD} past their first missing one; use at most {p.MAX_AHEAD}")
     codec = p.ChunkCodec(compression if compression is not None else params.compression)
     ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params))
     loaded = None if restart else ckpt.load()
