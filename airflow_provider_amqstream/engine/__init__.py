@@ -1,7 +1,8 @@
 """Senders and receivers: the protocol state machines driven over a STOMP link and files.
 
 * ``sending.py``: one file out as a stream (stream and atomic modes), resumable.
-* ``bulk.py``: many files out over one connection, pipelined, resumable per file.
+* ``bulk.py``: many files out over one connection, pipelined, resumable per file;
+  ``batch.py``: what a batch is (its files, results, the ledger a re-run resumes from).
 * ``manifest.py``: a batch's manifest on the receiving side, once all its files are in.
 * ``handshake.py``: the sender's side of handshake mode (paced by its receivers).
 * ``receiving.py``: streams in, one at a time over one connection, and the policy for a
@@ -13,14 +14,8 @@
 
 from __future__ import annotations
 
-from airflow_provider_amqstream.engine.bulk import (
-    BatchFile,
-    BatchStatus,
-    BulkResult,
-    FileFailure,
-    collect_files,
-    send_files,
-)
+from airflow_provider_amqstream.engine.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
+from airflow_provider_amqstream.engine.bulk import send_files
 from airflow_provider_amqstream.engine.manifest import manifest_path
 from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
 from airflow_provider_amqstream.engine.records import (
