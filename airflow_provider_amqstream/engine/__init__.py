@@ -9,6 +9,7 @@
   stream that fails (quarantine, or yield its place).
 * ``stream_receiver.py``: one stream's messages: decide, commit, verify, publish.
 * ``partial_file.py``: one stream's bytes on disk: reservation, writes, durable batches.
+* ``claims.py``: which streams a receiving task took, so its retry finds them.
 * ``records.py``: results, errors and crash-safe files shared by both ends.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from airflow_provider_amqstream.engine.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
 from airflow_provider_amqstream.engine.bulk import send_files
+from airflow_provider_amqstream.engine.claims import find_claimed
 from airflow_provider_amqstream.engine.manifest import manifest_path
 from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
 from airflow_provider_amqstream.engine.records import (
@@ -35,7 +37,8 @@ from airflow_provider_amqstream.engine.sending import checkpoint_name, default_s
 from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
 
 __all__ = [
-    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "manifest_path", "send_files",
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "manifest_path",
+    "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "receive_stream", "receive_streams", "send_file",

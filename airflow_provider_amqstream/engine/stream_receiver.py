@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.claims import check_claim, record_claim
 from airflow_provider_amqstream.engine.partial_file import PartialFile, collision_name, default_reserve
 from airflow_provider_amqstream.engine.records import (
     StreamError,
@@ -62,6 +63,9 @@ class ReceiveOptions:
         directory, doubling for each consecutive yield (at most an hour).
     :param rerequest_after: handshake mode: seconds of silence before asking the sender
         to resend from the first missing chunk.
+    :param claim: who takes the streams (an Airflow task instance): recorded with each
+        stream before its offer is acknowledged, so a retry of that taker can find what an
+        earlier try received (:func:`~airflow_provider_amqstream.engine.claims.find_claimed`).
     :param events: called with (event name, data) as streams open, close and fail.
     :param progress: called with (bytes received, total bytes).
     """
@@ -77,8 +81,13 @@ class ReceiveOptions:
     quarantine: str | None = None
     yield_backoff: float = 300.0
     rerequest_after: float = 2.0
+    claim: str | None = None
     events: EventSink | None = None
     progress: Progress | None = None
+
+    def __post_init__(self) -> None:
+        if self.claim is not None:
+            check_claim(self.claim)
 
     def emit(self, kind: str, **data: Any) -> None:
         if self.events:
@@ -211,6 +220,8 @@ class StreamReceiver:
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
             time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
             origin=self.origin)
+        if opts.claim:
+            record_claim(self.sdir, opts.claim, spec.stream_id)
         write_json(self.done_file, result.to_json())
         frames, self.unacked = self.unacked, []
         for frame in frames:

@@ -1,4 +1,5 @@
-"""TaskStateCheckpoint: the sender's resume point, kept where Airflow retries can find it."""
+"""What a task's retries must find again: the sender's resume point (TaskStateCheckpoint)
+and the receiver's claim on the streams it took (task_claim)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,16 @@ class TaskStateCheckpoint:
             offset = min(int(data["confirmed_seq"]) * int(data["chunk_size"]), int(data["size"]))
             self.ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"], "offset": offset,
                                                            "size": data["size"]})
+
+
+def task_claim(context: Any) -> str | None:
+    """The label under which this task instance claims the streams it receives: the same
+    for every try of it (DAG, run, task, map index), so a retry finds what an earlier try
+    published. None outside a task (no ``ti`` in the context).
+
+    :param context: the task's execution context.
+    """
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is None:
+        return None
+    return f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}"

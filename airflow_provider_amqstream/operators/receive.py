@@ -8,8 +8,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, manifest_path
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, find_claimed, manifest_path
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 
@@ -20,7 +21,9 @@ class ReceiveStreamsOperator(BaseOperator):
 
     Returns (XCom ``return_value``) ``{"files": [one entry per stream], "failed": [...],
     "manifest": path or None, "count": n}``. Streams that fail are quarantined or yield
-    their place and are reported in ``failed``; they do not stop the others.
+    their place and are reported in ``failed``; they do not stop the others. A retry
+    starts from the streams earlier tries of the same task instance received (they count
+    towards ``count`` and are listed in ``files``), so none is lost between tries.
 
     :param source: ``/queue/NAME`` to receive from (templated).
     :param out_dir: the output directory (templated).
@@ -58,7 +61,11 @@ class ReceiveStreamsOperator(BaseOperator):
         Destination.parse(self.source)
         manifest = manifest_path(self.out_dir, validate_stream_id(self.batch_id)) if self.batch_id else None
         hook = AmqStreamHook(self.amqstream_conn_id)
-        results: list[dict[str, Any]] = []
+        claim = task_claim(context)
+        results: list[dict[str, Any]] = find_claimed(self.out_dir, claim) if claim else []
+        if results:
+            self.log.info("%d streams were received into %s by earlier tries of this task; going on from there",
+                          len(results), self.out_dir)
         failed: list[dict[str, Any]] = []
 
         def on_failure(failure: StreamFailure) -> None:
@@ -67,14 +74,15 @@ class ReceiveStreamsOperator(BaseOperator):
             failed.append(failure.to_json())
 
         until = time.monotonic() + self.deadline
-        while True:
+        # A retry may find its count reached or its batch complete already.
+        while (self.count is None or len(results) < self.count) and not (manifest and manifest.exists()):
             left = until - time.monotonic()
             wanted = None if self.count is None else self.count - len(results)
             # With a batch to wait for, look for its manifest every few seconds.
             wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if manifest else self.wait_timeout
             opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                                   idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
-                                  progress=LogProgress(self.log, f"receive from {self.source}"))
+                                  claim=claim, progress=LogProgress(self.log, f"receive from {self.source}"))
             got = hook.receive_streams(self.source, self.out_dir, count=wanted, options=opts, on_failure=on_failure)
             results += [r.to_json() for r in got]
             if manifest is not None and manifest.exists():

@@ -11,8 +11,15 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, TransferResult, find_received
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    StreamFailure,
+    TransferResult,
+    find_claimed,
+    find_received,
+)
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
@@ -25,7 +32,10 @@ class StreamCompleteSensor(BaseSensorOperator):
     ``bytes``, ``sha256``, ``name``, ``stream_id`` and transfer figures. Partial data
     and the resume point live in ``out_dir/.amqstream/``, beside the bytes they
     describe, so a retry (or another worker on a shared disk) continues where the
-    last try stopped; the resumed offset is published as XCom ``resume_offset``.
+    last try stopped; the resumed offset is published as XCom ``resume_offset``. The
+    stream a try takes is claimed for this task instance before its offer is
+    acknowledged: if the try then fails to report success, the retry returns that
+    stream instead of waiting for another.
 
     :param source: ``/queue/NAME`` to receive from (templated).
     :param out_dir: directory where the file is published (templated).
@@ -80,24 +90,35 @@ class StreamCompleteSensor(BaseSensorOperator):
         if self.stream_id:
             validate_stream_id(self.stream_id)
 
-    def _already_received(self) -> TransferResult | None:
-        """The stored result if ``out_dir`` already holds ``stream_id``: a re-run, or a run
-        started for a stream another run took, must not wait for an offer that is gone."""
-        if not self.stream_id:
-            return None
-        record = find_received(self.out_dir, self.stream_id)
+    def _already_received(self, claim: str | None) -> TransferResult | None:
+        """The stored result if ``out_dir`` already holds this task's stream, else None.
+
+        With ``stream_id``: that stream's record (a re-run, or a run started for a stream
+        another run took, must not wait for an offer that is gone). Without: the stream an
+        earlier try of this task instance received (its offer was acknowledged, so the
+        retry would otherwise wait for a new one and the received file would never reach
+        the tasks downstream).
+        """
+        if self.stream_id:
+            record = find_received(self.out_dir, self.stream_id)
+            why = "was already received"
+        else:
+            claimed = find_claimed(self.out_dir, claim) if claim else []
+            record = claimed[0] if claimed else None
+            why = "was received by an earlier try of this task"
         if record is None:
             return None
         result = TransferResult.from_json(record)
-        self.log.info("stream %s was already received into %s (%d bytes, sha256 %s); not waiting for it again",
-                      result.stream_id, result.path, result.bytes, result.sha256)
+        self.log.info("stream %s %s into %s (%d bytes, sha256 %s); not waiting for it again", result.stream_id, why,
+                      result.path, result.bytes, result.sha256)
         if result.path and not Path(result.path).exists():
             self.log.warning("%s is no longer there (moved or deleted since stream %s was received)",
                              result.path, result.stream_id)
         return result
 
     def _receive(self, context: Any, wait: float) -> TransferResult | None:
-        done = self._already_received()
+        claim = task_claim(context)
+        done = self._already_received(claim)
         if done is not None:
             self._amqstream_result = done.to_json()
             self._emit_file_asset(context, done)
@@ -123,7 +144,8 @@ class StreamCompleteSensor(BaseSensorOperator):
 
         opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                               idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
-                              events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"))
+                              claim=claim, events=on_event,
+                              progress=LogProgress(self.log, f"receive from {self.source}"))
         try:
             got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
                                        on_failure=on_failure)
