@@ -140,10 +140,16 @@ def test_scheduled_examples_succeed_twice_and_the_deferred_sensor_resumes_in_the
     d.wait_run("amqstream_site_a_producer", a2)
     d.wait_run("amqstream_site_b_consumer", b2)
     receive = d.ti("amqstream_site_b_consumer", b2, "receive")
-    assert receive["try_number"] == 1, "the sensor was retried instead of resumed"
     got = d.xcom("amqstream_site_b_consumer", b2, "receive")
     assert got["stream_id"] == d.xcom("amqstream_site_a_producer", a2, "send", map_index=0)["stream_id"]
     log = d.log("amqstream_site_b_consumer", b2, "receive", 1)
+    if receive["try_number"] != 1:
+        # Airflow 3.3 (apache/airflow#72716, #71580): a stale "success" from the try's exit
+        # on defer, read after the resumed try is running, fails that try. The resumed try
+        # did receive the stream; the retry must return it (its claim), not wait for another.
+        assert "Failed to report terminal task state" in log, f"the sensor was retried instead of resumed: {log}"
+        assert "was received by an earlier try of this task" in d.log("amqstream_site_b_consumer", b2, "receive",
+                                                                       receive["try_number"])
     assert "Pausing task as DEFERRED" in log
     assert re.search(r"waiting for .* to be offered on /queue/amqstream\.examples\.sites", log), log[-3000:]
     assert f"received stream {got['stream_id']}" in log
