@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -57,6 +58,89 @@ def test_send_and_receive_report_file_and_destination_lineage(params: BrokerPara
     assert (out.namespace, out.name) == (file_ns, str((tmp_path / "out" / "data.bin").resolve()))
     assert _as_json(inp)["inputFacets"]["inputStatistics"]["size"] == size
     assert _as_json(out)["facets"]["version"]["datasetVersion"] == sha
+
+
+@pytest.mark.broker
+def test_airflow_emits_the_lineage_of_a_send_and_a_receive(airflow_db: Path, params: BrokerParams, uri: str,
+                                                           queue_name: str, tmp_path: Path) -> None:
+    """Not the facet methods called by hand: the events Airflow's OpenLineage listener emits
+    for real task runs, read back from a file transport."""
+    from tests.helpers import ROOT, wait_for
+
+    events_file = tmp_path / "openlineage.jsonl"
+    src = make_file(tmp_path / "in" / "orders.bin", 200_001)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIRFLOW_CONN_AMQSTREAM_DEFAULT": uri,
+           "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events_file),
+                                                          "append": True}),
+           "AIRFLOW__OPENLINEAGE__NAMESPACE": "amqs-test"}
+    env.pop("AIRFLOW__OPENLINEAGE__DISABLED", None)
+    # A process of its own: the provider reads its configuration once per process.
+    script = ("import json, sys; from tests.test_airflow import _load; from tests.helpers import ROOT; "
+              "dr = _load(ROOT / 'tests' / 'dags', 'amqs_test_lineage').test(run_conf=json.loads(sys.argv[1])); "
+              "sys.exit(0 if dr.state == 'success' else 1)")
+    for i in range(3):
+        make_file(tmp_path / "landing" / f"part-{i}.csv", 1000 + i)
+    conf = {"path": str(src), "queue": queue_name, "out_dir": str(out), "stream_id": "ol-1",
+            "glob": str(tmp_path / "landing" / "part-*.csv"), "many_queue": queue_name + ".many"}
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(conf)], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+    tasks = {"send", "receive", "send_many"}
+
+    def events_of(kind: str) -> dict[str, dict[str, Any]] | None:
+        if not events_file.exists():
+            return None
+        events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+        found = {e["job"]["name"].rsplit(".", 1)[-1]: e for e in events
+                 if e.get("eventType") == kind and e["job"]["name"].startswith("amqs_test_lineage.")}
+        return found if tasks <= set(found) else None
+
+    # The listener emits from a process of its own after each task; wait for every event.
+    done = wait_for(lambda: events_of("COMPLETE"), 60, "COMPLETE events for every task in the OpenLineage file")
+    started = wait_for(lambda: events_of("START"), 10, "START events for every task")
+    host, port = params.hosts[0]
+    file_ns, dest_ns = f"file://{socket.gethostname()}", f"amqstream://{host}:{port}"
+    sha, size = sha256_file(src), src.stat().st_size
+    send, receive = done["send"], done["receive"]
+    assert [(d["namespace"], d["name"]) for d in send["inputs"]] == [(file_ns, str(src.resolve()))]
+    assert [(d["namespace"], d["name"]) for d in send["outputs"]] == [(dest_ns, queue_name)]
+    assert send["outputs"][0]["outputFacets"]["outputStatistics"]["size"] == size
+    assert send["outputs"][0]["facets"]["version"]["datasetVersion"] == sha
+    assert [(d["namespace"], d["name"]) for d in receive["inputs"]] == [(dest_ns, queue_name)]
+    assert [(d["namespace"], d["name"]) for d in receive["outputs"]] == [(file_ns, str((out / "orders.bin").resolve()))]
+    assert receive["outputs"][0]["facets"]["version"]["datasetVersion"] == sha
+    assert send["job"]["namespace"] == receive["job"]["namespace"] == "amqs-test"
+    # Known at start: the destination, and the file a one-file send reads.
+    assert [(d["namespace"], d["name"]) for d in started["send"]["inputs"]] == [(file_ns, str(src.resolve()))]
+    assert [(d["namespace"], d["name"]) for d in started["send"]["outputs"]] == [(dest_ns, queue_name)]
+    assert [(d["namespace"], d["name"]) for d in started["receive"]["inputs"]] == [(dest_ns, queue_name)]
+    # A glob: each file it matched, and the destination with their count and bytes.
+    many = done["send_many"]
+    assert sorted(d["name"] for d in many["inputs"]) == [
+        str((tmp_path / "landing" / f"part-{i}.csv").resolve()) for i in range(3)]
+    (dest,) = many["outputs"]
+    assert (dest["namespace"], dest["name"]) == (dest_ns, queue_name + ".many")
+    assert dest["outputFacets"]["outputStatistics"] == {**dest["outputFacets"]["outputStatistics"],
+                                                        "size": 3003, "fileCount": 3}
+    assert params.password and all(params.password not in json.dumps(e) for e in (send, receive))
+
+
+def test_a_send_of_thousands_of_files_reports_their_directory_not_each_file(tmp_path: Path) -> None:
+    from airflow_provider_amqstream.operators.lineage import MAX_FILE_DATASETS, batch_lineage
+
+    params = BrokerParams(hosts=(("broker.example", 61613),))
+    files = [{"path": str(tmp_path / "landing" / f"d{i % 3}" / f"f{i}.csv"), "bytes": 10, "sha256": "ab",
+              "destination": "/queue/landing"} for i in range(MAX_FILE_DATASETS + 1)]
+    (inp,), (out,) = (lin := batch_lineage({"files": files}, params)).inputs, lin.outputs
+    assert inp.name == str((tmp_path / "landing").resolve())
+    stats = _as_json(inp)["inputFacets"]["inputStatistics"]
+    assert (stats["size"], stats["fileCount"]) == (10 * len(files), len(files))
+    assert (out.namespace, out.name) == ("amqstream://broker.example:61613", "/queue/landing")
+    few = batch_lineage({"files": files[:3]}, params)
+    assert [d.name for d in few.inputs] == [str(Path(f["path"]).resolve()) for f in files[:3]]
+    assert not batch_lineage({"files": []}, params).inputs
 
 
 def test_lineage_is_empty_before_a_result_exists(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:

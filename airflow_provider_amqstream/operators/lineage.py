@@ -4,7 +4,9 @@ Naming (OpenLineage naming spec): a file is namespace ``file://<host>``, name = 
 absolute path; a destination is namespace ``amqstream://<broker host>:<port>`` (the first
 broker of the connection), name = the destination as written (``/queue/NAME``). The
 stream's size travels in the input/output statistics facets, its SHA-256 as the
-dataset version.
+dataset version. A many-file send lists each file up to ``MAX_FILE_DATASETS``; past that,
+one dataset for the files' common directory with their count and total size, so one task's
+event stays small when it moves a landing directory of thousands of files.
 
 apache-airflow-providers-openlineage is optional (extra ``openlineage``): everything is
 imported inside the functions, which only Airflow's OpenLineage listener calls.
@@ -12,11 +14,14 @@ imported inside the functions, which only Airflow's OpenLineage listener calls.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.transport import BrokerParams
+
+MAX_FILE_DATASETS = 100
 
 
 def file_namespace(host: str | None = None) -> str:
@@ -28,7 +33,8 @@ def destination_namespace(params: BrokerParams) -> str:
     return f"amqstream://{host}:{port}"
 
 
-def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None, role: str) -> Any:
+def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None, role: str,
+             file_count: int = 1) -> Any:
     from openlineage.client.event_v2 import InputDataset, OutputDataset
     from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
     from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
@@ -36,17 +42,55 @@ def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None,
 
     facets = {"version": DatasetVersionDatasetFacet(datasetVersion=sha256)} if sha256 else {}
     if role == "input":
-        stats = {"inputStatistics": InputStatisticsInputDatasetFacet(size=size, fileCount=1)} if size is not None \
-            else {}
+        stats = {} if size is None else {
+            "inputStatistics": InputStatisticsInputDatasetFacet(size=size, fileCount=file_count)}
         return InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=stats)
-    stats = {"outputStatistics": OutputStatisticsOutputDatasetFacet(size=size, fileCount=1)} if size is not None \
-        else {}
+    stats = {} if size is None else {
+        "outputStatistics": OutputStatisticsOutputDatasetFacet(size=size, fileCount=file_count)}
     return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=stats)
 
 
 def file_dataset(path: str, *, role: str, size: int | None = None, sha256: str | None = None) -> Any:
     """A local file as an OpenLineage input or output dataset (``role``: input/output)."""
     return _dataset(file_namespace(), str(Path(path).resolve()), size=size, sha256=sha256, role=role)
+
+
+def destination_dataset(params: BrokerParams, destination: str, *, role: str, size: int | None = None,
+                        sha256: str | None = None, file_count: int = 1) -> Any:
+    """A broker destination as an OpenLineage input or output dataset."""
+    return _dataset(destination_namespace(params), destination, size=size, sha256=sha256, role=role,
+                    file_count=file_count)
+
+
+def start_lineage(params: BrokerParams, destination: str, *, sending: bool, path: str | None = None) -> Any:
+    """``OperatorLineage`` known before anything moves: the destination, and the file a
+    single-file send reads (a glob or directory is known only once expanded)."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    dest = destination_dataset(params, destination, role="output" if sending else "input")
+    if not sending:
+        return OperatorLineage(inputs=[dest])
+    return OperatorLineage(inputs=[file_dataset(path, role="input")] if path else [], outputs=[dest])
+
+
+def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None) -> Any:
+    """``OperatorLineage`` of a many-file send: its files (or their common directory) went to
+    the destination; files confirmed by an earlier try count, as the task moved them."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    files = [f for f in (result or {}).get("files", []) if isinstance(f, dict) and f.get("path")]
+    if not files or params is None:
+        return OperatorLineage()
+    total = sum(int(f.get("bytes") or 0) for f in files)
+    dest = destination_dataset(params, str(files[0]["destination"]), role="output", size=total,
+                               file_count=len(files))
+    if len(files) <= MAX_FILE_DATASETS:
+        inputs = [file_dataset(f["path"], role="input", size=f.get("bytes"), sha256=f.get("sha256") or None)
+                  for f in files]
+    else:
+        root = os.path.commonpath([str(Path(f["path"]).resolve().parent) for f in files])
+        inputs = [_dataset(file_namespace(), root, size=total, sha256=None, role="input", file_count=len(files))]
+    return OperatorLineage(inputs=inputs, outputs=[dest])
 
 
 def transfer_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *, sending: bool) -> Any:
@@ -57,11 +101,11 @@ def transfer_lineage(result: dict[str, Any] | None, params: BrokerParams | None,
     if not result or params is None or not result.get("path"):
         return OperatorLineage()
     size, sha = result.get("bytes"), result.get("sha256") or None
-    dest_ns, dest_name = destination_namespace(params), str(result["destination"])
+    dest_name = str(result["destination"])
     if sending:
         return OperatorLineage(inputs=[file_dataset(result["path"], role="input", size=size, sha256=sha)],
-                               outputs=[_dataset(dest_ns, dest_name, size=size, sha256=sha, role="output")])
-    return OperatorLineage(inputs=[_dataset(dest_ns, dest_name, size=size, sha256=sha, role="input")],
+                               outputs=[destination_dataset(params, dest_name, size=size, sha256=sha, role="output")])
+    return OperatorLineage(inputs=[destination_dataset(params, dest_name, size=size, sha256=sha, role="input")],
                            outputs=[file_dataset(result["path"], role="output", size=size, sha256=sha)])
 
 

@@ -162,13 +162,25 @@ class SendStreamOperator(BaseOperator):
             names = ", ".join(f"{f.path} ({f.error})" for f in bulk.failures[:5])
             raise RuntimeError(f"{self.task_id}: {len(bulk.failures)} of {totals['files']} files failed: {names}; "
                                "a retry sends only what was not confirmed")
+        self._amqstream_result = result
         return result
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Lineage known before anything moves: the destination, and the file when ``path``
+        names one file."""
+        from airflow_provider_amqstream.operators.lineage import start_lineage
+
+        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(), self.destination, sending=True,
+                             path=str(self.path) if self._is_single() else None)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Lineage: the file (``file://host`` + path) went to the destination
-        (``amqstream://broker:port`` + name), with its size and SHA-256. A many-file send
-        reports none yet."""
-        from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
+        (``amqstream://broker:port`` + name), with its size and SHA-256; for many files, each
+        file (or, past ``MAX_FILE_DATASETS``, their common directory) with count and bytes."""
+        from airflow_provider_amqstream.operators.lineage import batch_lineage, result_of, transfer_lineage
 
-        return transfer_lineage(result_of(self, task_instance),
-                                AmqStreamHook(self.amqstream_conn_id).broker_params(), sending=True)
+        params = AmqStreamHook(self.amqstream_conn_id).broker_params()
+        result = result_of(self, task_instance)
+        if result is not None and "files" in result:
+            return batch_lineage(result, params)
+        return transfer_lineage(result, params, sending=True)

@@ -174,6 +174,12 @@ class StreamCompleteSensor(BaseSensorOperator):
             Asset(uri=uri), extra={"stream_id": result.stream_id, "bytes": result.bytes, "sha256": result.sha256})
         self.log.info("asset event for %s (alias %s)", uri, self.file_asset_alias)
 
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Lineage known before a stream is taken: the destination it comes from."""
+        from airflow_provider_amqstream.operators.lineage import start_lineage
+
+        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(), self.source, sending=False)
+
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Lineage: the destination (``amqstream://broker:port`` + name) became the file
         (``file://host`` + path), with its size and SHA-256."""
