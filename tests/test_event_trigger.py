@@ -11,6 +11,8 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -134,7 +136,8 @@ def test_provider_works_without_common_messaging() -> None:
 def test_event_trigger_fires_once_per_offered_stream(conn: str, params: BrokerParams, queue_name: str,
                                                      tmp_path: Path, counted: dict[str, int]) -> None:
     sent = _offer_two(tmp_path, params, queue_name)
-    trig = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05)
+    # Unpaced: every waiting stream fires at once (pacing has its own test).
+    trig = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05, pace=0)
     events: list[Any] = []
     marks: dict[str, int] = {}
 
@@ -160,6 +163,51 @@ def test_event_trigger_fires_once_per_offered_stream(conn: str, params: BrokerPa
         got = receive_stream(params, queue_name, tmp_path / "out", stream_id=sid,
                              options=ReceiveOptions(wait_timeout=30))
         assert got is not None and got.sha256 == res.sha256
+
+
+@pytest.mark.broker
+def test_events_are_paced_until_the_last_fired_stream_is_taken(conn: str, params: BrokerParams, queue_name: str,
+                                                               tmp_path: Path, counted: dict[str, int]) -> None:
+    """Airflow 3.3 folds events that arrive while a run is being created into that run: the
+    next event waits until the run started for the last one has taken its stream."""
+    sent = _offer_two(tmp_path, params, queue_name)
+    trig = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05)
+    events: list[Any] = []
+    seen: dict[str, Any] = {}
+
+    def take_first() -> None:
+        sid = events[0].payload["stream_id"]
+        seen["taking"] = time.monotonic()
+        seen["first"] = receive_stream(params, queue_name, tmp_path / "out", stream_id=sid,
+                                       options=ReceiveOptions(wait_timeout=30))
+
+    def paced() -> bool:
+        if len(events) == 1 and "looks" not in seen:
+            seen["looks"] = counted["looks"]
+        if "taker" not in seen and "looks" in seen and counted["looks"] >= seen["looks"] + 10:
+            # Ten looks saw both offers and fired only one: now its run takes it.
+            seen["held"] = len(events)
+            seen["taker"] = threading.Thread(target=take_first)
+            seen["taker"].start()
+        if len(events) == 2 and "second" not in seen:
+            seen["second"] = time.monotonic()
+        return len(events) == 2
+
+    asyncio.run(_collect(trig.run(), events, paced, 120))
+    seen["taker"].join(60)
+    assert seen["held"] == 1, "the second stream fired before the first was taken"
+    assert seen["second"] >= seen["taking"]
+    assert seen["first"] is not None and {e.payload["stream_id"] for e in events} == set(sent)
+
+    # A run that never takes its stream holds the next one back for ``pace`` seconds only.
+    again = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05, pace=0.5)
+    more = make_file(tmp_path / "more.bin", 1000)
+    send_file(params, more, queue_name, stream_id="evt-more", mode="atomic")
+    later: list[Any] = []
+    asyncio.run(_collect(again.run(), later, lambda: len(later) == 2, 60))
+    assert {e.payload["stream_id"] for e in later} == {events[1].payload["stream_id"], "evt-more"}
+    with pytest.raises(ValueError, match="pace must be >= 0"):
+        StreamOfferedTrigger(destination=queue_name, pace=-1)
 
 
 @pytest.mark.broker

@@ -9,6 +9,7 @@ stream it names.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,24 +33,38 @@ class StreamOfferedTrigger(BaseEventTrigger):
     The broker shows a browser at most ``maxBrowsePageSize`` offers (16 in the shipped
     config); more waiting offers are seen as receivers take the earlier ones.
 
+    Events are paced: after one fires, the next waits until the stream it named is taken
+    (its offer leaves the queue) or ``pace`` seconds pass. Airflow 3.3 folds asset events
+    that arrive while a run is being created into that one run (apache/airflow#54659,
+    #56050), so streams offered together, fired together, would start one run for the
+    first and leave the others waiting for the next offer. Paced, each starts its own
+    run, one after the other as fast as the runs take their streams.
+
     :param destination: ``/queue/NAME`` where streams are offered.
     :param amqstream_conn_id: Airflow connection of type ``amqstream``.
     :param poll_interval: seconds between looks.
     :param still_waiting_every: seconds between "still watching" log lines.
+    :param pace: seconds at most to wait for a fired stream to be taken before firing the
+        next (0: fire every waiting stream at once, for an Airflow without that limit).
     """
 
     def __init__(self, *, destination: str, amqstream_conn_id: str = "amqstream_default",
-                 poll_interval: float = 5.0, still_waiting_every: float = 600.0) -> None:
+                 poll_interval: float = 5.0, still_waiting_every: float = 600.0, pace: float = 120.0) -> None:
         super().__init__()
+        if pace < 0 or poll_interval <= 0:
+            raise ValueError(f"StreamOfferedTrigger on {destination}: pace must be >= 0 and poll_interval > 0, "
+                             f"got {pace} and {poll_interval}")
         self.destination = destination
         self.amqstream_conn_id = amqstream_conn_id
         self.poll_interval = poll_interval
         self.still_waiting_every = still_waiting_every
+        self.pace = pace
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"destination": self.destination, "amqstream_conn_id": self.amqstream_conn_id,
-                 "poll_interval": self.poll_interval, "still_waiting_every": self.still_waiting_every})
+                 "poll_interval": self.poll_interval, "still_waiting_every": self.still_waiting_every,
+                 "pace": self.pace})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
@@ -58,6 +73,7 @@ class StreamOfferedTrigger(BaseEventTrigger):
         params = await asyncio.to_thread(AmqStreamHook(self.amqstream_conn_id).broker_params)
         browser = OfferBrowser(params, self.destination)
         fired: set[str] = set()
+        last: tuple[str, float] | None = None  # the stream fired last, and when
         note = Every(self.still_waiting_every)
         self.log.info("watching %s on %s for offered streams, looking every %gs", self.destination, params.url,
                       self.poll_interval)
@@ -82,7 +98,10 @@ class StreamOfferedTrigger(BaseEventTrigger):
                 for offer in offers:
                     if offer.stream_id in fired:
                         continue
+                    if self.pace and last and last[0] in visible and time.monotonic() - last[1] < self.pace:
+                        break  # the run started for the last one has not taken it yet
                     fired.add(offer.stream_id)
+                    last = (offer.stream_id, time.monotonic())
                     self.log.info("stream %s (%s, %d bytes) is offered on %s", offer.stream_id, offer.name,
                                   offer.size, self.destination)
                     yield TriggerEvent(offer.payload())
