@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -32,7 +31,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_amqstream.protocol import Destination, ProtocolError
+from airflow_provider_amqstream.broker_auth import (
+    USER_NAME,
+    BrokerError,
+    auth_plugins,
+    parse_grant,
+    xml_attr,
+)
+from airflow_provider_amqstream.broker_network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
 
 DEFAULT_PORT = 61613
 DEFAULT_USER = "amqstream"
@@ -47,10 +53,6 @@ JAVA_OPENS = [
     "--add-opens", "java.base/java.util.concurrent=ALL-UNNAMED",
     "--add-opens", "java.base/java.util.concurrent.atomic=ALL-UNNAMED",
 ]
-
-
-class BrokerError(RuntimeError):
-    """The embedded broker could not be started, found or stopped."""
 
 
 def default_data_dir() -> Path:
@@ -123,12 +125,16 @@ class EmbeddedBroker:
     :param data_dir: directory for config, KahaDB, logs and pid file.
     :param port: STOMP port on loopback.
     :param auth: require a user name and password (generated on first start).
+    :param network: join a network of brokers (see :mod:`~airflow_provider_amqstream.broker_network`).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
                  auth: bool = True, bind: str = "127.0.0.1", heap_mb: int = 512, tls_port: int | None = None,
-                 store_dir: str | os.PathLike[str] | None = None) -> None:
+                 store_dir: str | os.PathLike[str] | None = None, network: NetworkConfig | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
+        # None: the network this data dir was last started with, if any (restart keeps it).
+        self.network = network if network is not None else (NetworkConfig.remembered(self.data_dir)
+                                                             or NetworkConfig())
         self.port = port if port is not None else self._remembered("broker.port", DEFAULT_PORT)
         self.tls_port = tls_port if tls_port is not None else self._remembered("broker.tls_port", None)
         self.auth = auth
@@ -186,7 +192,7 @@ class EmbeddedBroker:
         :param receive: destinations it may receive streams from, in the same form.
         :param password: its password; generated when not given.
         """
-        if not _USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
+        if not USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
             raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
                               f"(and not {DEFAULT_USER!r}, the administrator)")
         send, receive = sorted(set(send)), sorted(set(receive))
@@ -250,9 +256,11 @@ class EmbeddedBroker:
         (self.data_dir / "tmp").mkdir(exist_ok=True)
         created = False
         auth_xml = ""
+        net = self.network
+        bridge = bridge_credentials(net.bridge_secret) if net.active and net.bridge_secret else None
         if self.auth:
             user, password, created = self._credentials()
-            auth_xml = _auth_plugins(user, password, self.users())
+            auth_xml = auth_plugins(user, password, self.users(), bridge=bridge, forwarded=net.queues)
         pkg = resources.files("airflow_provider_amqstream") / "broker_conf"
         template = string.Template((pkg / "activemq.xml.tmpl").read_text())
         free = shutil.disk_usage(self.data_dir).free
@@ -261,8 +269,8 @@ class EmbeddedBroker:
         ssl_xml = tls_xml = ""
         if self.tls_port:
             store, store_pw = self._keystore()
-            ssl_xml = (f'    <sslContext><sslContext keyStore="file:{_xml_attr(str(store))}" '
-                       f'keyStorePassword="{_xml_attr(store_pw)}" keyStoreType="pkcs12"/></sslContext>')
+            ssl_xml = (f'    <sslContext><sslContext keyStore="file:{xml_attr(str(store))}" '
+                       f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"/></sslContext>')
             tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{self.bind}:{self.tls_port}'
                        '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
                        '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
@@ -270,6 +278,8 @@ class EmbeddedBroker:
             broker_name=f"amqstream-{self.port}", data_dir=str(self.data_dir / "data"),
             store_dir=str(self.store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
             bind=self.bind, port=self.port, ssl_context=ssl_xml, tls_connector=tls_xml,
+            advisory="true" if net.active else "false", openwire_connector=openwire_xml(net, self.bind),
+            network_connectors=connectors_xml(net, f"amqstream-{self.port}", *(bridge or (None, None)), xml_attr),
         )
         target = conf / "activemq.xml"
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -307,7 +317,8 @@ class EmbeddedBroker:
 
     def _ready(self) -> bool:
         # Connectors start one after another: the TLS one ~0.1 s after plain STOMP.
-        return self.port_open() and (not self.tls_port or self.port_open(port=self.tls_port))
+        return self.port_open() and all(self.port_open(port=p) for p in (self.tls_port, self.network.openwire_port)
+                                        if p)
 
     def info(self, *, user: str | None = None) -> BrokerInfo:
         """Where the broker listens, with the administrator's credentials, or ``user``'s."""
@@ -365,6 +376,8 @@ class EmbeddedBroker:
         (self.data_dir / "broker.port").write_text(f"{self.port}\n")
         if self.tls_port:
             (self.data_dir / "broker.tls_port").write_text(f"{self.tls_port}\n")
+        if self.network.active:
+            self.network.remember(self.data_dir)
         if not wait:
             return self.info(), created
         deadline = time.monotonic() + timeout
@@ -429,15 +442,6 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return False
 
 
-def _xml_attr(value: str) -> str:
-    return (value.replace("&", "&amp;").replace('"', "&quot;")
-            .replace("<", "&lt;").replace(">", "&gt;"))
-
-
-_USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-ADMIN_GROUP = "amqstream"
-
-
 def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
     """Replace ``path`` with ``data``, readable by its owner only from the first byte."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -451,82 +455,3 @@ def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
 def _new_password() -> str:
     alphabet = string.ascii_letters + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(24))
-
-
-def parse_grant(text: str) -> tuple[str, str]:
-    """``/queue/x`` or ``/queue/x.>`` -> (kind, ActiveMQ destination pattern)."""
-    family = text.endswith(".>")
-    try:
-        dest = Destination.parse(text[:-2] if family else text)
-    except ProtocolError as exc:
-        raise BrokerError(f"cannot grant {text!r}: {exc}") from None
-    return dest.kind, dest.name + (".>" if family else "")
-
-
-def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]]:
-    """The (kind, pattern, rights) a user needs to ``send`` streams to, or ``receive``
-    them from, ``kind``/``pattern``: the offers there, each stream's data
-    (``NAME.amqs.<id>``) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
-    ``admin`` lets the first user of a destination create it."""
-    main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
-    # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
-    quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
-    if pattern.endswith(".>"):
-        # ActiveMQ wildcards match prefixes only, so a family pattern cannot tell a
-        # member's offers and data from its control queues: on queues it grants both.
-        if kind == "queue":
-            return [("queue", pattern, "read,write,admin"), *quarantine]
-        return [("topic", pattern, main), ("queue", pattern, ctl), *quarantine]
-    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl),
-            *quarantine]
-
-
-def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:
-    """Every user's grants as ActiveMQ authorization entries: (kind, pattern) -> right ->
-    groups. Each user is the only member of its own group, ``amqs-user-<name>``."""
-    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
-    for user, info in sorted(users.items()):
-        group = f"amqs-user-{user}"
-        for role in ("send", "receive"):
-            for text in info.get(role, []):
-                kind, pattern = parse_grant(text)
-                for k, n, rights in stream_acls(role, kind, pattern):
-                    entry = entries.setdefault((k, n), {"read": set(), "write": set(), "admin": set()})
-                    for right in rights.split(","):
-                        entry[right].add(group)
-    return entries
-
-
-def _auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]]) -> str:
-    lines = [f'          <authenticationUser username="{_xml_attr(user)}" password="{_xml_attr(password)}" '
-             f'groups="{ADMIN_GROUP}"/>']
-    for name, info in sorted(users.items()):
-        lines.append(f'          <authenticationUser username="{_xml_attr(name)}" '
-                     f'password="{_xml_attr(info["password"])}" groups="amqs-user-{_xml_attr(name)}"/>')
-    # The administrator may do everything; ActiveMQ unions the groups of every entry
-    # whose pattern matches, so the per-user entries only ever add rights.
-    acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
-           f'admin="{ADMIN_GROUP}"/>' for k in ("queue", "topic")]
-    for (kind, pattern), rights in sorted(acl_entries(users).items()):
-        attrs = " ".join(f'{r}="{_xml_attr(",".join(sorted(rights[r] | {ADMIN_GROUP})))}"'
-                         for r in ("read", "write", "admin"))
-        acl.append(f'              <authorizationEntry {kind}="{_xml_attr(pattern)}" {attrs}/>')
-    nl = "\n"
-    return f"""      <simpleAuthenticationPlugin anonymousAccessAllowed="false">
-        <users>
-{nl.join(lines)}
-        </users>
-      </simpleAuthenticationPlugin>
-      <authorizationPlugin>
-        <map>
-          <authorizationMap>
-            <authorizationEntries>
-{nl.join(acl)}
-            </authorizationEntries>
-            <!-- Temporary destinations: the protocol uses none; only the administrator may. -->
-            <tempDestinationAuthorizationEntry>
-              <tempDestinationAuthorizationEntry read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" admin="{ADMIN_GROUP}"/>
-            </tempDestinationAuthorizationEntry>
-          </authorizationMap>
-        </map>
-      </authorizationPlugin>"""

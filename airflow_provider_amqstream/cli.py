@@ -118,15 +118,28 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.broker import EmbeddedBroker
+    from pathlib import Path
 
+    from airflow_provider_amqstream.broker import EmbeddedBroker
+    from airflow_provider_amqstream.broker_network import NetworkConfig
+
+    network = None
+    if args.openwire_port or args.network_to or args.bridge_secret or args.network_queue:
+        network = NetworkConfig(openwire_port=args.openwire_port, peers=tuple(args.network_to or ()),
+                                bridge_secret=Path(args.bridge_secret) if args.bridge_secret else None,
+                                queues=tuple(args.network_queue or ()))
     broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb,
-                            tls_port=args.tls_port)
+                            tls_port=args.tls_port, network=network)
     if args.action == "start":
         info, created = broker.start()
         print(f"broker running: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
         if info.tls_port:
             print(f"  TLS: stomp+ssl://{info.host}:{info.tls_port}, certificate {info.ca_file}")
+        net = broker.network
+        if net.openwire_port:
+            print(f"  OpenWire: tcp://{info.host}:{net.openwire_port} (bridges from other brokers, JMS clients)")
+        for peer in net.peers:
+            print(f"  bridged to {peer} (duplex), as the user in {net.bridge_secret}")
         if created:
             print(f"generated credentials (kept in {broker.creds_file}, shown once):")
             print(f"  export AIRFLOW_CONN_AMQSTREAM_DEFAULT='{info.tls_uri or info.uri}'")
@@ -304,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap (default 512)")
     b.add_argument("--tls-port", type=int, help="also listen for STOMP over TLS here (certificate generated)")
     b.add_argument("--tls", action="store_true", help="uri: print the TLS URI")
+    b.add_argument("--openwire-port", type=int, help="network: also listen for OpenWire (other brokers' bridges, "
+                   "JMS clients), authenticated")
+    b.add_argument("--network-to", action="append", metavar="URI", help="network: bridge to this broker's "
+                   "OpenWire listener, tcp://HOST:PORT (repeatable; duplex; the link is retried while down)")
+    b.add_argument("--bridge-secret", metavar="FILE", help="network: the bridge user's name and password, made "
+                   "here if missing (mode 0600); give the same file to every broker of the network")
+    b.add_argument("--network-queue", action="append", metavar="/queue/NAME", help="network: forward only these "
+                   "destinations and their streams (repeatable; default every queue)")
     b.set_defaults(func=cmd_broker)
 
     u = sub.add_parser("users", help="users of the embedded broker limited to some destinations")

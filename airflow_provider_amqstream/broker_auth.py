@@ -1,0 +1,123 @@
+"""Who may do what on the embedded broker: its users (the administrator, per-destination
+users, the bridge user of a network) and the ActiveMQ authentication and authorization
+configuration rendered from them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_provider_amqstream.broker_network import BRIDGE_GROUP, bridge_acl
+from airflow_provider_amqstream.protocol import Destination, ProtocolError
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker cannot start, stop or be configured; the message says why."""
+
+
+def xml_attr(value: str) -> str:
+    """``value`` escaped for an XML attribute in double quotes."""
+    return (value.replace("&", "&amp;").replace('"', "&quot;")
+            .replace("<", "&lt;").replace(">", "&gt;"))
+
+
+USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ADMIN_GROUP = "amqstream"
+
+
+def parse_grant(text: str) -> tuple[str, str]:
+    """``/queue/x`` or ``/queue/x.>`` -> (kind, ActiveMQ destination pattern)."""
+    family = text.endswith(".>")
+    try:
+        dest = Destination.parse(text[:-2] if family else text)
+    except ProtocolError as exc:
+        raise BrokerError(f"cannot grant {text!r}: {exc}") from None
+    return dest.kind, dest.name + (".>" if family else "")
+
+
+def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]]:
+    """The (kind, pattern, rights) a user needs to ``send`` streams to, or ``receive``
+    them from, ``kind``/``pattern``: the offers there, each stream's data
+    (``NAME.amqs.<id>``) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
+    ``admin`` lets the first user of a destination create it."""
+    main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
+    # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
+    quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
+    if pattern.endswith(".>"):
+        # ActiveMQ wildcards match prefixes only, so a family pattern cannot tell a
+        # member's offers and data from its control queues: on queues it grants both.
+        if kind == "queue":
+            return [("queue", pattern, "read,write,admin"), *quarantine]
+        return [("topic", pattern, main), ("queue", pattern, ctl), *quarantine]
+    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl),
+            *quarantine]
+
+
+def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:
+    """Every user's grants as ActiveMQ authorization entries: (kind, pattern) -> right ->
+    groups. Each user is the only member of its own group, ``amqs-user-<name>``."""
+    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for user, info in sorted(users.items()):
+        group = f"amqs-user-{user}"
+        for role in ("send", "receive"):
+            for text in info.get(role, []):
+                kind, pattern = parse_grant(text)
+                for k, n, rights in stream_acls(role, kind, pattern):
+                    entry = entries.setdefault((k, n), {"read": set(), "write": set(), "admin": set()})
+                    for right in rights.split(","):
+                        entry[right].add(group)
+    return entries
+
+
+def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]], *,
+                  bridge: tuple[str, str] | None = None, forwarded: Sequence[str] = ()) -> str:
+    lines = [f'          <authenticationUser username="{xml_attr(user)}" password="{xml_attr(password)}" '
+             f'groups="{ADMIN_GROUP}"/>']
+    if bridge:
+        lines.append(f'          <authenticationUser username="{xml_attr(bridge[0])}" '
+                     f'password="{xml_attr(bridge[1])}" groups="{BRIDGE_GROUP}"/>')
+    for name, info in sorted(users.items()):
+        lines.append(f'          <authenticationUser username="{xml_attr(name)}" '
+                     f'password="{xml_attr(info["password"])}" groups="amqs-user-{xml_attr(name)}"/>')
+    # The administrator may do everything; ActiveMQ unions the groups of every entry
+    # whose pattern matches, so the per-user entries only ever add rights.
+    acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
+           f'admin="{ADMIN_GROUP}"/>' for k in ("queue", "topic")]
+    entries = acl_entries(users)
+    if bridge:
+        for kind, pattern, rights in bridge_acl(forwarded):
+            entry = entries.setdefault((kind, pattern), {"read": set(), "write": set(), "admin": set()})
+            for right in rights.split(","):
+                entry[right].add(BRIDGE_GROUP)
+        # With advisories on, the broker raises one for each destination a user creates, in
+        # that user's name ("not authorized to create: topic://ActiveMQ.Advisory.Queue").
+        # Creating them is all a user needs: reading them (who consumes what) stays with the
+        # bridge and the administrator.
+        advisories = entries[("topic", "ActiveMQ.Advisory.>")]
+        for name in users:
+            advisories["write"].add(f"amqs-user-{name}")
+            advisories["admin"].add(f"amqs-user-{name}")
+    for (kind, pattern), rights in sorted(entries.items()):
+        attrs = " ".join(f'{r}="{xml_attr(",".join(sorted(rights[r] | {ADMIN_GROUP})))}"'
+                         for r in ("read", "write", "admin"))
+        acl.append(f'              <authorizationEntry {kind}="{xml_attr(pattern)}" {attrs}/>')
+    nl = "\n"
+    return f"""      <simpleAuthenticationPlugin anonymousAccessAllowed="false">
+        <users>
+{nl.join(lines)}
+        </users>
+      </simpleAuthenticationPlugin>
+      <authorizationPlugin>
+        <map>
+          <authorizationMap>
+            <authorizationEntries>
+{nl.join(acl)}
+            </authorizationEntries>
+            <!-- Temporary destinations: the protocol uses none; only the administrator may. -->
+            <tempDestinationAuthorizationEntry>
+              <tempDestinationAuthorizationEntry read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" admin="{ADMIN_GROUP}"/>
+            </tempDestinationAuthorizationEntry>
+          </authorizationMap>
+        </map>
+      </authorizationPlugin>"""

@@ -1,0 +1,180 @@
+"""Embedded brokers joined into a network: each site keeps its own broker, and the brokers
+forward streams to each other when the link is up (store and forward).
+
+What a network needs, found on ActiveMQ 5.17 with two of our brokers on loopback:
+
+* An OpenWire listener on the remote side (``--openwire-port``): network bridges speak
+  OpenWire, not STOMP. JMS clients can use it too.
+* Advisory messages on both brokers: a bridge forwards a destination's messages only where
+  a consumer for it exists, and learns of consumers from advisories.
+* A duplex bridge: handshake mode sends control messages back, from the receiver's site to
+  the sender's; a one-way bridge drops them ("no receiver answered the offer").
+* One bridge user, with the same name and password on both brokers. A bridge logs in to
+  the remote broker *and* to its own over ``vm://`` with the same credentials (5.17 has no
+  separate local user name), so the secret is made once and given to every site.
+
+This module only renders configuration; :mod:`airflow_provider_amqstream.broker` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream.protocol import Destination, ProtocolError
+
+BRIDGE_GROUP = "amqs-bridge"
+DEFAULT_BRIDGE_USER = "amqs-bridge"
+NETWORK_FILE = "network.json"
+_URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+
+
+class NetworkError(ValueError):
+    """A network option that cannot work; the message names the option and the value."""
+
+
+def parse_peer(text: str) -> str:
+    """``tcp://host:port`` (or ``ssl://``) of a remote broker's OpenWire listener, checked."""
+    m = _URI.fullmatch(text.strip())
+    if m is None or not 1 <= int(m.group(3)) <= 65535:
+        raise NetworkError(f"--network-to {text!r}: expected tcp://HOST:PORT (the remote broker's OpenWire "
+                           "listener, its --openwire-port)")
+    return m.group(0)
+
+
+def forwarded_names(queues: Sequence[str]) -> list[str]:
+    """The queue names a bridge forwards for ``/queue/NAME`` destinations: each one's offers,
+    its streams' data and their control queues."""
+    names = []
+    for text in queues:
+        try:
+            dest = Destination.parse(text)
+        except ProtocolError as exc:
+            raise NetworkError(f"--network-queue {text!r}: {exc}") from None
+        if dest.kind != "queue":
+            raise NetworkError(f"--network-queue {text!r}: only queues are forwarded")
+        names += [dest.name, f"{dest.name}.amqs.>", f"{dest.name}.amqs_ctl.>"]
+    return names
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How one broker joins a network.
+
+    :param openwire_port: listen for OpenWire (bridges, JMS clients) on this port.
+    :param peers: remote brokers' OpenWire URIs to bridge to (duplex).
+    :param bridge_secret: JSON file with the bridge user's ``user`` and ``password``,
+        created (mode 0600) if missing; give the same file to every broker of the network.
+    :param queues: ``/queue/NAME`` destinations forwarded (empty: every queue).
+    """
+
+    openwire_port: int | None = None
+    peers: tuple[str, ...] = ()
+    bridge_secret: Path | None = None
+    queues: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.openwire_port is not None and not 1 <= self.openwire_port <= 65535:
+            raise NetworkError(f"--openwire-port {self.openwire_port}: not a port number")
+        for peer in self.peers:
+            parse_peer(peer)
+        forwarded_names(self.queues)
+        if (self.peers or self.openwire_port) and self.bridge_secret is None:
+            raise NetworkError("a broker in a network needs --bridge-secret FILE (the bridge user's name and "
+                               "password, the same file on every broker of the network)")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.openwire_port or self.peers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"openwire_port": self.openwire_port, "peers": list(self.peers),
+                "bridge_secret": str(self.bridge_secret) if self.bridge_secret else None,
+                "queues": list(self.queues)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NetworkConfig:
+        secret = data.get("bridge_secret")
+        return cls(openwire_port=data.get("openwire_port"), peers=tuple(data.get("peers") or ()),
+                   bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()))
+
+    @classmethod
+    def remembered(cls, data_dir: Path) -> NetworkConfig | None:
+        """The network a broker was last started with (``broker restart`` keeps it)."""
+        try:
+            return cls.from_json(json.loads((data_dir / NETWORK_FILE).read_text()))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise NetworkError(f"{data_dir / NETWORK_FILE} is unreadable ({exc}); start with the network "
+                               "options again") from exc
+
+    def remember(self, data_dir: Path) -> None:
+        (data_dir / NETWORK_FILE).write_text(json.dumps(self.to_json()))
+
+
+def bridge_credentials(path: Path) -> tuple[str, str]:
+    """The bridge user's (name, password) from ``path``, made there first if it is missing."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)}
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another broker of this machine made it just now
+            return bridge_credentials(path)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+    except (OSError, ValueError) as exc:
+        raise NetworkError(f"--bridge-secret {path}: unreadable ({exc})") from exc
+    user, password = data.get("user"), data.get("password")
+    if not (isinstance(user, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", user) and isinstance(password, str)
+            and password):
+        raise NetworkError(f"--bridge-secret {path}: expected {{\"user\": NAME, \"password\": SECRET}}")
+    return user, password
+
+
+def bridge_acl(queues: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(kind, pattern, rights) the bridge user needs on each broker: to consume and produce
+    the forwarded queues (and create them), and to read the advisories that tell it where
+    consumers are."""
+    names = forwarded_names(queues) or [">"]
+    return [*(("queue", n, "read,write,admin") for n in names),
+            ("topic", "ActiveMQ.Advisory.>", "read,write,admin")]
+
+
+def connectors_xml(cfg: NetworkConfig, name: str, user: str | None, password: str | None,
+                   attr: Any) -> str:
+    """``<networkConnectors>`` for ``cfg.peers`` (``attr`` escapes XML attribute values)."""
+    if not cfg.peers:
+        return ""
+    creds = f' userName="{attr(user)}" password="{attr(password)}"' if user else ""
+    include = "".join(f'<queue physicalName="{attr(n)}"/>' for n in forwarded_names(cfg.queues))
+    blocks = []
+    for i, peer in enumerate(cfg.peers):
+        # duplex: control messages of handshake mode flow back over the same bridge.
+        # networkTTL=2: a message may cross back once, to a receiver at its sender's site.
+        # conduitSubscriptions=false: each remote receiver is its own consumer, so queue
+        # dispatch stays one stream per receiver. Local receivers are preferred.
+        blocks.append(
+            f'      <networkConnector name="{attr(name)}-{i}" uri="static:({attr(peer)})?maxReconnectDelay=2000'
+            f'&amp;useExponentialBackOff=false"{creds} duplex="true" networkTTL="2" '
+            'conduitSubscriptions="false" decreaseNetworkConsumerPriority="true" '
+            'bridgeTempDestinations="false" suppressDuplicateQueueSubscriptions="true">'
+            + (f"<dynamicallyIncludedDestinations>{include}</dynamicallyIncludedDestinations>" if include else "")
+            + "</networkConnector>")
+    return "    <networkConnectors>\n" + "\n".join(blocks) + "\n    </networkConnectors>\n"
+
+
+def openwire_xml(cfg: NetworkConfig, bind: str) -> str:
+    if not cfg.openwire_port:
+        return ""
+    return (f'      <transportConnector name="openwire" uri="tcp://{bind}:{cfg.openwire_port}'
+            '?transport.tcpNoDelay=true&amp;wireFormat.maxInactivityDuration=30000"/>')

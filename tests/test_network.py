@@ -1,0 +1,181 @@
+"""Issue 11: two sites, each with its own embedded broker, joined by a duplex bridge. Senders
+use site A's broker, receivers site B's (or both); the brokers forward streams when the link
+is up. Every test starts its own pair on loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_network import NetworkConfig, NetworkError, connectors_xml
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import free_port, make_file, sha256_file, wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.network]
+QUEUE = "/queue/net"
+CHUNK = 256 * 1024
+
+
+class Sites:
+    """Site A (senders; bridges to B) and site B (receivers), with a user of each that may
+    only send to, or receive from, the forwarded queue."""
+
+    def __init__(self, root: Path) -> None:
+        secret = root / "bridge.json"
+        self.b_openwire = free_port()
+        self.b = EmbeddedBroker(root / "b", port=free_port(), network=NetworkConfig(
+            openwire_port=self.b_openwire, bridge_secret=secret, queues=(QUEUE,)))
+        self.a = EmbeddedBroker(root / "a", port=free_port(), network=NetworkConfig(
+            openwire_port=free_port(), peers=(f"tcp://127.0.0.1:{self.b_openwire}",), bridge_secret=secret,
+            queues=(QUEUE,)))
+        for broker in (self.a, self.b):
+            broker.add_user("producer", send=[QUEUE], password="producer-pw")
+            broker.add_user("consumer", receive=[QUEUE], password="consumer-pw")
+
+    def start(self) -> None:
+        self.b.start()
+        self.a.start()
+        self.wait_bridged()
+
+    def wait_bridged(self) -> None:
+        # The bridge says so in A's log each time it (re)connects.
+        def bridged() -> bool:
+            try:
+                text = self.a.log_file.read_text(errors="replace")
+            except OSError:
+                return False
+            return text.count("has been established") > self.bridges_seen
+
+        self.bridges_seen = getattr(self, "bridges_seen", 0)
+        wait_for(bridged, 60, "site A's bridge to site B", interval=0.2)
+        self.bridges_seen += 1
+
+    def params(self, broker: EmbeddedBroker, user: str) -> BrokerParams:
+        return BrokerParams(hosts=(("127.0.0.1", broker.port),), login=user, password=f"{user}-pw")
+
+    def stop(self) -> None:
+        for broker in (self.a, self.b):
+            broker.stop()
+
+
+@pytest.fixture
+def sites(tmp_path: Path) -> Iterator[Sites]:
+    s = Sites(tmp_path / "sites")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _in_thread(fn: Callable[[], Any]) -> Callable[[float], Any]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the test thread
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def join(timeout: float) -> Any:
+        t.join(timeout)
+        assert not t.is_alive(), f"still running after {timeout}s"
+        if "exc" in box:
+            raise box["exc"]
+        return box.get("value")
+
+    return join
+
+
+@pytest.mark.parametrize("mode", ["stream", "atomic", "handshake"])
+def test_a_stream_sent_at_site_a_is_received_at_site_b(sites: Sites, tmp_path: Path, mode: str) -> None:
+    src = make_file(tmp_path / f"{mode}.bin", 5 * 2**20 + 17, seed=1)
+    rx = sites.params(sites.b, "consumer")
+    if mode == "handshake":
+        # Paced by its receiver: the receiver's hello and acknowledgements cross back to A.
+        join = _in_thread(lambda: receive_stream(rx, QUEUE, tmp_path / "out",
+                                                 options=ReceiveOptions(wait_timeout=60)))
+        sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, mode=mode, chunk_size=CHUNK,
+                         request_timeout=60)
+        got = join(120)
+    else:
+        # Stored on A until B has a receiver: store and forward.
+        sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, mode=mode, chunk_size=CHUNK)
+        got = receive_stream(rx, QUEUE, tmp_path / "out", options=ReceiveOptions(wait_timeout=60))
+    assert got is not None and got.stream_id == sent.stream_id
+    assert sha256_file(Path(got.path)) == sha256_file(src) == sent.sha256 == got.sha256
+
+
+def test_the_link_goes_down_mid_stream_and_the_stream_completes(sites: Sites, tmp_path: Path) -> None:
+    src = make_file(tmp_path / "big.bin", 48 * 2**20 + 5, seed=2)
+    out = tmp_path / "out"
+    rx = sites.params(sites.b, "consumer")
+    receiving = _in_thread(lambda: receive_stream(rx, QUEUE, out, options=ReceiveOptions(
+        wait_timeout=60, idle_timeout=300, reconnect_timeout=180)))
+    sending = _in_thread(lambda: send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="link-1",
+                                           chunk_size=CHUNK, window=4))
+    state = out / ".amqstream" / "link-1.json"
+    wait_for(lambda: state.exists(), 120, "site B's receiver to store the first chunks", interval=0.05)
+    sites.b.stop()  # the link (site B) goes down mid-stream
+    # The sender, at site A, is not held up by the other site being gone.
+    sent = sending(180)
+    sites.b.start()
+    sites.wait_bridged()
+    got = receiving(300)
+    assert got is not None and got.resumed_from > 0, got
+    assert sha256_file(Path(got.path)) == sha256_file(src) == sent.sha256
+
+
+def test_site_a_killed_before_forwarding_loses_nothing(sites: Sites, tmp_path: Path) -> None:
+    files = {i: make_file(tmp_path / f"f{i}.bin", 2**20 + i, seed=10 + i) for i in range(3)}
+    tx = sites.params(sites.a, "producer")
+    for i, src in files.items():
+        send_file(tx, src, QUEUE, stream_id=f"kill-{i}", mode="atomic" if i % 2 else "stream", chunk_size=CHUNK)
+    sites.a.kill()  # kill -9: no receiver anywhere yet, so nothing was forwarded
+    sites.a.start()
+    sites.wait_bridged()
+    got = receive_streams(sites.params(sites.b, "consumer"), QUEUE, tmp_path / "out", count=3,
+                          options=ReceiveOptions(wait_timeout=60))
+    assert sorted(r.stream_id for r in got) == ["kill-0", "kill-1", "kill-2"]
+    for r in got:
+        assert sha256_file(Path(r.path)) == sha256_file(files[int(r.stream_id[-1])]) == r.sha256
+
+
+def test_receivers_at_both_sites_take_each_stream_once(sites: Sites, tmp_path: Path) -> None:
+    files = {f"both-{i}": make_file(tmp_path / f"b{i}.bin", 300_000 + i, seed=20 + i) for i in range(8)}
+
+    def drain(broker: EmbeddedBroker, out: Path) -> Callable[[float], Any]:
+        return _in_thread(lambda: receive_streams(sites.params(broker, "consumer"), QUEUE, out,
+                                                  options=ReceiveOptions(wait_timeout=15)))
+
+    at_a, at_b = drain(sites.a, tmp_path / "out-a"), drain(sites.b, tmp_path / "out-b")
+    tx = sites.params(sites.a, "producer")
+    for sid, src in files.items():
+        send_file(tx, src, QUEUE, stream_id=sid, chunk_size=64 * 1024)
+    got = [*at_a(180), *at_b(180)]
+    assert sorted(r.stream_id for r in got) == sorted(files), "a stream was lost or received twice"
+    for r in got:
+        assert sha256_file(Path(r.path)) == sha256_file(files[r.stream_id]) == r.sha256
+
+
+def test_network_options_are_checked_and_rendered(tmp_path: Path) -> None:
+    with pytest.raises(NetworkError, match="--network-to 'http://x:1'"):
+        NetworkConfig(peers=("http://x:1",), bridge_secret=tmp_path / "s.json")
+    with pytest.raises(NetworkError, match="--bridge-secret"):
+        NetworkConfig(openwire_port=61616)
+    with pytest.raises(NetworkError, match="--network-queue '/topic/t'"):
+        NetworkConfig(openwire_port=61616, bridge_secret=tmp_path / "s.json", queues=("/topic/t",))
+    cfg = NetworkConfig(peers=("tcp://site-b.example:61616",), bridge_secret=tmp_path / "s.json", queues=(QUEUE,))
+    xml = connectors_xml(cfg, "amqstream-1", "amqs-bridge", 'p"w', lambda v: v.replace('"', "&quot;"))
+    assert 'duplex="true"' in xml and 'password="p&quot;w"' in xml and 'conduitSubscriptions="false"' in xml
+    for name in ("net", "net.amqs.>", "net.amqs_ctl.>"):
+        assert f'<queue physicalName="{name}"/>' in xml
