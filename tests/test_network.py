@@ -179,3 +179,36 @@ def test_network_options_are_checked_and_rendered(tmp_path: Path) -> None:
     assert 'duplex="true"' in xml and 'password="p&quot;w"' in xml and 'conduitSubscriptions="false"' in xml
     for name in ("net", "net.amqs.>", "net.amqs_ctl.>"):
         assert f'<queue physicalName="{name}"/>' in xml
+
+
+def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_path: Path) -> None:
+    """docs/protocol.md promises a Java team needs nothing of ours: tests/java/StreamConsumer.java,
+    compiled here against the ActiveMQ client jars of the Debian package, reads a stream sent
+    at site A from site B's OpenWire listener."""
+    import shutil
+    import subprocess
+
+    from airflow_provider_amqstream.broker import activemq_home
+    from tests.helpers import ROOT
+
+    javac, java = shutil.which("javac"), shutil.which("java")
+    if not javac or not java:
+        pytest.skip("no JDK (javac) on this machine")
+    lib = activemq_home() / "lib"
+    jars = [lib / n for n in ("activemq-client.jar", "geronimo-jms_1.1_spec.jar", "hawtbuf.jar", "slf4j-api.jar",
+                              "geronimo-j2ee-management-1.1-spec.jar")]
+    classpath = ":".join(str(j) for j in jars if j.exists())
+    classes = tmp_path / "classes"
+    subprocess.run([javac, "-d", str(classes), "-cp", classpath, str(ROOT / "tests" / "java" / "StreamConsumer.java")],
+                   check=True, capture_output=True, timeout=120)
+    src = make_file(tmp_path / "for-java.bin", 3 * 2**20 + 7, seed=5)
+    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="jms-1", chunk_size=CHUNK)
+    out = tmp_path / "java-out.bin"
+    # watchTopicAdvisories=false: the JMS client would otherwise subscribe to advisory
+    # topics, which only the bridge and the administrator may read.
+    url = f"tcp://127.0.0.1:{sites.b_openwire}?jms.watchTopicAdvisories=false"
+    run = subprocess.run([java, "-cp", f"{classes}:{classpath}", "StreamConsumer", url, "consumer", "consumer-pw",
+                          QUEUE.removeprefix("/queue/"), str(out)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["jms-1", str(src.stat().st_size), sent.sha256]
+    assert sha256_file(out) == sha256_file(src)

@@ -1,0 +1,67 @@
+// A plain JMS consumer of one amqstream stream, with nothing of ours but the header names
+// (docs/protocol.md): take an offer, read its data queue, write each chunk at its offset,
+// stop at the end marker, check the SHA-256. Used by tests/test_network.py; docs/java.md
+// walks through it.
+//
+// usage: java StreamConsumer BROKER_URL USER PASSWORD QUEUE OUT_FILE
+import java.io.RandomAccessFile;
+import java.security.MessageDigest;
+import java.util.HexFormat;
+import javax.jms.BytesMessage;
+import javax.jms.Connection;
+import javax.jms.Message;
+import javax.jms.MessageConsumer;
+import javax.jms.Session;
+import org.apache.activemq.ActiveMQConnectionFactory;
+
+public class StreamConsumer {
+    public static void main(String[] args) throws Exception {
+        String url = args[0], user = args[1], password = args[2], queue = args[3], out = args[4];
+        Connection connection = new ActiveMQConnectionFactory(user, password, url).createConnection();
+        connection.start();
+        try {
+            Session session = connection.createSession(false, Session.CLIENT_ACKNOWLEDGE);
+            MessageConsumer offers = session.createConsumer(session.createQueue(queue), "amqs_kind = 'offer'");
+            Message offer = offers.receive(60_000);
+            if (offer == null) throw new IllegalStateException("no stream offered on " + queue + " in 60s");
+            String streamId = offer.getStringProperty("amqs_stream");
+            String dataQueue = offer.getStringProperty("amqs_data_dest").replaceFirst("^/queue/", "");
+            long size = Long.parseLong(offer.getStringProperty("amqs_size"));
+            MessageConsumer data = session.createConsumer(session.createQueue(dataQueue));
+            String sha = null;
+            try (RandomAccessFile file = new RandomAccessFile(out, "rw")) {
+                file.setLength(size);
+                while (true) {
+                    Message m = data.receive(60_000);
+                    if (m == null) throw new IllegalStateException("stream " + streamId + ": no chunk in 60s");
+                    String kind = m.getStringProperty("amqs_kind");
+                    if ("end".equals(kind)) {
+                        sha = m.getStringProperty("amqs_sha256");
+                        m.acknowledge();
+                        break;
+                    }
+                    if (!"data".equals(kind)) continue;
+                    BytesMessage chunk = (BytesMessage) m;
+                    byte[] body = new byte[(int) chunk.getBodyLength()];
+                    chunk.readBytes(body);
+                    file.seek(Long.parseLong(m.getStringProperty("amqs_offset")));
+                    file.write(body);
+                }
+            }
+            if (sha == null) sha = offer.getStringProperty("amqs_sha256");
+            MessageDigest digest = MessageDigest.getInstance("SHA-256");
+            try (var in = new java.io.FileInputStream(out)) {
+                byte[] buf = new byte[1 << 20];
+                for (int n; (n = in.read(buf)) > 0; ) digest.update(buf, 0, n);
+            }
+            String got = HexFormat.of().formatHex(digest.digest());
+            if (sha != null && !sha.equals(got)) {
+                throw new IllegalStateException("stream " + streamId + ": sha256 " + got + ", sender said " + sha);
+            }
+            offer.acknowledge();  // CLIENT_ACKNOWLEDGE: every message of the session so far
+            System.out.println(streamId + " " + size + " " + got);
+        } finally {
+            connection.close();
+        }
+    }
+}
