@@ -212,3 +212,42 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["jms-1", str(src.stat().st_size), sent.sha256]
     assert sha256_file(out) == sha256_file(src)
+
+
+def test_the_cli_joins_two_brokers_and_refuses_bad_network_options(tmp_path: Path) -> None:
+    from tests.helpers import cli, cli_json
+
+    secret = tmp_path / "bridge.json"
+    bad = cli("broker", "start", "--data-dir", str(tmp_path / "x"), "--port", str(free_port()), "--network-to",
+              "http://site-b:1", "--bridge-secret", str(secret))
+    _, err = bad.communicate(timeout=60)
+    assert bad.returncode != 0 and "--network-to 'http://site-b:1': expected tcp://HOST:PORT" in err, err
+    assert "Traceback" not in err
+    ow = free_port()
+    b = ["broker", "--data-dir", str(tmp_path / "b"), "--port", str(free_port())]
+    a = ["broker", "--data-dir", str(tmp_path / "a"), "--port", str(free_port())]
+    started = []
+    try:
+        for args in ([*b, "start", "--openwire-port", str(ow), "--bridge-secret", str(secret)],
+                     [*a, "start", "--network-to", f"tcp://127.0.0.1:{ow}", "--bridge-secret", str(secret)]):
+            proc = cli(*args)
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            started.append(args[:5])
+            if "--openwire-port" in args:
+                assert f"OpenWire: tcp://127.0.0.1:{ow}" in out, out
+        assert oct(secret.stat().st_mode & 0o777) == "0o600"
+        uri_a = cli(*a, "uri").communicate(timeout=60)[0].strip()
+        uri_b = cli(*b, "uri").communicate(timeout=60)[0].strip()
+        src = make_file(tmp_path / "cli.bin", 2**20 + 3, seed=9)
+        # Sent at A before B has a receiver: it waits on A, then crosses when B's receiver asks.
+        cli_json(cli("send", str(src), "--to", QUEUE, "--conn", uri_a, "--json", "-q", "--stream-id", "cli-1"))
+        [got] = cli_json(cli("receive", "--from", QUEUE, "--out-dir", str(tmp_path / "out"), "--conn", uri_b,
+                             "--json", "-q", "--wait", "60"))
+        assert got["stream_id"] == "cli-1" and sha256_file(Path(got["path"])) == sha256_file(src)
+        # `restart` keeps the network: the data dir remembers it.
+        assert cli(*a, "restart").wait(120) == 0
+        assert f"tcp://127.0.0.1:{ow}" in (tmp_path / "a" / "conf" / "activemq.xml").read_text()
+    finally:
+        for args in reversed(started):
+            cli(*args[:5], "stop").wait(60)
