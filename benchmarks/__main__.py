@@ -421,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-docs", action="store_true", help="print only")
     ap.add_argument("--bulk-sets", default="1000x64K,200x1M,20x50M",
                     help="many-file sets COUNTxSIZE for benchmarks.bulk (empty: skip)")
+    ap.add_argument("--network-size", default="1G",
+                    help="size sent from site A to site B through a network bridge, against one broker, by "
+                         "benchmarks.network (empty: skip)")
     ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow bulk run")
     ap.add_argument("--warm-up", type=int, default=64, metavar="MIB",
                     help="MiB sent through each fresh broker, unmeasured, before measuring (default 64)")
@@ -440,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     bulk_rows: list[dict[str, Any]] = []
+    net_text = ""
     try:
         rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh, args.warm_up,
                    tuple(filter(None, args.installed_sizes.split(","))))
@@ -453,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
                                           mapped_files=args.mapped_files)
             finally:
                 broker.stop()
+        if args.network_size:
+            from benchmarks import network
+
+            net_size = SIZES[args.network_size] if args.network_size in SIZES else int(args.network_size)
+            net_text = network.table(network.run(net_size, work / "network"), net_size)
+            print(net_text)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -486,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                  "OpenSSH sftp `put -r`, rsync over ssh and a paramiko SFTP loop to a local sshd; Airflow with "
                  "one SendStreamOperator task for the directory, and with mapped tasks (one per file, capped), "
                  "each under `airflow dags test`.", "", bulk_text, ""] if bulk_text else []),
+              *(["## Across a network bridge", "", "One file from a sender on site A's broker to a receiver on "
+                 "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
+                 "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "
+                 "disk here.", "", net_text, ""] if net_text else []),
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]
