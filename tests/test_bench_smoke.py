@@ -19,7 +19,7 @@ def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.Captur
     shutil.copy(ROOT / "README.md", readme)
     assert main(["--sizes", str(3 * 2**20), "--data", "random,csv", "--workdir", str(tmp_path / "w"),
                  "--docs", str(tmp_path / "docs"), "--warm-up", "1", "--installed-sizes", str(3 * 2**20),
-                 "--readme", str(readme), "--bulk-sets", ""]) == 0
+                 "--readme", str(readme), "--bulk-sets", "", "--network-size", str(2 * 2**20)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["kind"] for r in rows] == ["random", "csv"]
     for r in rows:
@@ -33,6 +33,8 @@ def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.Captur
             assert len(r[key]) == 3 and all(c > 0 for c in r[key]), (key, r[key])
     md = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "| random |" in md and "bench_rss.png" in md and "Where the CPU goes" in md
+    net = md.split("## Across a network bridge", 1)[1]
+    assert "| one broker |" in net and "| site A -> site B |" in net
     assert (tmp_path / "docs" / "bench_rss.png").stat().st_size > 1000
     # The README's figures now come from this run, and the installed-command row is among them.
     why = readme.read_text().split(BEGIN, 1)[1]
