@@ -5,7 +5,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench lint clean airflow
+.PHONY: setup demo demo-sites test bench lint clean airflow
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 demo: setup
 	VENV="$(VENV)" bash scripts/demo.sh
+
+demo-sites: setup
+	VENV="$(VENV)" bash scripts/demo_sites.sh
 
 airflow: setup
 	VENV="$(VENV)" bash scripts/airflow.sh

@@ -14,6 +14,10 @@ RECEIVED = Path(os.environ.get("AMQSTREAM_RECEIVED_DIR", str(BASE / "received"))
 PARQUET = Path(os.environ.get("AMQSTREAM_PARQUET_DIR", str(BASE / "parquet")))
 DEMO_FILE = os.environ.get("AMQSTREAM_DEMO_FILE", str(BASE / "sales.csv"))
 QUEUE = os.environ.get("AMQSTREAM_QUEUE", "/queue/amqstream.examples")
+# Example 3's two sites: one broker for both by default; `make demo-sites` gives each site its
+# own broker, bridged, and these name the connections to them.
+SITE_A_CONN = os.environ.get("AMQSTREAM_SITE_A_CONN_ID", "amqstream_default")
+SITE_B_CONN = os.environ.get("AMQSTREAM_SITE_B_CONN_ID", "amqstream_default")
 
 
 def write_sample_csv(path: str | Path, rows: int = 50_000, seed: int = 7) -> Path:

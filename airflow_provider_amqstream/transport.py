@@ -61,6 +61,9 @@ class BrokerParams:
     :param heartbeat_ms: STOMP heart-beat interval both ways; 0 disables.
     :param chunk_size: default chunk size for streams sent through this connection.
     :param window: default number of chunks per confirmation window / prefetch.
+    :param network: the broker is one of a network of brokers; a trigger watching for offers
+        then also draws offers waiting at the other brokers to this one (a queue browser
+        alone makes no bridge forward anything).
     """
 
     hosts: tuple[tuple[str, int], ...] = (("127.0.0.1", DEFAULT_PORT),)
@@ -78,6 +81,7 @@ class BrokerParams:
     chunk_size: int | None = None
     window: int | None = None
     compression: str | None = None
+    network: bool = False
 
     @property
     def url(self) -> str:
@@ -130,6 +134,7 @@ class BrokerParams:
             chunk_size=num("chunk_size", None), window=num("window", None),
             compression=(str(extra["compression"]).lower() or None) if extra.get("compression") not in
             (None, "", "none", "None") else None,
+            network=flag("network", False),
         )
 
     @classmethod

@@ -150,6 +150,31 @@ def test_site_a_killed_before_forwarding_loses_nothing(sites: Sites, tmp_path: P
         assert sha256_file(Path(r.path)) == sha256_file(files[int(r.stream_id[-1])]) == r.sha256
 
 
+def test_a_watcher_at_site_b_sees_a_stream_waiting_at_site_a_when_told_it_is_networked(sites: Sites,
+                                                                                     tmp_path: Path) -> None:
+    """Triggers watch with a queue browser, and a bridge forwards nothing to a browser: on a
+    connection marked ``network``, each look first draws waiting offers to this broker."""
+    from dataclasses import replace
+
+    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+
+    src = make_file(tmp_path / "waiting.bin", 200_000, seed=7)
+    send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="waits-at-a", mode="atomic")
+    at_b = sites.params(sites.b, "consumer")
+    plain, networked = OfferBrowser(at_b, QUEUE), OfferBrowser(replace(at_b, network=True), QUEUE)
+    try:
+        assert plain.look() == [], "a browser alone saw an offer held at the other site"
+        seen = wait_for(lambda: networked.look(), 30, "the networked watcher to see the offer waiting at A",
+                        interval=0.2)
+        assert [o.stream_id for o in seen] == ["waits-at-a"]
+        assert [o.stream_id for o in plain.look()] == ["waits-at-a"], "it was drawn to B, not taken"
+    finally:
+        plain.close()
+        networked.close()
+    got = receive_stream(at_b, QUEUE, tmp_path / "out", options=ReceiveOptions(wait_timeout=30))
+    assert got is not None and sha256_file(Path(got.path)) == sha256_file(src)
+
+
 def test_receivers_at_both_sites_take_each_stream_once(sites: Sites, tmp_path: Path) -> None:
     files = {f"both-{i}": make_file(tmp_path / f"b{i}.bin", 300_000 + i, seed=20 + i) for i in range(8)}
 

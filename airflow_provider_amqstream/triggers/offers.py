@@ -99,6 +99,8 @@ class OfferBrowser:
         selector = f"{p.H_KIND} = 'offer'" + (f" AND {p.H_STREAM} = '{stream_id}'" if stream_id else "")
         link = self._session()
         try:
+            if self.params.network:
+                self._draw_here(link, selector)
             offers = self._browse(link, selector)
         except TransportError:
             # Lost, refused or stuck: whatever state the session is in, the next look
@@ -106,6 +108,19 @@ class OfferBrowser:
             self.close()
             raise
         return offers
+
+    def _draw_here(self, link: StompLink, selector: str, hold: float = 1.0) -> None:
+        """In a network of brokers, make offers waiting at another broker come to this one.
+
+        A bridge forwards a queue's messages only to where a consumer is, and a browser does
+        not count. So subscribe as a consumer for a moment, then leave without acknowledging
+        anything: what the bridge forwarded meanwhile stays on this broker, where the browse
+        sees it and a receiver takes it. Nothing is consumed."""
+        sub = link.subscribe(str(self.dest), selector=selector, prefetch=1)
+        try:
+            link.get(hold, subscription=sub)
+        finally:
+            link.unsubscribe(sub)
 
     def _browse(self, link: StompLink, selector: str) -> list[Offer]:
         sub = link.subscribe(str(self.dest), selector=selector, browser=True, prefetch=64)

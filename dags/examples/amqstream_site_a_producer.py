@@ -10,7 +10,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, task
 
-from airflow_provider_amqstream.example_support import BASE, QUEUE, write_sample_csv
+from airflow_provider_amqstream.example_support import BASE, QUEUE, SITE_A_CONN, write_sample_csv
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 
 OUTBOX = BASE / "site-a" / "outbox"
@@ -43,6 +43,6 @@ with DAG(
             shutil.move(str(src), dest)
         return str(dest)
 
-    sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".sites",
-                                      mode="atomic").expand(path=outbox_files())
+    sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".sites", mode="atomic",
+                                      amqstream_conn_id=SITE_A_CONN).expand(path=outbox_files())
     archive.expand(result=sent.output)

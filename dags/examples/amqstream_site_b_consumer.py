@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG
 
-from airflow_provider_amqstream.example_support import PARQUET, QUEUE, RECEIVED
+from airflow_provider_amqstream.example_support import PARQUET, QUEUE, RECEIVED, SITE_B_CONN
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -22,6 +22,7 @@ with DAG(
     tags=["amqstream", "example", "site-b"],
 ) as dag:
     receive = StreamCompleteSensor(task_id="receive", source=QUEUE + ".sites", out_dir=str(RECEIVED / "site-b"),
-                                   deferrable=True, poke_interval=10, timeout=4 * 3600)
+                                   amqstream_conn_id=SITE_B_CONN, deferrable=True, poke_interval=10,
+                                   timeout=4 * 3600)
     receive >> stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
                                           output_dir=str(PARQUET / "site-b"))
