@@ -14,8 +14,10 @@ receive from, the destinations they are granted (``<data-dir>/users.json``, mode
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -228,11 +230,47 @@ class EmbeddedBroker:
         password = secrets.token_urlsafe(18)
         common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
         subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
-                        "-validity", "825", "-dname", "CN=localhost", "-ext", "SAN=dns:localhost,ip:127.0.0.1",
+                        "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={self._certificate_names()}",
                         "-keypass", password, *common], check=True, capture_output=True, timeout=60)
         subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(self.ca_file), *common],
                        check=True, capture_output=True, timeout=60)
         _write_secret_json(secret, {"password": password})
+        os.chmod(store, 0o600)
+        return store, password
+
+    def _certificate_names(self) -> str:
+        """Subject names for the generated certificate: loopback, this host's names (a
+        remote site's bridge verifies the name it dialled), and the bind address."""
+        dns = {"localhost", socket.gethostname(), socket.getfqdn()}
+        ips = {"127.0.0.1"}
+        if self.bind not in ("0.0.0.0", "::", ""):
+            try:
+                ipaddress.ip_address(self.bind)
+                ips.add(self.bind)
+            except ValueError:
+                dns.add(self.bind)
+        names = [f"dns:{n}" for n in sorted(dns) if n and re.fullmatch(r"[A-Za-z0-9.-]+", n)]
+        return ",".join(names + [f"ip:{ip}" for ip in sorted(ips)])
+
+    def _trust_store(self, certificates: Iterable[Path]) -> tuple[Path, str]:
+        """A PKCS12 trust store holding ``certificates`` (PEM), remade at each start so it
+        holds exactly the certificates asked for; for bridges to ``ssl://`` peers."""
+        tls = self.data_dir / "tls"
+        tls.mkdir(parents=True, exist_ok=True, mode=0o700)
+        store = tls / "peers.p12"
+        store.unlink(missing_ok=True)
+        password = secrets.token_urlsafe(18)
+        keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+        for i, cert in enumerate(certificates):
+            if not Path(cert).is_file():
+                raise BrokerError(f"--network-ca {cert}: no such file (give the remote broker's certificate, "
+                                  "its <data dir>/tls/broker-cert.pem)")
+            run = subprocess.run([keytool, "-importcert", "-noprompt", "-alias", f"peer-{i}", "-file", str(cert),
+                                  "-keystore", str(store), "-storetype", "PKCS12", "-storepass", password],
+                                 capture_output=True, text=True, timeout=60)
+            if run.returncode != 0:
+                raise BrokerError(f"--network-ca {cert}: not a certificate keytool can read: "
+                                  f"{(run.stdout + run.stderr).strip()[-300:]}")
         os.chmod(store, 0o600)
         return store, password
 
@@ -267,10 +305,16 @@ class EmbeddedBroker:
         # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
         store_mb = max(512, int(free * 0.9 / 2**20))
         ssl_xml = tls_xml = ""
-        if self.tls_port:
+        if self.tls_port or net.needs_tls:
             store, store_pw = self._keystore()
+            trust = ""
+            if net.peer_cas:
+                trust_store, trust_pw = self._trust_store(net.peer_cas)
+                trust = (f' trustStore="file:{xml_attr(str(trust_store))}" '
+                         f'trustStorePassword="{xml_attr(trust_pw)}" trustStoreType="pkcs12"')
             ssl_xml = (f'    <sslContext><sslContext keyStore="file:{xml_attr(str(store))}" '
-                       f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"/></sslContext>')
+                       f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
+        if self.tls_port:
             tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{self.bind}:{self.tls_port}'
                        '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
                        '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
@@ -317,8 +361,9 @@ class EmbeddedBroker:
 
     def _ready(self) -> bool:
         # Connectors start one after another: the TLS one ~0.1 s after plain STOMP.
-        return self.port_open() and all(self.port_open(port=p) for p in (self.tls_port, self.network.openwire_port)
-                                        if p)
+        net = self.network
+        return self.port_open() and all(self.port_open(port=p) for p in (self.tls_port, net.openwire_port,
+                                                                          net.openwire_tls_port) if p)
 
     def info(self, *, user: str | None = None) -> BrokerInfo:
         """Where the broker listens, with the administrator's credentials, or ``user``'s."""

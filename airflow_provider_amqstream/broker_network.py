@@ -9,6 +9,9 @@ What a network needs, found on ActiveMQ 5.17 with two of our brokers on loopback
   a consumer for it exists, and learns of consumers from advisories.
 * A duplex bridge: handshake mode sends control messages back, from the receiver's site to
   the sender's; a one-way bridge drops them ("no receiver answered the offer").
+* TLS, when asked: an OpenWire listener over TLS (``--openwire-tls-port``) with the
+  broker's certificate, and ``ssl://`` peers trusted through the remote brokers'
+  certificates (``--network-ca``), imported into a trust store of this broker.
 * One bridge user, with the same name and password on both brokers. A bridge logs in to
   the remote broker *and* to its own over ``vm://`` with the same credentials (5.17 has no
   separate local user name), so the secret is made once and given to every site.
@@ -43,8 +46,8 @@ def parse_peer(text: str) -> str:
     """``tcp://host:port`` (or ``ssl://``) of a remote broker's OpenWire listener, checked."""
     m = _URI.fullmatch(text.strip())
     if m is None or not 1 <= int(m.group(3)) <= 65535:
-        raise NetworkError(f"--network-to {text!r}: expected tcp://HOST:PORT (the remote broker's OpenWire "
-                           "listener, its --openwire-port)")
+        raise NetworkError(f"--network-to {text!r}: expected tcp://HOST:PORT or ssl://HOST:PORT (the remote "
+                           "broker's OpenWire listener, its --openwire-port or --openwire-tls-port)")
     return m.group(0)
 
 
@@ -72,37 +75,55 @@ class NetworkConfig:
     :param bridge_secret: JSON file with the bridge user's ``user`` and ``password``,
         created (mode 0600) if missing; give the same file to every broker of the network.
     :param queues: ``/queue/NAME`` destinations forwarded (empty: every queue).
+    :param openwire_tls_port: listen for OpenWire over TLS on this port (the broker's
+        certificate, the one ``--tls-port`` uses).
+    :param peer_cas: PEM certificates to trust for ``ssl://`` peers (each remote broker's
+        ``tls/broker-cert.pem``, or the CA that signed it).
     """
 
     openwire_port: int | None = None
     peers: tuple[str, ...] = ()
     bridge_secret: Path | None = None
     queues: tuple[str, ...] = ()
+    openwire_tls_port: int | None = None
+    peer_cas: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.openwire_port is not None and not 1 <= self.openwire_port <= 65535:
-            raise NetworkError(f"--openwire-port {self.openwire_port}: not a port number")
+        for option, port in (("--openwire-port", self.openwire_port), ("--openwire-tls-port", self.openwire_tls_port)):
+            if port is not None and not 1 <= port <= 65535:
+                raise NetworkError(f"{option} {port}: not a port number")
         for peer in self.peers:
             parse_peer(peer)
+            if peer.startswith("ssl://") and not self.peer_cas:
+                raise NetworkError(f"--network-to {peer}: a TLS bridge needs --network-ca FILE, the remote "
+                                   "broker's certificate (its <data dir>/tls/broker-cert.pem)")
         forwarded_names(self.queues)
-        if (self.peers or self.openwire_port) and self.bridge_secret is None:
+        if self.active and self.bridge_secret is None:
             raise NetworkError("a broker in a network needs --bridge-secret FILE (the bridge user's name and "
                                "password, the same file on every broker of the network)")
 
     @property
     def active(self) -> bool:
-        return bool(self.openwire_port or self.peers)
+        return bool(self.openwire_port or self.openwire_tls_port or self.peers)
+
+    @property
+    def needs_tls(self) -> bool:
+        """Whether the broker needs its key (a TLS listener) or a trust store (TLS peers)."""
+        return bool(self.openwire_tls_port or any(p.startswith("ssl://") for p in self.peers))
 
     def to_json(self) -> dict[str, Any]:
         return {"openwire_port": self.openwire_port, "peers": list(self.peers),
                 "bridge_secret": str(self.bridge_secret) if self.bridge_secret else None,
-                "queues": list(self.queues)}
+                "queues": list(self.queues), "openwire_tls_port": self.openwire_tls_port,
+                "peer_cas": [str(c) for c in self.peer_cas]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NetworkConfig:
         secret = data.get("bridge_secret")
         return cls(openwire_port=data.get("openwire_port"), peers=tuple(data.get("peers") or ()),
-                   bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()))
+                   bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()),
+                   openwire_tls_port=data.get("openwire_tls_port"),
+                   peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
 
     @classmethod
     def remembered(cls, data_dir: Path) -> NetworkConfig | None:
@@ -174,7 +195,9 @@ def connectors_xml(cfg: NetworkConfig, name: str, user: str | None, password: st
 
 
 def openwire_xml(cfg: NetworkConfig, bind: str) -> str:
-    if not cfg.openwire_port:
-        return ""
-    return (f'      <transportConnector name="openwire" uri="tcp://{bind}:{cfg.openwire_port}'
-            '?transport.tcpNoDelay=true&amp;wireFormat.maxInactivityDuration=30000"/>')
+    """The OpenWire listeners: plain, TLS (the broker's ``<sslContext>``), or both."""
+    options = "?transport.tcpNoDelay=true&amp;wireFormat.maxInactivityDuration=30000"
+    listeners = [f'      <transportConnector name="{name}" uri="{scheme}://{bind}:{port}{options}"/>'
+                 for name, scheme, port in (("openwire", "tcp", cfg.openwire_port),
+                                            ("openwire+ssl", "ssl", cfg.openwire_tls_port)) if port]
+    return "\n".join(listeners)

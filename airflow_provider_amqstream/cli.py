@@ -124,10 +124,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.broker_network import NetworkConfig
 
     network = None
-    if args.openwire_port or args.network_to or args.bridge_secret or args.network_queue:
+    if (args.openwire_port or args.openwire_tls_port or args.network_to or args.bridge_secret
+            or args.network_queue or args.network_ca):
         network = NetworkConfig(openwire_port=args.openwire_port, peers=tuple(args.network_to or ()),
                                 bridge_secret=Path(args.bridge_secret) if args.bridge_secret else None,
-                                queues=tuple(args.network_queue or ()))
+                                queues=tuple(args.network_queue or ()), openwire_tls_port=args.openwire_tls_port,
+                                peer_cas=tuple(Path(c) for c in args.network_ca or ()))
     broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb,
                             tls_port=args.tls_port, network=network)
     if args.action == "start":
@@ -138,6 +140,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         net = broker.network
         if net.openwire_port:
             print(f"  OpenWire: tcp://{info.host}:{net.openwire_port} (bridges from other brokers, JMS clients)")
+        if net.openwire_tls_port:
+            print(f"  OpenWire over TLS: ssl://{info.host}:{net.openwire_tls_port}, certificate {broker.ca_file}")
         for peer in net.peers:
             print(f"  bridged to {peer} (duplex), as the user in {net.bridge_secret}")
         if created:
@@ -319,8 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tls", action="store_true", help="uri: print the TLS URI")
     b.add_argument("--openwire-port", type=int, help="network: also listen for OpenWire (other brokers' bridges, "
                    "JMS clients), authenticated")
+    b.add_argument("--openwire-tls-port", type=int, help="network: also listen for OpenWire over TLS, with this "
+                   "broker's certificate (tls/broker-cert.pem in the data dir)")
     b.add_argument("--network-to", action="append", metavar="URI", help="network: bridge to this broker's "
-                   "OpenWire listener, tcp://HOST:PORT (repeatable; duplex; the link is retried while down)")
+                   "OpenWire listener, tcp://HOST:PORT or ssl://HOST:PORT (repeatable; duplex; the link is "
+                   "retried while down)")
+    b.add_argument("--network-ca", action="append", metavar="PEM", help="network: trust this certificate for "
+                   "ssl:// bridges (the remote broker's tls/broker-cert.pem; repeatable)")
     b.add_argument("--bridge-secret", metavar="FILE", help="network: the bridge user's name and password, made "
                    "here if missing (mode 0600); give the same file to every broker of the network")
     b.add_argument("--network-queue", action="append", metavar="/queue/NAME", help="network: forward only these "

@@ -26,14 +26,17 @@ class Sites:
     """Site A (senders; bridges to B) and site B (receivers), with a user of each that may
     only send to, or receive from, the forwarded queue."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, tls: bool = False) -> None:
         secret = root / "bridge.json"
         self.b_openwire = free_port()
+        # TLS: B listens for OpenWire over TLS only; A dials ssl:// and trusts B's certificate.
         self.b = EmbeddedBroker(root / "b", port=free_port(), network=NetworkConfig(
-            openwire_port=self.b_openwire, bridge_secret=secret, queues=(QUEUE,)))
+            bridge_secret=secret, queues=(QUEUE,), **({"openwire_tls_port": self.b_openwire} if tls else
+                                                      {"openwire_port": self.b_openwire})))
+        peer = f"{'ssl' if tls else 'tcp'}://127.0.0.1:{self.b_openwire}"
         self.a = EmbeddedBroker(root / "a", port=free_port(), network=NetworkConfig(
-            openwire_port=free_port(), peers=(f"tcp://127.0.0.1:{self.b_openwire}",), bridge_secret=secret,
-            queues=(QUEUE,)))
+            openwire_port=free_port(), peers=(peer,), bridge_secret=secret, queues=(QUEUE,),
+            peer_cas=(self.b.ca_file,) if tls else ()))
         for broker in (self.a, self.b):
             broker.add_user("producer", send=[QUEUE], password="producer-pw")
             broker.add_user("consumer", receive=[QUEUE], password="consumer-pw")
@@ -67,6 +70,16 @@ class Sites:
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[Sites]:
     s = Sites(tmp_path / "sites")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def tls_sites(tmp_path: Path) -> Iterator[Sites]:
+    s = Sites(tmp_path / "tls-sites", tls=True)
     s.start()
     try:
         yield s
@@ -276,3 +289,64 @@ def test_the_cli_joins_two_brokers_and_refuses_bad_network_options(tmp_path: Pat
     finally:
         for args in reversed(started):
             cli(*args[:5], "stop").wait(60)
+
+
+def test_a_bridge_over_tls_carries_streams_and_refuses_an_untrusted_broker(tls_sites: Sites,
+                                                                          tmp_path: Path) -> None:
+    """A dials B's OpenWire TLS listener and verifies B's certificate; a handshake stream's
+    control messages come back over the same TLS link. A broker that trusts another
+    certificate never gets a bridge."""
+    sites = tls_sites
+    assert "ssl://127.0.0.1" in (sites.a.data_dir / "conf" / "activemq.xml").read_text()
+    src = make_file(tmp_path / "tls.bin", 3 * 2**20 + 11, seed=31)
+    rx = sites.params(sites.b, "consumer")
+    join = _in_thread(lambda: receive_stream(rx, QUEUE, tmp_path / "out", options=ReceiveOptions(wait_timeout=60)))
+    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, mode="handshake", chunk_size=CHUNK,
+                     request_timeout=60)
+    got = join(120)
+    assert got is not None and sha256_file(Path(got.path)) == sha256_file(src) == sent.sha256
+
+    wrong = EmbeddedBroker(tmp_path / "c", port=free_port(), network=NetworkConfig(
+        peers=(f"ssl://127.0.0.1:{sites.b_openwire}",), bridge_secret=tmp_path / "tls-sites" / "bridge.json",
+        queues=(QUEUE,), peer_cas=(sites.a.ca_file,)))  # trusts A's certificate, not B's
+    wrong.start()
+    try:
+        wait_for(lambda: "PKIX" in wrong.log_file.read_text(errors="replace"), 60,
+                 "the untrusting broker to log the certificate it refused", interval=0.2)
+        assert "has been established" not in wrong.log_file.read_text(errors="replace")
+    finally:
+        wrong.stop()
+    with pytest.raises(NetworkError, match="--network-ca"):
+        NetworkConfig(peers=("ssl://site-b:61617",), bridge_secret=tmp_path / "s.json")
+
+
+def test_the_sender_killed_at_site_a_reruns_and_site_b_gets_the_file(sites: Sites, tmp_path: Path) -> None:
+    """kill -9 of the sending process at site A mid-stream, its re-run resumes from what A's
+    broker confirmed, and the receiver waiting at site B gets the file byte-exact."""
+    import os
+    import signal
+
+    from airflow_provider_amqstream.engine import checkpoint_name
+    from tests.helpers import cli, cli_json, read_json
+
+    src = make_file(tmp_path / "rerun.bin", 64 * 2**20 + 9, seed=41)
+    out = tmp_path / "out"
+    receiving = _in_thread(lambda: receive_stream(sites.params(sites.b, "consumer"), QUEUE, out, options=ReceiveOptions(
+        wait_timeout=120, idle_timeout=300)))
+    tx = sites.params(sites.a, "producer")
+    uri = f"amqstream://producer:producer-pw@127.0.0.1:{sites.a.port}"
+    state_dir = tmp_path / "send-state"
+    args = ["send", str(src), "--to", QUEUE, "--conn", uri, "--stream-id", "rerun-1", "--chunk-size", str(CHUNK),
+            "--window", "4", "--json", "-q"]
+    first = cli(*args, env={"AMQSTREAM_STATE_DIR": str(state_dir)})
+    ckpt = state_dir / checkpoint_name("rerun-1", tx)
+    wait_for(lambda: (read_json(ckpt) or {}).get("confirmed_seq", 0) >= 40, 120, "the sender to confirm 40 chunks")
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=30)
+    confirmed = read_json(ckpt)["confirmed_seq"]  # type: ignore[index]
+    assert not (out / "rerun.bin").exists()
+    [res] = cli_json(cli(*args, env={"AMQSTREAM_STATE_DIR": str(state_dir)}))
+    assert res["resumed_from"] == confirmed * CHUNK > 0
+    got = receiving(300)
+    assert got is not None and got.stream_id == "rerun-1"
+    assert sha256_file(Path(got.path)) == sha256_file(src) == res["sha256"] == got.sha256
