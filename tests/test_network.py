@@ -350,3 +350,29 @@ def test_the_sender_killed_at_site_a_reruns_and_site_b_gets_the_file(sites: Site
     got = receiving(300)
     assert got is not None and got.stream_id == "rerun-1"
     assert sha256_file(Path(got.path)) == sha256_file(src) == res["sha256"] == got.sha256
+
+
+@pytest.mark.spark
+def test_example_three_runs_on_two_bridged_brokers(tmp_path: Path) -> None:
+    """`make demo-sites` as users run it: site A's and site B's embedded brokers bridged, the
+    producer DAG on A's connection, the consumer DAG (sensor, Spark) on B's, each under
+    `airflow dags test` in its own process; the brokers it started are stopped."""
+    import os
+    import subprocess
+
+    from tests.helpers import ROOT
+
+    env = {**os.environ, "AMQSTREAM_DEMO_DIR": str(tmp_path), "VENV": str(Path(os.sys.prefix))}
+    env.pop("AIRFLOW_HOME", None)
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "demo_sites.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    sites = tmp_path / "sites"
+    [received] = [f for f in (sites / "received" / "site-b").iterdir() if not f.name.startswith(".")]
+    # The producer archived what it sent under site A's outbox/sent/<date>/.
+    [sent] = [f for f in sites.rglob(received.name) if "sent" in f.parts]
+    assert sha256_file(received) == sha256_file(sent)
+    assert list((sites / "parquet" / "site-b").glob("*/_amqstream_summary.json"))
+    assert "site A's broker bridged to site B's" in run.stdout, run.stdout
+    for site in ("broker-a", "broker-b"):  # stopped by the script
+        assert not EmbeddedBroker(sites / site).running_pid(), f"{site} left running"
