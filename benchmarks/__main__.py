@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.example_support import write_sample_csv
 from benchmarks.readme import rows_from_report, update_readme
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +65,9 @@ def make_csv(path: Path, size: int, seed_file: Path) -> None:
     rows in Python would take longer than the benchmark). Per-chunk compression sees only
     1 MiB at a time, so the repetition does not flatter it."""
     if not seed_file.exists():
+        sys.path.insert(0, str(ROOT / "dags" / "examples"))  # the examples' sample data helper
+        from example_support import write_sample_csv
+
         write_sample_csv(seed_file, rows=600_000)
     block = seed_file.read_bytes()
     header, _, rows = block.partition(b"\n")

@@ -21,7 +21,7 @@ export AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]", "e
 
 if [ ! -f "$AMQSTREAM_DEMO_FILE" ]; then
   echo "demo: generating $ROWS rows of sales data into $AMQSTREAM_DEMO_FILE"
-  python -c "import sys; from airflow_provider_amqstream.example_support import write_sample_csv as w; w(sys.argv[1], int(sys.argv[2]))" \
+  PYTHONPATH=dags/examples python -c "import sys; from example_support import write_sample_csv as w; w(sys.argv[1], int(sys.argv[2]))" \
     "$AMQSTREAM_DEMO_FILE" "$ROWS"
 fi
 echo "demo: input $(du -h "$AMQSTREAM_DEMO_FILE" | cut -f1) $AMQSTREAM_DEMO_FILE"

@@ -22,6 +22,8 @@ from tests.helpers import free_port
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="amqs-airflow-"))
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags" / "examples")
+# The examples' shared settings live beside them (example_support.py), as Airflow finds them.
+sys.path.insert(0, str(ROOT / "dags" / "examples"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # spark-submit, airflow
 

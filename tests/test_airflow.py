@@ -163,7 +163,7 @@ def test_example_one_file_end_to_end_with_spark(airflow_db: Path, spark_and_brok
         monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # the executors' Python, as the driver's
     report = tmp_path / "report.json"
     monkeypatch.setenv("AMQSTREAM_REPORT_FILE", str(report))
-    from airflow_provider_amqstream import example_support
+    import example_support
 
     monkeypatch.setattr(example_support, "RECEIVED", tmp_path / "received")
     monkeypatch.setattr(example_support, "PARQUET", tmp_path / "parquet")
@@ -332,7 +332,7 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
 def test_examples_two_sites_run_as_shipped(airflow_db: Path, spark_and_broker: None, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Example 3 runs without edits: producer and consumer sites."""
-    from airflow_provider_amqstream import example_support
+    import example_support
 
     for name in ("LANDING", "RECEIVED", "PARQUET", "BASE"):
         monkeypatch.setattr(example_support, name, tmp_path / name.lower())

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from example_support import write_sample_csv
 
-from airflow_provider_amqstream.example_support import write_sample_csv
 from tests.deployment import Deployment, json_line
 from tests.helpers import ROOT, make_file, sha256_file, wait_for
 
@@ -38,7 +38,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     home = tmp_path_factory.mktemp("deployment")
     dags = home / "dags"
     dags.mkdir()
-    for dag_file in [*EXAMPLES.glob("*.py"), ROOT / "tests" / "dags" / "deploy_dags.py"]:
+    for dag_file in [*EXAMPLES.glob("*.py"), EXAMPLES / ".airflowignore", ROOT / "tests" / "dags" / "deploy_dags.py"]:
         (dags / dag_file.name).symlink_to(dag_file)
     # One file already waits in the landing zone, so the first scheduled bulk run moves just
     # it (an empty landing zone is seeded with three, which is three Spark jobs).

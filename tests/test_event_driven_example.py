@@ -32,7 +32,7 @@ def test_event_driven_dag_parses_and_its_watcher_serializes() -> None:
 @pytest.mark.broker
 def test_event_driven_run_receives_exactly_its_streams(airflow_db: Path, params: BrokerParams, uri: str,
                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_amqstream import example_support
+    import example_support
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(

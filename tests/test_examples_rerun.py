@@ -60,7 +60,7 @@ def test_sensor_returns_a_stream_it_already_received_at_once(params: BrokerParam
 def example_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uri: str) -> Path:
     import json as _json
 
-    from airflow_provider_amqstream import example_support
+    import example_support
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", _json.dumps(

@@ -173,7 +173,7 @@ def test_concurrent_send_and_receive_in_process(params: BrokerParams, tmp_path: 
 
 
 def test_compressed_csv_round_trip(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
-    from airflow_provider_amqstream.example_support import write_sample_csv
+    from example_support import write_sample_csv
 
     src = write_sample_csv(tmp_path / "sales.csv", rows=60_000)
     roundtrip(params, src, queue_name, tmp_path / "out", compression="zstd", chunk_size=256 * 1024)

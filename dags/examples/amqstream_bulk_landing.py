@@ -12,8 +12,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, task
+from example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
 
-from airflow_provider_amqstream.example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
 from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
 from airflow_provider_amqstream.operators.spark import manifest_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator

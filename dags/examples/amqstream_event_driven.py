@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
+from example_support import PARQUET, QUEUE, RECEIVED
 
-from airflow_provider_amqstream.example_support import PARQUET, QUEUE, RECEIVED
 from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, quiet_spark_conf, stream_to_parquet_job
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 

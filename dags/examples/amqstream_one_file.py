@@ -8,8 +8,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, task
+from example_support import DEMO_FILE, PARQUET, QUEUE, RECEIVED, write_sample_csv
 
-from airflow_provider_amqstream.example_support import DEMO_FILE, PARQUET, QUEUE, RECEIVED, write_sample_csv
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor

@@ -9,8 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, task
+from example_support import BASE, QUEUE, SITE_A_CONN, write_sample_csv
 
-from airflow_provider_amqstream.example_support import BASE, QUEUE, SITE_A_CONN, write_sample_csv
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 
 OUTBOX = BASE / "site-a" / "outbox"

@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG
+from example_support import PARQUET, QUEUE, RECEIVED, SITE_B_CONN
 
-from airflow_provider_amqstream.example_support import PARQUET, QUEUE, RECEIVED, SITE_B_CONN
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 

@@ -1,6 +1,8 @@
 """Settings and sample data shared by the example DAGs, the demo and the benchmarks.
 
-Nothing here touches the network or a connection: parsing a DAG file stays cheap.
+It lives beside the DAGs (Airflow puts the DAGs folder on the import path), and
+.airflowignore keeps the DAG processor from parsing it as a DAG file. Nothing here touches
+the network or a connection: parsing a DAG file stays cheap.
 """
 
 from __future__ import annotations
