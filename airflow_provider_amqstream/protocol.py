@@ -8,6 +8,10 @@ Read ``docs/protocol.md`` for the wire format. In short, a stream is:
   chunk, each carrying its 1-based sequence number, byte offset and CRC-32;
 * one ``end`` message on the same per-stream queue with the SHA-256 of the whole file.
 
+A file no larger than one chunk may instead travel *inline*: one offer carrying the
+file as its body, with the CRC-32 of that body and the file's SHA-256 in its headers,
+and no data queue at all (:func:`inline_offer`, :func:`read_inline`).
+
 A receiver takes one offer at a time (prefetch 1, acknowledged only when the file is
 published), so it never has two streams open, and a crashed receiver's offer goes back
 to the queue for the next one. Chunks are placed by offset, never by arrival order, so
@@ -19,7 +23,7 @@ resend from a sequence number with ``rereq``, and say ``done``. That gives consu
 discovery, a window of chunks per acknowledgement, recovery of lost or corrupted
 chunks from the live sender, and topics where every subscriber gets the whole file.
 
-This module decides; the engine (``engine.py``) reads files, writes files and talks to
+This module decides; the engine (``engine/``) reads files, writes files and talks to
 the broker. Everything here can be unit-tested without a network or a disk.
 """
 
@@ -66,6 +70,8 @@ H_ORIGIN = "amqs_origin"
 # Handshake mode: a receiver's secret for one stream, sent only on the control queue (which
 # other receivers cannot read), so the sender can tell its receiver from an impostor.
 H_TOKEN = "amqs_token"
+# "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
+H_INLINE = "amqs_inline"
 # A batch message: its id (also in amqs_stream, so selectors on it see one), part k of n.
 H_BATCH = "amqs_batch"
 H_PART = "amqs_part"
@@ -437,6 +443,60 @@ def end_headers(spec: StreamSpec, sha256_hex: str) -> dict[str, str]:
     h.update({H_SIZE: str(spec.size), H_CHUNKS: str(spec.chunks), H_SHA256: sha256_hex,
               H_GROUP_SEQ: "-1"})
     return h
+
+
+def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256_hex: str, *,
+                 codec: ChunkCodec | None = None, origin: str | None = None,
+                 subdir: str = "") -> tuple[dict[str, str], bytes]:
+    """Headers and wire body of an offer carrying a whole small file (one chunk at most).
+
+    Small files are most of a bulk landing directory, and each one's data queue would cost
+    a receiver a subscription and two more messages; inline, a file is one message."""
+    if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
+        raise ProtocolError(f"stream {spec.stream_id}: only a {spec.chunk_size}-byte (one chunk) stream, not in "
+                            "handshake mode, can travel inline")
+    if len(body) != spec.size:
+        raise ProtocolError(f"stream {spec.stream_id}: {len(body)} bytes read, the offer says {spec.size} "
+                            "(did the file change while it was being sent?)")
+    wire, encoding = codec.encode(body) if codec else (body, None)
+    h = offer_headers(spec, destination, origin=origin, subdir=subdir)
+    h.update({H_INLINE: "1", H_CRC: str(crc32(wire)), H_SHA256: sha256_hex})
+    if encoding:
+        h[H_ENCODING] = encoding
+    return h, wire
+
+
+def is_inline(headers: Mapping[str, Any]) -> bool:
+    """Whether an offer says it carries its file (any value of :data:`H_INLINE` does; only
+    "1" is valid, which :func:`read_inline` checks)."""
+    return headers.get(H_INLINE) is not None
+
+
+def read_inline(headers: Mapping[str, Any], body: bytes | memoryview, spec: StreamSpec) -> bytes:
+    """The file an inline offer carries, checked end to end: CRC-32 of the wire body, the
+    declared encoding and length, and the SHA-256. Raises ProtocolError for any
+    mismatch (the stream can never succeed)."""
+    sid = spec.stream_id
+    if headers.get(H_INLINE) != "1":
+        raise ProtocolError(f"stream {sid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (only \"1\" is valid)")
+    if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
+        raise ProtocolError(f"stream {sid}: an inline offer must be one chunk at most and not in handshake mode "
+                            f"({spec.size} bytes in chunks of {spec.chunk_size}, mode {spec.mode.value})")
+    sha = str(headers.get(H_SHA256, ""))
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ProtocolError(f"stream {sid}: inline offer has no valid {H_SHA256}")
+    crc = _int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
+    if crc32(body) != crc:
+        raise ProtocolError(f"stream {sid}: the inline body failed its CRC-32 check")
+    encoding = headers.get(H_ENCODING)
+    data = ChunkCodec.decode(str(encoding), body, spec.size) if encoding else bytes(body)
+    if len(data) != spec.size:
+        raise ProtocolError(f"stream {sid}: the inline body has {len(data)} bytes, the offer says {spec.size}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha:
+        raise ProtocolError(f"stream {sid}: SHA-256 mismatch: received {actual}, sender reported {sha}; the file "
+                            "was not published")
+    return data
 
 
 def _int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,

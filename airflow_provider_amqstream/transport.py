@@ -462,16 +462,22 @@ class StompLink:
         seconds with nothing."""
         if subscription is None:
             return self._next(timeout)
-        stash = self._stash.get(subscription)
-        if stash:
-            return stash.popleft()
+        return self.get_any(timeout, (subscription,))
+
+    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Frame | None:
+        """The next message for any of ``subscriptions`` (the first one's first), or None
+        after ``timeout`` seconds; messages of other live subscriptions are kept for them."""
+        for sub in subscriptions:
+            stash = self._stash.get(sub)
+            if stash:
+                return stash.popleft()
         deadline = time.monotonic() + timeout
         while True:
             frame = self._next(max(0.0, deadline - time.monotonic()))
             if frame is None:
                 return None
             sub = frame.headers.get("subscription")
-            if sub == subscription:
+            if sub in subscriptions:
                 return frame
             if sub in self._stash:
                 self._stash[sub].append(frame)

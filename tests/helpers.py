@@ -63,8 +63,9 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
 
 def cli(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
     """Start ``amqstream ARGS`` as a real process."""
-    return subprocess.Popen([sys.executable, "-m", "airflow_provider_amqstream.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "airflow_provider_amqstream.cli", *args], text=True,
                             env={**os.environ, **(env or {})}, cwd=ROOT, **kw)
 
 

@@ -314,6 +314,33 @@ class _Ctx:
         started = time.time()
         t0 = time.monotonic()
         spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
+        origin = stream_origin(e.identity, self.dest)
+        if spec.chunks <= 1:
+            # One chunk: the file rides in its offer (one message, no data queue).
+            with open(e.src, "rb") as fh:
+                body = fh.read(e.size + 1)
+            if len(body) != e.size:
+                raise StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
+                                  "Send it again once it is stable.")
+            sha = hashlib.sha256(body).hexdigest()
+            headers, wire = p.inline_offer(spec, self.dest, body, sha, codec=self.codec, origin=origin,
+                                           subdir=e.subdir)
+            del body
+            rid = link.send(str(self.dest), wire, headers, receipt=True)
+        else:
+            sha = self._send_chunks(link, e, spec)
+            rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, origin=origin, subdir=e.subdir),
+                            receipt=True)
+        if rid is None:
+            raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
+        res = TransferResult(e.stream_id, str(self.dest), spec.name, e.size, spec.chunks, sha, 0.0, spec.mode.value,
+                             0, e.size, str(e.src), started, 0.0, chunk_size=self.chunk, origin=origin,
+                             broker=self.params.url)
+        res.seconds = t0  # finished in _confirm
+        return rid, res
+
+    def _send_chunks(self, link: StompLink, e: _Entry, spec: p.StreamSpec) -> str:
+        """A small file of a few chunks: its chunks and end marker (the offer follows)."""
         data_q = self.dest.data_queue(e.stream_id)
         hasher = hashlib.sha256()
         with open(e.src, "rb") as fh:
@@ -327,15 +354,7 @@ class _Ctx:
                                   "Send it again once it is stable.")
         sha = hasher.hexdigest()
         link.send(data_q, b"", p.end_headers(spec, sha))
-        origin = stream_origin(e.identity, self.dest)
-        rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, origin=origin, subdir=e.subdir),
-                        receipt=True)
-        assert rid is not None
-        res = TransferResult(e.stream_id, str(self.dest), spec.name, e.size, spec.chunks, sha, 0.0, spec.mode.value,
-                             0, e.size, str(e.src), started, 0.0, chunk_size=self.chunk, origin=origin,
-                             broker=self.params.url)
-        res.seconds = t0  # finished in _confirm
-        return rid, res
+        return sha
 
     def _confirm(self, link: StompLink, pending: collections.deque[tuple[str, _Entry, TransferResult]]) -> int:
         """Wait for the oldest receipt; the file leaves ``pending`` only once confirmed."""

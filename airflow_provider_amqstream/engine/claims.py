@@ -39,15 +39,16 @@ def _claim_dir(sdir: Path, claim: str) -> Path:
     return sdir / "claims" / hashlib.sha256(claim.encode()).hexdigest()[:32]
 
 
-def record_claim(sdir: Path, claim: str, stream_id: str) -> None:
+def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True) -> None:
     """Note that ``claim`` took ``stream_id`` (called before the stream's offer is acknowledged).
 
     :param sdir: the output directory's state directory (``out_dir/.amqstream``).
     :param claim: who took it.
     :param stream_id: the stream.
+    :param sync: flush it now (False: the caller flushes a whole group).
     """
     write_json(_claim_dir(sdir, claim) / f"{stream_id}.json",
-               {"claim": claim, "stream_id": stream_id, "at": time.time()})
+               {"claim": claim, "stream_id": stream_id, "at": time.time()}, sync=sync)
 
 
 def find_claimed(out_dir: str | os.PathLike[str], claim: str) -> list[dict[str, Any]]:

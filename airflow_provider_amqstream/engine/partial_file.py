@@ -226,6 +226,19 @@ class PartialFile:
         self.state_file.unlink(missing_ok=True)
 
 
+def final_name(dir_fd: int, spec: p.StreamSpec, *, overwrite: bool) -> str:
+    """The name a verified stream is published under in the directory open as ``dir_fd``:
+    its sanitised file name, or the collision name if that is taken (unless ``overwrite``)."""
+    name = p.safe_file_name(spec.name, spec.stream_id)
+    if overwrite:
+        return name
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return name
+    return collision_name(name, spec.stream_id)
+
+
 def collision_name(name: str, stream_id: str) -> str:
     """``<stem>.<stream id>.<ext>`` for a name already taken, cut to fit one directory entry."""
     stem, dot, ext = name.rpartition(".")

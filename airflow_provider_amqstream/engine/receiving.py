@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine import inline
+from airflow_provider_amqstream.engine.inline import InlineGroup
 from airflow_provider_amqstream.engine.manifest import Batches
 from airflow_provider_amqstream.engine.records import (
     Backoff,
     StreamError,
     StreamFailure,
+    StreamNoRoom,
     StreamQuarantined,
     StreamStalled,
     StreamYielded,
@@ -99,6 +102,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
     out = Path(out_dir)
     sdir = state_dir(out)
     book = YieldBook(sdir / "yielded.json", opts.yield_backoff)
+    inline.sweep_temporaries(sdir)
     batches = Batches(out, sdir)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
@@ -116,20 +120,28 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                     if offer is None:
                         return results
                     wait = opts.wait_timeout
-                    outcome = _take(link, dest, out, sdir, offer, opts, book, offers, batches)
-                    if outcome is None:
-                        continue
-                    if isinstance(outcome, TransferResult):
-                        for manifest in batches.published(outcome.stream_id):
-                            opts.emit("batch_complete", manifest=str(manifest))
-                        results.append(outcome)
-                        if on_result:
-                            on_result(outcome)
-                        continue
-                    if fail_fast or stream_id:
-                        raise outcome
-                    if on_failure and outcome.failure is not None:
-                        on_failure(outcome.failure)
+                    if p.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value:
+                        group = offers.gather_inline(offer, None if count is None else count - len(results))
+                        outcomes = _take_inline(link, dest, out, sdir, group, opts, book, offers)
+                    else:
+                        outcomes = [_take(link, dest, out, sdir, offer, opts, book, offers, batches)]
+                    failed: StreamError | None = None
+                    for outcome in outcomes:
+                        if outcome is None:
+                            continue
+                        if isinstance(outcome, TransferResult):
+                            for manifest in batches.published(outcome.stream_id):
+                                opts.emit("batch_complete", manifest=str(manifest))
+                            results.append(outcome)
+                            if on_result:
+                                on_result(outcome)
+                            continue
+                        if fail_fast or stream_id:
+                            failed = failed or outcome
+                        elif on_failure and outcome.failure is not None:
+                            on_failure(outcome.failure)
+                    if failed is not None:
+                        raise failed
                 return results
         except AccessDenied:
             raise
@@ -156,9 +168,12 @@ class _Offers:
                  opts: ReceiveOptions) -> None:
         self.link, self.dest, self.stream_id, self.book, self.opts = link, dest, stream_id, book, opts
         self.sub: str | None = None
+        # Inline offers (small files in their offer) come through a second subscription with
+        # a deeper prefetch, so a group of them can be made durable together.
+        self.inline_sub: str | None = None
         self.excluded: tuple[str, ...] = ()
 
-    def _selector(self) -> str:
+    def _selector(self, inline: bool | None) -> str:
         if self.stream_id:
             return f"{p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}'"
         # Batch messages carry their id in amqs_stream, so the NOT IN below sees a value.
@@ -166,6 +181,10 @@ class _Offers:
         if self.excluded:
             # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
             sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
+        if inline:
+            sel += f" AND {p.H_INLINE} = '1'"
+        else:  # any other value of the header is refused by the receiver, so it must reach one
+            sel += f" AND ({p.H_INLINE} IS NULL OR {p.H_INLINE} <> '1')"
         return sel
 
     def next(self, deadline: float | None) -> Any:
@@ -175,24 +194,43 @@ class _Offers:
             if self.sub is None or excluded != self.excluded:
                 self.release()
                 self.excluded = excluded
-                self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector())
+                self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector(False))
+                if not self.stream_id:
+                    self.inline_sub = self.link.subscribe(str(self.dest), prefetch=inline.GROUP_FILES,
+                                                          selector=self._selector(True))
                 self.opts.emit("waiting", source=str(self.dest), skipping=list(excluded))
             now = time.monotonic()
             wake = self.book.next_expiry()
             left = 30.0 if deadline is None else deadline - now
             if wake is not None:
                 left = min(left, max(0.05, wake - time.time()))
-            offer = self.link.get(max(0.0, left), self.sub)
+            subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
+            offer = self.link.get_any(max(0.0, left), subs)
             if offer is not None:
                 return offer
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 
+    def gather_inline(self, first: Any, room: int | None) -> list[Any]:
+        """``first`` and the inline offers already delivered after it, up to a group (and
+        ``room``: a receiver asked for N streams takes no more)."""
+        group, size = [first], len(first.body or b"")
+        limit = inline.GROUP_FILES if room is None else max(1, min(room, inline.GROUP_FILES))
+        while self.inline_sub and len(group) < limit and size < inline.GROUP_BYTES:
+            more = self.link.get_any(0.0, (self.inline_sub,))
+            if more is None:
+                break
+            group.append(more)
+            size += len(more.body or b"")
+        return group
+
     def release(self) -> None:
-        """Give back the offer we hold (the broker requeues it) by leaving the subscription."""
-        if self.sub is not None:
-            sub, self.sub = self.sub, None
-            self.link.unsubscribe(sub)
+        """Give back the offers we hold (the broker requeues them) by leaving the subscriptions."""
+        for attr in ("inline_sub", "sub"):
+            sub = getattr(self, attr)
+            if sub is not None:
+                setattr(self, attr, None)
+                self.link.unsubscribe(sub)
 
 
 def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
@@ -215,9 +253,54 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
         _clear_leftovers(link, dest, sdir, offer, opts)
         return None
     try:
-        spec, data_q = p.parse_offer(offer.headers, dest)
+        spec, _ = p.parse_offer(offer.headers, dest)
         terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
         subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+    except p.ProtocolError as exc:
+        return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
+    if p.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
+        return _take_inline(link, dest, out, sdir, [offer], opts, book, offers)[0]
+    checked = _check_offer(link, dest, out, sdir, offer, opts, terms)
+    if not isinstance(checked, tuple):
+        return checked
+    spec, data_q, origin = checked
+    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
+                              subdir=subdir)
+    try:
+        result = receiver.run()
+    except Poisoned as bad:
+        moved = receiver.abandon()
+        return _quarantine(link, dest, offer, sid, bad.reason, opts, offset=bad.offset, moved=moved)
+    except StreamYielded as exc:
+        receiver.stop_data()
+        return _yielded(exc, sid, dest, receiver.offset, book, offers, opts)
+    book.clear(sid)
+    link.ack(offer)
+    return result
+
+
+def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, book: YieldBook, offers: _Offers,
+             opts: ReceiveOptions) -> StreamYielded:
+    """The stream gives up its place: every offer we hold goes back, and this directory
+    skips the stream for a back-off."""
+    offers.release()
+    retry = book.add(sid, str(exc))
+    failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
+                            str(exc), offset, retry_after=retry)
+    log.warning("%s (skipped by this directory for %.0fs)", exc, retry)
+    opts.emit("stream_yielded", **failure.to_json())
+    exc.failure = failure
+    return exc
+
+
+def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
+                 terms: tuple[str, int] | None = None) -> tuple[p.StreamSpec, str, str] | StreamError | TransferResult:
+    """What every offer goes through before anything is received: valid, within limits, not
+    received before, not clashing with another stream's partial data. Returns (spec, data
+    queue, origin), or the settled outcome (quarantined, or a duplicate acknowledged)."""
+    sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+    try:
+        spec, data_q = p.parse_offer(offer.headers, dest)
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
     origin = p.offer_origin(offer.headers)
@@ -236,26 +319,59 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     clash = _other_partial(sdir, spec)
     if clash:
         return _quarantine(link, dest, offer, sid, clash, opts)
-    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
-                              subdir=subdir)
+    return spec, data_q, origin
+
+
+def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
+                 opts: ReceiveOptions, book: YieldBook, offers: _Offers) -> list[TransferResult | StreamError | None]:
+    """Settle a group of inline offers: check and write each, make them durable together
+    (see :mod:`~airflow_provider_amqstream.engine.inline`), then acknowledge them."""
+    outcomes: list[TransferResult | StreamError | None] = []
+    files = InlineGroup(out, sdir, str(dest), opts)
+    later: list[Any] = []
+    yielded: StreamYielded | None = None
+    yielded_sid = ""
     try:
-        result = receiver.run()
-    except Poisoned as bad:
-        moved = receiver.abandon()
-        return _quarantine(link, dest, offer, sid, bad.reason, opts, offset=bad.offset, moved=moved)
-    except StreamYielded as exc:
-        receiver.stop_data()
-        offers.release()
-        retry = book.add(sid, str(exc))
-        failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
-                                str(exc), receiver.offset, retry_after=retry)
-        log.warning("%s (skipped by this directory for %.0fs)", exc, retry)
-        opts.emit("stream_yielded", **failure.to_json())
-        exc.failure = failure
-        return exc
-    book.clear(sid)
-    link.ack(offer)
-    return result
+        for offer in group:
+            sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+            if yielded is not None:
+                break  # handed back with the subscription, unacknowledged
+            if files.holds(sid):
+                later.append(offer)  # the same stream twice in one group: a repeat, settled after
+                continue
+            checked = _check_offer(link, dest, out, sdir, offer, opts)
+            if not isinstance(checked, tuple):
+                outcomes.append(checked)
+                continue
+            spec, _, origin = checked
+            try:
+                data = p.read_inline(offer.headers, offer.body or b"", spec)
+                subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+                files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir)
+            except p.ProtocolError as exc:
+                outcomes.append(_quarantine(link, dest, offer, sid, str(exc), opts))
+            except Poisoned as bad:
+                outcomes.append(_quarantine(link, dest, offer, sid, bad.reason, opts))
+            except StreamNoRoom as exc:
+                yielded = exc
+                yielded_sid = sid
+        for offer, result in files.commit():
+            book.clear(result.stream_id)
+            link.ack(offer)
+            opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path))
+            outcomes.append(result)
+    finally:
+        files.close()
+    if yielded is not None:
+        outcomes.append(_yielded(yielded, yielded_sid, dest, 0, book, offers, opts))
+        return outcomes
+    for offer in later:
+        checked = _check_offer(link, dest, out, sdir, offer, opts)
+        if isinstance(checked, tuple):  # not published after all: it comes back by itself
+            offers.release()
+            break
+        outcomes.append(checked)
+    return outcomes
 
 
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
@@ -295,7 +411,7 @@ def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec
         for kind in (p.Kind.HELLO, p.Kind.DONE):
             link.send(terms[0], b"", p.control_headers(spec, kind, consumer_name(out), spec.chunks + 1, token),
                       persistent=False)
-    else:
+    elif not p.is_inline(offer.headers):
         drain_queue(link, data_q, ack=True)
     link.ack(offer)
     opts.emit("duplicate_offer", stream_id=spec.stream_id)

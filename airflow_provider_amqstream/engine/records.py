@@ -14,7 +14,7 @@ import os
 import secrets
 import stat
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -82,7 +82,8 @@ class TransferResult:
     broker: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a str or a number: no deep copy (asdict cost 0.2 ms a file in bulk).
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TransferResult:
@@ -178,10 +179,10 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666) -> None:
+def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666, sync: bool = True) -> None:
     """Replace ``path`` with ``data``: a fresh temporary file of a new name (never an existing
     file or a link), fsynced, renamed over the old one (a rename replaces a link, never
-    follows it)."""
+    follows it). ``sync=False`` leaves the flush to the caller (a group commit)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own per writer: two receivers may share a directory's records.
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
@@ -190,7 +191,8 @@ def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666) -> None:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

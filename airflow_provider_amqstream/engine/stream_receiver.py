@@ -26,7 +26,7 @@ from typing import Any
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.claims import check_claim, record_claim
-from airflow_provider_amqstream.engine.partial_file import PartialFile, collision_name, default_reserve
+from airflow_provider_amqstream.engine.partial_file import PartialFile, default_reserve, final_name
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamStalled,
@@ -209,7 +209,7 @@ class StreamReceiver:
                 self.file.state.verify(self.file.hasher.hexdigest())
             except p.ProtocolError as exc:
                 raise Poisoned(str(exc), self.offset) from None
-            name = self._final_name(dir_fd)
+            name = final_name(dir_fd, spec, overwrite=self.opts.overwrite)
             final = self.out.joinpath(*self.subdir, name)
             self.file.publish(dir_fd, name)
         finally:
@@ -367,15 +367,6 @@ class StreamReceiver:
             headers = p.control_headers(self.spec, kind, self.consumer, next_seq, self.token)
             self.link.send(self.reply_to, b"", headers, persistent=False)
 
-    def _final_name(self, dir_fd: int) -> str:
-        name = p.safe_file_name(self.spec.name, self.spec.stream_id)
-        if not self.opts.overwrite:
-            try:
-                os.lstat(name, dir_fd=dir_fd)
-            except FileNotFoundError:
-                return name
-            return collision_name(name, self.spec.stream_id)
-        return name
 
 
 def drain_queue(link: StompLink, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:

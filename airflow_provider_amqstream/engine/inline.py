@@ -1,0 +1,261 @@
+"""Small files that arrive inside their offers, made durable as a group.
+
+A bulk landing directory is mostly small files, and a receiver that fsyncs each one's
+data, its directory entry and its completion record pays three disk flushes per file:
+on this machine that was 41 % of a 1,000-file receive. A group of inline offers (up to
+:data:`GROUP_FILES` files or :data:`GROUP_BYTES`) is written first and made durable in
+three steps for the whole group, each one a single ``syncfs`` of the filesystem (an
+``fsync`` of every file and directory where ``syncfs`` is missing):
+
+1. every file's bytes, under a temporary name in ``.amqstream/``;
+2. every file renamed to its published name;
+3. every completion record (``.done``) and claim.
+
+Only then are the offers acknowledged. A crash before step 3 leaves no record, so the
+redelivered offer is received again; the order means no record ever describes a file
+whose bytes or name might not be on disk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.claims import record_claim
+from airflow_provider_amqstream.engine.partial_file import default_reserve, final_name
+from airflow_provider_amqstream.engine.records import (
+    StreamError,
+    StreamNoRoom,
+    TransferResult,
+    open_private,
+    write_json,
+)
+from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions, open_subdir
+
+# A group is bounded in files (offers held unacknowledged) and in bytes held in memory.
+GROUP_FILES = 64
+GROUP_BYTES = 16 * 1024 * 1024
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNCFS = _load_syncfs()
+
+
+_TEMP = re.compile(r".+\.([0-9]+)-[0-9a-f]{8}\.inline")
+
+
+def sweep_temporaries(sdir: Path) -> int:
+    """Remove the temporary files of receivers that died holding a group (their offers came
+    back to the queue); those of live receivers sharing the directory stay. Returns how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(sdir))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        m = _TEMP.fullmatch(entry.name)
+        if m is None:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        os.unlink(entry.path)
+        removed += 1
+    return removed
+
+
+@dataclass
+class _Item:
+    offer: Any
+    spec: p.StreamSpec
+    origin: str
+    subdir: tuple[str, ...]
+    sha256: str
+    temp: str
+    fd: int
+    started: float
+    path: Path | None = None
+
+
+class InlineGroup:
+    """Inline files written, not yet durable; :meth:`commit` publishes them all.
+
+    :param out: the output directory.
+    :param sdir: its state directory (``out/.amqstream``).
+    :param destination: where the offers came from (for results and messages).
+    :param opts: the receiver's options (reserve, overwrite, claim).
+    """
+
+    def __init__(self, out: Path, sdir: Path, destination: str, opts: ReceiveOptions) -> None:
+        self.out, self.sdir, self.destination, self.opts = out, sdir, destination, opts
+        self.items: list[_Item] = []
+        self.dir_fds: dict[tuple[str, ...], int] = {}
+        self.reserve = opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out)
+        self.free = shutil.disk_usage(sdir).free
+        self.ids: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def holds(self, stream_id: str) -> bool:
+        return stream_id in self.ids
+
+    def add(self, offer: Any, spec: p.StreamSpec, data: bytes, *, sha256: str, origin: str,
+            subdir: tuple[str, ...]) -> None:
+        """Write one verified file under a temporary name. Raises :class:`StreamNoRoom` if
+        it would cross the free-space reserve (nothing written), :class:`Poisoned` for a
+        target directory that is a link."""
+        what = f"stream {spec.stream_id} ({self.destination}, inline)"
+        if self.free - spec.size < self.reserve:
+            raise StreamNoRoom(
+                f"{what}: needs {spec.size} bytes in {self.out}, which has {self.free} free and keeps {self.reserve} "
+                "in reserve; the stream yields its place and is tried again later. Free space, lower the reserve "
+                "(min_free_bytes, --min-free) or receive into another directory.")
+        if subdir not in self.dir_fds:
+            try:
+                self.dir_fds[subdir] = open_subdir(self.out, subdir, what)
+            except OSError as exc:
+                raise self._disk_error(exc, what, f"creating {self.out.joinpath(*subdir)}") from exc
+        temp = f"{spec.stream_id}.{os.getpid()}-{secrets.token_hex(4)}.inline"
+        started = time.time()
+        try:
+            fd = open_private(self.sdir / temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise self._disk_error(exc, what, "creating its file") from exc
+        item = _Item(offer, spec, origin, subdir, sha256, temp, fd, started)
+        self.items.append(item)
+        self.ids.add(spec.stream_id)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            raise self._disk_error(exc, what, "writing") from exc
+        self.free -= spec.size
+
+    def commit(self) -> list[tuple[Any, TransferResult]]:
+        """Make every file durable, publish it, record it; return (offer, result) pairs whose
+        offers the caller acknowledges. On a disk error nothing is recorded (the offers
+        come back) and the error names the group's first stream."""
+        if not self.items:
+            return []
+        try:
+            self._sync([it.fd for it in self.items])
+            for it in self.items:
+                os.close(it.fd)
+                it.fd = -1
+                dir_fd = self.dir_fds[it.subdir]
+                name = final_name(dir_fd, it.spec, overwrite=self.opts.overwrite)
+                if name != p.safe_file_name(it.spec.name, it.spec.stream_id) and self._published_before(dir_fd, it):
+                    name = p.safe_file_name(it.spec.name, it.spec.stream_id)
+                os.replace(self.sdir / it.temp, name, dst_dir_fd=dir_fd)
+                it.path = self.out.joinpath(*it.subdir, name)
+            self._sync(list(self.dir_fds.values()))
+            results = []
+            for it in self.items:
+                results.append((it.offer, self._record(it)))
+            self._sync_records()
+        except OSError as exc:
+            first = self.items[0].spec.stream_id
+            raise self._disk_error(exc, f"streams {first} and {len(self.items) - 1} more ({self.destination})",
+                                   "publishing") from exc
+        finally:
+            self.close()
+        return results
+
+    def close(self) -> None:
+        """Release descriptors and remove temporary files not published."""
+        for it in self.items:
+            if it.fd >= 0:
+                os.close(it.fd)
+                it.fd = -1
+            if it.path is None:
+                (self.sdir / it.temp).unlink(missing_ok=True)
+        for fd in self.dir_fds.values():
+            os.close(fd)
+        self.dir_fds.clear()
+
+    @staticmethod
+    def _published_before(dir_fd: int, it: _Item) -> bool:
+        """Whether the name taken holds this very file: published by a receiver that died
+        before its record was flushed. Then the redelivered offer takes that name again
+        instead of leaving a second copy under a collision name."""
+        name = p.safe_file_name(it.spec.name, it.spec.stream_id)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size != it.spec.size:
+                return False
+            h = hashlib.sha256()
+            while block := os.read(fd, 1024 * 1024):
+                h.update(block)
+            return h.hexdigest() == it.sha256
+        finally:
+            os.close(fd)
+
+    def _record(self, it: _Item) -> TransferResult:
+        spec = it.spec
+        # A partial reception of this stream through its data queue (an older sender) is moot now.
+        for leftover in (f"{spec.stream_id}.part", f"{spec.stream_id}.json"):
+            (self.sdir / leftover).unlink(missing_ok=True)
+        now = time.time()
+        result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
+                                now - it.started, spec.mode.value, 0, spec.size, str(it.path), it.started, now,
+                                chunk_size=spec.chunk_size, origin=it.origin)
+        durable = _SYNCFS is None  # without syncfs every record is flushed on its own
+        if self.opts.claim:
+            record_claim(self.sdir, self.opts.claim, spec.stream_id, sync=durable)
+        write_json(self.sdir / f"{spec.stream_id}.done", result.to_json(), sync=durable)
+        return result
+
+    def _sync(self, fds: list[int]) -> None:
+        if _SYNCFS is None:
+            for fd in fds:
+                os.fsync(fd)
+            return
+        seen: set[int] = set()
+        for fd in fds:
+            dev = os.fstat(fd).st_dev
+            if dev not in seen:
+                seen.add(dev)
+                if _SYNCFS(fd) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err))
+
+    def _sync_records(self) -> None:
+        fd = os.open(self.sdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            # Without syncfs each record was flushed as written; their names still need this.
+            self._sync([fd])
+        finally:
+            os.close(fd)
+
+    def _disk_error(self, exc: OSError, what: str, doing: str) -> StreamError:
+        return StreamError(f"{what}: {doing} failed: {exc.strerror or exc} ({shutil.disk_usage(self.sdir).free} "
+                           f"bytes free in {self.out}). Nothing was acknowledged, so the broker keeps the offers; "
+                           "fix the cause and re-run the receiver.")
