@@ -250,6 +250,16 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["jms-1", str(src.stat().st_size), sent.sha256]
     assert sha256_file(out) == sha256_file(src)
+    # A small file of a many-file send travels inside its offer: the same consumer reads it.
+    from airflow_provider_amqstream.engine import send_files
+
+    small = make_file(tmp_path / "small" / "inline.bin", 40_000, seed=6)
+    [one] = send_files(sites.params(sites.a, "producer"), [small], QUEUE, manifest=False).results
+    run = subprocess.run([java, "-cp", f"{classes}:{classpath}", "StreamConsumer", url, "consumer", "consumer-pw",
+                          QUEUE.removeprefix("/queue/"), str(out)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == [one.stream_id, "40000", one.sha256]
+    assert sha256_file(out) == sha256_file(small)
 
 
 def test_the_cli_joins_two_brokers_and_refuses_bad_network_options(tmp_path: Path) -> None:

@@ -47,6 +47,18 @@ GROUP_FILES = 64
 GROUP_BYTES = 16 * 1024 * 1024
 
 
+# Extended attribute naming the stream a published inline file came from (where the
+# filesystem keeps user attributes; elsewhere a redelivered file gets a collision name).
+MARK = "user.amqstream.stream"
+
+
+def _mark(fd: int, stream_id: str) -> None:
+    try:
+        os.setxattr(fd, MARK, stream_id.encode("ascii"))
+    except OSError:
+        pass  # no user xattrs here: only the take-over after a crash is lost, not data
+
+
 def _load_syncfs() -> Callable[[int], int] | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).syncfs
@@ -145,6 +157,7 @@ class InlineGroup:
             fd = open_private(self.sdir / temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
+        _mark(fd, spec.stream_id)
         item = _Item(offer, spec, origin, subdir, sha256, temp, fd, started)
         self.items.append(item)
         self.ids.add(spec.stream_id)
@@ -200,16 +213,22 @@ class InlineGroup:
 
     @staticmethod
     def _published_before(dir_fd: int, it: _Item) -> bool:
-        """Whether the name taken holds this very file: published by a receiver that died
-        before its record was flushed. Then the redelivered offer takes that name again
-        instead of leaving a second copy under a collision name."""
+        """Whether the name taken holds this very stream: published by a receiver that died
+        before its record was flushed (the file is marked with its stream id, and holds
+        the same bytes). Then the redelivered offer takes that name again instead of
+        leaving a second copy under a collision name. Another stream's file, even with
+        the same bytes, keeps its name to itself."""
         name = p.safe_file_name(it.spec.name, it.spec.stream_id)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
         except OSError:
             return False
         try:
-            if os.fstat(fd).st_size != it.spec.size:
+            try:
+                marked = os.getxattr(fd, MARK).decode("ascii", "replace")
+            except OSError:
+                return False
+            if marked != it.spec.stream_id or os.fstat(fd).st_size != it.spec.size:
                 return False
             h = hashlib.sha256()
             while block := os.read(fd, 1024 * 1024):

@@ -1,6 +1,6 @@
 // A plain JMS consumer of one amqstream stream, with nothing of ours but the header names
 // (docs/protocol.md): take an offer, read its data queue, write each chunk at its offset,
-// stop at the end marker, check the SHA-256. Used by tests/test_network.py; docs/java.md
+// stop at the end marker, check the SHA-256. An inline offer carries the file itself. Used by tests/test_network.py; docs/java.md
 // walks through it.
 //
 // usage: java StreamConsumer BROKER_URL USER PASSWORD QUEUE OUT_FILE
@@ -27,11 +27,22 @@ public class StreamConsumer {
             String streamId = offer.getStringProperty("amqs_stream");
             String dataQueue = offer.getStringProperty("amqs_data_dest").replaceFirst("^/queue/", "");
             long size = Long.parseLong(offer.getStringProperty("amqs_size"));
-            MessageConsumer data = session.createConsumer(session.createQueue(dataQueue));
             String sha = null;
             try (RandomAccessFile file = new RandomAccessFile(out, "rw")) {
                 file.setLength(size);
-                while (true) {
+                // An inline offer (a small file of a many-file send) is the whole file.
+                boolean inline = "1".equals(offer.getStringProperty("amqs_inline"));
+                if (inline) {
+                    if (offer.getStringProperty("amqs_encoding") != null) {
+                        throw new IllegalStateException("stream " + streamId + ": compressed; this consumer does not decode zstd");
+                    }
+                    BytesMessage whole = (BytesMessage) offer;
+                    byte[] body = new byte[(int) whole.getBodyLength()];
+                    whole.readBytes(body);
+                    file.write(body);
+                }
+                MessageConsumer data = inline ? null : session.createConsumer(session.createQueue(dataQueue));
+                while (data != null) {
                     Message m = data.receive(60_000);
                     if (m == null) throw new IllegalStateException("stream " + streamId + ": no chunk in 60s");
                     String kind = m.getStringProperty("amqs_kind");
