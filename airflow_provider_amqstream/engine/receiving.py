@@ -34,6 +34,7 @@ from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import inline
 from airflow_provider_amqstream.engine.inline import InlineGroup
 from airflow_provider_amqstream.engine.manifest import Batches
+from airflow_provider_amqstream.engine.offers import Offers, YieldBook
 from airflow_provider_amqstream.engine.records import (
     Backoff,
     StreamError,
@@ -61,10 +62,6 @@ log = logging.getLogger(__name__)
 
 ResultSink = Callable[[TransferResult], None]
 FailureSink = Callable[[StreamFailure], None]
-
-# Longest a yielded stream is skipped, however often it yields.
-MAX_YIELD_BACKOFF = 3600.0
-
 
 def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
                    stream_id: str | None = None, options: ReceiveOptions | None = None) -> TransferResult | None:
@@ -113,7 +110,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         try:
             with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
-                offers = _Offers(link, dest, stream_id, book, opts)
+                offers = Offers(link, dest, stream_id, book, opts)
                 while count is None or len(results) < count:
                     deadline = None if wait is None else time.monotonic() + wait
                     offer = offers.next(deadline)
@@ -156,85 +153,8 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         wait = max(wait, 30.0) if wait is not None else None
 
 
-class _Offers:
-    """The subscription that hands this receiver one offer at a time.
-
-    Prefetch 1 and no acknowledgement until the stream is settled: while the receiver
-    holds an offer the broker gives it no other, and if it dies the offer returns to the
-    queue. Streams that yielded are left out by a selector until their back-off ends.
-    """
-
-    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, book: YieldBook,
-                 opts: ReceiveOptions) -> None:
-        self.link, self.dest, self.stream_id, self.book, self.opts = link, dest, stream_id, book, opts
-        self.sub: str | None = None
-        # Inline offers (small files in their offer) come through a second subscription with
-        # a deeper prefetch, so a group of them can be made durable together.
-        self.inline_sub: str | None = None
-        self.excluded: tuple[str, ...] = ()
-
-    def _selector(self, inline: bool | None) -> str:
-        if self.stream_id:
-            return f"{p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}'"
-        # Batch messages carry their id in amqs_stream, so the NOT IN below sees a value.
-        sel = f"{p.H_KIND} IN ('offer', 'batch')"
-        if self.excluded:
-            # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
-            sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
-        if inline:
-            sel += f" AND {p.H_INLINE} = '1'"
-        else:  # any other value of the header is refused by the receiver, so it must reach one
-            sel += f" AND ({p.H_INLINE} IS NULL OR {p.H_INLINE} <> '1')"
-        return sel
-
-    def next(self, deadline: float | None) -> Any:
-        """The next offer (re-offers handled on the way), or None at ``deadline``."""
-        while True:
-            excluded = () if self.stream_id else self.book.active()
-            if self.sub is None or excluded != self.excluded:
-                self.release()
-                self.excluded = excluded
-                self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector(False))
-                if not self.stream_id:
-                    self.inline_sub = self.link.subscribe(str(self.dest), prefetch=inline.GROUP_FILES,
-                                                          selector=self._selector(True))
-                self.opts.emit("waiting", source=str(self.dest), skipping=list(excluded))
-            now = time.monotonic()
-            wake = self.book.next_expiry()
-            left = 30.0 if deadline is None else deadline - now
-            if wake is not None:
-                left = min(left, max(0.05, wake - time.time()))
-            subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
-            offer = self.link.get_any(max(0.0, left), subs)
-            if offer is not None:
-                return offer
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-
-    def gather_inline(self, first: Any, room: int | None) -> list[Any]:
-        """``first`` and the inline offers already delivered after it, up to a group (and
-        ``room``: a receiver asked for N streams takes no more)."""
-        group, size = [first], len(first.body or b"")
-        limit = inline.GROUP_FILES if room is None else max(1, min(room, inline.GROUP_FILES))
-        while self.inline_sub and len(group) < limit and size < inline.GROUP_BYTES:
-            more = self.link.get_any(0.0, (self.inline_sub,))
-            if more is None:
-                break
-            group.append(more)
-            size += len(more.body or b"")
-        return group
-
-    def release(self) -> None:
-        """Give back the offers we hold (the broker requeues them) by leaving the subscriptions."""
-        for attr in ("inline_sub", "sub"):
-            sub = getattr(self, attr)
-            if sub is not None:
-                setattr(self, attr, None)
-                self.link.unsubscribe(sub)
-
-
 def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
-          book: YieldBook, offers: _Offers, batches: Batches) -> TransferResult | StreamError | None:
+          book: YieldBook, offers: Offers, batches: Batches) -> TransferResult | StreamError | None:
     """Settle one offer: a result, a handled failure (to report or raise), or None for a
     re-offer or a batch message (nothing to receive)."""
     sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
@@ -279,7 +199,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     return result
 
 
-def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, book: YieldBook, offers: _Offers,
+def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, book: YieldBook, offers: Offers,
              opts: ReceiveOptions) -> StreamYielded:
     """The stream gives up its place: every offer we hold goes back, and this directory
     skips the stream for a back-off."""
@@ -323,7 +243,7 @@ def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, of
 
 
 def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
-                 opts: ReceiveOptions, book: YieldBook, offers: _Offers) -> list[TransferResult | StreamError | None]:
+                 opts: ReceiveOptions, book: YieldBook, offers: Offers) -> list[TransferResult | StreamError | None]:
     """Settle a group of inline offers: check and write each, make them durable together
     (see :mod:`~airflow_provider_amqstream.engine.inline`), then acknowledge them."""
     outcomes: list[TransferResult | StreamError | None] = []
@@ -474,57 +394,3 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, 
         return read_json(Path(out_dir) / ".amqstream" / f"{stream_id}.done")
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc})") from exc
-
-
-class YieldBook:
-    """Streams this output directory skips for now, with when each gets its turn back."""
-
-    MAX_SKIPPED = 64
-
-    def __init__(self, path: Path, first_backoff: float) -> None:
-        self.path, self.first = path, max(1.0, first_backoff)
-        self._cache: dict[str, dict[str, Any]] | None = None
-
-    def _entries(self) -> dict[str, dict[str, Any]]:
-        if self._cache is None:
-            try:
-                data = read_json(self.path) or {}
-            except (OSError, ValueError) as exc:
-                raise StreamError(f"{self.path} is unreadable ({exc}); delete it (it only lists streams to skip)") \
-                    from exc
-            self._cache = {k: v for k, v in data.items() if isinstance(v, dict) and _valid_id(k)}
-        return self._cache
-
-    def active(self) -> tuple[str, ...]:
-        now = time.time()
-        live = sorted((v["until"], k) for k, v in self._entries().items() if v.get("until", 0) > now)
-        return tuple(sorted(k for _, k in live[-self.MAX_SKIPPED:]))
-
-    def next_expiry(self) -> float | None:
-        now = time.time()
-        ends = [v["until"] for v in self._entries().values() if v.get("until", 0) > now]
-        return min(ends) if ends else None
-
-    def add(self, stream_id: str, reason: str) -> float:
-        """Skip ``stream_id`` for its next back-off; return that back-off in seconds."""
-        entries = self._entries()
-        prev = entries.get(stream_id)
-        backoff = min(float(prev["backoff"]) * 2, MAX_YIELD_BACKOFF) if prev else self.first
-        entries[stream_id] = {"until": time.time() + backoff, "backoff": backoff, "reason": reason[:500]}
-        # Forget streams that have not yielded for a day.
-        for k in [k for k, v in entries.items() if v["until"] < time.time() - 86400]:
-            del entries[k]
-        write_json(self.path, entries)
-        return backoff
-
-    def clear(self, stream_id: str) -> None:
-        if self._entries().pop(stream_id, None) is not None:
-            write_json(self.path, self._entries())
-
-
-def _valid_id(stream_id: str) -> bool:
-    try:
-        p.validate_stream_id(stream_id)
-    except p.ProtocolError:
-        return False
-    return True
