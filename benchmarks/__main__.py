@@ -497,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                  "byte by byte (`python -m benchmarks.bulk`): amqstream's CLI with one send and one receive; "
                  "OpenSSH sftp `put -r`, rsync over ssh and a paramiko SFTP loop to a local sshd; Airflow with "
                  "one SendStreamOperator task for the directory, and with mapped tasks (one per file, capped), "
-                 "each under `airflow dags test`.", "", bulk_text, ""] if bulk_text else []),
+                 "each under `airflow dags test`.", "", bulk_text, "",
+                 f"![many files]({bulk.plot(bulk_rows, docs)})", ""] if bulk_text else []),
               *(["## Across a network bridge", "", "One file from a sender on site A's broker to a receiver on "
                  "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
                  "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "

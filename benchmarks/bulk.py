@@ -241,6 +241,31 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict[str, Any]], docs: Path) -> str:
+    """Files/s of each path for each set, log scale, as ``docs/bench_many_files.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [(k, label) for k, label in COLS if any(r.get(k) for r in rows)]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / max(1, len(keys))
+    for i, (key, label) in enumerate(keys):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [(r.get(key) or {}).get("files_per_s", 0) for r in rows], width, label=label)
+    ax.set_xticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], [r["set"] for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("files per second (log)")
+    ax.set_title("Many files end to end, byte-exact (one run)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    name = "bench_many_files.png"
+    fig.savefig(docs / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     from airflow_provider_amqstream.broker import EmbeddedBroker
 

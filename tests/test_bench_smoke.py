@@ -70,3 +70,5 @@ def test_bulk_benchmark_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     for key in ("ours", "sftp", "paramiko"):
         assert row[key]["files_per_s"] > 0, key
     assert "12x4K" in capsys.readouterr().out
+    png = bulk.plot([row], tmp_path)
+    assert (tmp_path / png).stat().st_size > 1000
