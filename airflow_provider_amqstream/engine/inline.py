@@ -129,9 +129,6 @@ class InlineGroup:
         self.free = shutil.disk_usage(sdir).free
         self.ids: set[str] = set()
 
-    def __len__(self) -> int:
-        return len(self.items)
-
     def holds(self, stream_id: str) -> bool:
         return stream_id in self.ids
 
@@ -182,8 +179,9 @@ class InlineGroup:
                 it.fd = -1
                 dir_fd = self.dir_fds[it.subdir]
                 name = final_name(dir_fd, it.spec, overwrite=self.opts.overwrite)
-                if name != p.safe_file_name(it.spec.name, it.spec.stream_id) and self._published_before(dir_fd, it):
-                    name = p.safe_file_name(it.spec.name, it.spec.stream_id)
+                plain = p.safe_file_name(it.spec.name, it.spec.stream_id)
+                if name != plain and self._published_before(dir_fd, plain, it):
+                    name = plain
                 os.replace(self.sdir / it.temp, name, dst_dir_fd=dir_fd)
                 it.path = self.out.joinpath(*it.subdir, name)
             self._sync(list(self.dir_fds.values()))
@@ -212,13 +210,12 @@ class InlineGroup:
         self.dir_fds.clear()
 
     @staticmethod
-    def _published_before(dir_fd: int, it: _Item) -> bool:
+    def _published_before(dir_fd: int, name: str, it: _Item) -> bool:
         """Whether the name taken holds this very stream: published by a receiver that died
         before its record was flushed (the file is marked with its stream id, and holds
         the same bytes). Then the redelivered offer takes that name again instead of
         leaving a second copy under a collision name. Another stream's file, even with
         the same bytes, keeps its name to itself."""
-        name = p.safe_file_name(it.spec.name, it.spec.stream_id)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
         except OSError:

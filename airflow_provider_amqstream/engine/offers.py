@@ -36,7 +36,7 @@ class Offers:
         self.inline_sub: str | None = None
         self.excluded: tuple[str, ...] = ()
 
-    def _selector(self, inline: bool | None) -> str:
+    def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
             return f"{p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}'"
         # Batch messages carry their id in amqs_stream, so the NOT IN below sees a value.
@@ -44,7 +44,7 @@ class Offers:
         if self.excluded:
             # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
             sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
-        if inline:
+        if inline_only:
             sel += f" AND {p.H_INLINE} = '1'"
         else:  # any other value of the header is refused by the receiver, so it must reach one
             sel += f" AND ({p.H_INLINE} IS NULL OR {p.H_INLINE} <> '1')"

@@ -172,18 +172,18 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     if offer.headers.get(p.H_REOFFER):
         _clear_leftovers(link, dest, sdir, offer, opts)
         return None
+    if p.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
+        return _take_inline(link, dest, out, sdir, [offer], opts, book, offers)[0]
     try:
-        spec, _ = p.parse_offer(offer.headers, dest)
+        spec, data_q = p.parse_offer(offer.headers, dest)
         terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
         subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
-    if p.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
-        return _take_inline(link, dest, out, sdir, [offer], opts, book, offers)[0]
-    checked = _check_offer(link, dest, out, sdir, offer, opts, terms)
-    if not isinstance(checked, tuple):
-        return checked
-    spec, data_q, origin = checked
+    origin = p.offer_origin(offer.headers)
+    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, opts, terms)
+    if settled is not None:
+        return settled
     receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
                               subdir=subdir)
     try:
@@ -213,17 +213,13 @@ def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, boo
     return exc
 
 
-def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
-                 terms: tuple[str, int] | None = None) -> tuple[p.StreamSpec, str, str] | StreamError | TransferResult:
-    """What every offer goes through before anything is received: valid, within limits, not
-    received before, not clashing with another stream's partial data. Returns (spec, data
-    queue, origin), or the settled outcome (quarantined, or a duplicate acknowledged)."""
-    sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
-    try:
-        spec, data_q = p.parse_offer(offer.headers, dest)
-    except p.ProtocolError as exc:
-        return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
-    origin = p.offer_origin(offer.headers)
+def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, spec: p.StreamSpec,
+                 data_q: str, origin: str, opts: ReceiveOptions,
+                 terms: tuple[str, int] | None = None) -> StreamError | TransferResult | None:
+    """What every valid offer goes through before anything is received: within limits, not
+    received before, not clashing with another stream's partial data. Returns None to go
+    on, or the settled outcome (quarantined, or a duplicate acknowledged)."""
+    sid = spec.stream_id
     if opts.max_bytes is not None and spec.size > opts.max_bytes:
         return _quarantine(link, dest, offer, sid, f"stream {sid} is {spec.size} bytes, over this receiver's limit "
                            f"of {opts.max_bytes} (max_bytes)", opts)
@@ -239,7 +235,20 @@ def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, of
     clash = _other_partial(sdir, spec)
     if clash:
         return _quarantine(link, dest, offer, sid, clash, opts)
-    return spec, data_q, origin
+    return None
+
+
+def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any,
+                  opts: ReceiveOptions) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
+    """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
+    sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+    try:
+        spec, data_q = p.parse_offer(offer.headers, dest)
+    except p.ProtocolError as exc:
+        return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
+    origin = p.offer_origin(offer.headers)
+    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, opts)
+    return (spec, origin) if settled is None else settled
 
 
 def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
@@ -259,11 +268,11 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
             if files.holds(sid):
                 later.append(offer)  # the same stream twice in one group: a repeat, settled after
                 continue
-            checked = _check_offer(link, dest, out, sdir, offer, opts)
+            checked = _parse_inline(link, dest, out, sdir, offer, opts)
             if not isinstance(checked, tuple):
                 outcomes.append(checked)
                 continue
-            spec, _, origin = checked
+            spec, origin = checked
             try:
                 data = p.read_inline(offer.headers, offer.body or b"", spec)
                 subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
@@ -286,7 +295,7 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
         outcomes.append(_yielded(yielded, yielded_sid, dest, 0, book, offers, opts))
         return outcomes
     for offer in later:
-        checked = _check_offer(link, dest, out, sdir, offer, opts)
+        checked = _parse_inline(link, dest, out, sdir, offer, opts)
         if isinstance(checked, tuple):  # not published after all: it comes back by itself
             offers.release()
             break
