@@ -259,6 +259,11 @@ def _already(rec: dict[str, Any], e: _Entry, dest: p.Destination, params: Broker
                           chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
 
 
+def _changed(e: _Entry) -> StreamError:
+    return StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
+                       "Send it again once it is stable.")
+
+
 class _Ctx:
     """One batch's sending state across reconnects."""
 
@@ -320,8 +325,7 @@ class _Ctx:
             with open(e.src, "rb") as fh:
                 body = fh.read(e.size + 1)
             if len(body) != e.size:
-                raise StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
-                                  "Send it again once it is stable.")
+                raise _changed(e)
             sha = hashlib.sha256(body).hexdigest()
             headers, wire = p.inline_offer(spec, self.dest, body, sha, codec=self.codec, origin=origin,
                                            subdir=e.subdir)
@@ -350,8 +354,7 @@ class _Ctx:
                 headers, wire = p.data_message(spec, seq, body, self.codec)
                 link.send(data_q, wire, headers)
             if os.fstat(fh.fileno()).st_size != e.size:
-                raise StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
-                                  "Send it again once it is stable.")
+                raise _changed(e)
         sha = hasher.hexdigest()
         link.send(data_q, b"", p.end_headers(spec, sha))
         return sha
