@@ -53,6 +53,19 @@ class AccessDenied(TransportError):
     """The broker refused this user an operation on a destination; retrying cannot help."""
 
 
+def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
+    """Refuse a URI whose user or password holds a character that ends the authority.
+
+    urllib then reads part of the password as the port, path or query, and every error
+    from there on would quote it. Say what to do and quote nothing.
+    """
+    rest = uri.split("://", 1)[-1]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in rest[len(authority):]:
+        raise ValueError(f"{where}: the user or password contains '/', '?', '#' or '@' that must be "
+                         "percent-encoded (%2F, %3F, %23, %40); the URI is not shown because it holds a password")
+
+
 @dataclass(frozen=True)
 class BrokerParams:
     """How to reach the broker(s). Built from an Airflow connection or a URI.
@@ -143,13 +156,7 @@ class BrokerParams:
         parts = urlsplit(uri)
         if parts.scheme not in ("amqstream", "stomp", "stomp+ssl"):
             raise ValueError(f"not an amqstream URI (scheme {parts.scheme!r}); use amqstream://host:port")
-        rest = uri.split("://", 1)[-1]
-        authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-        if "@" in rest[len(authority):]:
-            # The user or password holds a character that ends the authority: every error
-            # from here on would quote part of the password. Say what to do, quote nothing.
-            raise ValueError("the connection URI's user or password contains '/', '?', '#' or '@' that must be "
-                             "percent-encoded (%2F, %3F, %23, %40); the URI is not shown because it holds a password")
+        check_uri_credentials(uri)
         netloc = parts.netloc.rpartition("@")[2]
         host, port = netloc, None
         if re.search(r":\d+$", netloc):
@@ -252,6 +259,16 @@ class _Inbox(stomp.ConnectionListener):
             self.cond.notify_all()
         self.messages.put(None)
 
+    def await_refusal(self, timeout: float) -> None:
+        """Wait until the reader thread has reported an ERROR frame or the socket's end.
+
+        stomp.py wakes a failed ``connect(wait=True)`` *before* it hands the ERROR frame to
+        the listeners, so without this the caller races the reader thread and may explain
+        a refused login as a silent broker.
+        """
+        with self.cond:
+            self.cond.wait_for(lambda: self.errors or self.lost, timeout=timeout)
+
     def on_heartbeat_timeout(self) -> None:
         self.on_disconnected()
 
@@ -262,6 +279,9 @@ class StompLink:
     :param params: where and how to connect.
     :param client_id: a name the broker logs for this connection.
     """
+
+    # How long a refused connect waits for the broker's reason (see _Inbox.await_refusal).
+    REFUSAL_GRACE = 2.0
 
     def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
         self.params = params
@@ -291,6 +311,7 @@ class StompLink:
             conn.connect(p.login, p.password, wait=True, headers=headers,
                          **({"host": p.vhost} if p.vhost else {}))
         except stomp_exc.ConnectFailedException as exc:
+            self._inbox.await_refusal(timeout=self.REFUSAL_GRACE)
             _quiet_close(conn)
             raise TransportError(self._refusal_reason(exc)) from exc
         except (OSError, stomp_exc.StompException) as exc:

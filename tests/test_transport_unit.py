@@ -149,6 +149,23 @@ def test_inbox_hold_is_bounded() -> None:
     assert inbox.messages.qsize() == 2
 
 
+def test_a_refused_connect_waits_for_the_brokers_reason() -> None:
+    # stomp.py wakes connect(wait=True) before the listener sees the ERROR frame; the
+    # reason must still be the broker's, not "did not complete the handshake".
+    inbox = _Inbox()
+    refusal = Frame("ERROR", {"message": "User name [x] or password is invalid."}, b"")
+    threading.Timer(0.2, inbox.on_error, [refusal]).start()
+    inbox.await_refusal(timeout=30)
+    assert inbox.errors == ["User name [x] or password is invalid."]
+
+
+def test_waiting_for_a_refusal_ends_with_the_socket() -> None:
+    inbox = _Inbox()
+    threading.Timer(0.2, inbox.on_disconnected).start()
+    inbox.await_refusal(timeout=30)
+    assert inbox.lost and not inbox.errors
+
+
 @pytest.mark.parametrize("secret", ["Zq#9k", "Zq/9k", "Zq?9k", "Xy#Zq/9k?Wv"])
 def test_a_password_with_reserved_characters_is_never_echoed(secret: str) -> None:
     with pytest.raises(ValueError) as err:
