@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from airflow_provider_amqstream.transport import BrokerParams
+from airflow_provider_amqstream.transport import BrokerParams, check_uri_credentials
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
     if schemes == 0 or schemes > 2:
         raise ValueError(f"{where}: not a connection URI (expected amqstream://[user:password@]host:port)")
     with_protocol = schemes == 2
+    check_uri_credentials(uri, where)
     conn_type = urlsplit(uri).scheme
     rest = uri.replace(f"{conn_type}://", "" if with_protocol else "//")
     if with_protocol:
@@ -148,8 +149,9 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
     parts = urlsplit(rest)
     try:
         port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    except ValueError:
+        # urllib's message quotes the text after the last ':', which may be a password.
+        raise ValueError(f"{where}: the port is not a number from 0 to 65535") from None
     host = _uri_hostname(parts)
     if host and with_protocol:
         host = f"{parts.scheme}://{host}"

@@ -97,7 +97,13 @@ def test_env_var_name_is_the_upper_cased_id(monkeypatch: pytest.MonkeyPatch) -> 
     ('{"host": "h", "password": "hunter2", "extra": "{not json"}', "extra is not valid JSON"),
     ('{"host": "h", "password": "hunter2", "extra": "[1, 2]"}', "JSON object"),
     ('{"host": "h", "password": "hunter2",', "not valid JSON"),
-    ("amqstream://u:hunter2@h:99999", "Port out of range"),
+    ("amqstream://u:hunter2@h:99999", "port is not a number"),
+    ("amqstream://u:hunter2@h:hunter2", "port is not a number"),
+    # A password with a character that ends the authority: urllib would read part of it as
+    # the port, path or query and quote it back.
+    ("amqstream://u:hun#ter2@h:61613", "percent-encoded"),
+    ("amqstream://u:hun/ter2@h:61613", "percent-encoded"),
+    ("amqstream://u:hun?ter2@h:61613", "percent-encoded"),
     ("amqstream://u:hunter2@h:1?__extra__=nope", "extra is not valid JSON"),
     ("u:hunter2@h", "not a connection URI"),
     ("   ", "is empty"),
@@ -108,7 +114,7 @@ def test_bad_values_name_the_variable_never_the_password(monkeypatch: pytest.Mon
     with pytest.raises(ValueError) as err:
         c.from_env("bad")
     assert fragment in str(err.value) and "AIRFLOW_CONN_BAD" in str(err.value)
-    assert "hunter2" not in str(err.value)
+    assert "hunter2" not in str(err.value) and "ter2" not in str(err.value)
 
 
 def test_missing_connection_says_what_to_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
