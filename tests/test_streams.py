@@ -215,3 +215,19 @@ def test_same_file_to_two_destinations_is_two_streams(params: BrokerParams, tmp_
         got = receive_stream(params, queue_name + suffix, tmp_path / f"out{suffix}",
                              options=ReceiveOptions(wait_timeout=10))
         assert got is not None and got.sha256 == sha256_file(src)
+
+
+def test_a_collision_name_never_replaces_another_streams_file(params: BrokerParams, tmp_path: Path,
+                                                              queue_name: str) -> None:
+    # A sender names its file after the collision name another stream would get: neither
+    # file may replace the other, with or without such a sender.
+    srcs = [make_file(tmp_path / "in" / f"{i}.bin", 1000 + i) for i in range(4)]
+    out = tmp_path / "out"
+    for src, name, sid in ((srcs[0], "data.csv", "first"), (srcs[1], "data.second.csv", "squatter"),
+                           (srcs[2], "data.csv", "second"), (srcs[3], "data.csv", "third")):
+        send_file(params, src, queue_name, stream_id=sid, name=name, mode="atomic")
+        got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
+        assert got is not None and got.stream_id == sid
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == {
+        "data.csv": srcs[0].read_bytes(), "data.second.csv": srcs[1].read_bytes(),
+        "data.second-2.csv": srcs[2].read_bytes(), "data.third.csv": srcs[3].read_bytes()}

@@ -228,15 +228,24 @@ class PartialFile:
 
 def final_name(dir_fd: int, spec: p.StreamSpec, *, overwrite: bool) -> str:
     """The name a verified stream is published under in the directory open as ``dir_fd``:
-    its sanitised file name, or the collision name if that is taken (unless ``overwrite``)."""
+    its sanitised file name; if that is taken (and not ``overwrite``), the collision name
+    ``<stem>.<id>.<ext>``; if a sender chose that name for another file, ``<stem>.<id>-2.<ext>``
+    and on. A published file is never replaced unless asked."""
     name = p.safe_file_name(spec.name, spec.stream_id)
     if overwrite:
         return name
-    try:
-        os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return name
-    return collision_name(name, spec.stream_id)
+    for n in range(1, _MAX_COLLISIONS + 1):
+        candidate = name if n == 1 else collision_name(name, spec.stream_id if n == 2 else f"{spec.stream_id}-{n - 1}")
+        try:
+            os.lstat(candidate, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return candidate
+    raise StreamError(f"stream {spec.stream_id}: {name} and {_MAX_COLLISIONS - 1} collision names for it are all "
+                      "taken in the output directory; move files away or receive with overwrite")
+
+
+# How many names a stream tries before it gives up (a hostile sender could take them all).
+_MAX_COLLISIONS = 100
 
 
 def collision_name(name: str, stream_id: str) -> str:
