@@ -104,6 +104,12 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
         data["cpu_seconds"] = round(cpu_seconds(), 3)
         print(json.dumps(data), flush=True)
         return
+    if data.get("status") == "already_sent":
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(data["finished_at"]))
+        print(f"stream {data['stream_id']} ({data['name']}) was already sent completely to {data['destination']} "
+              f"on {data['broker']} at {at}; sha256 {data['sha256']}. Nothing sent: --restart sends it again",
+              flush=True)
+        return
     if not data["bytes_transferred"] and data["resumed_from"] == data["bytes"] and data["bytes"]:
         print(f"stream {data['stream_id']} ({data['name']}) was already {verb} completely; "
               f"sha256 {data['sha256']}", flush=True)
@@ -277,8 +283,11 @@ def cmd_receive(args: argparse.Namespace) -> int:
         def events(kind: str, data: dict[str, Any]) -> None:
             ev_fh.write(json.dumps({"event": kind, "pid": os.getpid(), **data}) + "\n")
 
+    failures: list[Any] = []
+
     def on_failure(failure: Any) -> None:
         # Another stream's failure is reported, never fatal: the receiver goes on.
+        failures.append(failure)
         print(f"amqstream: stream {failure.stream_id} on {failure.destination} {failure.status}: {failure.reason}",
               file=sys.stderr, flush=True)
         if args.json:
@@ -292,7 +301,11 @@ def cmd_receive(args: argparse.Namespace) -> int:
                           stream_id=args.stream_id, options=opts, on_failure=on_failure,
                           on_result=lambda res: _print_result(res, args.json, "received"))
     if not got and not args.follow:
-        print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)
+        if failures:
+            print(f"no stream was received from {args.source}: {len(failures)} offered within {args.wait}s "
+                  "failed (see above)", file=sys.stderr)
+        else:
+            print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)
         return 3
     return 0
 

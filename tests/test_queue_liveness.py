@@ -60,7 +60,7 @@ def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
         send_file(params, f, queue_name, chunk_size=16 * 1024)
     out = tmp_path / "out"
     idle = 3.0
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     proc = cli("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "4",
                "--idle-timeout", str(idle), "--json", "-q")
     stdout, stderr = proc.communicate(timeout=240)
@@ -83,8 +83,36 @@ def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
     assert (out / ".amqstream" / "gone-1.part").exists() and (out / ".amqstream" / "gone-1.json").exists()
     # The stalled stream's offer went back to the queue for its turn.
     assert [f.headers[p.H_STREAM] for f in browse(params, queue_name)] == ["gone-1"]
+    # The promise: the good streams wait for the abandoned one no longer than idle_timeout.
+    # The slack covers the process start (the CLI's import) and the poisoned stream's quarantine.
+    last = max(r["finished_at"] for r in done) - started
+    transfer = sum(r["seconds"] for r in done)
+    assert last <= idle + transfer + 10, (last, transfer)
     print(f"\nissue-9 figure: 20 good streams behind a poisoned and an abandoned one, one --follow run: "
-          f"{wall:.1f}s wall with idle_timeout {idle:.0f}s and --wait 4s")
+          f"the last arrived {last:.1f}s after start (idle_timeout {idle:.0f}s, their transfer times add up to "
+          f"{transfer:.1f}s); {wall:.1f}s wall including the final --wait 4s")
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "no-broker", "out-dir-is-a-file"])
+def test_follow_exits_non_zero_for_failures_of_its_own(params: BrokerParams, uri: str, tmp_path: Path,
+                                                       queue_name: str, case: str) -> None:
+    """Failures of other streams never stop --follow (above); its own do, at once, saying why."""
+    from tests.helpers import free_port
+
+    out = tmp_path / "out"
+    if case == "wrong-password":
+        uri = uri.replace(f":{params.password}@", ":not-the-password@")
+        want = "refused login"
+    elif case == "no-broker":
+        uri = f"amqstream://u:pw@127.0.0.1:{free_port()}?connect_timeout=2"
+        want = "cannot reach any broker"
+    else:
+        out.write_text("a file where the output directory should be")
+        want = str(out)
+    proc = cli("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--follow", "-q")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode not in (0, None) and want in err, (proc.returncode, err)
+    assert params.password not in err and "Traceback" not in err
 
 
 def test_a_stalled_stream_gets_its_turn_back_and_completes(params: BrokerParams, tmp_path: Path,
@@ -185,11 +213,17 @@ def test_a_reused_stream_id_is_refused_loudly_and_a_repeat_is_a_duplicate(
 
 
 def test_already_sent_is_per_broker_and_proves_the_credentials(
-        params: BrokerParams, private_broker: EmbeddedBroker, tmp_path: Path, queue_name: str) -> None:
+        params: BrokerParams, uri: str, private_broker: EmbeddedBroker, tmp_path: Path, queue_name: str) -> None:
     src = make_file(tmp_path / "f.bin", 3000)
     first = send_file(params, src, queue_name)
     assert first.status == "complete"
     assert send_file(params, src, queue_name).status == "already_sent"
+    # The command says where and when it was sent, and that nothing was sent now.
+    proc = cli("send", str(src), "--to", queue_name, "--conn", uri)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    day = time.strftime("%Y-%m-%d", time.gmtime(first.finished_at))
+    assert f"already sent completely to {queue_name} on {params.url} at {day}" in out and "Nothing sent" in out, out
     info = private_broker.info()
     other = BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
     # The same file to another broker is another transfer, not "already sent".

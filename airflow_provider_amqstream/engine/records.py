@@ -57,7 +57,8 @@ class TransferResult:
     """What one send or receive did. ``bytes_transferred`` counts only this run.
 
     ``status`` is ``complete``, ``duplicate`` (a receiver saw a stream it had published
-    before) or ``already_sent`` (a sender found its stream confirmed before).
+    before) or ``already_sent`` (a sender found its stream confirmed before; ``finished_at``
+    is then when that happened, where the checkpoint recorded it).
     """
 
     stream_id: str

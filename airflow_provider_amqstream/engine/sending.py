@@ -193,7 +193,7 @@ def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: p
     log.info("stream %s (%s) was already sent completely to %s on %s at %s; nothing to send "
              "(--restart sends it again)", spec.stream_id, src, dest, params.url, at)
     return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
-                          0.0, spec.mode.value, state.confirmed_offset, 0, str(src), started, time.time(),
+                          0.0, spec.mode.value, state.confirmed_offset, 0, str(src), started, when or time.time(),
                           status="already_sent", chunk_size=spec.chunk_size, broker=params.url)
 
 
