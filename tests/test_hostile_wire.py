@@ -2,13 +2,18 @@
 
 Every header, name and size a sender controls, at its worst: the receiver refuses the
 stream (quarantined, with the reason), never hangs, crashes or blows its memory, and the
-next good stream still arrives byte-exact.
+next good stream still arrives byte-exact. The hostile sender is an ordinary user of this
+module's broker, allowed only to send to the ``/queue/rt.>`` family, as the attacker of
+the issue was; good streams and the receiver use the administrator.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +21,36 @@ import pytest
 import zstandard
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
-from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file
+from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
 
 pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """This module's broker (``params`` and ``uri`` are its administrator's), with a user
+    who may only send to the ``rt`` family."""
+    b = EmbeddedBroker(tmp_path_factory.mktemp("hostile") / "broker", port=free_port())
+    b.add_user("rt", send=["/queue/rt.>"])
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def sender(broker: EmbeddedBroker) -> BrokerParams:
+    """The hostile sender: authorized, but only to send to ``/queue/rt.>``."""
+    return dataclasses.replace(BrokerParams.from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    return f"/queue/rt.{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]}"
 
 
 def _receive_after(params: BrokerParams, queue: str, tmp_path: Path) -> tuple[list[Any], list[Any], str]:
@@ -35,20 +65,20 @@ def _receive_after(params: BrokerParams, queue: str, tmp_path: Path) -> tuple[li
     return got, failed, sha
 
 
-def _raw_offer(params: BrokerParams, queue: str, **changes: str) -> None:
+def _raw_offer(sender: BrokerParams, queue: str, **changes: str) -> None:
     dest = p.Destination.parse(queue)
     spec = p.StreamSpec("hostile-1", "f.bin", 3000, 1000)
-    raw = RawSender(params)
+    raw = RawSender(sender)
     raw.send(str(dest), b"", {**p.offer_headers(spec, dest), **changes})
     raw.close()
 
 
 def test_an_offer_with_a_200_kib_header_section_is_refused_not_looped_on(
-        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
+        params: BrokerParams, sender: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
     """ActiveMQ accepts it (10 KiB per header); a receiver that drops the connection on it
     reconnects into the same message for ever. Through the CLI, as users run it."""
     big = {f"junk{i}": "x" * 10_000 for i in range(20)}
-    _raw_offer(params, queue_name, **big)
+    _raw_offer(sender, queue_name, **big)
     good = make_file(tmp_path / "good.bin", 5000)
     sent = send_file(params, good, queue_name, chunk_size=1000)
     t0 = time.monotonic()
@@ -71,8 +101,8 @@ def test_an_offer_with_a_200_kib_header_section_is_refused_not_looped_on(
     {p.H_VERSION: "2"}, {p.H_MODE: "stream\n"},
 ], ids=lambda c: "-".join(f"{k}={v[:12]!r}" for k, v in c.items()))
 def test_malformed_offers_are_quarantined_and_the_next_stream_arrives(
-        params: BrokerParams, tmp_path: Path, queue_name: str, changes: dict[str, str]) -> None:
-    _raw_offer(params, queue_name, **changes)
+        params: BrokerParams, sender: BrokerParams, tmp_path: Path, queue_name: str, changes: dict[str, str]) -> None:
+    _raw_offer(sender, queue_name, **changes)
     got, failed, sha = _receive_after(params, queue_name, tmp_path)
     assert [r.sha256 for r in got] == [sha]
     assert [f.status for f in failed] == ["quarantined"] and "invalid offer" in failed[0].reason
@@ -85,7 +115,7 @@ def _bomb(declared: int) -> bytes:
 
 @pytest.mark.parametrize("case", ["bomb-1tib", "bomb-64kib", "far-ahead", "cut-headers", "huge-crc"])
 def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
-        params: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
+        params: BrokerParams, sender: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
     data = make_file(tmp_path / "f.bin", 4 * 1024).read_bytes()
     spec = p.StreamSpec(f"hc-{case}", "f.bin", len(data), 2 if case == "far-ahead" else 1024)
 
@@ -103,7 +133,7 @@ def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
             return {**headers, **{f"pad{i}": "y" * 10_000 for i in range(12)}}, body
         return {**headers, p.H_CRC: "9" * 20}, body
 
-    play(params, queue_name, spec, data, [1], end=False, tamper=tamper)
+    play(sender, queue_name, spec, data, [1], end=False, tamper=tamper)
     got, failed, sha = _receive_after(params, queue_name, tmp_path)
     assert [r.sha256 for r in got] == [sha]
     [f] = failed
@@ -111,9 +141,10 @@ def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
     assert not list((tmp_path / "out" / ".amqstream").glob(f"{spec.stream_id}.*"))
 
 
-def test_the_broker_schedules_nothing_for_a_sender(params: BrokerParams, queue_name: str) -> None:
+def test_the_broker_schedules_nothing_for_a_sender(params: BrokerParams, sender: BrokerParams,
+                                                  queue_name: str) -> None:
     """schedulerSupport is off: repeat and delay headers are ordinary headers."""
-    raw = RawSender(params)
+    raw = RawSender(sender)
     raw.send(queue_name, b"once", {"AMQ_SCHEDULED_REPEAT": "50", "AMQ_SCHEDULED_PERIOD": "1000"})
     raw.send(queue_name, b"now", {"AMQ_SCHEDULED_DELAY": "600000"})
     raw.close()
