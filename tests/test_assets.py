@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from airflow_provider_amqstream.assets.amqstream import convert_asset_to_openlineage, create_asset, sanitize_uri
-from airflow_provider_amqstream.engine import send_file
+from airflow_provider_amqstream.engine import send_file, send_files
 from airflow_provider_amqstream.transport import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import make_file, sha256_file
@@ -58,3 +58,30 @@ def test_sensor_emits_an_asset_event_for_the_received_file(airflow_db: Path, par
     assert len(rows) == 1, rows
     extra = rows[0][1]
     assert extra["stream_id"] == "asset-1" and extra["sha256"] == sha256_file(src) and extra["bytes"] == 20_000
+
+
+@pytest.mark.broker
+def test_a_many_file_receive_emits_an_asset_event_per_file(airflow_db: Path, params: BrokerParams, uri: str,
+                                                           queue_name: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.models.asset import AssetAliasModel, AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    srcs = [make_file(tmp_path / "landing" / f"batch-{i}.bin", 5_000 + i) for i in range(2)]
+    send_files(params, srcs, queue_name, manifest=False)
+    out = tmp_path / "out"
+    dr = _load(ROOT / "tests" / "dags", "amqs_test_files_asset").test(run_conf={"queue": queue_name,
+                                                                            "out_dir": str(out)})
+    assert dr.state == "success"
+    want = {f"file://{socket.gethostname()}{(out / s.name).resolve()}": s for s in srcs}
+    with create_session() as session:
+        rows = session.execute(select(AssetModel.uri, AssetEvent.extra).join(AssetEvent.asset)
+                               .where(AssetModel.uri.in_(list(want)))).all()
+        alias = session.scalar(select(AssetAliasModel).where(AssetAliasModel.name == "amqs_received_batches"))
+        aliased = {a.uri for a in alias.assets} if alias is not None else set()
+    assert sorted(r[0] for r in rows) == sorted(want), rows
+    for got_uri, extra in rows:
+        assert extra["sha256"] == sha256_file(want[got_uri]) and extra["bytes"] == want[got_uri].stat().st_size
+    assert aliased >= set(want), aliased

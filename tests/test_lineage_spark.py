@@ -87,7 +87,7 @@ def test_airflow_emits_the_lineage_of_a_send_and_a_receive(airflow_db: Path, par
                          timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
 
-    tasks = {"send", "receive", "send_many"}
+    tasks = {"send", "receive", "send_many", "receive_many"}
 
     def events_of(kind: str) -> dict[str, dict[str, Any]] | None:
         if not events_file.exists():
@@ -124,6 +124,13 @@ def test_airflow_emits_the_lineage_of_a_send_and_a_receive(airflow_db: Path, par
     assert (dest["namespace"], dest["name"]) == (dest_ns, queue_name + ".many")
     assert dest["outputFacets"]["outputStatistics"] == {**dest["outputFacets"]["outputStatistics"],
                                                         "size": 3003, "fileCount": 3}
+    # Received in one task: the destination became each of the files.
+    many_in = done["receive_many"]
+    assert [(d["namespace"], d["name"]) for d in many_in["inputs"]] == [(dest_ns, queue_name + ".many")]
+    assert sorted(d["name"] for d in many_in["outputs"]) == [
+        str((out / "many" / f"part-{i}.csv").resolve()) for i in range(3)]
+    assert all(d["namespace"] == file_ns for d in many_in["outputs"])
+    assert [(d["namespace"], d["name"]) for d in started["receive_many"]["inputs"]] == [(dest_ns, queue_name + ".many")]
     assert params.password and all(params.password not in json.dumps(e) for e in (send, receive))
 
 

@@ -73,24 +73,28 @@ def start_lineage(params: BrokerParams, destination: str, *, sending: bool, path
     return OperatorLineage(inputs=[file_dataset(path, role="input")] if path else [], outputs=[dest])
 
 
-def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None) -> Any:
-    """``OperatorLineage`` of a many-file send: its files (or their common directory) went to
-    the destination; files confirmed by an earlier try count, as the task moved them."""
+def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *, sending: bool = True) -> Any:
+    """``OperatorLineage`` of many files: sent, its files (or their common directory) went to
+    the destination; received, the destination became them. Files moved by an earlier try
+    count, as the task moved them."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     files = [f for f in (result or {}).get("files", []) if isinstance(f, dict) and f.get("path")]
     if not files or params is None:
         return OperatorLineage()
     total = sum(int(f.get("bytes") or 0) for f in files)
-    dest = destination_dataset(params, str(files[0]["destination"]), role="output", size=total,
-                               file_count=len(files))
+    role = "input" if sending else "output"
+    dest = destination_dataset(params, str(files[0]["destination"]), role="output" if sending else "input",
+                               size=total, file_count=len(files))
     if len(files) <= MAX_FILE_DATASETS:
-        inputs = [file_dataset(f["path"], role="input", size=f.get("bytes"), sha256=f.get("sha256") or None)
-                  for f in files]
+        local = [file_dataset(f["path"], role=role, size=f.get("bytes"), sha256=f.get("sha256") or None)
+                 for f in files]
     else:
         root = os.path.commonpath([str(Path(f["path"]).resolve().parent) for f in files])
-        inputs = [_dataset(file_namespace(), root, size=total, sha256=None, role="input", file_count=len(files))]
-    return OperatorLineage(inputs=inputs, outputs=[dest])
+        local = [_dataset(file_namespace(), root, size=total, sha256=None, role=role, file_count=len(files))]
+    if sending:
+        return OperatorLineage(inputs=local, outputs=[dest])
+    return OperatorLineage(inputs=[dest], outputs=local)
 
 
 def transfer_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *, sending: bool) -> Any:

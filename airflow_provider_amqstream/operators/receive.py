@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, find_claimed, manifest_path
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import task_claim
+from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 
@@ -37,6 +38,10 @@ class ReceiveStreamsOperator(BaseOperator):
     :param idle_timeout: seconds without a chunk before a sender is presumed gone.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: quarantine streams larger than this.
+    :param file_asset_alias: name of an ``AssetAlias`` this task declares as an outlet; on
+        success it emits one asset event per received file, ``file://<host><path>`` (extra:
+        stream id, bytes, SHA-256), so DAGs scheduled on those files' assets, or on the
+        alias, run when they arrive.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "batch_id")
@@ -46,8 +51,11 @@ class ReceiveStreamsOperator(BaseOperator):
                  wait_timeout: float = 30.0, deadline: float = 3600.0,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
-                 **kwargs: Any) -> None:
+                 file_asset_alias: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.file_asset_alias = file_asset_alias
+        if file_asset_alias:
+            self.outlets = [*self.outlets, alias_outlet(file_asset_alias)]
         if count is not None and count < 1:
             raise ValueError(f"{self.task_id}: count must be at least 1, got {count}")
         if wait_timeout <= 0 or deadline <= 0:
@@ -97,5 +105,21 @@ class ReceiveStreamsOperator(BaseOperator):
                                    f"{manifest} is written once every listed file is in")
         self.log.info("received %d streams from %s into %s%s", len(results), self.source, self.out_dir,
                       f"; manifest {manifest}" if manifest else "")
-        return {"files": results, "failed": failed, "manifest": str(manifest) if manifest else None,
-                "count": len(results)}
+        if self.file_asset_alias:
+            emit_file_assets(context, self.file_asset_alias, results, self.log)
+        self._amqstream_result = {"files": results, "failed": failed, "manifest": str(manifest) if manifest else None,
+                                  "count": len(results)}
+        return self._amqstream_result
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Lineage known before anything is taken: the destination the files come from."""
+        from airflow_provider_amqstream.operators.lineage import start_lineage
+
+        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(), self.source, sending=False)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage: the destination became the received files (or, past 100, their directory)."""
+        from airflow_provider_amqstream.operators.lineage import batch_lineage, result_of
+
+        return batch_lineage(result_of(self, task_instance), AmqStreamHook(self.amqstream_conn_id).broker_params(),
+                             sending=False)

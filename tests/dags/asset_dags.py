@@ -1,9 +1,10 @@
-"""DAGs used by tests/test_assets.py: a sensor that declares the received file as an asset."""
+"""DAGs used by tests/test_assets.py: a sensor, and a many-file receive, that declare received files as assets."""
 
 from __future__ import annotations
 
 from airflow.sdk import DAG
 
+from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
 with DAG("amqs_test_file_asset", schedule=None,
@@ -11,3 +12,8 @@ with DAG("amqs_test_file_asset", schedule=None,
     StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
                          stream_id="{{ params.stream_id }}", poke_interval=1, timeout=120,
                          file_asset_alias="amqs_received_files")
+
+with DAG("amqs_test_files_asset", schedule=None,
+         params={"queue": "/queue/unused", "out_dir": "/tmp/unused", "count": 1}) as files_asset:
+    ReceiveStreamsOperator(task_id="receive_all", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                           count=2, wait_timeout=60, file_asset_alias="amqs_received_batches")
