@@ -22,14 +22,14 @@ import stomp
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamStalled, receive_stream, send_file, skipped_streams
 from airflow_provider_amqstream.transport import BrokerParams
 from airflow_provider_amqstream.triggers import offers as offers_mod
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
 from airflow_provider_amqstream.triggers.offers import OfferBrowser
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 from tests.conftest import ROOT
-from tests.helpers import make_file
+from tests.helpers import make_file, play
 
 CONN_ID = "amqs_evt"
 
@@ -326,3 +326,30 @@ def test_stomp_connect_line_stays_out_of_logs(params: BrokerParams) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and "DONE" in out.stdout, out.stderr[-2000:]
     assert "established connection" not in out.stderr.lower(), out.stderr[-2000:]
+
+
+@pytest.mark.broker
+def test_a_deferred_sensor_is_not_woken_for_a_stream_that_yielded_its_place(
+        conn: str, params: BrokerParams, queue_name: str, tmp_path: Path) -> None:
+    """A stalled stream's offer goes back to the queue; the receiver skips it for a while.
+    The sensor's trigger must skip it too, or it fires at once, the sensor finds nothing
+    to take, defers again, and loops until its timeout."""
+    data = make_file(tmp_path / "late.bin", 6000).read_bytes()
+    play(params, queue_name, p.StreamSpec("stall-1", "late.bin", len(data), 1000), data, [1, 2], end=False)
+    out = tmp_path / "out"
+    with pytest.raises(StreamStalled):
+        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=5, idle_timeout=1,
+                                                                       yield_backoff=600))
+    skip = skipped_streams(out)
+    assert list(skip) == ["stall-1"] and skip["stall-1"] > time.time() + 500
+    trig = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=3, skip=skip)
+    assert trig.serialize()[1]["skip"] == skip
+    events: list[Any] = []
+    asyncio.run(_collect(trig.run(), events, lambda: bool(events), 60))
+    assert events[0].payload["status"] == "timeout", events[0].payload
+    # Once its turn is back (or for a sensor of another directory), the offer wakes it.
+    woken: list[Any] = []
+    again = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=30,
+                               skip={"stall-1": time.time() - 1})
+    asyncio.run(_collect(again.run(), woken, lambda: bool(woken), 60))
+    assert woken[0].payload["status"] == "success"

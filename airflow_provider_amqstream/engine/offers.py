@@ -120,6 +120,11 @@ class YieldBook:
         live = sorted((v["until"], k) for k, v in self._entries().items() if v.get("until", 0) > now)
         return tuple(sorted(k for _, k in live[-self.MAX_SKIPPED:]))
 
+    def skipping(self) -> dict[str, float]:
+        """The streams skipped now, each with the time (epoch seconds) its turn comes back."""
+        entries = self._entries()
+        return {k: float(entries[k]["until"]) for k in self.active()}
+
     def next_expiry(self) -> float | None:
         now = time.time()
         ends = [v["until"] for v in self._entries().values() if v.get("until", 0) > now]

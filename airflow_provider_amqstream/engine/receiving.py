@@ -403,3 +403,18 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, 
         return read_json(Path(out_dir) / ".amqstream" / f"{stream_id}.done")
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc})") from exc
+
+
+def skipped_streams(out_dir: str | os.PathLike[str]) -> dict[str, float]:
+    """Streams that yielded their place in ``out_dir`` and are skipped for now, each with the
+    time (epoch seconds) its turn comes back; empty if nothing was ever received there.
+
+    A watcher that only looks (a trigger) leaves these out, or it would wake its receiver
+    for a stream the receiver will not take yet.
+
+    :param out_dir: the receiver's output directory.
+    """
+    path = Path(out_dir) / ".amqstream" / "yielded.json"
+    if not path.exists():
+        return {}
+    return YieldBook(path, 1.0).skipping()

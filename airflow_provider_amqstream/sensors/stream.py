@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,11 @@ from airflow_provider_amqstream.engine import (
     TransferResult,
     find_claimed,
     find_received,
+    skipped_streams,
 )
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import task_claim
+from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
@@ -67,9 +68,7 @@ class StreamCompleteSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.file_asset_alias = file_asset_alias
         if file_asset_alias:
-            from airflow.sdk import AssetAlias
-
-            self.outlets = [*self.outlets, AssetAlias(name=file_asset_alias)]
+            self.outlets = [*self.outlets, alias_outlet(file_asset_alias)]
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
         if idle_timeout <= 0 or offer_wait <= 0:
@@ -161,18 +160,8 @@ class StreamCompleteSensor(BaseSensorOperator):
         return result
 
     def _emit_file_asset(self, context: Any, result: TransferResult) -> None:
-        if not self.file_asset_alias or not result.path:
-            return
-        from airflow.sdk import Asset, AssetAlias
-
-        uri = f"file://{socket.gethostname()}{Path(result.path).resolve()}"
-        events = context.get("outlet_events") if hasattr(context, "get") else None
-        if events is None:
-            self.log.warning("no outlet events in this context: asset %s not emitted", uri)
-            return
-        events[AssetAlias(name=self.file_asset_alias)].add(
-            Asset(uri=uri), extra={"stream_id": result.stream_id, "bytes": result.bytes, "sha256": result.sha256})
-        self.log.info("asset event for %s (alias %s)", uri, self.file_asset_alias)
+        if self.file_asset_alias:
+            emit_file_assets(context, self.file_asset_alias, [result.to_json()], self.log)
 
     def get_openlineage_facets_on_start(self) -> Any:
         """Lineage known before a stream is taken: the destination it comes from."""
@@ -203,18 +192,27 @@ class StreamCompleteSensor(BaseSensorOperator):
         result = self._receive(context, 1.0)
         if result is not None:
             return result.to_json()
-        self._defer()
+        self._defer(context)
         return None
 
-    def _defer(self) -> None:
-        timeout = self.timeout if isinstance(self.timeout, (int, float)) else None
+    def _defer(self, context: Any) -> None:
+        timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
+        timeout = float(timeout) if isinstance(timeout, (int, float)) else None
+        # The sensor's timeout counts from the start of this try, not from each deferral:
+        # a sensor woken for a stream another receiver took must not wait afresh.
+        started = getattr(context.get("ti"), "start_date", None) if hasattr(context, "get") else None
+        if timeout is not None and started is not None:
+            timeout = max(timeout - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)
         self.defer(
             trigger=StreamOfferTrigger(source=self.source, stream_id=self.stream_id,
                                        amqstream_conn_id=self.amqstream_conn_id,
                                        poll_interval=float(self.poke_interval)
                                        if not isinstance(self.poke_interval, timedelta)
                                        else self.poke_interval.total_seconds(),
-                                       timeout=timeout),
+                                       timeout=timeout,
+                                       # Streams that yielded here are not taken before their
+                                       # turn: the trigger must not wake us for them.
+                                       skip=None if self.stream_id else skipped_streams(self.out_dir)),
             method_name="execute_complete",
         )
 
@@ -226,7 +224,7 @@ class StreamCompleteSensor(BaseSensorOperator):
         result = self._receive(context, 30.0)
         if result is None:
             # Another consumer took the offer between the trigger's look and ours.
-            self.log.info("the offered stream was taken by another receiver; waiting again")
-            self._defer()
+            self.log.info("the offered stream was taken by another receiver, or yielded its place; waiting again")
+            self._defer(context)
             return None
         return result.to_json()

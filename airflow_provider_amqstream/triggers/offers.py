@@ -88,15 +88,21 @@ class OfferBrowser:
         self.opened += 1
         return link
 
-    def look(self, stream_id: str | None = None) -> list[Offer]:
-        """The valid offers visible on the destination now (for ``stream_id`` only, if given).
+    def look(self, stream_id: str | None = None, skip: tuple[str, ...] = ()) -> list[Offer]:
+        """The valid offers visible on the destination now (for ``stream_id`` only, if given;
+        else leaving out the streams in ``skip``).
 
         Raises :class:`TransportError` if the broker cannot be reached; the next call
         reconnects. Invalid offers are skipped, each reported once.
         """
+        selector = f"{p.H_KIND} = 'offer'"
         if stream_id:
             p.validate_stream_id(stream_id)
-        selector = f"{p.H_KIND} = 'offer'" + (f" AND {p.H_STREAM} = '{stream_id}'" if stream_id else "")
+            selector += f" AND {p.H_STREAM} = '{stream_id}'"
+        elif skip:
+            for sid in skip:  # validated ids hold no quotes: safe inside the selector
+                p.validate_stream_id(sid)
+            selector += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in skip)})"
         link = self._session()
         try:
             if self.params.network:
