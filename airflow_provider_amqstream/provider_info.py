@@ -8,6 +8,8 @@ from airflow_provider_amqstream import __version__
 
 
 def _field(label: str, description: str, type_: str, default: Any = None, **schema: Any) -> dict[str, Any]:
+    # Airflow 3.3's form shows no placeholder on an extra field; a string field with
+    # ``examples`` gets a hint and offers them as suggestions, which is the closest thing.
     sch: dict[str, Any] = {"type": [type_, "null"], **schema}
     if default is not None:
         sch["default"] = default
@@ -17,11 +19,15 @@ def _field(label: str, description: str, type_: str, default: Any = None, **sche
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     "hosts": _field("Failover brokers", "Brokers tried in order, as comma-separated host:port "
                     "(e.g. mq1.example.com:61613,mq2.example.com:61613). When set, it replaces Broker host(s), "
-                    "which can also list several hosts itself. Leave empty for one broker.", "string"),
+                    "which can also list several hosts itself. Leave empty for one broker.", "string",
+                    examples=["mq1.example.com:61613,mq2.example.com:61613"]),
     "tls": _field("TLS", "Speak STOMP over TLS (stomp+ssl connector).", "boolean", False),
-    "ca_file": _field("CA file", "PEM file with the CA that signed the broker certificate.", "string"),
-    "cert_file": _field("Client certificate", "PEM client certificate for mutual TLS.", "string"),
-    "key_file": _field("Client key", "PEM private key for the client certificate.", "string"),
+    "ca_file": _field("CA file", "PEM file with the CA that signed the broker certificate.", "string",
+                      examples=["/etc/amqstream/ca.pem"]),
+    "cert_file": _field("Client certificate", "PEM client certificate for mutual TLS.", "string",
+                        examples=["/etc/amqstream/client-cert.pem"]),
+    "key_file": _field("Client key", "PEM private key for the client certificate.", "string",
+                       examples=["/etc/amqstream/client-key.pem"]),
     "check_hostname": _field("Check hostname", "Verify the broker certificate matches the host name.",
                              "boolean", True),
     "heartbeat_ms": _field("Heart-beat (ms)", "STOMP heart-beat interval both ways; 0 disables.",

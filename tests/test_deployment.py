@@ -349,6 +349,11 @@ def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment
         if key:
             assert dlg.locator(f"[name=element_{key}]").input_value() == default, label
     assert "Brokers tried in order, as comma-separated host:port" in text
+    # Free-text extras carry a hint and suggest an example (the form's placeholder for them).
+    hosts = dlg.locator("[name=element_hosts]")
+    assert hosts.get_attribute("placeholder"), "no hint on the failover field"
+    assert dlg.locator(f"datalist#{hosts.get_attribute('list')} option").first.get_attribute("value") == \
+        "mq1.example.com:61613,mq2.example.com:61613"
     assert "none (send chunks as they are)" in text and "null" not in text.lower().split()
     pg.set_viewport_size({"width": 1400, "height": 2100})  # the whole dialog in one picture
     _shot(pg, tmp_path, "ui-connection-form.png")

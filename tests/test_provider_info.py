@@ -61,3 +61,15 @@ def test_login_refusal_has_one_period_before_our_advice() -> None:
     link._inbox.errors.append("User name [u] or password is invalid.")
     msg = link._refusal_reason(None)
     assert "invalid. Check" in msg and ".." not in msg
+
+
+def test_free_text_fields_suggest_an_example_value() -> None:
+    # The form's only hint on an extra field: ``examples`` on a string schema, which must
+    # also pass the Param check Airflow runs on a saved connection.
+    from airflow.sdk.definitions.param import Param
+
+    for name in ("hosts", "ca_file", "cert_file", "key_file"):
+        schema = CONN_FIELDS[name]["schema"]
+        assert schema["examples"], name
+        Param(None, **schema).resolve(suppress_exception=False)
+        Param(schema["examples"][0], **schema).resolve(suppress_exception=False)
