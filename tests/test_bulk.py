@@ -19,6 +19,7 @@ from airflow_provider_amqstream.engine import (
     TransferResult,
     collect_files,
     receive_streams,
+    send_file,
     send_files,
 )
 from airflow_provider_amqstream.transport import BrokerParams
@@ -233,3 +234,33 @@ def test_hostile_batch_messages_are_quarantined(params: BrokerParams, tmp_path: 
     assert [f.stream_id for f in failures] == ["bad-b"] and why in failures[0].reason
     assert [Path(r.path or "").name for r in got] == ["good.bin"]
     assert not list(out.glob("*.manifest.jsonl"))
+
+
+@pytest.mark.broker
+def test_a_drain_stops_at_its_deadline_while_offers_keep_trickling_in(params: BrokerParams, tmp_path: Path,
+                                                                     queue_name: str) -> None:
+    """Without a deadline a drain that sees an offer every second never runs out of wait."""
+    import threading
+
+    stop = threading.Event()
+
+    def trickle() -> None:
+        i = 0
+        while not stop.is_set() and i < 120:
+            send_file(params, make_file(tmp_path / "in" / f"t{i:03d}.bin", 1000 + i), queue_name, mode="atomic")
+            i += 1
+            stop.wait(0.5)
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        t0 = time.monotonic()
+        got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10),
+                              stop_after=3)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        sender.join(30)
+    assert got and took < 30, (len(got), took)
+    for r in got:
+        assert sha256_file(Path(r.path or "")) == sha256_file(tmp_path / "in" / r.name)

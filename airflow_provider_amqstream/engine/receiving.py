@@ -81,11 +81,14 @@ def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike
 def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
                     count: int | None = None, stream_id: str | None = None, options: ReceiveOptions | None = None,
                     fail_fast: bool = False, on_result: ResultSink | None = None,
-                    on_failure: FailureSink | None = None) -> list[TransferResult]:
-    """Receive streams until ``count`` arrived, or until ``wait_timeout`` passes with no
-    offer; return them. One connection serves them all.
+                    on_failure: FailureSink | None = None, stop_after: float | None = None) -> list[TransferResult]:
+    """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
+    offer, or until ``stop_after`` seconds have passed; return them. One connection serves
+    them all.
 
     :param count: how many streams to receive (None: until the wait runs out).
+    :param stop_after: take no new stream after this many seconds (one being received is
+        finished); without it a steady trickle of offers keeps a drain going for ever.
     :param stream_id: receive only this stream.
     :param fail_fast: raise the first stream failure instead of reporting it and going on
         (always so when ``stream_id`` is given: that stream is the whole job).
@@ -105,6 +108,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
     results: list[TransferResult] = []
     wait = opts.wait_timeout
+    until = None if stop_after is None else time.monotonic() + stop_after
     first = True
     while True:
         try:
@@ -113,6 +117,10 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                 offers = Offers(link, dest, stream_id, book, opts)
                 while count is None or len(results) < count:
                     deadline = None if wait is None else time.monotonic() + wait
+                    if until is not None:
+                        if time.monotonic() >= until:
+                            return results
+                        deadline = until if deadline is None else min(deadline, until)
                     offer = offers.next(deadline)
                     if offer is None:
                         return results

@@ -99,12 +99,12 @@ class AmqStreamHook(BaseHook):
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: engine.ReceiveOptions | None = None,
-                        on_failure: Any = None) -> list[engine.TransferResult]:
+                        on_failure: Any = None, stop_after: float | None = None) -> list[engine.TransferResult]:
         """Receive streams over one connection, going on past streams that fail (each is
         quarantined or yields its place, and reported to ``on_failure``); see
         :func:`airflow_provider_amqstream.engine.receive_streams`."""
         return engine.receive_streams(self.broker_params(), source, out_dir, count=count, stream_id=stream_id,
-                                      options=options, on_failure=on_failure)
+                                      options=options, on_failure=on_failure, stop_after=stop_after)
 
     def offer_waiting(self, source: str, *, stream_id: str | None = None, timeout: float = 2.0) -> bool:
         """Whether a stream is offered on ``source`` right now, without taking it.

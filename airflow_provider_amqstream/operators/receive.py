@@ -18,7 +18,8 @@ from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destinati
 
 class ReceiveStreamsOperator(BaseOperator):
     """Receive many streams in one task over one connection: until ``count`` arrived, until
-    the manifest of ``batch_id`` is written, or until ``wait_timeout`` passes with no offer.
+    the manifest of ``batch_id`` is written, until ``wait_timeout`` passes with no offer, or
+    until ``deadline``.
 
     Returns (XCom ``return_value``) ``{"files": [one entry per stream], "failed": [...],
     "manifest": path or None, "count": n}``. Streams that fail are quarantined or yield
@@ -32,7 +33,9 @@ class ReceiveStreamsOperator(BaseOperator):
     :param batch_id: stop once ``out_dir/<batch_id>.manifest.jsonl`` exists (templated; a
         sender's ``totals["batch_id"]``); the task fails if it does not by ``deadline``.
     :param wait_timeout: seconds with no offer before stopping (without ``batch_id``).
-    :param deadline: seconds in all before giving up on ``batch_id``.
+    :param deadline: seconds in all: with ``batch_id`` the task fails if the batch is not
+        complete by then; without, it takes no new stream after it and returns what arrived
+        (a steady trickle of offers would otherwise keep it draining for ever).
     :param amqstream_conn_id: Airflow connection of type ``amqstream``.
     :param window: chunks synced and acknowledged together (default 8).
     :param idle_timeout: seconds without a chunk before a sender is presumed gone.
@@ -91,13 +94,17 @@ class ReceiveStreamsOperator(BaseOperator):
             opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                                   idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
                                   claim=claim, progress=LogProgress(self.log, f"receive from {self.source}"))
-            got = hook.receive_streams(self.source, self.out_dir, count=wanted, options=opts, on_failure=on_failure)
+            got = hook.receive_streams(self.source, self.out_dir, count=wanted, options=opts, on_failure=on_failure,
+                                       stop_after=max(left, 0.0))
             results += [r.to_json() for r in got]
             if manifest is not None and manifest.exists():
                 break
             if self.count is not None and len(results) >= self.count:
                 break
-            if manifest is None and not got:
+            if manifest is None and (not got or time.monotonic() >= until):
+                if got:
+                    self.log.info("deadline of %.0fs reached; not taking more streams from %s", self.deadline,
+                                  self.source)
                 break
             if manifest is not None and time.monotonic() >= until:
                 raise RuntimeError(f"{self.task_id}: batch {self.batch_id} was not complete in {self.out_dir} "
