@@ -4,6 +4,8 @@ is up. Every test starts its own pair on loopback."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_network import NetworkConfig, NetworkError, connectors_xml
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
-from airflow_provider_amqstream.transport import BrokerParams
-from tests.helpers import free_port, make_file, sha256_file, wait_for
+from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, StompLink
+from tests.helpers import free_port, make_file, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.network]
 QUEUE = "/queue/net"
@@ -245,6 +248,14 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     # watchTopicAdvisories=false: the JMS client would otherwise subscribe to advisory
     # topics, which only the bridge and the administrator may read.
     url = f"tcp://127.0.0.1:{sites.b_openwire}?jms.watchTopicAdvisories=false"
+    # The OpenWire listener authenticates: a wrong password and no user are both refused.
+    for user, password in (("consumer", "not-the-password"), ("", "")):
+        refused = subprocess.run([java, "-cp", f"{classes}:{classpath}", "StreamConsumer", url, user, password,
+                                  QUEUE.removeprefix("/queue/"), str(out)], capture_output=True, text=True,
+                                 timeout=180)
+        assert refused.returncode != 0 and re.search(r"password is invalid|not authenticated|Security",
+                                                     refused.stderr), refused.stderr[-2000:]
+        assert not out.exists()
     run = subprocess.run([java, "-cp", f"{classes}:{classpath}", "StreamConsumer", url, "consumer", "consumer-pw",
                           QUEUE.removeprefix("/queue/"), str(out)], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -386,3 +397,32 @@ def test_example_three_runs_on_two_bridged_brokers(tmp_path: Path) -> None:
     assert "site A's broker bridged to site B's" in run.stdout, run.stdout
     for site in ("broker-a", "broker-b"):  # stopped by the script
         assert not EmbeddedBroker(sites / site).running_pid(), f"{site} left running"
+
+
+def test_the_bridge_user_may_use_only_the_forwarded_queues(sites: Sites, tmp_path: Path) -> None:
+    """docs/security.md: the bridge's credentials open the forwarded queues and their
+    streams' queues, and nothing else, on either broker."""
+    creds = json.loads((tmp_path / "sites" / "bridge.json").read_text())
+    for broker in (sites.a, sites.b):
+        bridge = BrokerParams(hosts=(("127.0.0.1", broker.port),), login=creds["user"], password=creds["password"],
+                              connect_timeout=10.0, receipt_timeout=15.0)
+        with StompLink(bridge) as link:
+            link.send_confirmed(QUEUE + ".amqs.bridge-check", b"x", {})  # a forwarded stream's data queue
+            with pytest.raises(AccessDenied):
+                link.send_confirmed("/queue/elsewhere", b"x", {})
+        with StompLink(bridge) as link, pytest.raises(AccessDenied):
+            link.subscribe("/queue/elsewhere")
+        with StompLink(bridge) as link, pytest.raises(AccessDenied):
+            link.send_confirmed("/topic/elsewhere", b"x", {})
+
+
+def test_chunks_reordered_and_repeated_before_the_bridge_arrive_exact(sites: Sites, tmp_path: Path) -> None:
+    """Whatever order and repeats reach the far broker, the stream is rebuilt exactly: chunks
+    are placed by number, and repeats are dropped and counted."""
+    data = make_file(tmp_path / "mixed.bin", 10 * 65536 - 123, seed=7).read_bytes()
+    spec = p.StreamSpec("net-mixed-1", "mixed.bin", len(data), 65536)
+    play(sites.params(sites.a, "producer"), QUEUE, spec, data, [3, 1, 2, 2, 5, 4, 4, 7, 6, 8, 10, 9, 1])
+    got = receive_stream(sites.params(sites.b, "consumer"), QUEUE, tmp_path / "out",
+                         options=ReceiveOptions(wait_timeout=60, idle_timeout=30))
+    assert got is not None and Path(got.path or "").read_bytes() == data
+    assert got.duplicates == 3

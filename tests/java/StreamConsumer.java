@@ -1,5 +1,6 @@
 // A plain JMS consumer of one amqstream stream, with nothing of ours but the header names
-// (docs/protocol.md): take an offer, read its data queue, write each chunk at its offset,
+// (docs/protocol.md): take an offer, read its data queue, place each chunk by the standard
+// message-group headers (JMSXGroupID = the stream, JMSXGroupSeq = the chunk's number),
 // stop at the end marker, check the SHA-256. An inline offer carries the file itself. Used by tests/test_network.py; docs/java.md
 // walks through it.
 //
@@ -15,7 +16,18 @@ import javax.jms.Session;
 import org.apache.activemq.ActiveMQConnectionFactory;
 
 public class StreamConsumer {
-    public static void main(String[] args) throws Exception {
+    public static void main(String[] args) {
+        try {
+            consume(args);
+        } catch (Exception e) {
+            // The client's transport threads would keep the JVM alive after a refused login.
+            e.printStackTrace();
+            System.exit(1);
+        }
+        System.exit(0);
+    }
+
+    static void consume(String[] args) throws Exception {
         String url = args[0], user = args[1], password = args[2], queue = args[3], out = args[4];
         Connection connection = new ActiveMQConnectionFactory(user, password, url).createConnection();
         connection.start();
@@ -27,6 +39,7 @@ public class StreamConsumer {
             String streamId = offer.getStringProperty("amqs_stream");
             String dataQueue = offer.getStringProperty("amqs_data_dest").replaceFirst("^/queue/", "");
             long size = Long.parseLong(offer.getStringProperty("amqs_size"));
+            long chunkSize = Long.parseLong(offer.getStringProperty("amqs_chunk_size"));
             String sha = null;
             try (RandomAccessFile file = new RandomAccessFile(out, "rw")) {
                 file.setLength(size);
@@ -52,10 +65,19 @@ public class StreamConsumer {
                         break;
                     }
                     if (!"data".equals(kind)) continue;
+                    if (!streamId.equals(m.getStringProperty("JMSXGroupID"))) {
+                        throw new IllegalStateException("stream " + streamId + ": a chunk of group "
+                                + m.getStringProperty("JMSXGroupID") + " on its data queue");
+                    }
+                    long position = (m.getIntProperty("JMSXGroupSeq") - 1L) * chunkSize;
+                    // amqs_offset says the same in bytes; a disagreement means a broken sender.
+                    if (position != Long.parseLong(m.getStringProperty("amqs_offset"))) {
+                        throw new IllegalStateException("stream " + streamId + ": JMSXGroupSeq and amqs_offset disagree");
+                    }
                     BytesMessage chunk = (BytesMessage) m;
                     byte[] body = new byte[(int) chunk.getBodyLength()];
                     chunk.readBytes(body);
-                    file.seek(Long.parseLong(m.getStringProperty("amqs_offset")));
+                    file.seek(position);
                     file.write(body);
                 }
             }
