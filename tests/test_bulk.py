@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -264,3 +265,34 @@ def test_a_drain_stops_at_its_deadline_while_offers_keep_trickling_in(params: Br
     assert got and took < 30, (len(got), took)
     for r in got:
         assert sha256_file(Path(r.path or "")) == sha256_file(tmp_path / "in" / r.name)
+
+
+def test_a_file_failing_where_a_receipt_was_due_leaves_no_file_unconfirmed(
+        params: BrokerParams, tmp_path: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Receipts ride on every SEAL_FILES-th small file and on the last. When the last one
+    fails as it is read, the file before it goes again carrying the receipt, so every file
+    sent is confirmed; the receiver reports the repeat as a duplicate."""
+    import errno
+
+    from airflow_provider_amqstream.engine import bulk
+
+    files = [make_file(tmp_path / "in" / f"f{i:02d}.bin", 2000 + i) for i in range(6)]
+    real = bulk._Ctx._send_small
+    seals: list[tuple[str, bool]] = []
+
+    def send_small(self: Any, link: Any, e: Any, seal: bool) -> Any:
+        seals.append((e.src.name, seal))
+        if e.src.name == "f05.bin":
+            raise OSError(errno.EIO, "injected read error")
+        return real(self, link, e, seal)
+
+    monkeypatch.setattr(bulk._Ctx, "_send_small", send_small)
+    res = send_files(params, files, queue_name)
+    assert [f.path for f in res.failures] == [str(files[5])]
+    assert sorted(r.name for r in res.results) == [f.name for f in files[:5]]
+    # Unsealed until the last, which failed; then f04 again with the receipt.
+    assert seals == [*((f.name, False) for f in files[:5]), ("f05.bin", True), ("f04.bin", True)]
+    got, _ = receive_all(params, queue_name, tmp_path / "out", 5)
+    assert sorted(Path(r.path or "").name for r in got) == [f.name for f in files[:5]]
+    for f in files[:5]:
+        assert sha256_file(tmp_path / "out" / f.name) == sha256_file(f)
