@@ -427,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="size sent from site A to site B through a network bridge, against one broker, by "
                          "benchmarks.network (empty: skip)")
     ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow bulk run")
+    ap.add_argument("--no-startup", action="store_true",
+                    help="skip the start-up figures of the installed command (benchmarks.startup)")
     ap.add_argument("--warm-up", type=int, default=64, metavar="MIB",
                     help="MiB sent through each fresh broker, unmeasured, before measuring (default 64)")
     ap.add_argument("--installed-sizes", default="1G",
@@ -445,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     bulk_rows: list[dict[str, Any]] = []
-    net_text = ""
+    net_text = startup_text = ""
     try:
         rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh, args.warm_up,
                    tuple(filter(None, args.installed_sizes.split(","))))
@@ -457,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 bulk_rows = bulk.run_bulk(args.bulk_sets.split(","), work, info.uri, ssh=not args.no_ssh,
                                           mapped_files=args.mapped_files)
+                if not args.no_startup:
+                    from benchmarks import startup
+
+                    startup_text = startup.table(startup.run(work / "startup", info.uri))
+                    print(startup_text)
             finally:
                 broker.stop()
         if args.network_size:
@@ -499,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
                  "one SendStreamOperator task for the directory, and with mapped tasks (one per file, capped), "
                  "each under `airflow dags test`.", "", bulk_text, "",
                  f"![many files]({bulk.plot(bulk_rows, docs)})", ""] if bulk_text else []),
+              *(["## Start-up of the installed command", "", "How soon `amqstream` works after it is started "
+                 "(`python -m benchmarks.startup`), as users run it: the console script, the connection in "
+                 "`AIRFLOW_CONN_AMQSTREAM_DEFAULT`. The first-message time runs from starting `amqstream send` "
+                 "of a 1,000-byte file until a consumer already subscribed to the destination has the message.",
+                 "", startup_text, ""] if startup_text else []),
               *(["## Across a network bridge", "", "One file from a sender on site A's broker to a receiver on "
                  "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
                  "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "

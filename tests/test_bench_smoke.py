@@ -72,3 +72,17 @@ def test_bulk_benchmark_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "12x4K" in capsys.readouterr().out
     png = bulk.plot([row], tmp_path)
     assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_startup_benchmark_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up figures: the installed command's --version, its first message with the
+    connection from the environment, and its peak RSS both ways."""
+    from benchmarks import startup
+
+    monkeypatch.setattr(startup, "RUNS", 2)
+    assert startup.main([]) == 0
+    out = capsys.readouterr().out
+    assert "first message of `send`" in out and "Medians of 2 runs" in out
+    figures = out.split("|---|---|---|---|", 1)[1].split("\n")[1]
+    assert figures.count(" s |") == 2 and figures.count("MiB") == 2, figures

@@ -1,0 +1,136 @@
+"""How fast the installed command starts, as users run it (``python -m benchmarks.startup``).
+
+Three figures, each the median of several runs of the installed ``amqstream`` console script:
+``--version``; the time from starting ``amqstream send`` (connection in
+``AIRFLOW_CONN_AMQSTREAM_DEFAULT``, no ``--conn``) until its first message reaches a
+consumer already subscribed to the destination; and the send's peak RSS with the connection
+from the environment against the same send with ``--conn URI``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import stomp
+
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.transport import BrokerParams
+from benchmarks.__main__ import free_port, log
+
+RUNS = 7
+
+
+def _command() -> list[str]:
+    exe = Path(sys.executable).parent / "amqstream"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "airflow_provider_amqstream.cli"]
+
+
+class _FirstMessage(stomp.ConnectionListener):
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.seen = threading.Event()
+        self.subscribed = threading.Event()
+
+    def on_receipt(self, frame: stomp.utils.Frame) -> None:
+        self.subscribed.set()
+
+    def on_message(self, frame: stomp.utils.Frame) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+            self.seen.set()
+
+
+def _first_byte(uri: str, queue: str, src: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    """Seconds from spawning ``amqstream send`` to its first message at a subscribed consumer."""
+    bp = BrokerParams.from_uri(uri)
+    conn = stomp.Connection12(list(bp.hosts), auto_decode=False)
+    conn.connect(bp.login, bp.password, wait=True)
+    first = _FirstMessage()
+    conn.set_listener("first", first)
+    conn.subscribe(queue, id="1", ack="auto", headers={"receipt": "sub"})
+    try:
+        if not first.subscribed.wait(30):
+            raise RuntimeError(f"the broker did not confirm the subscription to {queue}")
+        t0 = time.monotonic()
+        proc = subprocess.Popen([*_command(), "send", str(src), "--to", queue, "--json", "-q"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not first.seen.wait(60):
+            proc.kill()
+            raise RuntimeError(f"no message from amqstream send on {queue} within 60s")
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode:
+            raise RuntimeError(f"amqstream send failed: {err[-1000:]}")
+        return (first.at or t0) - t0, json.loads(out.splitlines()[-1])
+    finally:
+        conn.disconnect()
+
+
+def run(work: Path, uri: str) -> dict[str, float]:
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / "startup.bin"
+    src.write_bytes(os.urandom(1000))
+    version = []
+    for _ in range(RUNS):
+        t0 = time.monotonic()
+        subprocess.run([*_command(), "--version"], check=True, capture_output=True)
+        version.append(time.monotonic() - t0)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
+    env_conn = {**base, "AIRFLOW_CONN_AMQSTREAM_DEFAULT": uri, "AMQSTREAM_STATE_DIR": str(work / "state-env")}
+    first, rss_env = [], []
+    for i in range(RUNS):
+        secs, res = _first_byte(uri, f"/queue/bench.startup.{os.getpid()}.{i}", src, env_conn)
+        first.append(secs)
+        rss_env.append(res["peak_rss_kib"] / 1024)
+    rss_uri = []
+    for i in range(RUNS):
+        proc = subprocess.run([*_command(), "send", str(src), "--to", f"/queue/bench.startup.uri.{i}", "--conn", uri,
+                               "--json", "-q"], env={**base, "AMQSTREAM_STATE_DIR": str(work / "state-uri")},
+                              check=True, capture_output=True, text=True)
+        rss_uri.append(json.loads(proc.stdout.splitlines()[-1])["peak_rss_kib"] / 1024)
+    return {"version_s": statistics.median(version), "first_byte_s": statistics.median(first),
+            "rss_env_mib": statistics.median(rss_env), "rss_uri_mib": statistics.median(rss_uri), "runs": RUNS}
+
+
+def table(row: dict[str, float]) -> str:
+    return "\n".join([
+        "| `amqstream --version` | first message of `send` at a consumer, connection from `$AIRFLOW_CONN` "
+        "| send peak RSS, `$AIRFLOW_CONN` | send peak RSS, `--conn URI` |",
+        "|---|---|---|---|",
+        f"| {row['version_s']:.3f} s | {row['first_byte_s']:.3f} s | {row['rss_env_mib']:.0f} MiB "
+        f"| {row['rss_uri_mib']:.0f} MiB |",
+        "",
+        f"Medians of {row['runs']} runs of the installed console script, process start included."])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.splitlines()[0])
+    ap.add_argument("--uri", help="a broker to use (default: start one)")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="amqs-startup-"))
+    broker = None
+    uri = args.uri
+    if uri is None:
+        broker = EmbeddedBroker(work / "broker", port=free_port())
+        uri = broker.start()[0].uri
+    try:
+        row = run(work, uri)
+    finally:
+        if broker is not None:
+            broker.stop()
+    log(json.dumps(row))
+    print(table(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
