@@ -413,6 +413,9 @@ def plots(rows: list[dict[str, Any]], docs: Path) -> list[str]:
     return [*names, "bench_rss.png"]
 
 
+NOTES_MARKER = "<!-- notes: written by hand, kept by make bench -->"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100M,1G,4G", help="comma list of 100M, 1G, 4G or byte counts")
@@ -518,7 +521,11 @@ def main(argv: list[str] | None = None) -> int:
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]
-        (docs / "benchmarks.md").write_text("\n".join(md))
+        report = docs / "benchmarks.md"
+        # Prose written by hand below the marker (history, analysis) survives a new run.
+        kept = report.read_text().split(NOTES_MARKER, 1)[1] if report.exists() and NOTES_MARKER in \
+            report.read_text() else ""
+        report.write_text("\n".join(md) + (f"\n{NOTES_MARKER}{kept}" if kept else ""))
         log(f"wrote {docs / 'benchmarks.md'}")
         update_readme(Path(args.readme), rows, time.strftime("%Y-%m-%d"), cpu)
         log(f"rewrote the figures in {args.readme}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.__main__ import ROOT, main
+from benchmarks.__main__ import NOTES_MARKER, ROOT, main
 from benchmarks.readme import BEGIN, update_readme
 
 pytestmark = pytest.mark.broker
@@ -17,6 +17,8 @@ pytestmark = pytest.mark.broker
 def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     readme = tmp_path / "README.md"
     shutil.copy(ROOT / "README.md", readme)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "benchmarks.md").write_text(f"old figures\n{NOTES_MARKER}\n## Notes\n\nhand-written\n")
     assert main(["--sizes", str(3 * 2**20), "--data", "random,csv", "--workdir", str(tmp_path / "w"),
                  "--docs", str(tmp_path / "docs"), "--warm-up", "1", "--installed-sizes", str(3 * 2**20),
                  "--readme", str(readme), "--bulk-sets", "", "--network-size", str(2 * 2**20)]) == 0
@@ -33,6 +35,8 @@ def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.Captur
             assert len(r[key]) == 3 and all(c > 0 for c in r[key]), (key, r[key])
     md = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "| random |" in md and "bench_rss.png" in md and "Where the CPU goes" in md
+    # Figures are replaced; the notes written by hand below the marker are kept.
+    assert "old figures" not in md and md.endswith(f"{NOTES_MARKER}\n## Notes\n\nhand-written\n")
     net = md.split("## Across a network bridge", 1)[1]
     assert "| one broker |" in net and "| site A -> site B |" in net
     assert (tmp_path / "docs" / "bench_rss.png").stat().st_size > 1000
