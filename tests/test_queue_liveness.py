@@ -263,6 +263,23 @@ def test_the_output_directory_is_never_written_through_a_link(params: BrokerPara
         receive_stream(params, queue_name, linked, options=ReceiveOptions(wait_timeout=1))
 
 
+def test_a_state_directory_another_user_owns_is_refused(params: BrokerParams, tmp_path: Path,
+                                                       queue_name: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    src = make_file(tmp_path / "f.bin", 3000)
+    send_file(params, src, queue_name, mode="atomic")
+    out = tmp_path / "out"
+    (out / ".amqstream").mkdir(parents=True, mode=0o700)
+    os.chown(out / ".amqstream", 65534, 65534)
+    with pytest.raises(StreamError, match="belongs to user id 65534"):
+        receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    # Nothing was taken: once the directory is ours again the stream arrives.
+    os.chown(out / ".amqstream", os.geteuid(), os.getegid())
+    got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
+    assert got is not None and (out / "f.bin").read_bytes() == src.read_bytes()
+
+
 def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: BrokerParams, tmp_path: Path,
                                                                    queue_name: str) -> None:
     """A peer who may write control messages (any receiver may) sends a forged ``done`` and
@@ -325,3 +342,6 @@ def test_sensor_reports_a_poisoned_stream_and_receives_the_good_one(
     [failure] = json.loads(Path(str(record) + ".failures").read_text())
     assert failure["stream_id"] == "sensor-poison" and failure["status"] == "quarantined"
     assert "SHA-256 mismatch" in failure["reason"]
+    # Filed where the sensor was told to put streams that can never succeed.
+    [filed] = browse(params, queue_name + ".bad")
+    assert filed.headers[p.H_STREAM] == "sensor-poison" and p.H_QUARANTINE_REASON in filed.headers

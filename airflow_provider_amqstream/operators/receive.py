@@ -41,20 +41,25 @@ class ReceiveStreamsOperator(BaseOperator):
     :param idle_timeout: seconds without a chunk before a sender is presumed gone.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: quarantine streams larger than this.
+    :param quarantine: where streams that can never succeed go (templated; default
+        ``/queue/DLQ.<name>``).
+    :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
+        yields its place (default 2 % of the filesystem, at most 1 GiB).
     :param file_asset_alias: name of an ``AssetAlias`` this task declares as an outlet; on
         success it emits one asset event per received file, ``file://<host><path>`` (extra:
         stream id, bytes, SHA-256), so DAGs scheduled on those files' assets, or on the
         alias, run when they arrive.
     """
 
-    template_fields: Sequence[str] = ("source", "out_dir", "batch_id")
+    template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "quarantine")
     ui_color = "#f3e6d8"
 
     def __init__(self, *, source: str, out_dir: str, count: int | None = None, batch_id: str | None = None,
                  wait_timeout: float = 30.0, deadline: float = 3600.0,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
-                 file_asset_alias: str | None = None, **kwargs: Any) -> None:
+                 file_asset_alias: str | None = None, quarantine: str | None = None,
+                 min_free_bytes: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.file_asset_alias = file_asset_alias
         if file_asset_alias:
@@ -67,9 +72,12 @@ class ReceiveStreamsOperator(BaseOperator):
         self.wait_timeout, self.deadline = wait_timeout, deadline
         self.amqstream_conn_id, self.window, self.idle_timeout = amqstream_conn_id, window, idle_timeout
         self.overwrite, self.max_bytes = overwrite, max_bytes
+        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
 
     def execute(self, context: Any) -> dict[str, Any]:
         Destination.parse(self.source)
+        if self.quarantine:
+            Destination.parse(self.quarantine)
         manifest = manifest_path(self.out_dir, validate_stream_id(self.batch_id)) if self.batch_id else None
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
@@ -93,7 +101,8 @@ class ReceiveStreamsOperator(BaseOperator):
             wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if manifest else self.wait_timeout
             opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                                   idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
-                                  claim=claim, progress=LogProgress(self.log, f"receive from {self.source}"))
+                                  quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
+                                  progress=LogProgress(self.log, f"receive from {self.source}"))
             got = hook.receive_streams(self.source, self.out_dir, count=wanted, options=opts, on_failure=on_failure,
                                        stop_after=max(left, 0.0))
             results += [r.to_json() for r in got]

@@ -48,6 +48,10 @@ class StreamCompleteSensor(BaseSensorOperator):
         the try fails and a retry resumes.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: refuse streams larger than this.
+    :param quarantine: where streams that can never succeed go (templated; default
+        ``/queue/DLQ.<name>``).
+    :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
+        yields its place (default 2 % of the filesystem, at most 1 GiB).
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
@@ -57,14 +61,15 @@ class StreamCompleteSensor(BaseSensorOperator):
         the alias, run when it arrives. Static ``outlets`` work as for any operator.
     """
 
-    template_fields: Sequence[str] = ("source", "out_dir", "stream_id")
+    template_fields: Sequence[str] = ("source", "out_dir", "stream_id", "quarantine")
     ui_color = "#f3e6d8"
 
     def __init__(self, *, source: str, out_dir: str, stream_id: str | None = None,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-                 offer_wait: float = 5.0, file_asset_alias: str | None = None, **kwargs: Any) -> None:
+                 offer_wait: float = 5.0, file_asset_alias: str | None = None, quarantine: str | None = None,
+                 min_free_bytes: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.file_asset_alias = file_asset_alias
         if file_asset_alias:
@@ -81,11 +86,14 @@ class StreamCompleteSensor(BaseSensorOperator):
         self.idle_timeout = idle_timeout
         self.overwrite = overwrite
         self.max_bytes = max_bytes
+        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
         self.deferrable = deferrable
         self.offer_wait = offer_wait
 
     def _validate(self) -> None:
         Destination.parse(self.source)
+        if self.quarantine:
+            Destination.parse(self.quarantine)
         if self.stream_id:
             validate_stream_id(self.stream_id)
 
@@ -143,7 +151,8 @@ class StreamCompleteSensor(BaseSensorOperator):
 
         opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                               idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
-                              claim=claim, events=on_event,
+                              quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
+                              events=on_event,
                               progress=LogProgress(self.log, f"receive from {self.source}"))
         try:
             got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,

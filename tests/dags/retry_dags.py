@@ -49,7 +49,7 @@ def failures_probe(params: dict | None = None, ti: object = None) -> None:
 
 with DAG("amqs_test_sensor_policy", schedule=None, params=PARAMS) as sensor_policy:
     w = StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
-                             idle_timeout=4, poke_interval=1, timeout=120)
+                             idle_timeout=4, poke_interval=1, timeout=120, quarantine="{{ params.queue }}.bad")
     probe(w.output)
     w >> failures_probe()
 
