@@ -155,3 +155,34 @@ def test_the_broker_schedules_nothing_for_a_sender(params: BrokerParams, sender:
             bodies.append(bytes(frame.body))
             link.ack(frame)
     assert bodies == [b"once", b"now"]
+
+
+@pytest.mark.parametrize(("name", "published"), [
+    (". .bashrc", "bashrc"), (". ..", None), ("..", None), ("../../etc/passwd", "passwd"), ("a/.hidden", "hidden"),
+    ("é" * 120 + ".csv", None),
+], ids=["dot-space-bashrc", "dot-space-dotdot", "dotdot", "traversal", "hidden", "long"])
+def test_hostile_names_publish_a_visible_file_inside_the_directory(
+        params: BrokerParams, sender: BrokerParams, tmp_path: Path, queue_name: str, name: str,
+        published: str | None) -> None:
+    """A name from the wire never becomes hidden, '.', '..', a path, or too long for one
+    directory entry; sent twice, the second copy's collision name fits too."""
+    data = make_file(tmp_path / "f.bin", 3000).read_bytes()
+    out = tmp_path / "out"
+    paths = []
+    for sid in ("named-1", "named-2"):
+        play(sender, queue_name, p.StreamSpec(sid, name, len(data), 1000), data, [1, 2, 3])
+        got: list[Any] = []
+        receive_streams(params, queue_name, out, count=1, options=ReceiveOptions(wait_timeout=20, idle_timeout=10),
+                        on_result=got.append)
+        [res] = got
+        path = Path(res.path or "")
+        assert path.parent == out and path.read_bytes() == data, path
+        assert not path.name.startswith(".") and len(path.name.encode()) <= 255, path.name
+        paths.append(path)
+    assert paths[0] != paths[1]
+    if published is not None:
+        assert paths[0].name == published
+    elif name.startswith("é"):
+        assert paths[0].name.endswith(".csv") and len(paths[0].name.encode()) <= 200
+    else:
+        assert paths[0].name == "named-1"

@@ -211,3 +211,28 @@ def test_spark_job_logs_warnings_and_one_summary_line(tmp_path: Path) -> None:
     loud_info = [line for line in (loud.stdout + loud.stderr).splitlines() if " INFO " in line]
     print(f"spark INFO lines: {len(loud_info)} by default, {len(info)} with quiet_spark_conf")
     assert len(loud_info) > 10 * max(len(info), 1)
+
+
+@pytest.mark.spark
+def test_spark_job_converts_every_file_of_a_directory_of_manifests(tmp_path: Path) -> None:
+    """--manifest DIR: every batch manifest in a receiver's output directory, one application."""
+    received = tmp_path / "received"
+    batches = {"b1": {"a.csv": "id,v\n1,x\n2,y\n", "sub/b.csv": "id,v\n3,z\n"}, "b2": {"c.csv": "id,v\n4,w\n"}}
+    for batch, files in batches.items():
+        rows = []
+        for rel, text in files.items():
+            (received / rel).parent.mkdir(parents=True, exist_ok=True)
+            (received / rel).write_text(text)
+            rows.append(json.dumps({"path": rel, "bytes": len(text.encode()), "sha256": sha256_file(received / rel)}))
+        (received / f"{batch}.manifest.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "pq"
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]"]
+    for k, v in quiet_spark_conf().items():
+        cmd += ["--conf", f"{k}={v}"]
+    run = subprocess.run([*cmd, stream_to_parquet_job(), "--manifest", str(received), "--output", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((out / "_amqstream_batch_summary.json").read_text())
+    assert (summary["files"], summary["rows"]) == (3, 4), summary
+    for rel in ("a", "sub/b", "c"):
+        assert list((out / rel).glob("*.parquet")), rel
