@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import StreamError, TransferResult, open_private
+from airflow_provider_amqstream.engine.records import StreamError, TransferResult, open_private, write_all
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class BatchLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(fd, b"".join(json.dumps(r).encode() + b"\n" for r in self.buffer))
+            write_all(fd, b"".join(json.dumps(r).encode() + b"\n" for r in self.buffer))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -298,12 +298,12 @@ class _Ctx:
         try:
             while todo:
                 e = todo[0]
-                small = e.size <= self.window * self.chunk
+                small = self._small(e)
                 if not small:  # a large file goes alone, after every small one before it
                     while pending:
                         in_flight -= self._confirm(link, pending)
                 nxt = todo[1] if len(todo) > 1 else None
-                seal = (e.seal or nxt is None or nxt.size > self.window * self.chunk
+                seal = (e.seal or nxt is None or not self._small(nxt)
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
                     sent = self._send_small(link, e, seal) if small else self._send_large(link, e)
@@ -336,6 +336,10 @@ class _Ctx:
             for _, e, _ in reversed(pending):
                 todo.appendleft(e)
             raise
+
+    def _small(self, e: _Entry) -> bool:
+        """Whether ``e`` fits in one window: sent back to back, confirmed with others."""
+        return e.size <= self.window * self.chunk
 
     def _send_small(self, link: StompLink, e: _Entry, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every

@@ -38,6 +38,7 @@ from airflow_provider_amqstream.engine.records import (
     StreamNoRoom,
     TransferResult,
     open_private,
+    write_all,
     write_json,
 )
 from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions, open_subdir
@@ -158,10 +159,8 @@ class InlineGroup:
         item = _Item(offer, spec, origin, subdir, sha256, temp, fd, started)
         self.items.append(item)
         self.ids.add(spec.stream_id)
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
         except OSError as exc:
             raise self._disk_error(exc, what, "writing") from exc
         self.free -= spec.size

@@ -99,6 +99,9 @@ class Offers:
 class YieldBook:
     """Streams this output directory skips for now, with when each gets its turn back."""
 
+    # Its file in the output directory's state directory.
+    FILE = "yielded.json"
+
     MAX_SKIPPED = 64
 
     def __init__(self, path: Path, first_backoff: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -226,6 +227,10 @@ class PartialFile:
         self.state_file.unlink(missing_ok=True)
 
 
+# How many names a stream tries before it gives up (a hostile sender could take them all).
+_MAX_COLLISIONS = 100
+
+
 def final_name(dir_fd: int, spec: p.StreamSpec, *, overwrite: bool) -> str:
     """The name a verified stream is published under in the directory open as ``dir_fd``:
     its sanitised file name; if that is taken (and not ``overwrite``), the collision name
@@ -234,18 +239,17 @@ def final_name(dir_fd: int, spec: p.StreamSpec, *, overwrite: bool) -> str:
     name = p.safe_file_name(spec.name, spec.stream_id)
     if overwrite:
         return name
-    for n in range(1, _MAX_COLLISIONS + 1):
-        candidate = name if n == 1 else collision_name(name, spec.stream_id if n == 2 else f"{spec.stream_id}-{n - 1}")
+    sid = spec.stream_id
+    # Built one at a time: the plain name is almost always free.
+    candidates = itertools.chain((name,), (collision_name(name, sid if n == 1 else f"{sid}-{n}")
+                                           for n in range(1, _MAX_COLLISIONS)))
+    for candidate in candidates:
         try:
             os.lstat(candidate, dir_fd=dir_fd)
         except FileNotFoundError:
             return candidate
-    raise StreamError(f"stream {spec.stream_id}: {name} and {_MAX_COLLISIONS - 1} collision names for it are all "
+    raise StreamError(f"stream {sid}: {name} and {_MAX_COLLISIONS - 1} collision names for it are all "
                       "taken in the output directory; move files away or receive with overwrite")
-
-
-# How many names a stream tries before it gives up (a hostile sender could take them all).
-_MAX_COLLISIONS = 100
 
 
 def collision_name(name: str, stream_id: str) -> str:

@@ -36,6 +36,7 @@ from airflow_provider_amqstream.engine.inline import InlineGroup
 from airflow_provider_amqstream.engine.manifest import Batches
 from airflow_provider_amqstream.engine.offers import Offers, YieldBook
 from airflow_provider_amqstream.engine.records import (
+    STATE_DIR_NAME,
     Backoff,
     StreamError,
     StreamFailure,
@@ -101,7 +102,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         p.validate_stream_id(stream_id)
     out = Path(out_dir)
     sdir = state_dir(out)
-    book = YieldBook(sdir / "yielded.json", opts.yield_backoff)
+    book = YieldBook(sdir / YieldBook.FILE, opts.yield_backoff)
     inline.sweep_temporaries(sdir)
     batches = Batches(out, sdir)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
@@ -422,7 +423,7 @@ def skipped_streams(out_dir: str | os.PathLike[str]) -> dict[str, float]:
 
     :param out_dir: the receiver's output directory.
     """
-    path = Path(out_dir) / ".amqstream" / "yielded.json"
+    path = Path(out_dir) / STATE_DIR_NAME / YieldBook.FILE
     if not path.exists():
         return {}
     return YieldBook(path, 1.0).skipping()

@@ -180,6 +180,13 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666, sync: bool = True) -> None:
     """Replace ``path`` with ``data``: a fresh temporary file of a new name (never an existing
     file or a link), fsynced, renamed over the old one (a rename replaces a link, never
@@ -192,9 +199,7 @@ def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666, sync: boo
         try:
             # One dumps (the C encoder) and raw writes: json.dump to a text file takes the pure
             # Python encoder, which was a tenth of a small-file receive.
-            view = memoryview(json.dumps(data).encode("utf-8"))
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, json.dumps(data).encode("utf-8"))
             if sync:
                 os.fsync(fd)
         finally:

@@ -83,15 +83,15 @@ def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *,
     if not files or params is None:
         return OperatorLineage()
     total = sum(int(f.get("bytes") or 0) for f in files)
-    role = "input" if sending else "output"
-    dest = destination_dataset(params, str(files[0]["destination"]), role="output" if sending else "input",
-                               size=total, file_count=len(files))
+    file_role, dest_role = ("input", "output") if sending else ("output", "input")
+    dest = destination_dataset(params, str(files[0]["destination"]), role=dest_role, size=total,
+                               file_count=len(files))
     if len(files) <= MAX_FILE_DATASETS:
-        local = [file_dataset(f["path"], role=role, size=f.get("bytes"), sha256=f.get("sha256") or None)
+        local = [file_dataset(f["path"], role=file_role, size=f.get("bytes"), sha256=f.get("sha256") or None)
                  for f in files]
     else:
         root = os.path.commonpath([str(Path(f["path"]).resolve().parent) for f in files])
-        local = [_dataset(file_namespace(), root, size=total, sha256=None, role=role, file_count=len(files))]
+        local = [_dataset(file_namespace(), root, size=total, sha256=None, role=file_role, file_count=len(files))]
     if sending:
         return OperatorLineage(inputs=local, outputs=[dest])
     return OperatorLineage(inputs=[dest], outputs=local)

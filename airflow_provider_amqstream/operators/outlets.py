@@ -37,16 +37,16 @@ def emit_file_assets(context: Any, alias: str, results: Iterable[Mapping[str, An
     from airflow.sdk import Asset
 
     events = context.get("outlet_events") if hasattr(context, "get") else None
-    files = [r for r in results if r.get("path")]
+    files = [(file_asset_uri(str(r["path"])), r) for r in results if r.get("path")]
     if events is None:
         log.warning("no outlet events in this context: %d file assets for alias %s not emitted", len(files), alias)
         return 0
     target = events[alias_outlet(alias)]
-    for r in files:
-        target.add(Asset(uri=file_asset_uri(str(r["path"]))),
+    for uri, r in files:
+        target.add(Asset(uri=uri),
                    extra={"stream_id": r.get("stream_id"), "bytes": r.get("bytes"), "sha256": r.get("sha256")})
     if len(files) == 1:
-        log.info("asset event for %s (alias %s)", file_asset_uri(str(files[0]["path"])), alias)
+        log.info("asset event for %s (alias %s)", files[0][0], alias)
     elif files:
         log.info("%d asset events for the received files (alias %s)", len(files), alias)
     return len(files)
