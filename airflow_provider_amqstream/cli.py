@@ -257,7 +257,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     bulk = send_files(_params(args), files, args.to, batch_id=args.batch_id, chunk_size=args.chunk_size,
                       window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
                       fail_fast=args.fail_fast, progress=progress, on_result=on_result, on_failure=on_failure,
-                      manifest=args.manifest if args.manifest is not None else args.recursive)
+                      manifest=args.manifest if args.manifest is not None else args.recursive, pack=args.pack)
     totals = bulk.totals()
     if args.json:
         totals["peak_rss_kib"] = peak_rss_kib()
@@ -378,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--manifest", action=argparse.BooleanOptionalAction, default=None,
                    help="several files: announce the batch so receivers write <batch id>.manifest.jsonl once all "
                         "its files are in (default: on with --recursive)")
+    s.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
+                   help="several files: send files of one chunk or less up to 32 to a message (default on; "
+                        "--no-pack for receivers older than packs, or that take each stream by id into its own "
+                        "directory: they would receive the whole pack)")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
     s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
     s.add_argument("--mode", choices=MODES, default=MODES[0],

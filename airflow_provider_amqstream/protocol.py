@@ -10,7 +10,10 @@ Read ``docs/protocol.md`` for the wire format. In short, a stream is:
 
 A file no larger than one chunk may instead travel *inline*: one offer carrying the
 file as its body, with the CRC-32 of that body and the file's SHA-256 in its headers,
-and no data queue at all (:func:`inline_offer`, :func:`read_inline`).
+and no data queue at all (:func:`inline_offer`, :func:`read_inline`). Several inline
+offers may travel together as one *pack* message: a JSON index of their headers, then
+their bodies (:func:`pack_message`, :func:`read_pack`); each member is checked as the
+inline offer it is.
 
 A receiver takes one offer at a time (prefetch 1, acknowledged only when the file is
 published), so it never has two streams open, and a crashed receiver's offer goes back
@@ -33,7 +36,7 @@ import hashlib
 import json
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -76,6 +79,12 @@ H_INLINE = "amqs_inline"
 H_BATCH = "amqs_batch"
 H_PART = "amqs_part"
 H_PARTS = "amqs_parts"
+# A pack (several small files in one message): how many, the length of its JSON index at
+# the start of the body, and its members' stream ids as "|a|b|" (for a selector's LIKE).
+H_PACK_FILES = "amqs_pack_files"
+H_PACK_INDEX = "amqs_pack_index"
+H_PACK_IDS = "amqs_pack_ids"
+H_PACK_LEN = "amqs_pack_len"
 # Added by a receiver that quarantines a stream, on the copy of its offer it files away.
 H_QUARANTINE_REASON = "amqs_quarantine_reason"
 H_QUARANTINED_FROM = "amqs_quarantined_from"
@@ -100,6 +109,11 @@ BATCH_PART_FILES = 2000
 MAX_BATCH_BODY = 2 * 1024 * 1024
 MAX_BATCH_PARTS = 10_000
 MAX_DIR_DEPTH = 16
+# A pack holds at most this many files, and its index at most MAX_PACK_INDEX bytes (each
+# member's offer headers, a few hundred bytes; the sender stops a pack well before).
+MAX_PACK_FILES = 64
+MAX_PACK_INDEX = 256 * 1024
+MAX_PACK_MEMBER_HEADERS = 32
 MAX_DIR_COMPONENT_BYTES = 200
 # How far past the first missing chunk a chunk may be. Delivery reorders within a few
 # prefetch windows; further ahead is a sender playing games (each chunk ahead of a gap is
@@ -129,6 +143,8 @@ class Kind(str, Enum):
     DONE = "done"
     # Sender -> receivers, on the destination after a batch's offers: its file list.
     BATCH = "batch"
+    # Sender -> receivers, on the destination: several inline offers in one message.
+    PACK = "pack"
 
 
 CONTROL_KINDS = frozenset({Kind.HELLO, Kind.ACK, Kind.REREQ, Kind.DONE})
@@ -994,3 +1010,90 @@ def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int,
             raise ProtocolError(f"batch {batch_id}: part {part} line {n} has a bad size, sha256 or name")
         entries.append(BatchEntry(sid, subdir, name, size, sha))
     return batch_id, part, parts, entries
+
+
+# --------------------------------------------------------------------------- packs
+def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]]) -> tuple[dict[str, str], bytes]:
+    """Headers and body of a pack: several inline offers (``(headers, wire body)`` as
+    :func:`inline_offer` makes them) in one message.
+
+    Per message, the broker journals, dispatches and acknowledges; for 64 KiB files
+    that cost more than the bytes, so a bulk sender puts up to a few dozen small files in
+    one message. The body is a JSON index (each member's offer headers plus
+    :data:`H_PACK_LEN`, its wire length) followed by the members' wire bodies in order.
+    The pack's own id is derived from its members' ids."""
+    if not 1 <= len(members) <= MAX_PACK_FILES:
+        raise ProtocolError(f"a pack holds 1..{MAX_PACK_FILES} files, not {len(members)}")
+    ids = [str(h[H_STREAM]) for h, _ in members]
+    # JMS properties (the group id) mean nothing inside a pack: only amqs_* headers go in.
+    index = json.dumps([{**{k: v for k, v in h.items() if k.startswith("amqs_")}, H_PACK_LEN: str(len(w))}
+                        for h, w in members], separators=(",", ":"),
+                       ensure_ascii=False).encode()
+    if len(index) > MAX_PACK_INDEX:
+        raise ProtocolError(f"the index of a pack of {len(members)} files is {len(index)} bytes, over {MAX_PACK_INDEX}")
+    body = b"".join([index, *(w for _, w in members)])
+    pack_id = "pk-" + hashlib.sha256("|".join(ids).encode()).hexdigest()[:32]
+    return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.PACK.value, H_STREAM: pack_id, H_INLINE: "1",
+            H_PACK_FILES: str(len(members)), H_PACK_INDEX: str(len(index)), H_PACK_IDS: "|" + "|".join(ids) + "|",
+            H_CRC: str(crc32(body))}, body
+
+
+def is_pack(headers: Mapping[str, Any]) -> bool:
+    return headers.get(H_KIND) == Kind.PACK.value
+
+
+def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tuple[dict[str, str], memoryview]]:
+    """The members of a pack: each one's offer headers and wire body, to be checked as an
+    inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file
+    fails alone. Raises ProtocolError if the pack itself is malformed (then no member can
+    be trusted)."""
+    pid = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
+    if kind_of(headers) is not Kind.PACK:
+        raise ProtocolError(f"pack {pid}: expected a pack, got {str(headers.get(H_KIND))[:20]!r}")
+    version = _int_header(headers, H_VERSION, pid, lo=1)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"pack {pid}: protocol version {version} is not supported (this receiver speaks "
+                            f"{PROTOCOL_VERSION}); upgrade airflow-provider-amqstream")
+    try:
+        validate_stream_id(pid)
+    except ProtocolError as exc:
+        raise ProtocolError(f"pack: {exc}") from None
+    if headers.get(H_INLINE) != "1":
+        raise ProtocolError(f"pack {pid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (a pack must say \"1\")")
+    count = _int_header(headers, H_PACK_FILES, pid, lo=1, hi=MAX_PACK_FILES)
+    view = memoryview(body)
+    index_len = _int_header(headers, H_PACK_INDEX, pid, lo=2, hi=min(MAX_PACK_INDEX, len(view)))
+    if crc32(view) != _int_header(headers, H_CRC, pid, hi=0xFFFFFFFF):
+        raise ProtocolError(f"pack {pid}: the body failed its CRC-32 check")
+    try:
+        index = json.loads(bytes(view[:index_len]))
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"pack {pid}: the index is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(index, list) or len(index) != count:
+        raise ProtocolError(f"pack {pid}: the index must list {count} files ({H_PACK_FILES})")
+    members: list[tuple[dict[str, str], memoryview]] = []
+    offset = index_len
+    for n, raw in enumerate(index, 1):
+        if (not isinstance(raw, dict) or len(raw) > MAX_PACK_MEMBER_HEADERS or not all(
+                isinstance(k, str) and k.startswith("amqs_") and isinstance(v, str) for k, v in raw.items())):
+            raise ProtocolError(f"pack {pid}: member {n} is not a map of at most {MAX_PACK_MEMBER_HEADERS} amqs_* "
+                                "string headers")
+        length = _int_header(raw, H_PACK_LEN, f"{pid} member {n}", hi=len(view) - offset)
+        member = {k: v for k, v in raw.items() if k != H_PACK_LEN}
+        if member.get(H_KIND) != Kind.OFFER.value or member.get(H_INLINE) != "1":
+            raise ProtocolError(f"pack {pid}: member {n} is not an inline offer")
+        members.append((member, view[offset:offset + length]))
+        offset += length
+    if offset != len(view):
+        raise ProtocolError(f"pack {pid}: {len(view) - offset} bytes after the last member")
+    ids = "|" + "|".join(m.get(H_STREAM, "") for m, _ in members) + "|"
+    if headers.get(H_PACK_IDS) != ids:
+        raise ProtocolError(f"pack {pid}: {H_PACK_IDS} does not list exactly its members' stream ids")
+    return members
+
+
+def pack_member_selector(stream_id: str) -> str:
+    """A selector clause matching the packs that carry ``stream_id`` (a validated id: only
+    ``_`` needs escaping for LIKE)."""
+    escaped = validate_stream_id(stream_id).replace("_", "!_")
+    return f"({H_KIND} = '{Kind.PACK.value}' AND {H_PACK_IDS} LIKE '%|{escaped}|%' ESCAPE '!')"

@@ -85,3 +85,38 @@ def test_a_many_file_receive_emits_an_asset_event_per_file(airflow_db: Path, par
     for got_uri, extra in rows:
         assert extra["sha256"] == sha256_file(want[got_uri]) and extra["bytes"] == want[got_uri].stat().st_size
     assert aliased >= set(want), aliased
+
+
+@pytest.mark.broker
+def test_a_sensor_that_takes_a_pack_reports_every_file_of_it(airflow_db: Path, params: BrokerParams, uri: str,
+                                                             queue_name: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-stream sensor receives a pack whole: it returns the first file, and the others
+    are in XCom ``also_received`` and have asset events, so none lands unannounced."""
+    import json
+
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    srcs = [make_file(tmp_path / "landing" / f"small-{i}.csv", 3_000 + i, seed=i) for i in range(3)]
+    sent = send_files(params, srcs, queue_name, manifest=False)
+    assert sent.totals()["files_sent"] == 3
+    out = tmp_path / "out"
+    dr = _load(ROOT / "tests" / "dags", "amqs_test_pack_sensor").test(run_conf={"queue": queue_name,
+                                                                           "out_dir": str(out)})
+    assert dr.state == "success"
+    for s in srcs:
+        assert sha256_file(out / s.name) == sha256_file(s)
+    want = {f"file://{socket.gethostname()}{(out / s.name).resolve()}" for s in srcs}
+    with create_session() as session:
+        uris = session.scalars(select(AssetModel.uri).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+                               .where(AssetModel.uri.in_(list(want)))).all()
+        also = session.scalar(select(XComModel.value).where(XComModel.dag_id == "amqs_test_pack_sensor",
+                                                            XComModel.run_id == dr.run_id,
+                                                            XComModel.key == "also_received"))
+    assert sorted(uris) == sorted(want)
+    also = json.loads(also) if isinstance(also, str) else also
+    assert len(also) == 2 and {Path(r["path"]).name for r in also} < {s.name for s in srcs}

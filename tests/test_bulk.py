@@ -269,9 +269,9 @@ def test_a_drain_stops_at_its_deadline_while_offers_keep_trickling_in(params: Br
 
 def test_a_file_failing_where_a_receipt_was_due_leaves_no_file_unconfirmed(
         params: BrokerParams, tmp_path: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Receipts ride on every SEAL_FILES-th small file and on the last. When the last one
-    fails as it is read, the file before it goes again carrying the receipt, so every file
-    sent is confirmed; the receiver reports the repeat as a duplicate."""
+    """Unpacked (pack=False), receipts ride on every SEAL_FILES-th small file and on the
+    last. When the last one fails as it is read, the file before it goes again carrying the
+    receipt, so every file sent is confirmed; the receiver reports the repeat as a duplicate."""
     import errno
 
     from airflow_provider_amqstream.engine import bulk
@@ -287,7 +287,7 @@ def test_a_file_failing_where_a_receipt_was_due_leaves_no_file_unconfirmed(
         return real(self, link, e, seal)
 
     monkeypatch.setattr(bulk._Ctx, "_send_small", send_small)
-    res = send_files(params, files, queue_name)
+    res = send_files(params, files, queue_name, pack=False)
     assert [f.path for f in res.failures] == [str(files[5])]
     assert sorted(r.name for r in res.results) == [f.name for f in files[:5]]
     # Unsealed until the last, which failed; then f04 again with the receipt.

@@ -22,9 +22,10 @@ import zstandard
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file, send_files
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
 from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
+from tests.test_pack import HOSTILE_PACKS, _pack
 
 pytestmark = pytest.mark.broker
 
@@ -186,3 +187,75 @@ def test_hostile_names_publish_a_visible_file_inside_the_directory(
         assert paths[0].name.endswith(".csv") and len(paths[0].name.encode()) <= 200
     else:
         assert paths[0].name == "named-1"
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_PACKS))
+def test_a_hostile_pack_is_quarantined_whole_and_the_next_stream_arrives(
+        params: BrokerParams, sender: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
+    headers, body = HOSTILE_PACKS[case](*_pack())
+    raw = RawSender(sender)
+    raw.send(queue_name, body, headers)
+    raw.close()
+    # The next good stream comes in a pack too: on the receiver's subscription for packs,
+    # after the hostile one.
+    good = make_file(tmp_path / "in" / "good.bin", 5000)
+    [sent] = send_files(params, [good], queue_name).results
+    got: list[Any] = []
+    failed: list[Any] = []
+    receive_streams(params, queue_name, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=20),
+                    on_result=got.append, on_failure=failed.append)
+    assert [r.sha256 for r in got] == [sent.sha256] == [sha256_file(tmp_path / "out" / "good.bin")]
+    assert [f.status for f in failed] == ["quarantined"] and "invalid pack" in failed[0].reason, failed
+    assert sorted(f.name for f in (tmp_path / "out").iterdir() if f.is_file()) == ["good.bin"]
+    assert browse(params, queue_name) == []
+
+
+def _member(dest: p.Destination, sid: str, name: str, data: bytes) -> tuple[dict[str, str], bytes]:
+    spec = p.StreamSpec(sid, name, len(data), 4096, p.Mode.ATOMIC)
+    return p.inline_offer(spec, dest, data, hashlib.sha256(data).hexdigest())
+
+
+@pytest.mark.parametrize("case", ["sha-mismatch", "zstd-bomb", "data-queue-elsewhere", "dotdot-name", "same-id"])
+def test_a_bad_member_fails_alone_and_its_pack_mates_arrive(
+        params: BrokerParams, sender: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
+    """Each member is checked as the inline offer it is: the bad one is quarantined (or,
+    for a name, made safe; for a repeated id, reported as the duplicate it is), the others
+    of its pack are published byte-exact, the pack is acknowledged, and the next good
+    stream arrives."""
+    dest = p.Destination.parse(queue_name)
+    data = [make_file(tmp_path / f"m{i}.bin", 2000 + i, seed=i).read_bytes() for i in range(3)]
+    members = [_member(dest, f"pm-{case}-{i}", f"m{i}.bin", d) for i, d in enumerate(data)]
+    h, w = members[1]
+    if case == "sha-mismatch":
+        members[1] = ({**h, p.H_SHA256: "0" * 64}, w)
+    elif case == "zstd-bomb":
+        members[1] = ({**h, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(_bomb(2**40)))}, _bomb(2**40))
+    elif case == "data-queue-elsewhere":
+        members[1] = ({**h, p.H_DATA_DEST: "/queue/rt.other.amqs.x"}, w)
+    elif case == "dotdot-name":
+        members[1] = _member(dest, f"pm-{case}-1", "..", data[1])
+    else:
+        members[1] = members[0]
+    raw = RawSender(sender)
+    raw.send(queue_name, *reversed(p.pack_message(members)))
+    raw.close()
+    good = make_file(tmp_path / "good.bin", 5000)
+    sha = send_file(params, good, queue_name, chunk_size=1000).sha256
+    got: list[Any] = []
+    failed: list[Any] = []
+    out = tmp_path / "out"
+    expected = 3 if case in ("same-id", "dotdot-name") else 2
+    receive_streams(params, queue_name, out, count=expected + 1,
+                    options=ReceiveOptions(wait_timeout=20, idle_timeout=10), on_result=got.append,
+                    on_failure=failed.append)
+    assert sha == sha256_file(out / "good.bin")
+    assert (out / "m0.bin").read_bytes() == data[0] and (out / "m2.bin").read_bytes() == data[2]
+    if case == "same-id":
+        assert [r.status for r in got].count("duplicate") == 1 and not failed
+    elif case == "dotdot-name":
+        [named] = [r for r in got if r.stream_id == f"pm-{case}-1"]
+        assert Path(named.path or "").parent == out and Path(named.path or "").read_bytes() == data[1]
+    else:
+        assert [(f.status, f.stream_id) for f in failed] == [("quarantined", f"pm-{case}-1")]
+        assert not (out / "m1.bin").exists()
+    assert browse(params, queue_name) == [], "the pack was not acknowledged"

@@ -14,6 +14,12 @@ three steps for the whole group, each one a single ``syncfs`` of the filesystem 
 Only then are the offers acknowledged. A crash before step 3 leaves no record, so the
 redelivered offer is received again; the order means no record ever describes a file
 whose bytes or name might not be on disk.
+
+A pack (several inline offers in one message) is taken apart into :class:`PackMember`
+offers, each settled like an inline offer of its own; the pack message is acknowledged
+when the last of them is. Until then a crash or a yield sends the whole pack back, and
+its members already published come back as duplicates, which are acknowledged and not
+written again.
 """
 
 from __future__ import annotations
@@ -51,6 +57,47 @@ GROUP_BYTES = 16 * 1024 * 1024
 # Extended attribute naming the stream a published inline file came from (where the
 # filesystem keeps user attributes; elsewhere a redelivered file gets a collision name).
 MARK = "user.amqstream.stream"
+
+
+class _Pack:
+    def __init__(self, message: Any, members: int) -> None:
+        self.message, self.left = message, members
+
+
+class PackMember:
+    """One file of a pack, with the headers and body of the inline offer it is."""
+
+    __slots__ = ("headers", "body", "pack")
+
+    def __init__(self, headers: dict[str, str], body: memoryview, pack: _Pack) -> None:
+        self.headers, self.body, self.pack = headers, body, pack
+
+    @property
+    def pack_id(self) -> str:
+        return str(self.pack.message.headers.get(p.H_STREAM, ""))
+
+
+def unpack(message: Any) -> list[PackMember]:
+    """The members of a pack message; raises ProtocolError for a malformed pack."""
+    members = p.read_pack(message.headers, message.body or b"")
+    pack = _Pack(message, len(members))
+    return [PackMember(headers, body, pack) for headers, body in members]
+
+
+def settle(link: Any, offer: Any) -> None:
+    """Acknowledge an offer that is settled; a pack member's pack once all its members are."""
+    if not isinstance(offer, PackMember):
+        link.ack(offer)
+        return
+    offer.pack.left -= 1
+    if offer.pack.left == 0:
+        link.ack(offer.pack.message)
+
+
+def files_in(message: Any) -> int:
+    """How many files a message carries for a group's count: a pack's members, or one."""
+    raw = str(message.headers.get(p.H_PACK_FILES, "1")) if p.is_pack(message.headers) else "1"
+    return min(int(raw), p.MAX_PACK_FILES) if raw.isdigit() and 0 < len(raw) < 4 else 1
 
 
 def _mark(fd: int, stream_id: str) -> None:

@@ -23,7 +23,8 @@ class Offers:
     Offers of streams with a data queue come one at a time: prefetch 1 and no
     acknowledgement until the stream is settled, so while the receiver holds one the
     broker gives it no other, and if it dies the offer returns to the queue. Inline offers
-    (a small file in the offer) come up to a group at a time on a second subscription.
+    (a small file in the offer) and packs of them come up to a group at a time on a second
+    subscription.
     Streams that yielded are left out by a selector until their back-off ends.
     """
 
@@ -38,9 +39,11 @@ class Offers:
 
     def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
-            return f"{p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}'"
-        # Batch messages carry their id in amqs_stream, so the NOT IN below sees a value.
-        sel = f"{p.H_KIND} IN ('offer', 'batch')"
+            # A packed stream comes with its pack: the whole pack is received.
+            return (f"({p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}') OR "
+                    + p.pack_member_selector(self.stream_id))
+        # Batch messages and packs carry their id in amqs_stream, so the NOT IN below sees a value.
+        sel = f"{p.H_KIND} IN ('offer', 'batch', 'pack')"
         if self.excluded:
             # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
             sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
@@ -77,14 +80,15 @@ class Offers:
     def gather_inline(self, first: Any, room: int | None) -> list[Any]:
         """``first`` and the inline offers already delivered after it, up to a group (and
         ``room``: a receiver asked for N streams takes no more)."""
-        group, size = [first], len(first.body or b"")
+        group, size, files = [first], len(first.body or b""), inline.files_in(first)
         limit = inline.GROUP_FILES if room is None else max(1, min(room, inline.GROUP_FILES))
-        while self.inline_sub and len(group) < limit and size < inline.GROUP_BYTES:
+        while self.inline_sub and files < limit and size < inline.GROUP_BYTES:
             more = self.link.get_any(0.0, (self.inline_sub,))
             if more is None:
                 break
             group.append(more)
             size += len(more.body or b"")
+            files += inline.files_in(more)
         return group
 
     def release(self) -> None:

@@ -126,7 +126,8 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                     if offer is None:
                         return results
                     wait = opts.wait_timeout
-                    if p.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value:
+                    if p.is_pack(offer.headers) or (p.is_inline(offer.headers)
+                                                    and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value):
                         group = offers.gather_inline(offer, None if count is None else count - len(results))
                         outcomes = _take_inline(link, dest, out, sdir, group, opts, book, offers)
                     else:
@@ -134,6 +135,10 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                     failed: StreamError | None = None
                     for outcome in outcomes:
                         if outcome is None:
+                            continue
+                        if stream_id and _stream_of(outcome) != stream_id:
+                            # Another file of the pack that carried ours: received all the same.
+                            log.info("%s (it came in the same pack as stream %s)", _describe(outcome), stream_id)
                             continue
                         if isinstance(outcome, TransferResult):
                             for manifest in batches.published(outcome.stream_id):
@@ -160,6 +165,19 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         first = False
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
+
+
+def _stream_of(outcome: TransferResult | StreamError) -> str:
+    if isinstance(outcome, TransferResult):
+        return outcome.stream_id
+    failure = getattr(outcome, "failure", None)
+    return failure.stream_id if failure is not None else ""
+
+
+def _describe(outcome: TransferResult | StreamError) -> str:
+    if isinstance(outcome, TransferResult):
+        return f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})"
+    return str(outcome)
 
 
 def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
@@ -209,10 +227,12 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
 
 
 def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, book: YieldBook, offers: Offers,
-             opts: ReceiveOptions) -> StreamYielded:
+             opts: ReceiveOptions, pack_id: str = "") -> StreamYielded:
     """The stream gives up its place: every offer we hold goes back, and this directory
-    skips the stream for a back-off."""
+    skips the stream (and the pack that carries it) for a back-off."""
     offers.release()
+    if pack_id:
+        book.add(pack_id, str(exc))
     retry = book.add(sid, str(exc))
     failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
                             str(exc), offset, retry_after=retry)
@@ -268,9 +288,9 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
     files = InlineGroup(out, sdir, str(dest), opts)
     later: list[Any] = []
     yielded: StreamYielded | None = None
-    yielded_sid = ""
+    yielded_sid = yielded_pack = ""
     try:
-        for offer in group:
+        for offer in _unpacked(link, dest, group, opts, outcomes):
             sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
             if yielded is not None:
                 break  # handed back with the subscription, unacknowledged
@@ -293,15 +313,16 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
             except StreamNoRoom as exc:
                 yielded = exc
                 yielded_sid = sid
+                yielded_pack = offer.pack_id if isinstance(offer, inline.PackMember) else ""
         for offer, result in files.commit():
             book.clear(result.stream_id)
-            link.ack(offer)
+            inline.settle(link, offer)
             opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path))
             outcomes.append(result)
     finally:
         files.close()
     if yielded is not None:
-        outcomes.append(_yielded(yielded, yielded_sid, dest, 0, book, offers, opts))
+        outcomes.append(_yielded(yielded, yielded_sid, dest, 0, book, offers, opts, yielded_pack))
         return outcomes
     for offer in later:
         checked = _parse_inline(link, dest, out, sdir, offer, opts)
@@ -310,6 +331,23 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
             break
         outcomes.append(checked)
     return outcomes
+
+
+def _unpacked(link: StompLink, dest: p.Destination, group: list[Any], opts: ReceiveOptions,
+              outcomes: list[TransferResult | StreamError | None]) -> list[Any]:
+    """The group's offers with every pack replaced by its members; a malformed pack is
+    quarantined whole (its outcome goes to ``outcomes``)."""
+    offers: list[Any] = []
+    for offer in group:
+        if not p.is_pack(offer.headers):
+            offers.append(offer)
+            continue
+        try:
+            offers.extend(inline.unpack(offer))
+        except p.ProtocolError as exc:
+            pid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+            outcomes.append(_quarantine(link, dest, offer, pid, f"invalid pack: {exc}", opts))
+    return offers
 
 
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
@@ -351,7 +389,7 @@ def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec
                       persistent=False)
     elif not p.is_inline(offer.headers):
         drain_queue(link, data_q, ack=True)
-    link.ack(offer)
+    inline.settle(link, offer)
     opts.emit("duplicate_offer", stream_id=spec.stream_id)
     log.info("stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
              spec.stream_id, dest, done.get("path"))
@@ -372,7 +410,7 @@ def _quarantine(link: StompLink, dest: p.Destination, offer: Any, sid: str, reas
         p.H_QUARANTINED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
     link.send_confirmed(qdest, b"", headers)
-    link.ack(offer)
+    inline.settle(link, offer)
     failure = StreamFailure(sid or "?", str(dest), "quarantined", reason, offset, qdest, moved)
     log.error("stream %s on %s quarantined to %s: %s", sid or "?", dest, qdest, reason)
     opts.emit("stream_quarantined", **failure.to_json())

@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import connection, engine
-from airflow_provider_amqstream.protocol import Destination
+from airflow_provider_amqstream.protocol import Destination, pack_member_selector, validate_stream_id
 from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
 
 log = logging.getLogger(__name__)
@@ -107,12 +107,15 @@ class AmqStreamHook(BaseHook):
                                       options=options, on_failure=on_failure, stop_after=stop_after)
 
     def offer_waiting(self, source: str, *, stream_id: str | None = None, timeout: float = 2.0) -> bool:
-        """Whether a stream is offered on ``source`` right now, without taking it.
+        """Whether a stream is offered on ``source`` right now (alone or in a pack), without taking it.
 
         Uses a queue browser, so nothing is consumed: cheap enough for a trigger to poll.
         """
         dest = Destination.parse(source)
-        selector = "amqs_kind = 'offer'" + (f" AND amqs_stream = '{stream_id}'" if stream_id else "")
+        selector = "amqs_kind IN ('offer', 'pack')"
+        if stream_id:  # alone, or in a pack
+            selector = f"(amqs_kind = 'offer' AND amqs_stream = '{validate_stream_id(stream_id)}') OR " \
+                       + pack_member_selector(stream_id)
         with StompLink(self.broker_params()) as link:
             link.subscribe(str(dest), selector=selector, browser=True)
             frame = link.get(timeout)

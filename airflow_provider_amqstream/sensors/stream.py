@@ -59,6 +59,11 @@ class StreamCompleteSensor(BaseSensorOperator):
         success it emits an asset event for the received file, ``file://<host><path>``
         (extra: stream id, bytes, SHA-256), so DAGs scheduled on that file's asset, or on
         the alias, run when it arrives. Static ``outlets`` work as for any operator.
+
+    Small files of a many-file send travel packed, and a pack is received whole: a sensor
+    that takes one then returns its first stream, and reports the others (published and
+    recorded the same way) as XCom ``also_received`` and as asset events. Send with
+    ``pack=False`` when each file should wait for a sensor of its own.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "stream_id", "quarantine")
@@ -165,12 +170,19 @@ class StreamCompleteSensor(BaseSensorOperator):
             self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
                           result.bytes, result.sha256)
             self._amqstream_result = result.to_json()
-            self._emit_file_asset(context, result)
+            self._emit_file_asset(context, *got)
+        if len(got) > 1:
+            # Its pack's other files (a many-file send packs small files): on disk and
+            # recorded like this one, so they are reported, not left for nobody to find.
+            for other in got[1:]:
+                self.log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
+            if ti is not None:
+                ti.xcom_push(key="also_received", value=[r.to_json() for r in got[1:]])
         return result
 
-    def _emit_file_asset(self, context: Any, result: TransferResult) -> None:
+    def _emit_file_asset(self, context: Any, *results: TransferResult) -> None:
         if self.file_asset_alias:
-            emit_file_assets(context, self.file_asset_alias, [result.to_json()], self.log)
+            emit_file_assets(context, self.file_asset_alias, [r.to_json() for r in results], self.log)
 
     def get_openlineage_facets_on_start(self) -> Any:
         """Lineage known before a stream is taken: the destination it comes from."""

@@ -95,10 +95,10 @@ class OfferBrowser:
         Raises :class:`TransportError` if the broker cannot be reached; the next call
         reconnects. Invalid offers are skipped, each reported once.
         """
-        selector = f"{p.H_KIND} = 'offer'"
+        selector = f"{p.H_KIND} IN ('offer', 'pack')"
         if stream_id:
             p.validate_stream_id(stream_id)
-            selector += f" AND {p.H_STREAM} = '{stream_id}'"
+            selector = f"({p.H_KIND} = 'offer' AND {p.H_STREAM} = '{stream_id}') OR {p.pack_member_selector(stream_id)}"
         elif skip:
             for sid in skip:  # validated ids hold no quotes: safe inside the selector
                 p.validate_stream_id(sid)
@@ -108,6 +108,10 @@ class OfferBrowser:
             if self.params.network:
                 self._draw_here(link, selector)
             offers = self._browse(link, selector)
+            if stream_id:
+                offers = [o for o in offers if o.stream_id == stream_id]
+            elif skip:
+                offers = [o for o in offers if o.stream_id not in skip]  # packed ones
         except TransportError:
             # Lost, refused or stuck: whatever state the session is in, the next look
             # starts from a fresh one.
@@ -144,12 +148,33 @@ class OfferBrowser:
                 break
             if frame.headers.get(p.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
+            if p.is_pack(frame.headers):
+                offers.extend(self._members(frame))
+                continue
             try:
                 offers.append(parse_visible_offer(frame.headers, self.dest))
             except p.ProtocolError as exc:
                 self._report_bad(frame.headers, exc)
         link.unsubscribe(sub)
         return offers
+
+    def _members(self, frame: Any) -> list[Offer]:
+        """The valid offers inside a pack: one per file, as receivers will take them."""
+        found = []
+        try:
+            members = p.read_pack(frame.headers, frame.body or b"")
+        except p.ProtocolError as exc:
+            self._report_bad(frame.headers, exc)
+            return []
+        # Who sent it and when are the broker's word about the pack (members hold amqs_* only).
+        stamped = {k: frame.headers[k] for k in (H_USER, "timestamp") if k in frame.headers}
+        for headers, _ in members:
+            try:
+                found.append(parse_visible_offer({**headers, **stamped}, self.dest))
+            except p.ProtocolError as exc:
+                self._report_bad({**headers, "message-id": f"{frame.headers.get('message-id', '')}/"
+                                  f"{headers.get(p.H_STREAM, '')}"}, exc)
+        return found
 
     def _report_bad(self, headers: Mapping[str, Any], exc: p.ProtocolError) -> None:
         key = str(headers.get("message-id", ""))[:200]

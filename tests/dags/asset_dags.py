@@ -1,4 +1,4 @@
-"""DAGs used by tests/test_assets.py: a sensor, and a many-file receive, that declare received files as assets."""
+"""DAGs used by tests/test_assets.py: sensors, and a many-file receive, that declare received files as assets."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ with DAG("amqs_test_files_asset", schedule=None,
          params={"queue": "/queue/unused", "out_dir": "/tmp/unused", "count": 1}) as files_asset:
     ReceiveStreamsOperator(task_id="receive_all", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
                            count=2, wait_timeout=60, file_asset_alias="amqs_received_batches")
+
+with DAG("amqs_test_pack_sensor", schedule=None,
+         params={"queue": "/queue/unused", "out_dir": "/tmp/unused"}) as pack_sensor:
+    StreamCompleteSensor(task_id="receive_next", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                         poke_interval=1, timeout=120, file_asset_alias="amqs_received_packed")

@@ -1,0 +1,186 @@
+"""Packs: several small files in one broker message (issue 10's files/s goal).
+
+The pure part: a pack carries its members exactly, and every malformed pack is refused
+before any member is trusted. Against the real broker: a stream asked for by id comes
+with its pack, a watcher sees each packed stream as an offer of its own, and a packed
+stream that cannot fit yields its pack once, not in a loop. Hostile packs from a
+restricted sender are in test_hostile_wire.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_files
+from airflow_provider_amqstream.transport import BrokerParams
+from tests.helpers import browse, make_file, read_json, sha256_file
+
+DEST = p.Destination.parse("/queue/pack.unit")
+
+
+def _members(n: int = 3, codec: p.ChunkCodec | None = None) -> list[tuple[dict[str, str], bytes, bytes]]:
+    out = []
+    for i in range(n):
+        data = hashlib.sha256(str(i).encode()).digest() * (10 * i)  # the first one is empty
+        spec = p.StreamSpec(f"m_{i}", f"f{i}.csv", len(data), 4096, p.Mode.ATOMIC)
+        headers, wire = p.inline_offer(spec, DEST, data, hashlib.sha256(data).hexdigest(), codec=codec,
+                                       subdir="a/b" if i == 1 else "")
+        out.append((headers, wire, data))
+    return out
+
+
+def _pack(n: int = 3) -> tuple[dict[str, str], bytes]:
+    return p.pack_message([(h, w) for h, w, _ in _members(n)])
+
+
+@pytest.mark.parametrize("codec", [None, p.ChunkCodec("zstd")])
+def test_a_pack_carries_each_member_exactly(codec: p.ChunkCodec | None) -> None:
+    members = _members(codec=codec)
+    headers, body = p.pack_message([(h, w) for h, w, _ in members])
+    assert headers[p.H_PACK_IDS] == "|m_0|m_1|m_2|" and p.is_pack(headers) and p.is_inline(headers)
+    got = p.read_pack(headers, body)
+    assert [h[p.H_STREAM] for h, _ in got] == ["m_0", "m_1", "m_2"]
+    for (mh, mw), (_, _, data) in zip(got, members, strict=True):
+        assert p.H_GROUP_ID not in mh, "a JMS property inside a pack means nothing"
+        spec, _ = p.parse_offer(mh, DEST)
+        assert p.read_inline(mh, mw, spec) == data
+    assert p.safe_subdir(got[1][0].get(p.H_DIR), "m_1") == ("a", "b")
+
+
+def _recrc(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
+    return {**h, p.H_CRC: str(p.crc32(b))}, b
+
+
+def _reindex(h: dict[str, str], b: bytes, change: Callable[[list[Any]], Any]) -> tuple[dict[str, str], bytes]:
+    n = int(h[p.H_PACK_INDEX])
+    index = json.dumps(change(json.loads(b[:n]))).encode()
+    return _recrc({**h, p.H_PACK_INDEX: str(len(index))}, index + b[n:])
+
+
+def _many(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
+    members = [(mh, mw) for mh, mw, _ in _members(1)] * (p.MAX_PACK_FILES + 1)
+    index = json.dumps([{**mh, p.H_PACK_LEN: str(len(mw))} for mh, mw in members]).encode()
+    return _recrc({**h, p.H_PACK_FILES: str(len(members)), p.H_PACK_INDEX: str(len(index)),
+                   p.H_PACK_IDS: "|" + "|".join(mh[p.H_STREAM] for mh, _ in members) + "|"},
+                  index + b"".join(mw for _, mw in members))
+
+
+# Each breaks one rule of the pack itself; the CRC is made right again where the change
+# is in the body, so the check that must catch it is reached.
+HOSTILE_PACKS: dict[str, Callable[[dict[str, str], bytes], tuple[dict[str, str], bytes]]] = {
+    "bad-crc": lambda h, b: ({**h, p.H_CRC: str((int(h[p.H_CRC]) + 1) % 2**32)}, b),
+    "index-past-body": lambda h, b: ({**h, p.H_PACK_INDEX: str(len(b) + 1)}, b),
+    "index-not-json": lambda h, b: _recrc(h, b"\xff" * int(h[p.H_PACK_INDEX]) + b[int(h[p.H_PACK_INDEX]):]),
+    "index-deep-nesting": lambda h, b: _recrc({**h, p.H_PACK_INDEX: "200000"}, b"[" * 200_000 + b),
+    "index-an-object": lambda h, b: _reindex(h, b, lambda ix: {"a": ix}),
+    "count-mismatch": lambda h, b: ({**h, p.H_PACK_FILES: "2"}, b),
+    "count-zero": lambda h, b: ({**h, p.H_PACK_FILES: "0"}, b),
+    "too-many-files": _many,
+    "trailing-bytes": lambda h, b: _recrc(h, b + b"x"),
+    "member-len-past-body": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_PACK_LEN: "99999"}]),
+    "member-len-signed": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_PACK_LEN: "+1"}]),
+    "member-not-offer": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_KIND: "data"}]),
+    "member-not-inline": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_INLINE: "0"}]),
+    "member-non-string": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_SIZE: 3}]),
+    "member-jms-header": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], "JMSXUserID": "admin"}]),
+    "member-many-headers": lambda h, b: _reindex(
+        h, b, lambda ix: [*ix[:2], {**ix[2], **{f"amqs_x{i}": "" for i in range(40)}}]),
+    "member-a-list": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], [ix[2]]]),
+    "ids-list-another": lambda h, b: ({**h, p.H_PACK_IDS: "|m_0|m_1|victim|"}, b),
+    "ids-missing": lambda h, b: ({k: v for k, v in h.items() if k != p.H_PACK_IDS}, b),
+    "version-2": lambda h, b: ({**h, p.H_VERSION: "2"}, b),
+    "no-inline": lambda h, b: ({k: v for k, v in h.items() if k != p.H_INLINE}, b),
+    "bad-pack-id": lambda h, b: ({**h, p.H_STREAM: "../pk"}, b),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_PACKS))
+def test_a_malformed_pack_is_refused_whole(case: str) -> None:
+    headers, body = HOSTILE_PACKS[case](*_pack())
+    with pytest.raises(p.ProtocolError, match="pack"):
+        p.read_pack(headers, body)
+
+
+def test_a_pack_member_selector_matches_only_that_id() -> None:
+    sel = p.pack_member_selector("a_b")
+    # '_' is LIKE's any-character: escaped, "a-b" no longer matches "a_b".
+    assert "'%|a!_b|%' ESCAPE '!'" in sel and "amqs_kind = 'pack'" in sel
+    with pytest.raises(p.ProtocolError):
+        p.pack_member_selector("x' OR '1'='1")
+
+
+def _small_files(tmp_path: Path, n: int = 5) -> list[Path]:
+    return [make_file(tmp_path / "in" / f"p{i}.bin", 3000 + i, seed=i) for i in range(n)]
+
+
+@pytest.mark.broker
+def test_a_stream_asked_for_by_id_comes_with_its_pack(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
+    files = _small_files(tmp_path)
+    sent = send_files(params, files, queue_name)
+    [pack] = browse(params, queue_name)
+    assert pack.headers[p.H_KIND] == "pack" and pack.headers[p.H_PACK_FILES] == "5"
+    wanted = sent.results[2]
+    got = receive_stream(params, queue_name, tmp_path / "out", stream_id=wanted.stream_id,
+                         options=ReceiveOptions(wait_timeout=15))
+    assert got is not None and got.stream_id == wanted.stream_id
+    for f in files:  # the whole pack landed, each file byte-exact
+        assert sha256_file(tmp_path / "out" / f.name) == sha256_file(f)
+    assert browse(params, queue_name) == [], "the pack was not acknowledged"
+
+
+@pytest.mark.broker
+def test_a_watcher_sees_each_packed_stream_as_an_offer(params: BrokerParams, tmp_path: Path,
+                                                      queue_name: str) -> None:
+    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+
+    sent = send_files(params, _small_files(tmp_path), queue_name)
+    ids = [r.stream_id for r in sent.results]
+    browser = OfferBrowser(params, queue_name)
+    try:
+        seen = browser.look()
+        assert sorted(o.stream_id for o in seen) == sorted(ids)
+        assert {o.name for o in seen} == {f"p{i}.bin" for i in range(5)}
+        assert [o.stream_id for o in browser.look(stream_id=ids[3])] == [ids[3]]
+        assert sorted(o.stream_id for o in browser.look(skip=(ids[0],))) == sorted(ids[1:])
+    finally:
+        browser.close()
+
+
+@pytest.mark.broker
+def test_a_packed_stream_without_room_yields_its_pack_once(params: BrokerParams, tmp_path: Path,
+                                                          queue_name: str) -> None:
+    """The pack comes back whole; the directory skips the pack's id too, so the receiver
+    is not handed the same pack again at once (a loop of yields)."""
+    files = _small_files(tmp_path, 3)
+    send_files(params, files, queue_name)
+    [pack] = browse(params, queue_name)
+    failures: list[Any] = []
+    full = tmp_path / "full"
+    got = receive_streams(params, queue_name, full, options=ReceiveOptions(wait_timeout=3, min_free_bytes=2**62),
+                          on_failure=failures.append)
+    assert got == [] and [f.status for f in failures] == ["no_room"]
+    skipped = read_json(full / ".amqstream" / "yielded.json") or {}
+    assert pack.headers[p.H_STREAM] in skipped and failures[0].stream_id in skipped
+    assert len(browse(params, queue_name)) == 1, "the pack must go back to the queue"
+    got = receive_streams(params, queue_name, tmp_path / "roomy", count=3, options=ReceiveOptions(wait_timeout=15))
+    assert sorted(Path(r.path).name for r in got) == [f.name for f in files]
+
+
+@pytest.mark.broker
+def test_the_hook_sees_a_packed_stream_waiting(uri: str, params: BrokerParams, tmp_path: Path, queue_name: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQS_PACKED", uri)
+    hook = AmqStreamHook("amqs_packed")
+    assert not hook.offer_waiting(queue_name)
+    sent = send_files(params, _small_files(tmp_path, 2), queue_name)
+    assert hook.offer_waiting(queue_name) and hook.offer_waiting(queue_name, stream_id=sent.results[1].stream_id)
+    assert not hook.offer_waiting(queue_name, stream_id="not-there")
