@@ -12,8 +12,8 @@ rest of the send. Many files are in flight at once; they are marked confirmed wh
 receipt that covers them arrives.
 
 Files of one chunk or less go further: several travel in one *pack* message (their
-inline offers side by side, see ``protocol.pack_message``), and each pack asks for its
-receipt. The broker's cost is mostly per message (journal entry, dispatch, acknowledgement),
+inline offers side by side, see ``protocol.pack_message``; the messages of each kind of
+small file are built in ``small_files.py``), and each pack asks for its receipt. The broker's cost is mostly per message (journal entry, dispatch, acknowledgement),
 and for 64 KiB files it was more than the sender's and receiver's together.
 
 A large file goes through the single-file path (``send_file``) over the same connection,
@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +63,13 @@ from airflow_provider_amqstream.engine.sending import (
     send_file,
     stream_origin,
 )
+from airflow_provider_amqstream.engine.small_files import (
+    Outgoing,
+    Pack,
+    inline_member,
+    pending_result,
+    send_chunks,
+)
 from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
 
 log = logging.getLogger(__name__)
@@ -77,24 +82,7 @@ MAX_IN_FLIGHT_BYTES = 64 * 2**20
 # below the in-flight bounds, so a receipt is always outstanding when those are reached.
 SEAL_FILES = 32
 SEAL_BYTES = 2 * 2**20
-# One-chunk files travel packed (see protocol.pack_message): files per pack, their wire
-# bytes and the size of the pack's index. A pack carries its own receipt, so these also
-# bound what one receipt confirms.
-PACK_FILES = 32
-PACK_BYTES = 2 * 2**20
-PACK_INDEX_BYTES = 64 * 1024
 BatchProgress = Callable[[BatchStatus], None]
-
-
-@dataclass
-class _Entry:
-    src: Path
-    subdir: str
-    stream_id: str
-    size: int
-    identity: str
-    # Sent again to carry the receipt that confirms the files sent before it.
-    seal: bool = False
 
 
 def send_files(
@@ -149,7 +137,7 @@ def send_files(
         message listing each file's stream id, relative path, size and SHA-256), so the
         receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
     :param pack: send files of one chunk or less several to a message (up to
-        :data:`PACK_FILES`); turn off for receivers that predate packs or that receive
+        ``small_files.PACK_FILES``); turn off for receivers that predate packs or that receive
         each file by its stream id into a directory of its own (one asking for a packed
         stream receives the whole pack).
     """
@@ -176,7 +164,7 @@ def send_files(
         if fail_fast:
             raise StreamError(f"{path}: {error}")
 
-    entries: list[_Entry] = []
+    entries: list[Outgoing] = []
     ids: set[str] = set()
     for item in files:
         bf = item if isinstance(item, BatchFile) else BatchFile(Path(item), "")
@@ -192,7 +180,7 @@ def send_files(
             continue
         if sid not in ids:
             ids.add(sid)
-            entries.append(_Entry(bf.path, subdir, sid, st_.st_size, _file_identity(bf.path, st_)))
+            entries.append(Outgoing(bf.path, subdir, sid, st_.st_size, _file_identity(bf.path, st_)))
     if batch_id is None:
         digest = hashlib.sha256("|".join([str(dest), *sorted(ids)]).encode()).hexdigest()[:20]
         batch_id = f"b-{digest}"
@@ -202,7 +190,7 @@ def send_files(
     done = {} if restart else ledger.load()
     seeded = set() if restart else set(ledger_seed)
     status = BatchStatus(len(entries), sum(e.size for e in entries))
-    todo: collections.deque[_Entry] = collections.deque()
+    todo: collections.deque[Outgoing] = collections.deque()
     for e in entries:
         rec = done.get(e.stream_id)
         if rec is not None or e.stream_id in seeded:
@@ -270,7 +258,7 @@ def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results:
             backoff.wait(exc)
 
 
-def _already(rec: dict[str, Any], e: _Entry, dest: p.Destination, params: BrokerParams) -> TransferResult:
+def _already(rec: dict[str, Any], e: Outgoing, dest: p.Destination, params: BrokerParams) -> TransferResult:
     now = time.time()
     sha = str(rec.get("sha256") or "")
     if not sha:
@@ -284,16 +272,6 @@ def _already(rec: dict[str, Any], e: _Entry, dest: p.Destination, params: Broker
                           int(rec.get("chunks") or 0), sha, 0.0,
                           str(rec.get("mode") or "atomic"), e.size, 0, str(e.src), now, now, status="already_sent",
                           chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
-
-
-def _changed(e: _Entry) -> StreamError:
-    return StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
-                       "Send it again once it is stable.")
-
-
-def _index_bytes(headers: dict[str, str]) -> int:
-    """What a member's headers take in a pack's index."""
-    return len(json.dumps(headers, separators=(",", ":"), ensure_ascii=False).encode()) + 24
 
 
 class _Ctx:
@@ -312,37 +290,28 @@ class _Ctx:
         self.restarted: set[str] = set()
         self.pack = pack
 
-    def run(self, link: StompLink, todo: collections.deque[_Entry], fail: Callable[..., None]) -> None:
+    def run(self, link: StompLink, todo: collections.deque[Outgoing], fail: Callable[..., None]) -> None:
         """Send what is left in ``todo`` over ``link``; a lost connection puts the files
         whose receipts did not arrive back at the front of ``todo``."""
-        pending: collections.deque[tuple[str | None, _Entry, TransferResult]] = collections.deque()
+        pending: collections.deque[tuple[str | None, Outgoing, TransferResult]] = collections.deque()
         in_flight = 0
         unsealed_files = unsealed_bytes = 0  # small files sent since the last receipt asked for
-        packed: list[tuple[_Entry, dict[str, str], bytes, TransferResult]] = []
-        packed_bytes = packed_index = 0
+        pack = Pack()
         try:
             while todo:
                 e = todo[0]
                 if self.pack and self._one_chunk(e):
                     todo.popleft()
                     try:
-                        member = self._pack_member(e)
+                        pack.add(e, *inline_member(e, self.dest, self.chunk, self.codec, self.params.url))
                     except (OSError, StreamError, p.ProtocolError) as exc:
                         fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
-                        member = None
-                    if member is not None:
-                        packed.append(member)
-                        packed_bytes += len(member[2])
-                        packed_index += _index_bytes(member[1])
-                    nxt = todo[0] if todo else None
-                    if packed and (nxt is None or not self._one_chunk(nxt) or len(packed) >= PACK_FILES
-                                   or packed_bytes >= PACK_BYTES or packed_index >= PACK_INDEX_BYTES):
-                        rid = self._send_pack(link, [(h, w) for _, h, w, _ in packed])
+                    if pack.files and (not todo or not self._one_chunk(todo[0]) or pack.full()):
+                        rid, carried = pack.send(link, self.dest)
                         self.sent_any = True
-                        for n, (pe, _, _, res) in enumerate(packed, 1):
-                            pending.append((rid if n == len(packed) else None, pe, res))
+                        for n, (pe, res) in enumerate(carried, 1):
+                            pending.append((rid if n == len(carried) else None, pe, res))
                             in_flight += pe.size
-                        packed, packed_bytes, packed_index = [], 0, 0
                         while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
                             in_flight -= self._confirm(link, pending)
                     continue
@@ -381,92 +350,39 @@ class _Ctx:
                 in_flight -= self._confirm(link, pending)
         except (TransportError, ConnectionLost):
             # Not confirmed (or not even sent): they go again, whole, on the next connection.
-            for e, _, _, _ in reversed(packed):
+            for e, _, _, _ in reversed(pack.files):
                 todo.appendleft(e)
             for _, e, _ in reversed(pending):
                 todo.appendleft(e)
             raise
 
-    def _small(self, e: _Entry) -> bool:
+    def _small(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one window: sent back to back, confirmed with others."""
         return e.size <= self.window * self.chunk
 
-    def _one_chunk(self, e: _Entry) -> bool:
+    def _one_chunk(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
         return e.size <= self.chunk
 
-    def _pack_member(self, e: _Entry) -> tuple[_Entry, dict[str, str], bytes, TransferResult]:
-        """A one-chunk file read, hashed and encoded as the inline offer it becomes in a pack."""
-        started = time.time()
-        spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
-        origin = stream_origin(e.identity, self.dest)
-        with open(e.src, "rb") as fh:
-            body = fh.read(e.size + 1)
-        if len(body) != e.size:
-            raise _changed(e)
-        sha = hashlib.sha256(body).hexdigest()
-        headers, wire = p.inline_offer(spec, self.dest, body, sha, codec=self.codec, origin=origin, subdir=e.subdir)
-        res = TransferResult(e.stream_id, str(self.dest), spec.name, e.size, spec.chunks, sha, 0.0, spec.mode.value,
-                             0, e.size, str(e.src), started, 0.0, chunk_size=self.chunk, origin=origin,
-                             broker=self.params.url)
-        res.seconds = time.monotonic()  # finished in _confirm
-        return e, headers, wire, res
-
-    def _send_pack(self, link: StompLink, members: list[tuple[dict[str, str], bytes]]) -> str:
-        """Send one pack, asking for the receipt that confirms it and everything before it."""
-        headers, body = p.pack_message(members)
-        rid = link.send(str(self.dest), body, headers, receipt=True)
-        if rid is None:
-            raise TransportError(f"no receipt id for pack {headers[p.H_STREAM]} on {self.params.url}")
-        return rid
-
-    def _send_small(self, link: StompLink, e: _Entry, seal: bool) -> tuple[str | None, TransferResult]:
+    def _send_small(self, link: StompLink, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
         file sent before it (the returned receipt id; else None)."""
-        started = time.time()
-        t0 = time.monotonic()
-        spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
-        origin = stream_origin(e.identity, self.dest)
-        if spec.chunks <= 1:
-            # One chunk: the file rides in its offer (one message, no data queue).
-            with open(e.src, "rb") as fh:
-                body = fh.read(e.size + 1)
-            if len(body) != e.size:
-                raise _changed(e)
-            sha = hashlib.sha256(body).hexdigest()
-            headers, wire = p.inline_offer(spec, self.dest, body, sha, codec=self.codec, origin=origin,
-                                           subdir=e.subdir)
-            del body
+        if self._one_chunk(e):  # the file rides in its offer (one message, no data queue)
+            headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params.url)
             rid = link.send(str(self.dest), wire, headers, receipt=seal)
         else:
-            sha = self._send_chunks(link, e, spec)
+            started = time.time()
+            spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
+            origin = stream_origin(e.identity, self.dest)
+            sha = send_chunks(link, e, self.dest, spec, self.codec)
             rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, origin=origin, subdir=e.subdir),
                             receipt=seal)
+            res = pending_result(e, self.dest, spec, sha, origin, self.params.url, started)
         if seal and rid is None:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
-        res = TransferResult(e.stream_id, str(self.dest), spec.name, e.size, spec.chunks, sha, 0.0, spec.mode.value,
-                             0, e.size, str(e.src), started, 0.0, chunk_size=self.chunk, origin=origin,
-                             broker=self.params.url)
-        res.seconds = t0  # finished in _confirm
         return rid, res
 
-    def _send_chunks(self, link: StompLink, e: _Entry, spec: p.StreamSpec) -> str:
-        """A small file of a few chunks: its chunks and end marker (the offer follows)."""
-        data_q = self.dest.data_queue(e.stream_id)
-        hasher = hashlib.sha256()
-        with open(e.src, "rb") as fh:
-            for seq in range(1, spec.chunks + 1):
-                body = fh.read(spec.chunk_span(seq)[1])
-                hasher.update(body)
-                headers, wire = p.data_message(spec, seq, body, self.codec)
-                link.send(data_q, wire, headers)
-            if os.fstat(fh.fileno()).st_size != e.size:
-                raise _changed(e)
-        sha = hasher.hexdigest()
-        link.send(data_q, b"", p.end_headers(spec, sha))
-        return sha
-
-    def _confirm(self, link: StompLink, pending: collections.deque[tuple[str | None, _Entry, TransferResult]]) -> int:
+    def _confirm(self, link: StompLink, pending: collections.deque[tuple[str | None, Outgoing, TransferResult]]) -> int:
         """Wait for the oldest receipt asked for; the files it covers (those up to it) leave
         ``pending`` confirmed. Returns their bytes."""
         rid = next(r for r, _, _ in pending if r is not None)
@@ -481,7 +397,7 @@ class _Ctx:
             if r == rid:
                 return done
 
-    def _send_large(self, link: StompLink, e: _Entry) -> TransferResult:
+    def _send_large(self, link: StompLink, e: Outgoing) -> TransferResult:
         ckpt = self.checkpoint_for(e.stream_id) if self.checkpoint_for else FileCheckpoint(
             default_state_dir() / checkpoint_name(e.stream_id, self.params))
         base = self.status.bytes_done
@@ -501,7 +417,7 @@ class _Ctx:
                          window=self.window, mode=self.mode, checkpoint=ckpt, restart=restart, progress=each,
                          compression=self.codec.encoding, subdir=e.subdir, link=link)
 
-    def _record(self, e: _Entry, res: TransferResult) -> None:
+    def _record(self, e: Outgoing, res: TransferResult) -> None:
         self.ledger.add({"stream_id": e.stream_id, "path": str(e.src), "subdir": e.subdir, "name": res.name,
                          "bytes": res.bytes, "chunks": res.chunks, "chunk_size": res.chunk_size,
                          "sha256": res.sha256, "mode": res.mode, "sent_at": time.time()})

@@ -1,0 +1,111 @@
+"""A many-file send's small files as messages: inline offers, packs of them, and files of
+a few chunks in atomic order. Reading a file and building (or sending) its messages is
+here; which receipt confirms which file, and resuming, is ``bulk.py``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.engine.records import StreamError, TransferResult
+from airflow_provider_amqstream.engine.sending import stream_origin
+from airflow_provider_amqstream.transport import StompLink, TransportError
+
+# A pack's files, their wire bytes and its index (see protocol.pack_message). A pack asks
+# for its own receipt, so these also bound what one receipt confirms.
+PACK_FILES = 32
+PACK_BYTES = 2 * 2**20
+PACK_INDEX_BYTES = 64 * 1024
+
+
+@dataclass
+class Outgoing:
+    """One file of a batch, as the sender found it."""
+
+    src: Path
+    subdir: str
+    stream_id: str
+    size: int
+    identity: str
+    # Sent again to carry the receipt that confirms the files sent before it.
+    seal: bool = False
+
+
+def changed(e: Outgoing) -> StreamError:
+    return StreamError(f"stream {e.stream_id}: {e.src} changed while it was being sent; not offered. "
+                       "Send it again once it is stable.")
+
+
+def pending_result(e: Outgoing, dest: p.Destination, spec: p.StreamSpec, sha256: str, origin: str,
+                   broker: str, started: float) -> TransferResult:
+    """A small file's result, sent but not yet confirmed: ``seconds`` holds the monotonic
+    start until the confirmation turns it into a duration."""
+    res = TransferResult(e.stream_id, str(dest), spec.name, e.size, spec.chunks, sha256, 0.0, spec.mode.value, 0,
+                         e.size, str(e.src), started, 0.0, chunk_size=spec.chunk_size, origin=origin, broker=broker)
+    res.seconds = time.monotonic()
+    return res
+
+
+def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCodec,
+                  broker: str) -> tuple[dict[str, str], bytes, TransferResult]:
+    """A file of one chunk or less read, hashed and encoded as its inline offer."""
+    started = time.time()
+    spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, p.Mode.ATOMIC)
+    origin = stream_origin(e.identity, dest)
+    with open(e.src, "rb") as fh:
+        body = fh.read(e.size + 1)
+    if len(body) != e.size:
+        raise changed(e)
+    sha = hashlib.sha256(body).hexdigest()
+    headers, wire = p.inline_offer(spec, dest, body, sha, codec=codec, origin=origin, subdir=e.subdir)
+    return headers, wire, pending_result(e, dest, spec, sha, origin, broker, started)
+
+
+def send_chunks(link: StompLink, e: Outgoing, dest: p.Destination, spec: p.StreamSpec, codec: p.ChunkCodec) -> str:
+    """A file of a few chunks: its chunks and end marker (its offer follows); returns its SHA-256."""
+    data_q = dest.data_queue(e.stream_id)
+    hasher = hashlib.sha256()
+    with open(e.src, "rb") as fh:
+        for seq in range(1, spec.chunks + 1):
+            body = fh.read(spec.chunk_span(seq)[1])
+            hasher.update(body)
+            headers, wire = p.data_message(spec, seq, body, codec)
+            link.send(data_q, wire, headers)
+        if os.fstat(fh.fileno()).st_size != e.size:
+            raise changed(e)
+    sha = hasher.hexdigest()
+    link.send(data_q, b"", p.end_headers(spec, sha))
+    return sha
+
+
+class Pack:
+    """Inline offers gathered until a pack is full, then sent as one message."""
+
+    def __init__(self) -> None:
+        self.files: list[tuple[Outgoing, dict[str, str], bytes, TransferResult]] = []
+        self.bytes = self.index = 0
+
+    def add(self, e: Outgoing, headers: dict[str, str], wire: bytes, res: TransferResult) -> None:
+        self.files.append((e, headers, wire, res))
+        self.bytes += len(wire)
+        self.index += len(json.dumps(headers, separators=(",", ":"), ensure_ascii=False).encode()) + 24
+
+    def full(self) -> bool:
+        return len(self.files) >= PACK_FILES or self.bytes >= PACK_BYTES or self.index >= PACK_INDEX_BYTES
+
+    def send(self, link: StompLink, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
+        """Send the pack with a receipt (confirming it and everything before it on the
+        connection) and empty it; returns the receipt id and the files it carried."""
+        headers, body = p.pack_message([(h, w) for _, h, w, _ in self.files])
+        rid = link.send(str(dest), body, headers, receipt=True)
+        if rid is None:
+            raise TransportError(f"no receipt id for pack {headers[p.H_STREAM]} on {link.params.url}")
+        sent = [(e, res) for e, _, _, res in self.files]
+        self.files, self.bytes, self.index = [], 0, 0
+        return rid, sent
