@@ -24,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +66,30 @@ def check_tree(dest: Path, sums: dict[str, str], what: str) -> None:
             raise RuntimeError(f"{what} delivered {name} wrong")
 
 
+def _collect(proc: subprocess.Popen[str]) -> Callable[[], tuple[str, str]]:
+    """Read a receiver's output while it runs (a full pipe would stop it, holding every
+    message the broker handed it); the returned call waits for it to end."""
+    box: dict[str, tuple[str, str]] = {}
+    reader = threading.Thread(target=lambda: box.update(out=proc.communicate(timeout=7200)), daemon=True)
+    reader.start()
+
+    def wait() -> tuple[str, str]:
+        reader.join(7300)
+        return box["out"]
+
+    return wait
+
+
 def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str) -> dict[str, Any]:
     q, out = f"/queue/bench.bulk.{os.getpid()}.{tag}", work / f"out-{tag}"
     t0 = time.monotonic()
     rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", uri,
             "--count", str(len(sums)), "--json", "-q", "--wait", "120")
+    received = _collect(rx)
     tx = py("airflow_provider_amqstream.cli", "send", str(src), "--recursive", "--to", q, "--conn", uri, "--json",
             "-q", env={"AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
     s_out, s_err = tx.communicate(timeout=7200)
-    r_out, r_err = rx.communicate(timeout=7200)
+    r_out, r_err = received()
     secs = time.monotonic() - t0
     if tx.returncode or rx.returncode:
         raise RuntimeError(f"amqstream failed: {s_err[-800:]} {r_err[-800:]}")
@@ -151,9 +168,10 @@ def airflow_runs(src: Path, sums: dict[str, str], work: Path, uri: str, mapped_f
         t0 = time.monotonic()
         rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", uri,
                 "--count", str(n), "--json", "-q", "--wait", "600")
+        received = _collect(rx)
         run = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", dag_id], env=env, capture_output=True,
                              text=True, timeout=7200)
-        r_out, r_err = rx.communicate(timeout=7200)
+        r_out, r_err = received()
         secs = time.monotonic() - t0
         if run.returncode or rx.returncode:
             raise RuntimeError(f"{dag_id} failed: {run.stderr[-1500:]} {r_err[-800:]}")

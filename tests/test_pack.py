@@ -184,3 +184,45 @@ def test_the_hook_sees_a_packed_stream_waiting(uri: str, params: BrokerParams, t
     sent = send_files(params, _small_files(tmp_path, 2), queue_name)
     assert hook.offer_waiting(queue_name) and hook.offer_waiting(queue_name, stream_id=sent.results[1].stream_id)
     assert not hook.offer_waiting(queue_name, stream_id="not-there")
+
+
+@pytest.mark.broker
+@pytest.mark.kill
+def test_a_stopped_receiver_does_not_stall_the_senders(private_broker: Any, tmp_path: Path) -> None:
+    """A receiver that stops (SIGSTOP: a paused VM, a debugger) keeps what the broker handed
+    it, unacknowledged, counted against the queue's memory limit. That must stay well under
+    the limit, or every sender to the queue fails after the broker's flow-control wait (it
+    did, with 64 packs handed at once). Resumed, the receiver takes every file."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.helpers import cli, wait_for
+
+    uri, queue = private_broker.info().uri, "/queue/stopped.receiver"
+    src = tmp_path / "landing"
+    files = [make_file(src / f"s{i:04d}.bin", 64 * 1024, seed=i) for i in range(2000)]
+    out = tmp_path / "out"
+    with open(tmp_path / "rx.jsonl", "w") as sink:
+        rx = cli("receive", "--from", queue, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "10",
+                 "--json", "-q", stdout=sink)
+    tx = cli("send", str(src), "--recursive", "--to", queue, "--conn", uri, "--json", "-q",
+             env={"AMQSTREAM_STATE_DIR": str(tmp_path / "state")})
+    try:
+        wait_for(lambda: len(list((out / ".amqstream").glob("*.done"))) >= 100, 60, "100 files received")
+        os.kill(rx.pid, signal.SIGSTOP)
+        try:
+            sent, err = tx.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            tx.kill()
+            raise AssertionError("the sender is stalled behind the stopped receiver") from None
+        assert tx.returncode == 0, err[-2000:]
+        assert json.loads(sent.splitlines()[-1])["files"] == 2000
+    finally:
+        os.kill(rx.pid, signal.SIGCONT)
+    assert rx.wait(180) == 0
+    published = sorted(f.name for f in out.iterdir() if f.suffix == ".bin")
+    assert published == sorted(f.name for f in files)
+    assert list(out.glob("*.manifest.jsonl")), "the batch announcement did not get through"
+    for f in files[::97]:
+        assert sha256_file(out / f.name) == sha256_file(f)

@@ -13,8 +13,9 @@ receipt that covers them arrives.
 
 Files of one chunk or less go further: several travel in one *pack* message (their
 inline offers side by side, see ``protocol.pack_message``; the messages of each kind of
-small file are built in ``small_files.py``), and each pack asks for its receipt. The broker's cost is mostly per message (journal entry, dispatch, acknowledgement),
-and for 64 KiB files it was more than the sender's and receiver's together.
+small file are built in ``small_files.py``), and each pack asks for its receipt. The
+broker's cost is mostly per message (journal entry, dispatch, acknowledgement), and for
+64 KiB files it was more than the sender's and receiver's together.
 
 A large file goes through the single-file path (``send_file``) over the same connection,
 with its own per-stream checkpoint, so a kill in the middle of it resumes at its last
@@ -301,19 +302,20 @@ class _Ctx:
             while todo:
                 e = todo[0]
                 if self.pack and self._one_chunk(e):
-                    todo.popleft()
                     try:
-                        pack.add(e, *inline_member(e, self.dest, self.chunk, self.codec, self.params.url))
+                        headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params.url)
                     except (OSError, StreamError, p.ProtocolError) as exc:
+                        todo.popleft()
                         fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
-                    if pack.files and (not todo or not self._one_chunk(todo[0]) or pack.full()):
-                        rid, carried = pack.send(link, self.dest)
-                        self.sent_any = True
-                        for n, (pe, res) in enumerate(carried, 1):
-                            pending.append((rid if n == len(carried) else None, pe, res))
-                            in_flight += pe.size
-                        while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
-                            in_flight -= self._confirm(link, pending)
+                    else:
+                        if not pack.fits(headers, wire):
+                            in_flight += self._send_pack(link, pack, pending)
+                        todo.popleft()
+                        pack.add(e, headers, wire, res)
+                    if pack.files and (not todo or not self._one_chunk(todo[0])):
+                        in_flight += self._send_pack(link, pack, pending)
+                    while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
+                        in_flight -= self._confirm(link, pending)
                     continue
                 small = self._small(e)
                 if not small:  # a large file goes alone, after every small one before it
@@ -363,6 +365,15 @@ class _Ctx:
     def _one_chunk(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
         return e.size <= self.chunk
+
+    def _send_pack(self, link: StompLink, pack: Pack,
+                   pending: collections.deque[tuple[str | None, Outgoing, TransferResult]]) -> int:
+        """Send ``pack``; its files wait in ``pending`` for its receipt. Returns their bytes."""
+        rid, carried = pack.send(link, self.dest)
+        self.sent_any = True
+        for n, (e, res) in enumerate(carried, 1):
+            pending.append((rid if n == len(carried) else None, e, res))
+        return sum(e.size for e, _ in carried)
 
     def _send_small(self, link: StompLink, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every

@@ -52,6 +52,12 @@ from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions, op
 # A group is bounded in files (offers held unacknowledged) and in bytes held in memory.
 GROUP_FILES = 64
 GROUP_BYTES = 16 * 1024 * 1024
+# Inline offers and packs the broker may hand this receiver before it acknowledges any:
+# at most 16 MiB of 1 MiB packs, as for a stream's chunks. The broker counts them against
+# the queue's 32 MB memory limit until they are acknowledged; at 64, a receiver that
+# stopped (SIGSTOP) held the whole limit and every sender to the queue failed after its
+# 30 s flow-control wait.
+PREFETCH = 16
 
 
 # Extended attribute naming the stream a published inline file came from (where the

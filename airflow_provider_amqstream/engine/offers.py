@@ -62,7 +62,7 @@ class Offers:
                 self.excluded = excluded
                 self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector(False))
                 if not self.stream_id:
-                    self.inline_sub = self.link.subscribe(str(self.dest), prefetch=inline.GROUP_FILES,
+                    self.inline_sub = self.link.subscribe(str(self.dest), prefetch=inline.PREFETCH,
                                                           selector=self._selector(True))
                 self.opts.emit("waiting", source=str(self.dest), skipping=list(excluded))
             now = time.monotonic()

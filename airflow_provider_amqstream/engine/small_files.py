@@ -18,9 +18,12 @@ from airflow_provider_amqstream.engine.sending import stream_origin
 from airflow_provider_amqstream.transport import StompLink, TransportError
 
 # A pack's files, their wire bytes and its index (see protocol.pack_message). A pack asks
-# for its own receipt, so these also bound what one receipt confirms.
+# for its own receipt, so these also bound what one receipt confirms. The bytes stay at a
+# chunk's default: ActiveMQ pages in up to maxPageSize (16) messages of a queue and counts
+# them against its 32 MB memory limit, so 16 unacknowledged 2 MiB packs (a receiver that
+# stopped reading) filled it, and senders to the queue failed after a 30 s flow-control wait.
 PACK_FILES = 32
-PACK_BYTES = 2 * 2**20
+PACK_BYTES = 2**20
 PACK_INDEX_BYTES = 64 * 1024
 
 
@@ -84,6 +87,10 @@ def send_chunks(link: StompLink, e: Outgoing, dest: p.Destination, spec: p.Strea
     return sha
 
 
+def _index_bytes(headers: dict[str, str]) -> int:
+    return len(json.dumps(headers, separators=(",", ":"), ensure_ascii=False).encode()) + 24
+
+
 class Pack:
     """Inline offers gathered until a pack is full, then sent as one message."""
 
@@ -91,13 +98,15 @@ class Pack:
         self.files: list[tuple[Outgoing, dict[str, str], bytes, TransferResult]] = []
         self.bytes = self.index = 0
 
+    def fits(self, headers: dict[str, str], wire: bytes) -> bool:
+        """Whether one more file keeps the pack within its bounds (any file fits an empty one)."""
+        return not self.files or (len(self.files) < PACK_FILES and self.bytes + len(wire) <= PACK_BYTES
+                                  and self.index + _index_bytes(headers) <= PACK_INDEX_BYTES)
+
     def add(self, e: Outgoing, headers: dict[str, str], wire: bytes, res: TransferResult) -> None:
         self.files.append((e, headers, wire, res))
         self.bytes += len(wire)
-        self.index += len(json.dumps(headers, separators=(",", ":"), ensure_ascii=False).encode()) + 24
-
-    def full(self) -> bool:
-        return len(self.files) >= PACK_FILES or self.bytes >= PACK_BYTES or self.index >= PACK_INDEX_BYTES
+        self.index += _index_bytes(headers)
 
     def send(self, link: StompLink, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
         """Send the pack with a receipt (confirming it and everything before it on the
