@@ -50,7 +50,8 @@ def why_rows(rows: list[dict[str, Any]], date: str, cores: int | None) -> dict[s
     env = [r for r in big if "ours_env" in r and "raw_stomp" in r]
     if env:
         ours += (f"; the installed command with `AIRFLOW_CONN_AMQSTREAM_DEFAULT`: {_span([r['ours_env'] for r in env])}"
-                 f" MiB/s ({_span([r['ours_env'] / r['raw_stomp'] for r in env], '{:.2f}')}x raw stomp.py)")
+                 f" MiB/s ({_span([r['ours_env'] / r['raw_stomp'] for r in env], '{:.2f}')}x raw stomp.py"
+                 + (", medians of alternating rounds" if all("env_vs_raw_rounds" in r for r in env) else "") + ")")
     sftp = _span([r["paramiko"] for r in big]) + " MiB/s" if all("paramiko" in r for r in big) else "not measured"
     where = f"{cores} cores, " if cores else ""
     throughput = (f"| throughput, {label} end to end ({where}{link}, {kinds} data, one run each) | "
