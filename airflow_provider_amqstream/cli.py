@@ -394,7 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("receive", help="receive streams into a directory")
     r.add_argument("--from", dest="source", required=True, help="destination, e.g. /queue/landing")
     r.add_argument("--out-dir", required=True)
-    r.add_argument("--count", type=int, default=1, help="streams to receive, one at a time (default 1)")
+    r.add_argument("--count", type=int, default=1,
+                   help="streams to receive (default 1); the files of a pack arrive together, so the last pack may "
+                        "bring a few more, all reported")
     r.add_argument("--follow", action="store_true",
                    help="keep receiving until --wait passes with nothing; a stream that fails is reported "
                         "(quarantined or skipped for now) and the next one received")

@@ -29,7 +29,8 @@ class ReceiveStreamsOperator(BaseOperator):
 
     :param source: ``/queue/NAME`` to receive from (templated).
     :param out_dir: the output directory (templated).
-    :param count: stop after this many streams (None: no limit).
+    :param count: stop after this many streams (None: no limit); the files of a pack arrive
+        together, so the last pack may bring a few more, all listed.
     :param batch_id: stop once ``out_dir/<batch_id>.manifest.jsonl`` exists (templated; a
         sender's ``totals["batch_id"]``); the task fails if it does not by ``deadline``.
     :param wait_timeout: seconds with no offer before stopping (without ``batch_id``).
