@@ -1092,8 +1092,13 @@ def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tupl
     return members
 
 
-def pack_member_selector(stream_id: str) -> str:
-    """A selector clause matching the packs that carry ``stream_id`` (a validated id: only
-    ``_`` needs escaping for LIKE)."""
-    escaped = validate_stream_id(stream_id).replace("_", "!_")
-    return f"({H_KIND} = '{Kind.PACK.value}' AND {H_PACK_IDS} LIKE '%|{escaped}|%' ESCAPE '!')"
+def offer_selector(stream_id: str | None = None) -> str:
+    """The selector for offered streams: any offer or pack; with ``stream_id``, that
+    stream's offer or a pack carrying it (the id is validated, so it holds no quote and
+    only ``_`` needs escaping for LIKE)."""
+    if stream_id is None:
+        return f"{H_KIND} IN ('{Kind.OFFER.value}', '{Kind.PACK.value}')"
+    sid = validate_stream_id(stream_id)
+    escaped = sid.replace("_", "!_")
+    return (f"({H_KIND} = '{Kind.OFFER.value}' AND {H_STREAM} = '{sid}') OR "
+            f"({H_KIND} = '{Kind.PACK.value}' AND {H_PACK_IDS} LIKE '%|{escaped}|%' ESCAPE '!')")

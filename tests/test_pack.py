@@ -109,11 +109,11 @@ def test_a_malformed_pack_is_refused_whole(case: str) -> None:
 
 
 def test_a_pack_member_selector_matches_only_that_id() -> None:
-    sel = p.pack_member_selector("a_b")
+    sel = p.offer_selector("a_b")
     # '_' is LIKE's any-character: escaped, "a-b" no longer matches "a_b".
     assert "'%|a!_b|%' ESCAPE '!'" in sel and "amqs_kind = 'pack'" in sel
     with pytest.raises(p.ProtocolError):
-        p.pack_member_selector("x' OR '1'='1")
+        p.offer_selector("x' OR '1'='1")
 
 
 def _small_files(tmp_path: Path, n: int = 5) -> list[Path]:

@@ -40,8 +40,7 @@ class Offers:
     def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
             # A packed stream comes with its pack: the whole pack is received.
-            return (f"({p.H_KIND} = 'offer' AND {p.H_STREAM} = '{self.stream_id}') OR "
-                    + p.pack_member_selector(self.stream_id))
+            return p.offer_selector(self.stream_id)
         # Batch messages and packs carry their id in amqs_stream, so the NOT IN below sees a value.
         sel = f"{p.H_KIND} IN ('offer', 'batch', 'pack')"
         if self.excluded:

@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import connection, engine
-from airflow_provider_amqstream.protocol import Destination, pack_member_selector, validate_stream_id
+from airflow_provider_amqstream.protocol import Destination, offer_selector
 from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
 
 log = logging.getLogger(__name__)
@@ -112,12 +112,8 @@ class AmqStreamHook(BaseHook):
         Uses a queue browser, so nothing is consumed: cheap enough for a trigger to poll.
         """
         dest = Destination.parse(source)
-        selector = "amqs_kind IN ('offer', 'pack')"
-        if stream_id:  # alone, or in a pack
-            selector = f"(amqs_kind = 'offer' AND amqs_stream = '{validate_stream_id(stream_id)}') OR " \
-                       + pack_member_selector(stream_id)
         with StompLink(self.broker_params()) as link:
-            link.subscribe(str(dest), selector=selector, browser=True)
+            link.subscribe(str(dest), selector=offer_selector(stream_id or None), browser=True)
             frame = link.get(timeout)
             # A browser ends with an empty end-of-browse message; anything else is an offer.
             return frame is not None and frame.headers.get("browser") != "end"

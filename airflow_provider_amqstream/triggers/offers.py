@@ -95,11 +95,8 @@ class OfferBrowser:
         Raises :class:`TransportError` if the broker cannot be reached; the next call
         reconnects. Invalid offers are skipped, each reported once.
         """
-        selector = f"{p.H_KIND} IN ('offer', 'pack')"
-        if stream_id:
-            p.validate_stream_id(stream_id)
-            selector = f"({p.H_KIND} = 'offer' AND {p.H_STREAM} = '{stream_id}') OR {p.pack_member_selector(stream_id)}"
-        elif skip:
+        selector = p.offer_selector(stream_id or None)
+        if not stream_id and skip:
             for sid in skip:  # validated ids hold no quotes: safe inside the selector
                 p.validate_stream_id(sid)
             selector += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in skip)})"
