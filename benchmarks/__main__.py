@@ -531,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
                  "byte by byte (`python -m benchmarks.bulk`): amqstream's CLI with one send and one receive; "
                  "OpenSSH sftp `put -r`, rsync over ssh and a paramiko SFTP loop to a local sshd; Airflow with "
                  "one SendStreamOperator task for the directory, and with mapped tasks (one per file, capped), "
-                 "each under `airflow dags test`.", "", bulk_text, "",
+                 "each under `airflow dags test`. The broker first moves 200 x 64 KiB unmeasured (JIT warm-up); "
+                 f"every set is flushed to disk before it is moved; amqstream and sftp alternate, {PAIRED_ROUNDS} "
+                 "rounds each, and the table shows each one's median (the JSON rows: `ours_vs_sftp_rounds`).",
+                 "", bulk_text, "",
                  f"![many files]({bulk.plot(bulk_rows, docs)})", ""] if bulk_text else []),
               *(["## Start-up of the installed command", "", "How soon `amqstream` works after it is started "
                  "(`python -m benchmarks.startup`), as users run it: the console script, the connection in "
