@@ -44,6 +44,7 @@ from airflow_provider_amqstream.engine.records import (
     StreamNoRoom,
     TransferResult,
     open_private,
+    unlink_missing_ok,
     write_all,
     write_json,
 )
@@ -163,7 +164,7 @@ class _Item:
     temp: str
     fd: int
     started: float
-    path: Path | None = None
+    path: str | None = None
 
 
 class InlineGroup:
@@ -177,6 +178,8 @@ class InlineGroup:
 
     def __init__(self, out: Path, sdir: Path, destination: str, opts: ReceiveOptions) -> None:
         self.out, self.sdir, self.destination, self.opts = out, sdir, destination, opts
+        # Per-file paths are built as strings (see records.write_json).
+        self._out, self._sdir = os.fspath(out), os.fspath(sdir)
         self.items: list[_Item] = []
         self.dir_fds: dict[tuple[str, ...], int] = {}
         self.reserve = opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out)
@@ -205,7 +208,7 @@ class InlineGroup:
         temp = f"{spec.stream_id}.{os.getpid()}-{secrets.token_hex(4)}.inline"
         started = time.time()
         try:
-            fd = open_private(self.sdir / temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = open_private(f"{self._sdir}/{temp}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
         _mark(fd, spec.stream_id)
@@ -234,8 +237,8 @@ class InlineGroup:
                 plain = p.safe_file_name(it.spec.name, it.spec.stream_id)
                 if name != plain and self._published_before(dir_fd, plain, it):
                     name = plain
-                os.replace(self.sdir / it.temp, name, dst_dir_fd=dir_fd)
-                it.path = self.out.joinpath(*it.subdir, name)
+                os.replace(f"{self._sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
+                it.path = os.path.join(self._out, *it.subdir, name)
             self._sync(list(self.dir_fds.values()))
             results = []
             for it in self.items:
@@ -256,7 +259,7 @@ class InlineGroup:
                 os.close(it.fd)
                 it.fd = -1
             if it.path is None:
-                (self.sdir / it.temp).unlink(missing_ok=True)
+                unlink_missing_ok(f"{self._sdir}/{it.temp}")
         for fd in self.dir_fds.values():
             os.close(fd)
         self.dir_fds.clear()
@@ -290,15 +293,15 @@ class InlineGroup:
         spec = it.spec
         # A partial reception of this stream through its data queue (an older sender) is moot now.
         for leftover in (f"{spec.stream_id}.part", f"{spec.stream_id}.json"):
-            (self.sdir / leftover).unlink(missing_ok=True)
+            unlink_missing_ok(f"{self._sdir}/{leftover}")
         now = time.time()
         result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
-                                now - it.started, spec.mode.value, 0, spec.size, str(it.path), it.started, now,
+                                now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
                                 chunk_size=spec.chunk_size, origin=it.origin)
         durable = _SYNCFS is None  # without syncfs every record is flushed on its own
         if self.opts.claim:
             record_claim(self.sdir, self.opts.claim, spec.stream_id, sync=durable)
-        write_json(self.sdir / f"{spec.stream_id}.done", result.to_json(), sync=durable)
+        write_json(f"{self._sdir}/{spec.stream_id}.done", result.to_json(), sync=durable)
         return result
 
     def _sync(self, fds: list[int]) -> None:

@@ -364,7 +364,7 @@ def _other_partial(sdir: Path, spec: p.StreamSpec) -> str | None:
     """A partial reception under this id for a different stream: refuse the newcomer and
     leave the other's data alone."""
     try:
-        data = read_json(sdir / f"{spec.stream_id}.json")
+        data = read_json(os.path.join(sdir, f"{spec.stream_id}.json"))
     except (OSError, ValueError):
         return None  # the receiver reports an unreadable state itself
     if data is None:
@@ -447,7 +447,7 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, 
     """
     p.validate_stream_id(stream_id)
     try:
-        return read_json(Path(out_dir) / ".amqstream" / f"{stream_id}.done")
+        return read_json(os.path.join(out_dir, STATE_DIR_NAME, f"{stream_id}.done"))
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc})") from exc
 

@@ -152,7 +152,7 @@ def default_state_dir() -> Path:
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def open_private(path: Path, flags: int, mode: int = 0o666) -> int:
+def open_private(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:
     """``os.open`` that refuses a symbolic link at ``path`` and anything but a regular file."""
     try:
         fd = os.open(path, flags | _NOFOLLOW, mode)
@@ -167,7 +167,7 @@ def open_private(path: Path, flags: int, mode: int = 0o666) -> int:
     return fd
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """A JSON object from ``path`` (not through a link), or None if there is none."""
     try:
         fd = open_private(path, os.O_RDONLY)
@@ -187,14 +187,24 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666, sync: bool = True) -> None:
+def write_json(path: str | os.PathLike[str], data: dict[str, Any], *, mode: int = 0o666, sync: bool = True) -> None:
     """Replace ``path`` with ``data``: a fresh temporary file of a new name (never an existing
     file or a link), fsynced, renamed over the old one (a rename replaces a link, never
-    follows it). ``sync=False`` leaves the flush to the caller (a group commit)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    follows it); its directory is made if missing. ``sync=False`` leaves the flush to the
+    caller (a group commit).
+
+    Plain strings, not :class:`~pathlib.Path`: a bulk receive writes one record per file, and
+    path objects were a tenth of its time.
+    """
+    path = os.fspath(path)
     # A name of its own per writer: two receivers may share a directory's records.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        fd = open_private(tmp, flags, mode)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = open_private(tmp, flags, mode)
     try:
         try:
             # One dumps (the C encoder) and raw writes: json.dump to a text file takes the pure
@@ -206,8 +216,16 @@ def write_json(path: Path, data: dict[str, Any], *, mode: int = 0o666, sync: boo
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        unlink_missing_ok(tmp)
         raise
+
+
+def unlink_missing_ok(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
+    """Remove ``path`` if it is there."""
+    try:
+        os.unlink(path, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
 
 
 def state_dir(out: Path) -> Path:
