@@ -53,6 +53,12 @@ class AccessDenied(TransportError):
     """The broker refused this user an operation on a destination; retrying cannot help."""
 
 
+class DestinationFull(TransportError):
+    """The broker refused a message because the destination's memory limit stayed full
+    through its flow-control wait: its receivers are not taking messages (stopped, or
+    slower than its senders). Nothing confirmed is lost, and retrying later can succeed."""
+
+
 def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
     """Refuse a URI whose user or password holds a character that ends the authority.
 
@@ -376,8 +382,19 @@ class StompLink:
         if self._inbox.lost:
             raise ConnectionLost(f"connection to {self.params.url} was lost")
         if self._inbox.errors:
-            raise TransportError(f"broker {self.params.url} reported: {'; '.join(self._inbox.errors)}")
+            raise self._reported()
         return self._conn
+
+    def _reported(self) -> TransportError:
+        """The broker's ERROR frames as one exception (each refused message brings its own
+        frame with the same text: it is said once)."""
+        errors = list(dict.fromkeys(self._inbox.errors))
+        if any("ResourceAllocationException" in e for e in errors):
+            return DestinationFull(
+                f"broker {self.params.url} refused messages: a destination's memory limit stayed full through "
+                "the broker's flow-control wait, so its receivers are not taking messages (stopped, or slower "
+                f"than the senders). Nothing confirmed was lost. Broker said: {errors[0].split(':')[0][:200]}")
+        return TransportError(f"broker {self.params.url} reported: {'; '.join(errors)}")
 
     # -- operations --------------------------------------------------------------
     def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
@@ -419,7 +436,7 @@ class StompLink:
                 while rid not in inbox.receipts:
                     self._check_refused()
                     if inbox.errors:
-                        raise TransportError(f"broker {self.params.url} reported: {'; '.join(inbox.errors)}")
+                        raise self._reported()
                     if inbox.lost:
                         raise ConnectionLost(f"connection to {self.params.url} lost while waiting for receipt {rid}")
                     left = deadline - time.monotonic()

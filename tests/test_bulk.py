@@ -296,3 +296,67 @@ def test_a_file_failing_where_a_receipt_was_due_leaves_no_file_unconfirmed(
     assert sorted(Path(r.path or "").name for r in got) == [f.name for f in files[:5]]
     for f in files[:5]:
         assert sha256_file(tmp_path / "out" / f.name) == sha256_file(f)
+
+
+def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_path: Path, queue_name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue whose memory limit stays full (a receiver stopped with messages prefetched)
+    makes the broker refuse messages after its flow-control wait: the send waits and goes
+    on, from its first unconfirmed file, once the destination takes messages again."""
+    import collections
+
+    from airflow_provider_amqstream.engine import bulk
+    from airflow_provider_amqstream.transport import DestinationFull
+
+    files = tree(tmp_path / "src", 12)
+    real, calls = bulk._Ctx.run, []
+
+    def full_once(self: Any, link: Any, todo: Any, fail: Any) -> None:
+        calls.append(len(todo))
+        if len(calls) == 1:
+            real(self, link, collections.deque(todo.popleft() for _ in range(6)), fail)  # half get through
+            raise DestinationFull(f"broker {params.url} refused messages: memory limit (test)")
+        real(self, link, todo, fail)
+
+    monkeypatch.setattr(bulk._Ctx, "run", full_once)
+    res = send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name, reconnect_timeout=30)
+    assert not res.failures and len(res.results) == 12 and len(calls) == 2
+    got, failures = receive_all(params, queue_name, tmp_path / "out", 12)
+    assert not failures and sorted(r.sha256 for r in got) == sorted(sha256_file(f) for f in files)
+
+
+def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerParams, tmp_path: Path,
+                                                                queue_name: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker still lets a sender connect while a destination is full, so a connection
+    alone must not restart the reconnect deadline: without progress the send ends, naming
+    the cause."""
+    import threading
+
+    from airflow_provider_amqstream.engine import bulk
+    from airflow_provider_amqstream.engine.records import StreamError
+    from airflow_provider_amqstream.transport import DestinationFull
+
+    tree(tmp_path / "src", 3)
+    attempts: list[int] = []
+
+    def always_full(self: Any, link: Any, todo: Any, fail: Any) -> None:
+        attempts.append(1)
+        raise DestinationFull(f"broker {params.url} refused messages: a destination's memory limit stayed full")
+
+    monkeypatch.setattr(bulk._Ctx, "run", always_full)
+    outcome: dict[str, BaseException] = {}
+
+    def send() -> None:
+        try:
+            send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name, reconnect_timeout=1.0)
+        except BaseException as exc:  # handed to the test thread below
+            outcome["exc"] = exc
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the sender kept retrying a full destination past its deadline"
+    exc = outcome.get("exc")
+    assert isinstance(exc, StreamError) and "gave up" in str(exc) and "memory limit" in str(exc)
+    assert 2 <= len(attempts) <= 5

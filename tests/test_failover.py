@@ -45,3 +45,34 @@ def test_transfer_survives_master_death(tmp_path: Path) -> None:
     finally:
         slave.stop()
         master.stop()
+
+
+def test_a_long_send_that_loses_the_broker_gets_the_whole_reconnect_timeout(
+        params: object, tmp_path: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``reconnect_timeout`` bounds a broker that stays away, not the transfer: a send that
+    ran longer than it and then lost its connection must still reconnect (it gave up at
+    once, the deadline having passed during the transfer)."""
+    import types
+
+    from airflow_provider_amqstream.engine import records, sending
+    from airflow_provider_amqstream.transport import ConnectionLost
+
+    src = make_file(tmp_path / "long.bin", 3 * 2**20 + 5, seed=3)
+    clock = [0.0]
+    real_time = records.time
+    # Backoff's clock, ten minutes later once the first attempt ends: a long transfer.
+    monkeypatch.setattr(records, "time", types.SimpleNamespace(
+        monotonic=lambda: real_time.monotonic() + clock[0], sleep=real_time.sleep, time=real_time.time))
+    real_run, calls = sending._Attempt.run, []
+
+    def lost_after_the_data(self: sending._Attempt, shared: object = None) -> None:
+        calls.append(1)
+        real_run(self)
+        if len(calls) == 1:
+            clock[0] += 600
+            raise ConnectionLost(f"connection to {params.url} was lost (test)")  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(sending._Attempt, "run", lost_after_the_data)
+    res = sending.send_file(params, src, queue_name, chunk_size=1024 * 1024, window=1,  # type: ignore[arg-type]
+                            reconnect_timeout=30)
+    assert len(calls) == 2 and res.sha256 == sha256_file(src)

@@ -194,3 +194,20 @@ def test_a_content_length_in_other_digits_closes_instead_of_crashing() -> None:
     t = _FakeTransport(b"MESSAGE\ncontent-length:\xc2\xb2\n\nxx\x00")  # "²": isdigit() but not int()
     with pytest.raises(ConnectionClosedException):
         t._amqs_read()
+
+
+def test_a_flow_control_refusal_is_a_full_destination_said_once() -> None:
+    from airflow_provider_amqstream.transport import DestinationFull, StompLink, TransportError
+
+    link = StompLink(BrokerParams.from_uri("stomp://127.0.0.1:61613"))
+    refusal = ("Usage Manager Memory Limit Wait Timeout. Stopping producer (ID:x-1:12:-1:1) to prevent flooding "
+               "queue://q: javax.jms.ResourceAllocationException: Usage Manager Memory Limit Wait Timeout")
+    for _ in range(3):  # one ERROR frame per refused message
+        link._inbox.on_error(Frame("ERROR", {"message": refusal}, b""))
+    exc = link._reported()
+    assert isinstance(exc, DestinationFull)
+    assert "memory limit" in str(exc) and "stomp://127.0.0.1:61613" in str(exc)
+    assert str(exc).count("Usage Manager") == 1
+    other = StompLink(BrokerParams.from_uri("stomp://127.0.0.1:61613"))
+    other._inbox.on_error(Frame("ERROR", {"message": "Invalid selector"}, b""))
+    assert type(other._reported()) is TransportError

@@ -71,7 +71,14 @@ from airflow_provider_amqstream.engine.small_files import (
     pending_result,
     send_chunks,
 )
-from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
+from airflow_provider_amqstream.transport import (
+    AccessDenied,
+    BrokerParams,
+    ConnectionLost,
+    DestinationFull,
+    StompLink,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,16 +215,23 @@ def send_files(
     ctx = _Ctx(params, dest, window, chunk, codec, mode, restart, ledger, status, results, progress, on_result,
                checkpoint_for, pack)
     backoff = Backoff(f"sending {len(todo)} files to {dest}", params.url, reconnect_timeout)
-    first = True
+    first = stuck = True
     try:
         while todo:
+            done_before = status.files_done
             try:
                 with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
-                    backoff.reset()
+                    if not stuck:
+                        backoff.reset()
+                    stuck = False
                     ctx.run(link, todo, fail)
             except AccessDenied:
                 raise
-            except ConnectionLost as exc:
+            except (ConnectionLost, DestinationFull) as exc:
+                # A full destination is a receiver that stopped or lags: it takes messages
+                # again when it resumes, so wait for it as for a broker that went away. The
+                # broker lets us connect meanwhile, so only progress restarts the deadline.
+                stuck = isinstance(exc, DestinationFull) and status.files_done == done_before
                 ledger.flush()
                 backoff.wait(exc)
             except TransportError as exc:

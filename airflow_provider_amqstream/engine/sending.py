@@ -29,7 +29,14 @@ from airflow_provider_amqstream.engine.records import (
     default_state_dir,
     hash_prefix,
 )
-from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
+from airflow_provider_amqstream.transport import (
+    AccessDenied,
+    BrokerParams,
+    ConnectionLost,
+    DestinationFull,
+    StompLink,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +156,7 @@ def send_file(
     hs_timeouts = (request_timeout, discovery_window, ack_timeout)
     rerequests = [0]
     while True:
+        before = state.confirmed_seq
         try:
             if spec.mode is p.Mode.HANDSHAKE:
                 attempt.sent += send_handshake_attempt(params, src, dest, state, save, window, progress,
@@ -158,11 +166,14 @@ def send_file(
             break
         except AccessDenied:
             raise
-        except ConnectionLost as exc:
-            backoff.wait(exc)
         except TransportError as exc:
-            if backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
+            fatal = not isinstance(exc, (ConnectionLost, DestinationFull))
+            if fatal and backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
                 raise
+            if state.confirmed_seq > before:
+                # The deadline bounds a broker that stays away, not the transfer: a send
+                # that moved data since the last failure gets the whole timeout again.
+                backoff.reset()
             backoff.wait(exc)
     return _finish(ckpt, state, extra, params, src, dest, attempt.sent, resumed_from, started, t0, origin,
                    rerequests[0])
