@@ -53,12 +53,14 @@ from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions, op
 # A group is bounded in files (offers held unacknowledged) and in bytes held in memory.
 GROUP_FILES = 64
 GROUP_BYTES = 16 * 1024 * 1024
-# Inline offers and packs the broker may hand this receiver before it acknowledges any:
-# at most 16 MiB of 1 MiB packs, as for a stream's chunks. The broker counts them against
-# the queue's 32 MB memory limit until they are acknowledged; at 64, a receiver that
-# stopped (SIGSTOP) held the whole limit and every sender to the queue failed after its
-# 30 s flow-control wait.
-PREFETCH = 16
+# Inline offers and packs the broker may hand this receiver before it acknowledges any
+# (each at most 1 MiB). A receiver that stops (SIGSTOP, an unread stdout) keeps them, and the
+# broker counts them against the queue's memory limit together with what it has paged in
+# for them, up to 16 pending dispatch and 16 in its cursor: 31 messages were seen. At 32 MB
+# with 16 here, that filled the limit in 1 of 6 runs and every sender to the queue waited;
+# now at most 40 MiB of the 64 MB limit (broker_conf/activemq.xml.tmpl). A group of 64 small
+# files is still four packs.
+PREFETCH = 8
 
 
 # Extended attribute naming the stream a published inline file came from (where the

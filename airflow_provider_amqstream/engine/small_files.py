@@ -19,9 +19,9 @@ from airflow_provider_amqstream.transport import StompLink, TransportError
 
 # A pack's files, their wire bytes and its index (see protocol.pack_message). A pack asks
 # for its own receipt, so these also bound what one receipt confirms. The bytes stay at a
-# chunk's default: ActiveMQ pages in up to maxPageSize (16) messages of a queue and counts
-# them against its 32 MB memory limit, so 16 unacknowledged 2 MiB packs (a receiver that
-# stopped reading) filled it, and senders to the queue failed after a 30 s flow-control wait.
+# chunk's default, the size of the largest inline offer: what a stopped receiver can hold of
+# a queue's memory limit is counted in messages (engine/inline.py, PREFETCH); 2 MiB packs
+# filled it and senders to the queue failed after a 30 s flow-control wait.
 PACK_FILES = 32
 PACK_BYTES = 2**20
 PACK_INDEX_BYTES = 64 * 1024
