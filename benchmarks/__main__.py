@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure nothing: rewrite the README's figures from the rows in --docs/benchmarks.md")
     args = ap.parse_args(argv)
     if args.readme_only:
-        rows, date, cores = rows_from_report(Path(args.docs) / "benchmarks.md")
-        update_readme(Path(args.readme), rows, date, cores)
+        rows, date, cores, many = rows_from_report(Path(args.docs) / "benchmarks.md")
+        update_readme(Path(args.readme), rows, date, cores, many)
         log(f"rewrote the figures in {args.readme} from {len(rows)} rows of {date}")
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             report.read_text() else ""
         report.write_text("\n".join(md) + (f"\n{NOTES_MARKER}{kept}" if kept else ""))
         log(f"wrote {docs / 'benchmarks.md'}")
-        update_readme(Path(args.readme), rows, time.strftime("%Y-%m-%d"), cpu)
+        update_readme(Path(args.readme), rows, time.strftime("%Y-%m-%d"), cpu, bulk_rows)
         log(f"rewrote the figures in {args.readme}")
     return 0
 

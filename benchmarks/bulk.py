@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ssh", action="store_true", help="skip sftp, rsync and paramiko")
     ap.add_argument("--no-airflow", action="store_true", help="skip the Airflow one-task and mapped runs")
     ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow run (default 100)")
+    ap.add_argument("--warm-files", type=int, default=200,
+                    help="64 KiB files moved through the fresh broker, unmeasured, first (default 200)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bulk-"))
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     info, _ = broker.start()
     try:
         rows = run_bulk(args.sets.split(","), work, info.uri, ssh=not args.no_ssh, airflow=not args.no_airflow,
-                        mapped_files=args.mapped_files)
+                        mapped_files=args.mapped_files, warm_files=args.warm_files)
     finally:
         broker.stop()
         if not args.workdir:

@@ -59,6 +59,20 @@ def test_readme_figures_come_from_rows(tmp_path: Path) -> None:
     assert "43-52" not in text and "115-140" not in text
     assert "| kept | x | y | z |" in text and text.startswith("intro") and text.endswith("after\n")
     assert "receiver 33 MiB" in text and "158 MiB/s (1.11x paramiko)" in text and "(1.19x raw stomp.py)" in text
+    # The many-file row comes from the smallest files' set, only when the run measured it.
+    assert "many small" not in text
+    bulk = [{"set": "1000x64K", "files": 1000, "bytes": 65536000, "ours": {"files_per_s": 812.0},
+             "sftp": {"files_per_s": 650.0}, "paramiko": {"files_per_s": 27.5}, "ours_vs_sftp_rounds": [1.2, 1.3, 1.1]},
+            {"set": "20x50M", "files": 20, "bytes": 20 * 50 * 2**20, "ours": {"files_per_s": 3.0},
+             "sftp": {"files_per_s": 5.0}, "paramiko": {"files_per_s": 2.0}}]
+    with pytest.raises(ValueError, match="many small files"):
+        update_readme(readme, [row], "2026-11-22", 2, bulk)
+    end = "<!-- /why-table -->"
+    readme.write_text(text.replace(end, f"| many small files | old | old | n/a |\n{end}"))
+    update_readme(readme, [row], "2026-11-22", 2, bulk)
+    many = readme.read_text().split("| many small files", 1)[1].splitlines()[0]
+    assert "1,000 x 64 KiB" in many and "812 files/s (1.25x OpenSSH sftp `put -r`, medians" in many
+    assert "29.5x paramiko) | 28 files/s" in many and "old" not in many
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="markers are missing"):
         update_readme(readme, [row], "2026-11-22", 2)
@@ -69,8 +83,10 @@ def test_bulk_benchmark_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     from benchmarks import bulk
 
     out = tmp_path / "rows.json"
-    assert bulk.main(["--sets", "12x4K", "--workdir", str(tmp_path / "w"), "--no-airflow", "--json", str(out)]) == 0
+    assert bulk.main(["--sets", "12x4K", "--workdir", str(tmp_path / "w"), "--no-airflow", "--warm-files", "3",
+                      "--json", str(out)]) == 0
     [row] = json.loads(out.read_text())
+    assert len(row["ours_vs_sftp_rounds"]) == 3 and all(r > 0 for r in row["ours_vs_sftp_rounds"])
     for key in ("ours", "sftp", "paramiko"):
         assert row[key]["files_per_s"] > 0, key
     assert "12x4K" in capsys.readouterr().out
