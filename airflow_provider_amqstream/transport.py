@@ -389,11 +389,16 @@ class StompLink:
         """The broker's ERROR frames as one exception (each refused message brings its own
         frame with the same text: it is said once)."""
         errors = list(dict.fromkeys(self._inbox.errors))
-        if any("ResourceAllocationException" in e for e in errors):
+        full = next((e for e in errors if "ResourceAllocationException" in e), None)
+        if full is not None:
+            # ActiveMQ names it: "... to prevent flooding queue://NAME. See http://..."
+            m = re.search(r"flooding (queue|topic)://(\S+?)\.?(\s|$)", full)
+            where = f" to /{m.group(1)}/{m.group(2)}" if m else ""
             return DestinationFull(
-                f"broker {self.params.url} refused messages: a destination's memory limit stayed full through "
-                "the broker's flow-control wait, so its receivers are not taking messages (stopped, or slower "
-                f"than the senders). Nothing confirmed was lost. Broker said: {errors[0].split(':')[0][:200]}")
+                f"broker {self.params.url} refused messages{where} (ResourceAllocationException): the destination's "
+                "memory limit stayed full through the broker's flow-control wait, so its receivers are not taking "
+                "messages (stopped, or slower than the senders). Nothing confirmed was lost; resume the receivers, "
+                "or raise the destination's memoryLimit on the broker.")
         return TransportError(f"broker {self.params.url} reported: {'; '.join(errors)}")
 
     # -- operations --------------------------------------------------------------

@@ -167,8 +167,8 @@ def send_file(
         except AccessDenied:
             raise
         except TransportError as exc:
-            fatal = not isinstance(exc, (ConnectionLost, DestinationFull))
-            if fatal and backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
+            transient = isinstance(exc, (ConnectionLost, DestinationFull))
+            if not transient and backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
                 raise
             if state.confirmed_seq > before:
                 # The deadline bounds a broker that stays away, not the transfer: a send
