@@ -67,6 +67,7 @@ from airflow_provider_amqstream.engine.sending import (
 from airflow_provider_amqstream.engine.small_files import (
     Outgoing,
     Pack,
+    index_bytes,
     inline_member,
     pending_result,
     send_chunks,
@@ -322,14 +323,14 @@ class _Ctx:
                         todo.popleft()
                         fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
                     else:
-                        if not pack.fits(headers, wire):
+                        index = index_bytes(headers)
+                        if not pack.fits(index, wire):
                             in_flight += self._send_pack(link, pack, pending)
                         todo.popleft()
-                        pack.add(e, headers, wire, res)
+                        pack.add(e, headers, wire, res, index)
                     if pack.files and (not todo or not self._one_chunk(todo[0])):
                         in_flight += self._send_pack(link, pack, pending)
-                    while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
-                        in_flight -= self._confirm(link, pending)
+                    in_flight = self._bound(link, pending, in_flight)
                     continue
                 small = self._small(e)
                 if not small:  # a large file goes alone, after every small one before it
@@ -360,8 +361,7 @@ class _Ctx:
                 pending.append((rid, e, res))
                 in_flight += e.size
                 unsealed_files, unsealed_bytes = (0, 0) if rid else (unsealed_files + 1, unsealed_bytes + e.size)
-                while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
-                    in_flight -= self._confirm(link, pending)
+                in_flight = self._bound(link, pending, in_flight)
             while pending:
                 in_flight -= self._confirm(link, pending)
         except (TransportError, ConnectionLost):
@@ -406,6 +406,14 @@ class _Ctx:
         if seal and rid is None:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
         return rid, res
+
+    def _bound(self, link: StompLink, pending: collections.deque[tuple[str | None, Outgoing, TransferResult]],
+               in_flight: int) -> int:
+        """Wait for receipts until the files and bytes in flight are within their bounds;
+        returns the bytes still in flight."""
+        while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
+            in_flight -= self._confirm(link, pending)
+        return in_flight
 
     def _confirm(self, link: StompLink, pending: collections.deque[tuple[str | None, Outgoing, TransferResult]]) -> int:
         """Wait for the oldest receipt asked for; the files it covers (those up to it) leave

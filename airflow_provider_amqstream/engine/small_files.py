@@ -87,7 +87,8 @@ def send_chunks(link: StompLink, e: Outgoing, dest: p.Destination, spec: p.Strea
     return sha
 
 
-def _index_bytes(headers: dict[str, str]) -> int:
+def index_bytes(headers: dict[str, str]) -> int:
+    """What a member's headers take in a pack's index (computed once per file: it is JSON)."""
     return len(json.dumps(headers, separators=(",", ":"), ensure_ascii=False).encode()) + 24
 
 
@@ -98,15 +99,16 @@ class Pack:
         self.files: list[tuple[Outgoing, dict[str, str], bytes, TransferResult]] = []
         self.bytes = self.index = 0
 
-    def fits(self, headers: dict[str, str], wire: bytes) -> bool:
-        """Whether one more file keeps the pack within its bounds (any file fits an empty one)."""
+    def fits(self, index: int, wire: bytes) -> bool:
+        """Whether one more file (its :func:`index_bytes` and wire body) keeps the pack within
+        its bounds (any file fits an empty one)."""
         return not self.files or (len(self.files) < PACK_FILES and self.bytes + len(wire) <= PACK_BYTES
-                                  and self.index + _index_bytes(headers) <= PACK_INDEX_BYTES)
+                                  and self.index + index <= PACK_INDEX_BYTES)
 
-    def add(self, e: Outgoing, headers: dict[str, str], wire: bytes, res: TransferResult) -> None:
+    def add(self, e: Outgoing, headers: dict[str, str], wire: bytes, res: TransferResult, index: int) -> None:
         self.files.append((e, headers, wire, res))
         self.bytes += len(wire)
-        self.index += _index_bytes(headers)
+        self.index += index
 
     def send(self, link: StompLink, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
         """Send the pack with a receipt (confirming it and everything before it on the
