@@ -190,9 +190,10 @@ def test_the_hook_sees_a_packed_stream_waiting(uri: str, params: BrokerParams, t
 @pytest.mark.kill
 def test_a_stopped_receiver_does_not_stall_the_senders(private_broker: Any, tmp_path: Path) -> None:
     """A receiver that stops (SIGSTOP: a paused VM, a debugger) keeps what the broker handed
-    it, unacknowledged, counted against the queue's memory limit. That must stay well under
-    the limit, or every sender to the queue fails after the broker's flow-control wait (it
-    did, with 64 packs handed at once). Resumed, the receiver takes every file."""
+    it, unacknowledged, counted against the queue's memory limit with what the broker pages
+    in for it. That must stay under the limit, or every sender to the queue is held by the
+    broker's flow control (it was, with 64 packs handed at once, and now and then with 16 and
+    a 32 MB limit). Resumed, the receiver takes every file."""
     import os
     import signal
     import subprocess
