@@ -8,13 +8,6 @@ Read ``docs/protocol.md`` for the wire format. In short, a stream is:
   chunk, each carrying its 1-based sequence number, byte offset and CRC-32;
 * one ``end`` message on the same per-stream queue with the SHA-256 of the whole file.
 
-A file no larger than one chunk may instead travel *inline*: one offer carrying the
-file as its body, with the CRC-32 of that body and the file's SHA-256 in its headers,
-and no data queue at all (:func:`inline_offer`, :func:`read_inline`). Several inline
-offers may travel together as one *pack* message: a JSON index of their headers, then
-their bodies (:func:`pack_message`, :func:`read_pack`); each member is checked as the
-inline offer it is.
-
 A receiver takes one offer at a time (prefetch 1, acknowledged only when the file is
 published), so it never has two streams open, and a crashed receiver's offer goes back
 to the queue for the next one. Chunks are placed by offset, never by arrival order, so
@@ -26,6 +19,18 @@ resend from a sequence number with ``rereq``, and say ``done``. That gives consu
 discovery, a window of chunks per acknowledgement, recovery of lost or corrupted
 chunks from the live sender, and topics where every subscriber gets the whole file.
 
+Here: header names, stream ids and destinations, :class:`StreamSpec`, the messages
+(offer, data, end, control) and their parsers, :class:`SenderState`,
+:class:`ReceiverState`, per-chunk compression (:class:`ChunkCodec`) and the offer
+selector. Beside it, in the same pure layer and built on this module:
+
+* ``handshake_sender.py``: the sender's state machine in handshake mode (whom to send
+  which chunk next);
+* ``bulk_wire.py``: the many-files wire format: small files inline in their offers,
+  several inline offers in one pack, and a batch's file list;
+* ``safe_paths.py``: a file name and subdirectory off the wire made into a local path
+  that cannot leave the output directory.
+
 This module decides; the engine (``engine/``) reads files, writes files and talks to
 the broker. Everything here can be unit-tested without a network or a disk.
 """
@@ -33,10 +38,9 @@ the broker. Everything here can be unit-tested without a network or a disk.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -73,18 +77,9 @@ H_ORIGIN = "amqs_origin"
 # Handshake mode: a receiver's secret for one stream, sent only on the control queue (which
 # other receivers cannot read), so the sender can tell its receiver from an impostor.
 H_TOKEN = "amqs_token"
-# "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
-H_INLINE = "amqs_inline"
-# A batch message: its id (also in amqs_stream, so selectors on it see one), part k of n.
-H_BATCH = "amqs_batch"
-H_PART = "amqs_part"
-H_PARTS = "amqs_parts"
-# A pack (several small files in one message): how many, the length of its JSON index at
-# the start of the body, and its members' stream ids as "|a|b|" (for a selector's LIKE).
-H_PACK_FILES = "amqs_pack_files"
-H_PACK_INDEX = "amqs_pack_index"
+# A pack (see bulk_wire.py): its members' stream ids as "|a|b|", for the LIKE in
+# offer_selector.
 H_PACK_IDS = "amqs_pack_ids"
-H_PACK_LEN = "amqs_pack_len"
 # Added by a receiver that quarantines a stream, on the copy of its offer it files away.
 H_QUARANTINE_REASON = "amqs_quarantine_reason"
 H_QUARANTINED_FROM = "amqs_quarantined_from"
@@ -102,19 +97,6 @@ DEFAULT_RECEIVE_BATCH = 8
 MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
-MAX_DIR_BYTES = 1024
-# A batch list is split into parts of at most this many files (each a JSON line of ~250 bytes),
-# and a receiver refuses a part whose body is larger than MAX_BATCH_BODY.
-BATCH_PART_FILES = 2000
-MAX_BATCH_BODY = 2 * 1024 * 1024
-MAX_BATCH_PARTS = 10_000
-MAX_DIR_DEPTH = 16
-# A pack holds at most this many files, and its index at most MAX_PACK_INDEX bytes (each
-# member's offer headers, a few hundred bytes; the sender stops a pack well before).
-MAX_PACK_FILES = 64
-MAX_PACK_INDEX = 256 * 1024
-MAX_PACK_MEMBER_HEADERS = 32
-MAX_DIR_COMPONENT_BYTES = 200
 # How far past the first missing chunk a chunk may be. Delivery reorders within a few
 # prefetch windows; further ahead is a sender playing games (each chunk ahead of a gap is
 # kept in the resume state, which is rewritten every batch).
@@ -227,70 +209,6 @@ class Destination:
         name element, not a suffix of the data queue's, so that a broker ACL (whose
         wildcards match prefixes only) can let senders read it without reading data."""
         return f"/queue/{self.name}.amqs_ctl.{validate_stream_id(stream_id)}"
-
-
-_UNSAFE_CHARS = set('<>:"|?*\\')
-_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
-
-
-def _clean_component(part: str) -> str:
-    part = "".join(ch for ch in part if ch.isprintable() and ch not in _UNSAFE_CHARS)
-    # Until stable: ". .bashrc" must not become ".bashrc", nor ". .." become "..".
-    while part != (stripped := part.strip().lstrip(".")):
-        part = stripped
-    if part and part.split(".", 1)[0].upper() in _RESERVED:
-        part = "_" + part
-    return part
-
-
-def safe_subdir(raw: str | None, stream_id: str) -> tuple[str, ...]:
-    """The components of an offer's ``amqs_dir``, each made safe as names are; refuses
-    (ProtocolError) what cannot be a relative path inside the output directory.
-
-    Refused: an absolute path, an empty, ``.`` or ``..`` component, a component that is
-    empty once cleaned or longer than 200 bytes, more than 16 levels, more than 1024 bytes.
-    Leading dots are dropped, so nothing can land in (or shadow) ``.amqstream``.
-    """
-    text = str(raw or "")
-    if not text:
-        return ()
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_DIR_BYTES:
-        raise ProtocolError(f"stream {stream_id}: {H_DIR} is longer than {MAX_DIR_BYTES} bytes")
-    text = text.replace("\\", "/")
-    if text.startswith("/") or re.match(r"^[A-Za-z]:", text):
-        raise ProtocolError(f"stream {stream_id}: {H_DIR}={text[:80]!r} is absolute; it must be relative")
-    parts = text.split("/")
-    if len(parts) > MAX_DIR_DEPTH:
-        raise ProtocolError(f"stream {stream_id}: {H_DIR} has {len(parts)} levels, more than {MAX_DIR_DEPTH}")
-    out = []
-    for part in parts:
-        if part in ("", ".", ".."):
-            raise ProtocolError(f"stream {stream_id}: {H_DIR}={text[:80]!r} has an empty, '.' or '..' component")
-        clean = _clean_component(part)
-        if not clean or len(clean.encode("utf-8", "surrogatepass")) > MAX_DIR_COMPONENT_BYTES:
-            raise ProtocolError(f"stream {stream_id}: {H_DIR} component {part[:40]!r} is empty once cleaned or "
-                                f"longer than {MAX_DIR_COMPONENT_BYTES} bytes")
-        out.append(clean)
-    return tuple(out)
-
-
-def safe_file_name(name: str, stream_id: str) -> str:
-    """Turn a file name from the wire into one that cannot leave the output directory.
-
-    Keeps only the last path component, drops control and shell-hostile characters,
-    leading dots (no ``..``, no hidden files that shadow our state directory) and
-    reserved device names, and caps the length at 200 UTF-8 bytes.
-    """
-    base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
-    base = _clean_component(base)
-    if not base:
-        base = stream_id
-    raw = base.encode("utf-8", "ignore")
-    if len(raw) > 200:
-        stem, dot, ext = base.rpartition(".")
-        ext_b = (dot + ext).encode("utf-8", "ignore")[:20] if stem else b""
-        base = raw[: 200 - len(ext_b)].decode("utf-8", "ignore") + ext_b.decode("utf-8", "ignore")
-    return base
 
 
 # --------------------------------------------------------------------------- stream
@@ -461,62 +379,17 @@ def end_headers(spec: StreamSpec, sha256_hex: str) -> dict[str, str]:
     return h
 
 
-def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256_hex: str, *,
-                 codec: ChunkCodec | None = None, origin: str | None = None,
-                 subdir: str = "") -> tuple[dict[str, str], bytes]:
-    """Headers and wire body of an offer carrying a whole small file (one chunk at most).
+def int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,
+               hi: int = 2**63 - 1) -> int:
+    """The integer header ``name``, checked to be within ``lo..hi``; raises ProtocolError
+    naming ``stream`` and the header otherwise.
 
-    Small files are most of a bulk landing directory, and each one's data queue would cost
-    a receiver a subscription and two more messages; inline, a file is one message."""
-    if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
-        raise ProtocolError(f"stream {spec.stream_id}: only a {spec.chunk_size}-byte (one chunk) stream, not in "
-                            "handshake mode, can travel inline")
-    if len(body) != spec.size:
-        raise ProtocolError(f"stream {spec.stream_id}: {len(body)} bytes read, the offer says {spec.size} "
-                            "(did the file change while it was being sent?)")
-    wire, encoding = codec.encode(body) if codec else (body, None)
-    h = offer_headers(spec, destination, origin=origin, subdir=subdir)
-    h.update({H_INLINE: "1", H_CRC: str(crc32(wire)), H_SHA256: sha256_hex})
-    if encoding:
-        h[H_ENCODING] = encoding
-    return h, wire
-
-
-def is_inline(headers: Mapping[str, Any]) -> bool:
-    """Whether an offer says it carries its file (any value of :data:`H_INLINE` does; only
-    "1" is valid, which :func:`read_inline` checks)."""
-    return headers.get(H_INLINE) is not None
-
-
-def read_inline(headers: Mapping[str, Any], body: bytes | memoryview, spec: StreamSpec) -> bytes:
-    """The file an inline offer carries, checked end to end: CRC-32 of the wire body, the
-    declared encoding and length, and the SHA-256. Raises ProtocolError for any
-    mismatch (the stream can never succeed)."""
-    sid = spec.stream_id
-    if headers.get(H_INLINE) != "1":
-        raise ProtocolError(f"stream {sid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (only \"1\" is valid)")
-    if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
-        raise ProtocolError(f"stream {sid}: an inline offer must be one chunk at most and not in handshake mode "
-                            f"({spec.size} bytes in chunks of {spec.chunk_size}, mode {spec.mode.value})")
-    sha = str(headers.get(H_SHA256, ""))
-    if not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise ProtocolError(f"stream {sid}: inline offer has no valid {H_SHA256}")
-    crc = _int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
-    if crc32(body) != crc:
-        raise ProtocolError(f"stream {sid}: the inline body failed its CRC-32 check")
-    encoding = headers.get(H_ENCODING)
-    data = ChunkCodec.decode(str(encoding), body, spec.size) if encoding else bytes(body)
-    if len(data) != spec.size:
-        raise ProtocolError(f"stream {sid}: the inline body has {len(data)} bytes, the offer says {spec.size}")
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != sha:
-        raise ProtocolError(f"stream {sid}: SHA-256 mismatch: received {actual}, sender reported {sha}; the file "
-                            "was not published")
-    return data
-
-
-def _int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,
-                hi: int = 2**63 - 1) -> int:
+    :param headers: the message's headers.
+    :param name: the header to read.
+    :param stream: what the error names (a stream id, or e.g. "pack-id member 3").
+    :param lo: the smallest value accepted.
+    :param hi: the largest value accepted.
+    """
     raw = headers.get(name)
     if raw is None:
         raise ProtocolError(f"stream {stream}: header {name} is missing")
@@ -548,7 +421,7 @@ def parse_offer(headers: Mapping[str, Any], offered_on: Destination) -> tuple[St
     stream = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
     if kind_of(headers) is not Kind.OFFER:
         raise ProtocolError(f"stream {stream}: expected an offer, got {headers.get(H_KIND)}")
-    version = _int_header(headers, H_VERSION, stream, lo=1)
+    version = int_header(headers, H_VERSION, stream, lo=1)
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
             f"stream {stream}: protocol version {version} is not supported (this receiver "
@@ -564,11 +437,11 @@ def parse_offer(headers: Mapping[str, Any], offered_on: Destination) -> tuple[St
     spec = StreamSpec(
         stream_id=validate_stream_id(str(headers.get(H_STREAM, ""))),
         name=name,
-        size=_int_header(headers, H_SIZE, stream),
-        chunk_size=_int_header(headers, H_CHUNK_SIZE, stream, lo=1, hi=MAX_CHUNK_SIZE),
+        size=int_header(headers, H_SIZE, stream),
+        chunk_size=int_header(headers, H_CHUNK_SIZE, stream, lo=1, hi=MAX_CHUNK_SIZE),
         mode=mode,
     )
-    chunks = _int_header(headers, H_CHUNKS, stream)
+    chunks = int_header(headers, H_CHUNKS, stream)
     if chunks != spec.chunks:
         raise ProtocolError(f"stream {stream}: {H_CHUNKS}={chunks} does not match size and chunk size")
     data_dest = str(headers.get(H_DATA_DEST, ""))
@@ -595,7 +468,7 @@ def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec, offered_on: De
         raise ProtocolError(f"stream {spec.stream_id}: handshake offer has no valid {H_REPLY_TO}")
     # A window past MAX_AHEAD would let an honest sender run further ahead of a gap than
     # any receiver accepts.
-    return dest, _int_header(headers, H_WINDOW, spec.stream_id, lo=1, hi=MAX_AHEAD)
+    return dest, int_header(headers, H_WINDOW, spec.stream_id, lo=1, hi=MAX_AHEAD)
 
 
 # --------------------------------------------------------------------------- sender
@@ -650,129 +523,6 @@ class SenderState:
         return st
 
 
-@dataclass
-class HandshakeSender:
-    """The sender's side of handshake mode: whom to send what next.
-
-    Receivers report their position (``next_seq``: first chunk not on their disk). The
-    sender sends in order from ``send_seq`` but never more than ``window`` chunks past
-    the slowest receiver; a ``hello`` or ``rereq`` below ``send_seq`` rewinds it, which
-    is both how lost chunks are recovered and how either end resumes.
-
-    A receiver joins with ``hello`` and is bound to that message's token; its later
-    messages with another token are ignored, as are messages from receivers that never
-    said hello. On a queue only the
-    receiver holding the offer can answer, so the sender serves one receiver: another
-    replaces it only after it was silent for ``takeover_after`` seconds (it died and its
-    offer moved). On a topic every receiver counts. Re-sent chunks are bounded by
-    ``max_resend``: a receiver that rewinds for ever stops the sender.
-    """
-
-    spec: StreamSpec
-    window: int
-    point_to_point: bool = True
-    takeover_after: float = 10.0
-    positions: dict[str, int] = field(default_factory=dict)
-    finished: set[str] = field(default_factory=set)
-    tokens: dict[str, str] = field(default_factory=dict)
-    heard: dict[str, float] = field(default_factory=dict)
-    send_seq: int = 1
-    end_due: bool = True
-    rewinds: int = 0
-    resent: int = 0
-    highest_sent: int = 0
-    ignored: int = 0
-
-    @property
-    def max_resend(self) -> int:
-        return 2 * self.spec.chunks + 64
-
-    def on_control(self, headers: Mapping[str, Any], *, now: float) -> Kind | None:
-        """Take one control message; return its kind, or None if it was ignored (not from a
-        receiver this sender serves). Raises ProtocolError on a malformed message."""
-        sid = self.spec.stream_id
-        if headers.get(H_STREAM) != sid:
-            raise ProtocolError(f"stream {sid}: control message for another stream arrived")
-        kind = kind_of(headers)
-        if kind not in CONTROL_KINDS:
-            raise ProtocolError(f"stream {sid}: {kind.value} arrived on the control queue")
-        consumer = str(headers.get(H_CONSUMER) or "")
-        if not consumer or len(consumer) > 200:
-            raise ProtocolError(f"stream {sid}: control message without a valid {H_CONSUMER}")
-        token = str(headers.get(H_TOKEN) or "")
-        if not re.fullmatch(r"[0-9a-f]{32}", token):
-            raise ProtocolError(f"stream {sid}: control message from {consumer[:80]!r} without a valid {H_TOKEN}")
-        pos = _int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=self.spec.chunks + 1)
-        if not self._admit(kind, consumer, token, now):
-            self.ignored += 1
-            return None
-        self.heard[consumer] = now
-        if kind is Kind.DONE:
-            self.finished.add(consumer)
-            self.positions[consumer] = self.spec.chunks + 1
-            return kind
-        self.finished.discard(consumer)
-        if kind is Kind.ACK:
-            self.positions[consumer] = max(self.positions.get(consumer, 1), pos)
-            return kind
-        self.positions[consumer] = pos
-        if pos < self.send_seq:
-            self.send_seq = pos
-            self.rewinds += 1
-        # A receiver that asks again from some point may have missed the end marker too.
-        self.end_due = True
-        return kind
-
-    def _admit(self, kind: Kind, consumer: str, token: str, now: float) -> bool:
-        known = self.tokens.get(consumer)
-        if known is not None:
-            return known == token
-        if kind is not Kind.HELLO:
-            return False  # a receiver introduces itself before anything else
-        if self.point_to_point and self.tokens:
-            last = max(self.heard.values(), default=now)
-            if now - last < self.takeover_after:
-                return False
-            # The receiver we served went silent: it died, and this one took over its offer.
-            self.positions.clear()
-            self.finished.clear()
-            self.tokens.clear()
-        self.tokens[consumer] = token
-        return True
-
-    @property
-    def slowest(self) -> int:
-        return min(self.positions.values()) if self.positions else 1
-
-    def next_chunk(self) -> int | None:
-        """The chunk to send now, or None if the window is full or all were sent."""
-        if not self.positions or self.send_seq > self.spec.chunks:
-            return None
-        if self.send_seq >= self.slowest + self.window:
-            return None
-        seq = self.send_seq
-        self.send_seq += 1
-        if seq <= self.highest_sent:
-            self.resent += 1
-            if self.resent > self.max_resend:
-                raise ProtocolError(
-                    f"stream {self.spec.stream_id}: receivers asked for {self.resent} chunks again, more than "
-                    f"{self.max_resend} for a {self.spec.chunks}-chunk stream; stopping rather than resend for ever")
-        self.highest_sent = max(self.highest_sent, seq)
-        return seq
-
-    def take_end(self) -> bool:
-        """Whether the end marker should be sent now (after the last chunk, again after a rewind)."""
-        if self.positions and self.send_seq > self.spec.chunks and self.end_due:
-            self.end_due = False
-            return True
-        return False
-
-    @property
-    def all_done(self) -> bool:
-        return bool(self.positions) and set(self.positions) <= self.finished
-
-
 # --------------------------------------------------------------------------- receiver
 class Verdict(str, Enum):
     WRITE = "write"          # new chunk: write it at its offset, then acknowledge
@@ -818,8 +568,8 @@ class ReceiverState:
             )
         kind = kind_of(headers)
         if kind is Kind.END:
-            size = _int_header(headers, H_SIZE, sid)
-            chunks = _int_header(headers, H_CHUNKS, sid)
+            size = int_header(headers, H_SIZE, sid)
+            chunks = int_header(headers, H_CHUNKS, sid)
             sha = str(headers.get(H_SHA256, ""))
             if size != self.spec.size or chunks != self.spec.chunks:
                 raise ProtocolError(
@@ -832,20 +582,20 @@ class ReceiverState:
             return Decision(Verdict.END)
         if kind is not Kind.DATA:
             raise ProtocolError(f"stream {sid}: unexpected {kind.value} message on the data queue")
-        seq = _int_header(headers, H_SEQ, sid, lo=1, hi=max(self.spec.chunks, 1))
+        seq = int_header(headers, H_SEQ, sid, lo=1, hi=max(self.spec.chunks, 1))
         if seq > self.spec.chunks:
             raise ProtocolError(f"stream {sid}: chunk {seq} is past the last chunk {self.spec.chunks}")
         if seq >= self.next_seq + MAX_AHEAD:
             raise ProtocolError(f"stream {sid}: chunk {seq} is {seq - self.next_seq} chunks past the first missing "
                                 f"chunk {self.next_seq} (at most {MAX_AHEAD} are accepted ahead of a gap)")
         offset, length = self.spec.chunk_span(seq)
-        claimed = _int_header(headers, H_OFFSET, sid)
+        claimed = int_header(headers, H_OFFSET, sid)
         if claimed != offset:
             raise ProtocolError(f"stream {sid}: chunk {seq} claims offset {claimed}, expected {offset}")
         if self.has(seq) or seq in self.written:
             self.duplicates += 1
             return Decision(Verdict.DUPLICATE, seq, offset)
-        crc = _int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
+        crc = int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
         if crc32(body) != crc:
             return Decision(Verdict.CORRUPT, seq, offset,
                             f"chunk {seq} at offset {offset} failed its CRC-32 check")
@@ -949,147 +699,6 @@ class ReceiverState:
         if not 1 <= st.next_seq <= spec.chunks + 1 or any(not st.next_seq < a <= spec.chunks for a in st.ahead):
             raise ProtocolError(f"stream {spec.stream_id}: resume state is inconsistent")
         return st
-
-
-# --------------------------------------------------------------------------- batches
-def batch_messages(batch_id: str, entries: list[Mapping[str, Any]]) -> list[tuple[dict[str, str], bytes]]:
-    """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
-    ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``."""
-    validate_stream_id(batch_id)
-    parts = [entries[i:i + BATCH_PART_FILES] for i in range(0, len(entries), BATCH_PART_FILES)] or [[]]
-    out = []
-    for k, part in enumerate(parts, 1):
-        body = b"".join(json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
-                                   ensure_ascii=False).encode() + b"\n" for e in part)
-        h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
-             H_PART: str(k), H_PARTS: str(len(parts))}
-        out.append((h, body))
-    return out
-
-
-@dataclass(frozen=True)
-class BatchEntry:
-    """One file of a batch as the receiver checked it: where it must land, what it holds."""
-
-    stream_id: str
-    subdir: tuple[str, ...]
-    name: str
-    size: int
-    sha256: str
-
-
-def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int, list[BatchEntry]]:
-    """Validate a batch message; return its id, part number, number of parts and entries."""
-    batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
-    try:
-        validate_stream_id(batch_id)
-    except ProtocolError:
-        raise ProtocolError(f"batch message has an invalid {H_BATCH} {batch_id!r}") from None
-    if str(headers.get(H_STREAM, "")) != batch_id:
-        raise ProtocolError(f"batch {batch_id}: {H_STREAM} must equal {H_BATCH}")
-    parts = _int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
-    part = _int_header(headers, H_PART, batch_id, lo=1, hi=parts)
-    if len(body) > MAX_BATCH_BODY:
-        raise ProtocolError(f"batch {batch_id}: part {part} is {len(body)} bytes, over {MAX_BATCH_BODY}")
-    entries = []
-    for n, line in enumerate(bytes(body).splitlines(), 1):
-        if len(entries) >= BATCH_PART_FILES:
-            raise ProtocolError(f"batch {batch_id}: part {part} lists more than {BATCH_PART_FILES} files")
-        try:
-            raw = json.loads(line)
-            sid = validate_stream_id(str(raw["stream_id"]))
-            size = raw["bytes"]
-            if not isinstance(size, int) or isinstance(size, bool):
-                raise ValueError("bytes is not an integer")
-            sha = str(raw["sha256"])
-            name = str(raw["name"])
-            subdir = safe_subdir(str(raw.get("dir") or ""), sid)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProtocolError(f"batch {batch_id}: part {part} line {n} is not a valid entry ({exc})") from None
-        if size < 0 or not re.fullmatch(r"[0-9a-f]{64}", sha) or not name:
-            raise ProtocolError(f"batch {batch_id}: part {part} line {n} has a bad size, sha256 or name")
-        entries.append(BatchEntry(sid, subdir, name, size, sha))
-    return batch_id, part, parts, entries
-
-
-# --------------------------------------------------------------------------- packs
-def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]]) -> tuple[dict[str, str], bytes]:
-    """Headers and body of a pack: several inline offers (``(headers, wire body)`` as
-    :func:`inline_offer` makes them) in one message.
-
-    Per message, the broker journals, dispatches and acknowledges; for 64 KiB files
-    that cost more than the bytes, so a bulk sender puts up to a few dozen small files in
-    one message. The body is a JSON index (each member's offer headers plus
-    :data:`H_PACK_LEN`, its wire length) followed by the members' wire bodies in order.
-    The pack's own id is derived from its members' ids."""
-    if not 1 <= len(members) <= MAX_PACK_FILES:
-        raise ProtocolError(f"a pack holds 1..{MAX_PACK_FILES} files, not {len(members)}")
-    ids = [str(h[H_STREAM]) for h, _ in members]
-    # JMS properties (the group id) mean nothing inside a pack: only amqs_* headers go in.
-    index = json.dumps([{**{k: v for k, v in h.items() if k.startswith("amqs_")}, H_PACK_LEN: str(len(w))}
-                        for h, w in members], separators=(",", ":"),
-                       ensure_ascii=False).encode()
-    if len(index) > MAX_PACK_INDEX:
-        raise ProtocolError(f"the index of a pack of {len(members)} files is {len(index)} bytes, over {MAX_PACK_INDEX}")
-    body = b"".join([index, *(w for _, w in members)])
-    pack_id = "pk-" + hashlib.sha256("|".join(ids).encode()).hexdigest()[:32]
-    return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.PACK.value, H_STREAM: pack_id, H_INLINE: "1",
-            H_PACK_FILES: str(len(members)), H_PACK_INDEX: str(len(index)), H_PACK_IDS: "|" + "|".join(ids) + "|",
-            H_CRC: str(crc32(body))}, body
-
-
-def is_pack(headers: Mapping[str, Any]) -> bool:
-    return headers.get(H_KIND) == Kind.PACK.value
-
-
-def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tuple[dict[str, str], memoryview]]:
-    """The members of a pack: each one's offer headers and wire body, to be checked as an
-    inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file
-    fails alone. Raises ProtocolError if the pack itself is malformed (then no member can
-    be trusted)."""
-    pid = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
-    if kind_of(headers) is not Kind.PACK:
-        raise ProtocolError(f"pack {pid}: expected a pack, got {str(headers.get(H_KIND))[:20]!r}")
-    version = _int_header(headers, H_VERSION, pid, lo=1)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"pack {pid}: protocol version {version} is not supported (this receiver speaks "
-                            f"{PROTOCOL_VERSION}); upgrade airflow-provider-amqstream")
-    try:
-        validate_stream_id(pid)
-    except ProtocolError as exc:
-        raise ProtocolError(f"pack: {exc}") from None
-    if headers.get(H_INLINE) != "1":
-        raise ProtocolError(f"pack {pid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (a pack must say \"1\")")
-    count = _int_header(headers, H_PACK_FILES, pid, lo=1, hi=MAX_PACK_FILES)
-    view = memoryview(body)
-    index_len = _int_header(headers, H_PACK_INDEX, pid, lo=2, hi=min(MAX_PACK_INDEX, len(view)))
-    if crc32(view) != _int_header(headers, H_CRC, pid, hi=0xFFFFFFFF):
-        raise ProtocolError(f"pack {pid}: the body failed its CRC-32 check")
-    try:
-        index = json.loads(bytes(view[:index_len]))
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolError(f"pack {pid}: the index is not JSON ({str(exc)[:80]})") from None
-    if not isinstance(index, list) or len(index) != count:
-        raise ProtocolError(f"pack {pid}: the index must list {count} files ({H_PACK_FILES})")
-    members: list[tuple[dict[str, str], memoryview]] = []
-    offset = index_len
-    for n, raw in enumerate(index, 1):
-        if (not isinstance(raw, dict) or len(raw) > MAX_PACK_MEMBER_HEADERS or not all(
-                isinstance(k, str) and k.startswith("amqs_") and isinstance(v, str) for k, v in raw.items())):
-            raise ProtocolError(f"pack {pid}: member {n} is not a map of at most {MAX_PACK_MEMBER_HEADERS} amqs_* "
-                                "string headers")
-        length = _int_header(raw, H_PACK_LEN, f"{pid} member {n}", hi=len(view) - offset)
-        member = {k: v for k, v in raw.items() if k != H_PACK_LEN}
-        if member.get(H_KIND) != Kind.OFFER.value or member.get(H_INLINE) != "1":
-            raise ProtocolError(f"pack {pid}: member {n} is not an inline offer")
-        members.append((member, view[offset:offset + length]))
-        offset += length
-    if offset != len(view):
-        raise ProtocolError(f"pack {pid}: {len(view) - offset} bytes after the last member")
-    ids = "|" + "|".join(m.get(H_STREAM, "") for m, _ in members) + "|"
-    if headers.get(H_PACK_IDS) != ids:
-        raise ProtocolError(f"pack {pid}: {H_PACK_IDS} does not list exactly its members' stream ids")
-    return members
 
 
 def offer_selector(stream_id: str | None = None) -> str:

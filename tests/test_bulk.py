@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import (
     BatchFile,
@@ -202,7 +203,7 @@ def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerPa
     f = make_file(tmp_path / "a.bin", 3000)
     entry = {"stream_id": "late-a", "dir": "x", "name": "a.bin", "bytes": 3000, "sha256": sha256_file(f)}
     raw = RawSender(params)
-    for headers, body in p.batch_messages("b-late", [entry]):
+    for headers, body in bw.batch_messages("b-late", [entry]):
         raw.send(str(dest), body, headers)
     raw.close()
     out = tmp_path / "out"
@@ -225,8 +226,8 @@ def test_hostile_batch_messages_are_quarantined(params: BrokerParams, tmp_path: 
                                                 body: bytes, why: str) -> None:
     dest = p.Destination.parse(queue_name)
     raw = RawSender(params)
-    raw.send(str(dest), body, {p.H_VERSION: "1", p.H_KIND: "batch", p.H_STREAM: "bad-b", p.H_BATCH: "bad-b",
-                               p.H_PART: "1", p.H_PARTS: "1"})
+    raw.send(str(dest), body, {p.H_VERSION: "1", p.H_KIND: "batch", p.H_STREAM: "bad-b", bw.H_BATCH: "bad-b",
+                               bw.H_PART: "1", bw.H_PARTS: "1"})
     raw.close()
     good = make_file(tmp_path / "good.bin", 2000)
     send_files(params, [good], queue_name)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
 
 FILE = hashlib.sha256(b"seed").digest() * 40  # 1280 bytes
 SPEC = p.StreamSpec("hx-1", "f.bin", len(FILE), 100)
@@ -79,7 +80,7 @@ def test_random_frames_never_crash_and_never_write_wrong_bytes(stream: list[tupl
 @given(st.text(min_size=0, max_size=400))
 def test_names_from_the_wire_stay_inside_the_output_directory(name: str) -> None:
     out = Path("/srv/out")
-    safe = p.safe_file_name(name, "sid-1")
+    safe = paths.safe_file_name(name, "sid-1")
     assert safe and "/" not in safe and "\x00" not in safe and not safe.startswith(".")
     assert safe not in (".", "..") and not safe.lstrip().startswith(".")
     assert len(safe.encode("utf-8", "surrogatepass")) <= 220
@@ -104,7 +105,7 @@ def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, st
 def test_collision_names_always_fit_one_directory_entry(name: str, sid: str) -> None:
     from airflow_provider_amqstream.engine.partial_file import collision_name
 
-    base = p.safe_file_name(name, sid)
+    base = paths.safe_file_name(name, sid)
     other = collision_name(base, sid)
     assert len(other.encode("utf-8", "surrogatepass")) <= 255 and sid in other
     assert "/" not in other and not other.startswith(".") and other != base

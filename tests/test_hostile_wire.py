@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import zstandard
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file, send_files
@@ -212,7 +213,7 @@ def test_a_hostile_pack_is_quarantined_whole_and_the_next_stream_arrives(
 
 def _member(dest: p.Destination, sid: str, name: str, data: bytes) -> tuple[dict[str, str], bytes]:
     spec = p.StreamSpec(sid, name, len(data), 4096, p.Mode.ATOMIC)
-    return p.inline_offer(spec, dest, data, hashlib.sha256(data).hexdigest())
+    return bw.inline_offer(spec, dest, data, hashlib.sha256(data).hexdigest())
 
 
 @pytest.mark.parametrize("case", ["sha-mismatch", "zstd-bomb", "data-queue-elsewhere", "dotdot-name", "same-id"])
@@ -237,7 +238,7 @@ def test_a_bad_member_fails_alone_and_its_pack_mates_arrive(
     else:
         members[1] = members[0]
     raw = RawSender(sender)
-    raw.send(queue_name, *reversed(p.pack_message(members)))
+    raw.send(queue_name, *reversed(bw.pack_message(members)))
     raw.close()
     good = make_file(tmp_path / "good.bin", 5000)
     sha = send_file(params, good, queue_name, chunk_size=1000).sha256

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_streams, send_files
 from airflow_provider_amqstream.transport import BrokerParams
@@ -29,22 +30,22 @@ def _spec(size: int = len(BODY), chunk: int = 4096, mode: p.Mode = p.Mode.ATOMIC
 
 @pytest.mark.parametrize("codec", [None, p.ChunkCodec("zstd")])
 def test_an_inline_offer_carries_the_file_and_is_read_back_exactly(codec: p.ChunkCodec | None) -> None:
-    headers, wire = p.inline_offer(_spec(), DEST, BODY, SHA, codec=codec)
-    assert p.is_inline(headers) and (len(wire) < len(BODY)) == (codec is not None)
+    headers, wire = bw.inline_offer(_spec(), DEST, BODY, SHA, codec=codec)
+    assert bw.is_inline(headers) and (len(wire) < len(BODY)) == (codec is not None)
     spec, _ = p.parse_offer(headers, DEST)
-    assert p.read_inline(headers, wire, spec) == BODY
+    assert bw.read_inline(headers, wire, spec) == BODY
     empty = p.StreamSpec("in-0", "empty", 0, 4096)
-    h0, w0 = p.inline_offer(empty, DEST, b"", hashlib.sha256(b"").hexdigest())
-    assert p.read_inline(h0, w0, empty) == b""
+    h0, w0 = bw.inline_offer(empty, DEST, b"", hashlib.sha256(b"").hexdigest())
+    assert bw.read_inline(h0, w0, empty) == b""
 
 
 def test_only_one_chunk_outside_handshake_mode_travels_inline() -> None:
     with pytest.raises(p.ProtocolError, match="one chunk"):
-        p.inline_offer(_spec(chunk=1000), DEST, BODY, SHA)
+        bw.inline_offer(_spec(chunk=1000), DEST, BODY, SHA)
     with pytest.raises(p.ProtocolError, match="one chunk"):
-        p.inline_offer(_spec(mode=p.Mode.HANDSHAKE), DEST, BODY, SHA)
+        bw.inline_offer(_spec(mode=p.Mode.HANDSHAKE), DEST, BODY, SHA)
     with pytest.raises(p.ProtocolError, match="did the file change"):
-        p.inline_offer(_spec(), DEST, BODY[:-1], SHA)
+        bw.inline_offer(_spec(), DEST, BODY[:-1], SHA)
 
 
 def _bomb() -> bytes:
@@ -61,7 +62,7 @@ HOSTILE: dict[str, Any] = {
     "short-body": lambda h, w: ({**h, p.H_CRC: str(p.crc32(w[:-1]))}, w[:-1]),
     "zstd-bomb": lambda h, w: ({**h, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(_bomb()))}, _bomb()),
     "unknown-encoding": lambda h, w: ({**h, p.H_ENCODING: "lz4"}, w),
-    "inline-value": lambda h, w: ({**h, p.H_INLINE: "yes"}, w),
+    "inline-value": lambda h, w: ({**h, bw.H_INLINE: "yes"}, w),
     "two-chunks": lambda h, w: ({**h, p.H_CHUNK_SIZE: "1000", p.H_CHUNKS: "4"}, w),
     "handshake": lambda h, w: ({**h, p.H_MODE: "handshake", p.H_REPLY_TO: DEST.control_queue("in-1"),
                                 p.H_WINDOW: "4"}, w),
@@ -70,10 +71,10 @@ HOSTILE: dict[str, Any] = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_inline_offers_are_refused(case: str) -> None:
-    headers, wire = HOSTILE[case](*p.inline_offer(_spec(), DEST, BODY, SHA))
+    headers, wire = HOSTILE[case](*bw.inline_offer(_spec(), DEST, BODY, SHA))
     with pytest.raises(p.ProtocolError):
         spec, _ = p.parse_offer(headers, DEST)
-        p.read_inline(headers, wire, spec)
+        bw.read_inline(headers, wire, spec)
 
 
 @pytest.mark.broker
@@ -83,7 +84,7 @@ def test_a_hostile_inline_offer_is_quarantined_and_the_next_files_arrive(
     dest = p.Destination.parse(queue_name)
     sid = f"hx-{case}"
     spec = p.StreamSpec(sid, "bad.bin", len(BODY), 4096, p.Mode.ATOMIC)
-    headers, wire = HOSTILE[case](*p.inline_offer(spec, dest, BODY, SHA))
+    headers, wire = HOSTILE[case](*bw.inline_offer(spec, dest, BODY, SHA))
     if case == "handshake":
         headers[p.H_REPLY_TO] = dest.control_queue(sid)
     raw = RawSender(params)

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_files
 from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import browse, make_file, read_json, sha256_file
@@ -30,28 +32,28 @@ def _members(n: int = 3, codec: p.ChunkCodec | None = None) -> list[tuple[dict[s
     for i in range(n):
         data = hashlib.sha256(str(i).encode()).digest() * (10 * i)  # the first one is empty
         spec = p.StreamSpec(f"m_{i}", f"f{i}.csv", len(data), 4096, p.Mode.ATOMIC)
-        headers, wire = p.inline_offer(spec, DEST, data, hashlib.sha256(data).hexdigest(), codec=codec,
+        headers, wire = bw.inline_offer(spec, DEST, data, hashlib.sha256(data).hexdigest(), codec=codec,
                                        subdir="a/b" if i == 1 else "")
         out.append((headers, wire, data))
     return out
 
 
 def _pack(n: int = 3) -> tuple[dict[str, str], bytes]:
-    return p.pack_message([(h, w) for h, w, _ in _members(n)])
+    return bw.pack_message([(h, w) for h, w, _ in _members(n)])
 
 
 @pytest.mark.parametrize("codec", [None, p.ChunkCodec("zstd")])
 def test_a_pack_carries_each_member_exactly(codec: p.ChunkCodec | None) -> None:
     members = _members(codec=codec)
-    headers, body = p.pack_message([(h, w) for h, w, _ in members])
-    assert headers[p.H_PACK_IDS] == "|m_0|m_1|m_2|" and p.is_pack(headers) and p.is_inline(headers)
-    got = p.read_pack(headers, body)
+    headers, body = bw.pack_message([(h, w) for h, w, _ in members])
+    assert headers[p.H_PACK_IDS] == "|m_0|m_1|m_2|" and bw.is_pack(headers) and bw.is_inline(headers)
+    got = bw.read_pack(headers, body)
     assert [h[p.H_STREAM] for h, _ in got] == ["m_0", "m_1", "m_2"]
     for (mh, mw), (_, _, data) in zip(got, members, strict=True):
         assert p.H_GROUP_ID not in mh, "a JMS property inside a pack means nothing"
         spec, _ = p.parse_offer(mh, DEST)
-        assert p.read_inline(mh, mw, spec) == data
-    assert p.safe_subdir(got[1][0].get(p.H_DIR), "m_1") == ("a", "b")
+        assert bw.read_inline(mh, mw, spec) == data
+    assert paths.safe_subdir(got[1][0].get(p.H_DIR), "m_1") == ("a", "b")
 
 
 def _recrc(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
@@ -59,15 +61,15 @@ def _recrc(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
 
 
 def _reindex(h: dict[str, str], b: bytes, change: Callable[[list[Any]], Any]) -> tuple[dict[str, str], bytes]:
-    n = int(h[p.H_PACK_INDEX])
+    n = int(h[bw.H_PACK_INDEX])
     index = json.dumps(change(json.loads(b[:n]))).encode()
-    return _recrc({**h, p.H_PACK_INDEX: str(len(index))}, index + b[n:])
+    return _recrc({**h, bw.H_PACK_INDEX: str(len(index))}, index + b[n:])
 
 
 def _many(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
-    members = [(mh, mw) for mh, mw, _ in _members(1)] * (p.MAX_PACK_FILES + 1)
-    index = json.dumps([{**mh, p.H_PACK_LEN: str(len(mw))} for mh, mw in members]).encode()
-    return _recrc({**h, p.H_PACK_FILES: str(len(members)), p.H_PACK_INDEX: str(len(index)),
+    members = [(mh, mw) for mh, mw, _ in _members(1)] * (bw.MAX_PACK_FILES + 1)
+    index = json.dumps([{**mh, bw.H_PACK_LEN: str(len(mw))} for mh, mw in members]).encode()
+    return _recrc({**h, bw.H_PACK_FILES: str(len(members)), bw.H_PACK_INDEX: str(len(index)),
                    p.H_PACK_IDS: "|" + "|".join(mh[p.H_STREAM] for mh, _ in members) + "|"},
                   index + b"".join(mw for _, mw in members))
 
@@ -76,18 +78,18 @@ def _many(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
 # is in the body, so the check that must catch it is reached.
 HOSTILE_PACKS: dict[str, Callable[[dict[str, str], bytes], tuple[dict[str, str], bytes]]] = {
     "bad-crc": lambda h, b: ({**h, p.H_CRC: str((int(h[p.H_CRC]) + 1) % 2**32)}, b),
-    "index-past-body": lambda h, b: ({**h, p.H_PACK_INDEX: str(len(b) + 1)}, b),
-    "index-not-json": lambda h, b: _recrc(h, b"\xff" * int(h[p.H_PACK_INDEX]) + b[int(h[p.H_PACK_INDEX]):]),
-    "index-deep-nesting": lambda h, b: _recrc({**h, p.H_PACK_INDEX: "200000"}, b"[" * 200_000 + b),
+    "index-past-body": lambda h, b: ({**h, bw.H_PACK_INDEX: str(len(b) + 1)}, b),
+    "index-not-json": lambda h, b: _recrc(h, b"\xff" * int(h[bw.H_PACK_INDEX]) + b[int(h[bw.H_PACK_INDEX]):]),
+    "index-deep-nesting": lambda h, b: _recrc({**h, bw.H_PACK_INDEX: "200000"}, b"[" * 200_000 + b),
     "index-an-object": lambda h, b: _reindex(h, b, lambda ix: {"a": ix}),
-    "count-mismatch": lambda h, b: ({**h, p.H_PACK_FILES: "2"}, b),
-    "count-zero": lambda h, b: ({**h, p.H_PACK_FILES: "0"}, b),
+    "count-mismatch": lambda h, b: ({**h, bw.H_PACK_FILES: "2"}, b),
+    "count-zero": lambda h, b: ({**h, bw.H_PACK_FILES: "0"}, b),
     "too-many-files": _many,
     "trailing-bytes": lambda h, b: _recrc(h, b + b"x"),
-    "member-len-past-body": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_PACK_LEN: "99999"}]),
-    "member-len-signed": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_PACK_LEN: "+1"}]),
+    "member-len-past-body": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], bw.H_PACK_LEN: "99999"}]),
+    "member-len-signed": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], bw.H_PACK_LEN: "+1"}]),
     "member-not-offer": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_KIND: "data"}]),
-    "member-not-inline": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_INLINE: "0"}]),
+    "member-not-inline": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], bw.H_INLINE: "0"}]),
     "member-non-string": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_SIZE: 3}]),
     "member-jms-header": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], "JMSXUserID": "admin"}]),
     "member-many-headers": lambda h, b: _reindex(
@@ -96,7 +98,7 @@ HOSTILE_PACKS: dict[str, Callable[[dict[str, str], bytes], tuple[dict[str, str],
     "ids-list-another": lambda h, b: ({**h, p.H_PACK_IDS: "|m_0|m_1|victim|"}, b),
     "ids-missing": lambda h, b: ({k: v for k, v in h.items() if k != p.H_PACK_IDS}, b),
     "version-2": lambda h, b: ({**h, p.H_VERSION: "2"}, b),
-    "no-inline": lambda h, b: ({k: v for k, v in h.items() if k != p.H_INLINE}, b),
+    "no-inline": lambda h, b: ({k: v for k, v in h.items() if k != bw.H_INLINE}, b),
     "bad-pack-id": lambda h, b: ({**h, p.H_STREAM: "../pk"}, b),
 }
 
@@ -105,7 +107,7 @@ HOSTILE_PACKS: dict[str, Callable[[dict[str, str], bytes], tuple[dict[str, str],
 def test_a_malformed_pack_is_refused_whole(case: str) -> None:
     headers, body = HOSTILE_PACKS[case](*_pack())
     with pytest.raises(p.ProtocolError, match="pack"):
-        p.read_pack(headers, body)
+        bw.read_pack(headers, body)
 
 
 def test_a_pack_member_selector_matches_only_that_id() -> None:
@@ -125,7 +127,7 @@ def test_a_stream_asked_for_by_id_comes_with_its_pack(params: BrokerParams, tmp_
     files = _small_files(tmp_path)
     sent = send_files(params, files, queue_name)
     [pack] = browse(params, queue_name)
-    assert pack.headers[p.H_KIND] == "pack" and pack.headers[p.H_PACK_FILES] == "5"
+    assert pack.headers[p.H_KIND] == "pack" and pack.headers[bw.H_PACK_FILES] == "5"
     wanted = sent.results[2]
     got = receive_stream(params, queue_name, tmp_path / "out", stream_id=wanted.stream_id,
                          options=ReceiveOptions(wait_timeout=15))

@@ -8,6 +8,8 @@ import random
 import pytest
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
+from airflow_provider_amqstream.handshake_sender import HandshakeSender
 
 
 def spec(size: int = 10_000, chunk: int = 1000, sid: str = "s1") -> p.StreamSpec:
@@ -186,11 +188,11 @@ def test_derived_stream_id_is_stable_and_valid() -> None:
     (".hidden", "hidden"), ("dätä.csv", "dätä.csv"),
 ])
 def test_safe_file_name(name: str, expected: str) -> None:
-    assert p.safe_file_name(name, "sid") == expected
+    assert paths.safe_file_name(name, "sid") == expected
 
 
 def test_safe_file_name_caps_length_keeping_extension() -> None:
-    out = p.safe_file_name("é" * 300 + ".parquet", "sid")
+    out = paths.safe_file_name("é" * 300 + ".parquet", "sid")
     assert len(out.encode()) <= 200 and out.endswith(".parquet")
 
 
@@ -213,7 +215,7 @@ def _ctl(sp: p.StreamSpec, kind: p.Kind, who: str, pos: int) -> dict[str, str]:
 
 def test_handshake_sender_window_rewind_and_end() -> None:
     sp = spec(10_000)  # 10 chunks
-    hs = p.HandshakeSender(sp, window=3, point_to_point=False)
+    hs = HandshakeSender(sp, window=3, point_to_point=False)
     assert hs.next_chunk() is None  # nobody answered yet
     hs.on_control(_ctl(sp, p.Kind.HELLO, "a", 1), now=0.0)
     assert [hs.next_chunk() for _ in range(4)] == [1, 2, 3, None]  # window of 3
@@ -235,7 +237,7 @@ def test_handshake_sender_window_rewind_and_end() -> None:
 
 def test_handshake_point_to_point_new_receiver_replaces_dead_one() -> None:
     sp = spec(10_000)
-    hs = p.HandshakeSender(sp, window=2)
+    hs = HandshakeSender(sp, window=2)
     hs.on_control(_ctl(sp, p.Kind.HELLO, "dead", 1), now=0.0)
     assert [hs.next_chunk(), hs.next_chunk(), hs.next_chunk()] == [1, 2, None]
     hs.on_control(_ctl(sp, p.Kind.HELLO, "new", 2), now=11.0)  # took over the offer with chunk 1 on disk
@@ -244,7 +246,7 @@ def test_handshake_point_to_point_new_receiver_replaces_dead_one() -> None:
 
 def test_handshake_ignores_impostors_and_bounds_rewinds() -> None:
     sp = spec(10_000)
-    hs = p.HandshakeSender(sp, window=2)
+    hs = HandshakeSender(sp, window=2)
     assert hs.on_control(_ctl(sp, p.Kind.HELLO, "real", 1), now=0.0) is p.Kind.HELLO
     # Another receiver's hello while the real one is alive, and a done with a forged token.
     assert hs.on_control(_ctl(sp, p.Kind.HELLO, "thief", 1), now=1.0) is None
@@ -265,7 +267,7 @@ def test_handshake_ignores_impostors_and_bounds_rewinds() -> None:
 
 def test_handshake_control_validation() -> None:
     sp = spec(10_000)
-    hs = p.HandshakeSender(sp, window=2)
+    hs = HandshakeSender(sp, window=2)
     bad = _ctl(sp, p.Kind.ACK, "a", 1) | {p.H_NEXT_SEQ: "12"}
     with pytest.raises(p.ProtocolError, match="outside 1..11"):
         hs.on_control(bad, now=0.0)
@@ -366,5 +368,5 @@ def test_truncated_header_sections_are_protocol_errors() -> None:
 
 @pytest.mark.parametrize("name", [". .bashrc", ". .", ". ..", "..", " .. ", ".\t.hidden", "./.x"])
 def test_published_names_are_never_hidden_or_dot_entries(name: str) -> None:
-    safe = p.safe_file_name(name, "sid-1")
+    safe = paths.safe_file_name(name, "sid-1")
     assert safe not in (".", "..") and not safe.startswith(".") and safe.strip() == safe

@@ -12,7 +12,7 @@ rest of the send. Many files are in flight at once; they are marked confirmed wh
 receipt that covers them arrives.
 
 Files of one chunk or less go further: several travel in one *pack* message (their
-inline offers side by side, see ``protocol.pack_message``; the messages of each kind of
+inline offers side by side, see ``bulk_wire.pack_message``; the messages of each kind of
 small file are built in ``small_files.py``), and each pack asks for its receipt. The
 broker's cost is mostly per message (journal entry, dispatch, acknowledgement), and for
 64 KiB files it was more than the sender's and receiver's together.
@@ -40,7 +40,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine.batch import (
     BatchFile,
     BatchLedger,
@@ -182,7 +184,7 @@ def send_files(
             if not bf.path.is_file():
                 raise StreamError(f"{bf.path} is not a regular file")
             subdir = bf.subdir or _subdir_of(bf.path, base)
-            p.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
+            paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
             sid = default_stream_id(bf.path, dest, st_)
         except (OSError, StreamError, p.ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
@@ -265,7 +267,7 @@ def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results:
     while True:
         try:
             with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
-                for headers, body in p.batch_messages(batch_id, entries):
+                for headers, body in bw.batch_messages(batch_id, entries):
                     link.send_confirmed(str(dest), body, headers)
             return
         except AccessDenied:

@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
+from airflow_provider_amqstream.handshake_sender import HandshakeSender
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination,
             link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest, window, origin=origin))
             state.offer_sent = True
             save()
-        hs = p.HandshakeSender(spec, window, point_to_point=dest.kind == "queue")
+        hs = HandshakeSender(spec, window, point_to_point=dest.kind == "queue")
 
         def hear(frame: Any) -> bool:
             """Take a control message; a malformed or foreign one is logged and ignored, so

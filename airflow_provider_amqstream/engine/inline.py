@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine.claims import record_claim
 from airflow_provider_amqstream.engine.partial_file import default_reserve, final_name
 from airflow_provider_amqstream.engine.records import (
@@ -88,7 +90,7 @@ class PackMember:
 
 def unpack(message: Any) -> list[PackMember]:
     """The members of a pack message; raises ProtocolError for a malformed pack."""
-    members = p.read_pack(message.headers, message.body or b"")
+    members = bw.read_pack(message.headers, message.body or b"")
     pack = _Pack(message, len(members))
     return [PackMember(headers, body, pack) for headers, body in members]
 
@@ -105,8 +107,8 @@ def settle(link: Any, offer: Any) -> None:
 
 def files_in(message: Any) -> int:
     """How many files a message carries for a group's count: a pack's members, or one."""
-    raw = str(message.headers.get(p.H_PACK_FILES, "1")) if p.is_pack(message.headers) else "1"
-    return min(int(raw), p.MAX_PACK_FILES) if raw.isdigit() and 0 < len(raw) < 4 else 1
+    raw = str(message.headers.get(bw.H_PACK_FILES, "1")) if bw.is_pack(message.headers) else "1"
+    return min(int(raw), bw.MAX_PACK_FILES) if raw.isdigit() and 0 < len(raw) < 4 else 1
 
 
 def _mark(fd: int, stream_id: str) -> None:
@@ -236,7 +238,7 @@ class InlineGroup:
                 it.fd = -1
                 dir_fd = self.dir_fds[it.subdir]
                 name = final_name(dir_fd, it.spec, overwrite=self.opts.overwrite)
-                plain = p.safe_file_name(it.spec.name, it.spec.stream_id)
+                plain = paths.safe_file_name(it.spec.name, it.spec.stream_id)
                 if name != plain and self._published_before(dir_fd, plain, it):
                     name = plain
                 os.replace(f"{self._sdir}/{it.temp}", name, dst_dir_fd=dir_fd)

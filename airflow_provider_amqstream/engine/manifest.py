@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import open_private, read_json, write_json
 
@@ -43,7 +44,7 @@ class Batches:
         for f in sorted(self.dir.glob("*.1.json")):
             self._check(f.name.removesuffix(".1.json"))
 
-    def record(self, batch_id: str, part: int, parts: int, entries: list[p.BatchEntry]) -> Path | None:
+    def record(self, batch_id: str, part: int, parts: int, entries: list[bw.BatchEntry]) -> Path | None:
         """Keep one part; return the manifest's path if the batch is now complete."""
         self._load()
         write_json(self.dir / f"{batch_id}.{part}.json", {

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import inline
 from airflow_provider_amqstream.engine.records import StreamError, read_json, write_json
@@ -47,9 +48,9 @@ class Offers:
             # Stream ids are validated: letters, digits, '.', '_' and '-' only, no quotes.
             sel += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in self.excluded)})"
         if inline_only:
-            sel += f" AND {p.H_INLINE} = '1'"
+            sel += f" AND {bw.H_INLINE} = '1'"
         else:  # any other value of the header is refused by the receiver, so it must reach one
-            sel += f" AND ({p.H_INLINE} IS NULL OR {p.H_INLINE} <> '1')"
+            sel += f" AND ({bw.H_INLINE} IS NULL OR {bw.H_INLINE} <> '1')"
         return sel
 
     def next(self, deadline: float | None) -> Any:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamNoRoom,
@@ -236,7 +237,7 @@ def final_name(dir_fd: int, spec: p.StreamSpec, *, overwrite: bool) -> str:
     its sanitised file name; if that is taken (and not ``overwrite``), the collision name
     ``<stem>.<id>.<ext>``; if a sender chose that name for another file, ``<stem>.<id>-2.<ext>``
     and on. A published file is never replaced unless asked."""
-    name = p.safe_file_name(spec.name, spec.stream_id)
+    name = paths.safe_file_name(spec.name, spec.stream_id)
     if overwrite:
         return name
     sid = spec.stream_id

@@ -30,7 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine import inline
 from airflow_provider_amqstream.engine.inline import InlineGroup
 from airflow_provider_amqstream.engine.manifest import Batches
@@ -126,7 +128,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                     if offer is None:
                         return results
                     wait = opts.wait_timeout
-                    if p.is_pack(offer.headers) or (p.is_inline(offer.headers)
+                    if bw.is_pack(offer.headers) or (bw.is_inline(offer.headers)
                                                     and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value):
                         group = offers.gather_inline(offer, None if count is None else count - len(results))
                         outcomes = _take_inline(link, dest, out, sdir, group, opts, book, offers)
@@ -187,7 +189,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
     if offer.headers.get(p.H_KIND) == p.Kind.BATCH.value:
         try:
-            batch_id, part, parts, entries = p.parse_batch(offer.headers, offer.body or b"")
+            batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
         except p.ProtocolError as exc:
             return _quarantine(link, dest, offer, sid, f"invalid batch message: {exc}", opts)
         manifest = batches.record(batch_id, part, parts, entries)
@@ -199,12 +201,12 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     if offer.headers.get(p.H_REOFFER):
         _clear_leftovers(link, dest, sdir, offer, opts)
         return None
-    if p.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
+    if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
         return _take_inline(link, dest, out, sdir, [offer], opts, book, offers)[0]
     try:
         spec, data_q = p.parse_offer(offer.headers, dest)
         terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
-        subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+        subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
     origin = p.offer_origin(offer.headers)
@@ -303,8 +305,8 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
                 continue
             spec, origin = checked
             try:
-                data = p.read_inline(offer.headers, offer.body or b"", spec)
-                subdir = p.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+                data = bw.read_inline(offer.headers, offer.body or b"", spec)
+                subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
                 files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir)
             except p.ProtocolError as exc:
                 outcomes.append(_quarantine(link, dest, offer, sid, str(exc), opts))
@@ -339,7 +341,7 @@ def _unpacked(link: StompLink, dest: p.Destination, group: list[Any], opts: Rece
     quarantined whole (its outcome goes to ``outcomes``)."""
     offers: list[Any] = []
     for offer in group:
-        if not p.is_pack(offer.headers):
+        if not bw.is_pack(offer.headers):
             offers.append(offer)
             continue
         try:
@@ -387,7 +389,7 @@ def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec
         for kind in (p.Kind.HELLO, p.Kind.DONE):
             link.send(terms[0], b"", p.control_headers(spec, kind, consumer_name(out), spec.chunks + 1, token),
                       persistent=False)
-    elif not p.is_inline(offer.headers):
+    elif not bw.is_inline(offer.headers):
         drain_queue(link, data_q, ack=True)
     inline.settle(link, offer)
     opts.emit("duplicate_offer", stream_id=spec.stream_id)

@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import StreamError, TransferResult
 from airflow_provider_amqstream.engine.sending import stream_origin
 from airflow_provider_amqstream.transport import StompLink, TransportError
 
-# A pack's files, their wire bytes and its index (see protocol.pack_message). A pack asks
+# A pack's files, their wire bytes and its index (see bulk_wire.pack_message). A pack asks
 # for its own receipt, so these also bound what one receipt confirms. The bytes stay at a
 # chunk's default, the size of the largest inline offer: what a stopped receiver can hold of
 # a queue's memory limit is counted in messages (engine/inline.py, PREFETCH); 2 MiB packs
@@ -66,7 +67,7 @@ def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCo
     if len(body) != e.size:
         raise changed(e)
     sha = hashlib.sha256(body).hexdigest()
-    headers, wire = p.inline_offer(spec, dest, body, sha, codec=codec, origin=origin, subdir=e.subdir)
+    headers, wire = bw.inline_offer(spec, dest, body, sha, codec=codec, origin=origin, subdir=e.subdir)
     return headers, wire, pending_result(e, dest, spec, sha, origin, broker, started)
 
 
@@ -113,7 +114,7 @@ class Pack:
     def send(self, link: StompLink, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
         """Send the pack with a receipt (confirming it and everything before it on the
         connection) and empty it; returns the receipt id and the files it carried."""
-        headers, body = p.pack_message([(h, w) for _, h, w, _ in self.files])
+        headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files])
         rid = link.send(str(dest), body, headers, receipt=True)
         if rid is None:
             raise TransportError(f"no receipt id for pack {headers[p.H_STREAM]} on {link.params.url}")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
 
@@ -145,7 +146,7 @@ class OfferBrowser:
                 break
             if frame.headers.get(p.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
-            if p.is_pack(frame.headers):
+            if bw.is_pack(frame.headers):
                 offers.extend(self._members(frame))
                 continue
             try:
@@ -159,7 +160,7 @@ class OfferBrowser:
         """The valid offers inside a pack: one per file, as receivers will take them."""
         found = []
         try:
-            members = p.read_pack(frame.headers, frame.body or b"")
+            members = bw.read_pack(frame.headers, frame.body or b"")
         except p.ProtocolError as exc:
             self._report_bad(frame.headers, exc)
             return []

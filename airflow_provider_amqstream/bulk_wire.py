@@ -1,0 +1,268 @@
+"""The many-files wire format: small files in their offers, batch manifests, and packs.
+
+A file no larger than one chunk may travel *inline*: one offer carrying the file as its
+body, with the CRC-32 of that body and the file's SHA-256 in its headers, and no data
+queue at all (:func:`inline_offer`, :func:`read_inline`). Several inline offers may travel
+together as one *pack* message: a JSON index of their headers, then their bodies
+(:func:`pack_message`, :func:`read_pack`); each member is checked as the inline offer it
+is. After a batch's offers, the sender lists its files in *batch* messages
+(:func:`batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
+manifest.
+
+Pure, no I/O: it builds on ``protocol.py`` (header names, StreamSpec, offers) and is read
+by the engine (``engine/small_files.py``, ``engine/bulk.py``, ``engine/inline.py``). The
+wire format is in ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_amqstream.protocol import (
+    H_CRC,
+    H_ENCODING,
+    H_KIND,
+    H_PACK_IDS,
+    H_SHA256,
+    H_STREAM,
+    H_VERSION,
+    MAX_STREAM_ID,
+    PROTOCOL_VERSION,
+    ChunkCodec,
+    Destination,
+    Kind,
+    Mode,
+    ProtocolError,
+    StreamSpec,
+    crc32,
+    int_header,
+    kind_of,
+    offer_headers,
+    validate_stream_id,
+)
+from airflow_provider_amqstream.safe_paths import safe_subdir
+
+# "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
+H_INLINE = "amqs_inline"
+# A batch message: its id (also in amqs_stream, so selectors on it see one), part k of n.
+H_BATCH = "amqs_batch"
+H_PART = "amqs_part"
+H_PARTS = "amqs_parts"
+# A pack (several small files in one message): how many, the length of its JSON index at
+# the start of the body, and in the index each member's wire length. Its members' stream
+# ids (H_PACK_IDS) are in protocol.py, where offer_selector reads them.
+H_PACK_FILES = "amqs_pack_files"
+H_PACK_INDEX = "amqs_pack_index"
+H_PACK_LEN = "amqs_pack_len"
+
+# A batch list is split into parts of at most this many files (each a JSON line of ~250 bytes),
+# and a receiver refuses a part whose body is larger than MAX_BATCH_BODY.
+BATCH_PART_FILES = 2000
+MAX_BATCH_BODY = 2 * 1024 * 1024
+MAX_BATCH_PARTS = 10_000
+# A pack holds at most this many files, and its index at most MAX_PACK_INDEX bytes (each
+# member's offer headers, a few hundred bytes; the sender stops a pack well before).
+MAX_PACK_FILES = 64
+MAX_PACK_INDEX = 256 * 1024
+MAX_PACK_MEMBER_HEADERS = 32
+
+
+# --------------------------------------------------------------------------- inline offers
+def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256_hex: str, *,
+                 codec: ChunkCodec | None = None, origin: str | None = None,
+                 subdir: str = "") -> tuple[dict[str, str], bytes]:
+    """Headers and wire body of an offer carrying a whole small file (one chunk at most).
+
+    Small files are most of a bulk landing directory, and each one's data queue would cost
+    a receiver a subscription and two more messages; inline, a file is one message."""
+    if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
+        raise ProtocolError(f"stream {spec.stream_id}: only a {spec.chunk_size}-byte (one chunk) stream, not in "
+                            "handshake mode, can travel inline")
+    if len(body) != spec.size:
+        raise ProtocolError(f"stream {spec.stream_id}: {len(body)} bytes read, the offer says {spec.size} "
+                            "(did the file change while it was being sent?)")
+    wire, encoding = codec.encode(body) if codec else (body, None)
+    h = offer_headers(spec, destination, origin=origin, subdir=subdir)
+    h.update({H_INLINE: "1", H_CRC: str(crc32(wire)), H_SHA256: sha256_hex})
+    if encoding:
+        h[H_ENCODING] = encoding
+    return h, wire
+
+
+def is_inline(headers: Mapping[str, Any]) -> bool:
+    """Whether an offer says it carries its file (any value of :data:`H_INLINE` does; only
+    "1" is valid, which :func:`read_inline` checks)."""
+    return headers.get(H_INLINE) is not None
+
+
+def read_inline(headers: Mapping[str, Any], body: bytes | memoryview, spec: StreamSpec) -> bytes:
+    """The file an inline offer carries, checked end to end: CRC-32 of the wire body, the
+    declared encoding and length, and the SHA-256. Raises ProtocolError for any
+    mismatch (the stream can never succeed)."""
+    sid = spec.stream_id
+    if headers.get(H_INLINE) != "1":
+        raise ProtocolError(f"stream {sid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (only \"1\" is valid)")
+    if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
+        raise ProtocolError(f"stream {sid}: an inline offer must be one chunk at most and not in handshake mode "
+                            f"({spec.size} bytes in chunks of {spec.chunk_size}, mode {spec.mode.value})")
+    sha = str(headers.get(H_SHA256, ""))
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ProtocolError(f"stream {sid}: inline offer has no valid {H_SHA256}")
+    crc = int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
+    if crc32(body) != crc:
+        raise ProtocolError(f"stream {sid}: the inline body failed its CRC-32 check")
+    encoding = headers.get(H_ENCODING)
+    data = ChunkCodec.decode(str(encoding), body, spec.size) if encoding else bytes(body)
+    if len(data) != spec.size:
+        raise ProtocolError(f"stream {sid}: the inline body has {len(data)} bytes, the offer says {spec.size}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha:
+        raise ProtocolError(f"stream {sid}: SHA-256 mismatch: received {actual}, sender reported {sha}; the file "
+                            "was not published")
+    return data
+
+
+# --------------------------------------------------------------------------- batches
+def batch_messages(batch_id: str, entries: list[Mapping[str, Any]]) -> list[tuple[dict[str, str], bytes]]:
+    """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
+    ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``."""
+    validate_stream_id(batch_id)
+    parts = [entries[i:i + BATCH_PART_FILES] for i in range(0, len(entries), BATCH_PART_FILES)] or [[]]
+    out = []
+    for k, part in enumerate(parts, 1):
+        body = b"".join(json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
+                                   ensure_ascii=False).encode() + b"\n" for e in part)
+        h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
+             H_PART: str(k), H_PARTS: str(len(parts))}
+        out.append((h, body))
+    return out
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One file of a batch as the receiver checked it: where it must land, what it holds."""
+
+    stream_id: str
+    subdir: tuple[str, ...]
+    name: str
+    size: int
+    sha256: str
+
+
+def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int, list[BatchEntry]]:
+    """Validate a batch message; return its id, part number, number of parts and entries."""
+    batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
+    try:
+        validate_stream_id(batch_id)
+    except ProtocolError:
+        raise ProtocolError(f"batch message has an invalid {H_BATCH} {batch_id!r}") from None
+    if str(headers.get(H_STREAM, "")) != batch_id:
+        raise ProtocolError(f"batch {batch_id}: {H_STREAM} must equal {H_BATCH}")
+    parts = int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
+    part = int_header(headers, H_PART, batch_id, lo=1, hi=parts)
+    if len(body) > MAX_BATCH_BODY:
+        raise ProtocolError(f"batch {batch_id}: part {part} is {len(body)} bytes, over {MAX_BATCH_BODY}")
+    entries = []
+    for n, line in enumerate(bytes(body).splitlines(), 1):
+        if len(entries) >= BATCH_PART_FILES:
+            raise ProtocolError(f"batch {batch_id}: part {part} lists more than {BATCH_PART_FILES} files")
+        try:
+            raw = json.loads(line)
+            sid = validate_stream_id(str(raw["stream_id"]))
+            size = raw["bytes"]
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise ValueError("bytes is not an integer")
+            sha = str(raw["sha256"])
+            name = str(raw["name"])
+            subdir = safe_subdir(str(raw.get("dir") or ""), sid)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"batch {batch_id}: part {part} line {n} is not a valid entry ({exc})") from None
+        if size < 0 or not re.fullmatch(r"[0-9a-f]{64}", sha) or not name:
+            raise ProtocolError(f"batch {batch_id}: part {part} line {n} has a bad size, sha256 or name")
+        entries.append(BatchEntry(sid, subdir, name, size, sha))
+    return batch_id, part, parts, entries
+
+
+# --------------------------------------------------------------------------- packs
+def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]]) -> tuple[dict[str, str], bytes]:
+    """Headers and body of a pack: several inline offers (``(headers, wire body)`` as
+    :func:`inline_offer` makes them) in one message.
+
+    Per message, the broker journals, dispatches and acknowledges; for 64 KiB files
+    that cost more than the bytes, so a bulk sender puts up to a few dozen small files in
+    one message. The body is a JSON index (each member's offer headers plus
+    :data:`H_PACK_LEN`, its wire length) followed by the members' wire bodies in order.
+    The pack's own id is derived from its members' ids."""
+    if not 1 <= len(members) <= MAX_PACK_FILES:
+        raise ProtocolError(f"a pack holds 1..{MAX_PACK_FILES} files, not {len(members)}")
+    ids = [str(h[H_STREAM]) for h, _ in members]
+    # JMS properties (the group id) mean nothing inside a pack: only amqs_* headers go in.
+    index = json.dumps([{**{k: v for k, v in h.items() if k.startswith("amqs_")}, H_PACK_LEN: str(len(w))}
+                        for h, w in members], separators=(",", ":"),
+                       ensure_ascii=False).encode()
+    if len(index) > MAX_PACK_INDEX:
+        raise ProtocolError(f"the index of a pack of {len(members)} files is {len(index)} bytes, over {MAX_PACK_INDEX}")
+    body = b"".join([index, *(w for _, w in members)])
+    pack_id = "pk-" + hashlib.sha256("|".join(ids).encode()).hexdigest()[:32]
+    return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.PACK.value, H_STREAM: pack_id, H_INLINE: "1",
+            H_PACK_FILES: str(len(members)), H_PACK_INDEX: str(len(index)), H_PACK_IDS: "|" + "|".join(ids) + "|",
+            H_CRC: str(crc32(body))}, body
+
+
+def is_pack(headers: Mapping[str, Any]) -> bool:
+    return headers.get(H_KIND) == Kind.PACK.value
+
+
+def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tuple[dict[str, str], memoryview]]:
+    """The members of a pack: each one's offer headers and wire body, to be checked as an
+    inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file
+    fails alone. Raises ProtocolError if the pack itself is malformed (then no member can
+    be trusted)."""
+    pid = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
+    if kind_of(headers) is not Kind.PACK:
+        raise ProtocolError(f"pack {pid}: expected a pack, got {str(headers.get(H_KIND))[:20]!r}")
+    version = int_header(headers, H_VERSION, pid, lo=1)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"pack {pid}: protocol version {version} is not supported (this receiver speaks "
+                            f"{PROTOCOL_VERSION}); upgrade airflow-provider-amqstream")
+    try:
+        validate_stream_id(pid)
+    except ProtocolError as exc:
+        raise ProtocolError(f"pack: {exc}") from None
+    if headers.get(H_INLINE) != "1":
+        raise ProtocolError(f"pack {pid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (a pack must say \"1\")")
+    count = int_header(headers, H_PACK_FILES, pid, lo=1, hi=MAX_PACK_FILES)
+    view = memoryview(body)
+    index_len = int_header(headers, H_PACK_INDEX, pid, lo=2, hi=min(MAX_PACK_INDEX, len(view)))
+    if crc32(view) != int_header(headers, H_CRC, pid, hi=0xFFFFFFFF):
+        raise ProtocolError(f"pack {pid}: the body failed its CRC-32 check")
+    try:
+        index = json.loads(bytes(view[:index_len]))
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"pack {pid}: the index is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(index, list) or len(index) != count:
+        raise ProtocolError(f"pack {pid}: the index must list {count} files ({H_PACK_FILES})")
+    members: list[tuple[dict[str, str], memoryview]] = []
+    offset = index_len
+    for n, raw in enumerate(index, 1):
+        if (not isinstance(raw, dict) or len(raw) > MAX_PACK_MEMBER_HEADERS or not all(
+                isinstance(k, str) and k.startswith("amqs_") and isinstance(v, str) for k, v in raw.items())):
+            raise ProtocolError(f"pack {pid}: member {n} is not a map of at most {MAX_PACK_MEMBER_HEADERS} amqs_* "
+                                "string headers")
+        length = int_header(raw, H_PACK_LEN, f"{pid} member {n}", hi=len(view) - offset)
+        member = {k: v for k, v in raw.items() if k != H_PACK_LEN}
+        if member.get(H_KIND) != Kind.OFFER.value or member.get(H_INLINE) != "1":
+            raise ProtocolError(f"pack {pid}: member {n} is not an inline offer")
+        members.append((member, view[offset:offset + length]))
+        offset += length
+    if offset != len(view):
+        raise ProtocolError(f"pack {pid}: {len(view) - offset} bytes after the last member")
+    ids = "|" + "|".join(m.get(H_STREAM, "") for m, _ in members) + "|"
+    if headers.get(H_PACK_IDS) != ids:
+        raise ProtocolError(f"pack {pid}: {H_PACK_IDS} does not list exactly its members' stream ids")
+    return members
