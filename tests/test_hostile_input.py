@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream import safe_paths as paths
+from airflow_provider_amqstream.stream_state import ReceiverState, Verdict
 
 FILE = hashlib.sha256(b"seed").digest() * 40  # 1280 bytes
 SPEC = p.StreamSpec("hx-1", "f.bin", len(FILE), 100)
@@ -51,7 +52,7 @@ def frames(draw: st.DrawFn) -> tuple[dict[str, str], bytes]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(frames(), max_size=40))
 def test_random_frames_never_crash_and_never_write_wrong_bytes(stream: list[tuple[dict[str, str], bytes]]) -> None:
-    state = p.ReceiverState(SPEC)
+    state = ReceiverState(SPEC)
     disk = bytearray(len(FILE))
     for headers, body in stream:
         try:
@@ -59,7 +60,7 @@ def test_random_frames_never_crash_and_never_write_wrong_bytes(stream: list[tupl
         except p.ProtocolError as exc:
             assert SPEC.stream_id in str(exc) or "amqstream message" in str(exc)  # names what failed
             continue
-        if d.verdict is p.Verdict.WRITE:
+        if d.verdict is Verdict.WRITE:
             data = body if d.data is None else d.data
             # Whatever passed CRC, length and decoding is exactly the file's bytes there.
             assert bytes(data) == FILE[d.offset:d.offset + len(data)]
@@ -117,5 +118,5 @@ def test_forged_compressed_chunks_are_rejected(seq: int, junk: bytes) -> None:
     headers, _ = good_frame(seq)
     headers[p.H_ENCODING] = "zstd"
     headers[p.H_CRC] = str(p.crc32(junk))
-    d = p.ReceiverState(SPEC).decide(headers, junk)
-    assert d.verdict is p.Verdict.CORRUPT
+    d = ReceiverState(SPEC).decide(headers, junk)
+    assert d.verdict is Verdict.CORRUPT

@@ -10,6 +10,7 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.handshake_sender import HandshakeSender
+from airflow_provider_amqstream.stream_state import ReceiverState, SenderState, Verdict
 
 
 def spec(size: int = 10_000, chunk: int = 1000, sid: str = "s1") -> p.StreamSpec:
@@ -25,12 +26,12 @@ def chunks_of(data: bytes, sp: p.StreamSpec) -> list[tuple[dict[str, str], bytes
     return out
 
 
-def reassemble(sp: p.StreamSpec, frames: list[tuple[dict[str, str], bytes]]) -> tuple[bytes, p.ReceiverState]:
-    st = p.ReceiverState(sp)
+def reassemble(sp: p.StreamSpec, frames: list[tuple[dict[str, str], bytes]]) -> tuple[bytes, ReceiverState]:
+    st = ReceiverState(sp)
     buf = bytearray(sp.size)
     for headers, body in frames:
         d = st.decide(headers, body)
-        if d.verdict is p.Verdict.WRITE:
+        if d.verdict is Verdict.WRITE:
             buf[d.offset:d.offset + len(body)] = body
             st.mark_durable(d.seq)
     return bytes(buf), st
@@ -67,7 +68,7 @@ def test_out_of_order_and_duplicates_reassemble_exactly() -> None:
 
 
 def test_mark_durable_returns_chunks_in_hash_order() -> None:
-    st = p.ReceiverState(spec(5000))
+    st = ReceiverState(spec(5000))
     assert st.mark_durable(3) == []
     assert st.mark_durable(2) == []
     assert st.mark_durable(1) == [1, 2, 3]
@@ -77,7 +78,7 @@ def test_mark_durable_returns_chunks_in_hash_order() -> None:
 
 
 def test_missing_ranges_are_named_with_bytes() -> None:
-    st = p.ReceiverState(spec(10_000))
+    st = ReceiverState(spec(10_000))
     for seq in (1, 2, 5, 9):
         st.mark_durable(seq)
     assert st.missing_ranges() == [(3, 4), (6, 8), (10, 10)]
@@ -87,11 +88,11 @@ def test_missing_ranges_are_named_with_bytes() -> None:
 def test_corrupt_chunk_is_never_written() -> None:
     sp = spec(3000)
     headers, body = chunks_of(b"a" * 3000, sp)[1]
-    d = p.ReceiverState(sp).decide(headers, b"b" + body[1:])
-    assert d.verdict is p.Verdict.CORRUPT and "CRC-32" in d.reason and "offset 1000" in d.reason
+    d = ReceiverState(sp).decide(headers, b"b" + body[1:])
+    assert d.verdict is Verdict.CORRUPT and "CRC-32" in d.reason and "offset 1000" in d.reason
     short = body[:-1]  # a CRC that matches, over a body of the wrong length
-    d = p.ReceiverState(sp).decide(headers | {p.H_CRC: str(p.crc32(short))}, short)
-    assert d.verdict is p.Verdict.CORRUPT and "999 bytes" in d.reason
+    d = ReceiverState(sp).decide(headers | {p.H_CRC: str(p.crc32(short))}, short)
+    assert d.verdict is Verdict.CORRUPT and "999 bytes" in d.reason
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -104,7 +105,7 @@ def test_malformed_data_headers_raise_protocol_error(field: str, value: str, mat
     headers, body = chunks_of(b"a" * 3000, sp)[1]
     headers[field] = value
     with pytest.raises(p.ProtocolError, match=match):
-        p.ReceiverState(sp).decide(headers, body)
+        ReceiverState(sp).decide(headers, body)
 
 
 def test_end_marker_and_verification() -> None:
@@ -112,14 +113,14 @@ def test_end_marker_and_verification() -> None:
     sp = spec(len(data))
     _, st = reassemble(sp, chunks_of(data, sp))
     sha = hashlib.sha256(data).hexdigest()
-    assert st.decide(p.end_headers(sp, sha), b"").verdict is p.Verdict.END
+    assert st.decide(p.end_headers(sp, sha), b"").verdict is Verdict.END
     assert st.complete
     st.verify(sha)
     with pytest.raises(p.ProtocolError, match="SHA-256 mismatch"):
         st.verify("0" * 64)
     bad = p.end_headers(sp, sha) | {p.H_SIZE: "1"}
     with pytest.raises(p.ProtocolError, match="end marker says"):
-        p.ReceiverState(sp).decide(bad, b"")
+        ReceiverState(sp).decide(bad, b"")
 
 
 def test_handshake_reply_queue_must_be_the_streams_own() -> None:
@@ -151,23 +152,23 @@ def test_offer_round_trip_and_validation() -> None:
 
 
 def test_receiver_state_survives_json_round_trip() -> None:
-    st = p.ReceiverState(spec(10_000))
+    st = ReceiverState(spec(10_000))
     for seq in (1, 2, 4, 7):
         st.mark_durable(seq)
-    back = p.ReceiverState.from_json(st.to_json())
+    back = ReceiverState.from_json(st.to_json())
     assert back.next_seq == 3 and back.ahead == {4, 7} and back.spec == st.spec
     bad = st.to_json() | {"ahead": [1]}
     with pytest.raises(p.ProtocolError, match="inconsistent"):
-        p.ReceiverState.from_json(bad)
+        ReceiverState.from_json(bad)
 
 
 def test_sender_state_confirms_forward_only() -> None:
-    st = p.SenderState(spec(10_000), "/queue/x", "id")
+    st = SenderState(spec(10_000), "/queue/x", "id")
     st.confirm(4)
     assert st.confirmed_offset == 4000
     with pytest.raises(p.ProtocolError, match="out of order"):
         st.confirm(3)
-    assert p.SenderState.from_json(st.to_json()).confirmed_seq == 4
+    assert SenderState.from_json(st.to_json()).confirmed_seq == 4
 
 
 @pytest.mark.parametrize("bad", ["", "..", "a/b", "-x", "a" * 129, "a..b", "ä"])
@@ -279,7 +280,7 @@ def test_zstd_chunks_round_trip_and_skip_incompressible() -> None:
     text = b"order_id,region,qty\n" + b"".join(b"%d,north,%d\n" % (i, i % 7) for i in range(20_000))
     sp = spec(len(text), 64 * 1024)
     codec = p.ChunkCodec("zstd")
-    st = p.ReceiverState(sp)
+    st = ReceiverState(sp)
     out = bytearray(len(text))
     wire_total = 0
     for seq in range(1, sp.chunks + 1):
@@ -287,7 +288,7 @@ def test_zstd_chunks_round_trip_and_skip_incompressible() -> None:
         headers, wire = p.data_message(sp, seq, text[off:off + n], codec)
         wire_total += len(wire)
         d = st.decide(headers, wire)
-        assert d.verdict is p.Verdict.WRITE and d.data is not None
+        assert d.verdict is Verdict.WRITE and d.data is not None
         out[off:off + n] = d.data
     assert bytes(out) == text and wire_total < len(text) / 3
     rnd = random.Random(3).randbytes(4096)
@@ -301,10 +302,10 @@ def test_corrupt_or_unknown_encoding_is_never_written() -> None:
     headers, wire = p.data_message(sp, 1, body, p.ChunkCodec("zstd"))
     assert headers[p.H_ENCODING] == "zstd"
     evil = wire[:-4] + b"\x00\x00\x00\x00"  # a consistent CRC over a broken frame
-    d = p.ReceiverState(sp).decide(headers | {p.H_CRC: str(p.crc32(evil))}, evil)
-    assert d.verdict is p.Verdict.CORRUPT and "decompress" in d.reason
-    d = p.ReceiverState(sp).decide(headers | {p.H_ENCODING: "lzma"}, wire)
-    assert d.verdict is p.Verdict.CORRUPT and "unknown chunk encoding" in d.reason
+    d = ReceiverState(sp).decide(headers | {p.H_CRC: str(p.crc32(evil))}, evil)
+    assert d.verdict is Verdict.CORRUPT and "decompress" in d.reason
+    d = ReceiverState(sp).decide(headers | {p.H_ENCODING: "lzma"}, wire)
+    assert d.verdict is Verdict.CORRUPT and "unknown chunk encoding" in d.reason
     with pytest.raises(p.ProtocolError, match="not supported"):
         p.ChunkCodec("brotli")
 
@@ -314,7 +315,7 @@ def test_integer_headers_are_ascii_digits_only(raw: str) -> None:
     sp = spec(10_000)
     headers = p.data_headers(sp, 1, b"x" * 1000) | {p.H_SEQ: raw}
     with pytest.raises(p.ProtocolError, match="amqs_seq"):
-        p.ReceiverState(sp).decide(headers, b"x" * 1000)
+        ReceiverState(sp).decide(headers, b"x" * 1000)
 
 
 @pytest.mark.parametrize("sid", ["abc\n", "abc\r", "a b", "abc\n\n"])
@@ -344,14 +345,14 @@ def test_zstd_frames_must_declare_exactly_the_chunk_length() -> None:
     # Through the state machine, a bomb is a corrupt chunk, never a crash.
     sp = p.StreamSpec("z-1", "f", 4, 4)
     headers = p.data_headers(sp, 1, b"abcd") | {p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(bomb))}
-    assert p.ReceiverState(sp).decide(headers, bomb).verdict is p.Verdict.CORRUPT
+    assert ReceiverState(sp).decide(headers, bomb).verdict is Verdict.CORRUPT
 
 
 def test_chunks_far_ahead_of_the_gap_are_refused() -> None:
     sp = p.StreamSpec("sparse-1", "f", 5000 * 2, 2)  # 5000 chunks of 2 bytes
-    st = p.ReceiverState(sp)
+    st = ReceiverState(sp)
     ok = p.data_headers(sp, p.MAX_AHEAD, b"ab")
-    assert st.decide(ok, b"ab").verdict is p.Verdict.WRITE
+    assert st.decide(ok, b"ab").verdict is Verdict.WRITE
     far = p.data_headers(sp, p.MAX_AHEAD + 1, b"ab")
     with pytest.raises(p.ProtocolError, match=r"chunk 1025 is 1024 chunks past the first missing chunk 1"):
         st.decide(far, b"ab")
@@ -363,7 +364,7 @@ def test_truncated_header_sections_are_protocol_errors() -> None:
     with pytest.raises(p.ProtocolError, match="header section was too large"):
         p.parse_offer(p.offer_headers(sp, dest) | {p.H_TRUNCATED: "5 bytes"}, dest)
     with pytest.raises(p.ProtocolError, match="header section was too large"):
-        p.ReceiverState(sp).decide(p.data_headers(sp, 1, b"x" * 1000) | {p.H_TRUNCATED: "1"}, b"x" * 1000)
+        ReceiverState(sp).decide(p.data_headers(sp, 1, b"x" * 1000) | {p.H_TRUNCATED: "1"}, b"x" * 1000)
 
 
 @pytest.mark.parametrize("name", [". .bashrc", ". .", ". ..", "..", " .. ", ".\t.hidden", "./.x"])

@@ -19,6 +19,7 @@ from typing import Any
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
 from airflow_provider_amqstream.handshake_sender import HandshakeSender
+from airflow_provider_amqstream.stream_state import SenderState
 from airflow_provider_amqstream.transport import BrokerParams, StompLink
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 
-def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
+def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
                            save: Callable[..., None], window: int, progress: Progress | None,
                            timeouts: tuple[float, float, float], rerequests: list[int],
                            codec: p.ChunkCodec, origin: str) -> int:

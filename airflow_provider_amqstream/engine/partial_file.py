@@ -30,6 +30,7 @@ from airflow_provider_amqstream.engine.records import (
     read_json,
     write_json,
 )
+from airflow_provider_amqstream.stream_state import ReceiverState
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class PartialFile:
         self.state_file = sdir / f"{spec.stream_id}.json"
         self.fd = -1
         self.created = False
-        self.state = p.ReceiverState(spec)
+        self.state = ReceiverState(spec)
         self.hasher = hashlib.sha256()
         self.hashed_to = 1
         self.new: list[int] = []
@@ -96,15 +97,15 @@ class PartialFile:
         self.part.unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
 
-    def _load_state(self) -> p.ReceiverState:
+    def _load_state(self) -> ReceiverState:
         try:
             data = read_json(self.state_file)
         except (OSError, ValueError) as exc:
             raise StreamError(f"{self.what}: resume state {self.state_file} is unreadable ({exc}); "
                               "delete it and the .part file to receive from the start") from exc
         if data is None:
-            return p.ReceiverState(self.spec)
-        state = p.ReceiverState.from_json(data)
+            return ReceiverState(self.spec)
+        state = ReceiverState.from_json(data)
         if state.spec != self.spec:
             raise StreamError(f"{self.what}: resume state {self.state_file} belongs to a different "
                               "stream with the same id; delete it to receive from the start")
@@ -172,7 +173,7 @@ class PartialFile:
         self.settle(on_durable)
         if not frames and not self.new:
             return
-        snapshot = p.ReceiverState.from_json(self.state.to_json())
+        snapshot = ReceiverState.from_json(self.state.to_json())
         for seq in self.new:
             snapshot.mark_durable(seq)
         if self.pool is None:

@@ -29,6 +29,7 @@ from airflow_provider_amqstream.engine.records import (
     default_state_dir,
     hash_prefix,
 )
+from airflow_provider_amqstream.stream_state import SenderState
 from airflow_provider_amqstream.transport import (
     AccessDenied,
     BrokerParams,
@@ -132,7 +133,7 @@ def send_file(
         )
     extra = {"broker": params.url, "login": params.login or ""}
     if state is None:
-        state = p.SenderState(spec, str(dest), identity)
+        state = SenderState(spec, str(dest), identity)
         # Recorded before the first message leaves: a re-run must find this stream's spec
         # (chunk size above all) even if we die before the broker confirms anything, or it
         # could offer the same stream id with different chunk boundaries.
@@ -179,7 +180,7 @@ def send_file(
                    rerequests[0])
 
 
-def _finish(ckpt: Checkpoint, state: p.SenderState, extra: dict[str, Any], params: BrokerParams, src: Path,
+def _finish(ckpt: Checkpoint, state: SenderState, extra: dict[str, Any], params: BrokerParams, src: Path,
             dest: p.Destination, sent: int, resumed_from: int, started: float, t0: float, origin: str,
             rerequests: int) -> TransferResult:
     spec = state.spec
@@ -190,7 +191,7 @@ def _finish(ckpt: Checkpoint, state: p.SenderState, extra: dict[str, Any], param
                           broker=params.url)
 
 
-def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
+def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
                   record: dict[str, Any], started: float, link: StompLink | None = None) -> TransferResult:
     """The checkpoint says this broker confirmed the whole stream. Still prove the broker
     takes these credentials: a wrong password must fail, not pass as "already sent" (a
@@ -243,9 +244,9 @@ def _first(*values: int | None) -> int:
     return next(v for v in values if v is not None)
 
 
-def _sender_state(data: dict[str, Any]) -> p.SenderState:
+def _sender_state(data: dict[str, Any]) -> SenderState:
     try:
-        return p.SenderState.from_json(data)
+        return SenderState.from_json(data)
     except (KeyError, ValueError, TypeError) as exc:
         raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
 
@@ -253,7 +254,7 @@ def _sender_state(data: dict[str, Any]) -> p.SenderState:
 class _Attempt:
     """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
 
-    def __init__(self, params: BrokerParams, src: Path, dest: p.Destination, state: p.SenderState,
+    def __init__(self, params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
                  save: Callable[..., None], window: int, progress: Progress | None, codec: p.ChunkCodec,
                  origin: str, subdir: str = "") -> None:
         self.params, self.src, self.dest, self.state, self.save = params, src, dest, state, save

@@ -34,6 +34,7 @@ from airflow_provider_amqstream.engine.records import (
     open_private,
     write_json,
 )
+from airflow_provider_amqstream.stream_state import Verdict
 from airflow_provider_amqstream.transport import StompLink
 
 log = logging.getLogger(__name__)
@@ -308,7 +309,7 @@ class StreamReceiver:
             except p.ProtocolError as exc:
                 self.refused.append(frame)
                 raise Poisoned(str(exc), self.offset) from None
-            if d.verdict is p.Verdict.CORRUPT and self.reply_to:
+            if d.verdict is Verdict.CORRUPT and self.reply_to:
                 # A live sender can resend it: drop this copy (to the DLQ) and ask again.
                 self.rejected += 1
                 log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
@@ -316,10 +317,10 @@ class StreamReceiver:
                 link.nack(frame)
                 self.tell(p.Kind.REREQ, state.next_seq)
                 continue
-            if d.verdict is p.Verdict.CORRUPT:
+            if d.verdict is Verdict.CORRUPT:
                 self.refused.append(frame)
                 raise Poisoned(d.reason, d.offset)
-            if d.verdict is p.Verdict.WRITE:
+            if d.verdict is Verdict.WRITE:
                 data = frame.body if d.data is None else d.data
                 self.file.write(d.seq, d.offset, data)
                 written += len(data)
@@ -327,7 +328,7 @@ class StreamReceiver:
             # hold a batch of megabytes until the batch is synced.
             frame.body = b""
             self.unacked.append(frame)
-            ending = d.verdict is p.Verdict.END or (state.expected_sha256 and state.all_written)
+            ending = d.verdict is Verdict.END or (state.expected_sha256 and state.all_written)
             if ending and not self.reply_to and state.expected_sha256 and state.all_written:
                 # The last batch is made durable by publishing: run() fsyncs the file,
                 # renames it and writes .done before these messages are acknowledged, so
