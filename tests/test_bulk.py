@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import (
     BatchFile,
     ReceiveOptions,
@@ -23,7 +24,6 @@ from airflow_provider_amqstream.engine import (
     send_file,
     send_files,
 )
-from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import cli, make_file, sha256_file, wait_for
 from tests.test_queue_liveness import RawSender
 
@@ -306,7 +306,7 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
     import collections
 
     from airflow_provider_amqstream.engine import bulk
-    from airflow_provider_amqstream.transport import DestinationFull
+    from airflow_provider_amqstream.transport_errors import DestinationFull
 
     files = tree(tmp_path / "src", 12)
     real, calls = bulk._Ctx.run, []
@@ -335,7 +335,7 @@ def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerPa
 
     from airflow_provider_amqstream.engine import bulk
     from airflow_provider_amqstream.engine.records import StreamError
-    from airflow_provider_amqstream.transport import DestinationFull
+    from airflow_provider_amqstream.transport_errors import DestinationFull
 
     tree(tmp_path / "src", 3)
     attempts: list[int] = []
