@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_amqstream import __version__
 
 if TYPE_CHECKING:
-    from airflow_provider_amqstream.transport import BrokerParams
+    from airflow_provider_amqstream.broker_params import BrokerParams
 
 # The choices of ``send --mode``, here so that building the parser imports nothing;
 # tests check them against protocol.Mode.

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from airflow_provider_amqstream.transport import BrokerParams, check_uri_credentials
+from airflow_provider_amqstream.broker_params import BrokerParams, check_uri_credentials
 
 log = logging.getLogger(__name__)
 

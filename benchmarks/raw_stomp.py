@@ -15,8 +15,8 @@ import time
 
 import stomp
 
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.cli import cpu_seconds, peak_rss_kib
-from airflow_provider_amqstream.transport import BrokerParams
 
 
 class _Listener(stomp.ConnectionListener):

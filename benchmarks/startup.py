@@ -24,7 +24,7 @@ from typing import Any
 import stomp
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.transport import BrokerParams
+from airflow_provider_amqstream.broker_params import BrokerParams
 from benchmarks.__main__ import free_port, log
 
 RUNS = 7

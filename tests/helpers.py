@@ -17,8 +17,8 @@ from typing import Any
 import stomp
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
-from airflow_provider_amqstream.transport import BrokerParams
 
 ROOT = Path(__file__).resolve().parents[1]
 

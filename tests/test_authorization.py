@@ -17,8 +17,10 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker
 from airflow_provider_amqstream.broker_auth import acl_entries
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
-from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, StompLink
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import AccessDenied
 from tests.helpers import Receiver, cli, free_port, make_file, sha256_file
 
 pytestmark = pytest.mark.broker

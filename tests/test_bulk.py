@@ -14,6 +14,7 @@ import pytest
 
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import (
     BatchFile,
     ReceiveOptions,
@@ -24,7 +25,6 @@ from airflow_provider_amqstream.engine import (
     send_file,
     send_files,
 )
-from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import cli, make_file, sha256_file, wait_for
 from tests.test_queue_liveness import RawSender
 
@@ -307,7 +307,7 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
     import collections
 
     from airflow_provider_amqstream.engine import bulk
-    from airflow_provider_amqstream.transport import DestinationFull
+    from airflow_provider_amqstream.transport_errors import DestinationFull
 
     files = tree(tmp_path / "src", 12)
     real, calls = bulk._Ctx.run, []
@@ -336,7 +336,7 @@ def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerPa
 
     from airflow_provider_amqstream.engine import bulk
     from airflow_provider_amqstream.engine.records import StreamError
-    from airflow_provider_amqstream.transport import DestinationFull
+    from airflow_provider_amqstream.transport_errors import DestinationFull
 
     tree(tmp_path / "src", 3)
     attempts: list[int] = []

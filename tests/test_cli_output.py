@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.cli import MODES, _print_result
 from airflow_provider_amqstream.engine import TransferResult, send_file
 from airflow_provider_amqstream.protocol import Mode
-from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import cli, make_file, read_json, sha256_file, wait_for
 
 NO_ENV_CONN = {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": ""}

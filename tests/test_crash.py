@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, receive_stream, send_file
-from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.kill]

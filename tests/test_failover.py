@@ -55,7 +55,7 @@ def test_a_long_send_that_loses_the_broker_gets_the_whole_reconnect_timeout(
     import types
 
     from airflow_provider_amqstream.engine import records, sending
-    from airflow_provider_amqstream.transport import ConnectionLost
+    from airflow_provider_amqstream.transport_errors import ConnectionLost
 
     src = make_file(tmp_path / "long.bin", 3 * 2**20 + 5, seed=3)
     clock = [0.0]

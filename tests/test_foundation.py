@@ -104,7 +104,7 @@ def test_broker_command_survives_kill9_with_persistent_message(tmp_path: Path) -
         broker = EmbeddedBroker(data)
         assert broker.port == int(port)  # remembered from start
         uri = _cli("broker", "uri", "--data-dir", data).stdout.strip()
-        from airflow_provider_amqstream.transport import BrokerParams
+        from airflow_provider_amqstream.broker_params import BrokerParams
         params = BrokerParams.from_uri(uri)
         with StompLink(params) as link:
             link.send_confirmed("/queue/survivor", b"\x00keep me", {})

@@ -23,8 +23,9 @@ import zstandard
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file, send_files
-from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from airflow_provider_amqstream.transport import StompLink
 from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
 from tests.test_pack import HOSTILE_PACKS, _pack
 

@@ -15,8 +15,8 @@ import pytest
 
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_streams, send_files
-from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import RawSender, browse, cli, cli_json, make_file, sha256_file, wait_for
 
 DEST = p.Destination.parse("/queue/inline.unit")

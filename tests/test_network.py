@@ -16,8 +16,10 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_network import NetworkConfig, NetworkError, connectors_xml
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
-from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, StompLink
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import AccessDenied
 from tests.helpers import free_port, make_file, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.network]

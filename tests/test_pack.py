@@ -20,8 +20,8 @@ import pytest
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream import safe_paths as paths
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_files
-from airflow_provider_amqstream.transport import BrokerParams
 from tests.helpers import browse, make_file, read_json, sha256_file
 
 DEST = p.Destination.parse("/queue/pack.unit")

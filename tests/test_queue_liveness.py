@@ -21,6 +21,7 @@ import pytest
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
     StreamError,
@@ -32,7 +33,7 @@ from airflow_provider_amqstream.engine import (
     send_file,
 )
 from airflow_provider_amqstream.engine.stream_receiver import consumer_name
-from airflow_provider_amqstream.transport import BrokerParams, TransportError
+from airflow_provider_amqstream.transport_errors import TransportError
 from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
-from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import TransportError
 from tests.helpers import free_port, make_file, sha256_file
 
 pytestmark = pytest.mark.broker

@@ -27,7 +27,8 @@ import pytest
 
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.transport import StompLink
 from tests.helpers import ROOT, browse, cli, free_port, make_file, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.soak]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
     StreamError,
@@ -17,7 +18,7 @@ from airflow_provider_amqstream.engine import (
     receive_stream,
     send_file,
 )
-from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from airflow_provider_amqstream.transport import StompLink
 from tests.helpers import browse, cli, cli_json, make_file, sha256_file
 
 pytestmark = pytest.mark.broker

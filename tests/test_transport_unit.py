@@ -10,8 +10,9 @@ from urllib.parse import quote
 import pytest
 from stomp.utils import Frame
 
-from airflow_provider_amqstream.frames import FastTransport
-from airflow_provider_amqstream.transport import BrokerParams, _Inbox
+from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.inbox import Inbox
+from airflow_provider_amqstream.stomp_connection import FastTransport
 
 
 def test_uri_with_failover_hosts_and_options() -> None:
@@ -116,14 +117,14 @@ def test_absurd_content_length_is_refused_without_allocating() -> None:
         t._amqs_read()
 
 
-def _deliver_in_thread(inbox: _Inbox, frame: Frame) -> threading.Event:
+def _deliver_in_thread(inbox: Inbox, frame: Frame) -> threading.Event:
     done = threading.Event()
     threading.Thread(target=lambda: (inbox.on_message(frame), done.set()), daemon=True).start()
     return done
 
 
 def test_inbox_holds_the_reader_while_the_consumer_is_behind() -> None:
-    inbox = _Inbox()
+    inbox = Inbox()
     inbox.MAX_HOLD = 60
     inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))  # below the mark: at once
     done = _deliver_in_thread(inbox, Frame("MESSAGE", {}, b"next"))
@@ -134,7 +135,7 @@ def test_inbox_holds_the_reader_while_the_consumer_is_behind() -> None:
 
 
 def test_inbox_never_holds_the_reader_while_a_receipt_is_awaited() -> None:
-    inbox = _Inbox()
+    inbox = Inbox()
     inbox.MAX_HOLD = 60
     inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))
     inbox.receipt_waiters = 1  # the receipt may be behind this frame on the wire
@@ -142,7 +143,7 @@ def test_inbox_never_holds_the_reader_while_a_receipt_is_awaited() -> None:
 
 
 def test_inbox_hold_is_bounded() -> None:
-    inbox = _Inbox()
+    inbox = Inbox()
     inbox.MAX_HOLD = 0.05
     inbox.on_message(Frame("MESSAGE", {}, bytearray(inbox.HIGH_WATER + 1)))
     assert _deliver_in_thread(inbox, Frame("MESSAGE", {}, b"next")).wait(10)
@@ -152,7 +153,7 @@ def test_inbox_hold_is_bounded() -> None:
 def test_a_refused_connect_waits_for_the_brokers_reason() -> None:
     # stomp.py wakes connect(wait=True) before the listener sees the ERROR frame; the
     # reason must still be the broker's, not "did not complete the handshake".
-    inbox = _Inbox()
+    inbox = Inbox()
     refusal = Frame("ERROR", {"message": "User name [x] or password is invalid."}, b"")
     threading.Timer(0.2, inbox.on_error, [refusal]).start()
     inbox.await_refusal(timeout=30)
@@ -160,7 +161,7 @@ def test_a_refused_connect_waits_for_the_brokers_reason() -> None:
 
 
 def test_waiting_for_a_refusal_ends_with_the_socket() -> None:
-    inbox = _Inbox()
+    inbox = Inbox()
     threading.Timer(0.2, inbox.on_disconnected).start()
     inbox.await_refusal(timeout=30)
     assert inbox.lost and not inbox.errors
@@ -197,19 +198,20 @@ def test_a_content_length_in_other_digits_closes_instead_of_crashing() -> None:
 
 
 def test_a_flow_control_refusal_is_a_full_destination_said_once() -> None:
-    from airflow_provider_amqstream.transport import DestinationFull, StompLink, TransportError
+    from airflow_provider_amqstream.transport_errors import DestinationFull, TransportError, reported
 
-    link = StompLink(BrokerParams.from_uri("stomp://127.0.0.1:61613"))
+    params = BrokerParams.from_uri("stomp://127.0.0.1:61613")
+    inbox = Inbox()
     # As ActiveMQ 5.17 words it (from a broker log).
     refusal = ("Usage Manager Memory Limit Wait Timeout. Stopping producer (ID:vm-1:12:-1:1) to prevent flooding "
                "queue://bulk.in. See http://activemq.apache.org/producer-flow-control.html for more info: "
                "javax.jms.ResourceAllocationException: Usage Manager Memory Limit Wait Timeout")
     for _ in range(3):  # one ERROR frame per refused message
-        link._inbox.on_error(Frame("ERROR", {"message": refusal}, b""))
-    exc = link._reported()
+        inbox.on_error(Frame("ERROR", {"message": refusal}, b""))
+    exc = reported(params, inbox.errors)
     assert isinstance(exc, DestinationFull)
     assert "memory limit" in str(exc) and "stomp://127.0.0.1:61613" in str(exc)
     assert "refused messages to /queue/bulk.in (" in str(exc) and str(exc).count("ResourceAllocationException") == 1
-    other = StompLink(BrokerParams.from_uri("stomp://127.0.0.1:61613"))
-    other._inbox.on_error(Frame("ERROR", {"message": "Invalid selector"}, b""))
-    assert type(other._reported()) is TransportError
+    other = Inbox()
+    other.on_error(Frame("ERROR", {"message": "Invalid selector"}, b""))
+    assert type(reported(params, other.errors)) is TransportError

@@ -43,6 +43,7 @@ from typing import Any
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream import safe_paths as paths
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine.batch import (
     BatchFile,
     BatchLedger,
@@ -74,14 +75,8 @@ from airflow_provider_amqstream.engine.small_files import (
     pending_result,
     send_chunks,
 )
-from airflow_provider_amqstream.transport import (
-    AccessDenied,
-    BrokerParams,
-    ConnectionLost,
-    DestinationFull,
-    StompLink,
-    TransportError,
-)
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
 
 log = logging.getLogger(__name__)
 

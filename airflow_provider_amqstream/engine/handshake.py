@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
 from airflow_provider_amqstream.handshake_sender import HandshakeSender
 from airflow_provider_amqstream.stream_state import SenderState
-from airflow_provider_amqstream.transport import BrokerParams, StompLink
+from airflow_provider_amqstream.transport import StompLink
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from typing import Any
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream import safe_paths as paths
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import inline
 from airflow_provider_amqstream.engine.inline import InlineGroup
 from airflow_provider_amqstream.engine.manifest import Batches
@@ -59,7 +60,8 @@ from airflow_provider_amqstream.engine.stream_receiver import (
     drain_queue,
     receiver_token,
 )
-from airflow_provider_amqstream.transport import AccessDenied, BrokerParams, ConnectionLost, StompLink, TransportError
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, TransportError
 
 log = logging.getLogger(__name__)
 

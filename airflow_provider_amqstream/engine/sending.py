@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.records import (
     Backoff,
@@ -30,14 +31,8 @@ from airflow_provider_amqstream.engine.records import (
     hash_prefix,
 )
 from airflow_provider_amqstream.stream_state import SenderState
-from airflow_provider_amqstream.transport import (
-    AccessDenied,
-    BrokerParams,
-    ConnectionLost,
-    DestinationFull,
-    StompLink,
-    TransportError,
-)
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
 
 log = logging.getLogger(__name__)
 

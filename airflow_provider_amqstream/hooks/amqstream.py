@@ -15,8 +15,10 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import connection, engine
+from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.protocol import Destination, offer_selector
-from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import TransportError
 
 log = logging.getLogger(__name__)
 

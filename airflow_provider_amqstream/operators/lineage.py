@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.transport import BrokerParams
+from airflow_provider_amqstream.broker_params import BrokerParams
 
 MAX_FILE_DATASETS = 100
 

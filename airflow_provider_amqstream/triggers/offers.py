@@ -18,7 +18,9 @@ from typing import Any
 
 from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.transport import BrokerParams, StompLink, TransportError
+from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import TransportError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,86 @@
+"""The transport's exceptions, and what the broker's ERROR frames become.
+
+An ERROR frame is reduced to one line of text as it arrives; a session turns the lines
+it has collected into one exception whose message names the broker, the destination
+where ActiveMQ says it, and what to do about it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stomp.utils import Frame
+
+    from airflow_provider_amqstream.broker_params import BrokerParams
+
+
+class TransportError(ConnectionError):
+    """The broker could not be reached or refused us; the text names the broker URL."""
+
+
+class ConnectionLost(TransportError):
+    """An established connection dropped (broker restart, network, heartbeat timeout)."""
+
+
+class AccessDenied(TransportError):
+    """The broker refused this user an operation on a destination; retrying cannot help."""
+
+
+class DestinationFull(TransportError):
+    """The broker refused a message because the destination's memory limit stayed full
+    through its flow-control wait: its receivers are not taking messages (stopped, or
+    slower than its senders). Nothing confirmed is lost, and retrying later can succeed."""
+
+
+def error_text(frame: Frame) -> str:
+    """An ERROR frame as one line: its ``message`` header, and the first line of its body
+    where that adds something.
+
+    :param frame: the broker's ERROR frame.
+    """
+    body = frame.body.decode("utf-8", "replace") if isinstance(frame.body, bytes) else str(frame.body)
+    msg = frame.headers.get("message", "")
+    detail = body.strip().splitlines()[0][:300] if body.strip() else ""
+    if detail and detail not in msg:
+        msg = f"{msg}: {detail}" if msg else detail
+    return msg
+
+
+def access_denied(params: BrokerParams, errors: list[str]) -> AccessDenied | None:
+    """The broker's refusal of a destination to this user, if ``errors`` hold one.
+
+    :param params: the session's settings (the broker's URL and the user are named).
+    :param errors: the texts of the ERROR frames received so far.
+    """
+    denied = [e for e in errors if "not authorized" in e.lower()]
+    if not denied:
+        return None
+    who = params.login or "(anonymous)"
+    return AccessDenied(
+        f"broker {params.url} refused user {who}: {'; '.join(denied)}. Grant the user this "
+        f"destination (embedded broker: `amqstream users add {who} --send DEST` or `--receive DEST`, "
+        "then restart it; otherwise an authorizationEntry in the broker's activemq.xml)."
+    )
+
+
+def reported(params: BrokerParams, errors: list[str]) -> TransportError:
+    """The broker's ERROR frames as one exception (each refused message brings its own
+    frame with the same text: it is said once).
+
+    :param params: the session's settings (the broker's URL is named).
+    :param errors: the texts of the ERROR frames received so far.
+    """
+    errors = list(dict.fromkeys(errors))
+    full = next((e for e in errors if "ResourceAllocationException" in e), None)
+    if full is not None:
+        # ActiveMQ names it: "... to prevent flooding queue://NAME. See http://..."
+        m = re.search(r"flooding (queue|topic)://(\S+?)\.?(\s|$)", full)
+        where = f" to /{m.group(1)}/{m.group(2)}" if m else ""
+        return DestinationFull(
+            f"broker {params.url} refused messages{where} (ResourceAllocationException): the destination's "
+            "memory limit stayed full through the broker's flow-control wait, so its receivers are not taking "
+            "messages (stopped, or slower than the senders). Nothing confirmed was lost; resume the receivers, "
+            "or raise the destination's memoryLimit on the broker.")
+    return TransportError(f"broker {params.url} reported: {'; '.join(errors)}")
