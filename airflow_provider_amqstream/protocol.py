@@ -104,7 +104,8 @@ MAX_NAME_BYTES = 255
 # prefetch windows; further ahead is a sender playing games (each chunk ahead of a gap is
 # kept in the resume state, which is rewritten every batch).
 MAX_AHEAD = 1024
-# Set by the transport on a frame whose header section it had to cut (see transport.py).
+# Set by the transport (frames.py) on a frame whose header section it had to cut; the
+# transport does not import the protocol, so frames.py spells the name out.
 H_TRUNCATED = "amqs_truncated"
 
 # fullmatch only: `$` also matches before a trailing newline, which would reach file names.
