@@ -10,51 +10,47 @@ Authentication is on by default: on first start a password is generated into
 ``<data-dir>/credentials.json`` (mode 0600) and printed once. That administrator may use
 every destination; :meth:`EmbeddedBroker.add_user` adds users who may only send to, or
 receive from, the destinations they are granted (``<data-dir>/users.json``, mode 0600).
+
+:class:`EmbeddedBroker` ties the pieces together: :mod:`~airflow_provider_amqstream.broker_config`
+writes the configuration and its secrets, :mod:`~airflow_provider_amqstream.broker_process`
+runs and watches the Java process.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
-import re
-import secrets
-import shlex
-import shutil
-import signal
 import socket
-import string
-import subprocess
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_amqstream.broker_auth import (
-    USER_NAME,
-    BrokerError,
-    auth_plugins,
-    parse_grant,
-    xml_attr,
+from airflow_provider_amqstream.broker_auth import BrokerError
+from airflow_provider_amqstream.broker_config import (
+    CA_FILE,
+    CREDENTIALS_FILE,
+    USERS_FILE,
+    new_user,
+    read_users,
+    render_config,
+    write_users,
 )
-from airflow_provider_amqstream.broker_network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
+from airflow_provider_amqstream.broker_network import NetworkConfig
+from airflow_provider_amqstream.broker_process import (
+    activemq_home,
+    java_binary,
+    java_command,
+    running_pid,
+    sigkill,
+    spawn,
+    tail,
+    terminate,
+    wait_ready,
+)
 
 DEFAULT_PORT = 61613
-DEFAULT_USER = "amqstream"
-JAVA_OPENS = [
-    "--add-reads=java.xml=java.logging",
-    "--add-opens", "java.base/java.security=ALL-UNNAMED",
-    "--add-opens", "java.base/java.net=ALL-UNNAMED",
-    "--add-opens", "java.base/java.lang=ALL-UNNAMED",
-    "--add-opens", "java.base/java.util=ALL-UNNAMED",
-    "--add-opens", "java.naming/javax.naming.spi=ALL-UNNAMED",
-    "--add-opens", "java.rmi/sun.rmi.transport.tcp=ALL-UNNAMED",
-    "--add-opens", "java.base/java.util.concurrent=ALL-UNNAMED",
-    "--add-opens", "java.base/java.util.concurrent.atomic=ALL-UNNAMED",
-]
 
 
 def default_data_dir() -> Path:
@@ -64,29 +60,6 @@ def default_data_dir() -> Path:
         return Path(env)
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "amqstream" / "broker"
-
-
-def activemq_home() -> Path:
-    """Locate the ActiveMQ installation, or explain how to install one."""
-    candidates = [os.environ.get("ACTIVEMQ_HOME"), "/usr/share/activemq"]
-    for cand in candidates:
-        if cand and (Path(cand) / "bin" / "activemq.jar").is_file():
-            return Path(cand)
-    raise BrokerError(
-        "ActiveMQ Classic is not installed (looked for bin/activemq.jar in "
-        f"{', '.join(c for c in candidates if c)}). Install it with "
-        "`sudo apt-get install activemq` or set ACTIVEMQ_HOME to an unpacked ActiveMQ 5.17+."
-    )
-
-
-def java_binary() -> str:
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerError(
-            "Java is not on PATH; ActiveMQ needs Java 11+. Install it with "
-            "`sudo apt-get install default-jre-headless`."
-        )
-    return java
 
 
 @dataclass(frozen=True)
@@ -163,25 +136,20 @@ class EmbeddedBroker:
 
     @property
     def creds_file(self) -> Path:
-        return self.data_dir / "credentials.json"
+        return self.data_dir / CREDENTIALS_FILE
 
     @property
     def ca_file(self) -> Path:
-        return self.data_dir / "tls" / "broker-cert.pem"
+        return self.data_dir / CA_FILE
 
     @property
     def users_file(self) -> Path:
-        return self.data_dir / "users.json"
+        return self.data_dir / USERS_FILE
 
-    # -- users -------------------------------------------------------------------
+    # -- users and configuration --------------------------------------------------
     def users(self) -> dict[str, dict[str, Any]]:
         """Users added with :meth:`add_user`: name -> {password, send, receive}."""
-        try:
-            return dict(json.loads(self.users_file.read_text())["users"])
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError) as exc:
-            raise BrokerError(f"{self.users_file} is unreadable ({exc}); fix or delete it") from exc
+        return read_users(self.data_dir)
 
     def add_user(self, name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
                  password: str | None = None) -> BrokerInfo:
@@ -194,17 +162,10 @@ class EmbeddedBroker:
         :param receive: destinations it may receive streams from, in the same form.
         :param password: its password; generated when not given.
         """
-        if not USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
-            raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
-                              f"(and not {DEFAULT_USER!r}, the administrator)")
-        send, receive = sorted(set(send)), sorted(set(receive))
-        if not send and not receive:
-            raise BrokerError(f"user {name}: grant at least one --send or --receive destination")
-        for text in (*send, *receive):
-            parse_grant(text)
+        user = new_user(name, send=send, receive=receive, password=password)
         users = self.users()
-        users[name] = {"password": password or _new_password(), "send": send, "receive": receive}
-        self._write_users(users)
+        users[name] = user
+        write_users(self.data_dir, users)
         return self.info(user=name)
 
     def remove_user(self, name: str) -> bool:
@@ -212,145 +173,18 @@ class EmbeddedBroker:
         users = self.users()
         if users.pop(name, None) is None:
             return False
-        self._write_users(users)
+        write_users(self.data_dir, users)
         return True
-
-    def _write_users(self, users: Mapping[str, Any]) -> None:
-        _write_secret_json(self.users_file, {"users": dict(users)})
-
-    def _keystore(self) -> tuple[Path, str]:
-        """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
-        made once with the JDK's keytool; the certificate is exported for clients."""
-        tls = self.data_dir / "tls"
-        store, secret = tls / "broker.p12", tls / "keystore.json"
-        if store.is_file() and secret.is_file():
-            return store, json.loads(secret.read_text())["password"]
-        tls.mkdir(parents=True, exist_ok=True, mode=0o700)
-        keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
-        password = secrets.token_urlsafe(18)
-        common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
-        subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
-                        "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={self._certificate_names()}",
-                        "-keypass", password, *common], check=True, capture_output=True, timeout=60)
-        subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(self.ca_file), *common],
-                       check=True, capture_output=True, timeout=60)
-        _write_secret_json(secret, {"password": password})
-        os.chmod(store, 0o600)
-        return store, password
-
-    def _certificate_names(self) -> str:
-        """Subject names for the generated certificate: loopback, this host's names (a
-        remote site's bridge verifies the name it dialled), and the bind address."""
-        dns = {"localhost", socket.gethostname(), socket.getfqdn()}
-        ips = {"127.0.0.1"}
-        if self.bind not in ("0.0.0.0", "::", ""):
-            try:
-                ipaddress.ip_address(self.bind)
-                ips.add(self.bind)
-            except ValueError:
-                dns.add(self.bind)
-        names = [f"dns:{n}" for n in sorted(dns) if n and re.fullmatch(r"[A-Za-z0-9.-]+", n)]
-        return ",".join(names + [f"ip:{ip}" for ip in sorted(ips)])
-
-    def _trust_store(self, certificates: Iterable[Path]) -> tuple[Path, str]:
-        """A PKCS12 trust store holding ``certificates`` (PEM), remade at each start so it
-        holds exactly the certificates asked for; for bridges to ``ssl://`` peers."""
-        tls = self.data_dir / "tls"
-        tls.mkdir(parents=True, exist_ok=True, mode=0o700)
-        store = tls / "peers.p12"
-        store.unlink(missing_ok=True)
-        password = secrets.token_urlsafe(18)
-        keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
-        for i, cert in enumerate(certificates):
-            if not Path(cert).is_file():
-                raise BrokerError(f"--network-ca {cert}: no such file (give the remote broker's certificate, "
-                                  "its <data dir>/tls/broker-cert.pem)")
-            run = subprocess.run([keytool, "-importcert", "-noprompt", "-alias", f"peer-{i}", "-file", str(cert),
-                                  "-keystore", str(store), "-storetype", "PKCS12", "-storepass", password],
-                                 capture_output=True, text=True, timeout=60)
-            if run.returncode != 0:
-                raise BrokerError(f"--network-ca {cert}: not a certificate keytool can read: "
-                                  f"{(run.stdout + run.stderr).strip()[-300:]}")
-        os.chmod(store, 0o600)
-        return store, password
-
-    def _credentials(self) -> tuple[str, str, bool]:
-        """Return (user, password, created_now); the password is generated once."""
-        if self.creds_file.is_file():
-            data = json.loads(self.creds_file.read_text())
-            return data["user"], data["password"], False
-        password = _new_password()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"user": DEFAULT_USER, "password": password}, fh)
-        return DEFAULT_USER, password, True
 
     def render_config(self) -> tuple[Path, bool]:
         """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created)."""
-        conf = self.data_dir / "conf"
-        conf.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "data").mkdir(exist_ok=True)
-        (self.data_dir / "tmp").mkdir(exist_ok=True)
-        created = False
-        auth_xml = ""
-        net = self.network
-        bridge = bridge_credentials(net.bridge_secret) if net.active and net.bridge_secret else None
-        if self.auth:
-            user, password, created = self._credentials()
-            auth_xml = auth_plugins(user, password, self.users(), bridge=bridge, forwarded=net.queues)
-        pkg = resources.files("airflow_provider_amqstream") / "broker_conf"
-        template = string.Template((pkg / "activemq.xml.tmpl").read_text())
-        free = shutil.disk_usage(self.data_dir).free
-        # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
-        store_mb = max(512, int(free * 0.9 / 2**20))
-        ssl_xml = tls_xml = ""
-        if self.tls_port or net.needs_tls:
-            store, store_pw = self._keystore()
-            trust = ""
-            if net.peer_cas:
-                trust_store, trust_pw = self._trust_store(net.peer_cas)
-                trust = (f' trustStore="file:{xml_attr(str(trust_store))}" '
-                         f'trustStorePassword="{xml_attr(trust_pw)}" trustStoreType="pkcs12"')
-            ssl_xml = (f'    <sslContext><sslContext keyStore="file:{xml_attr(str(store))}" '
-                       f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
-        if self.tls_port:
-            tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{self.bind}:{self.tls_port}'
-                       '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
-                       '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
-        xml = template.safe_substitute(
-            broker_name=f"amqstream-{self.port}", data_dir=str(self.data_dir / "data"),
-            store_dir=str(self.store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
-            bind=self.bind, port=self.port, ssl_context=ssl_xml, tls_connector=tls_xml,
-            advisory="true" if net.active else "false", openwire_connector=openwire_xml(net, self.bind),
-            network_connectors=connectors_xml(net, f"amqstream-{self.port}", *(bridge or (None, None)), xml_attr),
-        )
-        target = conf / "activemq.xml"
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(xml)
-        (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())
-        return conf, created
+        return render_config(self.data_dir, port=self.port, bind=self.bind, auth=self.auth, tls_port=self.tls_port,
+                             store_dir=self.store_dir, network=self.network)
 
     # -- process -----------------------------------------------------------------
     def running_pid(self) -> int | None:
         """The pid recorded for this data dir if that process is still alive."""
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        # A pid can be reused after a reboot; only trust it if it is our java.
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return pid
-        return pid if str(self.data_dir).encode() in cmdline else None
+        return running_pid(self.pid_file, self.data_dir)
 
     def port_open(self, timeout: float = 0.5, port: int | None = None) -> bool:
         try:
@@ -395,28 +229,7 @@ class EmbeddedBroker:
                 "stop it or pass --port to run the embedded broker elsewhere."
             )
         conf, created = self.render_config()
-        data = self.data_dir / "data"
-        cmd = [
-            java, f"-Xmx{self.heap_mb}M", f"-Xms{min(self.heap_mb, 256)}M",
-            "-XX:+ExitOnOutOfMemoryError",
-            *JAVA_OPENS,
-            *shlex.split(os.environ.get("AMQSTREAM_BROKER_JAVA_OPTS", "")),
-            f"-Djava.io.tmpdir={self.data_dir / 'tmp'}",
-            f"-Dactivemq.classpath={conf}",
-            f"-Dactivemq.home={home}", f"-Dactivemq.base={self.data_dir}",
-            f"-Dactivemq.conf={conf}", f"-Dactivemq.data={data}",
-            f"-Dlog4j.configuration=file:{conf / 'log4j.properties'}",
-            "-Dorg.apache.activemq.UseDedicatedTaskRunner=false",
-            "-jar", str(home / "bin" / "activemq.jar"),
-            "start", f"xbean:file:{conf / 'activemq.xml'}",
-        ]
-        out = open(data / "broker.out", "ab")  # noqa: SIM115 - handed to the child
-        try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    cwd=self.data_dir)
-        finally:
-            out.close()
+        proc = spawn(java_command(java, home, self.data_dir, conf, self.heap_mb), self.data_dir)
         self.pid_file.write_text(f"{proc.pid}\n")
         (self.data_dir / "broker.port").write_text(f"{self.port}\n")
         if self.tls_port:
@@ -425,78 +238,26 @@ class EmbeddedBroker:
             self.network.remember(self.data_dir)
         if not wait:
             return self.info(), created
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise BrokerError(
-                    f"ActiveMQ exited with code {proc.returncode} while starting; "
-                    f"see {data / 'broker.out'} and {self.log_file}:\n{self._tail()}"
-                )
-            if self._ready():
-                return self.info(), created
-            time.sleep(0.2)
+        logs = (self.data_dir / "data" / "broker.out", self.log_file)
+        if wait_ready(proc, self._ready, timeout, *logs):
+            return self.info(), created
         self.stop()
         raise BrokerError(
             f"ActiveMQ did not open {self.bind}:{self.port} within {timeout:.0f}s; "
-            f"see {self.log_file}:\n{self._tail()}"
+            f"see {self.log_file}:\n{tail(logs)}"
         )
 
     def stop(self, *, timeout: float = 30.0) -> bool:
         """Stop the broker cleanly (SIGTERM, then SIGKILL); return whether one was running."""
         pid = self.running_pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(pid, timeout):
-            os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 10)
+        if pid is not None:
+            terminate(pid, timeout)
         self.pid_file.unlink(missing_ok=True)
-        return True
+        return pid is not None
 
     def kill(self) -> None:
         """SIGKILL the broker, as a crash would (tests use this)."""
         pid = self.running_pid()
         if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid, 10)
+            sigkill(pid)
 
-    def _tail(self, lines: int = 15) -> str:
-        texts = []
-        for f in (self.data_dir / "data" / "broker.out", self.log_file):
-            try:
-                texts.extend(f.read_text(errors="replace").splitlines()[-lines:])
-            except OSError:
-                continue
-        return "\n".join(texts)
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            # Reap it if it is our child, so it does not linger as a zombie.
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``data``, readable by its owner only from the first byte."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(dict(data), fh, indent=1)
-    os.replace(tmp, path)
-
-
-def _new_password() -> str:
-    alphabet = string.ascii_letters + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(24))

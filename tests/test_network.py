@@ -231,7 +231,7 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     import shutil
     import subprocess
 
-    from airflow_provider_amqstream.broker import activemq_home
+    from airflow_provider_amqstream.broker_process import activemq_home
     from tests.helpers import ROOT
 
     javac, java = shutil.which("javac"), shutil.which("java")

@@ -1,0 +1,242 @@
+"""What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its
+settings, and the secrets that file names, kept in its data directory: the TLS keystore
+and the trust store for ``ssl://`` peers, the administrator's credentials and the users
+added with :meth:`~airflow_provider_amqstream.broker.EmbeddedBroker.add_user`.
+
+:mod:`airflow_provider_amqstream.broker` starts ActiveMQ on what this module writes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import string
+import subprocess
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream.broker_auth import (
+    USER_NAME,
+    BrokerError,
+    auth_plugins,
+    parse_grant,
+    xml_attr,
+)
+from airflow_provider_amqstream.broker_network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
+from airflow_provider_amqstream.broker_process import java_binary
+
+DEFAULT_USER = "amqstream"
+# Where, below the data directory, the secrets live (all mode 0600).
+CREDENTIALS_FILE = "credentials.json"
+USERS_FILE = "users.json"
+CA_FILE = Path("tls") / "broker-cert.pem"
+
+
+def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
+    """Users added with :meth:`~airflow_provider_amqstream.broker.EmbeddedBroker.add_user`:
+    name -> {password, send, receive}.
+
+    :param data_dir: the broker's data directory.
+    """
+    users_file = data_dir / USERS_FILE
+    try:
+        return dict(json.loads(users_file.read_text())["users"])
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError) as exc:
+        raise BrokerError(f"{users_file} is unreadable ({exc}); fix or delete it") from exc
+
+
+def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
+             password: str | None = None) -> dict[str, Any]:
+    """The users-file entry of a user who may only send to ``send`` and receive from
+    ``receive``, checked.
+
+    :param name: user name (``A-Z a-z 0-9 . _ -``, up to 64 characters).
+    :param send: destinations it may send streams to.
+    :param receive: destinations it may receive streams from.
+    :param password: its password; generated when not given.
+    """
+    if not USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
+        raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
+                          f"(and not {DEFAULT_USER!r}, the administrator)")
+    send, receive = sorted(set(send)), sorted(set(receive))
+    if not send and not receive:
+        raise BrokerError(f"user {name}: grant at least one --send or --receive destination")
+    for text in (*send, *receive):
+        parse_grant(text)
+    return {"password": password or _new_password(), "send": send, "receive": receive}
+
+
+def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
+    """Replace the users file with ``users``.
+
+    :param data_dir: the broker's data directory.
+    :param users: name -> {password, send, receive}, as :func:`read_users` returns.
+    """
+    _write_secret_json(data_dir / USERS_FILE, {"users": dict(users)})
+
+
+def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
+    """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
+    made once with the JDK's keytool; the certificate is exported for clients.
+
+    :param data_dir: the broker's data directory (``tls/`` below it).
+    :param bind: the address the broker listens on, also named in the certificate.
+    """
+    tls = data_dir / "tls"
+    store, secret = tls / "broker.p12", tls / "keystore.json"
+    if store.is_file() and secret.is_file():
+        return store, json.loads(secret.read_text())["password"]
+    tls.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+    password = secrets.token_urlsafe(18)
+    common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
+    subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
+                    "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={certificate_names(bind)}",
+                    "-keypass", password, *common], check=True, capture_output=True, timeout=60)
+    subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(data_dir / CA_FILE), *common],
+                   check=True, capture_output=True, timeout=60)
+    _write_secret_json(secret, {"password": password})
+    os.chmod(store, 0o600)
+    return store, password
+
+
+def certificate_names(bind: str) -> str:
+    """Subject names for the generated certificate: loopback, this host's names (a
+    remote site's bridge verifies the name it dialled), and the bind address.
+
+    :param bind: the address the broker listens on.
+    """
+    dns = {"localhost", socket.gethostname(), socket.getfqdn()}
+    ips = {"127.0.0.1"}
+    if bind not in ("0.0.0.0", "::", ""):
+        try:
+            ipaddress.ip_address(bind)
+            ips.add(bind)
+        except ValueError:
+            dns.add(bind)
+    names = [f"dns:{n}" for n in sorted(dns) if n and re.fullmatch(r"[A-Za-z0-9.-]+", n)]
+    return ",".join(names + [f"ip:{ip}" for ip in sorted(ips)])
+
+
+def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str]:
+    """A PKCS12 trust store holding ``certificates`` (PEM), remade at each start so it
+    holds exactly the certificates asked for; for bridges to ``ssl://`` peers.
+
+    :param data_dir: the broker's data directory (``tls/`` below it).
+    :param certificates: the remote brokers' certificates (``--network-ca``).
+    """
+    tls = data_dir / "tls"
+    tls.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = tls / "peers.p12"
+    store.unlink(missing_ok=True)
+    password = secrets.token_urlsafe(18)
+    keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+    for i, cert in enumerate(certificates):
+        if not Path(cert).is_file():
+            raise BrokerError(f"--network-ca {cert}: no such file (give the remote broker's certificate, "
+                              "its <data dir>/tls/broker-cert.pem)")
+        run = subprocess.run([keytool, "-importcert", "-noprompt", "-alias", f"peer-{i}", "-file", str(cert),
+                              "-keystore", str(store), "-storetype", "PKCS12", "-storepass", password],
+                             capture_output=True, text=True, timeout=60)
+        if run.returncode != 0:
+            raise BrokerError(f"--network-ca {cert}: not a certificate keytool can read: "
+                              f"{(run.stdout + run.stderr).strip()[-300:]}")
+    os.chmod(store, 0o600)
+    return store, password
+
+
+def credentials(data_dir: Path) -> tuple[str, str, bool]:
+    """Return (user, password, created_now); the password is generated once.
+
+    :param data_dir: the broker's data directory.
+    """
+    creds_file = data_dir / CREDENTIALS_FILE
+    if creds_file.is_file():
+        data = json.loads(creds_file.read_text())
+        return data["user"], data["password"], False
+    password = _new_password()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"user": DEFAULT_USER, "password": password}, fh)
+    return DEFAULT_USER, password, True
+
+
+def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port: int | None, store_dir: Path,
+                  network: NetworkConfig) -> tuple[Path, bool]:
+    """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created).
+
+    :param data_dir: the broker's data directory (``conf/``, ``data/``, ``tmp/`` below it).
+    :param port: STOMP port.
+    :param bind: the address the listeners bind to.
+    :param auth: require a user name and password (the administrator's made on first call).
+    :param tls_port: STOMP over TLS port, if any.
+    :param store_dir: the KahaDB directory.
+    :param network: the network of brokers it joins.
+    """
+    conf = data_dir / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    (data_dir / "data").mkdir(exist_ok=True)
+    (data_dir / "tmp").mkdir(exist_ok=True)
+    created = False
+    auth_xml = ""
+    bridge = bridge_credentials(network.bridge_secret) if network.active and network.bridge_secret else None
+    if auth:
+        user, password, created = credentials(data_dir)
+        auth_xml = auth_plugins(user, password, read_users(data_dir), bridge=bridge, forwarded=network.queues)
+    pkg = resources.files("airflow_provider_amqstream") / "broker_conf"
+    template = string.Template((pkg / "activemq.xml.tmpl").read_text())
+    free = shutil.disk_usage(data_dir).free
+    # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
+    store_mb = max(512, int(free * 0.9 / 2**20))
+    ssl_xml = tls_xml = ""
+    if tls_port or network.needs_tls:
+        store, store_pw = keystore(data_dir, bind)
+        trust = ""
+        if network.peer_cas:
+            peers_store, trust_pw = trust_store(data_dir, network.peer_cas)
+            trust = (f' trustStore="file:{xml_attr(str(peers_store))}" '
+                     f'trustStorePassword="{xml_attr(trust_pw)}" trustStoreType="pkcs12"')
+        ssl_xml = (f'    <sslContext><sslContext keyStore="file:{xml_attr(str(store))}" '
+                   f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
+    if tls_port:
+        tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
+                   '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
+                   '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
+    xml = template.safe_substitute(
+        broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
+        store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
+        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml,
+        advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
+        network_connectors=connectors_xml(network, f"amqstream-{port}", *(bridge or (None, None)), xml_attr),
+    )
+    target = conf / "activemq.xml"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(xml)
+    (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())
+    return conf, created
+
+
+def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``data``, readable by its owner only from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(dict(data), fh, indent=1)
+    os.replace(tmp, path)
+
+
+def _new_password() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(24))

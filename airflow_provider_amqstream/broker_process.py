@@ -1,0 +1,202 @@
+"""The embedded broker's Java process: finding ActiveMQ and Java, the command line that
+runs ActiveMQ on a rendered configuration, starting it and waiting until it is ready,
+telling whether a recorded pid is still that broker, stopping it, and the end of its
+logs for error messages.
+
+:mod:`airflow_provider_amqstream.broker` drives these to start and stop the broker.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from airflow_provider_amqstream.broker_auth import BrokerError
+
+JAVA_OPENS = [
+    "--add-reads=java.xml=java.logging",
+    "--add-opens", "java.base/java.security=ALL-UNNAMED",
+    "--add-opens", "java.base/java.net=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util=ALL-UNNAMED",
+    "--add-opens", "java.naming/javax.naming.spi=ALL-UNNAMED",
+    "--add-opens", "java.rmi/sun.rmi.transport.tcp=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util.concurrent=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util.concurrent.atomic=ALL-UNNAMED",
+]
+
+
+def activemq_home() -> Path:
+    """Locate the ActiveMQ installation, or explain how to install one."""
+    candidates = [os.environ.get("ACTIVEMQ_HOME"), "/usr/share/activemq"]
+    for cand in candidates:
+        if cand and (Path(cand) / "bin" / "activemq.jar").is_file():
+            return Path(cand)
+    raise BrokerError(
+        "ActiveMQ Classic is not installed (looked for bin/activemq.jar in "
+        f"{', '.join(c for c in candidates if c)}). Install it with "
+        "`sudo apt-get install activemq` or set ACTIVEMQ_HOME to an unpacked ActiveMQ 5.17+."
+    )
+
+
+def java_binary() -> str:
+    """The java on PATH, or explain how to install it."""
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError(
+            "Java is not on PATH; ActiveMQ needs Java 11+. Install it with "
+            "`sudo apt-get install default-jre-headless`."
+        )
+    return java
+
+
+def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int) -> list[str]:
+    """The command line that runs ActiveMQ in the foreground on ``conf/activemq.xml``.
+
+    :param java: the java binary (:func:`java_binary`).
+    :param home: the ActiveMQ installation (:func:`activemq_home`).
+    :param data_dir: the broker's data directory (its ``data/`` and ``tmp/``).
+    :param conf: the rendered configuration directory.
+    :param heap_mb: the JVM's maximum heap in MiB.
+    """
+    data = data_dir / "data"
+    return [
+        java, f"-Xmx{heap_mb}M", f"-Xms{min(heap_mb, 256)}M",
+        "-XX:+ExitOnOutOfMemoryError",
+        *JAVA_OPENS,
+        *shlex.split(os.environ.get("AMQSTREAM_BROKER_JAVA_OPTS", "")),
+        f"-Djava.io.tmpdir={data_dir / 'tmp'}",
+        f"-Dactivemq.classpath={conf}",
+        f"-Dactivemq.home={home}", f"-Dactivemq.base={data_dir}",
+        f"-Dactivemq.conf={conf}", f"-Dactivemq.data={data}",
+        f"-Dlog4j.configuration=file:{conf / 'log4j.properties'}",
+        "-Dorg.apache.activemq.UseDedicatedTaskRunner=false",
+        "-jar", str(home / "bin" / "activemq.jar"),
+        "start", f"xbean:file:{conf / 'activemq.xml'}",
+    ]
+
+
+def spawn(cmd: list[str], data_dir: Path) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in its own session in ``data_dir``, its output appended to
+    ``data/broker.out``.
+
+    :param cmd: the command line (:func:`java_command`).
+    :param data_dir: the broker's data directory.
+    """
+    out = open(data_dir / "data" / "broker.out", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=data_dir)
+    finally:
+        out.close()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeout: float, out_file: Path,
+               log_file: Path) -> bool:
+    """Wait until ``ready()``; False if ``timeout`` seconds pass first.
+
+    :param proc: the broker's process (:func:`spawn`); its exit raises :class:`BrokerError`
+        with the end of its logs.
+    :param ready: whether the broker accepts connections yet.
+    :param timeout: seconds to wait at most.
+    :param out_file: the process's output (``data/broker.out``).
+    :param log_file: the broker's log.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BrokerError(
+                f"ActiveMQ exited with code {proc.returncode} while starting; "
+                f"see {out_file} and {log_file}:\n{tail((out_file, log_file))}"
+            )
+        if ready():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def running_pid(pid_file: Path, data_dir: Path) -> int | None:
+    """The pid recorded in ``pid_file`` if that process is still alive.
+
+    :param pid_file: where the broker's pid was recorded.
+    :param data_dir: the broker's data directory, which its command line names.
+    """
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    # A pid can be reused after a reboot; only trust it if it is our java.
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid
+    return pid if str(data_dir).encode() in cmdline else None
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` ended within ``timeout`` seconds.
+
+    :param pid: the process.
+    :param timeout: seconds to wait at most.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            # Reap it if it is our child, so it does not linger as a zombie.
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def terminate(pid: int, timeout: float) -> None:
+    """Stop process ``pid`` cleanly: SIGTERM, then SIGKILL if it outlives ``timeout`` seconds.
+
+    :param pid: the process.
+    :param timeout: seconds it has to end after SIGTERM.
+    """
+    os.kill(pid, signal.SIGTERM)
+    if not wait_gone(pid, timeout):
+        sigkill(pid)
+
+
+def sigkill(pid: int) -> None:
+    """SIGKILL process ``pid`` and wait (up to 10 s) until it is gone.
+
+    :param pid: the process.
+    """
+    os.kill(pid, signal.SIGKILL)
+    wait_gone(pid, 10)
+
+
+def tail(files: Iterable[Path], lines: int = 15) -> str:
+    """The last ``lines`` lines of each of ``files`` that can be read.
+
+    :param files: log files, in the order they are shown.
+    :param lines: lines per file.
+    """
+    texts = []
+    for f in files:
+        try:
+            texts.extend(f.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            continue
+    return "\n".join(texts)
