@@ -38,6 +38,7 @@ from airflow_provider_amqstream.broker_config import (
     write_users,
 )
 from airflow_provider_amqstream.broker_network import NetworkConfig
+from airflow_provider_amqstream.broker_params import DEFAULT_PORT
 from airflow_provider_amqstream.broker_process import (
     activemq_home,
     java_binary,
@@ -49,8 +50,6 @@ from airflow_provider_amqstream.broker_process import (
     terminate,
     wait_ready,
 )
-
-DEFAULT_PORT = 61613
 
 
 def default_data_dir() -> Path:

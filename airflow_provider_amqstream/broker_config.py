@@ -30,7 +30,7 @@ from airflow_provider_amqstream.broker_auth import (
     xml_attr,
 )
 from airflow_provider_amqstream.broker_network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
-from airflow_provider_amqstream.broker_process import java_binary
+from airflow_provider_amqstream.broker_process import keytool_binary
 
 DEFAULT_USER = "amqstream"
 # Where, below the data directory, the secrets live (all mode 0600).
@@ -96,7 +96,7 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
     if store.is_file() and secret.is_file():
         return store, json.loads(secret.read_text())["password"]
     tls.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+    keytool = keytool_binary()
     password = secrets.token_urlsafe(18)
     common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
     subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
@@ -139,7 +139,7 @@ def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str
     store = tls / "peers.p12"
     store.unlink(missing_ok=True)
     password = secrets.token_urlsafe(18)
-    keytool = shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+    keytool = keytool_binary()
     for i, cert in enumerate(certificates):
         if not Path(cert).is_file():
             raise BrokerError(f"--network-ca {cert}: no such file (give the remote broker's certificate, "

@@ -56,6 +56,11 @@ def java_binary() -> str:
     return java
 
 
+def keytool_binary() -> str:
+    """The JDK's keytool: on PATH, or beside the java that runs the broker."""
+    return shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
+
+
 def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int) -> list[str]:
     """The command line that runs ActiveMQ in the foreground on ``conf/activemq.xml``.
 

@@ -287,6 +287,40 @@ def _already(rec: dict[str, Any], e: Outgoing, dest: p.Destination, params: Brok
                           chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
 
 
+class _InFlight:
+    """Files sent and not yet confirmed, in the order sent, each with the receipt id asked
+    for with it (None: a later receipt confirms it), and their bytes."""
+
+    def __init__(self) -> None:
+        self.files: collections.deque[tuple[str | None, Outgoing, TransferResult]] = collections.deque()
+        self.bytes = 0
+
+    def add(self, rid: str | None, e: Outgoing, res: TransferResult) -> None:
+        self.files.append((rid, e, res))
+        self.bytes += e.size
+
+    def pop_last(self) -> Outgoing:
+        """Take back the file sent last (its receipt was never asked for)."""
+        _, e, _ = self.files.pop()
+        self.bytes -= e.size
+        return e
+
+    def confirm_oldest(self, link: StompLink) -> list[tuple[Outgoing, TransferResult]]:
+        """Wait for the oldest receipt asked for; return the files it covers (those up to
+        it), which leave the window confirmed."""
+        rid = next(r for r, _, _ in self.files if r is not None)
+        link.wait_receipt(rid)
+        done = []
+        while True:
+            r, e, res = self.files.popleft()
+            self.bytes -= e.size
+            res.seconds = time.monotonic() - res.seconds
+            res.finished_at = time.time()
+            done.append((e, res))
+            if r == rid:
+                return done
+
+
 class _Ctx:
     """One batch's sending state across reconnects."""
 
@@ -306,8 +340,7 @@ class _Ctx:
     def run(self, link: StompLink, todo: collections.deque[Outgoing], fail: Callable[..., None]) -> None:
         """Send what is left in ``todo`` over ``link``; a lost connection puts the files
         whose receipts did not arrive back at the front of ``todo``."""
-        pending: collections.deque[tuple[str | None, Outgoing, TransferResult]] = collections.deque()
-        in_flight = 0
+        flight = _InFlight()
         unsealed_files = unsealed_bytes = 0  # small files sent since the last receipt asked for
         pack = Pack()
         try:
@@ -322,17 +355,17 @@ class _Ctx:
                     else:
                         index = index_bytes(headers)
                         if not pack.fits(index, wire):
-                            in_flight += self._send_pack(link, pack, pending)
+                            self._send_pack(link, pack, flight)
                         todo.popleft()
                         pack.add(e, headers, wire, res, index)
                     if pack.files and (not todo or not self._one_chunk(todo[0])):
-                        in_flight += self._send_pack(link, pack, pending)
-                    in_flight = self._bound(link, pending, in_flight)
+                        self._send_pack(link, pack, flight)
+                    self._bound(link, flight)
                     continue
                 small = self._small(e)
                 if not small:  # a large file goes alone, after every small one before it
-                    while pending:
-                        in_flight -= self._confirm(link, pending)
+                    while flight.files:
+                        self._confirm(link, flight)
                 nxt = todo[1] if len(todo) > 1 else None
                 seal = (e.seal or nxt is None or not self._small(nxt)
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
@@ -341,11 +374,10 @@ class _Ctx:
                 except (OSError, StreamError, p.ProtocolError) as exc:
                     todo.popleft()
                     fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
-                    if pending and pending[-1][0] is None:
+                    if flight.files and flight.files[-1][0] is None:
                         # The receipt meant for this file must now ride on another: send the
                         # last unconfirmed one again (its receiver reports a duplicate).
-                        _, last, _ = pending.pop()
-                        in_flight -= last.size
+                        last = flight.pop_last()
                         last.seal = True
                         todo.appendleft(last)
                     continue
@@ -355,17 +387,16 @@ class _Ctx:
                     self._record(e, sent)
                     continue
                 rid, res = sent
-                pending.append((rid, e, res))
-                in_flight += e.size
+                flight.add(rid, e, res)
                 unsealed_files, unsealed_bytes = (0, 0) if rid else (unsealed_files + 1, unsealed_bytes + e.size)
-                in_flight = self._bound(link, pending, in_flight)
-            while pending:
-                in_flight -= self._confirm(link, pending)
+                self._bound(link, flight)
+            while flight.files:
+                self._confirm(link, flight)
         except (TransportError, ConnectionLost):
             # Not confirmed (or not even sent): they go again, whole, on the next connection.
             for e, _, _, _ in reversed(pack.files):
                 todo.appendleft(e)
-            for _, e, _ in reversed(pending):
+            for _, e, _ in reversed(flight.files):
                 todo.appendleft(e)
             raise
 
@@ -377,14 +408,12 @@ class _Ctx:
         """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
         return e.size <= self.chunk
 
-    def _send_pack(self, link: StompLink, pack: Pack,
-                   pending: collections.deque[tuple[str | None, Outgoing, TransferResult]]) -> int:
-        """Send ``pack``; its files wait in ``pending`` for its receipt. Returns their bytes."""
+    def _send_pack(self, link: StompLink, pack: Pack, flight: _InFlight) -> None:
+        """Send ``pack``; its files wait in ``flight`` for its receipt."""
         rid, carried = pack.send(link, self.dest)
         self.sent_any = True
         for n, (e, res) in enumerate(carried, 1):
-            pending.append((rid if n == len(carried) else None, e, res))
-        return sum(e.size for e, _ in carried)
+            flight.add(rid if n == len(carried) else None, e, res)
 
     def _send_small(self, link: StompLink, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
@@ -404,28 +433,15 @@ class _Ctx:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
         return rid, res
 
-    def _bound(self, link: StompLink, pending: collections.deque[tuple[str | None, Outgoing, TransferResult]],
-               in_flight: int) -> int:
-        """Wait for receipts until the files and bytes in flight are within their bounds;
-        returns the bytes still in flight."""
-        while len(pending) > MAX_IN_FLIGHT_FILES or in_flight > MAX_IN_FLIGHT_BYTES:
-            in_flight -= self._confirm(link, pending)
-        return in_flight
+    def _bound(self, link: StompLink, flight: _InFlight) -> None:
+        """Wait for receipts until the files and bytes in flight are within their bounds."""
+        while len(flight.files) > MAX_IN_FLIGHT_FILES or flight.bytes > MAX_IN_FLIGHT_BYTES:
+            self._confirm(link, flight)
 
-    def _confirm(self, link: StompLink, pending: collections.deque[tuple[str | None, Outgoing, TransferResult]]) -> int:
-        """Wait for the oldest receipt asked for; the files it covers (those up to it) leave
-        ``pending`` confirmed. Returns their bytes."""
-        rid = next(r for r, _, _ in pending if r is not None)
-        link.wait_receipt(rid)
-        done = 0
-        while True:
-            r, e, res = pending.popleft()
-            res.seconds = time.monotonic() - res.seconds
-            res.finished_at = time.time()
+    def _confirm(self, link: StompLink, flight: _InFlight) -> None:
+        """Record the files the oldest receipt asked for confirms."""
+        for e, res in flight.confirm_oldest(link):
             self._record(e, res)
-            done += e.size
-            if r == rid:
-                return done
 
     def _send_large(self, link: StompLink, e: Outgoing) -> TransferResult:
         ckpt = self.checkpoint_for(e.stream_id) if self.checkpoint_for else FileCheckpoint(

@@ -171,6 +171,47 @@ class _Item:
     path: str | None = None
 
 
+def _published_before(dir_fd: int, name: str, it: _Item) -> bool:
+    """Whether the name taken holds this very stream: published by a receiver that died
+    before its record was flushed (the file is marked with its stream id, and holds
+    the same bytes). Then the redelivered offer takes that name again instead of
+    leaving a second copy under a collision name. Another stream's file, even with
+    the same bytes, keeps its name to itself."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        try:
+            marked = os.getxattr(fd, MARK).decode("ascii", "replace")
+        except OSError:
+            return False
+        if marked != it.spec.stream_id or os.fstat(fd).st_size != it.spec.size:
+            return False
+        h = hashlib.sha256()
+        while block := os.read(fd, 1024 * 1024):
+            h.update(block)
+        return h.hexdigest() == it.sha256
+    finally:
+        os.close(fd)
+
+
+def _sync(fds: list[int]) -> None:
+    """Flush ``fds`` to disk: one syncfs per filesystem where the kernel has it, else each fd."""
+    if _SYNCFS is None:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    seen: set[int] = set()
+    for fd in fds:
+        dev = os.fstat(fd).st_dev
+        if dev not in seen:
+            seen.add(dev)
+            if _SYNCFS(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+
+
 class InlineGroup:
     """Inline files written, not yet durable; :meth:`commit` publishes them all.
 
@@ -232,18 +273,18 @@ class InlineGroup:
         if not self.items:
             return []
         try:
-            self._sync([it.fd for it in self.items])
+            _sync([it.fd for it in self.items])
             for it in self.items:
                 os.close(it.fd)
                 it.fd = -1
                 dir_fd = self.dir_fds[it.subdir]
                 name = final_name(dir_fd, it.spec, overwrite=self.opts.overwrite)
                 plain = paths.safe_file_name(it.spec.name, it.spec.stream_id)
-                if name != plain and self._published_before(dir_fd, plain, it):
+                if name != plain and _published_before(dir_fd, plain, it):
                     name = plain
                 os.replace(f"{self._sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
                 it.path = os.path.join(self._out, *it.subdir, name)
-            self._sync(list(self.dir_fds.values()))
+            _sync(list(self.dir_fds.values()))
             results = []
             for it in self.items:
                 results.append((it.offer, self._record(it)))
@@ -268,31 +309,6 @@ class InlineGroup:
             os.close(fd)
         self.dir_fds.clear()
 
-    @staticmethod
-    def _published_before(dir_fd: int, name: str, it: _Item) -> bool:
-        """Whether the name taken holds this very stream: published by a receiver that died
-        before its record was flushed (the file is marked with its stream id, and holds
-        the same bytes). Then the redelivered offer takes that name again instead of
-        leaving a second copy under a collision name. Another stream's file, even with
-        the same bytes, keeps its name to itself."""
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-        except OSError:
-            return False
-        try:
-            try:
-                marked = os.getxattr(fd, MARK).decode("ascii", "replace")
-            except OSError:
-                return False
-            if marked != it.spec.stream_id or os.fstat(fd).st_size != it.spec.size:
-                return False
-            h = hashlib.sha256()
-            while block := os.read(fd, 1024 * 1024):
-                h.update(block)
-            return h.hexdigest() == it.sha256
-        finally:
-            os.close(fd)
-
     def _record(self, it: _Item) -> TransferResult:
         spec = it.spec
         # A partial reception of this stream through its data queue (an older sender) is moot now.
@@ -308,25 +324,11 @@ class InlineGroup:
         write_json(f"{self._sdir}/{spec.stream_id}.done", result.to_json(), sync=durable)
         return result
 
-    def _sync(self, fds: list[int]) -> None:
-        if _SYNCFS is None:
-            for fd in fds:
-                os.fsync(fd)
-            return
-        seen: set[int] = set()
-        for fd in fds:
-            dev = os.fstat(fd).st_dev
-            if dev not in seen:
-                seen.add(dev)
-                if _SYNCFS(fd) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, os.strerror(err))
-
     def _sync_records(self) -> None:
         fd = os.open(self.sdir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             # Without syncfs each record was flushed as written; their names still need this.
-            self._sync([fd])
+            _sync([fd])
         finally:
             os.close(fd)
 
