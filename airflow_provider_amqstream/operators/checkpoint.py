@@ -1,12 +1,14 @@
-"""What a task's retries must find again: the sender's resume point (TaskStateCheckpoint)
-and the receiver's claim on the streams it took (task_claim)."""
+"""What a task's retries must find again: the sender's resume point (TaskStateCheckpoint,
+send_checkpoint), the files of a many-file send already confirmed (BatchLedger) and the
+receiver's claim on the streams it took (task_claim)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from airflow_provider_amqstream.engine import FileCheckpoint, default_state_dir
+from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
 
 
 class TaskStateCheckpoint:
@@ -55,6 +57,37 @@ class TaskStateCheckpoint:
             offset = min(int(data["confirmed_seq"]) * int(data["chunk_size"]), int(data["size"]))
             self.ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"], "offset": offset,
                                                            "size": data["size"]})
+
+
+def send_checkpoint(context: Any, stream_id: str, params: BrokerParams) -> TaskStateCheckpoint:
+    """The resume point of one stream a task sends: one per stream and broker, as for the CLI.
+
+    :param context: the task's execution context.
+    :param stream_id: the stream sent.
+    :param params: the broker it goes to.
+    """
+    return TaskStateCheckpoint(context, "amqstream_send:" + checkpoint_name(stream_id, params).removesuffix(".json"))
+
+
+class BatchLedger:
+    """The streams of a many-file send the broker confirmed, kept in the task state store
+    (scoped to this task instance, kept across tries) so a retry skips them.
+
+    :param context: the task's execution context.
+    :param batch_id: the send's batch id (one per task instance).
+    """
+
+    def __init__(self, context: Any, batch_id: str) -> None:
+        self.store = context.get("task_state_store")
+        self.key = f"amqstream_batch:{batch_id}"
+
+    def seed(self) -> list[str]:
+        """The stream ids earlier tries recorded (none outside a task)."""
+        return (self.store.get(self.key) if self.store is not None else None) or []
+
+    def flush(self, ids: list[str]) -> None:
+        if self.store is not None:
+            self.store.set(self.key, ids)
 
 
 def task_claim(context: Any) -> str | None:

@@ -8,8 +8,9 @@ dataset version. A many-file send lists each file up to ``MAX_FILE_DATASETS``; p
 one dataset for the files' common directory with their count and total size, so one task's
 event stays small when it moves a landing directory of thousands of files.
 
-apache-airflow-providers-openlineage is optional (extra ``openlineage``): everything is
-imported inside the functions, which only Airflow's OpenLineage listener calls.
+The operators and the sensor report it through :class:`ReportsLineage`, whose methods
+only Airflow's OpenLineage listener calls. apache-airflow-providers-openlineage is optional
+(extra ``openlineage``): everything from it is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 
 MAX_FILE_DATASETS = 100
 
@@ -123,3 +125,41 @@ def result_of(operator: Any, task_instance: Any) -> dict[str, Any] | None:
         return None
     value = task_instance.xcom_pull(task_ids=task_instance.task_id, key="return_value")
     return dict(value) if isinstance(value, dict) else None
+
+
+class ReportsLineage:
+    """The OpenLineage facet methods of a task that moves files to or from a destination,
+    mixed into SendStreamOperator, ReceiveStreamsOperator and StreamCompleteSensor.
+
+    Airflow's OpenLineage listener calls them by name on the task; the broker is read from
+    the task's connection then, never when the DAG is parsed. A class says which way its
+    files go (``lineage_sending``) and which of its attributes holds the destination
+    (``lineage_destination_field``); a sender that knows its file before anything moves
+    names it in :meth:`lineage_start_path`.
+    """
+
+    amqstream_conn_id: str
+    lineage_sending: ClassVar[bool]
+    lineage_destination_field: ClassVar[str]
+
+    def lineage_start_path(self) -> str | None:
+        """The file a send reads, when known before it starts (None: not known yet)."""
+        return None
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Lineage known before anything moves: the destination, and the file when a send's
+        ``path`` names one file."""
+        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(),
+                             getattr(self, self.lineage_destination_field), sending=self.lineage_sending,
+                             path=self.lineage_start_path())
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage: the file (``file://host`` + path) went to the destination
+        (``amqstream://broker:port`` + name), or the destination became the file, with its size
+        and SHA-256; for many files, each file (or, past ``MAX_FILE_DATASETS``, their common
+        directory) with count and bytes."""
+        params = AmqStreamHook(self.amqstream_conn_id).broker_params()
+        result = result_of(self, task_instance)
+        if result is not None and "files" in result:
+            return batch_lineage(result, params, sending=self.lineage_sending)
+        return transfer_lineage(result, params, sending=self.lineage_sending)

@@ -1,9 +1,12 @@
-"""LogProgress: transfer progress as task-log lines."""
+"""Transfer progress as task-log lines: of one stream (LogProgress), of a many-file send
+(BatchLogProgress)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
+from airflow_provider_amqstream.engine import BatchStatus
 from airflow_provider_amqstream.progress import ProgressMeter
 
 
@@ -25,3 +28,25 @@ class LogProgress:
             return
         rate = f", {rep.rate / 2**20:.1f} MiB/s" if rep.rate is not None else ""
         self.log.info("%s: %d of %d bytes (%.1f%%)%s", self.label, rep.done, rep.total, rep.percent, rate)
+
+
+class BatchLogProgress:
+    """A line every ``interval`` seconds with files and MiB done of a many-file send, and
+    the line of its last file.
+
+    :param log: the task's logger.
+    :param label: what moves, e.g. ``batch ID -> /queue/x``.
+    :param interval: seconds between lines before the last.
+    """
+
+    def __init__(self, log: logging.Logger, label: str, interval: float = 10.0) -> None:
+        self.log, self.label, self.interval = log, label, interval
+        self.last = 0.0
+
+    def __call__(self, st: BatchStatus) -> None:
+        now = time.monotonic()
+        if st.files_done + st.failed < st.files_total and now - self.last < self.interval:
+            return
+        self.last = now
+        self.log.info("%s: %d of %d files, %.1f of %.1f MiB, %.1f MiB/s", self.label,
+                      st.files_done, st.files_total, st.bytes_done / 2**20, st.bytes_total / 2**20, st.rate)

@@ -1,9 +1,13 @@
-"""ReceiveStreamsOperator: drain a destination into a directory in one task, one connection."""
+"""ReceiveStreamsOperator: drain a destination into a directory in one task, one connection;
+and what it shares with StreamCompleteSensor: the receive options built from a task's
+arguments (receive_options) and the report of the streams a receive gave up on
+(FailureReport)."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -11,12 +15,13 @@ from airflow.sdk import BaseOperator
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, find_claimed, manifest_path
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import task_claim
+from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 
 
-class ReceiveStreamsOperator(BaseOperator):
+class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
     """Receive many streams in one task over one connection: until ``count`` arrived, until
     the manifest of ``batch_id`` is written, until ``wait_timeout`` passes with no offer, or
     until ``deadline``.
@@ -54,6 +59,7 @@ class ReceiveStreamsOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "quarantine")
     ui_color = "#f3e6d8"
+    lineage_sending, lineage_destination_field = False, "source"
 
     def __init__(self, *, source: str, out_dir: str, count: int | None = None, batch_id: str | None = None,
                  wait_timeout: float = 30.0, deadline: float = 3600.0,
@@ -86,13 +92,7 @@ class ReceiveStreamsOperator(BaseOperator):
         if results:
             self.log.info("%d streams were received into %s by earlier tries of this task; going on from there",
                           len(results), self.out_dir)
-        failed: list[dict[str, Any]] = []
-
-        def on_failure(failure: StreamFailure) -> None:
-            self.log.warning("stream %s on %s %s: %s", failure.stream_id, failure.destination, failure.status,
-                             failure.reason)
-            failed.append(failure.to_json())
-
+        failed = FailureReport(self.log)
         until = time.monotonic() + self.deadline
         # A retry may find its count reached or its batch complete already.
         while (self.count is None or len(results) < self.count) and not (manifest and manifest.exists()):
@@ -100,11 +100,8 @@ class ReceiveStreamsOperator(BaseOperator):
             wanted = None if self.count is None else self.count - len(results)
             # With a batch to wait for, look for its manifest every few seconds.
             wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if manifest else self.wait_timeout
-            opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
-                                  idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
-                                  quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
-                                  progress=LogProgress(self.log, f"receive from {self.source}"))
-            got = hook.receive_streams(self.source, self.out_dir, count=wanted, options=opts, on_failure=on_failure,
+            got = hook.receive_streams(self.source, self.out_dir, count=wanted,
+                                       options=receive_options(self, wait=wait, claim=claim), on_failure=failed,
                                        stop_after=max(left, 0.0))
             results += [r.to_json() for r in got]
             if manifest is not None and manifest.exists():
@@ -124,19 +121,40 @@ class ReceiveStreamsOperator(BaseOperator):
                       f"; manifest {manifest}" if manifest else "")
         if self.file_asset_alias:
             emit_file_assets(context, self.file_asset_alias, results, self.log)
-        self._amqstream_result = {"files": results, "failed": failed, "manifest": str(manifest) if manifest else None,
-                                  "count": len(results)}
+        self._amqstream_result = {"files": results, "failed": failed.streams,
+                                  "manifest": str(manifest) if manifest else None, "count": len(results)}
         return self._amqstream_result
 
-    def get_openlineage_facets_on_start(self) -> Any:
-        """Lineage known before anything is taken: the destination the files come from."""
-        from airflow_provider_amqstream.operators.lineage import start_lineage
 
-        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(), self.source, sending=False)
+def receive_options(task: Any, *, wait: float, claim: str | None,
+                    events: Callable[[str, dict[str, Any]], None] | None = None) -> ReceiveOptions:
+    """The engine's options for one receive of a task, from the task's arguments.
 
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """Lineage: the destination became the received files (or, past 100, their directory)."""
-        from airflow_provider_amqstream.operators.lineage import batch_lineage, result_of
+    :param task: a ReceiveStreamsOperator or StreamCompleteSensor (its ``window``,
+        ``idle_timeout``, ``overwrite``, ``max_bytes``, ``quarantine``, ``min_free_bytes``,
+        ``source`` and ``log``).
+    :param wait: seconds to wait for a stream to be offered.
+    :param claim: the task instance's claim on the streams it takes (see ``task_claim``).
+    :param events: called with (event name, data) as streams open, close and fail.
+    """
+    return ReceiveOptions(window=task.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
+                          idle_timeout=task.idle_timeout, overwrite=task.overwrite, max_bytes=task.max_bytes,
+                          quarantine=task.quarantine, min_free_bytes=task.min_free_bytes, claim=claim, events=events,
+                          progress=LogProgress(task.log, f"receive from {task.source}"))
 
-        return batch_lineage(result_of(self, task_instance), AmqStreamHook(self.amqstream_conn_id).broker_params(),
-                             sending=False)
+
+class FailureReport:
+    """The streams a receive gave up on (quarantined, or yielded their place), each logged
+    as it fails and kept for the task's result or XCom; receiving goes on without them.
+
+    :param log: the task's logger.
+    """
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.streams: list[dict[str, Any]] = []
+
+    def __call__(self, failure: StreamFailure) -> None:
+        self.log.warning("stream %s on %s %s: %s", failure.stream_id, failure.destination, failure.status,
+                         failure.reason)
+        self.streams.append(failure.to_json())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import time
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,13 +11,14 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine import BatchStatus, checkpoint_name, collect_files, default_stream_id
+from airflow_provider_amqstream.engine import BulkResult, collect_files, default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators.checkpoint import TaskStateCheckpoint
-from airflow_provider_amqstream.operators.progress import LogProgress
+from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
+from airflow_provider_amqstream.operators.lineage import ReportsLineage
+from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
 
 
-class SendStreamOperator(BaseOperator):
+class SendStreamOperator(ReportsLineage, BaseOperator):
     """Send a file as a chunked, resumable stream, or many files over one connection.
 
     A retry continues from the last chunk the broker confirmed (kept in the task
@@ -59,6 +60,7 @@ class SendStreamOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("path", "destination", "stream_id", "name")
     ui_color = "#d8ecf3"
+    lineage_sending, lineage_destination_field = True, "destination"
 
     def __init__(self, *, path: str | list[str], destination: str, recursive: bool = False, fail_fast: bool = False,
                  manifest: bool = True, pack: bool = True,
@@ -68,14 +70,7 @@ class SendStreamOperator(BaseOperator):
                  reconnect_timeout: float = 120.0,
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if mode not in {m.value for m in p.Mode}:
-            raise ValueError(f"{self.task_id}: mode must be one of {[m.value for m in p.Mode]}, got {mode!r}")
-        if chunk_size is not None and not 1 <= chunk_size <= p.MAX_CHUNK_SIZE:
-            raise ValueError(f"{self.task_id}: chunk_size must be in 1..{p.MAX_CHUNK_SIZE}, got {chunk_size}")
-        if window is not None and window < 1:
-            raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
-        if compression not in (None, *p.ENCODINGS):
-            raise ValueError(f"{self.task_id}: compression must be one of {p.ENCODINGS} or None, got {compression!r}")
+        check_send_arguments(self.task_id, mode=mode, chunk_size=chunk_size, window=window, compression=compression)
         self.compression = compression
         self.path = path
         self.recursive, self.fail_fast, self.manifest, self.pack = recursive, fail_fast, manifest, pack
@@ -89,12 +84,8 @@ class SendStreamOperator(BaseOperator):
         self.reconnect_timeout = reconnect_timeout
         self.progress_interval = progress_interval
 
-    def _is_single(self) -> bool:
-        path = self.path
-        return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
-
     def execute(self, context: Any) -> dict[str, Any]:
-        if not self._is_single():
+        if not names_one_file(self.path):
             return self._execute_many(context)
         src = Path(str(self.path))
         if not src.is_file():
@@ -105,10 +96,7 @@ class SendStreamOperator(BaseOperator):
         result = hook.send_file(
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
             window=self.window, mode=self.mode, reconnect_timeout=self.reconnect_timeout,
-            compression=self.compression,
-            # One resume point per stream and broker, as for the CLI.
-            checkpoint=TaskStateCheckpoint(
-                context, "amqstream_send:" + checkpoint_name(stream_id, hook.broker_params()).removesuffix(".json")),
+            compression=self.compression, checkpoint=send_checkpoint(context, stream_id, hook.broker_params()),
             progress=LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval),
         )
         if result.resumed_from:
@@ -122,70 +110,89 @@ class SendStreamOperator(BaseOperator):
     def _execute_many(self, context: Any) -> dict[str, Any]:
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
-        args = [self.path] if isinstance(self.path, str) else list(self.path)
-        files = collect_files(args, recursive=self.recursive)
+        files = collect_files([self.path] if isinstance(self.path, str) else list(self.path), recursive=self.recursive)
         hook = AmqStreamHook(self.amqstream_conn_id)
         params = hook.broker_params()
         ti = context.get("ti")
-        run = f"{getattr(ti, 'dag_id', '')}|{self.task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}"
-        batch_id = "af-" + hashlib.sha256(run.encode()).hexdigest()[:24]
-        store = context.get("task_state_store")
-        key = f"amqstream_batch:{batch_id}"
-        seed = (store.get(key) if store is not None else None) or []
-
-        def flushed(ids: list[str]) -> None:
-            if store is not None:
-                store.set(key, ids)
-
-        last = [0.0]
-
-        def progress(st: BatchStatus) -> None:
-            now = time.monotonic()
-            if st.files_done + st.failed < st.files_total and now - last[0] < self.progress_interval:
-                return
-            last[0] = now
-            self.log.info("batch %s -> %s: %d of %d files, %.1f of %.1f MiB, %.1f MiB/s", batch_id, self.destination,
-                          st.files_done, st.files_total, st.bytes_done / 2**20, st.bytes_total / 2**20, st.rate)
-
+        batch_id = task_batch_id(ti, self.task_id)
+        ledger = BatchLedger(context, batch_id)
         bulk = hook.send_files(
             files, self.destination, batch_id=batch_id, chunk_size=self.chunk_size, window=self.window,
-            mode=self.mode, compression=self.compression, fail_fast=self.fail_fast, progress=progress,
-            reconnect_timeout=self.reconnect_timeout, ledger_flush=flushed, ledger_seed=seed, manifest=self.manifest,
-            pack=self.pack,
-            checkpoint_for=lambda sid: TaskStateCheckpoint(
-                context, "amqstream_send:" + checkpoint_name(sid, params).removesuffix(".json")),
+            mode=self.mode, compression=self.compression, fail_fast=self.fail_fast,
+            progress=BatchLogProgress(self.log, f"batch {batch_id} -> {self.destination}", self.progress_interval),
+            reconnect_timeout=self.reconnect_timeout, ledger_flush=ledger.flush, ledger_seed=ledger.seed(),
+            manifest=self.manifest, pack=self.pack,
+            checkpoint_for=lambda sid: send_checkpoint(context, sid, params),
         )
-        totals = bulk.totals()
-        self.log.info("batch %s: %d files sent, %d sent before, %d failed; %d bytes in %.1fs (%.1f files/s)",
-                      batch_id, totals["files_sent"], totals["files_already_sent"], totals["files_failed"],
-                      totals["bytes_transferred"], totals["seconds"], totals["files_per_second"])
-        result = {"files": [r.to_json() for r in bulk.results], "failed": [f.to_json() for f in bulk.failures],
-                  "totals": totals}
-        if bulk.failures:
-            if ti is not None:
-                ti.xcom_push(key="partial_result", value=result)
-            names = ", ".join(f"{f.path} ({f.error})" for f in bulk.failures[:5])
-            raise RuntimeError(f"{self.task_id}: {len(bulk.failures)} of {totals['files']} files failed: {names}; "
-                               "a retry sends only what was not confirmed")
-        self._amqstream_result = result
-        return result
+        self._amqstream_result = batch_result(bulk, batch_id, self.task_id, ti, self.log)
+        return self._amqstream_result
 
-    def get_openlineage_facets_on_start(self) -> Any:
-        """Lineage known before anything moves: the destination, and the file when ``path``
-        names one file."""
-        from airflow_provider_amqstream.operators.lineage import start_lineage
+    def lineage_start_path(self) -> str | None:
+        """The file, when ``path`` names one file (a glob or directory is known only once expanded)."""
+        return str(self.path) if names_one_file(self.path) else None
 
-        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(), self.destination, sending=True,
-                             path=str(self.path) if self._is_single() else None)
 
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """Lineage: the file (``file://host`` + path) went to the destination
-        (``amqstream://broker:port`` + name), with its size and SHA-256; for many files, each
-        file (or, past ``MAX_FILE_DATASETS``, their common directory) with count and bytes."""
-        from airflow_provider_amqstream.operators.lineage import batch_lineage, result_of, transfer_lineage
+def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, window: int | None,
+                         compression: str | None) -> None:
+    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task.
 
-        params = AmqStreamHook(self.amqstream_conn_id).broker_params()
-        result = result_of(self, task_instance)
-        if result is not None and "files" in result:
-            return batch_lineage(result, params)
-        return transfer_lineage(result, params, sending=True)
+    :param task_id: the task the arguments belong to.
+    :param mode: ``stream`` or ``atomic``.
+    :param chunk_size: bytes per chunk, or None for the connection's.
+    :param window: chunks per broker confirmation, or None for the connection's.
+    :param compression: a chunk encoding, or None.
+    """
+    if mode not in {m.value for m in p.Mode}:
+        raise ValueError(f"{task_id}: mode must be one of {[m.value for m in p.Mode]}, got {mode!r}")
+    if chunk_size is not None and not 1 <= chunk_size <= p.MAX_CHUNK_SIZE:
+        raise ValueError(f"{task_id}: chunk_size must be in 1..{p.MAX_CHUNK_SIZE}, got {chunk_size}")
+    if window is not None and window < 1:
+        raise ValueError(f"{task_id}: window must be at least 1, got {window}")
+    if compression not in (None, *p.ENCODINGS):
+        raise ValueError(f"{task_id}: compression must be one of {p.ENCODINGS} or None, got {compression!r}")
+
+
+def names_one_file(path: str | list[str]) -> bool:
+    """Whether ``path`` is one file (not a list, a glob pattern or a directory).
+
+    :param path: the operator's ``path``, rendered.
+    """
+    return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
+
+
+def task_batch_id(ti: Any, task_id: str) -> str:
+    """The batch id of a many-file send: the same for every try of the task instance, so a
+    retry finds the ledger of what earlier tries sent.
+
+    :param ti: the task instance (None outside a task).
+    :param task_id: the task's id.
+    """
+    run = f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}"
+    return "af-" + hashlib.sha256(run.encode()).hexdigest()[:24]
+
+
+def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: logging.Logger) -> dict[str, Any]:
+    """Log what a many-file send did and return its XCom ``{"files", "failed", "totals"}``.
+
+    If any file failed, the result is pushed as XCom ``partial_result`` instead and the task
+    fails naming the first few.
+
+    :param bulk: what the send did.
+    :param batch_id: the send's batch id.
+    :param task_id: the task's id, for the error.
+    :param ti: the task instance (None outside a task).
+    :param log: the task's logger.
+    """
+    totals = bulk.totals()
+    log.info("batch %s: %d files sent, %d sent before, %d failed; %d bytes in %.1fs (%.1f files/s)",
+             batch_id, totals["files_sent"], totals["files_already_sent"], totals["files_failed"],
+             totals["bytes_transferred"], totals["seconds"], totals["files_per_second"])
+    result = {"files": [r.to_json() for r in bulk.results], "failed": [f.to_json() for f in bulk.failures],
+              "totals": totals}
+    if bulk.failures:
+        if ti is not None:
+            ti.xcom_push(key="partial_result", value=result)
+        names = ", ".join(f"{f.path} ({f.error})" for f in bulk.failures[:5])
+        raise RuntimeError(f"{task_id}: {len(bulk.failures)} of {totals['files']} files failed: {names}; "
+                           "a retry sends only what was not confirmed")
+    return result

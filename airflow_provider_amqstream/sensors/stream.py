@@ -1,7 +1,14 @@
-"""StreamCompleteSensor: receive, verify and publish one stream."""
+"""StreamCompleteSensor: receive, verify and publish one stream.
+
+The sensor reads as its parameters, its checks, poke/execute and the deferral. Below it,
+taking the stream (:func:`take_stream`: the one an earlier try received, or the next
+offered, and the XComs and asset events that report it) and the time a deferral may
+still wait (:func:`timeout_left`).
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -10,23 +17,17 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import (
-    ReceiveOptions,
-    StreamFailure,
-    TransferResult,
-    find_claimed,
-    find_received,
-    skipped_streams,
-)
+from airflow_provider_amqstream.engine import TransferResult, find_claimed, find_received, skipped_streams
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import task_claim
+from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
-from airflow_provider_amqstream.operators.progress import LogProgress
-from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
+from airflow_provider_amqstream.operators.receive import FailureReport, receive_options
+from airflow_provider_amqstream.protocol import Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
 
-class StreamCompleteSensor(BaseSensorOperator):
+class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
     """Wait for a stream, receive it into ``out_dir``, verify its SHA-256, publish it.
 
     Succeeds when the file is complete and verified, returning (XCom) its ``path``,
@@ -68,6 +69,7 @@ class StreamCompleteSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = ("source", "out_dir", "stream_id", "quarantine")
     ui_color = "#f3e6d8"
+    lineage_sending, lineage_destination_field = False, "source"
 
     def __init__(self, *, source: str, out_dir: str, stream_id: str | None = None,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
@@ -102,105 +104,9 @@ class StreamCompleteSensor(BaseSensorOperator):
         if self.stream_id:
             validate_stream_id(self.stream_id)
 
-    def _already_received(self, claim: str | None) -> TransferResult | None:
-        """The stored result if ``out_dir`` already holds this task's stream, else None.
-
-        With ``stream_id``: that stream's record (a re-run, or a run started for a stream
-        another run took, must not wait for an offer that is gone). Without: the stream an
-        earlier try of this task instance received (its offer was acknowledged, so the
-        retry would otherwise wait for a new one and the received file would never reach
-        the tasks downstream).
-        """
-        if self.stream_id:
-            record = find_received(self.out_dir, self.stream_id)
-            why = "was already received"
-        else:
-            claimed = find_claimed(self.out_dir, claim) if claim else []
-            record = claimed[0] if claimed else None
-            why = "was received by an earlier try of this task"
-        if record is None:
-            return None
-        result = TransferResult.from_json(record)
-        self.log.info("stream %s %s into %s (%d bytes, sha256 %s); not waiting for it again", result.stream_id, why,
-                      result.path, result.bytes, result.sha256)
-        if result.path and not Path(result.path).exists():
-            self.log.warning("%s is no longer there (moved or deleted since stream %s was received)",
-                             result.path, result.stream_id)
-        return result
-
-    def _receive(self, context: Any, wait: float) -> TransferResult | None:
-        claim = task_claim(context)
-        done = self._already_received(claim)
-        if done is not None:
-            self._amqstream_result = done.to_json()
-            self._emit_file_asset(context, done)
-            return done
-        hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
-        ti = context.get("ti")
-
-        def on_event(kind: str, data: dict[str, Any]) -> None:
-            if kind == "stream_open" and ti is not None:
-                ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"],
-                                                         "offset": data["resumed_from"]})
-            if kind == "stream_open" and data["resumed_from"]:
-                self.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
-
-        failures: list[dict[str, Any]] = []
-
-        def on_failure(failure: StreamFailure) -> None:
-            # Another stream on the destination failed; it was quarantined or yielded its
-            # place, and this sensor keeps waiting for a good one.
-            self.log.warning("stream %s on %s %s: %s", failure.stream_id, failure.destination, failure.status,
-                             failure.reason)
-            failures.append(failure.to_json())
-
-        opts = ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
-                              idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
-                              quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
-                              events=on_event,
-                              progress=LogProgress(self.log, f"receive from {self.source}"))
-        try:
-            got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
-                                       on_failure=on_failure)
-        finally:
-            if failures and ti is not None:
-                ti.xcom_push(key="failed_streams", value=failures)
-        result = got[0] if got else None
-        if result is not None:
-            self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", result.stream_id, result.path,
-                          result.bytes, result.sha256)
-            self._amqstream_result = result.to_json()
-            self._emit_file_asset(context, *got)
-        if len(got) > 1:
-            # Its pack's other files (a many-file send packs small files): on disk and
-            # recorded like this one, so they are reported, not left for nobody to find.
-            for other in got[1:]:
-                self.log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
-            if ti is not None:
-                ti.xcom_push(key="also_received", value=[r.to_json() for r in got[1:]])
-        return result
-
-    def _emit_file_asset(self, context: Any, *results: TransferResult) -> None:
-        if self.file_asset_alias:
-            emit_file_assets(context, self.file_asset_alias, [r.to_json() for r in results], self.log)
-
-    def get_openlineage_facets_on_start(self) -> Any:
-        """Lineage known before a stream is taken: the destination it comes from."""
-        from airflow_provider_amqstream.operators.lineage import start_lineage
-
-        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(), self.source, sending=False)
-
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """Lineage: the destination (``amqstream://broker:port`` + name) became the file
-        (``file://host`` + path), with its size and SHA-256."""
-        from airflow_provider_amqstream.operators.lineage import result_of, transfer_lineage
-
-        return transfer_lineage(result_of(self, task_instance),
-                                AmqStreamHook(self.amqstream_conn_id).broker_params(), sending=False)
-
     def poke(self, context: Any) -> PokeReturnValue:
         self._validate()
-        result = self._receive(context, self.offer_wait)
+        result = take_stream(self, context, self.offer_wait)
         if result is None:
             return PokeReturnValue(is_done=False)
         return PokeReturnValue(is_done=True, xcom_value=result.to_json())
@@ -210,27 +116,20 @@ class StreamCompleteSensor(BaseSensorOperator):
             return super().execute(context)
         self._validate()
         # Take a stream that is already there without a round trip through the triggerer.
-        result = self._receive(context, 1.0)
+        result = take_stream(self, context, 1.0)
         if result is not None:
             return result.to_json()
         self._defer(context)
         return None
 
     def _defer(self, context: Any) -> None:
-        timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
-        timeout = float(timeout) if isinstance(timeout, (int, float)) else None
-        # The sensor's timeout counts from the start of this try, not from each deferral:
-        # a sensor woken for a stream another receiver took must not wait afresh.
-        started = getattr(context.get("ti"), "start_date", None) if hasattr(context, "get") else None
-        if timeout is not None and started is not None:
-            timeout = max(timeout - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)
         self.defer(
             trigger=StreamOfferTrigger(source=self.source, stream_id=self.stream_id,
                                        amqstream_conn_id=self.amqstream_conn_id,
                                        poll_interval=float(self.poke_interval)
                                        if not isinstance(self.poke_interval, timedelta)
                                        else self.poke_interval.total_seconds(),
-                                       timeout=timeout,
+                                       timeout=timeout_left(self.timeout, context),
                                        # Streams that yielded here are not taken before their
                                        # turn: the trigger must not wake us for them.
                                        skip=None if self.stream_id else skipped_streams(self.out_dir)),
@@ -242,10 +141,136 @@ class StreamCompleteSensor(BaseSensorOperator):
             from airflow.providers.common.compat.sdk import AirflowException
 
             raise AirflowException((event or {}).get("message", "trigger ended without an event"))
-        result = self._receive(context, 30.0)
+        result = take_stream(self, context, 30.0)
         if result is None:
             # Another consumer took the offer between the trigger's look and ours.
             self.log.info("the offered stream was taken by another receiver, or yielded its place; waiting again")
             self._defer(context)
             return None
         return result.to_json()
+
+
+def take_stream(sensor: StreamCompleteSensor, context: Any, wait: float) -> TransferResult | None:
+    """Receive ``sensor``'s stream for this try: the one ``out_dir`` already holds for this
+    task, else the next one offered within ``wait`` seconds (None when none was). Kept on
+    the sensor for its lineage and emitted as asset events, with the other files of its
+    pack, which are also reported as XCom ``also_received``.
+
+    :param sensor: the sensor whose arguments say where and what to receive.
+    :param context: the task's execution context.
+    :param wait: seconds to wait for an offer.
+    """
+    claim = task_claim(context)
+    done = already_received(sensor.out_dir, sensor.stream_id, claim, sensor.log)
+    got = [done] if done is not None else receive_offered(sensor, context, wait, claim)
+    if not got:
+        return None
+    sensor._amqstream_result = got[0].to_json()
+    if sensor.file_asset_alias:
+        emit_file_assets(context, sensor.file_asset_alias, [r.to_json() for r in got], sensor.log)
+    if len(got) > 1:
+        report_pack(got[1:], context.get("ti"), sensor.log)
+    return got[0]
+
+
+def receive_offered(sensor: StreamCompleteSensor, context: Any, wait: float, claim: str | None) -> list[TransferResult]:
+    """The next stream offered to ``sensor`` within ``wait`` seconds, and the rest of its pack
+    (its stream first); empty when none was offered.
+
+    Publishes on the way, as XCom, the offset a resumed stream starts at (``resume_offset``)
+    and the other streams on the destination that failed meanwhile (``failed_streams``).
+
+    :param sensor: the sensor whose arguments say where and what to receive.
+    :param context: the task's execution context.
+    :param wait: seconds to wait for an offer.
+    :param claim: the task instance's claim (see ``task_claim``).
+    """
+    hook = AmqStreamHook(sensor.amqstream_conn_id)  # built per poke, never in __init__
+    ti = context.get("ti")
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "stream_open" and ti is not None:
+            ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"],
+                                                     "offset": data["resumed_from"]})
+        if kind == "stream_open" and data["resumed_from"]:
+            sensor.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
+
+    # Another stream on the destination failed; it was quarantined or yielded its
+    # place, and this sensor keeps waiting for a good one.
+    failures = FailureReport(sensor.log)
+    opts = receive_options(sensor, wait=wait, claim=claim, events=on_event)
+    try:
+        got = hook.receive_streams(sensor.source, sensor.out_dir, count=1, stream_id=sensor.stream_id, options=opts,
+                                   on_failure=failures)
+    finally:
+        if failures.streams and ti is not None:
+            ti.xcom_push(key="failed_streams", value=failures.streams)
+    if got:
+        sensor.log.info("received stream %s -> %s (%d bytes, sha256 %s)", got[0].stream_id, got[0].path,
+                        got[0].bytes, got[0].sha256)
+    return got
+
+
+def already_received(out_dir: str, stream_id: str | None, claim: str | None,
+                     log: logging.Logger) -> TransferResult | None:
+    """The stored result if ``out_dir`` already holds this task's stream, else None.
+
+    With ``stream_id``: that stream's record (a re-run, or a run started for a stream
+    another run took, must not wait for an offer that is gone). Without: the stream an
+    earlier try of this task instance received (its offer was acknowledged, so the
+    retry would otherwise wait for a new one and the received file would never reach
+    the tasks downstream).
+
+    :param out_dir: the sensor's output directory.
+    :param stream_id: the stream the sensor waits for, or None for any.
+    :param claim: the task instance's claim (see ``task_claim``).
+    :param log: the task's logger.
+    """
+    if stream_id:
+        record = find_received(out_dir, stream_id)
+        why = "was already received"
+    else:
+        claimed = find_claimed(out_dir, claim) if claim else []
+        record = claimed[0] if claimed else None
+        why = "was received by an earlier try of this task"
+    if record is None:
+        return None
+    result = TransferResult.from_json(record)
+    log.info("stream %s %s into %s (%d bytes, sha256 %s); not waiting for it again", result.stream_id, why,
+             result.path, result.bytes, result.sha256)
+    if result.path and not Path(result.path).exists():
+        log.warning("%s is no longer there (moved or deleted since stream %s was received)",
+                    result.path, result.stream_id)
+    return result
+
+
+def report_pack(others: list[TransferResult], ti: Any, log: logging.Logger) -> None:
+    """Report the other files of the pack a sensor's stream came in (a many-file send packs
+    small files): on disk and recorded like that stream, so they are reported, as XCom
+    ``also_received``, not left for nobody to find.
+
+    :param others: the pack's other streams.
+    :param ti: the task instance (None outside a task).
+    :param log: the task's logger.
+    """
+    for other in others:
+        log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
+    if ti is not None:
+        ti.xcom_push(key="also_received", value=[r.to_json() for r in others])
+
+
+def timeout_left(timeout: timedelta | float | None, context: Any) -> float | None:
+    """Seconds a deferral may wait: the sensor's ``timeout`` less what this try has run
+    (at least 1), or None for no limit.
+
+    :param timeout: the sensor's ``timeout``.
+    :param context: the task's execution context (its ``ti.start_date``).
+    """
+    timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    timeout = float(timeout) if isinstance(timeout, (int, float)) else None
+    # The sensor's timeout counts from the start of this try, not from each deferral:
+    # a sensor woken for a stream another receiver took must not wait afresh.
+    started = getattr(context.get("ti"), "start_date", None) if hasattr(context, "get") else None
+    if timeout is not None and started is not None:
+        timeout = max(timeout - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)
+    return timeout
