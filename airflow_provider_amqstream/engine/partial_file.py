@@ -43,6 +43,33 @@ def default_reserve(path: Path) -> int:
     return min(total // 50, 2**30)
 
 
+def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str) -> None:
+    """Allocate the whole file open as ``fd`` now, so a full disk fails here rather than hours
+    in, and later syncs need not flush a growing size. A stream that would leave less than
+    ``min_free`` bytes free is refused (:class:`StreamNoRoom`) before anything is allocated;
+    after a failed allocation the caller gives back what it may have taken.
+
+    :param have: the file's size now (a resumed stream's is already allocated).
+    :param sdir: the state directory the file is in.
+    :param what: the stream, as error messages name it.
+    """
+    if size == 0 or have >= size:
+        return
+    usage = shutil.disk_usage(sdir)
+    if usage.free - (size - have) < min_free:
+        raise StreamNoRoom(
+            f"{what}: needs {size - have} more bytes in {sdir.parent}, which has {usage.free} free "
+            f"and keeps {min_free} in reserve; the stream yields its place and is tried again later. Free "
+            "space, lower the reserve (min_free_bytes, --min-free) or receive into another directory.")
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        free = shutil.disk_usage(sdir).free
+        raise StreamNoRoom(
+            f"{what}: cannot reserve {size} bytes in {sdir.parent} ({exc.strerror}; {free} bytes free); "
+            "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
+
+
 class PartialFile:
     """The ``.part`` file of one stream and the durable record of what is in it.
 
@@ -77,7 +104,12 @@ class PartialFile:
         # while it waited on a silent sender must not make the next one wait from zero.
         self.last_write = time.time() if self.created else os.fstat(self.fd).st_mtime
         self.state = self._load_state()
-        self._reserve(min_free)
+        have = os.fstat(self.fd).st_size
+        try:
+            reserve(self.fd, self.spec.size, have, self.sdir, min_free, self.what)
+        except StreamNoRoom:
+            self._release(have)
+            raise
         with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
             hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
         self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
@@ -111,30 +143,6 @@ class PartialFile:
                               "stream with the same id; delete it to receive from the start")
         log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
         return state
-
-    def _reserve(self, min_free: int) -> None:
-        """Allocate the whole file now, so a full disk fails here rather than hours in, and
-        later syncs need not flush a growing size. A stream that would leave less than
-        ``min_free`` bytes free is refused before anything is allocated."""
-        size = self.spec.size
-        have = os.fstat(self.fd).st_size
-        if size == 0 or have >= size:
-            return
-        usage = shutil.disk_usage(self.sdir)
-        if usage.free - (size - have) < min_free:
-            self._release(have)
-            raise StreamNoRoom(
-                f"{self.what}: needs {size - have} more bytes in {self.sdir.parent}, which has {usage.free} free "
-                f"and keeps {min_free} in reserve; the stream yields its place and is tried again later. Free "
-                "space, lower the reserve (min_free_bytes, --min-free) or receive into another directory.")
-        try:
-            os.posix_fallocate(self.fd, 0, size)
-        except OSError as exc:
-            free = shutil.disk_usage(self.sdir).free
-            self._release(have)
-            raise StreamNoRoom(
-                f"{self.what}: cannot reserve {size} bytes in {self.sdir.parent} ({exc.strerror}; {free} bytes free); "
-                "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
 
     def _release(self, keep: int) -> None:
         """Give back a reservation that failed: fallocate may have filled the disk first."""
