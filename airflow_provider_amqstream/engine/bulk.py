@@ -439,7 +439,7 @@ class _Ctx:
             self._confirm(link, flight)
 
     def _confirm(self, link: StompLink, flight: _InFlight) -> None:
-        """Record the files the oldest receipt asked for confirms."""
+        """Wait for the oldest receipt asked for, and record the files it confirms."""
         for e, res in flight.confirm_oldest(link):
             self._record(e, res)
 

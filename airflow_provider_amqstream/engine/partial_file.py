@@ -49,8 +49,11 @@ def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str)
     ``min_free`` bytes free is refused (:class:`StreamNoRoom`) before anything is allocated;
     after a failed allocation the caller gives back what it may have taken.
 
+    :param fd: the ``.part`` file, open for writing.
+    :param size: the stream's size in bytes.
     :param have: the file's size now (a resumed stream's is already allocated).
     :param sdir: the state directory the file is in.
+    :param min_free: bytes to leave free on the filesystem.
     :param what: the stream, as error messages name it.
     """
     if size == 0 or have >= size:
