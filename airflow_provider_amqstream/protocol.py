@@ -41,6 +41,7 @@ the broker. Everything here can be unit-tested without a network or a disk.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import zlib
 from collections.abc import Mapping
@@ -88,6 +89,15 @@ H_QUARANTINE_REASON = "amqs_quarantine_reason"
 H_QUARANTINED_FROM = "amqs_quarantined_from"
 H_QUARANTINED_BY = "amqs_quarantined_by"
 H_QUARANTINED_AT = "amqs_quarantined_at"
+# A yielded stream's offer, put back at the tail of its queue by a receiver: not taken
+# before this time (epoch seconds), how often it yielded, and who offered it first.
+H_NOT_BEFORE = "amqs_not_before"
+H_YIELDS = "amqs_yields"
+H_YIELD_REASON = "amqs_yield_reason"
+H_FIRST_SENDER = "amqs_first_sender"
+# Stamped by the broker (populateJMSXUserID with the authenticated principal): the only
+# sender identity a receiver believes.
+H_USER_ID = "JMSXUserID"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 
@@ -485,3 +495,58 @@ def offer_selector(stream_id: str | None = None) -> str:
     escaped = sid.replace("_", "!_")
     return (f"({H_KIND} = '{Kind.OFFER.value}' AND {H_STREAM} = '{sid}') OR "
             f"({H_KIND} = '{Kind.PACK.value}' AND {H_PACK_IDS} LIKE '%|{escaped}|%' ESCAPE '!')")
+
+
+def sender_of(headers: Mapping[str, Any], requeued_by: str | None = None) -> str:
+    """Who offered a message, as the broker says: its ``JMSXUserID`` stamp ("" when the
+    broker stamps none). A header a client writes is never identity, with one exception:
+    an offer a receiver put back at the tail of its queue (:data:`H_NOT_BEFORE`) carries the
+    first sender in :data:`H_FIRST_SENDER`, believed only when the broker stamped that copy
+    with ``requeued_by`` (the receiving user itself, who could send as anyone it stands for).
+
+    :param headers: the message's headers.
+    :param requeued_by: the receiving user's login.
+    """
+    stamp = str(headers.get(H_USER_ID) or "")[:MAX_STREAM_ID]
+    if requeued_by and stamp == requeued_by and H_FIRST_SENDER in headers:
+        return str(headers[H_FIRST_SENDER])[:MAX_STREAM_ID]
+    return stamp
+
+
+def parked_until(headers: Mapping[str, Any]) -> float:
+    """When a parked offer may be taken again (epoch seconds); 0.0 for an offer that is not
+    parked. A value that is not a number counts as not parked: whoever sent it gains
+    nothing, since a stream taken early only yields again."""
+    raw = str(headers.get(H_NOT_BEFORE) or "")
+    if not raw or len(raw) > 24:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) else 0.0
+
+
+def yields_of(headers: Mapping[str, Any]) -> int:
+    """How many times the stream behind an offer yielded (0 when never, or unreadable)."""
+    raw = str(headers.get(H_YIELDS) or "")
+    return int(raw) if _DIGITS.fullmatch(raw) and len(raw) < 6 else 0
+
+
+def parked_headers(headers: Mapping[str, Any], *, not_before: float, reason: str, sender: str) -> dict[str, str]:
+    """The headers of an offer put back at the tail of its queue after a yield: its own
+    ``amqs_*`` headers, when it may be taken again, the yield count and the first sender.
+
+    :param headers: the offer as received.
+    :param not_before: epoch seconds before which no receiver takes it.
+    :param reason: why the stream yielded (cut to 500 characters).
+    :param sender: who offered it first (:func:`sender_of`).
+    """
+    out = {k: str(v) for k, v in headers.items() if k.startswith("amqs_")}
+    out.update({H_NOT_BEFORE: f"{not_before:.3f}", H_YIELDS: str(yields_of(headers) + 1),
+                H_YIELD_REASON: reason[:500]})
+    if sender:
+        out[H_FIRST_SENDER] = sender
+    else:
+        out.pop(H_FIRST_SENDER, None)
+    return out

@@ -23,13 +23,13 @@ import stomp
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamStalled, receive_stream, send_file, skipped_streams
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamStalled, receive_stream, send_file
 from airflow_provider_amqstream.triggers import offers as offers_mod
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
 from airflow_provider_amqstream.triggers.offers import OfferBrowser
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 from tests.conftest import ROOT
-from tests.helpers import make_file, play
+from tests.helpers import browse, make_file, play
 
 CONN_ID = "amqs_evt"
 
@@ -332,8 +332,8 @@ def test_stomp_connect_line_stays_out_of_logs(params: BrokerParams) -> None:
 @pytest.mark.broker
 def test_a_deferred_sensor_is_not_woken_for_a_stream_that_yielded_its_place(
         conn: str, params: BrokerParams, queue_name: str, tmp_path: Path) -> None:
-    """A stalled stream's offer goes back to the queue; the receiver skips it for a while.
-    The sensor's trigger must skip it too, or it fires at once, the sensor finds nothing
+    """A stalled stream's offer is parked at the tail of the queue until its back-off ends.
+    The sensor's trigger must pass it too, or it fires at once, the sensor finds nothing
     to take, defers again, and loops until its timeout."""
     data = make_file(tmp_path / "late.bin", 6000).read_bytes()
     play(params, queue_name, p.StreamSpec("stall-1", "late.bin", len(data), 1000), data, [1, 2], end=False)
@@ -341,16 +341,15 @@ def test_a_deferred_sensor_is_not_woken_for_a_stream_that_yielded_its_place(
     with pytest.raises(StreamStalled):
         receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=5, idle_timeout=1,
                                                                        yield_backoff=600))
-    skip = skipped_streams(out)
-    assert list(skip) == ["stall-1"] and skip["stall-1"] > time.time() + 500
-    trig = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=3, skip=skip)
-    assert trig.serialize()[1]["skip"] == skip
+    [parked] = browse(params, queue_name)
+    assert p.parked_until(parked.headers) > time.time() + 500 and parked.headers[p.H_YIELDS] == "1"
+    trig = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=3)
     events: list[Any] = []
     asyncio.run(_collect(trig.run(), events, lambda: bool(events), 60))
     assert events[0].payload["status"] == "timeout", events[0].payload
-    # Once its turn is back (or for a sensor of another directory), the offer wakes it.
+    # A sensor asking for that very stream is woken: a receiver asked for it takes it at once.
     woken: list[Any] = []
-    again = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=30,
-                               skip={"stall-1": time.time() - 1})
+    again = StreamOfferTrigger(source=queue_name, stream_id="stall-1", amqstream_conn_id=conn, poll_interval=0.2,
+                               timeout=30)
     asyncio.run(_collect(again.run(), woken, lambda: bool(woken), 60))
     assert woken[0].payload["status"] == "success"

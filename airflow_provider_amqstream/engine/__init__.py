@@ -19,7 +19,7 @@ from airflow_provider_amqstream.engine.batch import BatchFile, BatchStatus, Bulk
 from airflow_provider_amqstream.engine.bulk import send_files
 from airflow_provider_amqstream.engine.claims import find_claimed
 from airflow_provider_amqstream.engine.manifest import manifest_path
-from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams, skipped_streams
+from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Checkpoint,
@@ -38,7 +38,7 @@ from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
 
 __all__ = [
     "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "manifest_path",
-    "send_files", "skipped_streams",
+    "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "receive_stream", "receive_streams", "send_file",

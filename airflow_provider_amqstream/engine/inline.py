@@ -99,10 +99,27 @@ def settle(link: Any, offer: Any) -> None:
     """Acknowledge an offer that is settled; a pack member's pack once all its members are."""
     if not isinstance(offer, PackMember):
         link.ack(offer)
+        mark_settled(offer)
         return
     offer.pack.left -= 1
     if offer.pack.left == 0:
         link.ack(offer.pack.message)
+        mark_settled(offer.pack.message)
+
+
+def mark_settled(message: Any) -> None:
+    """Note that ``message`` (an offer or a pack as received) was acknowledged, so a group
+    cut short by a yield gives back only what it still holds."""
+    message.amqs_settled = True
+
+
+def is_settled(message: Any) -> bool:
+    return bool(getattr(message, "amqs_settled", False))
+
+
+def message_of(offer: Any) -> Any:
+    """The message that carries ``offer``: its pack for a pack member, else itself."""
+    return offer.pack.message if isinstance(offer, PackMember) else offer
 
 
 def files_in(message: Any) -> int:

@@ -12,11 +12,12 @@ stream fails"):
   stream's remaining chunks are refused (the broker moves them to its DLQ), the partial
   file is removed, the original offer is acknowledged, and the receiver moves on.
 * **Yield** (the sender went silent for ``idle_timeout``, or the file does not fit the
-  free space less the reserve): the partial data is kept, the offer goes back to the
-  queue, and this output directory skips the stream for a back-off (``yield_backoff``
-  seconds, doubling for each consecutive yield up to an hour; a completed stream resets
-  it), kept in ``.amqstream/yielded.json``. It gets its turn back when the back-off ends,
-  or at once for a receiver that asks for that stream id.
+  free space less the reserve): the partial data is kept and the offer is parked at the
+  tail of its queue with a time before which no receiver takes it (``yield_backoff``
+  seconds, doubling for each yield up to an hour; see
+  :mod:`~airflow_provider_amqstream.engine.offers`). It gets its turn back when that time
+  has passed, or at once for a receiver that asks for that stream id. A stream that
+  yielded ``MAX_YIELDS`` times is quarantined.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import inline
 from airflow_provider_amqstream.engine.inline import InlineGroup
 from airflow_provider_amqstream.engine.manifest import Batches
-from airflow_provider_amqstream.engine.offers import Offers, YieldBook
+from airflow_provider_amqstream.engine.offers import MAX_YIELDS, Offers
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Backoff,
@@ -106,7 +107,6 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         p.validate_stream_id(stream_id)
     out = Path(out_dir)
     sdir = state_dir(out)
-    book = YieldBook(sdir / YieldBook.FILE, opts.yield_backoff)
     inline.sweep_temporaries(sdir)
     batches = Batches(out, sdir)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
@@ -119,7 +119,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         try:
             with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
-                offers = Offers(link, dest, stream_id, book, opts)
+                offers = Offers(link, dest, stream_id, opts, me=params.login or "")
                 while count is None or len(results) < count:
                     deadline = None if wait is None else time.monotonic() + wait
                     if until is not None:
@@ -133,9 +133,9 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
                     if bw.is_pack(offer.headers) or (bw.is_inline(offer.headers)
                                                     and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value):
                         group = offers.gather_inline(offer, None if count is None else count - len(results))
-                        outcomes = _take_inline(link, dest, out, sdir, group, opts, book, offers)
+                        outcomes = _take_inline(link, dest, out, sdir, group, opts, offers)
                     else:
-                        outcomes = [_take(link, dest, out, sdir, offer, opts, book, offers, batches)]
+                        outcomes = [_take(link, dest, out, sdir, offer, opts, offers, batches)]
                     failed: StreamError | None = None
                     for outcome in outcomes:
                         if outcome is None:
@@ -185,7 +185,7 @@ def _describe(outcome: TransferResult | StreamError) -> str:
 
 
 def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
-          book: YieldBook, offers: Offers, batches: Batches) -> TransferResult | StreamError | None:
+          offers: Offers, batches: Batches) -> TransferResult | StreamError | None:
     """Settle one offer: a result, a handled failure (to report or raise), or None for a
     re-offer or a batch message (nothing to receive)."""
     sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
@@ -204,7 +204,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
         _clear_leftovers(link, dest, sdir, offer, opts)
         return None
     if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
-        return _take_inline(link, dest, out, sdir, [offer], opts, book, offers)[0]
+        return _take_inline(link, dest, out, sdir, [offer], opts, offers)[0]
     try:
         spec, data_q = p.parse_offer(offer.headers, dest)
         terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
@@ -224,23 +224,24 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
         return _quarantine(link, dest, offer, sid, bad.reason, opts, offset=bad.offset, moved=moved)
     except StreamYielded as exc:
         receiver.stop_data()
-        return _yielded(exc, sid, dest, receiver.offset, book, offers, opts)
-    book.clear(sid)
+        return _yielded(exc, sid, dest, receiver.offset, offers, opts, offer)
     link.ack(offer)
     return result
 
 
-def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, book: YieldBook, offers: Offers,
-             opts: ReceiveOptions, pack_id: str = "") -> StreamYielded:
-    """The stream gives up its place: every offer we hold goes back, and this directory
-    skips the stream (and the pack that carries it) for a back-off."""
-    offers.release()
-    if pack_id:
-        book.add(pack_id, str(exc))
-    retry = book.add(sid, str(exc))
+def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, offers: Offers,
+             opts: ReceiveOptions, message: Any) -> StreamYielded | StreamQuarantined:
+    """The stream gives up its place: ``message`` (its offer, or the pack carrying it) is
+    parked at the tail of the queue until its back-off ends; after ``MAX_YIELDS`` yields
+    the stream is quarantined instead."""
+    if p.yields_of(message.headers) + 1 > MAX_YIELDS:
+        return _quarantine(offers.link, dest, message, sid, (
+            f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
+            "the output directory's .amqstream"), opts, offset=offset)
+    retry = offers.park(message, str(exc))
     failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
                             str(exc), offset, retry_after=retry)
-    log.warning("%s (skipped by this directory for %.0fs)", exc, retry)
+    log.warning("%s (parked at the tail of %s for %.0fs)", exc, dest, retry)
     opts.emit("stream_yielded", **failure.to_json())
     exc.failure = failure
     return exc
@@ -285,14 +286,14 @@ def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, o
 
 
 def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
-                 opts: ReceiveOptions, book: YieldBook, offers: Offers) -> list[TransferResult | StreamError | None]:
+                 opts: ReceiveOptions, offers: Offers) -> list[TransferResult | StreamError | None]:
     """Settle a group of inline offers: check and write each, make them durable together
     (see :mod:`~airflow_provider_amqstream.engine.inline`), then acknowledge them."""
     outcomes: list[TransferResult | StreamError | None] = []
     files = InlineGroup(out, sdir, str(dest), opts)
     later: list[Any] = []
     yielded: StreamYielded | None = None
-    yielded_sid = yielded_pack = ""
+    yielded_sid, yielded_offer = "", None
     try:
         for offer in _unpacked(link, dest, group, opts, outcomes):
             sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
@@ -315,24 +316,28 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
             except Poisoned as bad:
                 outcomes.append(_quarantine(link, dest, offer, sid, bad.reason, opts))
             except StreamNoRoom as exc:
-                yielded = exc
-                yielded_sid = sid
-                yielded_pack = offer.pack_id if isinstance(offer, inline.PackMember) else ""
+                yielded, yielded_sid, yielded_offer = exc, sid, offer
         for offer, result in files.commit():
-            book.clear(result.stream_id)
             inline.settle(link, offer)
             opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path))
             outcomes.append(result)
     finally:
         files.close()
     if yielded is not None:
-        outcomes.append(_yielded(yielded, yielded_sid, dest, 0, book, offers, opts, yielded_pack))
+        held = inline.message_of(yielded_offer)
+        outcomes.append(_yielded(yielded, yielded_sid, dest, 0, offers, opts, held))
+        # The rest of the group was not reached: back to the tail, for this receiver or another.
+        for message in group:
+            if message is not held and not inline.is_settled(message):
+                offers.requeue(message)
         return outcomes
     for offer in later:
         checked = _parse_inline(link, dest, out, sdir, offer, opts)
-        if isinstance(checked, tuple):  # not published after all: it comes back by itself
-            offers.release()
-            break
+        if isinstance(checked, tuple):  # not published after all: back to the tail
+            message = inline.message_of(offer)
+            if not inline.is_settled(message):
+                offers.requeue(message)
+            continue
         outcomes.append(checked)
     return outcomes
 
@@ -454,18 +459,3 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, 
         return read_json(os.path.join(out_dir, STATE_DIR_NAME, f"{stream_id}.done"))
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc})") from exc
-
-
-def skipped_streams(out_dir: str | os.PathLike[str]) -> dict[str, float]:
-    """Streams that yielded their place in ``out_dir`` and are skipped for now, each with the
-    time (epoch seconds) its turn comes back; empty if nothing was ever received there.
-
-    A watcher that only looks (a trigger) leaves these out, or it would wake its receiver
-    for a stream the receiver will not take yet.
-
-    :param out_dir: the receiver's output directory.
-    """
-    path = Path(out_dir) / STATE_DIR_NAME / YieldBook.FILE
-    if not path.exists():
-        return {}
-    return YieldBook(path, 1.0).skipping()

@@ -39,6 +39,9 @@ from airflow_provider_amqstream.transport import StompLink
 
 log = logging.getLogger(__name__)
 
+# Seconds a new stream's first chunk may take to arrive (bounded by idle_timeout).
+FIRST_LOOK = 2.0
+
 Progress = Callable[[int, int], None]
 EventSink = Callable[[str, dict[str, Any]], None]
 
@@ -274,6 +277,12 @@ class StreamReceiver:
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self.tell(p.Kind.HELLO, state.next_seq)
         quiet_since = time.monotonic() - max(0.0, time.time() - self.file.last_write)
+        if self.file.created:
+            # A sender offers, then sends its first chunk at once: a new stream whose data
+            # queue stays empty for a short look was abandoned before it began, and waiting
+            # the whole idle timeout for each of those would let a sender hold the queue for
+            # idle_timeout per offer.
+            quiet_since = time.monotonic() - max(0.0, opts.idle_timeout - FIRST_LOOK)
         written = 0
         last_progress = 0.0
         while not state.complete:
@@ -303,12 +312,20 @@ class StreamReceiver:
                     f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
                     f"{spec.size}; is the sender still running? The partial data is kept and the stream is "
                     "tried again later (a re-run of the sender continues it).")
-            quiet_since = time.monotonic()
             try:
                 d = state.decide(frame.headers, frame.body)
             except p.ProtocolError as exc:
                 self.refused.append(frame)
                 raise Poisoned(str(exc), self.offset) from None
+            if d.verdict in (Verdict.WRITE, Verdict.END):
+                # Only progress counts as a live sender: corrupt chunks or repeats trickled
+                # forever would otherwise keep the stream (and the queue behind it) busy.
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > opts.idle_timeout:
+                raise StreamStalled(
+                    f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
+                    f"{spec.size} ({self.rejected} corrupt chunks refused meanwhile); the partial data is kept and "
+                    "the stream is tried again later.")
             if d.verdict is Verdict.CORRUPT and self.reply_to:
                 # A live sender can resend it: drop this copy (to the DLQ) and ask again.
                 self.rejected += 1

@@ -17,7 +17,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import TransferResult, find_claimed, find_received, skipped_streams
+from airflow_provider_amqstream.engine import TransferResult, find_claimed, find_received
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
@@ -129,10 +129,7 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
                                        poll_interval=float(self.poke_interval)
                                        if not isinstance(self.poke_interval, timedelta)
                                        else self.poke_interval.total_seconds(),
-                                       timeout=timeout_left(self.timeout, context),
-                                       # Streams that yielded here are not taken before their
-                                       # turn: the trigger must not wake us for them.
-                                       skip=None if self.stream_id else skipped_streams(self.out_dir)),
+                                       timeout=timeout_left(self.timeout, context)),
             method_name="execute_complete",
         )
 

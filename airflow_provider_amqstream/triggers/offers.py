@@ -93,7 +93,7 @@ class OfferBrowser:
 
     def look(self, stream_id: str | None = None, skip: tuple[str, ...] = ()) -> list[Offer]:
         """The valid offers visible on the destination now (for ``stream_id`` only, if given;
-        else leaving out the streams in ``skip``).
+        else leaving out the streams in ``skip`` and those parked until later).
 
         Raises :class:`TransportError` if the broker cannot be reached; the next call
         reconnects. Invalid offers are skipped, each reported once.
@@ -107,7 +107,7 @@ class OfferBrowser:
         try:
             if self.params.network:
                 self._draw_here(link, selector)
-            offers = self._browse(link, selector)
+            offers = self._browse(link, selector, stream_id)
             if stream_id:
                 offers = [o for o in offers if o.stream_id == stream_id]
             elif skip:
@@ -132,7 +132,7 @@ class OfferBrowser:
         finally:
             link.unsubscribe(sub)
 
-    def _browse(self, link: StompLink, selector: str) -> list[Offer]:
+    def _browse(self, link: StompLink, selector: str, stream_id: str | None) -> list[Offer]:
         sub = link.subscribe(str(self.dest), selector=selector, browser=True, prefetch=64)
         offers: list[Offer] = []
         deadline = time.monotonic() + self.browse_timeout
@@ -148,6 +148,8 @@ class OfferBrowser:
                 break
             if frame.headers.get(p.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
+            if stream_id is None and p.parked_until(frame.headers) > time.time():
+                continue  # a stream that gave way: no receiver takes it before its time
             if bw.is_pack(frame.headers):
                 offers.extend(self._members(frame))
                 continue

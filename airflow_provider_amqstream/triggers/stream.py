@@ -32,16 +32,12 @@ class StreamOfferTrigger(BaseTrigger):
     :param poll_interval: seconds between looks.
     :param timeout: seconds before giving up with a ``timeout`` event (None: never).
     :param still_waiting_every: seconds between "still waiting" log lines.
-    :param skip: streams not to fire for, each until a time (epoch seconds): those that
-        yielded their place in the receiver's directory, which it will not take before then.
     """
 
     def __init__(self, *, source: str, stream_id: str | None = None,
                  amqstream_conn_id: str = "amqstream_default", poll_interval: float = 5.0,
-                 timeout: float | None = None, still_waiting_every: float = 600.0,
-                 skip: dict[str, float] | None = None) -> None:
+                 timeout: float | None = None, still_waiting_every: float = 600.0) -> None:
         super().__init__()
-        self.skip = dict(skip or {})
         self.source = source
         self.stream_id = stream_id
         self.amqstream_conn_id = amqstream_conn_id
@@ -53,7 +49,7 @@ class StreamOfferTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"source": self.source, "stream_id": self.stream_id, "amqstream_conn_id": self.amqstream_conn_id,
                  "poll_interval": self.poll_interval, "timeout": self.timeout,
-                 "still_waiting_every": self.still_waiting_every, "skip": self.skip})
+                 "still_waiting_every": self.still_waiting_every})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
@@ -76,9 +72,7 @@ class StreamOfferTrigger(BaseTrigger):
         try:
             while True:
                 try:
-                    now = time.time()
-                    skip = tuple(sorted(k for k, until in self.skip.items() if until > now))
-                    found = bool(await asyncio.to_thread(browser.look, self.stream_id, skip))
+                    found = bool(await asyncio.to_thread(browser.look, self.stream_id))
                     last_error = None
                 except AccessDenied as exc:
                     yield TriggerEvent({"status": "error", "message": f"watching {self.source} for {what}: {exc}"})
