@@ -132,6 +132,21 @@ class PartialFile:
         self.part.unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
 
+    def shrink(self) -> None:
+        """After a yield: keep the chunks on disk, give back the space reserved past the
+        last of them (a sender must not hold disk it never filled by going silent), and
+        keep nothing at all for a stream with no chunk on disk. A resumed stream reserves
+        its size again."""
+        self.close()
+        top = max([self.state.next_seq - 1, *self.state.ahead])
+        if top == 0:
+            self.discard()
+            return
+        try:
+            os.truncate(self.part, self.spec.offset_of(top + 1))
+        except FileNotFoundError:
+            pass
+
     def _load_state(self) -> ReceiverState:
         try:
             data = read_json(self.state_file)

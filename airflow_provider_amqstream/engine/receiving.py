@@ -224,6 +224,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
         return _quarantine(link, dest, offer, sid, bad.reason, opts, offset=bad.offset, moved=moved)
     except StreamYielded as exc:
         receiver.stop_data()
+        receiver.file.shrink()
         return _yielded(exc, sid, dest, receiver.offset, offers, opts, offer)
     link.ack(offer)
     return result
