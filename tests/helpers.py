@@ -155,3 +155,12 @@ def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs
     if end:
         raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
     raw.close()
+
+
+def old_gen_mib(pid: int) -> float:
+    """The old generation in use in JVM ``pid`` after a full collection, in MiB (the JDK's
+    jcmd and jstat)."""
+    subprocess.run(["jcmd", str(pid), "GC.run"], check=True, capture_output=True, timeout=60)
+    out = subprocess.run(["jstat", "-gc", str(pid)], check=True, capture_output=True, text=True, timeout=60).stdout
+    head, values = out.split("\n")[:2]
+    return float(dict(zip(head.split(), values.split()))["OU"]) / 1024

@@ -1,0 +1,144 @@
+"""Liveness at scale: any number of bad streams ahead of a good one delays it by a stated
+bound (docs/protocol.md, "What a sender can make a receiver do"), and the broker's heap
+stays flat.
+
+One broker with three users: ``mallory`` may only send, ``alice`` sends the good
+streams, ``rx`` receives. Mallory speaks raw stomp.py and writes whatever headers she
+likes; the receiver is the real engine. Each case asserts the delay of the good stream
+against the bound, not just that it arrived.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_streams, send_file
+from airflow_provider_amqstream.engine.offers import LAP_PAUSE
+from tests.helpers import RawSender, browse, free_port, make_file, old_gen_mib, sha256_file
+
+pytestmark = pytest.mark.broker
+
+QUEUES = [f"/queue/scale.{case}" for case in
+          ("noroom10", "noroom100", "noroom1000", "stalled10", "stalled100", "junk1000", "trickle")]
+
+# Per bad stream ahead: a parked or refused offer costs a confirmed send and an
+# acknowledgement (milliseconds); a stalled one costs its first look (FIRST_LOOK, or the
+# idle timeout when shorter) and the same.
+PER_REFUSED = 0.05
+SLACK = 10.0
+
+
+@pytest.fixture(scope="module")
+def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, dict[str, BrokerParams]]]:
+    b = EmbeddedBroker(tmp_path_factory.mktemp("scale") / "broker", port=free_port())
+    b.add_user("mallory", send=QUEUES)
+    b.add_user("alice", send=QUEUES)
+    b.add_user("rx", receive=QUEUES)
+    b.start()
+    try:
+        yield b, {u: dataclasses.replace(BrokerParams.from_uri(b.info(user=u).uri), receipt_timeout=30.0)
+                  for u in ("mallory", "alice", "rx")}
+    finally:
+        b.stop()
+
+
+def _offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str) -> None:
+    dest = p.Destination.parse(queue)
+    raw = RawSender(params)
+    try:
+        for i in range(n):
+            spec = p.StreamSpec(f"{tag}-{i:05d}", f"{tag}.bin", size, 1024 * 1024)
+            raw.send(str(dest), b"", p.offer_headers(spec, dest))
+    finally:
+        raw.close()
+
+
+def _good_stream_after(users: dict[str, BrokerParams], queue: str, tmp_path: Path, name: str,
+                       **opts: float) -> tuple[float, list[StreamFailure]]:
+    """Send one good stream as alice, receive as rx; return the delay and the failures seen."""
+    src = make_file(tmp_path / name, 300_000, seed=len(name))
+    send_file(users["alice"], src, queue, chunk_size=64 * 1024)
+    failures: list[StreamFailure] = []
+    t0 = time.monotonic()
+    got = receive_streams(users["rx"], queue, tmp_path / "out", count=1, on_failure=failures.append,
+                          options=ReceiveOptions(wait_timeout=1800, **opts))
+    delay = time.monotonic() - t0
+    assert [Path(r.path).name for r in got] == [name]
+    assert sha256_file(Path(got[0].path)) == sha256_file(src)
+    return delay, failures
+
+
+@pytest.mark.parametrize("n", [10, 100, 1000])
+def test_a_good_stream_passes_any_number_of_offers_too_large_for_the_disk(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path, n: int) -> None:
+    """Offers declaring 1 TiB each: every one gives way at once, parked at the tail (no
+    subscription churn, no list of ids), and the good stream behind them arrives; a second
+    good stream, behind the same offers now parked, arrives after one pass over them."""
+    broker, u = users
+    queue = f"/queue/scale.noroom{n}"
+    pid = broker.running_pid()
+    assert pid is not None
+    heap_before = old_gen_mib(pid)
+    _offer_many(u["mallory"], queue, n, size=2**40, tag="tib")
+    delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin")
+    assert len(failures) == n and {f.status for f in failures} == {"no_room"}
+    assert delay <= SLACK + PER_REFUSED * n, f"{delay:.1f}s behind {n} offers too large for the disk"
+    again, failures = _good_stream_after(u, queue, tmp_path, "second.bin")
+    assert failures == [], "parked offers are passed, not taken, before their time"
+    assert again <= SLACK + LAP_PAUSE + PER_REFUSED * n, f"{again:.1f}s behind {n} parked offers"
+    # Nothing a sender declared was allocated, and nothing of them stays in the output directory.
+    assert not list((tmp_path / "out" / ".amqstream").glob("tib-*"))
+    # All of them are still there, parked, for an operator (the broker shows a browser 16).
+    head = browse(u["rx"], queue)
+    assert len(head) == min(n, 16) and all(p.parked_until(f.headers) > time.time() + 60 for f in head)
+    heap_after = old_gen_mib(pid)
+    print(f"\nbehind {n} offers of 1 TiB: first good stream {delay:.2f}s, second {again:.2f}s; broker old "
+          f"generation {heap_before:.0f} -> {heap_after:.0f} MiB")
+    assert heap_after <= heap_before + 64, (heap_before, heap_after)
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_a_good_stream_passes_any_number_of_offers_whose_sender_never_sent(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path, n: int) -> None:
+    """Offers with no data: each costs its first look, once, then is parked."""
+    _, u = users
+    queue = f"/queue/scale.stalled{n}"
+    idle = 0.5
+    _offer_many(u["mallory"], queue, n, size=5_000_000, tag="gone")
+    delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin", idle_timeout=idle)
+    assert len(failures) == n and {f.status for f in failures} == {"stalled"}
+    assert delay <= SLACK + n * (idle + PER_REFUSED), f"{delay:.1f}s behind {n} stalled offers"
+    # Nothing was written for them: no reserved space, no partial files.
+    assert not list((tmp_path / "out" / ".amqstream").glob("gone-*"))
+    again, failures = _good_stream_after(u, queue, tmp_path, "second.bin", idle_timeout=idle)
+    assert failures == [] and again <= SLACK + LAP_PAUSE + PER_REFUSED * n, again
+    print(f"\nbehind {n} stalled offers (idle_timeout {idle}s): first good stream {delay:.2f}s, second {again:.2f}s")
+
+
+def test_a_good_stream_passes_a_thousand_junk_messages(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
+    """Messages that are no offer at all (no kind, another kind, an inline header of the
+    wrong value): every one reaches a receiver, which files it under the quarantine queue;
+    none sits unmatched at the head where it would hide what follows from the broker's paging."""
+    _, u = users
+    queue = "/queue/scale.junk1000"
+    raw = RawSender(u["mallory"])
+    shapes = [{}, {p.H_KIND: "data"}, {p.H_KIND: "offer", "amqs_inline": "2"}, {p.H_KIND: "nonsense" * 100},
+              {p.H_KIND: "batch"}]
+    try:
+        for i in range(1000):
+            raw.send(queue, b"x" * (i % 7), {**shapes[i % len(shapes)], p.H_STREAM: f"junk-{i}"})
+    finally:
+        raw.close()
+    delay, failures = _good_stream_after(u, queue, tmp_path, "good.bin")
+    assert len(failures) == 1000 and {f.status for f in failures} == {"quarantined"}
+    assert delay <= SLACK + PER_REFUSED * 1000, f"{delay:.1f}s behind 1,000 junk messages"
+    print(f"\nbehind 1,000 junk messages: the good stream arrived in {delay:.2f}s")
