@@ -163,4 +163,4 @@ def old_gen_mib(pid: int) -> float:
     subprocess.run(["jcmd", str(pid), "GC.run"], check=True, capture_output=True, timeout=60)
     out = subprocess.run(["jstat", "-gc", str(pid)], check=True, capture_output=True, text=True, timeout=60).stdout
     head, values = out.split("\n")[:2]
-    return float(dict(zip(head.split(), values.split()))["OU"]) / 1024
+    return float(dict(zip(head.split(), values.split(), strict=True))["OU"]) / 1024

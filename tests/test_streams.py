@@ -4,6 +4,7 @@ many producers and consumers, the atomic mode."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -222,13 +223,34 @@ def test_a_collision_name_never_replaces_another_streams_file(params: BrokerPara
                                                               queue_name: str) -> None:
     # A sender names its file after the collision name another stream would get: neither
     # file may replace the other, with or without such a sender.
+    from airflow_provider_amqstream.engine.partial_file import short_id
+
     srcs = [make_file(tmp_path / "in" / f"{i}.bin", 1000 + i) for i in range(4)]
     out = tmp_path / "out"
-    for src, name, sid in ((srcs[0], "data.csv", "first"), (srcs[1], "data.second.csv", "squatter"),
+    second, third = short_id("second"), short_id("third")
+    for src, name, sid in ((srcs[0], "data.csv", "first"), (srcs[1], f"data.{second}.csv", "squatter"),
                            (srcs[2], "data.csv", "second"), (srcs[3], "data.csv", "third")):
         send_file(params, src, queue_name, stream_id=sid, name=name, mode="atomic")
         got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
         assert got is not None and got.stream_id == sid
     assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == {
-        "data.csv": srcs[0].read_bytes(), "data.second.csv": srcs[1].read_bytes(),
-        "data.second-2.csv": srcs[2].read_bytes(), "data.third.csv": srcs[3].read_bytes()}
+        "data.csv": srcs[0].read_bytes(), f"data.{second}.csv": srcs[1].read_bytes(),
+        f"data.{second}-2.csv": srcs[2].read_bytes(), f"data.{third}.csv": srcs[3].read_bytes()}
+
+
+def test_collision_names_cannot_be_exhausted(tmp_path: Path) -> None:
+    """Every name a sender can predict taken: the stream still gets one, unguessable."""
+    import re
+
+    from airflow_provider_amqstream.engine.partial_file import final_name, short_id
+
+    sid = "victim-1"
+    short = short_id(sid)
+    for name in ("a.txt", f"a.{short}.txt", f"a.{short}-2.txt", f"a.{short}-3.txt"):
+        (tmp_path / name).write_text("taken")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got = {final_name(fd, p.StreamSpec(sid, "a.txt", 10, 10), overwrite=False) for _ in range(3)}
+    finally:
+        os.close(fd)
+    assert all(re.fullmatch(r"a\.[0-9a-f]{16}\.txt", n) for n in got) and len(got) == 3, got

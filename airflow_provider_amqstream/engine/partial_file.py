@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -255,33 +256,43 @@ class PartialFile:
         self.state_file.unlink(missing_ok=True)
 
 
-# How many names a stream tries before it gives up (a hostile sender could take them all).
-_MAX_COLLISIONS = 100
+# Names a stream derives from its id before it draws random ones: a sender can take any
+# name it can predict, so a name it cannot (64 random bits) ends every squat.
+_DERIVED_NAMES = 3
+_RANDOM_TRIES = 16
+
+
+def short_id(stream_id: str) -> str:
+    """Eight hex digits standing for ``stream_id`` in a collision name."""
+    return hashlib.sha256(stream_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def final_name(dir_fd: int, spec: p.StreamSpec, *, overwrite: bool) -> str:
     """The name a verified stream is published under in the directory open as ``dir_fd``:
-    its sanitised file name; if that is taken (and not ``overwrite``), the collision name
-    ``<stem>.<id>.<ext>``; if a sender chose that name for another file, ``<stem>.<id>-2.<ext>``
-    and on. A published file is never replaced unless asked."""
+    its sanitised file name; if that is taken (and not ``overwrite``), ``<stem>.<short
+    id>.<ext>``, then ``<stem>.<short id>-2.<ext>`` and ``-3``, then ``<stem>.<16 random hex
+    digits>.<ext>``. A published file is never replaced unless asked, and no choice of
+    names by senders can exhaust the candidates."""
     name = paths.safe_file_name(spec.name, spec.stream_id)
     if overwrite:
         return name
-    sid = spec.stream_id
+    short = short_id(spec.stream_id)
     # Built one at a time: the plain name is almost always free.
-    candidates = itertools.chain((name,), (collision_name(name, sid if n == 1 else f"{sid}-{n}")
-                                           for n in range(1, _MAX_COLLISIONS)))
+    candidates = itertools.chain(
+        (name,), (collision_name(name, short if n == 1 else f"{short}-{n}") for n in range(1, _DERIVED_NAMES + 1)),
+        (collision_name(name, secrets.token_hex(8)) for _ in range(_RANDOM_TRIES)))
     for candidate in candidates:
         try:
             os.lstat(candidate, dir_fd=dir_fd)
         except FileNotFoundError:
             return candidate
-    raise StreamError(f"stream {sid}: {name} and {_MAX_COLLISIONS - 1} collision names for it are all "
-                      "taken in the output directory; move files away or receive with overwrite")
+    raise StreamError(f"stream {spec.stream_id}: {name} and {_DERIVED_NAMES + _RANDOM_TRIES} collision names for "
+                      "it, random ones included, are all taken in the output directory; is something creating "
+                      "every name it sees there?")
 
 
 def collision_name(name: str, stream_id: str) -> str:
-    """``<stem>.<stream id>.<ext>`` for a name already taken, cut to fit one directory entry."""
+    """``<stem>.<stream_id>.<ext>`` for a name already taken, cut to fit one directory entry."""
     stem, dot, ext = name.rpartition(".")
     if not stem:
         stem, ext = name, ""
