@@ -186,6 +186,7 @@ class _Item:
     fd: int
     started: float
     path: str | None = None
+    sender: str = ""
 
 
 def _published_before(dir_fd: int, name: str, it: _Item) -> bool:
@@ -252,7 +253,7 @@ class InlineGroup:
         return stream_id in self.ids
 
     def add(self, offer: Any, spec: p.StreamSpec, data: bytes, *, sha256: str, origin: str,
-            subdir: tuple[str, ...]) -> None:
+            subdir: tuple[str, ...], sender: str = "") -> None:
         """Write one verified file under a temporary name. Raises :class:`StreamNoRoom` if
         it would cross the free-space reserve (nothing written), :class:`Poisoned` for a
         target directory that is a link."""
@@ -274,7 +275,7 @@ class InlineGroup:
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
         _mark(fd, spec.stream_id)
-        item = _Item(offer, spec, origin, subdir, sha256, temp, fd, started)
+        item = _Item(offer, spec, origin, subdir, sha256, temp, fd, started, sender=sender)
         self.items.append(item)
         self.ids.add(spec.stream_id)
         try:
@@ -334,7 +335,7 @@ class InlineGroup:
         now = time.time()
         result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
                                 now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
-                                chunk_size=spec.chunk_size, origin=it.origin)
+                                chunk_size=spec.chunk_size, origin=it.origin, sender=it.sender)
         durable = _SYNCFS is None  # without syncfs every record is flushed on its own
         if self.opts.claim:
             record_claim(self.sdir, self.opts.claim, spec.stream_id, sync=durable)

@@ -82,8 +82,8 @@ class PartialFile:
     messages acknowledged, so an acknowledged chunk is always on disk.
     """
 
-    def __init__(self, sdir: Path, spec: p.StreamSpec, what: str) -> None:
-        self.spec, self.what, self.sdir = spec, what, sdir
+    def __init__(self, sdir: Path, spec: p.StreamSpec, what: str, sender: str = "") -> None:
+        self.spec, self.what, self.sdir, self.sender = spec, what, sdir, sender
         self.part = sdir / f"{spec.stream_id}.part"
         self.state_file = sdir / f"{spec.stream_id}.json"
         self.fd = -1
@@ -205,7 +205,7 @@ class PartialFile:
             snapshot.mark_durable(seq)
         if self.pool is None:
             raise StreamError(f"{self.what}: commit on a partial file that is not open")
-        fut = self.pool.submit(self._sync, snapshot.to_json() if self.new else None)
+        fut = self.pool.submit(self._sync, {**snapshot.to_json(), "sender": self.sender} if self.new else None)
         self.inflight = (fut, self.new, frames)
         self.new = []
         if wait:

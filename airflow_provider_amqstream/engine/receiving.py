@@ -212,11 +212,12 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
     origin = p.offer_origin(offer.headers)
-    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, opts, terms)
+    sender = offers.sender(offer)
+    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, sender, opts, terms)
     if settled is not None:
         return settled
     receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
-                              subdir=subdir)
+                              subdir=subdir, sender=sender)
     try:
         result = receiver.run()
     except Poisoned as bad:
@@ -249,7 +250,7 @@ def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, off
 
 
 def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, spec: p.StreamSpec,
-                 data_q: str, origin: str, opts: ReceiveOptions,
+                 data_q: str, origin: str, sender: str, opts: ReceiveOptions,
                  terms: tuple[str, int] | None = None) -> StreamError | TransferResult | None:
     """What every valid offer goes through before anything is received: within limits, not
     received before, not clashing with another stream's partial data. Returns None to go
@@ -260,6 +261,12 @@ def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, of
                            f"of {opts.max_bytes} (max_bytes)", opts)
     done = find_received(out, sid)
     if done is not None:
+        owner = str(done.get("sender") or "")
+        if owner and sender != owner:
+            return _quarantine(link, dest, offer, sid, (
+                f"stream id {sid} belongs to a stream user {owner!r} sent (received as {done.get('path')}); this "
+                f"offer from {sender or 'an unidentified sender'!r} was not received. Send with your own stream id."),
+                opts)
         if _same_stream(done, spec, origin):
             return _duplicate(link, dest, out, offer, spec, data_q, done, opts, terms)
         when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -267,13 +274,13 @@ def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, of
             f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
             f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
             "with a new stream id (the default id is derived from the file and is unique)."), opts)
-    clash = _other_partial(sdir, spec)
+    clash = _other_partial(sdir, spec, sender)
     if clash:
         return _quarantine(link, dest, offer, sid, clash, opts)
     return None
 
 
-def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any,
+def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, sender: str,
                   opts: ReceiveOptions) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
     """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
     sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
@@ -282,7 +289,7 @@ def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, o
     except p.ProtocolError as exc:
         return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
     origin = p.offer_origin(offer.headers)
-    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, opts)
+    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, sender, opts)
     return (spec, origin) if settled is None else settled
 
 
@@ -303,7 +310,8 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
             if files.holds(sid):
                 later.append(offer)  # the same stream twice in one group: a repeat, settled after
                 continue
-            checked = _parse_inline(link, dest, out, sdir, offer, opts)
+            sender = offers.sender(inline.message_of(offer))
+            checked = _parse_inline(link, dest, out, sdir, offer, sender, opts)
             if not isinstance(checked, tuple):
                 outcomes.append(checked)
                 continue
@@ -311,7 +319,8 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
             try:
                 data = bw.read_inline(offer.headers, offer.body or b"", spec)
                 subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
-                files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir)
+                files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
+                          sender=sender)
             except p.ProtocolError as exc:
                 outcomes.append(_quarantine(link, dest, offer, sid, str(exc), opts))
             except Poisoned as bad:
@@ -333,7 +342,7 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
                 offers.requeue(message)
         return outcomes
     for offer in later:
-        checked = _parse_inline(link, dest, out, sdir, offer, opts)
+        checked = _parse_inline(link, dest, out, sdir, offer, offers.sender(inline.message_of(offer)), opts)
         if isinstance(checked, tuple):  # not published after all: back to the tail
             message = inline.message_of(offer)
             if not inline.is_settled(message):
@@ -370,15 +379,20 @@ def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
     return str(done.get("origin") or "") == origin
 
 
-def _other_partial(sdir: Path, spec: p.StreamSpec) -> str | None:
-    """A partial reception under this id for a different stream: refuse the newcomer and
-    leave the other's data alone."""
+def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
+    """A partial reception under this id for a different stream, or another user's: refuse
+    the newcomer and leave the other's data alone."""
     try:
         data = read_json(os.path.join(sdir, f"{spec.stream_id}.json"))
     except (OSError, ValueError):
         return None  # the receiver reports an unreadable state itself
     if data is None:
         return None
+    owner = str(data.get("sender") or "")
+    if owner and owner != sender:
+        return (f"stream id {spec.stream_id} has a partial reception of a stream user {owner!r} sent, in {sdir}; "
+                f"this offer from {sender or 'an unidentified sender'!r} was not received. Send with your own "
+                "stream id.")
     same = (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name)
     if same:
         return None

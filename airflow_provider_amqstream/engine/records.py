@@ -81,6 +81,8 @@ class TransferResult:
     chunk_size: int = 0
     origin: str = ""
     broker: str = ""
+    # Who sent it, as the broker stamped it ("" where the broker stamps no JMSXUserID).
+    sender: str = ""
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a str or a number: no deep copy (asdict cost 0.2 ms a file in bulk).

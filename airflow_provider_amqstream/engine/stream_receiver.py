@@ -167,7 +167,7 @@ class StreamReceiver:
 
     def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
-                 handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = ()) -> None:
+                 handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "") -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
         self.origin, self.subdir = origin, subdir
         self.sdir = sdir
@@ -183,7 +183,11 @@ class StreamReceiver:
         self.data_sub: str | None = None
         self.done_file = sdir / f"{spec.stream_id}.done"
         self.what = f"stream {spec.stream_id} ({data_q})"
-        self.file = PartialFile(sdir, spec, self.what)
+        # Chunks stamped by anyone but the offer's sender are refused (another user cannot
+        # extend or spoil the stream); with no stamps at all there is nothing to compare.
+        self.sender = sender
+        self.forged = 0
+        self.file = PartialFile(sdir, spec, self.what, sender)
 
     @property
     def offset(self) -> int:
@@ -223,7 +227,7 @@ class StreamReceiver:
             spec.stream_id, str(self.dest), spec.name, spec.size, spec.chunks, self.file.hasher.hexdigest(),
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
             time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
-            origin=self.origin)
+            origin=self.origin, sender=self.sender)
         if opts.claim:
             record_claim(self.sdir, opts.claim, spec.stream_id)
         write_json(self.done_file, result.to_json())
@@ -312,20 +316,24 @@ class StreamReceiver:
                     f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
                     f"{spec.size}; is the sender still running? The partial data is kept and the stream is "
                     "tried again later (a re-run of the sender continues it).")
+            if time.monotonic() - quiet_since > opts.idle_timeout:
+                # Only progress counts as a live sender: corrupt chunks, repeats or another
+                # user's chunks trickled forever would otherwise hold the stream (and the
+                # queue behind it) for as long as they come.
+                raise StreamStalled(
+                    f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
+                    f"{spec.size} ({self.rejected} corrupt and {self.forged} foreign chunks refused meanwhile); the "
+                    "partial data is kept and the stream is tried again later.")
+            if self.sender and p.sender_of(frame.headers) != self.sender:
+                self._refuse_foreign(frame)
+                continue
             try:
                 d = state.decide(frame.headers, frame.body)
             except p.ProtocolError as exc:
                 self.refused.append(frame)
                 raise Poisoned(str(exc), self.offset) from None
             if d.verdict in (Verdict.WRITE, Verdict.END):
-                # Only progress counts as a live sender: corrupt chunks or repeats trickled
-                # forever would otherwise keep the stream (and the queue behind it) busy.
                 quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since > opts.idle_timeout:
-                raise StreamStalled(
-                    f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
-                    f"{spec.size} ({self.rejected} corrupt chunks refused meanwhile); the partial data is kept and "
-                    "the stream is tried again later.")
             if d.verdict is Verdict.CORRUPT and self.reply_to:
                 # A live sender can resend it: drop this copy (to the DLQ) and ask again.
                 self.rejected += 1
@@ -362,6 +370,14 @@ class StreamReceiver:
         if opts.progress:
             opts.progress(spec.size, spec.size)
         return written
+
+    def _refuse_foreign(self, frame: Any) -> None:
+        """A chunk on this stream's queue that its sender did not send: to the DLQ."""
+        self.forged += 1
+        if self.forged == 1:
+            log.warning("%s: refusing a chunk sent by %r, not by the stream's sender %r (moved to the DLQ); "
+                        "further ones are counted", self.what, p.sender_of(frame.headers), self.sender)
+        self.link.nack(frame)
 
     def _commit(self, *, wait: bool) -> None:
         frames, self.unacked = self.unacked, []
