@@ -8,12 +8,16 @@ same spellings through the real command line against a real plaintext port.
 from __future__ import annotations
 
 import json
+import ssl
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
 from airflow_provider_amqstream import connection as c
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.stomp_connection import tls_context
+from airflow_provider_amqstream.transport_errors import TransportError
 
 SECRET = "pw-S3cr3t"
 AUTH = f"u:{SECRET}@mq.example.com:61614"
@@ -209,3 +213,24 @@ def test_flag_extras_other_than_tls_are_strict_too() -> None:
         BrokerParams.from_parts("h", None, None, None, {"network": "perhaps"})
     assert BrokerParams.from_parts("h", None, None, None, {"network": "on"}).network is True
 
+
+# -- the TLS context the transport uses --------------------------------------------------
+
+@pytest.mark.parametrize("check", [True, False])
+def test_the_tls_context_checks_the_host_name_as_configured_and_always_the_chain(check: bool) -> None:
+    ctx = tls_context(BrokerParams(tls=True, check_hostname=check))
+    assert ctx.check_hostname is check
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_check_hostname_false_in_a_uri_reaches_the_tls_context() -> None:
+    ctx = tls_context(c.params_from_uri(f"stomp+ssl://{AUTH}?check_hostname=false"))
+    assert ctx.check_hostname is False and ctx.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_a_missing_ca_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.pem"
+    with pytest.raises(TransportError, match=f"cannot use ca_file {missing}: No such file"):
+        tls_context(BrokerParams(tls=True, ca_file=str(missing)))
+    with pytest.raises(TransportError, match="key_file is set without cert_file"):
+        tls_context(BrokerParams(tls=True, key_file=str(missing)))
