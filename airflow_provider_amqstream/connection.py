@@ -154,6 +154,9 @@ def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
 
     urllib then reads part of the password as the port, path or query, and every error
     from there on would quote it. Say what to do and quote nothing.
+
+    :param uri: the connection URI.
+    :param where: names its source in the error message.
     """
     rest = uri.split("://", 1)[-1]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
@@ -204,7 +207,9 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
         port = parts.port
     except ValueError:
         # urllib's message quotes the text after the last ':', which may be a password.
-        raise ValueError(f"{where}: the port is not a number from 0 to 65535") from None
+        hint = (" (brokers with ports of their own go in the extra: ?hosts=mq1:61613,mq2:61614)"
+                if "," in parts.netloc else "")
+        raise ValueError(f"{where}: the port is not a number from 0 to 65535{hint}") from None
     host = _uri_hostname(parts)
     if host and with_protocol:
         host = f"{parts.scheme}://{host}"
