@@ -1,7 +1,9 @@
-"""How to reach the broker(s): connection settings parsed from a URI or an Airflow connection.
+"""How to reach the broker(s): connection settings built from an Airflow connection's fields.
 
 Plain data and parsing, no stomp.py and no I/O, so that :mod:`~airflow_provider_amqstream.connection`
 (and the command line's start-up through it) can build settings without loading the transport.
+Turning a URI or JSON text into fields is :mod:`~airflow_provider_amqstream.connection`'s job
+(``parse_uri``), and only its: two parsers disagreed about TLS before.
 """
 
 from __future__ import annotations
@@ -10,22 +12,45 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 DEFAULT_PORT = 61613
 
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+# Other spellings of a TLS switch (``ssl=true``, ``use_tls``, ``TLS``): refused rather than
+# ignored, since ignoring one would connect in plain text while the user asked for TLS.
+_TLS_LOOKALIKE = re.compile(r"(use_|enable_)?(tls|ssl)(_enabled)?")
+TLS_FILES = ("ca_file", "cert_file", "key_file")
 
-def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
-    """Refuse a URI whose user or password holds a character that ends the authority.
 
-    urllib then reads part of the password as the port, path or query, and every error
-    from there on would quote it. Say what to do and quote nothing.
+def _at(where: str | None) -> str:
+    return f"{where}: " if where else ""
+
+
+def parse_flag(value: Any, name: str, default: bool, where: str | None = None) -> bool:
+    """A true/false connection extra.
+
+    Unset (None) is ``default``. Anything not clearly true or false is an error, never False:
+    read leniently, ``tls=maybe`` or ``tls=ture`` would mean plain text.
+
+    :param value: the extra's value: a bool, 0 or 1, or a string (true/false, 1/0, yes/no, on/off).
+    :param name: the extra's name, for the error message.
+    :param default: the value when unset.
+    :param where: names the connection in the error message.
     """
-    rest = uri.split("://", 1)[-1]
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" in rest[len(authority):]:
-        raise ValueError(f"{where}: the user or password contains '/', '?', '#' or '@' that must be "
-                         "percent-encoded (%2F, %3F, %23, %40); the URI is not shown because it holds a password")
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ValueError(f"{_at(where)}connection extra {name!r} must be true or false, got {str(value)[:40]!r}")
 
 
 @dataclass(frozen=True)
@@ -66,8 +91,20 @@ class BrokerParams:
 
     @classmethod
     def from_parts(cls, host: str | None, port: int | None, login: str | None,
-                   password: str | None, extra: Mapping[str, Any] | None) -> BrokerParams:
-        """Build from Airflow connection fields: ``host`` may list ``h1,h2:61614``."""
+                   password: str | None, extra: Mapping[str, Any] | None, *, tls_scheme: bool = False,
+                   where: str | None = None) -> BrokerParams:
+        """Build from Airflow connection fields: ``host`` may list ``h1,h2:61614``.
+
+        :param host: the broker host, or several, comma-separated, each with an optional port.
+        :param port: the port of hosts that name none.
+        :param login: the STOMP user.
+        :param password: the STOMP password.
+        :param extra: the connection's extra, decoded (see ``provider_info.CONN_FIELDS``).
+        :param tls_scheme: the connection's scheme means TLS (``stomp+ssl``); an extra ``tls``
+            that says false then is a contradiction, refused.
+        :param where: names the connection in error messages (never its password).
+        """
+        at = _at(where)
         extra = dict(extra or {})
         default_port = int(port or extra.get("port") or DEFAULT_PORT)
         host_list = str(extra.get("hosts") or host or "127.0.0.1")
@@ -75,6 +112,12 @@ class BrokerParams:
         for item in (h.strip() for h in host_list.split(",")):
             if not item:
                 continue
+            if "://" in item:
+                # Airflow's ``type://protocol://host`` form puts the protocol into the host; it
+                # would be looked up as a host name. Quote only the scheme: the rest may hold a password.
+                raise ValueError(f"{at}a broker host starts with a scheme ({item.split('://', 1)[0][:20]}://): "
+                                 "give host[:port] only, and ask for TLS with the scheme stomp+ssl:// or the "
+                                 "extra tls=true")
             if item.count(":") == 1:
                 h, _, p = item.partition(":")
                 if not p.isdigit():
@@ -86,8 +129,7 @@ class BrokerParams:
             raise ValueError("an amqstream connection needs at least one broker host")
 
         def flag(name: str, default: bool) -> bool:
-            v = extra.get(name, default)
-            return v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes", "on")
+            return parse_flag(extra.get(name), name, default, where)
 
         def num(name: str, default: Any, conv: Any = int) -> Any:
             v = extra.get(name)
@@ -97,11 +139,12 @@ class BrokerParams:
                 return conv(v)
             except (TypeError, ValueError):
                 kind = "a whole number" if conv is int else "a number"
-                raise ValueError(f"connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
+                raise ValueError(f"{at}connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
 
+        tls = _tls(extra, tls_scheme, where)
         return cls(
             hosts=tuple(hosts), login=login or None, password=password or None,
-            vhost=extra.get("vhost") or None, tls=flag("tls", False),
+            vhost=extra.get("vhost") or None, tls=tls,
             ca_file=extra.get("ca_file") or None, cert_file=extra.get("cert_file") or None,
             key_file=extra.get("key_file") or None, check_hostname=flag("check_hostname", True),
             heartbeat_ms=num("heartbeat_ms", 10_000), connect_timeout=num("connect_timeout", 15.0, float),
@@ -112,25 +155,27 @@ class BrokerParams:
             network=flag("network", False),
         )
 
-    @classmethod
-    def from_uri(cls, uri: str) -> BrokerParams:
-        """Parse ``amqstream://user:pass@host1,host2:61613?tls=true&window=16``."""
-        parts = urlsplit(uri)
-        if parts.scheme not in ("amqstream", "stomp", "stomp+ssl"):
-            raise ValueError(f"not an amqstream URI (scheme {parts.scheme!r}); use amqstream://host:port")
-        check_uri_credentials(uri)
-        netloc = parts.netloc.rpartition("@")[2]
-        host, port = netloc, None
-        if re.search(r":\d+$", netloc):
-            host, _, p = netloc.rpartition(":")
-            port = int(p)
-        elif ":" in netloc.strip("[]") and not netloc.startswith("["):
-            raise ValueError(f"the connection URI's port must be a number (host part {netloc[:80]!r})")
-        extra = dict(parse_qsl(parts.query))
-        if parts.scheme == "stomp+ssl":
-            extra.setdefault("tls", "true")
-        return cls.from_parts(unquote(host), port, unquote(parts.username or "") or None,
-                              unquote(parts.password or "") or None, extra)
-
     def with_overrides(self, **kw: Any) -> BrokerParams:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:
+    """Whether a connection speaks TLS; refuses every setting that leaves it unclear.
+
+    :param extra: the connection's extra.
+    :param tls_scheme: the scheme alone asks for TLS.
+    :param where: names the connection in error messages.
+    """
+    at = _at(where)
+    for key in extra:
+        if key != "tls" and _TLS_LOOKALIKE.fullmatch(str(key).strip().lower().replace("-", "_")):
+            raise ValueError(f"{at}connection extra {str(key)[:40]!r} is not an amqstream setting: TLS is "
+                             "switched on with the extra tls=true, or the scheme stomp+ssl://")
+    tls = parse_flag(extra.get("tls"), "tls", tls_scheme, where)
+    if tls_scheme and not tls:
+        raise ValueError(f"{at}the scheme asks for TLS but the extra tls is false: remove one of the two")
+    files = [name for name in TLS_FILES if extra.get(name)]
+    if files and not tls:
+        raise ValueError(f"{at}{', '.join(files)} given but TLS is off: set the extra tls=true (or use "
+                         "stomp+ssl://), or remove them")
+    return tls

@@ -7,6 +7,11 @@ a JSON object if the value starts with ``{``, else a URI whose query parameters 
 the extra, or whose ``__extra__`` parameter holds the extra as JSON) and imports Airflow
 only to look a connection up in the metadata database. Nothing here imports Airflow at
 module level: the hook and the CLI both build on it.
+
+:func:`parse_uri` is the one place a URI becomes fields, whether it comes from ``--conn``,
+an ``AIRFLOW_CONN_<ID>`` variable or the hook's ``uri``; :meth:`ConnFields.broker_params`
+the one place fields (with their scheme) become settings. Two parsers disagreed before,
+and one of them connected in plain text to ``stomp+ssl://`` URIs.
 """
 
 from __future__ import annotations
@@ -15,19 +20,24 @@ import configparser
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from airflow_provider_amqstream.broker_params import BrokerParams, check_uri_credentials
+from airflow_provider_amqstream.broker_params import BrokerParams
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "AIRFLOW_CONN_"
 DEFAULT_CONN_ID = "amqstream_default"
 EXTRA_KEY = "__extra__"
+# The URI schemes (Airflow's conn_type) of an amqstream connection, and whether the scheme
+# alone means TLS. Any other scheme is refused: ActiveMQ's own connector schemes
+# (``stomp+nio+ssl``, ``ssl``) read as unknown types would otherwise mean plain text.
+SCHEMES: dict[str, bool] = {"amqstream": False, "stomp": False, "amqstream+ssl": True, "stomp+ssl": True}
 
 
 class ConnectionNotFound(LookupError):
@@ -39,8 +49,14 @@ class ConnFields:
     """The fields of an Airflow connection that an ``amqstream`` connection uses.
 
     :param conn_id: the connection id.
-    :param conn_type: its type (``amqstream``), normalised as Airflow does.
+    :param conn_type: its type (``amqstream``), normalised as Airflow does; a URI's scheme.
+    :param host: the broker host(s).
+    :param port: the broker port.
+    :param login: the STOMP user.
+    :param password: the STOMP password.
+    :param schema: Airflow's schema field (unused by amqstream).
     :param extra: the extra, decoded.
+    :param source: where the connection came from, for error messages (``$AIRFLOW_CONN_X``).
     """
 
     conn_id: str
@@ -51,9 +67,32 @@ class ConnFields:
     password: str | None = field(default=None, repr=False)
     schema: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    source: str = field(default="connection", compare=False)
 
     def broker_params(self) -> BrokerParams:
-        return BrokerParams.from_parts(self.host, self.port, self.login, self.password, self.extra)
+        """The broker settings these fields describe; raises ValueError (naming the source,
+        never the password) for a scheme we do not accept or a setting that is unclear."""
+        return BrokerParams.from_parts(self.host, self.port, self.login, self.password, self.extra,
+                                       tls_scheme=scheme_tls(self.conn_type, self.source), where=self.source)
+
+
+def scheme_tls(conn_type: str | None, where: str = "connection") -> bool:
+    """Whether a connection's scheme (its conn_type) alone means TLS; refuses any scheme
+    that is not an amqstream one.
+
+    :param conn_type: the scheme or conn_type; None or empty (a JSON connection without
+        ``conn_type``) is ``amqstream``.
+    :param where: names the connection in the error message.
+    """
+    if not conn_type:
+        return False
+    try:
+        return SCHEMES[conn_type.lower()]
+    except KeyError:
+        accepted = ", ".join(f"{name}://" for name in SCHEMES)
+        raise ValueError(f"{where}: connection type (URI scheme) {conn_type[:40]!r} is not an amqstream one; "
+                         f"accepted: {accepted} (the +ssl ones mean TLS; the others use TLS with the extra "
+                         "tls=true)") from None
 
 
 def env_var_name(conn_id: str) -> str:
@@ -107,7 +146,23 @@ def parse_json(value: str, conn_id: str, where: str = "connection") -> ConnField
     return ConnFields(conn_id=conn_id, conn_type=_normalize_conn_type(data.get("conn_type")),
                       host=data.get("host") or None, port=port or None, login=data.get("login"),
                       password=data.get("password"), schema=data.get("schema"),
-                      extra=_decode_extra(data.get("extra"), where))
+                      extra=_decode_extra(data.get("extra"), where), source=where)
+
+
+def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
+    """Refuse a URI whose user or password holds a character that ends the authority.
+
+    urllib then reads part of the password as the port, path or query, and every error
+    from there on would quote it. Say what to do and quote nothing.
+
+    :param uri: the connection URI.
+    :param where: names its source in the error message.
+    """
+    rest = uri.split("://", 1)[-1]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in rest[len(authority):]:
+        raise ValueError(f"{where}: the user or password contains '/', '?', '#' or '@' that must be "
+                         "percent-encoded (%2F, %3F, %23, %40); the URI is not shown because it holds a password")
 
 
 def _uri_hostname(parts: Any) -> str:
@@ -129,7 +184,8 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
 
     ``amqstream://user:pa%40ss@host:61613?heartbeat_ms=5000``: user and password are
     percent-decoded; query parameters become the extra (as strings), unless ``__extra__``
-    is present, whose value is the extra as JSON.
+    is present, whose value is the extra as JSON. The scheme becomes the conn_type, as in
+    Airflow; it is checked (and ``stomp+ssl`` read as TLS) by :meth:`ConnFields.broker_params`.
 
     :param uri: the URI.
     :param conn_id: the connection id.
@@ -151,7 +207,9 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
         port = parts.port
     except ValueError:
         # urllib's message quotes the text after the last ':', which may be a password.
-        raise ValueError(f"{where}: the port is not a number from 0 to 65535") from None
+        hint = (" (brokers with ports of their own go in the extra: ?hosts=mq1:61613,mq2:61614)"
+                if "," in parts.netloc else "")
+        raise ValueError(f"{where}: the port is not a number from 0 to 65535{hint}") from None
     host = _uri_hostname(parts)
     if host and with_protocol:
         host = f"{parts.scheme}://{host}"
@@ -162,12 +220,26 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
     return ConnFields(conn_id=conn_id, conn_type=_normalize_conn_type(conn_type), host=host or None, port=port,
                       login=unquote(parts.username) if parts.username else parts.username,
                       password=unquote(parts.password) if parts.password else parts.password,
-                      schema=unquote(parts.path[1:]) if parts.path[1:] else None, extra=extra)
+                      schema=unquote(parts.path[1:]) if parts.path[1:] else None, extra=extra, source=where)
+
+
+def params_from_uri(uri: str, where: str = "connection URI") -> BrokerParams:
+    """Broker settings from a connection URI: :func:`parse_uri`, then :meth:`ConnFields.broker_params`.
+
+    :param uri: the URI, e.g. ``stomp+ssl://user:password@mq1:61614?ca_file=/etc/ca.pem``.
+    :param where: names the source in error messages (never the value: it holds a password).
+    """
+    return parse_uri(uri, "", where).broker_params()
 
 
 def parse_connection(value: str, conn_id: str, where: str = "connection") -> ConnFields:
     """A serialised connection as Airflow's secrets backends read it: JSON if it starts
-    with ``{``, else a URI."""
+    with ``{``, else a URI.
+
+    :param value: the JSON or URI text.
+    :param conn_id: the connection id.
+    :param where: names the source in error messages (never the value: it holds a password).
+    """
     value = value.strip()
     if not value:
         raise ValueError(f"{where} is empty")
@@ -228,9 +300,18 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
         conn = Connection.get_connection_from_secrets(conn_id)
     except AirflowNotFoundException:
         return None
-    return ConnFields(conn_id=conn_id, conn_type=conn.conn_type, host=conn.host, port=conn.port, login=conn.login,
-                      password=conn.password, schema=conn.schema,
-                      extra=_decode_extra(conn.extra, f"connection {conn_id!r} in the metadata database"))
+    return from_airflow(conn, f"connection {conn_id!r} in the metadata database")
+
+
+def from_airflow(conn: Any, where: str) -> ConnFields:
+    """The fields of an Airflow ``Connection`` object (core or Task SDK).
+
+    :param conn: the connection.
+    :param where: names it in error messages.
+    """
+    return ConnFields(conn_id=conn.conn_id, conn_type=conn.conn_type, host=conn.host, port=conn.port,
+                      login=conn.login, password=conn.password, schema=conn.schema,
+                      extra=_decode_extra(conn.extra, where), source=where)
 
 
 def embedded_params() -> BrokerParams | None:
@@ -260,14 +341,18 @@ def not_found_message(conn_id: str) -> str:
 def resolve(conn: str | None) -> tuple[BrokerParams, str]:
     """Broker settings for the CLI's ``--conn`` and where they came from.
 
-    ``conn`` is a URI, a connection id, or None for ``amqstream_default``. A connection
+    ``conn`` is a URI, a JSON connection, a connection id, or None for ``amqstream_default``. A connection
     id is looked up in ``AIRFLOW_CONN_<ID>`` first, and through Airflow's own lookup
     (secrets backends, metadata database) if no variable is set or a custom secrets
     backend is configured; a missing ``amqstream_default`` falls back to the
     embedded broker. Raises :class:`ConnectionNotFound` saying what to set.
+
+    :param conn: the ``--conn`` argument.
     """
-    if conn and "://" in conn:
-        return BrokerParams.from_uri(conn), "--conn URI"
+    if conn and ("://" in conn or conn.lstrip().startswith("{")):
+        # JSON too: read as a connection id it would be quoted back, password and all, in
+        # the "no connection" error.
+        return parse_connection(conn, "", "--conn").broker_params(), "--conn"
     conn_id = conn or DEFAULT_CONN_ID
     fields = from_env(conn_id)
     if fields is not None:

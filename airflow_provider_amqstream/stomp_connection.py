@@ -1,16 +1,17 @@
 """The stomp.py connection a session runs on: its socket, opening it, closing it.
 
 :class:`FastTransport` is stomp.py's transport reading frames through
-:class:`~airflow_provider_amqstream.frames.FrameParser`; :class:`Connection12` speaks STOMP
-1.2 over it. :func:`open_connection` connects to the first broker host that answers (TLS
-if asked) and, when the broker refuses, says why: a refused login, nothing listening, a
-failed TLS handshake, or a port that does not speak STOMP.
+:class:`~airflow_provider_amqstream.frames.FrameParser`, with our own TLS handshake;
+:class:`Connection12` speaks STOMP 1.2 over it. :func:`open_connection` connects to the
+first broker host that answers (TLS if asked) and, when the broker refuses, says why: a
+refused login, nothing listening, a failed TLS handshake, or a port that does not speak STOMP.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import ssl
 from typing import Any
@@ -19,7 +20,7 @@ from stomp import exception as stomp_exc
 from stomp.connect import BaseConnection
 from stomp.protocol import Protocol12
 from stomp.transport import Transport
-from stomp.utils import Frame
+from stomp.utils import Frame, PollableQueue
 
 from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.frames import FrameParser
@@ -44,6 +45,12 @@ class FastTransport(Transport):
     square of its size (a 16 MiB body takes ~0.7 s). Here a frame's header is parsed
     once, and on a blocking socket its body is read with ``recv_into`` straight into a
     buffer of its content-length: one copy, no rescans.
+
+    :param hosts: (host, port) pairs tried in order.
+    :param timeout: seconds one host may take to accept the TCP connection and, with TLS,
+        to complete the handshake.
+    :param tls: speak TLS to every host with this context (see :func:`tls_context`); None for plain TCP.
+    :param kwargs: passed to stomp.py's ``Transport``.
     """
 
     # Headers and small frames are read through this fixed buffer. A large recv size here
@@ -51,13 +58,25 @@ class FastTransport(Transport):
     # fragmented the heap: a receiver's peak RSS crept up with file size.
     _SCRATCH = 64 * 1024
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, hosts: list[tuple[str, int]], *, timeout: float | None = None,
+                 tls: ssl.SSLContext | None = None, **kwargs: Any) -> None:
+        super().__init__(hosts, timeout=timeout, **kwargs)
         self._amqs_frames = FrameParser()
         self._amqs_scratch = bytearray(self._SCRATCH)
+        self._amqs_hosts = list(hosts)
+        self._amqs_timeout = timeout
+        self._amqs_tls = tls
+        self.tls_errors: list[str] = []
+        if tls is not None:
+            # Marks the hosts as TLS for stomp.py's disconnect_socket, which then closes the
+            # session with a TLS close_notify; the handshake itself is ours (_amqs_connect_tls).
+            self.set_ssl(for_hosts=self._amqs_hosts)
 
     def attempt_connection(self) -> None:
-        super().attempt_connection()
+        if self._amqs_tls is None:
+            super().attempt_connection()
+        else:
+            self._amqs_connect_tls(self._amqs_tls)
         # Small frames (an ACK, a SUBSCRIBE) must leave at once: with Nagle's algorithm an
         # ACK waited for the broker's delayed TCP acknowledgement (~40 ms), which was most
         # of the time a receiver spent per stream between one offer and the next.
@@ -66,6 +85,48 @@ class FastTransport(Transport):
                 self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as exc:
                 log.debug("cannot set TCP_NODELAY: %s", exc)
+
+    def _amqs_connect_tls(self, context: ssl.SSLContext) -> None:
+        """stomp.py's attempt_connection for TLS hosts, with ``context``.
+
+        stomp.py 9.0 builds its own SSL context, whose host-name check can only be turned off
+        together with certificate verification (``verify=False``); ``check_hostname=False``
+        must keep the chain checked against ``ca_file``. The hosts are tried once each, in
+        order, as stomp.py does with ``reconnect_attempts_max=1``; why each failed is kept in
+        :attr:`tls_errors` for the error message.
+
+        :param context: the client context (:func:`tls_context`).
+        """
+        self.connection_error = False
+        self.tls_errors = []
+        for host, port in self._amqs_hosts:
+            if not self.running:
+                break
+            try:
+                # The timeout covers the handshake too: a plaintext port may never answer it.
+                sock = socket.create_connection((host, port), self._amqs_timeout)
+            except OSError as exc:
+                self.tls_errors.append(f"{host}:{port}: {exc}")
+                continue
+            try:
+                tls_sock = context.wrap_socket(sock, server_hostname=host)
+            except OSError as exc:  # ssl.SSLError and timeouts alike
+                sock.close()
+                self.tls_errors.append(f"{host}:{port}: {exc}")
+                log.debug("TLS handshake with %s:%s failed: %s", host, port, exc)  # the error says it
+                continue
+            # What stomp.py does after its own handshake: a TLS socket is read and written
+            # non-blocking, through a selector shared with the send queue.
+            self.send_queue = PollableQueue()
+            self.sel = selectors.DefaultSelector()
+            self.sel.register(self.send_queue, selectors.EVENT_READ)
+            self.sel.register(tls_sock, selectors.EVENT_READ)
+            self.blocking = False
+            tls_sock.setblocking(False)
+            self.socket = tls_sock
+            self.current_host_and_port = (host, port)
+            return
+        raise stomp_exc.ConnectFailedException()
 
     def _BaseTransport__read_frames(self) -> None:  # noqa: N802 - overrides a mangled name
         for frame in self._amqs_read():
@@ -132,14 +193,17 @@ class Connection12(BaseConnection, Protocol12):
 
     :param hosts: (host, port) pairs tried in order.
     :param heartbeats: the STOMP heart-beat intervals offered and wanted, in milliseconds.
-    :param timeout: how long one host may take to accept the TCP connection, in seconds.
+    :param timeout: how long one host may take to accept the TCP connection (and to complete
+        the TLS handshake), in seconds.
+    :param tls: speak TLS to every host with this context; None for plain TCP.
     """
 
-    def __init__(self, hosts: list[tuple[str, int]], heartbeats: tuple[int, int], timeout: float) -> None:
+    def __init__(self, hosts: list[tuple[str, int]], heartbeats: tuple[int, int], timeout: float,
+                 tls: ssl.SSLContext | None = None) -> None:
         transport = FastTransport(
             hosts, prefer_localhost=False, try_loopback_connect=False,
             reconnect_attempts_max=1, timeout=timeout, auto_decode=False,
-            recv_bytes=1024 * 1024,
+            recv_bytes=1024 * 1024, tls=tls,
         )
         BaseConnection.__init__(self, transport)
         Protocol12.__init__(self, transport, heartbeats, auto_content_length=True,
@@ -158,6 +222,40 @@ class Connection12(BaseConnection, Protocol12):
         return c in (b"\x0a", b"\x0d\x0a")
 
 
+def tls_context(params: BrokerParams) -> ssl.SSLContext:
+    """The client TLS context for ``params``: the broker's certificate chain is always
+    verified (against ``ca_file``, else the system's CAs); its host name unless
+    ``check_hostname`` is off. Raises :class:`TransportError` naming a file it cannot use.
+
+    :param params: the connection settings (``ca_file``, ``cert_file``, ``key_file``, ``check_hostname``).
+    """
+    p = params
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname on
+    try:
+        if p.ca_file:
+            context.load_verify_locations(p.ca_file)
+        else:
+            context.load_default_certs()
+    except (OSError, ValueError) as exc:
+        raise TransportError(f"TLS for {p.url}: cannot use ca_file {p.ca_file}: {_reason(exc)}") from exc
+    if p.cert_file:
+        try:
+            context.load_cert_chain(p.cert_file, p.key_file or None)
+        except (OSError, ValueError) as exc:
+            raise TransportError(f"TLS for {p.url}: cannot use cert_file {p.cert_file} / key_file "
+                                 f"{p.key_file or '(in cert_file)'}: {_reason(exc)}") from exc
+    elif p.key_file:
+        raise TransportError(f"TLS for {p.url}: key_file is set without cert_file")
+    # Off: any certificate the CA signed is accepted whatever name it bears (verify_mode stays
+    # CERT_REQUIRED). Python refuses the reverse order, CERT_NONE with the check on.
+    context.check_hostname = p.check_hostname
+    return context
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+
+
 def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -> Connection12:
     """A STOMP 1.2 connection to the first of ``params.hosts`` that accepts us, its frames
     going to ``inbox``; raises :class:`TransportError` saying why none did.
@@ -167,11 +265,8 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     :param client_id: a name the broker logs for this connection.
     """
     p = params
-    conn = Connection12(list(p.hosts), (p.heartbeat_ms, p.heartbeat_ms), p.connect_timeout)
-    if p.tls:
-        for h in p.hosts:
-            conn.set_ssl(for_hosts=[h], ca_certs=p.ca_file, cert_file=p.cert_file,
-                         key_file=p.key_file, ssl_version=ssl.PROTOCOL_TLS_CLIENT)
+    conn = Connection12(list(p.hosts), (p.heartbeat_ms, p.heartbeat_ms), p.connect_timeout,
+                        tls=tls_context(p) if p.tls else None)
     conn.set_listener("amqstream", inbox)
     # ActiveMQ refuses a second connection with a client-id already in use; the
     # suffix keeps threads of one process (and a fast reconnect) apart.
@@ -180,9 +275,10 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
         conn.connect(p.login, p.password, wait=True, headers=headers,
                      **({"host": p.vhost} if p.vhost else {}))
     except stomp_exc.ConnectFailedException as exc:
-        inbox.await_refusal(timeout=REFUSAL_GRACE)
+        if not conn.transport.tls_errors:  # a failed handshake sent no STOMP reason to wait for
+            inbox.await_refusal(timeout=REFUSAL_GRACE)
         quiet_close(conn)
-        raise TransportError(refusal_reason(p, inbox.errors)) from exc
+        raise TransportError(refusal_reason(p, inbox.errors, conn.transport.tls_errors)) from exc
     except (OSError, stomp_exc.StompException) as exc:
         quiet_close(conn)
         raise TransportError(f"cannot connect to {p.url}: {exc or type(exc).__name__}") from exc
@@ -192,12 +288,13 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     return conn
 
 
-def refusal_reason(params: BrokerParams, errors: list[str]) -> str:
+def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str] | None = None) -> str:
     """Why a connect failed: the broker's ERROR frames if it sent any, else what a probe of
     its ports tells.
 
     :param params: where we tried to connect.
     :param errors: the texts of the ERROR frames the broker sent.
+    :param tls_errors: why each host's TCP connect or TLS handshake failed, if TLS was asked for.
     """
     p = params
     errs = "; ".join(errors)
@@ -212,8 +309,11 @@ def refusal_reason(params: BrokerParams, errors: list[str]) -> str:
         return (f"cannot reach any broker at {p.url} (connection refused or timed out). "
                 "Is it running? `amqstream broker start` starts the embedded one.")
     if p.tls:
-        return (f"TLS handshake with {p.url} failed: check that the port speaks TLS and "
-                "that ca_file trusts the broker certificate")
+        why = f" ({'; '.join(tls_errors)[:600]})" if tls_errors else ""
+        names = (" and names the host connected to (or switch check_hostname off)" if p.check_hostname
+                 else "")
+        return (f"TLS handshake with {p.url} failed{why}: check that the port speaks TLS and "
+                f"that ca_file trusts the broker certificate{names}")
     return (f"broker {p.url} accepted TCP but did not complete the STOMP handshake within "
             f"{p.connect_timeout:.0f}s: is it a STOMP port (not OpenWire or TLS)?")
 

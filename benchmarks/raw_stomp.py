@@ -15,8 +15,8 @@ import time
 
 import stomp
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.cli import cpu_seconds, peak_rss_kib
+from airflow_provider_amqstream.connection import params_from_uri
 
 
 class _Listener(stomp.ConnectionListener):
@@ -37,7 +37,7 @@ class _Listener(stomp.ConnectionListener):
 
 
 def _connect(uri: str) -> stomp.Connection12:
-    bp = BrokerParams.from_uri(uri)
+    bp = params_from_uri(uri)
     conn = stomp.Connection12(list(bp.hosts), auto_decode=False)
     conn.connect(bp.login, bp.password, wait=True)
     return conn

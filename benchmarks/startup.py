@@ -24,7 +24,7 @@ from typing import Any
 import stomp
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from benchmarks.__main__ import free_port, log
 
 RUNS = 7
@@ -52,7 +52,7 @@ class _FirstMessage(stomp.ConnectionListener):
 
 def _first_byte(uri: str, queue: str, src: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
     """Seconds from spawning ``amqstream send`` to its first message at a subscribed consumer."""
-    bp = BrokerParams.from_uri(uri)
+    bp = params_from_uri(uri)
     conn = stomp.Connection12(list(bp.hosts), auto_decode=False)
     conn.connect(bp.login, bp.password, wait=True)
     first = _FirstMessage()

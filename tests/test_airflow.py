@@ -187,9 +187,9 @@ def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", private_broker.info().uri)
     src = make_file(tmp_path / "big.bin", SIZE)
     record = tmp_path / "send.json"
-    from airflow_provider_amqstream.broker_params import BrokerParams
+    from airflow_provider_amqstream.connection import params_from_uri
 
-    name = checkpoint_name("sr-1", BrokerParams.from_uri(private_broker.info().uri)).removesuffix(".json")
+    name = checkpoint_name("sr-1", params_from_uri(private_broker.info().uri)).removesuffix(".json")
     ckpt = tmp_path / "send-state" / f"amqstream_send_{name}.json"
 
     def chaos() -> None:

@@ -18,6 +18,7 @@ from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker
 from airflow_provider_amqstream.broker_auth import acl_entries
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
 from airflow_provider_amqstream.transport import StompLink
 from airflow_provider_amqstream.transport_errors import AccessDenied
@@ -40,7 +41,7 @@ def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBro
 
 
 def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
-    return dataclasses.replace(BrokerParams.from_uri(broker.info(user=user).uri), connect_timeout=10.0,
+    return dataclasses.replace(params_from_uri(broker.info(user=user).uri), connect_timeout=10.0,
                                receipt_timeout=15.0)
 
 

@@ -99,6 +99,7 @@ def test_env_var_name_is_the_upper_cased_id(monkeypatch: pytest.MonkeyPatch) -> 
     ('{"host": "h", "password": "hunter2",', "not valid JSON"),
     ("amqstream://u:hunter2@h:99999", "port is not a number"),
     ("amqstream://u:hunter2@h:hunter2", "port is not a number"),
+    ("amqstream://u:hunter2@mq1:61613,mq2:61614", "?hosts=mq1:61613,mq2:61614"),
     # A password with a character that ends the authority: urllib would read part of it as
     # the port, path or query and quote it back.
     ("amqstream://u:hun#ter2@h:61613", "percent-encoded"),

@@ -181,10 +181,10 @@ def _event_runs_received(d: Deployment, before: set[str]) -> dict[str, list[str]
 
 def _offer_events(d: Deployment, tmp_path: Path, *numbers: int) -> dict[str, str]:
     """Offer one atomic stream per number, back to back from this process: stream id -> sha256."""
-    from airflow_provider_amqstream.broker_params import BrokerParams
+    from airflow_provider_amqstream.connection import params_from_uri
     from airflow_provider_amqstream.engine import send_file
 
-    params = BrokerParams.from_uri(_broker_uri(d))
+    params = params_from_uri(_broker_uri(d))
     files = {i: write_sample_csv(tmp_path / f"event-{i}.csv", rows=1_000, seed=20 + i) for i in numbers}
     results = [send_file(params, path, QUEUE + ".events", stream_id=f"evt-{tmp_path.name[-16:]}-{i}", mode="atomic")
                for i, path in files.items()]

@@ -104,8 +104,8 @@ def test_broker_command_survives_kill9_with_persistent_message(tmp_path: Path) -
         broker = EmbeddedBroker(data)
         assert broker.port == int(port)  # remembered from start
         uri = _cli("broker", "uri", "--data-dir", data).stdout.strip()
-        from airflow_provider_amqstream.broker_params import BrokerParams
-        params = BrokerParams.from_uri(uri)
+        from airflow_provider_amqstream.connection import params_from_uri
+        params = params_from_uri(uri)
         with StompLink(params) as link:
             link.send_confirmed("/queue/survivor", b"\x00keep me", {})
         pid = broker.running_pid()

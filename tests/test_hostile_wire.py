@@ -24,6 +24,7 @@ from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file, send_files
 from airflow_provider_amqstream.transport import StompLink
 from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
@@ -48,7 +49,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 @pytest.fixture
 def sender(broker: EmbeddedBroker) -> BrokerParams:
     """The hostile sender: authorized, but only to send to ``/queue/rt.>``."""
-    return dataclasses.replace(BrokerParams.from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
+    return dataclasses.replace(params_from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
 
 
 @pytest.fixture

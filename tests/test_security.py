@@ -13,6 +13,7 @@ import pytest
 
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
 from airflow_provider_amqstream.transport import StompLink
 from airflow_provider_amqstream.transport_errors import TransportError
@@ -32,7 +33,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBro
 
 
 def test_stream_over_tls(tls_broker: EmbeddedBroker, tmp_path: Path) -> None:
-    params = BrokerParams.from_uri(tls_broker.info().tls_uri or "")
+    params = params_from_uri(tls_broker.info().tls_uri or "")
     assert params.tls and params.hosts[0][1] == tls_broker.tls_port
     src = make_file(tmp_path / "f.bin", 3 * 2**20 + 7)
     sent = send_file(params, src, "/queue/tls.1", chunk_size=256 * 1024)

@@ -28,6 +28,7 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from airflow_provider_amqstream.transport import StompLink
 from tests.helpers import ROOT, browse, cli, free_port, make_file, play, sha256_file, wait_for
 
@@ -96,7 +97,7 @@ def test_soak(tmp_path: Path) -> None:
     rnd = random.Random(int(os.environ.get("AMQSTREAM_SOAK_SEED", "20261122")))
     broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
     broker.start()
-    params = BrokerParams.from_uri(broker.info().uri)
+    params = params_from_uri(broker.info().uri)
     t0 = time.monotonic()
     try:
         uri = broker.info().uri

@@ -51,10 +51,12 @@ class AmqStreamHook(BaseHook):
         return self._params
 
     def _resolve_params(self) -> BrokerParams:
+        # Every source goes through connection.py's one parser and one reading of the fields,
+        # so a URI, a variable and a stored connection cannot disagree about TLS.
         if self.uri:
-            return BrokerParams.from_uri(self.uri)
-        # The same reading of AIRFLOW_CONN_<ID> as the CLI's, so both agree on what a
-        # connection means; anything else goes through Airflow's own lookup.
+            return connection.parse_uri(self.uri, self.amqstream_conn_id, "the hook's uri").broker_params()
+        # The same reading of AIRFLOW_CONN_<ID> as the CLI's; anything else goes through
+        # Airflow's own lookup.
         fields = connection.from_env(self.amqstream_conn_id)
         if fields is not None:
             _mask(fields.password)
@@ -69,7 +71,7 @@ class AmqStreamHook(BaseHook):
                 raise
             log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
             return embedded
-        return BrokerParams.from_parts(conn.host, conn.port, conn.login, conn.password, conn.extra_dejson)
+        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}").broker_params()
 
     def get_conn(self) -> StompLink:
         """A new, open STOMP session. The caller closes it (or uses ``with``)."""
