@@ -20,6 +20,7 @@ import pytest
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_streams, send_file
 from airflow_provider_amqstream.engine.offers import LAP_PAUSE
 from tests.helpers import RawSender, browse, free_port, make_file, old_gen_mib, sha256_file
@@ -44,7 +45,7 @@ def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBr
     b.add_user("rx", receive=QUEUES)
     b.start()
     try:
-        yield b, {u: dataclasses.replace(BrokerParams.from_uri(b.info(user=u).uri), receipt_timeout=30.0)
+        yield b, {u: dataclasses.replace(params_from_uri(b.info(user=u).uri), receipt_timeout=30.0)
                   for u in ("mallory", "alice", "rx")}
     finally:
         b.stop()
