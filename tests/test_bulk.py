@@ -21,6 +21,7 @@ from airflow_provider_amqstream.engine import (
     StreamFailure,
     TransferResult,
     collect_files,
+    find_manifest,
     receive_streams,
     send_file,
     send_files,
@@ -186,7 +187,8 @@ def test_a_directory_send_writes_one_manifest_when_the_batch_is_complete(params:
     opts = ReceiveOptions(wait_timeout=3, idle_timeout=30, events=lambda k, d: events.append((k, d)))
     got = receive_streams(params, queue_name, out, options=opts)  # until nothing for 3 s
     assert len(got) == len(files)
-    manifest = out / f"{res.batch_id}.manifest.jsonl"
+    manifest = find_manifest(out, res.batch_id)
+    assert manifest is not None
     rows = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert sorted(r["path"] for r in rows) == sorted(str(f.relative_to(src)) for f in files)
     for r in rows:
@@ -208,12 +210,14 @@ def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerPa
     raw.close()
     out = tmp_path / "out"
     assert receive_all(params, queue_name, out, 1, wait_timeout=2)[0] == []
-    assert not (out / "b-late.manifest.jsonl").exists()
+    assert find_manifest(out, "b-late") is None
     from airflow_provider_amqstream.engine import send_file
     send_file(params, f, queue_name, stream_id="late-a", subdir="x")
     got, _ = receive_all(params, queue_name, out, 1)
     assert [Path(r.path or "") for r in got] == [out / "x" / "a.bin"]
-    [row] = [json.loads(line) for line in (out / "b-late.manifest.jsonl").read_text().splitlines()]
+    manifest = find_manifest(out, "b-late")
+    assert manifest is not None
+    [row] = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert row["path"] == "x/a.bin" and row["sha256"] == entry["sha256"]
 
 
@@ -235,7 +239,7 @@ def test_hostile_batch_messages_are_quarantined(params: BrokerParams, tmp_path: 
     got, failures = receive_all(params, queue_name, out, 1)
     assert [f.stream_id for f in failures] == ["bad-b"] and why in failures[0].reason
     assert [Path(r.path or "").name for r in got] == ["good.bin"]
-    assert not list(out.glob("*.manifest.jsonl"))
+    assert not list(out.glob(".amqstream/manifests/*/*.manifest.jsonl"))
 
 
 @pytest.mark.broker

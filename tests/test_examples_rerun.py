@@ -79,7 +79,7 @@ def test_bulk_landing_runs_twice_in_a_row(airflow_db: Path, example_dirs: Path) 
     dag = _load(ROOT / "dags" / "examples", "amqstream_bulk_landing")
     received = example_dirs / "received" / "bulk"
     for run in (1, 2):
-        before = set(received.glob("*.manifest.jsonl"))
+        before = set(received.glob(".amqstream/manifests/*/*.manifest.jsonl"))
         dr = dag.test()
         assert dr.state == "success", f"run {run}"
         assert not [p for p in (example_dirs / "landing").rglob("*") if p.is_file()], "sent files stayed behind"
@@ -88,7 +88,7 @@ def test_bulk_landing_runs_twice_in_a_row(airflow_db: Path, example_dirs: Path) 
         rel = sorted(str(p.relative_to(sent)) for p in sent.rglob("*") if p.is_file())
         assert rel == ["eu/batch-1.csv", "us/batch-0.csv", "us/batch-2.csv"]
         # The run's manifest names where each file landed (a name taken by run 1 gets the stream id).
-        [manifest] = set(received.glob("*.manifest.jsonl")) - before
+        [manifest] = set(received.glob(".amqstream/manifests/*/*.manifest.jsonl")) - before
         rows = [json.loads(line) for line in manifest.read_text().splitlines()]
         assert len(rows) == 3
         for row in rows:
@@ -98,7 +98,7 @@ def test_bulk_landing_runs_twice_in_a_row(airflow_db: Path, example_dirs: Path) 
         assert batch["files"] == 3 and batch["rows"] == 15_000
     kept = [p.name for p in received.rglob("*.csv") if ".amqstream" not in p.parts]
     assert len(kept) == 6 and sum(n.startswith("batch-0") for n in kept) == 2, kept  # none overwritten
-    assert len(list(received.glob("*.manifest.jsonl"))) == 2
+    assert len(list(received.glob(".amqstream/manifests/*/*.manifest.jsonl"))) == 2
 
 
 @pytest.mark.spark

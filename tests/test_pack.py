@@ -230,6 +230,6 @@ def test_a_stopped_receiver_does_not_stall_the_senders(private_broker: Any, tmp_
     assert rx.wait(180) == 0
     published = sorted(f.name for f in out.iterdir() if f.suffix == ".bin")
     assert published == sorted(f.name for f in files)
-    assert list(out.glob("*.manifest.jsonl")), "the batch announcement did not get through"
+    assert list(out.glob(".amqstream/manifests/*/*.manifest.jsonl")), "the batch announcement did not get through"
     for f in files[::97]:
         assert sha256_file(out / f.name) == sha256_file(f)

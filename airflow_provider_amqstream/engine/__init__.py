@@ -18,7 +18,7 @@ from __future__ import annotations
 from airflow_provider_amqstream.engine.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
 from airflow_provider_amqstream.engine.bulk import send_files
 from airflow_provider_amqstream.engine.claims import find_claimed
-from airflow_provider_amqstream.engine.manifest import manifest_path
+from airflow_provider_amqstream.engine.manifest import find_manifest, manifest_path
 from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
@@ -37,7 +37,8 @@ from airflow_provider_amqstream.engine.sending import checkpoint_name, default_s
 from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
 
 __all__ = [
-    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "manifest_path",
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "find_manifest",
+    "manifest_path",
     "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",

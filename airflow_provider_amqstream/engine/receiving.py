@@ -194,7 +194,7 @@ def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: An
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
         except p.ProtocolError as exc:
             return _quarantine(link, dest, offer, sid, f"invalid batch message: {exc}", opts)
-        manifest = batches.record(batch_id, part, parts, entries)
+        manifest = batches.record(batch_id, part, parts, entries, offers.sender(offer))
         link.ack(offer)
         opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
         if manifest is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, find_claimed, manifest_path
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, find_claimed, find_manifest
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
@@ -36,8 +36,12 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
     :param out_dir: the output directory (templated).
     :param count: stop after this many streams (None: no limit); the files of a pack arrive
         together, so the last pack may bring a few more, all listed.
-    :param batch_id: stop once ``out_dir/<batch_id>.manifest.jsonl`` exists (templated; a
-        sender's ``totals["batch_id"]``); the task fails if it does not by ``deadline``.
+    :param batch_id: stop once the manifest of this batch is written (templated; a sender's
+        ``totals["batch_id"]``); the task fails if it is not by ``deadline``. Manifests are
+        kept per sending user under ``out_dir/.amqstream/manifests/<user>/``.
+    :param batch_sender: the user (as the broker knows it) whose batch ``batch_id`` is
+        (templated). Without it, a batch id completed by two users fails the task rather
+        than pick one; with it, no other user's batch of that id is ever taken.
     :param wait_timeout: seconds with no offer before stopping (without ``batch_id``).
     :param deadline: seconds in all: with ``batch_id`` the task fails if the batch is not
         complete by then; without, it takes no new stream after it and returns what arrived
@@ -57,7 +61,7 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         alias, run when they arrive.
     """
 
-    template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "quarantine")
+    template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "batch_sender", "quarantine")
     ui_color = "#f3e6d8"
     lineage_sending, lineage_destination_field = False, "source"
 
@@ -66,8 +70,9 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  file_asset_alias: str | None = None, quarantine: str | None = None,
-                 min_free_bytes: int | None = None, **kwargs: Any) -> None:
+                 min_free_bytes: int | None = None, batch_sender: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.batch_sender = batch_sender
         self.file_asset_alias = file_asset_alias
         if file_asset_alias:
             self.outlets = [*self.outlets, alias_outlet(file_asset_alias)]
@@ -85,7 +90,8 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         Destination.parse(self.source)
         if self.quarantine:
             Destination.parse(self.quarantine)
-        manifest = manifest_path(self.out_dir, validate_stream_id(self.batch_id)) if self.batch_id else None
+        if self.batch_id:
+            validate_stream_id(self.batch_id)
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
         results: list[dict[str, Any]] = find_claimed(self.out_dir, claim) if claim else []
@@ -94,29 +100,31 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
                           len(results), self.out_dir)
         failed = FailureReport(self.log)
         until = time.monotonic() + self.deadline
+        manifest = self._manifest()
         # A retry may find its count reached or its batch complete already.
-        while (self.count is None or len(results) < self.count) and not (manifest and manifest.exists()):
+        while (self.count is None or len(results) < self.count) and not manifest:
             left = until - time.monotonic()
             wanted = None if self.count is None else self.count - len(results)
             # With a batch to wait for, look for its manifest every few seconds.
-            wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if manifest else self.wait_timeout
+            wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if self.batch_id else self.wait_timeout
             got = hook.receive_streams(self.source, self.out_dir, count=wanted,
                                        options=receive_options(self, wait=wait, claim=claim), on_failure=failed,
                                        stop_after=max(left, 0.0))
             results += [r.to_json() for r in got]
-            if manifest is not None and manifest.exists():
+            manifest = self._manifest()
+            if manifest is not None:
                 break
             if self.count is not None and len(results) >= self.count:
                 break
-            if manifest is None and (not got or time.monotonic() >= until):
+            if not self.batch_id and (not got or time.monotonic() >= until):
                 if got:
                     self.log.info("deadline of %.0fs reached; not taking more streams from %s", self.deadline,
                                   self.source)
                 break
-            if manifest is not None and time.monotonic() >= until:
+            if time.monotonic() >= until:
                 raise RuntimeError(f"{self.task_id}: batch {self.batch_id} was not complete in {self.out_dir} "
                                    f"after {self.deadline:.0f}s ({len(results)} streams received); its manifest "
-                                   f"{manifest} is written once every listed file is in")
+                                   "is written once every listed file is in")
         self.log.info("received %d streams from %s into %s%s", len(results), self.source, self.out_dir,
                       f"; manifest {manifest}" if manifest else "")
         if self.file_asset_alias:
@@ -124,6 +132,12 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         self._amqstream_result = {"files": results, "failed": failed.streams,
                                   "manifest": str(manifest) if manifest else None, "count": len(results)}
         return self._amqstream_result
+
+
+    def _manifest(self) -> Any:
+        if not self.batch_id:
+            return None
+        return find_manifest(self.out_dir, self.batch_id, self.batch_sender)
 
 
 def receive_options(task: Any, *, wait: float, claim: str | None,

@@ -53,13 +53,25 @@ def _format_of(src: Path, fmt: str) -> str:
     return fmt
 
 
+def _root_of(manifest: Path) -> Path:
+    """The output directory a manifest's rows are relative to: a receiver keeps manifests in
+    ``<out_dir>/.amqstream/manifests/<sender>/``; one found elsewhere names files beside it."""
+    parents = manifest.parents
+    if len(parents) > 3 and parents[1].name == "manifests" and parents[2].name == ".amqstream":
+        return parents[3]
+    return manifest.parent
+
+
 def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
     """(file, manifest row) for every row of the manifest(s); paths are relative to the
-    manifest's directory (the receiver's output directory)."""
+    receiver's output directory (see ``_root_of``)."""
     where = Path(arg)
-    manifests = sorted(where.glob("*.manifest.jsonl")) if where.is_dir() else [where]
+    if where.is_dir():
+        manifests = sorted([*where.glob("*.manifest.jsonl"), *where.glob(".amqstream/manifests/*/*.manifest.jsonl")])
+    else:
+        manifests = [where]
     if not manifests or not all(m.is_file() for m in manifests):
-        fail(f"no manifest at {where} (a <batch id>.manifest.jsonl, or a directory holding some)")
+        fail(f"no manifest at {where} (a <batch id>.manifest.jsonl, or an output directory holding some)")
     out = []
     for m in manifests:
         for n, line in enumerate(m.read_text(encoding="utf-8").splitlines(), 1):
@@ -69,8 +81,8 @@ def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
             except (ValueError, KeyError, TypeError):
                 fail(f"{m} line {n} is not a manifest row")
             if rel.is_absolute() or ".." in rel.parts:
-                fail(f"{m} line {n}: path {row['path']!r} leaves the manifest's directory")
-            src = m.parent / rel
+                fail(f"{m} line {n}: path {row['path']!r} leaves the output directory")
+            src = _root_of(m) / rel
             if not src.is_file() or src.stat().st_size != int(row.get("bytes", -1)):
                 fail(f"{src} (listed in {m}) is missing or not {row.get('bytes')} bytes")
             out.append((src, row))
