@@ -58,7 +58,7 @@ def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
     with pytest.raises(StreamNoRoom) as err:
         receive_stream(params, queue_name, small_fs / "out", options=ReceiveOptions(wait_timeout=20))
     text = str(err.value)
-    assert "stream big.bin-" in text and "needs 12582912 more bytes" in text and "reserve" in text
+    assert "stream big.bin-" in text and "no room for 12582912 more bytes" in text and "reserve" in text
     assert shutil.disk_usage(small_fs).free >= free - 64 * 1024 and not list(small_fs.glob("out/.amqstream/*.part"))
     # An allocation that fills the disk before failing (as posix_fallocate did for a 1 TiB
     # offer) is given back: nothing of it stays.
@@ -106,3 +106,46 @@ def test_disk_filling_up_mid_stream_stops_it_and_a_rerun_completes(
     os.unlink(fillers[0])
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sha256_file(src) == sha256_file(out / "f.bin")
+
+
+def _tmpfs(mnt: Path, options: str) -> None:
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True,
+                         timeout=30)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}); run as root to test a full disk")
+
+
+@pytest.mark.parametrize("case", ["inodes", "blocks"])
+def test_tiny_files_cannot_exhaust_inodes_or_blocks(params: BrokerParams, tmp_path: Path, queue_name: str,
+                                                   case: str) -> None:
+    """Empty and one-byte files cost an inode and a block each, and their records as many
+    again: the reserve counts that, so a flood of them stops at the reserve (they give way,
+    parked) instead of filling the filesystem, and the receiver keeps running."""
+    from airflow_provider_amqstream.engine import collect_files, receive_streams, send_files
+
+    n = 600
+    src = tmp_path / "tiny"
+    src.mkdir()
+    for i in range(n):
+        (src / f"t{i:04d}.bin").write_bytes(b"" if case == "inodes" else b"x")
+    mnt = tmp_path / "fs"
+    # inodes: 1,000 inodes and room to spare; blocks: inodes to spare and 1 MiB (256 blocks).
+    _tmpfs(mnt, "size=64m,nr_inodes=1000" if case == "inodes" else "size=1m,nr_inodes=100000")
+    try:
+        send_files(params, collect_files([src], recursive=True), queue_name, manifest=False)
+        failures: list[Any] = []
+        got = receive_streams(params, queue_name, mnt / "out", on_failure=failures.append,
+                              options=ReceiveOptions(wait_timeout=3, min_free_bytes=64 * 1024, yield_backoff=600))
+        st = os.statvfs(mnt)
+        assert got and failures and {f.status for f in failures} == {"no_room"}, (len(got), failures[:1])
+        assert ("inodes" if case == "inodes" else "bytes") in failures[0].reason
+        if case == "inodes":
+            assert st.f_favail >= 64, st.f_favail
+        else:
+            assert st.f_bavail * st.f_frsize >= 64 * 1024 - 4096, st.f_bavail
+        # Every file published is whole, and no file went missing: the rest wait, parked.
+        assert len(got) + len({f.stream_id for f in failures}) <= n
+        assert all(Path(r.path or "").stat().st_size == r.bytes for r in got)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True, timeout=30)

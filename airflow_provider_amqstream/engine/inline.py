@@ -40,7 +40,7 @@ from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine.claims import record_claim
-from airflow_provider_amqstream.engine.partial_file import default_reserve, final_name
+from airflow_provider_amqstream.engine.partial_file import Room, default_reserve, final_name
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamNoRoom,
@@ -245,8 +245,7 @@ class InlineGroup:
         self._out, self._sdir = os.fspath(out), os.fspath(sdir)
         self.items: list[_Item] = []
         self.dir_fds: dict[tuple[str, ...], int] = {}
-        self.reserve = opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out)
-        self.free = shutil.disk_usage(sdir).free
+        self.room = Room(sdir, opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out))
         self.ids: set[str] = set()
 
     def holds(self, stream_id: str) -> bool:
@@ -258,11 +257,12 @@ class InlineGroup:
         it would cross the free-space reserve (nothing written), :class:`Poisoned` for a
         target directory that is a link."""
         what = f"stream {spec.stream_id} ({self.destination}, inline)"
-        if self.free - spec.size < self.reserve:
+        short = self.room.shortfall(spec.size)
+        if short:
             raise StreamNoRoom(
-                f"{what}: needs {spec.size} bytes in {self.out}, which has {self.free} free and keeps {self.reserve} "
-                "in reserve; the stream yields its place and is tried again later. Free space, lower the reserve "
-                "(min_free_bytes, --min-free) or receive into another directory.")
+                f"{what}: {self.out} has no room for it ({short}); the stream yields its place and is tried again "
+                "later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) or receive into another "
+                "directory.")
         if subdir not in self.dir_fds:
             try:
                 self.dir_fds[subdir] = open_subdir(self.out, subdir, what)
@@ -282,7 +282,7 @@ class InlineGroup:
             write_all(fd, data)
         except OSError as exc:
             raise self._disk_error(exc, what, "writing") from exc
-        self.free -= spec.size
+        self.room.take(spec.size)
 
     def commit(self) -> list[tuple[Any, TransferResult]]:
         """Make every file durable, publish it, record it; return (offer, result) pairs whose

@@ -44,6 +44,48 @@ def default_reserve(path: Path) -> int:
     return min(total // 50, 2**30)
 
 
+# Besides its data, a published stream costs its completion record and, for a task, its
+# claim: a block and an inode each.
+RECORD_FILES = 2
+
+
+class Room:
+    """What a filesystem has left for streams: bytes and inodes, each less a reserve, with
+    every file counted at its real cost (whole blocks, its records, their inodes), so a
+    flood of tiny files cannot exhaust the inodes or the blocks that their sizes hide.
+
+    :param path: a directory on the filesystem.
+    :param min_free: bytes to leave free.
+    """
+
+    def __init__(self, path: Path | str, min_free: int) -> None:
+        st = os.statvfs(path)
+        self.block = st.f_frsize or 4096
+        self.free = st.f_bavail * self.block
+        self.inodes = st.f_favail
+        self.min_free = min_free
+        # Filesystems that report no inode count (some network ones) have no inode limit to keep.
+        self.inode_reserve = max(64, st.f_files // 50) if st.f_files else 0
+
+    def cost(self, size: int, have: int = 0) -> int:
+        """Bytes a stream of ``size`` takes, ``have`` of them already allocated."""
+        blocks = -(-size // self.block) - have // self.block
+        return (max(0, blocks) + RECORD_FILES) * self.block
+
+    def shortfall(self, size: int, have: int = 0, *, files: int = 1) -> str | None:
+        """Why ``files`` more file(s) of ``size`` bytes do not fit, or None if they do."""
+        need = self.cost(size, have) * files
+        if self.free - need < self.min_free:
+            return f"needs {need} bytes with its records, {self.free} are free and {self.min_free} kept in reserve"
+        if self.inodes and self.inodes - (1 + RECORD_FILES) * files < self.inode_reserve:
+            return f"needs {1 + RECORD_FILES} inodes, {self.inodes} are free and {self.inode_reserve} kept in reserve"
+        return None
+
+    def take(self, size: int) -> None:
+        self.free -= self.cost(size)
+        self.inodes -= 1 + RECORD_FILES
+
+
 def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str) -> None:
     """Allocate the whole file open as ``fd`` now, so a full disk fails here rather than hours
     in, and later syncs need not flush a growing size. A stream that would leave less than
@@ -57,14 +99,14 @@ def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str)
     :param min_free: bytes to leave free on the filesystem.
     :param what: the stream, as error messages name it.
     """
+    short = Room(sdir, min_free).shortfall(size, have) if have < size or have == 0 else None
+    if short:
+        raise StreamNoRoom(
+            f"{what}: {sdir.parent} has no room for {size - have} more bytes ({short}); the stream yields its "
+            "place and is tried again later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) "
+            "or receive into another directory.")
     if size == 0 or have >= size:
         return
-    usage = shutil.disk_usage(sdir)
-    if usage.free - (size - have) < min_free:
-        raise StreamNoRoom(
-            f"{what}: needs {size - have} more bytes in {sdir.parent}, which has {usage.free} free "
-            f"and keeps {min_free} in reserve; the stream yields its place and is tried again later. Free "
-            "space, lower the reserve (min_free_bytes, --min-free) or receive into another directory.")
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
