@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_amqstream.broker_network import BRIDGE_GROUP, bridge_acl
+from airflow_provider_amqstream.broker_network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
 from airflow_provider_amqstream.protocol import Destination, ProtocolError
 
 
@@ -24,6 +24,7 @@ def xml_attr(value: str) -> str:
 
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ADMIN_GROUP = "amqstream"
+ADVISORY_TOPICS = ("topic", ADVISORY_PATTERN)
 
 
 def parse_grant(text: str) -> tuple[str, str]:
@@ -74,6 +75,16 @@ def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str],
 
 def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]], *,
                   bridge: tuple[str, str] | None = None, forwarded: Sequence[str] = ()) -> str:
+    """The ``<plugins>`` entries for authentication and authorization: the administrator,
+    the bridge user of a network and every user, each confined to its grants.
+
+    :param user: the administrator's name (group ``amqstream``, every right everywhere).
+    :param password: the administrator's password.
+    :param users: name -> {password, send, receive}, as ``read_users`` returns.
+    :param bridge: the bridge user's (name, password) when the broker is in a network;
+        advisories are on then, and the advisory topics get their own entry.
+    :param forwarded: the ``/queue/NAME`` destinations the bridge forwards (empty: every queue).
+    """
     lines = [f'          <authenticationUser username="{xml_attr(user)}" password="{xml_attr(password)}" '
              f'groups="{ADMIN_GROUP}"/>']
     if bridge:
@@ -92,13 +103,16 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
             entry = entries.setdefault((kind, pattern), {"read": set(), "write": set(), "admin": set()})
             for right in rights.split(","):
                 entry[right].add(BRIDGE_GROUP)
-        # With advisories on, the broker raises one for each destination a user creates, in
-        # that user's name ("not authorized to create: topic://ActiveMQ.Advisory.Queue").
-        # Creating them is all a user needs: reading them (who consumes what) stays with the
-        # bridge and the administrator.
-        advisories = entries[("topic", "ActiveMQ.Advisory.>")]
+        # With advisories on, the broker raises one for each destination and consumer a user
+        # creates, and creates the advisory's topic in that user's name: without admin there
+        # the user's own send or subscribe fails ("not authorized to create:
+        # topic://ActiveMQ.Advisory.Queue"). Admin is all a user gets. Reading advisories
+        # (who consumes what) and writing them stay with the bridge and the administrator:
+        # a plain message a user wrote to ActiveMQ.Advisory.Consumer.Queue.NAME reached the
+        # bridge as a consumer advisory and shut it down (NullPointerException at the other
+        # site, the bridge rebuilt and shut down again for every such message).
+        advisories = entries[ADVISORY_TOPICS]
         for name in users:
-            advisories["write"].add(f"amqs-user-{name}")
             advisories["admin"].add(f"amqs-user-{name}")
     for (kind, pattern), rights in sorted(entries.items()):
         attrs = " ".join(f'{r}="{xml_attr(",".join(sorted(rights[r] | {ADMIN_GROUP})))}"'

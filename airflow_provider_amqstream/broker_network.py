@@ -33,6 +33,8 @@ from typing import Any
 from airflow_provider_amqstream.protocol import Destination, ProtocolError
 
 BRIDGE_GROUP = "amqs-bridge"
+# Every advisory topic. Only the bridge (and the administrator) may read or write them.
+ADVISORY_PATTERN = "ActiveMQ.Advisory.>"
 DEFAULT_BRIDGE_USER = "amqs-bridge"
 NETWORK_FILE = "network.json"
 _URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
@@ -165,10 +167,13 @@ def bridge_credentials(path: Path) -> tuple[str, str]:
 def bridge_acl(queues: Sequence[str]) -> list[tuple[str, str, str]]:
     """(kind, pattern, rights) the bridge user needs on each broker: to consume and produce
     the forwarded queues (and create them), and to read the advisories that tell it where
-    consumers are."""
+    consumers are. It and the administrator are the only users who may write advisories.
+
+    :param queues: the forwarded ``/queue/NAME`` destinations (empty: every queue).
+    """
     names = forwarded_names(queues) or [">"]
     return [*(("queue", n, "read,write,admin") for n in names),
-            ("topic", "ActiveMQ.Advisory.>", "read,write,admin")]
+            ("topic", ADVISORY_PATTERN, "read,write,admin")]
 
 
 def connectors_xml(cfg: NetworkConfig, name: str, user: str | None, password: str | None,

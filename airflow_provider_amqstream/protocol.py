@@ -100,6 +100,13 @@ H_FIRST_SENDER = "amqs_first_sender"
 H_USER_ID = "JMSXUserID"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
+# The sender as the broker authenticated it, stamped on every message by a broker with
+# populateJMSXUserID and useAuthenticatedPrincipalForJMSXUserID (the shipped config); ActiveMQ
+# 5.17 shows it on STOMP MESSAGE frames under this name. Read it with sender_of only.
+H_USER_ID = "JMSXUserID"
+# Our user names are at most 64 characters; an external broker's (a JAAS principal) may be
+# longer. A longer stamp is treated as none, not cut: a cut name could be another user's.
+MAX_USER_ID = 256
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_WINDOW = 16
@@ -473,6 +480,28 @@ def offer_origin(headers: Mapping[str, Any]) -> str:
     """The offer's origin digest, or "" when the sender sent none (older or plain producers)."""
     origin = str(headers.get(H_ORIGIN) or "")
     return origin if re.fullmatch(r"[0-9a-f]{16,64}", origin) else ""
+
+
+def sender_of(headers: Mapping[str, Any]) -> str:
+    """The user the broker authenticated as this message's sender, or "" when there is none.
+
+    Identity is the broker's stamp (``JMSXUserID``) and nothing else: a header a client
+    writes is never identity, whether an ``amqs_*`` header, a pack member's index entry or
+    a ``JMSXUserID`` on the client's own SEND frame. A broker with ``populateJMSXUserID``
+    overwrites that last one with the authenticated user (tested: a send-only user who wrote
+    ``JMSXUserID: admin`` arrived as itself); one without it drops it from STOMP frames. The
+    exception is a connection that is, or claims to be, another broker: ActiveMQ keeps the
+    stamp it brings (docs/security.md). "" means the sender is unknown (the broker does not
+    stamp), never that nobody sent it. A value that is not 1 to ``MAX_USER_ID`` printable
+    characters is "" too, rather than a cut-down name that could equal another user's.
+
+    :param headers: the headers of a message as the broker delivered it (a MESSAGE frame),
+        never those a sender chose (a pack member's, an offer being built).
+    """
+    value = headers.get(H_USER_ID)
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_USER_ID or not value.isprintable():
+        return ""
+    return value
 
 
 def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec, offered_on: Destination) -> tuple[str, int]:

@@ -40,7 +40,8 @@ class AmqStreamMessageQueueProvider(BaseMessageQueueProvider):
 
     Takes ``destination`` (``/queue/NAME``), ``amqstream_conn_id`` and optionally
     ``poll_interval`` as keyword arguments; each offered stream fires one event whose
-    payload names the stream (``stream_id``, ``name``, ``size``, ``destination``, ``sender``).
+    payload names the stream (``stream_id``, ``name``, ``size``, ``destination``) and its
+    ``sender``, the user the broker authenticated (never a header the sender wrote).
     """
 
     scheme = SCHEME

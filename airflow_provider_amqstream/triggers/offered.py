@@ -23,8 +23,9 @@ class StreamOfferedTrigger(BaseEventTrigger):
     """Fire one event per stream offered on ``destination``.
 
     The event's payload carries ``stream_id``, ``name``, ``size``, ``chunks``, ``mode``,
-    ``destination``, ``sender`` (the sending user, where the broker stamps JMSXUserID,
-    else None) and ``offered_at`` (broker timestamp, ms). A stream fires once while its
+    ``destination``, ``sender`` (the user the broker authenticated as the offer's sender,
+    its ``JMSXUserID`` stamp; None where the broker does not stamp it, said once in the log)
+    and ``offered_at`` (broker timestamp, ms). A stream fires once while its
     offer stays visible, however many looks see it; the ids are remembered until the
     offer is gone (received), so a stream offered again later fires again. A new
     triggerer process starts with an empty memory and fires for waiting offers again;
@@ -78,6 +79,7 @@ class StreamOfferedTrigger(BaseEventTrigger):
         self.log.info("watching %s on %s for offered streams, looking every %gs", self.destination, params.url,
                       self.poll_interval)
         failing = False
+        unstamped_noted = False
         try:
             while True:
                 try:
@@ -102,8 +104,14 @@ class StreamOfferedTrigger(BaseEventTrigger):
                         break  # the run started for the last one has not taken it yet
                     fired.add(offer.stream_id)
                     last = (offer.stream_id, time.monotonic())
-                    self.log.info("stream %s (%s, %d bytes) is offered on %s", offer.stream_id, offer.name,
-                                  offer.size, self.destination)
+                    self.log.info("stream %s (%s, %d bytes) is offered on %s by %s", offer.stream_id, offer.name,
+                                  offer.size, self.destination, offer.sender or "an unknown sender")
+                    if offer.sender is None and not unstamped_noted:
+                        unstamped_noted = True
+                        self.log.warning("offers on %s carry no sender: the broker at %s does not stamp JMSXUserID "
+                                         "(populateJMSXUserID and useAuthenticatedPrincipalForJMSXUserID on "
+                                         "<broker>, see docs/security.md); events report sender None",
+                                         self.destination, params.url)
                     yield TriggerEvent(offer.payload())
                 fired &= visible
                 if note.due():

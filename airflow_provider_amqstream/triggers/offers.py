@@ -24,10 +24,8 @@ from airflow_provider_amqstream.transport_errors import TransportError
 
 log = logging.getLogger(__name__)
 
-# The sender's user as the broker stamps it (broker option populateJMSXUserID); a sender
-# cannot forge it there. Absent when the broker does not stamp it.
-H_USER = "JMSXUserID"
-MAX_SENDER = 128
+# The longest sender an event reports (protocol.sender_of decides what a sender is).
+MAX_SENDER = p.MAX_USER_ID
 
 
 @dataclass(frozen=True)
@@ -49,13 +47,20 @@ class Offer:
                 "offered_at": self.offered_at}
 
 
-def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination) -> Offer:
-    """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one."""
+def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination,
+                        stamped: Mapping[str, Any] | None = None) -> Offer:
+    """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one.
+
+    :param headers: the offer's headers.
+    :param dest: the destination it was seen on.
+    :param stamped: the headers of the message the broker delivered, when ``headers`` are a
+        pack member's (which its sender wrote): who sent it and when come from these only.
+    """
     spec, _ = p.parse_offer(headers, dest)
-    sender = headers.get(H_USER)
-    if sender is not None:
-        sender = "".join(c for c in str(sender)[:MAX_SENDER] if c.isprintable()) or None
-    raw_ts = str(headers.get("timestamp", ""))
+    stamped = headers if stamped is None else stamped
+    # The broker's stamp, never an amqs_* header: those are whatever the sender wrote.
+    sender = p.sender_of(stamped) or None
+    raw_ts = str(stamped.get("timestamp", ""))
     offered_at = int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
     return Offer(spec.stream_id, spec.name, spec.size, spec.chunks, spec.mode.value, str(dest), sender, offered_at)
 
@@ -168,11 +173,10 @@ class OfferBrowser:
         except p.ProtocolError as exc:
             self._report_bad(frame.headers, exc)
             return []
-        # Who sent it and when are the broker's word about the pack (members hold amqs_* only).
-        stamped = {k: frame.headers[k] for k in (H_USER, "timestamp") if k in frame.headers}
         for headers, _ in members:
             try:
-                found.append(parse_visible_offer({**headers, **stamped}, self.dest))
+                # Who sent it and when are the broker's word about the pack, not its index's.
+                found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))
             except p.ProtocolError as exc:
                 self._report_bad({**headers, "message-id": f"{frame.headers.get('message-id', '')}/"
                                   f"{headers.get(p.H_STREAM, '')}"}, exc)

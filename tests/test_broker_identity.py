@@ -1,0 +1,205 @@
+"""Identity from the broker: the shipped config makes ActiveMQ stamp every message with the
+user it authenticated (``JMSXUserID`` on STOMP MESSAGE frames), a sender cannot forge that
+stamp, and the event trigger reports it as the offer's ``sender``.
+
+One broker with three users: ``alice`` and ``bob`` may only send to ``/queue/ident``,
+``reader`` may only receive from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stomp
+
+from airflow_provider_amqstream import bulk_wire as bw
+from airflow_provider_amqstream import protocol as p
+from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.engine import send_file, send_files
+from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport_errors import AccessDenied
+from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+from airflow_provider_amqstream.triggers.offers import Offer, OfferBrowser, parse_visible_offer
+from tests.helpers import browse, free_port, make_file
+
+QUEUE = "/queue/ident"
+CONN_ID = "amqs_ident_reader"
+
+
+@pytest.fixture(scope="module")
+def ident_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    b = EmbeddedBroker(tmp_path_factory.mktemp("ident") / "broker", port=free_port())
+    b.add_user("alice", send=[QUEUE])
+    b.add_user("bob", send=[QUEUE])
+    b.add_user("reader", receive=[QUEUE])
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
+    return dataclasses.replace(BrokerParams.from_uri(broker.info(user=user).uri), connect_timeout=10.0,
+                               receipt_timeout=15.0)
+
+
+def _drain(params: BrokerParams, dest: str, count: int, timeout: float = 30.0) -> list[dict[str, str]]:
+    """Take ``count`` messages off ``dest`` (acknowledged), returning their headers."""
+    got = []
+    with StompLink(params) as link:
+        link.subscribe(dest, prefetch=count)
+        while len(got) < count:
+            frame = link.get(timeout)
+            assert frame is not None, f"only {len(got)} of {count} messages arrived on {dest} within {timeout}s"
+            link.ack(frame)
+            got.append(dict(frame.headers))
+    return got
+
+
+class _Frames(stomp.ConnectionListener):
+    """Receipts and errors of a raw stomp.py connection, in arrival order."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[str, dict[str, str]]] = queue.Queue()
+
+    def on_receipt(self, frame: Any) -> None:
+        self.frames.put(("RECEIPT", dict(frame.headers)))
+
+    def on_error(self, frame: Any) -> None:
+        self.frames.put(("ERROR", dict(frame.headers)))
+
+
+def _raw_send(params: BrokerParams, dest: str, headers: dict[str, str], body: bytes = b"") -> None:
+    """SEND one frame with exactly ``headers`` (any name, any value) and wait for the receipt."""
+    listener = _Frames()
+    conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
+    conn.set_listener("frames", listener)
+    conn.connect(params.login, params.password, wait=True)
+    try:
+        conn.send(dest, body, headers={**headers, "persistent": "true", "receipt": "sent"})
+        kind, got = listener.frames.get(timeout=15)
+        assert (kind, got.get("receipt-id")) == ("RECEIPT", "sent"), (kind, got)
+    finally:
+        conn.disconnect()
+
+
+def test_sender_of_reads_the_broker_stamp_and_nothing_else() -> None:
+    assert p.sender_of({"JMSXUserID": "alice", "amqs_stream": "s-1"}) == "alice"
+    assert p.sender_of({}) == ""
+    # What a sender chooses is not identity, however it is named.
+    assert p.sender_of({"amqs_sender": "alice", "amqs_user": "alice", "login": "alice"}) == ""
+    # Not something a broker stamps: unknown, not cut down to look like another user.
+    for value in ("", "al\x00ice", "alice\n", "a" * (p.MAX_USER_ID + 1), 7, None):
+        assert p.sender_of({"JMSXUserID": value}) == "", repr(value)
+    assert p.sender_of({"JMSXUserID": "a" * p.MAX_USER_ID}) == "a" * p.MAX_USER_ID
+
+
+def test_a_pack_member_cannot_name_its_own_sender() -> None:
+    """A pack's members are headers its sender wrote; the sender of each is the pack's stamp."""
+    dest = p.Destination.parse(QUEUE)
+    member = {**p.offer_headers(p.StreamSpec("m-1", "m.bin", 10, 10), dest), "JMSXUserID": "alice",
+              "timestamp": "1"}
+    offer = parse_visible_offer(member, dest, stamped={"JMSXUserID": "bob", "timestamp": "1795000000000"})
+    assert (offer.sender, offer.offered_at) == ("bob", 1795000000000)
+    unstamped = parse_visible_offer(member, dest, stamped={"message-id": "ID:1"})
+    assert (unstamped.sender, unstamped.offered_at) == (None, None)
+
+
+def test_the_shipped_config_has_the_broker_stamp_senders(tmp_path: Path) -> None:
+    b = EmbeddedBroker(tmp_path / "b", port=free_port())
+    b.render_config()
+    xml = (tmp_path / "b" / "conf" / "activemq.xml").read_text()
+    broker_element = xml[xml.index("<broker "):].split(">", 1)[0]
+    assert 'populateJMSXUserID="true"' in broker_element
+    assert 'useAuthenticatedPrincipalForJMSXUserID="true"' in broker_element
+
+
+@pytest.mark.broker
+def test_a_send_only_user_cannot_forge_its_identity(ident_broker: EmbeddedBroker) -> None:
+    """alice writes ``JMSXUserID: admin`` (and, once, bob's name) on her SEND frames; the
+    broker delivers each as alice's. The administrator's own message says who it is."""
+    alice = _as(ident_broker, "alice")
+    offer_like = {p.H_KIND: "note"}
+    _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "admin"}, b"one")
+    _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "bob", "amqs_sender": "bob"}, b"two")
+    _raw_send(_as(ident_broker, None), QUEUE, offer_like, b"three")
+    got = _drain(_as(ident_broker, "reader"), QUEUE, 3)
+    assert [h.get("JMSXUserID") for h in got] == ["alice", "alice", "amqstream"]
+    assert [p.sender_of(h) for h in got] == ["alice", "alice", "amqstream"]
+
+
+@pytest.mark.broker
+def test_an_ordinary_user_cannot_write_advisory_topics_on_a_lone_broker(ident_broker: EmbeddedBroker) -> None:
+    """Without a network there are no advisories, and no user but the administrator may
+    write where they would be."""
+    with StompLink(_as(ident_broker, "alice")) as link, pytest.raises(AccessDenied, match="refused user alice"):
+        link.send_confirmed("/topic/ActiveMQ.Advisory.Consumer.Queue.ident", b"x", {})
+
+
+async def _events(trigger: StreamOfferedTrigger, count: int, timeout: float) -> list[dict[str, Any]]:
+    """The payloads of the first ``count`` events ``trigger`` fires."""
+    payloads: list[dict[str, Any]] = []
+    run = trigger.run()
+
+    async def take() -> None:
+        async for event in run:
+            payloads.append(event.payload)
+            if len(payloads) == count:
+                return
+
+    try:
+        await asyncio.wait_for(take(), timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{len(payloads)} of {count} events within {timeout}s: {payloads}") from None
+    finally:
+        await run.aclose()
+    return payloads
+
+
+@pytest.mark.broker
+def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: EmbeddedBroker, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four offers from two users, one of them packed and one forged: each event's sender is
+    the user the broker authenticated, whatever the offer's headers say."""
+    alice, bob = _as(ident_broker, "alice"), _as(ident_broker, "bob")
+    by_alice = send_file(alice, make_file(tmp_path / "a.bin", 300_000, seed=1), QUEUE, stream_id="from-alice",
+                         mode="atomic", chunk_size=2**17)
+    packed = send_files(bob, [make_file(tmp_path / "small" / f"b{i}.bin", 2000 + i, seed=10 + i) for i in range(2)],
+                        QUEUE).results
+    # bob's offer claiming to be alice's, in every header a sender writes.
+    dest = p.Destination.parse(QUEUE)
+    forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest)
+    _raw_send(bob, QUEUE, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice"})
+    assert sum(bw.is_pack(f.headers) for f in browse(_as(ident_broker, None), QUEUE)) == 1, "bob's files not packed"
+
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", ident_broker.info(user="reader").uri)
+    trigger = StreamOfferedTrigger(destination=QUEUE, amqstream_conn_id=CONN_ID, poll_interval=0.1, pace=0)
+    events = asyncio.run(_events(trigger, 4, 60))
+    senders = {e["stream_id"]: e["sender"] for e in events}
+    assert senders == {by_alice.stream_id: "alice", packed[0].stream_id: "bob", packed[1].stream_id: "bob",
+                       "bob-as-alice": "bob"}
+
+
+def test_the_trigger_says_once_when_the_broker_stamps_no_sender(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """On a broker that does not stamp (an external one without populateJMSXUserID) events
+    carry ``sender`` None, and the trigger's log says why, once."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", "amqstream://reader:reader-secret-pw@127.0.0.1:1")
+    unstamped = [Offer(f"s-{i}", f"f{i}.bin", 10, 1, "atomic", QUEUE, None, None) for i in range(3)]
+    monkeypatch.setattr(OfferBrowser, "look", lambda self, *a, **k: unstamped)
+    monkeypatch.setattr(OfferBrowser, "close", lambda self: None)
+    trigger = StreamOfferedTrigger(destination=QUEUE, amqstream_conn_id=CONN_ID, poll_interval=0.1, pace=0)
+    events = asyncio.run(_events(trigger, 3, 30))
+    assert [e["sender"] for e in events] == [None, None, None]
+    out = capsys.readouterr()
+    notes = [line for line in (out.out + out.err).splitlines() if "carry no sender" in line]
+    assert len(notes) == 1 and "populateJMSXUserID" in notes[0], notes
+    assert "reader-secret-pw" not in out.out + out.err
