@@ -95,9 +95,6 @@ H_NOT_BEFORE = "amqs_not_before"
 H_YIELDS = "amqs_yields"
 H_YIELD_REASON = "amqs_yield_reason"
 H_FIRST_SENDER = "amqs_first_sender"
-# Stamped by the broker (populateJMSXUserID with the authenticated principal): the only
-# sender identity a receiver believes.
-H_USER_ID = "JMSXUserID"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 # The sender as the broker authenticated it, stamped on every message by a broker with
@@ -482,7 +479,7 @@ def offer_origin(headers: Mapping[str, Any]) -> str:
     return origin if re.fullmatch(r"[0-9a-f]{16,64}", origin) else ""
 
 
-def sender_of(headers: Mapping[str, Any]) -> str:
+def sender_of(headers: Mapping[str, Any], requeued_by: str | None = None) -> str:
     """The user the broker authenticated as this message's sender, or "" when there is none.
 
     Identity is the broker's stamp (``JMSXUserID``) and nothing else: a header a client
@@ -495,10 +492,22 @@ def sender_of(headers: Mapping[str, Any]) -> str:
     stamp), never that nobody sent it. A value that is not 1 to ``MAX_USER_ID`` printable
     characters is "" too, rather than a cut-down name that could equal another user's.
 
+    One header is believed besides the stamp: an offer a receiver parked at the tail of its
+    queue (:data:`H_NOT_BEFORE`) carries its first sender in :data:`H_FIRST_SENDER`, taken
+    only when the broker stamped that copy with ``requeued_by``, the receiving user itself
+    (who could send anything in that user's name anyway).
+
     :param headers: the headers of a message as the broker delivered it (a MESSAGE frame),
         never those a sender chose (a pack member's, an offer being built).
+    :param requeued_by: the receiving user's login, or None.
     """
-    value = headers.get(H_USER_ID)
+    value = _user_id(headers.get(H_USER_ID))
+    if requeued_by and value == requeued_by and H_FIRST_SENDER in headers:
+        return _user_id(headers[H_FIRST_SENDER])
+    return value
+
+
+def _user_id(value: Any) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_USER_ID or not value.isprintable():
         return ""
     return value
@@ -524,22 +533,6 @@ def offer_selector(stream_id: str | None = None) -> str:
     escaped = sid.replace("_", "!_")
     return (f"({H_KIND} = '{Kind.OFFER.value}' AND {H_STREAM} = '{sid}') OR "
             f"({H_KIND} = '{Kind.PACK.value}' AND {H_PACK_IDS} LIKE '%|{escaped}|%' ESCAPE '!')")
-
-
-def sender_of(headers: Mapping[str, Any], requeued_by: str | None = None) -> str:
-    """Who offered a message, as the broker says: its ``JMSXUserID`` stamp ("" when the
-    broker stamps none). A header a client writes is never identity, with one exception:
-    an offer a receiver put back at the tail of its queue (:data:`H_NOT_BEFORE`) carries the
-    first sender in :data:`H_FIRST_SENDER`, believed only when the broker stamped that copy
-    with ``requeued_by`` (the receiving user itself, who could send as anyone it stands for).
-
-    :param headers: the message's headers.
-    :param requeued_by: the receiving user's login.
-    """
-    stamp = str(headers.get(H_USER_ID) or "")[:MAX_STREAM_ID]
-    if requeued_by and stamp == requeued_by and H_FIRST_SENDER in headers:
-        return str(headers[H_FIRST_SENDER])[:MAX_STREAM_ID]
-    return stamp
 
 
 def parked_until(headers: Mapping[str, Any]) -> float:
