@@ -22,6 +22,7 @@ from airflow_provider_amqstream import bulk_wire as bw
 from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.broker import EmbeddedBroker
 from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.connection import params_from_uri
 from airflow_provider_amqstream.engine import send_file, send_files
 from airflow_provider_amqstream.transport import StompLink
 from airflow_provider_amqstream.transport_errors import AccessDenied
@@ -47,7 +48,7 @@ def ident_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedB
 
 
 def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
-    return dataclasses.replace(BrokerParams.from_uri(broker.info(user=user).uri), connect_timeout=10.0,
+    return dataclasses.replace(params_from_uri(broker.info(user=user).uri), connect_timeout=10.0,
                                receipt_timeout=15.0)
 
 

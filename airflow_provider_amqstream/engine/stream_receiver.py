@@ -281,11 +281,12 @@ class StreamReceiver:
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self.tell(p.Kind.HELLO, state.next_seq)
         quiet_since = time.monotonic() - max(0.0, time.time() - self.file.last_write)
-        if self.file.created:
+        if self.file.created and not self.reply_to:
             # A sender offers, then sends its first chunk at once: a new stream whose data
             # queue stays empty for a short look was abandoned before it began, and waiting
             # the whole idle timeout for each of those would let a sender hold the queue for
-            # idle_timeout per offer.
+            # idle_timeout per offer. (In handshake mode the sender waits for its receivers
+            # to gather before the first chunk: no short look there.)
             quiet_since = time.monotonic() - max(0.0, opts.idle_timeout - FIRST_LOOK)
         written = 0
         last_progress = 0.0
