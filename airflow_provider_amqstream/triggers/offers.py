@@ -48,18 +48,20 @@ class Offer:
 
 
 def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination,
-                        stamped: Mapping[str, Any] | None = None) -> Offer:
+                        stamped: Mapping[str, Any] | None = None, *, watcher: str | None = None) -> Offer:
     """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one.
 
     :param headers: the offer's headers.
     :param dest: the destination it was seen on.
     :param stamped: the headers of the message the broker delivered, when ``headers`` are a
         pack member's (which its sender wrote): who sent it and when come from these only.
+    :param watcher: the user looking, when it is also the receiving user: an offer its
+        receivers put back in the queue is reported as sent by its first sender.
     """
     spec, _ = p.parse_offer(headers, dest)
     stamped = headers if stamped is None else stamped
     # The broker's stamp, never an amqs_* header: those are whatever the sender wrote.
-    sender = p.sender_of(stamped) or None
+    sender = p.sender_of(stamped, requeued_by=watcher) or None
     raw_ts = str(stamped.get("timestamp", ""))
     offered_at = int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
     return Offer(spec.stream_id, spec.name, spec.size, spec.chunks, spec.mode.value, str(dest), sender, offered_at)
@@ -159,7 +161,7 @@ class OfferBrowser:
                 offers.extend(self._members(frame))
                 continue
             try:
-                offers.append(parse_visible_offer(frame.headers, self.dest))
+                offers.append(parse_visible_offer(frame.headers, self.dest, watcher=self.params.login))
             except p.ProtocolError as exc:
                 self._report_bad(frame.headers, exc)
         link.unsubscribe(sub)
@@ -176,7 +178,8 @@ class OfferBrowser:
         for headers, _ in members:
             try:
                 # Who sent it and when are the broker's word about the pack, not its index's.
-                found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))
+                found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers,
+                                                 watcher=self.params.login))
             except p.ProtocolError as exc:
                 self._report_bad({**headers, "message-id": f"{frame.headers.get('message-id', '')}/"
                                   f"{headers.get(p.H_STREAM, '')}"}, exc)
