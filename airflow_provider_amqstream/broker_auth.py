@@ -43,8 +43,9 @@ def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]
     (``NAME.amqs.<id>``) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
     ``admin`` lets the first user of a destination create it."""
     main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
-    # A stream that gives way is parked at the tail of its queue of offers by the receiver.
-    offers = "read,write,admin" if role == "receive" and kind == "queue" else main
+    # A stream that gives way is parked by its receiver, in a queue of its own no sender writes.
+    parked = [("queue", f"{pattern}.amqs_parked", "read,write,admin")] if role == "receive" and kind == "queue" \
+        else []
     # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
     quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
     if pattern.endswith(".>"):
@@ -53,7 +54,7 @@ def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]
         if kind == "queue":
             return [("queue", pattern, "read,write,admin"), *quarantine]
         return [("topic", pattern, main), ("queue", pattern, ctl), *quarantine]
-    return [(kind, pattern, offers), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl),
+    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl), *parked,
             *quarantine]
 
 

@@ -222,6 +222,11 @@ class Destination:
         per-stream topic so every subscriber gets every chunk."""
         return f"/{self.kind}/{self.name}.amqs.{validate_stream_id(stream_id)}"
 
+    def parked_queue(self) -> str:
+        """Where receivers park the offers of streams that gave way (queues only). Its own
+        name element, so a broker ACL can let receivers write it and no sender."""
+        return f"/queue/{self.name}.amqs_parked"
+
     def control_queue(self, stream_id: str) -> str:
         """Where receivers answer the sender in handshake mode (always a queue). Its own
         name element, not a suffix of the data queue's, so that a broker ACL (whose
@@ -479,7 +484,7 @@ def offer_origin(headers: Mapping[str, Any]) -> str:
     return origin if re.fullmatch(r"[0-9a-f]{16,64}", origin) else ""
 
 
-def sender_of(headers: Mapping[str, Any], requeued_by: str | None = None) -> str:
+def sender_of(headers: Mapping[str, Any], *, parked: bool = False) -> str:
     """The user the broker authenticated as this message's sender, or "" when there is none.
 
     Identity is the broker's stamp (``JMSXUserID``) and nothing else: a header a client
@@ -492,19 +497,17 @@ def sender_of(headers: Mapping[str, Any], requeued_by: str | None = None) -> str
     stamp), never that nobody sent it. A value that is not 1 to ``MAX_USER_ID`` printable
     characters is "" too, rather than a cut-down name that could equal another user's.
 
-    One header is believed besides the stamp: an offer a receiver parked at the tail of its
-    queue (:data:`H_NOT_BEFORE`) carries its first sender in :data:`H_FIRST_SENDER`, taken
-    only when the broker stamped that copy with ``requeued_by``, the receiving user itself
-    (who could send anything in that user's name anyway).
+    One header is believed besides the stamp: an offer taken from a destination's parked
+    queue (:meth:`Destination.parked_queue`), which only receivers may write (the broker's
+    ACL), carries its first sender in :data:`H_FIRST_SENDER`.
 
     :param headers: the headers of a message as the broker delivered it (a MESSAGE frame),
         never those a sender chose (a pack member's, an offer being built).
-    :param requeued_by: the receiving user's login, or None.
+    :param parked: the message came from a parked queue.
     """
-    value = _user_id(headers.get(H_USER_ID))
-    if requeued_by and value == requeued_by and H_FIRST_SENDER in headers:
-        return _user_id(headers[H_FIRST_SENDER])
-    return value
+    if parked:
+        return _user_id(headers.get(H_FIRST_SENDER))
+    return _user_id(headers.get(H_USER_ID))
 
 
 def _user_id(value: Any) -> str:

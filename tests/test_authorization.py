@@ -49,11 +49,13 @@ def test_grants_become_least_privilege_entries() -> None:
     entries = acl_entries({"p": {"send": ["/queue/landing"]}, "c": {"receive": ["/queue/landing"]}})
     data = entries[("queue", "landing.amqs.>")]
     ctl = entries[("queue", "landing.amqs_ctl.>")]
-    # The receiver writes offers back: a stream that gives way is parked at the tail.
-    assert entries[("queue", "landing")] == {"read": {"amqs-user-c"}, "write": {"amqs-user-c", "amqs-user-p"},
+    assert entries[("queue", "landing")] == {"read": {"amqs-user-c"}, "write": {"amqs-user-p"},
                                              "admin": {"amqs-user-c", "amqs-user-p"}}
     assert data["write"] == {"amqs-user-p"} and data["read"] == {"amqs-user-c"}
     assert ctl["read"] == {"amqs-user-p"} and ctl["write"] == {"amqs-user-c"}
+    # The receiver parks streams that give way where no sender may write.
+    assert entries[("queue", "landing.amqs_parked")] == {"read": {"amqs-user-c"}, "write": {"amqs-user-c"},
+                                                         "admin": {"amqs-user-c"}}
 
 
 def test_bad_user_names_and_grants_are_refused(tmp_path: Path) -> None:

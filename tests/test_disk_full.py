@@ -77,7 +77,7 @@ def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
     monkeypatch.undo()
     assert "cannot reserve 12582912 bytes" in str(err.value) and "No space left" in str(err.value)
     assert shutil.disk_usage(small_fs).free >= free - 64 * 1024 and not list(small_fs.glob("out2/.amqstream/*.part"))
-    # Its chunks were never taken and its offer is parked at the tail: a receiver with room
+    # Its chunks were never taken and its offer is parked: a receiver with room
     # that asks for it gets the whole stream at once.
     got = receive_stream(params, queue_name, tmp_path / "roomy", stream_id=sid, options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sha256_file(src)

@@ -332,7 +332,7 @@ def test_stomp_connect_line_stays_out_of_logs(params: BrokerParams) -> None:
 @pytest.mark.broker
 def test_a_deferred_sensor_is_not_woken_for_a_stream_that_yielded_its_place(
         conn: str, params: BrokerParams, queue_name: str, tmp_path: Path) -> None:
-    """A stalled stream's offer is parked at the tail of the queue until its back-off ends.
+    """A stalled stream's offer is parked (in the parked queue) until its back-off ends.
     The sensor's trigger must pass it too, or it fires at once, the sensor finds nothing
     to take, defers again, and loops until its timeout."""
     data = make_file(tmp_path / "late.bin", 6000).read_bytes()
@@ -341,7 +341,8 @@ def test_a_deferred_sensor_is_not_woken_for_a_stream_that_yielded_its_place(
     with pytest.raises(StreamStalled):
         receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=5, idle_timeout=1,
                                                                        yield_backoff=600))
-    [parked] = browse(params, queue_name)
+    assert browse(params, queue_name) == []
+    [parked] = browse(params, p.Destination.parse(queue_name).parked_queue())
     assert p.parked_until(parked.headers) > time.time() + 500 and parked.headers[p.H_YIELDS] == "1"
     trig = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=3)
     events: list[Any] = []

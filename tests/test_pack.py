@@ -159,7 +159,7 @@ def test_a_watcher_sees_each_packed_stream_as_an_offer(params: BrokerParams, tmp
 @pytest.mark.broker
 def test_a_packed_stream_without_room_yields_its_pack_once(params: BrokerParams, tmp_path: Path,
                                                           queue_name: str) -> None:
-    """The pack is parked whole at the tail of the queue, so no receiver is handed the same
+    """The pack is parked whole (in the parked queue), so no receiver is handed the same
     pack again at once (a loop of yields); a receiver with room takes it after its time."""
     files = _small_files(tmp_path, 3)
     send_files(params, files, queue_name)
@@ -169,7 +169,8 @@ def test_a_packed_stream_without_room_yields_its_pack_once(params: BrokerParams,
     got = receive_streams(params, queue_name, full, options=ReceiveOptions(wait_timeout=1, min_free_bytes=2**62,
                                                                          yield_backoff=8), on_failure=failures.append)
     assert got == [] and [f.status for f in failures] == ["no_room"]
-    [parked] = browse(params, queue_name)
+    assert browse(params, queue_name) == []
+    [parked] = browse(params, p.Destination.parse(queue_name).parked_queue())
     assert parked.headers[p.H_STREAM] == pack.headers[p.H_STREAM] and parked.body == pack.body
     due = p.parked_until(parked.headers)
     assert due > time.time() + 4, "the pack must be parked, not handed out again"

@@ -82,8 +82,10 @@ def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
     assert filed.headers[p.H_STREAM] == "poison-1" and "CRC-32" in filed.headers[p.H_QUARANTINE_REASON]
     assert not list((out / ".amqstream").glob("poison-1.*"))
     assert (out / ".amqstream" / "gone-1.part").exists() and (out / ".amqstream" / "gone-1.json").exists()
-    # The stalled stream's offer went back to the queue for its turn.
-    assert [f.headers[p.H_STREAM] for f in browse(params, queue_name)] == ["gone-1"]
+    # The stalled stream's offer was parked for its turn.
+    assert browse(params, queue_name) == []
+    [parked] = browse(params, p.Destination.parse(queue_name).parked_queue())
+    assert parked.headers[p.H_STREAM] == "gone-1" and p.parked_until(parked.headers) > time.time() + 50
     # The promise: the good streams wait for the abandoned one no longer than idle_timeout.
     # The slack covers the process start (the CLI's import) and the poisoned stream's quarantine.
     last = max(r["finished_at"] for r in done) - started
@@ -137,7 +139,7 @@ def test_a_stalled_stream_gets_its_turn_back_and_completes(params: BrokerParams,
     play_rest.close()
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.resumed_from == 2000 and (out / "late.bin").read_bytes() == data
-    assert browse(params, queue_name) == []
+    assert browse(params, queue_name) == browse(params, p.Destination.parse(queue_name).parked_queue()) == []
 
 
 @pytest.mark.parametrize("case", ["bad-offset", "wrong-sha", "unknown-kind", "past-the-end"])

@@ -1,18 +1,24 @@
 """Which offers a receiver is handed, and how a stream that cannot go on now gives way.
 
-Liveness is held by the queue, not by a receiver's memory. A stream that yields is put
-back at the tail of its queue with a time before which no receiver takes it
-(``amqs_not_before``, doubling with each yield: :func:`backoff_for`). A receiver that meets
-a parked offer before its time passes it to the tail again and takes the next one, so
-whatever waits behind any number of parked offers is reached after one send and one
-acknowledgement per parked offer ahead of it. Every receiver, restarted or on another
-machine, sees the same queue and the same times; no client-side list decides who is
-served, and no decision costs a subscription.
+Liveness is held by the broker, not by a receiver's memory. A stream that yields is
+**parked**: its offer goes to the destination's parked queue (``NAME.amqs_parked``, which
+only receivers may write) with a time before which no receiver takes it
+(``amqs_not_before``, doubling with each yield: :func:`backoff_for`). The queue of offers
+itself holds only fresh offers, so nothing parked ever stands in front of a new stream,
+and a watcher browsing it sees only what can be taken.
 
-Both subscriptions together match every message on the destination (inline offers on
-one, everything else on the other), so no message can sit unmatched at the head of the
-queue and hide those behind it from the broker's paging (``maxPageSize``): junk reaches
-a receiver and is quarantined.
+A receiver sweeps the parked queue between offers: it takes the first parked offer whose
+time has come, and passes the others to the tail, until it meets the first one it passed
+again. A sweep starts when the queue of offers is idle and at most every
+:data:`SWEEP_PAUSE` seconds (or as long as the last sweep took, if longer) while it is
+busy, so at most about half of a receiver's time goes to parked offers, whatever their
+number. Every receiver, restarted or on another machine, sees the same queues and times;
+no client-side list decides who is served, and no decision costs a subscription.
+
+Both subscriptions to the queue of offers together match every message on it (inline
+offers on one, everything else on the other), so no message can sit unmatched at its head
+and hide those behind it from the broker's paging (``maxPageSize``): junk reaches a
+receiver and is quarantined.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ MAX_YIELD_BACKOFF = 3600.0
 # A stream that yielded this often without arriving is quarantined instead (with the
 # default back-off that is about two days): parked offers may not circle for ever.
 MAX_YIELDS = 48
-# After passing every waiting offer without taking one (all parked), wait this long, or as
-# long as the pass took if longer, before the next pass: at most half the receiver's time
-# (and the broker's) goes to passing parked offers, and a new offer waits at most a pause
-# and a pass.
-LAP_PAUSE = 2.0
+# Seconds between two sweeps of the parked queue while offers keep coming (longer if a
+# sweep took longer): the bound on how late a parked stream is taken after its time.
+SWEEP_PAUSE = 2.0
+# How long a sweep waits for the next parked offer: they are handed over within a
+# millisecond or two of acknowledging the previous one.
+_SWEEP_STEP = 0.2
 
 
 def backoff_for(yields: int, first: float) -> float:
@@ -54,28 +61,24 @@ class Offers:
     acknowledgement until the stream is settled, so while the receiver holds one the
     broker gives it no other, and if it dies the offer returns to the queue. Inline offers
     (a small file in the offer) and packs of them come up to a group at a time on a second
-    subscription. Parked offers are passed to the tail until their time (module doc).
+    subscription; parked ones from the parked queue, between offers (module doc).
 
     :param link: the receiver's connection.
     :param dest: the destination offers come from.
     :param stream_id: take only this stream (at once, even if parked).
     :param opts: the receive options (back-off, events).
-    :param me: the receiving user's login: a parked copy we sent carries its first sender.
     """
 
-    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions, *,
-                 me: str = "") -> None:
-        self.link, self.dest, self.stream_id, self.opts, self.me = link, dest, stream_id, opts, me
+    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
+        self.link, self.dest, self.stream_id, self.opts = link, dest, stream_id, opts
         self.sub: str | None = None
         # Inline offers (small files in their offer) come through a second subscription with
         # a deeper prefetch, so a group of them can be made durable together.
         self.inline_sub: str | None = None
-        # The first parked offer met since one was taken, when that pass began, and the
-        # earliest time one of the parked offers met since may be taken: enough to know a
-        # pass went all the way round, whatever the number of parked offers.
-        self._lap: tuple[str, str] | None = None
-        self._lap_began = 0.0
-        self._lap_due = math.inf
+        self.parked_sub: str | None = None
+        # The parked offer a sweep stopped at: ours (prefetch 1) until the next sweep.
+        self.held: Any = None
+        self.next_sweep = 0.0
         self.passed = 0
 
     def _selector(self, inline_only: bool) -> str:
@@ -92,6 +95,9 @@ class Offers:
         if not self.stream_id:
             self.inline_sub = self.link.subscribe(str(self.dest), prefetch=inline.PREFETCH,
                                                   selector=self._selector(True))
+        if self.dest.kind == "queue":
+            self.parked_sub = self.link.subscribe(self.dest.parked_queue(), prefetch=1,
+                                                  selector=p.offer_selector(self.stream_id) if self.stream_id else None)
         self.opts.emit("waiting", source=str(self.dest))
 
     def next(self, deadline: float | None) -> Any:
@@ -99,66 +105,73 @@ class Offers:
         if self.sub is None:
             self._subscribe()
         while True:
+            now = time.monotonic()
+            if self.parked_sub and now >= self.next_sweep:
+                offer = self._sweep()
+                if offer is not None:
+                    return offer
             left = 30.0 if deadline is None else deadline - time.monotonic()
+            if self.parked_sub:
+                left = min(left, max(0.0, self.next_sweep - time.monotonic()))
             subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
             offer = self.link.get_any(max(0.0, left), subs)  # type: ignore[arg-type]
-            if offer is None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            due = p.parked_until(offer.headers)
-            if self.stream_id or due <= time.time() or self.dest.kind != "queue":
-                self._lap = None
+            if offer is not None:
                 return offer
-            if not self._pass(offer, due, deadline):
-                return offer
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
-    def _pass(self, offer: Any, due: float, deadline: float | None) -> bool:
-        """Pass a parked offer to the tail; False if it came due meanwhile (take it)."""
-        key = (str(offer.headers.get(p.H_STREAM, "")), str(offer.headers.get(p.H_NOT_BEFORE, "")))
-        now = time.monotonic()
-        if self._lap is None:
-            self._lap, self._lap_began, self._lap_due = key, now, due
-        elif key == self._lap:
-            # Round once without taking anything: everything waiting is parked.
-            pause = min(max(LAP_PAUSE, now - self._lap_began), max(0.0, self._lap_due - time.time()))
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - now))
-            if pause > 0:
-                time.sleep(pause)  # holding this one offer: others still reach other receivers
-            if p.parked_until(offer.headers) <= time.time():
-                self._lap = None
-                return False
-            self._lap, self._lap_began, self._lap_due = key, time.monotonic(), due
-        else:
-            self._lap_due = min(self._lap_due, due)
-        self.requeue(offer)
-        self.passed += 1
-        return True
+    def _sweep(self) -> Any:
+        """Take the first parked offer whose time has come, passing the others to the tail
+        of the parked queue; None after a whole round without one (or an empty queue)."""
+        began = time.monotonic()
+        first: tuple[str, str] | None = None
+        due = math.inf
+        while True:
+            offer, self.held = self.held or self.link.get(_SWEEP_STEP, self.parked_sub), None
+            if offer is None:
+                break
+            offer.amqs_parked = True
+            until = p.parked_until(offer.headers)
+            if self.stream_id or until <= time.time():
+                self.next_sweep = time.monotonic()  # there may be more whose time has come
+                return offer
+            key = (str(offer.headers.get(p.H_STREAM, "")), str(offer.headers.get(p.H_NOT_BEFORE, "")))
+            if key == first:
+                self.held = offer  # round once: it stays with us until the next sweep
+                break
+            first = first or key
+            due = min(due, until)
+            self.requeue(offer)
+            self.passed += 1
+        took = time.monotonic() - began
+        self.next_sweep = time.monotonic() + min(max(SWEEP_PAUSE, took), max(0.0, due - time.time()))
+        return None
 
     def sender(self, offer: Any) -> str:
         """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`)."""
-        return p.sender_of(offer.headers, self.me)
+        return p.sender_of(offer.headers, parked=bool(getattr(offer, "amqs_parked", False)))
 
     def requeue(self, message: Any, *, not_before: float | None = None, reason: str = "") -> None:
-        """Put ``message`` (an offer or a pack) at the tail of the queue, then acknowledge
-        it: confirmed first, so a crash between the two leaves a copy too many (taken as a
-        repeat), never none. With ``not_before`` the copy is parked until then."""
-        sender = p.sender_of(message.headers, self.me)
+        """Put ``message`` (an offer or a pack) at the tail of the parked queue, then
+        acknowledge it: confirmed first, so a crash between the two leaves a copy too many
+        (taken as a repeat), never none. Without ``not_before`` it keeps the time it has
+        (none: due at once)."""
+        sender = self.sender(message)
         if not_before is None:
             headers = {k: str(v) for k, v in message.headers.items() if k.startswith("amqs_")}
+            headers.pop(p.H_FIRST_SENDER, None)
             if sender:
                 headers[p.H_FIRST_SENDER] = sender
         else:
             headers = p.parked_headers(message.headers, not_before=not_before, reason=reason, sender=sender)
-        self.link.send_confirmed(str(self.dest), bytes(message.body or b""), headers)
+        self.link.send_confirmed(self.dest.parked_queue(), bytes(message.body or b""), headers)
         self.link.ack(message)
         inline.mark_settled(message)
 
     def park(self, message: Any, reason: str) -> float:
-        """Give way: park ``message`` at the tail for its next back-off; return the back-off.
-        On a topic there is no tail to go to: the offer is dropped for this subscriber (a
-        re-run of its sender offers it again)."""
+        """Give way: park ``message`` for its next back-off; return the back-off. On a topic
+        there is nowhere to park: the offer is dropped for this subscriber (a re-run of its
+        sender offers it again)."""
         yields = p.yields_of(message.headers) + 1
         backoff = backoff_for(yields, self.opts.yield_backoff)
         if self.dest.kind != "queue":
@@ -170,18 +183,13 @@ class Offers:
 
     def gather_inline(self, first: Any, room: int | None) -> list[Any]:
         """``first`` and the inline offers already delivered after it, up to a group (and
-        ``room``: a receiver asked for N streams takes no more). Parked ones met on the way
-        are passed to the tail."""
+        ``room``: a receiver asked for N streams takes no more)."""
         group, size, files = [first], len(first.body or b""), inline.files_in(first)
         limit = inline.GROUP_FILES if room is None else max(1, min(room, inline.GROUP_FILES))
         while self.inline_sub and files < limit and size < inline.GROUP_BYTES:
             more = self.link.get_any(0.0, (self.inline_sub,))
             if more is None:
                 break
-            if p.parked_until(more.headers) > time.time():
-                self.requeue(more)
-                self.passed += 1
-                continue
             group.append(more)
             size += len(more.body or b"")
             files += inline.files_in(more)
@@ -189,7 +197,7 @@ class Offers:
 
     def close(self) -> None:
         """Leave the subscriptions; the broker requeues what we hold unacknowledged."""
-        for attr in ("inline_sub", "sub"):
+        for attr in ("inline_sub", "sub", "parked_sub"):
             sub = getattr(self, attr)
             if sub is not None:
                 setattr(self, attr, None)

@@ -119,7 +119,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         try:
             with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
-                offers = Offers(link, dest, stream_id, opts, me=params.login or "")
+                offers = Offers(link, dest, stream_id, opts)
                 while count is None or len(results) < count:
                     deadline = None if wait is None else time.monotonic() + wait
                     if until is not None:

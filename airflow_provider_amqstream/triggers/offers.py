@@ -48,20 +48,19 @@ class Offer:
 
 
 def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination,
-                        stamped: Mapping[str, Any] | None = None, *, watcher: str | None = None) -> Offer:
+                        stamped: Mapping[str, Any] | None = None, *, parked: bool = False) -> Offer:
     """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one.
 
     :param headers: the offer's headers.
     :param dest: the destination it was seen on.
     :param stamped: the headers of the message the broker delivered, when ``headers`` are a
         pack member's (which its sender wrote): who sent it and when come from these only.
-    :param watcher: the user looking, when it is also the receiving user: an offer its
-        receivers put back in the queue is reported as sent by its first sender.
+    :param parked: it was seen in the destination's parked queue (its first sender is named).
     """
     spec, _ = p.parse_offer(headers, dest)
     stamped = headers if stamped is None else stamped
     # The broker's stamp, never an amqs_* header: those are whatever the sender wrote.
-    sender = p.sender_of(stamped, requeued_by=watcher) or None
+    sender = p.sender_of(stamped, parked=parked) or None
     raw_ts = str(stamped.get("timestamp", ""))
     offered_at = int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
     return Offer(spec.stream_id, spec.name, spec.size, spec.chunks, spec.mode.value, str(dest), sender, offered_at)
@@ -100,7 +99,8 @@ class OfferBrowser:
 
     def look(self, stream_id: str | None = None, skip: tuple[str, ...] = ()) -> list[Offer]:
         """The valid offers visible on the destination now (for ``stream_id`` only, if given;
-        else leaving out the streams in ``skip`` and those parked until later).
+        else leaving out the streams in ``skip``). Parked streams wait in another queue and
+        are not seen: no receiver takes them before their time.
 
         Raises :class:`TransportError` if the broker cannot be reached; the next call
         reconnects. Invalid offers are skipped, each reported once.
@@ -114,8 +114,11 @@ class OfferBrowser:
         try:
             if self.params.network:
                 self._draw_here(link, selector)
-            offers = self._browse(link, selector, stream_id)
+            offers = self._browse(link, selector, str(self.dest))
             if stream_id:
+                if not offers:
+                    # A receiver asking for this stream takes it from the parked queue at once.
+                    offers = self._browse(link, selector, self.dest.parked_queue())
                 offers = [o for o in offers if o.stream_id == stream_id]
             elif skip:
                 offers = [o for o in offers if o.stream_id not in skip]  # packed ones
@@ -139,8 +142,8 @@ class OfferBrowser:
         finally:
             link.unsubscribe(sub)
 
-    def _browse(self, link: StompLink, selector: str, stream_id: str | None) -> list[Offer]:
-        sub = link.subscribe(str(self.dest), selector=selector, browser=True, prefetch=64)
+    def _browse(self, link: StompLink, selector: str, queue: str) -> list[Offer]:
+        sub = link.subscribe(queue, selector=selector, browser=True, prefetch=64)
         offers: list[Offer] = []
         deadline = time.monotonic() + self.browse_timeout
         while True:
@@ -155,13 +158,11 @@ class OfferBrowser:
                 break
             if frame.headers.get(p.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
-            if stream_id is None and p.parked_until(frame.headers) > time.time():
-                continue  # a stream that gave way: no receiver takes it before its time
             if bw.is_pack(frame.headers):
                 offers.extend(self._members(frame))
                 continue
             try:
-                offers.append(parse_visible_offer(frame.headers, self.dest, watcher=self.params.login))
+                offers.append(parse_visible_offer(frame.headers, self.dest, parked=queue != str(self.dest)))
             except p.ProtocolError as exc:
                 self._report_bad(frame.headers, exc)
         link.unsubscribe(sub)
@@ -178,8 +179,7 @@ class OfferBrowser:
         for headers, _ in members:
             try:
                 # Who sent it and when are the broker's word about the pack, not its index's.
-                found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers,
-                                                 watcher=self.params.login))
+                found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))
             except p.ProtocolError as exc:
                 self._report_bad({**headers, "message-id": f"{frame.headers.get('message-id', '')}/"
                                   f"{headers.get(p.H_STREAM, '')}"}, exc)
