@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_amqstream import __version__
 
 if TYPE_CHECKING:
-    from airflow_provider_amqstream.broker_params import BrokerParams
+    from airflow_provider_amqstream.transport.params import BrokerParams
 
 # The choices of ``send --mode``, here so that building the parser imports nothing;
 # tests check them against protocol.Mode.
@@ -34,7 +34,7 @@ CONN_HELP = ("amqstream:// URI, or a connection id looked up in AIRFLOW_CONN_<ID
 
 def _params(args: argparse.Namespace) -> BrokerParams:
     """``--conn`` is a URI, a connection id, or (default) amqstream_default."""
-    from airflow_provider_amqstream.connection import resolve
+    from airflow_provider_amqstream.hooks.connection import resolve
 
     params, source = resolve(args.conn)
     if "airflow" in sys.modules:
@@ -50,7 +50,7 @@ class _Progress:
     """A one-line progress bar on a terminal; a line every 10 s otherwise (logs)."""
 
     def __init__(self, label: str, enabled: bool) -> None:
-        from airflow_provider_amqstream.progress import ProgressMeter
+        from airflow_provider_amqstream.engine.progress import ProgressMeter
 
         self.label, self.enabled = label, enabled
         self.tty = sys.stderr.isatty()
@@ -126,8 +126,8 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
 def cmd_broker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from airflow_provider_amqstream.broker import EmbeddedBroker
-    from airflow_provider_amqstream.broker_network import NetworkConfig
+    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+    from airflow_provider_amqstream.broker.network import NetworkConfig
 
     network = None
     if (args.openwire_port or args.openwire_tls_port or args.network_to or args.bridge_secret
@@ -175,7 +175,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_users(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.broker import EmbeddedBroker
+    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
     broker = EmbeddedBroker(args.data_dir, port=args.port)
     if args.action == "list":
@@ -273,7 +273,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 def cmd_receive(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams
-    from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH
+    from airflow_provider_amqstream.protocol.wire import DEFAULT_RECEIVE_BATCH
 
     params = _params(args)
     events = None
@@ -311,7 +311,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def cmd_test_connection(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.transport import StompLink
+    from airflow_provider_amqstream.transport.session import StompLink
 
     params = _params(args)
     with StompLink(params) as link:

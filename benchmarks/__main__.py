@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from benchmarks.readme import rows_from_report, update_readme
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -315,7 +315,7 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airflow_provider_amqstream.broker import EmbeddedBroker
+    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bulk", description=__doc__.splitlines()[0])
     ap.add_argument("--sets", default="1000x64K,200x1M,20x50M", help="comma list of COUNTxSIZE (K, M, G)")

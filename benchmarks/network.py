@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_network import NetworkConfig
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.broker.network import NetworkConfig
 from benchmarks.__main__ import SIZES, amqstream_command, free_port, make_random, result
 
 QUEUE = "/queue/bench.net"

@@ -16,7 +16,7 @@ import time
 import stomp
 
 from airflow_provider_amqstream.cli import cpu_seconds, peak_rss_kib
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.hooks.connection import params_from_uri
 
 
 class _Listener(stomp.ConnectionListener):

@@ -23,8 +23,8 @@ from typing import Any
 
 import stomp
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.hooks.connection import params_from_uri
 from benchmarks.__main__ import free_port, log
 
 RUNS = 7

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import free_port
 
 # Airflow reads its settings on first import (none of the imports above import it):

@@ -16,9 +16,9 @@ from typing import Any
 
 import stomp
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def cli_json(proc: subprocess.Popen[str], timeout: float = 300) -> list[dict[str
 
 def browse(params: BrokerParams, queue: str, timeout: float = 10.0) -> list[Any]:
     """Every message on ``queue`` right now, without consuming it (a queue browser)."""
-    from airflow_provider_amqstream.transport import StompLink
+    from airflow_provider_amqstream.transport.session import StompLink
 
     frames = []
     with StompLink(params) as link:

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import stomp
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_auth import ADVISORY_TOPICS, auth_plugins
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.auth import ADVISORY_TOPICS, auth_plugins
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import make_file, sha256_file, wait_for
 from tests.test_network import QUEUE, Sites
 

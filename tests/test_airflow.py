@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, find_manifest, receive_stream
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from tests.conftest import ROOT, _params
@@ -187,7 +187,7 @@ def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", private_broker.info().uri)
     src = make_file(tmp_path / "big.bin", SIZE)
     record = tmp_path / "send.json"
-    from airflow_provider_amqstream.connection import params_from_uri
+    from airflow_provider_amqstream.hooks.connection import params_from_uri
 
     name = checkpoint_name("sr-1", params_from_uri(private_broker.info().uri)).removesuffix(".json")
     ckpt = tmp_path / "send-state" / f"amqstream_send_{name}.json"
@@ -275,7 +275,7 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from airflow_provider_amqstream.engine import find_claimed
-    from airflow_provider_amqstream.engine.claims import record_claim
+    from airflow_provider_amqstream.engine.receive.claims import record_claim
     from airflow_provider_amqstream.engine.records import state_dir, write_json
     from airflow_provider_amqstream.operators.checkpoint import task_claim
 

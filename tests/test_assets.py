@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from airflow_provider_amqstream.assets.amqstream import convert_asset_to_openlineage, create_asset, sanitize_uri
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import send_file, send_files
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import make_file, sha256_file
 from tests.test_airflow import _load

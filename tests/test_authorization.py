@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import BrokerError, EmbeddedBroker
-from airflow_provider_amqstream.broker_auth import acl_entries
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.broker.auth import acl_entries
+from airflow_provider_amqstream.broker.embedded import BrokerError, EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import AccessDenied
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import Receiver, cli, free_port, make_file, sha256_file
 
 pytestmark = pytest.mark.broker

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import stomp
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import send_file, send_files
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import AccessDenied
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
 from airflow_provider_amqstream.triggers.offers import Offer, OfferBrowser, parse_visible_offer
 from tests.helpers import browse, free_port, make_file

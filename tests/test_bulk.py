@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import (
     BatchFile,
     ReceiveOptions,
@@ -26,6 +23,9 @@ from airflow_provider_amqstream.engine import (
     send_file,
     send_files,
 )
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import cli, make_file, sha256_file, wait_for
 from tests.test_queue_liveness import RawSender
 
@@ -279,7 +279,7 @@ def test_a_file_failing_where_a_receipt_was_due_leaves_no_file_unconfirmed(
     receipt, so every file sent is confirmed; the receiver reports the repeat as a duplicate."""
     import errno
 
-    from airflow_provider_amqstream.engine import bulk
+    from airflow_provider_amqstream.engine.send import bulk
 
     files = [make_file(tmp_path / "in" / f"f{i:02d}.bin", 2000 + i) for i in range(6)]
     real = bulk._Ctx._send_small
@@ -310,8 +310,8 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
     on, from its first unconfirmed file, once the destination takes messages again."""
     import collections
 
-    from airflow_provider_amqstream.engine import bulk
-    from airflow_provider_amqstream.transport_errors import DestinationFull
+    from airflow_provider_amqstream.engine.send import bulk
+    from airflow_provider_amqstream.transport.errors import DestinationFull
 
     files = tree(tmp_path / "src", 12)
     real, calls = bulk._Ctx.run, []
@@ -338,9 +338,9 @@ def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerPa
     the cause."""
     import threading
 
-    from airflow_provider_amqstream.engine import bulk
     from airflow_provider_amqstream.engine.records import StreamError
-    from airflow_provider_amqstream.transport_errors import DestinationFull
+    from airflow_provider_amqstream.engine.send import bulk
+    from airflow_provider_amqstream.transport.errors import DestinationFull
 
     tree(tmp_path / "src", 3)
     attempts: list[int] = []

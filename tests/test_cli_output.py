@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.cli import MODES, _print_result
 from airflow_provider_amqstream.engine import TransferResult, send_file
-from airflow_provider_amqstream.protocol import Mode
+from airflow_provider_amqstream.protocol.wire import Mode
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import cli, make_file, read_json, sha256_file, wait_for
 
 NO_ENV_CONN = {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": ""}
@@ -81,7 +81,7 @@ def test_env_connection_transfer_never_imports_airflow(broker: EmbeddedBroker, t
     assert s["sha256"] == r["sha256"] == sha256_file(src) == sha256_file(Path(str(r["path"])))
     for proc in (sent, got):
         mods = _imported(proc.stderr)
-        assert "airflow_provider_amqstream.connection" in mods
+        assert "airflow_provider_amqstream.hooks.connection" in mods
         airflow_mods = sorted(m for m in mods if m == "airflow" or m.startswith("airflow."))
         assert not airflow_mods, airflow_mods[:10]
 

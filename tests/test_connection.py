@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_amqstream import connection as c
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.hooks import connection as c
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 
 def _airflow_fields(value: str, conn_id: str = "x") -> dict[str, object]:

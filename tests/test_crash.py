@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, receive_stream, send_file
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.kill]
@@ -117,7 +117,7 @@ def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerPa
 def test_checkpoint_exists_before_the_first_message(params: BrokerParams, tmp_path: Path, queue_name: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_amqstream.engine import FileCheckpoint, StreamError, checkpoint_name, default_state_dir
-    from airflow_provider_amqstream.transport import StompLink
+    from airflow_provider_amqstream.transport.session import StompLink
 
     src = make_file(tmp_path / "f.bin", 10_000)
 

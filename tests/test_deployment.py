@@ -181,8 +181,8 @@ def _event_runs_received(d: Deployment, before: set[str]) -> dict[str, list[str]
 
 def _offer_events(d: Deployment, tmp_path: Path, *numbers: int) -> dict[str, str]:
     """Offer one atomic stream per number, back to back from this process: stream id -> sha256."""
-    from airflow_provider_amqstream.connection import params_from_uri
     from airflow_provider_amqstream.engine import send_file
+    from airflow_provider_amqstream.hooks.connection import params_from_uri
 
     params = params_from_uri(_broker_uri(d))
     files = {i: write_sample_csv(tmp_path / f"event-{i}.csv", rows=1_000, seed=20 + i) for i in numbers}

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, StreamNoRoom, receive_stream, send_file
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import make_file, sha256_file
 
 pytestmark = pytest.mark.broker

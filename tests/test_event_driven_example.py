@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import send_file
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import sha256_file
 from tests.test_airflow import _load

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import stomp
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamStalled, receive_stream, send_file
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.triggers import offers as offers_mod
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
 from airflow_provider_amqstream.triggers.offers import OfferBrowser
@@ -316,8 +316,8 @@ def test_stomp_connect_line_stays_out_of_logs(params: BrokerParams) -> None:
     code = textwrap.dedent(f"""
         import logging
         logging.basicConfig(level=logging.INFO)
-        from airflow_provider_amqstream.broker_params import BrokerParams
-        from airflow_provider_amqstream.transport import StompLink
+        from airflow_provider_amqstream.transport.params import BrokerParams
+        from airflow_provider_amqstream.transport.session import StompLink
         params = BrokerParams(hosts=(({h!r}, {port}),), login={params.login!r}, password={params.password!r})
         for _ in range(3):
             with StompLink(params) as link:

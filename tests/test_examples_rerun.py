@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, find_received, receive_stream, send_file
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import free_port, make_file, sha256_file
 from tests.test_airflow import _load

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from tests.helpers import cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.failover]
@@ -54,8 +54,9 @@ def test_a_long_send_that_loses_the_broker_gets_the_whole_reconnect_timeout(
     once, the deadline having passed during the transfer)."""
     import types
 
-    from airflow_provider_amqstream.engine import records, sending
-    from airflow_provider_amqstream.transport_errors import ConnectionLost
+    from airflow_provider_amqstream.engine import records
+    from airflow_provider_amqstream.engine.send import stream as sending
+    from airflow_provider_amqstream.transport.errors import ConnectionLost
 
     src = make_file(tmp_path / "long.bin", 3 * 2**20 + 5, seed=3)
     clock = [0.0]

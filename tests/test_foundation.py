@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import ROOT, free_port
 
 pytestmark = pytest.mark.broker
@@ -104,7 +104,7 @@ def test_broker_command_survives_kill9_with_persistent_message(tmp_path: Path) -
         broker = EmbeddedBroker(data)
         assert broker.port == int(port)  # remembered from start
         uri = _cli("broker", "uri", "--data-dir", data).stdout.strip()
-        from airflow_provider_amqstream.connection import params_from_uri
+        from airflow_provider_amqstream.hooks.connection import params_from_uri
         params = params_from_uri(uri)
         with StompLink(params) as link:
             link.send_confirmed("/queue/survivor", b"\x00keep me", {})

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import StreamError, TransferResult, send_file
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import Receiver, cli, cli_json, make_file, read_json, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker

@@ -10,9 +10,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
-from airflow_provider_amqstream.stream_state import ReceiverState, Verdict
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.state import ReceiverState, Verdict
 
 FILE = hashlib.sha256(b"seed").digest() * 40  # 1280 bytes
 SPEC = p.StreamSpec("hx-1", "f.bin", len(FILE), 100)
@@ -104,7 +104,7 @@ def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, st
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", fullmatch=True))
 def test_collision_names_always_fit_one_directory_entry(name: str, sid: str) -> None:
-    from airflow_provider_amqstream.engine.partial_file import collision_name
+    from airflow_provider_amqstream.engine.receive.partial_file import collision_name
 
     base = paths.safe_file_name(name, sid)
     other = collision_name(base, sid)

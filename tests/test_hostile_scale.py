@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_streams, send_file
-from airflow_provider_amqstream.engine.offers import SWEEP_PAUSE
+from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import RawSender, browse, free_port, make_file, old_gen_mib, sha256_file
 
 pytestmark = pytest.mark.broker

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 import zstandard
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file, send_files
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
 from tests.test_pack import HOSTILE_PACKS, _pack
 

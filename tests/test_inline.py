@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_streams, send_files
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import RawSender, browse, cli, cli_json, make_file, sha256_file, wait_for
 
 DEST = p.Destination.parse("/queue/inline.unit")
@@ -128,7 +128,7 @@ def test_a_file_published_before_its_record_is_not_received_twice(params: Broker
     """A receiver that died after renaming a group's files but before flushing their records
     gets the offers again: the same bytes under the same name are taken over, not copied
     beside; another stream's file under that name, even with the same bytes, keeps it."""
-    from airflow_provider_amqstream.engine.inline import MARK
+    from airflow_provider_amqstream.engine.receive.inline import MARK
 
     same = make_file(tmp_path / "in" / "same.csv", 7000, seed=1)
     other = make_file(tmp_path / "in" / "other.csv", 7000, seed=2)

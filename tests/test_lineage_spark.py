@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.operators.spark import quiet_spark_conf, stream_to_parquet_job
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import make_file, sha256_file
 
 CONN_ID = "amqs_lineage"

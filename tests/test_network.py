@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_network import NetworkConfig, NetworkError, connectors_xml
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.broker.network import NetworkConfig, NetworkError, connectors_xml
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import AccessDenied
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import free_port, make_file, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.network]
@@ -231,7 +231,7 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     import shutil
     import subprocess
 
-    from airflow_provider_amqstream.broker_process import activemq_home
+    from airflow_provider_amqstream.broker.process import activemq_home
     from tests.helpers import ROOT
 
     javac, java = shutil.which("javac"), shutil.which("java")

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_files
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import browse, make_file, sha256_file
 
 DEST = p.Destination.parse("/queue/pack.unit")

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from airflow_provider_amqstream.engine.progress import ProgressMeter
 from airflow_provider_amqstream.operators.progress import LogProgress
-from airflow_provider_amqstream.progress import ProgressMeter
 
 
 class Clock:

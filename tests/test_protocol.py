@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
-from airflow_provider_amqstream.handshake_sender import HandshakeSender
-from airflow_provider_amqstream.stream_state import ReceiverState, SenderState, Verdict
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.handshake import HandshakeSender
+from airflow_provider_amqstream.protocol.state import ReceiverState, SenderState, Verdict
 
 
 def spec(size: int = 10_000, chunk: int = 1000, sid: str = "s1") -> p.StreamSpec:

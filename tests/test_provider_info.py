@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.provider_info import CONN_FIELDS, get_provider_info
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 
 def _schemas() -> dict[str, dict[str, Any]]:
@@ -55,7 +55,7 @@ def test_every_field_has_label_help_and_a_schema_airflow_accepts() -> None:
 
 
 def test_login_refusal_has_one_period_before_our_advice() -> None:
-    from airflow_provider_amqstream.stomp_connection import refusal_reason
+    from airflow_provider_amqstream.transport.connection import refusal_reason
 
     msg = refusal_reason(BrokerParams(login="u"), ["User name [u] or password is invalid."])
     assert "invalid. Check" in msg and ".." not in msg

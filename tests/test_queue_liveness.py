@@ -19,9 +19,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
     StreamError,
@@ -32,8 +30,10 @@ from airflow_provider_amqstream.engine import (
     receive_streams,
     send_file,
 )
-from airflow_provider_amqstream.engine.stream_receiver import consumer_name
-from airflow_provider_amqstream.transport_errors import TransportError
+from airflow_provider_amqstream.engine.receive.stream import consumer_name
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker

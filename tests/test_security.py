@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import TransportError
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import free_port, make_file, sha256_file
 
 pytestmark = pytest.mark.broker

@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import ROOT, browse, cli, free_port, make_file, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.soak]

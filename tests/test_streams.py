@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
     StreamError,
@@ -19,7 +17,9 @@ from airflow_provider_amqstream.engine import (
     receive_stream,
     send_file,
 )
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import browse, cli, cli_json, make_file, sha256_file
 
 pytestmark = pytest.mark.broker
@@ -223,7 +223,7 @@ def test_a_collision_name_never_replaces_another_streams_file(params: BrokerPara
                                                               queue_name: str) -> None:
     # A sender names its file after the collision name another stream would get: neither
     # file may replace the other, with or without such a sender.
-    from airflow_provider_amqstream.engine.partial_file import short_id
+    from airflow_provider_amqstream.engine.receive.partial_file import short_id
 
     srcs = [make_file(tmp_path / "in" / f"{i}.bin", 1000 + i) for i in range(4)]
     out = tmp_path / "out"
@@ -242,7 +242,7 @@ def test_collision_names_cannot_be_exhausted(tmp_path: Path) -> None:
     """Every name a sender can predict taken: the stream still gets one, unguessable."""
     import re
 
-    from airflow_provider_amqstream.engine.partial_file import final_name, short_id
+    from airflow_provider_amqstream.engine.receive.partial_file import final_name, short_id
 
     sid = "victim-1"
     short = short_id(sid)

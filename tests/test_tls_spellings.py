@@ -14,10 +14,10 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_provider_amqstream import connection as c
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.stomp_connection import tls_context
-from airflow_provider_amqstream.transport_errors import TransportError
+from airflow_provider_amqstream.hooks import connection as c
+from airflow_provider_amqstream.transport.connection import tls_context
+from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 SECRET = "pw-S3cr3t"
 AUTH = f"u:{SECRET}@mq.example.com:61614"

@@ -14,10 +14,10 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_provider_amqstream import broker_config
-from airflow_provider_amqstream.broker import EmbeddedBroker
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.broker import config as broker_config
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import cli, free_port
 
 pytestmark = pytest.mark.broker

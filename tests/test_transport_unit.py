@@ -10,10 +10,10 @@ from urllib.parse import quote
 import pytest
 from stomp.utils import Frame
 
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.connection import params_from_uri
-from airflow_provider_amqstream.inbox import Inbox
-from airflow_provider_amqstream.stomp_connection import FastTransport
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.transport.connection import FastTransport
+from airflow_provider_amqstream.transport.inbox import Inbox
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 
 def test_uri_with_failover_hosts_and_options() -> None:
@@ -199,7 +199,7 @@ def test_a_content_length_in_other_digits_closes_instead_of_crashing() -> None:
 
 
 def test_a_flow_control_refusal_is_a_full_destination_said_once() -> None:
-    from airflow_provider_amqstream.transport_errors import DestinationFull, TransportError, reported
+    from airflow_provider_amqstream.transport.errors import DestinationFull, TransportError, reported
 
     params = params_from_uri("stomp://127.0.0.1:61613")
     inbox = Inbox()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import SplitResult
 
-from airflow_provider_amqstream.broker_params import DEFAULT_PORT
-from airflow_provider_amqstream.protocol import Destination, ProtocolError
+from airflow_provider_amqstream.protocol.wire import Destination, ProtocolError
+from airflow_provider_amqstream.transport.params import DEFAULT_PORT
 
 SCHEME = "amqstream"
 

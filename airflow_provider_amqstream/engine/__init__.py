@@ -15,11 +15,10 @@
 
 from __future__ import annotations
 
-from airflow_provider_amqstream.engine.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
-from airflow_provider_amqstream.engine.bulk import send_files
-from airflow_provider_amqstream.engine.claims import find_claimed
-from airflow_provider_amqstream.engine.manifest import find_manifest, manifest_path
-from airflow_provider_amqstream.engine.receiving import find_received, receive_stream, receive_streams
+from airflow_provider_amqstream.engine.receive.claims import find_claimed
+from airflow_provider_amqstream.engine.receive.manifest import find_manifest, manifest_path
+from airflow_provider_amqstream.engine.receive.session import find_received, receive_stream, receive_streams
+from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Checkpoint,
@@ -33,8 +32,9 @@ from airflow_provider_amqstream.engine.records import (
     TransferResult,
     default_state_dir,
 )
-from airflow_provider_amqstream.engine.sending import checkpoint_name, default_stream_id, send_file
-from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
+from airflow_provider_amqstream.engine.send.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
+from airflow_provider_amqstream.engine.send.bulk import send_files
+from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, send_file
 
 __all__ = [
     "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "find_manifest",

@@ -14,11 +14,12 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_amqstream import connection, engine
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.protocol import Destination, offer_selector
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import TransportError
+from airflow_provider_amqstream import engine
+from airflow_provider_amqstream.hooks import connection
+from airflow_provider_amqstream.protocol.wire import Destination, offer_selector
+from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 
 class TaskStateCheckpoint:

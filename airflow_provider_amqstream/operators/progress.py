@@ -7,7 +7,7 @@ import logging
 import time
 
 from airflow_provider_amqstream.engine import BatchStatus
-from airflow_provider_amqstream.progress import ProgressMeter
+from airflow_provider_amqstream.engine.progress import ProgressMeter
 
 
 class LogProgress:

@@ -18,7 +18,7 @@ from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.progress import LogProgress
-from airflow_provider_amqstream.protocol import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
+from airflow_provider_amqstream.protocol.wire import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 
 
 class ReceiveStreamsOperator(ReportsLineage, BaseOperator):

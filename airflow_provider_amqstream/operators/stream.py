@@ -10,12 +10,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine import BulkResult, collect_files, default_stream_id
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
+from airflow_provider_amqstream.protocol import wire as p
 
 
 class SendStreamOperator(ReportsLineage, BaseOperator):

@@ -23,7 +23,7 @@ from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.receive import FailureReport, receive_options
-from airflow_provider_amqstream.protocol import Destination, validate_stream_id
+from airflow_provider_amqstream.protocol.wire import Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
 

@@ -40,18 +40,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.engine.batch import (
-    BatchFile,
-    BatchLedger,
-    BatchStatus,
-    BulkResult,
-    FileFailure,
-    _subdir_of,
-)
 from airflow_provider_amqstream.engine.records import (
     Backoff,
     Checkpoint,
@@ -60,14 +48,15 @@ from airflow_provider_amqstream.engine.records import (
     TransferResult,
     default_state_dir,
 )
-from airflow_provider_amqstream.engine.sending import (
-    _file_identity,
-    checkpoint_name,
-    default_stream_id,
-    send_file,
-    stream_origin,
+from airflow_provider_amqstream.engine.send.batch import (
+    BatchFile,
+    BatchLedger,
+    BatchStatus,
+    BulkResult,
+    FileFailure,
+    _subdir_of,
 )
-from airflow_provider_amqstream.engine.small_files import (
+from airflow_provider_amqstream.engine.send.small_files import (
     Outgoing,
     Pack,
     index_bytes,
@@ -75,8 +64,19 @@ from airflow_provider_amqstream.engine.small_files import (
     pending_result,
     send_chunks,
 )
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.engine.send.stream import (
+    _file_identity,
+    checkpoint_name,
+    default_stream_id,
+    send_file,
+    stream_origin,
+)
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, StreamError, read_json, write_json
+from airflow_provider_amqstream.protocol import wire as p
 
 # A claim is a label we wrote ourselves; a bound keeps a misused one from filling records.
 MAX_CLAIM_LENGTH = 1024

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
 from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
-from airflow_provider_amqstream.handshake_sender import HandshakeSender
-from airflow_provider_amqstream.stream_state import SenderState
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.handshake import HandshakeSender
+from airflow_provider_amqstream.protocol.state import SenderState
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 

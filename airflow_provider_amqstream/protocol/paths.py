@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from airflow_provider_amqstream.protocol import H_DIR, ProtocolError
+from airflow_provider_amqstream.protocol.wire import H_DIR, ProtocolError
 
 MAX_DIR_BYTES = 1024
 MAX_DIR_DEPTH = 16

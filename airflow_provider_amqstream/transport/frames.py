@@ -6,7 +6,7 @@ its size (a 16 MiB body takes ~0.7 s). This reader parses a frame's header once,
 large body read straight into a buffer of its content-length, and bounds everything a peer
 controls: the header section (read past, not refused, when too large) and the body size.
 Bytes in, frames out, no I/O: the socket side is
-:class:`~airflow_provider_amqstream.stomp_connection.FastTransport`.
+:class:`~airflow_provider_amqstream.transport.connection.FastTransport`.
 """
 
 from __future__ import annotations

@@ -36,11 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
-from airflow_provider_amqstream.engine.claims import record_claim
-from airflow_provider_amqstream.engine.partial_file import Room, default_reserve, final_name
+from airflow_provider_amqstream.engine.receive.claims import record_claim
+from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
+from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions, open_subdir
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamNoRoom,
@@ -50,7 +48,9 @@ from airflow_provider_amqstream.engine.records import (
     write_all,
     write_json,
 )
-from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions, open_subdir
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
 
 # A group is bounded in files (offers held unacknowledged) and in bytes held in memory.
 GROUP_FILES = 64
@@ -60,7 +60,7 @@ GROUP_BYTES = 16 * 1024 * 1024
 # broker counts them against the queue's memory limit together with what it has paged in
 # for them, up to 16 pending dispatch and 16 in its cursor: 31 messages were seen. At 32 MB
 # with 16 here, that filled the limit in 1 of 6 runs and every sender to the queue waited;
-# now at most 40 MiB of the 64 MB limit (broker_conf/activemq.xml.tmpl). A group of 64 small
+# now at most 40 MiB of the 64 MB limit (broker/conf/activemq.xml.tmpl). A group of 64 small
 # files is still four packs.
 PREFETCH = 8
 

@@ -1,7 +1,7 @@
 """The stomp.py connection a session runs on: its socket, opening it, closing it.
 
 :class:`FastTransport` is stomp.py's transport reading frames through
-:class:`~airflow_provider_amqstream.frames.FrameParser`, with our own TLS handshake;
+:class:`~airflow_provider_amqstream.transport.frames.FrameParser`, with our own TLS handshake;
 :class:`Connection12` speaks STOMP 1.2 over it. :func:`open_connection` connects to the
 first broker host that answers (TLS if asked) and, when the broker refuses, says why: a
 refused login, nothing listening, a failed TLS handshake, or a port that does not speak STOMP.
@@ -22,10 +22,10 @@ from stomp.protocol import Protocol12
 from stomp.transport import Transport
 from stomp.utils import Frame, PollableQueue
 
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.frames import FrameParser
-from airflow_provider_amqstream.inbox import Inbox
-from airflow_provider_amqstream.transport_errors import TransportError
+from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.frames import FrameParser
+from airflow_provider_amqstream.transport.inbox import Inbox
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
 # stomp.py logs every connect at INFO ("established connection to host ..."); in task logs

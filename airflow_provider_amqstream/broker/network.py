@@ -16,7 +16,7 @@ What a network needs, found on ActiveMQ 5.17 with two of our brokers on loopback
   the remote broker *and* to its own over ``vm://`` with the same credentials (5.17 has no
   separate local user name), so the secret is made once and given to every site.
 
-This module only renders configuration; :mod:`airflow_provider_amqstream.broker` runs it.
+This module only renders configuration; :mod:`airflow_provider_amqstream.broker.embedded` runs it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.protocol import Destination, ProtocolError
+from airflow_provider_amqstream.protocol.wire import Destination, ProtocolError
 
 BRIDGE_GROUP = "amqs-bridge"
 # Every advisory topic. Only the bridge (and the administrator) may read or write them.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stomp.utils import Frame
 
-    from airflow_provider_amqstream.broker_params import BrokerParams
+    from airflow_provider_amqstream.transport.params import BrokerParams
 
 
 class TransportError(ConnectionError):

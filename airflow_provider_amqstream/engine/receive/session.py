@@ -15,7 +15,7 @@ stream fails"):
   free space less the reserve): the partial data is kept and the offer is parked at the
   tail of its queue with a time before which no receiver takes it (``yield_backoff``
   seconds, doubling for each yield up to an hour; see
-  :mod:`~airflow_provider_amqstream.engine.offers`). It gets its turn back when that time
+  :mod:`~airflow_provider_amqstream.engine.receive.offers`). It gets its turn back when that time
   has passed, or at once for a receiver that asks for that stream id. A stream that
   yielded ``MAX_YIELDS`` times is quarantined.
 """
@@ -31,14 +31,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.engine import inline
-from airflow_provider_amqstream.engine.inline import InlineGroup
-from airflow_provider_amqstream.engine.manifest import Batches
-from airflow_provider_amqstream.engine.offers import MAX_YIELDS, Offers
+from airflow_provider_amqstream.engine.receive import inline
+from airflow_provider_amqstream.engine.receive.inline import InlineGroup
+from airflow_provider_amqstream.engine.receive.manifest import Batches
+from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS, Offers
+from airflow_provider_amqstream.engine.receive.stream import (
+    Poisoned,
+    ReceiveOptions,
+    StreamReceiver,
+    consumer_name,
+    drain_queue,
+    receiver_token,
+)
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Backoff,
@@ -53,16 +57,12 @@ from airflow_provider_amqstream.engine.records import (
     state_dir,
     write_json,
 )
-from airflow_provider_amqstream.engine.stream_receiver import (
-    Poisoned,
-    ReceiveOptions,
-    StreamReceiver,
-    consumer_name,
-    drain_queue,
-    receiver_token,
-)
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, TransportError
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, o
 def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
                  opts: ReceiveOptions, offers: Offers) -> list[TransferResult | StreamError | None]:
     """Settle a group of inline offers: check and write each, make them durable together
-    (see :mod:`~airflow_provider_amqstream.engine.inline`), then acknowledge them."""
+    (see :mod:`~airflow_provider_amqstream.engine.receive.inline`), then acknowledge them."""
     outcomes: list[TransferResult | StreamError | None] = []
     files = InlineGroup(out, sdir, str(dest), opts)
     later: list[Any] = []

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine.claims import check_claim, record_claim
-from airflow_provider_amqstream.engine.partial_file import PartialFile, default_reserve, final_name
+from airflow_provider_amqstream.engine.receive.claims import check_claim, record_claim
+from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamStalled,
@@ -34,8 +33,9 @@ from airflow_provider_amqstream.engine.records import (
     open_private,
     write_json,
 )
-from airflow_provider_amqstream.stream_state import Verdict
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.state import Verdict
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ReceiveOptions:
         to resend from the first missing chunk.
     :param claim: who takes the streams (an Airflow task instance): recorded with each
         stream before its offer is acknowledged, so a retry of that taker can find what an
-        earlier try received (:func:`~airflow_provider_amqstream.engine.claims.find_claimed`).
+        earlier try received (:func:`~airflow_provider_amqstream.engine.receive.claims.find_claimed`).
     :param events: called with (event name, data) as streams open, close and fail.
     :param progress: called with (bytes received, total bytes).
     """

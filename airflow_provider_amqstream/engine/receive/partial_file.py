@@ -21,8 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream import safe_paths as paths
 from airflow_provider_amqstream.engine.records import (
     StreamError,
     StreamNoRoom,
@@ -31,7 +29,9 @@ from airflow_provider_amqstream.engine.records import (
     read_json,
     write_json,
 )
-from airflow_provider_amqstream.stream_state import ReceiverState
+from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.state import ReceiverState
 
 log = logging.getLogger(__name__)
 

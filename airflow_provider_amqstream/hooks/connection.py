@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from airflow_provider_amqstream.broker_params import BrokerParams
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ def from_airflow(conn: Any, where: str) -> ConnFields:
 
 def embedded_params() -> BrokerParams | None:
     """Settings of the embedded broker on this machine, if it was ever started."""
-    from airflow_provider_amqstream.broker import default_data_dir
+    from airflow_provider_amqstream.broker.embedded import default_data_dir
 
     data_dir = default_data_dir()
     port_file = data_dir / "broker.port"

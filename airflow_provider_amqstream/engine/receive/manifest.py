@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, StreamError, open_private, read_json, write_json
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.engine.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.records import (
     Backoff,
     Checkpoint,
@@ -30,9 +27,12 @@ from airflow_provider_amqstream.engine.records import (
     default_state_dir,
     hash_prefix,
 )
-from airflow_provider_amqstream.stream_state import SenderState
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.state import SenderState
+from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 

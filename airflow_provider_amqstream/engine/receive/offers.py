@@ -28,11 +28,11 @@ import math
 import time
 from typing import Any
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
-from airflow_provider_amqstream.engine import inline
-from airflow_provider_amqstream.engine.stream_receiver import ReceiveOptions
-from airflow_provider_amqstream.transport import StompLink
+from airflow_provider_amqstream.engine.receive import inline
+from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 

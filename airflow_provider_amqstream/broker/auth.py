@@ -8,8 +8,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_amqstream.broker_network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
-from airflow_provider_amqstream.protocol import Destination, ProtocolError
+from airflow_provider_amqstream.broker.network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
+from airflow_provider_amqstream.protocol.wire import Destination, ProtocolError
 
 
 class BrokerError(RuntimeError):

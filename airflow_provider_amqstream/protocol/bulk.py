@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_amqstream.protocol import (
+from airflow_provider_amqstream.protocol.paths import safe_subdir
+from airflow_provider_amqstream.protocol.wire import (
     H_CRC,
     H_ENCODING,
     H_KIND,
@@ -45,7 +46,6 @@ from airflow_provider_amqstream.protocol import (
     offer_headers,
     validate_stream_id,
 )
-from airflow_provider_amqstream.safe_paths import safe_subdir
 
 # "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
 H_INLINE = "amqs_inline"

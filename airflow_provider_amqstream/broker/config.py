@@ -1,9 +1,9 @@
 """What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its
 settings, and the secrets that file names, kept in its data directory: the TLS keystore
 and the trust store for ``ssl://`` peers, the administrator's credentials and the users
-added with :meth:`~airflow_provider_amqstream.broker.EmbeddedBroker.add_user`.
+added with :meth:`~airflow_provider_amqstream.broker.embedded.EmbeddedBroker.add_user`.
 
-:mod:`airflow_provider_amqstream.broker` starts ActiveMQ on what this module writes.
+:mod:`airflow_provider_amqstream.broker.embedded` starts ActiveMQ on what this module writes.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.broker_auth import (
+from airflow_provider_amqstream.broker.auth import (
     USER_NAME,
     BrokerError,
     auth_plugins,
     parse_grant,
     xml_attr,
 )
-from airflow_provider_amqstream.broker_network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
-from airflow_provider_amqstream.broker_process import keytool_binary
+from airflow_provider_amqstream.broker.network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
+from airflow_provider_amqstream.broker.process import keytool_binary
 
 DEFAULT_USER = "amqstream"
 # Where, below the data directory, the secrets live (all mode 0600).
@@ -40,7 +40,7 @@ CA_FILE = Path("tls") / "broker-cert.pem"
 
 
 def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
-    """Users added with :meth:`~airflow_provider_amqstream.broker.EmbeddedBroker.add_user`:
+    """Users added with :meth:`~airflow_provider_amqstream.broker.embedded.EmbeddedBroker.add_user`:
     name -> {password, send, receive}.
 
     :param data_dir: the broker's data directory.
@@ -193,7 +193,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     if auth:
         user, password, created = credentials(data_dir)
         auth_xml = auth_plugins(user, password, read_users(data_dir), bridge=bridge, forwarded=network.queues)
-    pkg = resources.files("airflow_provider_amqstream") / "broker_conf"
+    pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
     template = string.Template((pkg / "activemq.xml.tmpl").read_text())
     free = shutil.disk_usage(data_dir).free
     # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.

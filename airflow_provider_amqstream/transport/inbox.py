@@ -13,7 +13,7 @@ import threading
 import stomp
 from stomp.utils import Frame
 
-from airflow_provider_amqstream.transport_errors import error_text
+from airflow_provider_amqstream.transport.errors import error_text
 
 
 class Inbox(stomp.ConnectionListener):

@@ -3,7 +3,7 @@ runs ActiveMQ on a rendered configuration, starting it and waiting until it is r
 telling whether a recorded pid is still that broker, stopping it, and the end of its
 logs for error messages.
 
-:mod:`airflow_provider_amqstream.broker` drives these to start and stop the broker.
+:mod:`airflow_provider_amqstream.broker.embedded` drives these to start and stop the broker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from airflow_provider_amqstream.broker_auth import BrokerError
+from airflow_provider_amqstream.broker.auth import BrokerError
 
 JAVA_OPENS = [
     "--add-reads=java.xml=java.logging",

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_amqstream import bulk_wire as bw
-from airflow_provider_amqstream import protocol as p
 from airflow_provider_amqstream.engine.records import StreamError, TransferResult
-from airflow_provider_amqstream.engine.sending import stream_origin
-from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import TransportError
+from airflow_provider_amqstream.engine.send.stream import stream_origin
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.session import StompLink
 
 # A pack's files, their wire bytes and its index (see bulk_wire.pack_message). A pack asks
 # for its own receipt, so these also bound what one receipt confirms. The bytes stay at a

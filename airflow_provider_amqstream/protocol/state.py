@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from airflow_provider_amqstream.protocol import (
+from airflow_provider_amqstream.protocol.wire import (
     H_CHUNKS,
     H_CRC,
     H_ENCODING,

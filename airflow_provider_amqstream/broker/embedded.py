@@ -11,8 +11,8 @@ Authentication is on by default: on first start a password is generated into
 every destination; :meth:`EmbeddedBroker.add_user` adds users who may only send to, or
 receive from, the destinations they are granted (``<data-dir>/users.json``, mode 0600).
 
-:class:`EmbeddedBroker` ties the pieces together: :mod:`~airflow_provider_amqstream.broker_config`
-writes the configuration and its secrets, :mod:`~airflow_provider_amqstream.broker_process`
+:class:`EmbeddedBroker` ties the pieces together: :mod:`~airflow_provider_amqstream.broker.config`
+writes the configuration and its secrets, :mod:`~airflow_provider_amqstream.broker.process`
 runs and watches the Java process.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_amqstream.broker_auth import BrokerError
-from airflow_provider_amqstream.broker_config import (
+from airflow_provider_amqstream.broker.auth import BrokerError
+from airflow_provider_amqstream.broker.config import (
     CA_FILE,
     CREDENTIALS_FILE,
     USERS_FILE,
@@ -37,9 +37,8 @@ from airflow_provider_amqstream.broker_config import (
     render_config,
     write_users,
 )
-from airflow_provider_amqstream.broker_network import NetworkConfig
-from airflow_provider_amqstream.broker_params import DEFAULT_PORT
-from airflow_provider_amqstream.broker_process import (
+from airflow_provider_amqstream.broker.network import NetworkConfig
+from airflow_provider_amqstream.broker.process import (
     activemq_home,
     java_binary,
     java_command,
@@ -50,6 +49,7 @@ from airflow_provider_amqstream.broker_process import (
     terminate,
     wait_ready,
 )
+from airflow_provider_amqstream.transport.params import DEFAULT_PORT
 
 
 def default_data_dir() -> Path:
@@ -99,7 +99,7 @@ class EmbeddedBroker:
     :param data_dir: directory for config, KahaDB, logs and pid file.
     :param port: STOMP port on loopback.
     :param auth: require a user name and password (generated on first start).
-    :param network: join a network of brokers (see :mod:`~airflow_provider_amqstream.broker_network`).
+    :param network: join a network of brokers (see :mod:`~airflow_provider_amqstream.broker.network`).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,

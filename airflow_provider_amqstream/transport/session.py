@@ -19,15 +19,15 @@ from typing import TypeVar
 from stomp import exception as stomp_exc
 from stomp.utils import Frame
 
-from airflow_provider_amqstream.broker_params import BrokerParams
-from airflow_provider_amqstream.inbox import Inbox
-from airflow_provider_amqstream.stomp_connection import Connection12, open_connection, quiet_close
-from airflow_provider_amqstream.transport_errors import (
+from airflow_provider_amqstream.transport.connection import Connection12, open_connection, quiet_close
+from airflow_provider_amqstream.transport.errors import (
     ConnectionLost,
     TransportError,
     access_denied,
     reported,
 )
+from airflow_provider_amqstream.transport.inbox import Inbox
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 _Session = TypeVar("_Session", bound="StompSession")
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.protocol import (
+from airflow_provider_amqstream.protocol.wire import (
     CONTROL_KINDS,
     H_CONSUMER,
     H_NEXT_SEQ,
