@@ -26,8 +26,11 @@ test: setup
 bench: setup
 	VENV="$(VENV)" bash scripts/bench.sh $(ARGS)
 
+# The same checks scripts/test.sh runs first (so CI enforces them): style and complexity,
+# the architecture contracts in pyproject.toml, then types.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf "$(VENV)" .pytest_cache build *.egg-info

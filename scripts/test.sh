@@ -7,4 +7,5 @@ source scripts/env.sh
 export AIRFLOW_HOME="$(mktemp -d)/airflow"
 trap 'rm -rf "$(dirname "$AIRFLOW_HOME")"' EXIT
 "$VENV/bin/ruff" check .
+"$VENV/bin/lint-imports"
 "$VENV/bin/python" -m pytest "$@"

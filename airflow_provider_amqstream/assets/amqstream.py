@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import SplitResult
 
-from airflow_provider_amqstream.protocol.wire import Destination, ProtocolError
-from airflow_provider_amqstream.transport.params import DEFAULT_PORT
+from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT, Destination, ProtocolError
 
 SCHEME = "amqstream"
 

@@ -49,7 +49,7 @@ from airflow_provider_amqstream.broker.process import (
     terminate,
     wait_ready,
 )
-from airflow_provider_amqstream.transport.params import DEFAULT_PORT
+from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT
 
 
 def default_data_dir() -> Path:

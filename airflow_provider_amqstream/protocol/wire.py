@@ -50,6 +50,9 @@ from enum import Enum
 from typing import Any
 
 PROTOCOL_VERSION = 1
+# STOMP's registered port: here, the one layer both the transport and the embedded broker
+# may import (they are independent siblings).
+DEFAULT_PORT = 61613
 
 # Header names are valid JMS identifiers, so `amqs_stream = 'x'` works as a selector.
 H_VERSION = "amqs_version"
