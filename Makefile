@@ -33,4 +33,4 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf "$(VENV)" .pytest_cache build *.egg-info
+	rm -rf "$(VENV)" .pytest_cache .mypy_cache .import_linter_cache build *.egg-info

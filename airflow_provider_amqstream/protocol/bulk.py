@@ -223,20 +223,7 @@ def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tupl
     inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file
     fails alone. Raises ProtocolError if the pack itself is malformed (then no member can
     be trusted)."""
-    pid = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
-    if kind_of(headers) is not Kind.PACK:
-        raise ProtocolError(f"pack {pid}: expected a pack, got {str(headers.get(H_KIND))[:20]!r}")
-    version = int_header(headers, H_VERSION, pid, lo=1)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"pack {pid}: protocol version {version} is not supported (this receiver speaks "
-                            f"{PROTOCOL_VERSION}); upgrade airflow-provider-amqstream")
-    try:
-        validate_stream_id(pid)
-    except ProtocolError as exc:
-        raise ProtocolError(f"pack: {exc}") from None
-    if headers.get(H_INLINE) != "1":
-        raise ProtocolError(f"pack {pid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (a pack must say \"1\")")
-    count = int_header(headers, H_PACK_FILES, pid, lo=1, hi=MAX_PACK_FILES)
+    pid, count = _pack_header(headers)
     view = memoryview(body)
     index_len = int_header(headers, H_PACK_INDEX, pid, lo=2, hi=min(MAX_PACK_INDEX, len(view)))
     if crc32(view) != int_header(headers, H_CRC, pid, hi=0xFFFFFFFF):
@@ -266,3 +253,21 @@ def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tupl
     if headers.get(H_PACK_IDS) != ids:
         raise ProtocolError(f"pack {pid}: {H_PACK_IDS} does not list exactly its members' stream ids")
     return members
+
+
+def _pack_header(headers: Mapping[str, Any]) -> tuple[str, int]:
+    """A pack's own headers checked: its stream id and how many files it says it holds."""
+    pid = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
+    if kind_of(headers) is not Kind.PACK:
+        raise ProtocolError(f"pack {pid}: expected a pack, got {str(headers.get(H_KIND))[:20]!r}")
+    version = int_header(headers, H_VERSION, pid, lo=1)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"pack {pid}: protocol version {version} is not supported (this receiver speaks "
+                            f"{PROTOCOL_VERSION}); upgrade airflow-provider-amqstream")
+    try:
+        validate_stream_id(pid)
+    except ProtocolError as exc:
+        raise ProtocolError(f"pack: {exc}") from None
+    if headers.get(H_INLINE) != "1":
+        raise ProtocolError(f"pack {pid}: {H_INLINE}={str(headers.get(H_INLINE))[:20]!r} (a pack must say \"1\")")
+    return pid, int_header(headers, H_PACK_FILES, pid, lo=1, hi=MAX_PACK_FILES)

@@ -135,18 +135,7 @@ class ReceiverState:
             )
         kind = kind_of(headers)
         if kind is Kind.END:
-            size = int_header(headers, H_SIZE, sid)
-            chunks = int_header(headers, H_CHUNKS, sid)
-            sha = str(headers.get(H_SHA256, ""))
-            if size != self.spec.size or chunks != self.spec.chunks:
-                raise ProtocolError(
-                    f"stream {sid}: end marker says {size} bytes in {chunks} chunks, the offer "
-                    f"said {self.spec.size} in {self.spec.chunks}"
-                )
-            if not re.fullmatch(r"[0-9a-f]{64}", sha):
-                raise ProtocolError(f"stream {sid}: end marker has no valid {H_SHA256}")
-            self.expected_sha256 = sha
-            return Decision(Verdict.END)
+            return self._end(headers)
         if kind is not Kind.DATA:
             raise ProtocolError(f"stream {sid}: unexpected {kind.value} message on the data queue")
         seq = int_header(headers, H_SEQ, sid, lo=1, hi=max(self.spec.chunks, 1))
@@ -176,6 +165,22 @@ class ReceiverState:
             return Decision(Verdict.CORRUPT, seq, offset,
                             f"chunk {seq} at offset {offset} has {len(body)} bytes, expected {length}")
         return Decision(Verdict.WRITE, seq, offset, data=body)
+
+    def _end(self, headers: Mapping[str, Any]) -> Decision:
+        """The end marker: it must agree with the offer and carry the file's SHA-256."""
+        sid = self.spec.stream_id
+        size = int_header(headers, H_SIZE, sid)
+        chunks = int_header(headers, H_CHUNKS, sid)
+        sha = str(headers.get(H_SHA256, ""))
+        if size != self.spec.size or chunks != self.spec.chunks:
+            raise ProtocolError(
+                f"stream {sid}: end marker says {size} bytes in {chunks} chunks, the offer "
+                f"said {self.spec.size} in {self.spec.chunks}"
+            )
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise ProtocolError(f"stream {sid}: end marker has no valid {H_SHA256}")
+        self.expected_sha256 = sha
+        return Decision(Verdict.END)
 
     def has(self, seq: int) -> bool:
         return seq < self.next_seq or seq in self.ahead

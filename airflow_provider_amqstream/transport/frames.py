@@ -68,6 +68,11 @@ class FrameParser:
             if len(buf) < self._MAX_HEADER:
                 return None
             self._cut, self._cut_size, self._dropped = [], 0, 0
+        return self._read_cut(buf, self._cut)
+
+    def _read_cut(self, buf: bytearray, cut: list[bytes]) -> tuple[Frame, int] | None:
+        """Read past an over-long header section line by line, keeping in ``cut`` the lines
+        that fit; the frame's head once its blank line arrives, None until then."""
         while True:
             nl = buf.find(b"\n")
             if nl < 0:
@@ -86,11 +91,11 @@ class FrameParser:
                 if len(line) > self._MAX_LINE or self._cut_size + len(line) > self._MAX_HEADER:
                     self._dropped += len(line)
                 else:
-                    self._cut.append(line)
+                    cut.append(line)
                     self._cut_size += len(line) + 1
                 continue
-            kept, self._cut = self._cut, None
-            head = parse_frame(b"\n".join(kept))
+            self._cut = None
+            head = parse_frame(b"\n".join(cut))
             if head is None:
                 raise stomp_exc.ConnectionClosedException()
             head.headers["amqs_truncated"] = f"{self._dropped} bytes of headers dropped"
@@ -98,7 +103,9 @@ class FrameParser:
                         head.cmd, self._MAX_HEADER, self._dropped)
             return head, 0
 
-    def extract(self, read_body: Callable[[Frame, bytearray, int], None] | None) -> list[Frame]:
+    # One loop over the buffer whose breaks are the parser's states (wait for bytes, body on
+    # the wire, cut head kept): split up, each piece would return a state to switch on again.
+    def extract(self, read_body: Callable[[Frame, bytearray, int], None] | None) -> list[Frame]:  # noqa: C901
         """Every complete frame in the buffer (bare EOLs become heart-beats).
 
         :param read_body: on a blocking socket, the transport's reader of a body larger than

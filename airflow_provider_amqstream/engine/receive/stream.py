@@ -34,7 +34,7 @@ from airflow_provider_amqstream.engine.records import (
     write_json,
 )
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.protocol.state import Verdict
+from airflow_provider_amqstream.protocol.state import Decision, Verdict
 from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,9 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
-    def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,
+    # Built by engine/receive/session.py, which is being reworked elsewhere this round: an options
+    # object for the handshake/origin/sender keywords belongs with that change.
+    def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
                  handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "") -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
@@ -280,72 +282,27 @@ class StreamReceiver:
         self.data_sub = link.subscribe(self.data_q, prefetch=2 * self.batch)
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self.tell(p.Kind.HELLO, state.next_seq)
-        quiet_since = time.monotonic() - max(0.0, time.time() - self.file.last_write)
-        if self.file.created and not self.reply_to:
-            # A sender offers, then sends its first chunk at once: a new stream whose data
-            # queue stays empty for a short look was abandoned before it began, and waiting
-            # the whole idle timeout for each of those would let a sender hold the queue for
-            # idle_timeout per offer. (In handshake mode the sender waits for its receivers
-            # to gather before the first chunk: no short look there.)
-            quiet_since = time.monotonic() - max(0.0, opts.idle_timeout - FIRST_LOOK)
+        quiet_since = self._quiet_since()
         written = 0
         last_progress = 0.0
         while not state.complete:
-            # Whatever waits in the broker arrives within a moment of subscribing, so a
-            # stream silent since before this run gets a short look, not a whole timeout.
-            left = opts.idle_timeout - (time.monotonic() - quiet_since)
-            timeout = opts.gap_grace if state.expected_sha256 else max(left, min(opts.idle_timeout, 2.0))
-            if self.reply_to:
-                timeout = opts.rerequest_after
+            timeout = self._timeout(quiet_since)
             busy = self.unacked or self.file.inflight
             # With work pending, a short pause means the broker is waiting for our acks.
             frame = link.get(min(timeout, 0.05) if busy else timeout, self.data_sub)
             if frame is None:
-                if busy:
-                    self._commit(wait=True)
-                    continue
-                silent = time.monotonic() - quiet_since
-                if self.reply_to and silent < opts.idle_timeout:
-                    # Lost chunk, dropped end marker or a restarted sender: ask again from the gap.
-                    self.tell(p.Kind.REREQ, state.next_seq)
-                    continue
-                if state.expected_sha256 and not self.reply_to:
-                    raise Poisoned(
-                        f"end marker arrived but {state.describe_missing()} never did (consumed by another "
-                        f"client or moved to a DLQ); the stream cannot be completed", self.offset)
-                raise StreamStalled(
-                    f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
-                    f"{spec.size}; is the sender still running? The partial data is kept and the stream is "
-                    "tried again later (a re-run of the sender continues it).")
-            if time.monotonic() - quiet_since > opts.idle_timeout:
-                # Only progress counts as a live sender: corrupt chunks, repeats or another
-                # user's chunks trickled forever would otherwise hold the stream (and the
-                # queue behind it) for as long as they come.
-                raise StreamStalled(
-                    f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
-                    f"{spec.size} ({self.rejected} corrupt and {self.forged} foreign chunks refused meanwhile); the "
-                    "partial data is kept and the stream is tried again later.")
+                self._quiet(bool(busy), time.monotonic() - quiet_since)
+                continue
+            self._check_alive(quiet_since)
             if self.sender and p.sender_of(frame.headers) != self.sender:
                 self._refuse_foreign(frame)
                 continue
-            try:
-                d = state.decide(frame.headers, frame.body)
-            except p.ProtocolError as exc:
-                self.refused.append(frame)
-                raise Poisoned(str(exc), self.offset) from None
+            d = self._decide(frame)
             if d.verdict in (Verdict.WRITE, Verdict.END):
                 quiet_since = time.monotonic()
-            if d.verdict is Verdict.CORRUPT and self.reply_to:
-                # A live sender can resend it: drop this copy (to the DLQ) and ask again.
-                self.rejected += 1
-                log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
-                self._commit(wait=True)
-                link.nack(frame)
-                self.tell(p.Kind.REREQ, state.next_seq)
-                continue
             if d.verdict is Verdict.CORRUPT:
-                self.refused.append(frame)
-                raise Poisoned(d.reason, d.offset)
+                self._corrupt(frame, d)
+                continue
             if d.verdict is Verdict.WRITE:
                 data = frame.body if d.data is None else d.data
                 self.file.write(d.seq, d.offset, data)
@@ -371,6 +328,82 @@ class StreamReceiver:
         if opts.progress:
             opts.progress(spec.size, spec.size)
         return written
+
+    def _check_alive(self, quiet_since: float) -> None:
+        """Raise :class:`StreamStalled` when no progress came for the idle timeout."""
+        state, opts, spec = self.file.state, self.opts, self.spec
+        if time.monotonic() - quiet_since > opts.idle_timeout:
+            # Only progress counts as a live sender: corrupt chunks, repeats or another
+            # user's chunks trickled forever would otherwise hold the stream (and the
+            # queue behind it) for as long as they come.
+            raise StreamStalled(
+                f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
+                f"{spec.size} ({self.rejected} corrupt and {self.forged} foreign chunks refused meanwhile); the "
+                "partial data is kept and the stream is tried again later.")
+
+    def _decide(self, frame: Any) -> Decision:
+        """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
+        try:
+            return self.file.state.decide(frame.headers, frame.body)
+        except p.ProtocolError as exc:
+            self.refused.append(frame)
+            raise Poisoned(str(exc), self.offset) from None
+
+    def _quiet_since(self) -> float:
+        """When the sender was last heard from, as this run starts (monotonic clock)."""
+        if self.file.created and not self.reply_to:
+            # A sender offers, then sends its first chunk at once: a new stream whose data
+            # queue stays empty for a short look was abandoned before it began, and waiting
+            # the whole idle timeout for each of those would let a sender hold the queue for
+            # idle_timeout per offer. (In handshake mode the sender waits for its receivers
+            # to gather before the first chunk: no short look there.)
+            return time.monotonic() - max(0.0, self.opts.idle_timeout - FIRST_LOOK)
+        return time.monotonic() - max(0.0, time.time() - self.file.last_write)
+
+    def _timeout(self, quiet_since: float) -> float:
+        """How long to wait for the next message."""
+        opts = self.opts
+        if self.reply_to:
+            return opts.rerequest_after
+        if self.file.state.expected_sha256:
+            return opts.gap_grace
+        # Whatever waits in the broker arrives within a moment of subscribing, so a
+        # stream silent since before this run gets a short look, not a whole timeout.
+        left = opts.idle_timeout - (time.monotonic() - quiet_since)
+        return max(left, min(opts.idle_timeout, 2.0))
+
+    def _quiet(self, busy: bool, silent: float) -> None:
+        """Nothing arrived within the wait: commit what is pending, ask a live sender again,
+        or give the stream up (raises) once the sender has been silent too long."""
+        state = self.file.state
+        if busy:
+            self._commit(wait=True)
+            return
+        if self.reply_to and silent < self.opts.idle_timeout:
+            # Lost chunk, dropped end marker or a restarted sender: ask again from the gap.
+            self.tell(p.Kind.REREQ, state.next_seq)
+            return
+        if state.expected_sha256 and not self.reply_to:
+            raise Poisoned(
+                f"end marker arrived but {state.describe_missing()} never did (consumed by another "
+                f"client or moved to a DLQ); the stream cannot be completed", self.offset)
+        raise StreamStalled(
+            f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
+            f"{self.spec.size}; is the sender still running? The partial data is kept and the stream is "
+            "tried again later (a re-run of the sender continues it).")
+
+    def _corrupt(self, frame: Any, d: Decision) -> None:
+        """A chunk that failed its check: a live sender (handshake) is asked to resend it;
+        otherwise nobody can, and the stream is poisoned (raises)."""
+        if not self.reply_to:
+            self.refused.append(frame)
+            raise Poisoned(d.reason, d.offset)
+        # A live sender can resend it: drop this copy (to the DLQ) and ask again.
+        self.rejected += 1
+        log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
+        self._commit(wait=True)
+        self.link.nack(frame)
+        self.tell(p.Kind.REREQ, self.file.state.next_seq)
 
     def _refuse_foreign(self, frame: Any) -> None:
         """A chunk on this stream's queue that its sender did not send: to the DLQ."""

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,17 @@ class BatchFile:
     subdir: str = ""
 
 
+def _tree(top: Path) -> Iterator[tuple[Path, str]]:
+    """Every regular file under ``top`` in a stable order, with its directory relative to ``top``."""
+    for root, dirs, names in os.walk(top):
+        dirs.sort()
+        rel = Path(root).relative_to(top)
+        for n in sorted(names):
+            f = Path(root) / n
+            if f.is_file():
+                yield f, "" if rel == Path(".") else rel.as_posix()
+
+
 def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
     """Expand paths, directories and glob patterns into files, in a stable order.
 
@@ -122,13 +133,8 @@ def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = F
         if path.is_dir():
             if not recursive:
                 raise StreamError(f"{path} is a directory; pass recursive=True (--recursive) to send what is in it")
-            for root, dirs, names in os.walk(path):
-                dirs.sort()
-                rel = Path(root).relative_to(path)
-                for n in sorted(names):
-                    f = Path(root) / n
-                    if f.is_file():
-                        add(f, "" if rel == Path(".") else rel.as_posix())
+            for f, subdir in _tree(path):
+                add(f, subdir)
             continue
         if not path.is_file():
             raise StreamError(f"{path} does not exist or is not a regular file")

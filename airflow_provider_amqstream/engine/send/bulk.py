@@ -37,6 +37,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,9 @@ SEAL_BYTES = 2 * 2**20
 BatchProgress = Callable[[BatchStatus], None]
 
 
-def send_files(
+# The public entry point: its options are keyword-only and documented one by one, and callers
+# (operators, the CLI) pass them by name. An options object would change them all.
+def send_files(  # noqa: PLR0913
     params: BrokerParams,
     files: Sequence[str | os.PathLike[str] | BatchFile],
     destination: str,
@@ -170,6 +173,38 @@ def send_files(
         if fail_fast:
             raise StreamError(f"{path}: {error}")
 
+    entries = _outgoing(files, dest, base, fail)
+    if batch_id is None:
+        digest = hashlib.sha256("|".join([str(dest), *sorted(e.stream_id for e in entries)]).encode()).hexdigest()
+        batch_id = f"b-{digest[:20]}"
+    p.validate_stream_id(batch_id)
+    broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
+    ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
+    status = BatchStatus(len(entries), sum(e.size for e in entries))
+    ctx = _Ctx(params, dest, window, chunk, codec, p.Mode(mode), restart, ledger, status, results, progress,
+               on_result, checkpoint_for, pack)
+    todo = ctx.skip_sent(entries, {} if restart else ledger.load(), set() if restart else set(ledger_seed))
+    if progress and status.files_done:
+        progress(status)
+    try:
+        ctx.send_all(todo, fail, reconnect_timeout)
+    finally:
+        ledger.flush()
+    if manifest:
+        _announce(params, dest, batch_id, results, {e.stream_id: e.subdir for e in entries}, reconnect_timeout)
+    elif entries and not ctx.sent_any:
+        # Everything was sent before: still prove the broker takes these credentials, so a
+        # wrong password fails rather than passing as "already sent".
+        with StompLink(params) as link:
+            link.round_trip()
+    if progress:
+        progress(status)
+    return BulkResult(batch_id, str(dest), results, failures, time.monotonic() - t0, params.url)
+
+
+def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
+              fail: Callable[..., None]) -> list[Outgoing]:
+    """The files to send, each once (by stream id); those that cannot be sent go to ``fail``."""
     entries: list[Outgoing] = []
     ids: set[str] = set()
     for item in files:
@@ -187,69 +222,7 @@ def send_files(
         if sid not in ids:
             ids.add(sid)
             entries.append(Outgoing(bf.path, subdir, sid, st_.st_size, _file_identity(bf.path, st_)))
-    if batch_id is None:
-        digest = hashlib.sha256("|".join([str(dest), *sorted(ids)]).encode()).hexdigest()[:20]
-        batch_id = f"b-{digest}"
-    p.validate_stream_id(batch_id)
-    broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
-    ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
-    done = {} if restart else ledger.load()
-    seeded = set() if restart else set(ledger_seed)
-    status = BatchStatus(len(entries), sum(e.size for e in entries))
-    todo: collections.deque[Outgoing] = collections.deque()
-    for e in entries:
-        rec = done.get(e.stream_id)
-        if rec is not None or e.stream_id in seeded:
-            res = _already(rec or {}, e, dest, params)
-            results.append(res)
-            status.files_done += 1
-            status.bytes_done += e.size
-            if on_result:
-                on_result(res)
-        else:
-            todo.append(e)
-    if progress and status.files_done:
-        progress(status)
-    ctx = _Ctx(params, dest, window, chunk, codec, mode, restart, ledger, status, results, progress, on_result,
-               checkpoint_for, pack)
-    backoff = Backoff(f"sending {len(todo)} files to {dest}", params.url, reconnect_timeout)
-    first = stuck = True
-    try:
-        while todo:
-            done_before = status.files_done
-            try:
-                with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
-                    if not stuck:
-                        backoff.reset()
-                    stuck = False
-                    ctx.run(link, todo, fail)
-            except AccessDenied:
-                raise
-            except (ConnectionLost, DestinationFull) as exc:
-                # A full destination is a receiver that stopped or lags: it takes messages
-                # again when it resumes, so wait for it as for a broker that went away. The
-                # broker lets us connect meanwhile, so only progress restarts the deadline.
-                stuck = isinstance(exc, DestinationFull) and status.files_done == done_before
-                ledger.flush()
-                backoff.wait(exc)
-            except TransportError as exc:
-                if first:
-                    raise
-                ledger.flush()
-                backoff.wait(exc)
-            first = False
-    finally:
-        ledger.flush()
-    if manifest:
-        _announce(params, dest, batch_id, results, {e.stream_id: e.subdir for e in entries}, reconnect_timeout)
-    elif entries and not ctx.sent_any:
-        # Everything was sent before: still prove the broker takes these credentials, so a
-        # wrong password fails rather than passing as "already sent".
-        with StompLink(params) as link:
-            link.round_trip()
-    if progress:
-        progress(status)
-    return BulkResult(batch_id, str(dest), results, failures, time.monotonic() - t0, params.url)
+    return entries
 
 
 def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results: list[TransferResult],
@@ -321,21 +294,73 @@ class _InFlight:
                 return done
 
 
+@dataclass
 class _Ctx:
     """One batch's sending state across reconnects."""
 
-    def __init__(self, params: BrokerParams, dest: p.Destination, window: int, chunk: int, codec: p.ChunkCodec,
-                 mode: str | p.Mode, restart: bool, ledger: BatchLedger, status: BatchStatus,
-                 results: list[TransferResult], progress: BatchProgress | None,
-                 on_result: Callable[[TransferResult], None] | None,
-                 checkpoint_for: Callable[[str], Checkpoint] | None, pack: bool) -> None:
-        self.params, self.dest, self.window, self.chunk, self.codec = params, dest, window, chunk, codec
-        self.mode, self.restart, self.ledger, self.status, self.results = p.Mode(mode), restart, ledger, status, results
-        self.progress, self.on_result, self.checkpoint_for = progress, on_result, checkpoint_for
-        self.sent_any = False
-        self.last_progress = 0.0
-        self.restarted: set[str] = set()
-        self.pack = pack
+    params: BrokerParams
+    dest: p.Destination
+    window: int
+    chunk: int
+    codec: p.ChunkCodec
+    mode: p.Mode
+    restart: bool
+    ledger: BatchLedger
+    status: BatchStatus
+    results: list[TransferResult]
+    progress: BatchProgress | None
+    on_result: Callable[[TransferResult], None] | None
+    checkpoint_for: Callable[[str], Checkpoint] | None
+    pack: bool
+    sent_any: bool = False
+    last_progress: float = 0.0
+    restarted: set[str] = field(default_factory=set)
+
+    def skip_sent(self, entries: list[Outgoing], done: dict[str, dict[str, Any]],
+                  seeded: set[str]) -> collections.deque[Outgoing]:
+        """Record the files the ledger (or the seed) knows confirmed; return the others."""
+        todo: collections.deque[Outgoing] = collections.deque()
+        for e in entries:
+            rec = done.get(e.stream_id)
+            if rec is None and e.stream_id not in seeded:
+                todo.append(e)
+                continue
+            res = _already(rec or {}, e, self.dest, self.params)
+            self.results.append(res)
+            self.status.files_done += 1
+            self.status.bytes_done += e.size
+            if self.on_result:
+                self.on_result(res)
+        return todo
+
+    def send_all(self, todo: collections.deque[Outgoing], fail: Callable[..., None], reconnect_timeout: float) -> None:
+        """Send ``todo`` over as many connections as it takes."""
+        status, ledger = self.status, self.ledger
+        backoff = Backoff(f"sending {len(todo)} files to {self.dest}", self.params.url, reconnect_timeout)
+        first = stuck = True
+        while todo:
+            done_before = status.files_done
+            try:
+                with StompLink(self.params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+                    if not stuck:
+                        backoff.reset()
+                    stuck = False
+                    self.run(link, todo, fail)
+            except AccessDenied:
+                raise
+            except (ConnectionLost, DestinationFull) as exc:
+                # A full destination is a receiver that stopped or lags: it takes messages
+                # again when it resumes, so wait for it as for a broker that went away. The
+                # broker lets us connect meanwhile, so only progress restarts the deadline.
+                stuck = isinstance(exc, DestinationFull) and status.files_done == done_before
+                ledger.flush()
+                backoff.wait(exc)
+            except TransportError as exc:
+                if first:
+                    raise
+                ledger.flush()
+                backoff.wait(exc)
+            first = False
 
     def run(self, link: StompLink, todo: collections.deque[Outgoing], fail: Callable[..., None]) -> None:
         """Send what is left in ``todo`` over ``link``; a lost connection puts the files
@@ -347,20 +372,7 @@ class _Ctx:
             while todo:
                 e = todo[0]
                 if self.pack and self._one_chunk(e):
-                    try:
-                        headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params.url)
-                    except (OSError, StreamError, p.ProtocolError) as exc:
-                        todo.popleft()
-                        fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
-                    else:
-                        index = index_bytes(headers)
-                        if not pack.fits(index, wire):
-                            self._send_pack(link, pack, flight)
-                        todo.popleft()
-                        pack.add(e, headers, wire, res, index)
-                    if pack.files and (not todo or not self._one_chunk(todo[0])):
-                        self._send_pack(link, pack, flight)
-                    self._bound(link, flight)
+                    self._pack_next(link, todo, pack, flight, fail)
                     continue
                 small = self._small(e)
                 if not small:  # a large file goes alone, after every small one before it
@@ -400,6 +412,26 @@ class _Ctx:
                 todo.appendleft(e)
             raise
 
+    def _pack_next(self, link: StompLink, todo: collections.deque[Outgoing], pack: Pack, flight: _InFlight,
+                   fail: Callable[..., None]) -> None:
+        """Put the next file (of one chunk) in ``pack``; send the pack when it is full or
+        when the next file cannot join it."""
+        e = todo[0]
+        try:
+            headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params.url)
+        except (OSError, StreamError, p.ProtocolError) as exc:
+            todo.popleft()
+            fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
+        else:
+            index = index_bytes(headers)
+            if not pack.fits(index, wire):
+                self._send_pack(link, pack, flight)
+            todo.popleft()
+            pack.add(e, headers, wire, res, index)
+        if pack.files and (not todo or not self._one_chunk(todo[0])):
+            self._send_pack(link, pack, flight)
+        self._bound(link, flight)
+
     def _small(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one window: sent back to back, confirmed with others."""
         return e.size <= self.window * self.chunk
@@ -428,7 +460,7 @@ class _Ctx:
             sha = send_chunks(link, e, self.dest, spec, self.codec)
             rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, origin=origin, subdir=e.subdir),
                             receipt=seal)
-            res = pending_result(e, self.dest, spec, sha, origin, self.params.url, started)
+            res = pending_result(e, self.dest, spec, sha, origin=origin, broker=self.params.url, started=started)
         if seal and rid is None:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
         return rid, res

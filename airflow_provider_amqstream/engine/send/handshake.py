@@ -12,42 +12,59 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
+from airflow_provider_amqstream.engine.send.outbound import Outbound
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
-from airflow_provider_amqstream.protocol.state import SenderState
-from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
 
-
-def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
-                           save: Callable[..., None], window: int, progress: Progress | None,
-                           timeouts: tuple[float, float, float], rerequests: list[int],
-                           codec: p.ChunkCodec, origin: str) -> int:
+def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], rerequests: list[int]) -> int:
     """One connected attempt; returns the bytes it sent. ``timeouts`` are the request
-    timeout, the discovery window (topics) and the ack timeout, in seconds."""
-    request_timeout, discovery_window, ack_timeout = timeouts
-    spec, sid = state.spec, state.spec.stream_id
+    timeout, the discovery window (topics) and the ack timeout, in seconds; the rewinds
+    receivers asked for are added to ``rerequests[0]``."""
+    state = out.state
     if state.sha256 is None:
         # Rewinds make a running hash impossible; hash the file once up front instead.
         hasher = hashlib.sha256()
-        with open(src, "rb") as fh:
-            hash_prefix(fh, hasher, spec.size)
+        with open(out.src, "rb") as fh:
+            hash_prefix(fh, hasher, state.spec.size)
         state.sha256 = hasher.hexdigest()
-        save()
-    data_dest = dest.data_queue(sid)
-    sent = 0
-    with StompLink(params, client_id=f"amqs-send-{sid}-{os.getpid()}") as link:
-        link.subscribe(dest.control_queue(sid), ack="auto", prefetch=64)
-        if not state.offer_sent:
+        out.save()
+    with StompLink(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
+        attempt = _HandshakeAttempt(out, link)
+        try:
+            attempt.offer()
+            attempt.gather(*timeouts[:2])
+            attempt.pump(timeouts[2])
+        finally:
+            rerequests[0] += attempt.hs.rewinds
+    state.end_sent = True
+    if out.progress:
+        out.progress(state.spec.size, state.spec.size)
+    return attempt.sent
+
+
+class _HandshakeAttempt:
+    """One connection's worth of a handshake-mode send: offer, gather receivers, then send
+    each of them what it still misses, paced by their acknowledgements."""
+
+    def __init__(self, out: Outbound, link: StompLink) -> None:
+        self.out, self.link = out, link
+        self.spec, self.sid = out.state.spec, out.state.spec.stream_id
+        self.control_q = out.dest.control_queue(self.sid)
+        self.hs = HandshakeSender(self.spec, out.window, point_to_point=out.dest.kind == "queue")
+        self.sent = 0
+
+    def offer(self) -> None:
+        """Listen on the control queue, then offer (again, on a topic)."""
+        out, link = self.out, self.link
+        link.subscribe(self.control_q, ack="auto", prefetch=64)
+        if not out.state.offer_sent:
             # Nobody can answer an offer that does not exist yet: whatever waits on the
             # control queue now was written by someone guessing the stream id.
             forged = 0
@@ -56,73 +73,82 @@ def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination,
                 forged += 1
             if forged:
                 log.warning("stream %s: discarded %d control messages sent to %s before the offer existed",
-                            sid, forged, dest.control_queue(sid))
+                            self.sid, forged, self.control_q)
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
-        if dest.kind == "topic" or not state.offer_sent:
-            link.send_confirmed(str(dest), b"", p.offer_headers(spec, dest, window, origin=origin))
-            state.offer_sent = True
-            save()
-        hs = HandshakeSender(spec, window, point_to_point=dest.kind == "queue")
+        if out.dest.kind == "topic" or not out.state.offer_sent:
+            link.send_confirmed(str(out.dest), b"", p.offer_headers(self.spec, out.dest, out.window,
+                                                                     origin=out.origin))
+            out.state.offer_sent = True
+            out.save()
 
-        def hear(frame: Any) -> bool:
-            """Take a control message; a malformed or foreign one is logged and ignored, so
-            nobody but our receivers can stop, rewind or finish this sender."""
-            try:
-                return hs.on_control(frame.headers, now=time.monotonic()) is not None
-            except p.ProtocolError as exc:
-                log.warning("stream %s: ignored a control message on %s: %s", sid, dest.control_queue(sid), exc)
-                return False
+    def hear(self, frame: Any) -> bool:
+        """Take a control message; a malformed or foreign one is logged and ignored, so
+        nobody but our receivers can stop, rewind or finish this sender."""
+        try:
+            return self.hs.on_control(frame.headers, now=time.monotonic()) is not None
+        except p.ProtocolError as exc:
+            log.warning("stream %s: ignored a control message on %s: %s", self.sid, self.control_q, exc)
+            return False
 
+    def gather(self, request_timeout: float, discovery_window: float) -> None:
+        """Wait for the first receiver; on a topic, keep listening for others a while."""
         deadline = time.monotonic() + request_timeout
-        while not hs.positions:
-            frame = link.get(max(0.05, deadline - time.monotonic()))
+        while not self.hs.positions:
+            frame = self.link.get(max(0.05, deadline - time.monotonic()))
             if frame is not None:
-                hear(frame)
+                self.hear(frame)
             elif time.monotonic() >= deadline:
                 raise StreamError(
-                    f"stream {sid}: no receiver answered the offer on {dest} within {request_timeout:.0f}s. "
-                    "The offer stays queued; re-run the sender once a receiver is running.")
-        if dest.kind == "topic":
+                    f"stream {self.sid}: no receiver answered the offer on {self.out.dest} within "
+                    f"{request_timeout:.0f}s. The offer stays queued; re-run the sender once a receiver is running.")
+        if self.out.dest.kind == "topic":
             until = time.monotonic() + discovery_window
             while (left := until - time.monotonic()) > 0:
-                frame = link.get(left)
+                frame = self.link.get(left)
                 if frame is not None:
-                    hear(frame)
-        fd = os.open(src, os.O_RDONLY)
+                    self.hear(frame)
+
+    def pump(self, ack_timeout: float) -> None:
+        """Send chunks and the end marker until every receiver is done."""
+        hs, link, spec = self.hs, self.link, self.spec
+        fd = os.open(self.out.src, os.O_RDONLY)
         try:
             heard = time.monotonic()
             while not hs.all_done:
                 while (frame := link.get(0)) is not None:
-                    if hear(frame):
+                    if self.hear(frame):
                         heard = time.monotonic()
-                try:
-                    seq = hs.next_chunk()
-                except p.ProtocolError as exc:
-                    raise StreamError(f"{exc}; a receiver of {dest} keeps rewinding (see its log)") from None
-                if seq is not None:
-                    offset, length = spec.chunk_span(seq)
-                    body = os.pread(fd, length, offset)
-                    headers, wire = p.data_message(spec, seq, body, codec)
-                    link.send(data_dest, wire, headers)
-                    sent += len(body)
-                    continue
-                if hs.take_end():
-                    link.send(data_dest, b"", p.end_headers(spec, state.sha256))
+                if self._send_next(fd):
                     continue
                 frame = link.get(1.0)
-                if frame is not None and hear(frame):
+                if frame is not None and self.hear(frame):
                     heard = time.monotonic()
-                    if progress:
-                        progress(spec.offset_of(hs.slowest), spec.size)
+                    if self.out.progress:
+                        self.out.progress(spec.offset_of(hs.slowest), spec.size)
                 elif time.monotonic() - heard > ack_timeout:
                     lagging = sorted(c for c in hs.positions if c not in hs.finished)
                     raise StreamError(
-                        f"stream {sid}: receiver(s) {', '.join(lagging)} stopped answering at chunk {hs.slowest} "
-                        f"of {spec.chunks} for {ack_timeout:.0f}s; re-run the sender to continue when they return")
+                        f"stream {self.sid}: receiver(s) {', '.join(lagging)} stopped answering at chunk "
+                        f"{hs.slowest} of {spec.chunks} for {ack_timeout:.0f}s; re-run the sender to continue "
+                        "when they return")
         finally:
             os.close(fd)
-            rerequests[0] += hs.rewinds
-    state.end_sent = True
-    if progress:
-        progress(spec.size, spec.size)
-    return sent
+
+    def _send_next(self, fd: int) -> bool:
+        """Send the next chunk or the end marker a receiver needs; False if none is due."""
+        spec, data_q = self.spec, self.out.dest.data_queue(self.sid)
+        try:
+            seq = self.hs.next_chunk()
+        except p.ProtocolError as exc:
+            raise StreamError(f"{exc}; a receiver of {self.out.dest} keeps rewinding (see its log)") from None
+        if seq is not None:
+            offset, length = spec.chunk_span(seq)
+            body = os.pread(fd, length, offset)
+            headers, wire = p.data_message(spec, seq, body, self.out.codec)
+            self.link.send(data_q, wire, headers)
+            self.sent += len(body)
+            return True
+        if self.hs.take_end():
+            self.link.send(data_q, b"", p.end_headers(spec, self.out.state.sha256))
+            return True
+        return False

@@ -47,7 +47,7 @@ def changed(e: Outgoing) -> StreamError:
                        "Send it again once it is stable.")
 
 
-def pending_result(e: Outgoing, dest: p.Destination, spec: p.StreamSpec, sha256: str, origin: str,
+def pending_result(e: Outgoing, dest: p.Destination, spec: p.StreamSpec, sha256: str, *, origin: str,
                    broker: str, started: float) -> TransferResult:
     """A small file's result, sent but not yet confirmed: ``seconds`` holds the monotonic
     start until the confirmation turns it into a duration."""
@@ -69,7 +69,7 @@ def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCo
         raise changed(e)
     sha = hashlib.sha256(body).hexdigest()
     headers, wire = bw.inline_offer(spec, dest, body, sha, codec=codec, origin=origin, subdir=e.subdir)
-    return headers, wire, pending_result(e, dest, spec, sha, origin, broker, started)
+    return headers, wire, pending_result(e, dest, spec, sha, origin=origin, broker=broker, started=started)
 
 
 def send_chunks(link: StompLink, e: Outgoing, dest: p.Destination, spec: p.StreamSpec, codec: p.ChunkCodec) -> str:

@@ -13,7 +13,6 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from airflow_provider_amqstream.engine.records import (
     hash_prefix,
 )
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
+from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import SenderState
 from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
@@ -36,10 +36,10 @@ from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
 
-
-def send_file(
+# The public entry point: its options are keyword-only and documented one by one, and callers
+# (operators, the CLI, send_files) pass them by name. An options object would change them all.
+def send_file(  # noqa: PLR0913
     params: BrokerParams,
     path: str | os.PathLike[str],
     destination: str,
@@ -91,25 +91,15 @@ def send_file(
     started = time.time()
     t0 = time.monotonic()
     src = Path(path)
-    try:
-        st_ = src.stat()
-    except OSError as exc:
-        raise StreamError(f"cannot read {src}: {exc.strerror}") from exc
-    if not src.is_file():
-        raise StreamError(f"{src} is not a regular file")
+    st_ = _regular_file(src)
     dest = p.Destination.parse(destination)
-    if dest.kind != "queue" and p.Mode(mode) is not p.Mode.HANDSHAKE:
+    kind = p.Mode(mode)
+    if dest.kind != "queue" and kind is not p.Mode.HANDSHAKE:
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
     identity = _file_identity(src, st_)
     sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_)
-    origin = stream_origin(identity, dest)
-    window = _first(window, params.window, p.DEFAULT_WINDOW)
-    if window < 1:
-        raise StreamError(f"window must be at least 1, got {window}")
-    if p.Mode(mode) is p.Mode.HANDSHAKE and window > p.MAX_AHEAD:
-        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
-                          f"{p.MAX_AHEAD} past their first missing one; use at most {p.MAX_AHEAD}")
+    window = _check_window(_first(window, params.window, p.DEFAULT_WINDOW), kind)
     codec = p.ChunkCodec(compression if compression is not None else params.compression)
     ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params))
     loaded = None if restart else ckpt.load()
@@ -117,49 +107,85 @@ def send_file(
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
     chunk_size = _first(chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
-    spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, p.Mode(mode))
-
-    if state is not None and (state.identity != identity or state.spec != spec
-                              or state.destination != str(dest)):
-        raise StreamError(
-            f"stream {sid}: an interrupted transfer with this id was for a different file, "
-            f"destination or chunk size ({state.destination}, {state.spec.size} bytes); "
-            "pass restart=True (--restart) to send it again from the start, or use a new stream id"
-        )
+    spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, kind)
     extra = {"broker": params.url, "login": params.login or ""}
-    if state is None:
-        state = SenderState(spec, str(dest), identity)
-        # Recorded before the first message leaves: a re-run must find this stream's spec
-        # (chunk size above all) even if we die before the broker confirms anything, or it
-        # could offer the same stream id with different chunk boundaries.
-        ckpt.save({**state.to_json(), **extra}, final=True)
+    state = _resume_state(state, spec, dest, identity, ckpt, extra)
     resumed_from = state.confirmed_offset
     if state.done:
-        return _already_sent(params, src, dest, state, loaded or {}, started, link)
+        return _already_sent(params, src, dest, state, loaded or {}, started, link=link)
     if resumed_from:
         log.info("stream %s: resuming at byte %d of %d", sid, resumed_from, spec.size)
 
     def save(final: bool = False) -> None:
         ckpt.save({**state.to_json(), **extra}, final=final)
 
-    attempt = _Attempt(params, src, dest, state, save, window, progress, codec, origin, subdir)
+    out = Outbound(params, src, dest, state, save, window, progress, codec, stream_origin(identity, dest), subdir)
+    attempt = _Attempt(out)
+    rerequests = [0]
     if link is not None:
         if spec.mode is p.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
         attempt.run(link)
-        return _finish(ckpt, state, extra, params, src, dest, attempt.sent, resumed_from, started, t0, origin, 0)
-    backoff = Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout)
-    hs_timeouts = (request_timeout, discovery_window, ack_timeout)
-    rerequests = [0]
+    else:
+        _retry(out, attempt, Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout),
+               (request_timeout, discovery_window, ack_timeout), rerequests)
+    ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
+    return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
+                          time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
+                          time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=out.origin,
+                          broker=params.url)
+
+
+def _regular_file(src: Path) -> os.stat_result:
+    try:
+        st_ = src.stat()
+    except OSError as exc:
+        raise StreamError(f"cannot read {src}: {exc.strerror}") from exc
+    if not src.is_file():
+        raise StreamError(f"{src} is not a regular file")
+    return st_
+
+
+def _check_window(window: int, mode: p.Mode) -> int:
+    if window < 1:
+        raise StreamError(f"window must be at least 1, got {window}")
+    if mode is p.Mode.HANDSHAKE and window > p.MAX_AHEAD:
+        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
+                          f"{p.MAX_AHEAD} past their first missing one; use at most {p.MAX_AHEAD}")
+    return window
+
+
+def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: p.Destination, identity: str,
+                  ckpt: Checkpoint, extra: dict[str, Any]) -> SenderState:
+    """The checkpoint's state if it is this very stream, else a new one (recorded at once)."""
+    if state is not None and (state.identity != identity or state.spec != spec
+                              or state.destination != str(dest)):
+        raise StreamError(
+            f"stream {spec.stream_id}: an interrupted transfer with this id was for a different file, "
+            f"destination or chunk size ({state.destination}, {state.spec.size} bytes); "
+            "pass restart=True (--restart) to send it again from the start, or use a new stream id"
+        )
+    if state is None:
+        state = SenderState(spec, str(dest), identity)
+        # Recorded before the first message leaves: a re-run must find this stream's spec
+        # (chunk size above all) even if we die before the broker confirms anything, or it
+        # could offer the same stream id with different chunk boundaries.
+        ckpt.save({**state.to_json(), **extra}, final=True)
+    return state
+
+
+def _retry(out: Outbound, attempt: _Attempt, backoff: Backoff, hs_timeouts: tuple[float, float, float],
+           rerequests: list[int]) -> None:
+    """Connected attempts, each on a connection of its own, until the stream is sent."""
+    state = out.state
     while True:
         before = state.confirmed_seq
         try:
-            if spec.mode is p.Mode.HANDSHAKE:
-                attempt.sent += send_handshake_attempt(params, src, dest, state, save, window, progress,
-                                                       hs_timeouts, rerequests, codec, origin)
+            if state.spec.mode is p.Mode.HANDSHAKE:
+                attempt.sent += send_handshake_attempt(out, hs_timeouts, rerequests)
             else:
                 attempt.run()
-            break
+            return
         except AccessDenied:
             raise
         except TransportError as exc:
@@ -171,23 +197,10 @@ def send_file(
                 # that moved data since the last failure gets the whole timeout again.
                 backoff.reset()
             backoff.wait(exc)
-    return _finish(ckpt, state, extra, params, src, dest, attempt.sent, resumed_from, started, t0, origin,
-                   rerequests[0])
-
-
-def _finish(ckpt: Checkpoint, state: SenderState, extra: dict[str, Any], params: BrokerParams, src: Path,
-            dest: p.Destination, sent: int, resumed_from: int, started: float, t0: float, origin: str,
-            rerequests: int) -> TransferResult:
-    spec = state.spec
-    ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
-    return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
-                          time.monotonic() - t0, spec.mode.value, resumed_from, sent, str(src), started,
-                          time.time(), rerequests=rerequests, chunk_size=spec.chunk_size, origin=origin,
-                          broker=params.url)
 
 
 def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
-                  record: dict[str, Any], started: float, link: StompLink | None = None) -> TransferResult:
+                  record: dict[str, Any], started: float, *, link: StompLink | None = None) -> TransferResult:
     """The checkpoint says this broker confirmed the whole stream. Still prove the broker
     takes these credentials: a wrong password must fail, not pass as "already sent" (a
     shared ``link`` was proved when it was opened)."""
@@ -249,13 +262,12 @@ def _sender_state(data: dict[str, Any]) -> SenderState:
 class _Attempt:
     """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
 
-    def __init__(self, params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
-                 save: Callable[..., None], window: int, progress: Progress | None, codec: p.ChunkCodec,
-                 origin: str, subdir: str = "") -> None:
-        self.params, self.src, self.dest, self.state, self.save = params, src, dest, state, save
-        self.window, self.progress, self.codec, self.origin = window, progress, codec, origin
-        self.subdir = subdir
-        self.data_q = dest.data_queue(state.spec.stream_id)
+    def __init__(self, out: Outbound) -> None:
+        self.out = out
+        self.params, self.src, self.dest, self.state, self.save = out.params, out.src, out.dest, out.state, out.save
+        self.window, self.progress, self.codec, self.origin = out.window, out.progress, out.codec, out.origin
+        self.subdir = out.subdir
+        self.data_q = out.dest.data_queue(out.state.spec.stream_id)
         self.sent = 0
 
     def _offer(self, **kw: Any) -> dict[str, str]:
