@@ -31,6 +31,7 @@ bench: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf "$(VENV)" .pytest_cache .mypy_cache .import_linter_cache build *.egg-info

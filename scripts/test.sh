@@ -8,4 +8,5 @@ export AIRFLOW_HOME="$(mktemp -d)/airflow"
 trap 'rm -rf "$(dirname "$AIRFLOW_HOME")"' EXIT
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
+"$VENV/bin/mypy"  # protocol/ and transport/ ([tool.mypy] in pyproject.toml)
 "$VENV/bin/python" -m pytest "$@"

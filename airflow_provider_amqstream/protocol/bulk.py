@@ -167,7 +167,7 @@ def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int,
     part = int_header(headers, H_PART, batch_id, lo=1, hi=parts)
     if len(body) > MAX_BATCH_BODY:
         raise ProtocolError(f"batch {batch_id}: part {part} is {len(body)} bytes, over {MAX_BATCH_BODY}")
-    entries = []
+    entries: list[BatchEntry] = []
     for n, line in enumerate(bytes(body).splitlines(), 1):
         if len(entries) >= BATCH_PART_FILES:
             raise ProtocolError(f"batch {batch_id}: part {part} lists more than {BATCH_PART_FILES} files")

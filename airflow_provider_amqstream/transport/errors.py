@@ -41,7 +41,7 @@ def error_text(frame: Frame) -> str:
     :param frame: the broker's ERROR frame.
     """
     body = frame.body.decode("utf-8", "replace") if isinstance(frame.body, bytes) else str(frame.body)
-    msg = frame.headers.get("message", "")
+    msg = str(frame.headers.get("message", ""))
     detail = body.strip().splitlines()[0][:300] if body.strip() else ""
     if detail and detail not in msg:
         msg = f"{msg}: {detail}" if msg else detail
