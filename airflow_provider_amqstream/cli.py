@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import resource
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -74,34 +73,9 @@ class _Progress:
         sys.stderr.flush()
 
 
-def peak_rss_kib() -> int:
-    """This process's peak resident memory in KiB.
-
-    Linux's ``ru_maxrss`` keeps the high-water mark of the process that forked us across
-    exec (a child of a 250 MB pytest reports 250 MB), so read VmHWM, which belongs to
-    this address space alone.
-    """
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def cpu_seconds() -> float:
-    """User plus system CPU time of this process so far, all threads."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _print_result(res: Any, as_json: bool, verb: str) -> None:
     data = res.to_json()
     if as_json:
-        data["peak_rss_kib"] = peak_rss_kib()
-        data["cpu_seconds"] = round(cpu_seconds(), 3)
         print(json.dumps(data), flush=True)
         return
     if data.get("status") == "already_sent":
@@ -260,8 +234,6 @@ def cmd_send(args: argparse.Namespace) -> int:
                       manifest=args.manifest if args.manifest is not None else args.recursive, pack=args.pack)
     totals = bulk.totals()
     if args.json:
-        totals["peak_rss_kib"] = peak_rss_kib()
-        totals["cpu_seconds"] = round(cpu_seconds(), 3)
         print(json.dumps(totals), flush=True)
     else:
         print(f"sent {totals['files_sent']} files ({totals['files_already_sent']} sent before, "

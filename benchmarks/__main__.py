@@ -30,82 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from benchmarks.common import (
+    CHUNK,
+    PAIRED_ROUNDS,
+    ROOT,
+    SIZES,
+    MiB,
+    Sshd,
+    amqstream_command,
+    cli_module,
+    free_port,
+    log,
+    make_csv,
+    make_random,
+    median_run,
+    py,
+    result,
+)
 from benchmarks.readme import rows_from_report, update_readme
-
-ROOT = Path(__file__).resolve().parents[1]
-MiB = 2**20
-CHUNK = 1024 * 1024
-SIZES = {"100M": 100 * MiB, "1G": 1024 * MiB, "4G": 4096 * MiB}
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ------------------------------------------------------------------------------ data
-def make_random(path: Path, size: int) -> None:
-    with open(path, "wb") as fh:
-        left = size
-        while left:
-            n = min(left, 8 * MiB)
-            fh.write(os.urandom(n))
-            left -= n
-
-
-def make_csv(path: Path, size: int, seed_file: Path) -> None:
-    """A CSV of ``size`` bytes: a generated block of typed rows repeated (generating GBs of
-    rows in Python would take longer than the benchmark). Per-chunk compression sees only
-    1 MiB at a time, so the repetition does not flatter it."""
-    if not seed_file.exists():
-        sys.path.insert(0, str(ROOT / "dags" / "examples"))  # the examples' sample data helper
-        from example_support import write_sample_csv
-
-        write_sample_csv(seed_file, rows=600_000)
-    block = seed_file.read_bytes()
-    header, _, rows = block.partition(b"\n")
-    rows = rows[: rows.rfind(b"\n") + 1]
-    with open(path, "wb") as fh:
-        fh.write(header + b"\n")
-        left = size - len(header) - 1
-        while left > 0:
-            piece = rows[:left]
-            fh.write(piece)
-            left -= len(piece)
-
-
-# ------------------------------------------------------------------------------ runners
-def py(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env={**os.environ, **(env or {})})
-
-
-def cli_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return py("airflow_provider_amqstream.cli", *args, env=env)
-
-
-def amqstream_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """The ``amqstream`` console script installed beside this Python, run as users run it
-    (no ``-m``, no ``--conn``); ``python -m`` only where the package is not installed."""
-    exe = Path(sys.executable).parent / "amqstream"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "airflow_provider_amqstream.cli"]
-    return subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, **(env or {})})
-
-
-def result(proc: subprocess.Popen[str], timeout: float = 3600) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{proc.args} failed ({proc.returncode}): {err[-1500:]}")
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-
 
 _QUEUES = itertools.count(1)
 
@@ -150,10 +92,10 @@ class Bench:
 
     def ours_split(self, src: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         q, out = self.queue(), self.work / "out"
-        s = result(py("airflow_provider_amqstream.cli", "send", str(src), "--to", q, "--conn", self.uri, "--json",
-                      "-q", "--stream-id", q.rsplit("/", 1)[1], env={"AMQSTREAM_STATE_DIR": str(self.work / "state")}))
-        r = result(py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn",
-                      self.uri, "--json", "-q", "--overwrite"))
+        s = result(cli_module("send", str(src), "--to", q, "--conn", self.uri, "--json", "-q", "--stream-id",
+                              q.rsplit("/", 1)[1], env={"AMQSTREAM_STATE_DIR": str(self.work / "state")}))
+        r = result(cli_module("receive", "--from", q, "--out-dir", str(out), "--conn", self.uri, "--json", "-q",
+                              "--overwrite"))
         (out / src.name).unlink()
         return {"seconds": s["seconds"], "rss": s["peak_rss_kib"]}, {"seconds": r["seconds"], "rss": r["peak_rss_kib"]}
 
@@ -181,83 +123,6 @@ class Bench:
         return secs
 
 
-class Sshd:
-    """OpenSSH server on a private loopback port with throwaway keys; stopped on exit."""
-
-    def __init__(self, work: Path) -> None:
-        self.dir = work / "ssh"
-        self.dir.mkdir(exist_ok=True)
-        self.port = free_port()
-        self.key = self.dir / "client_key"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Sshd:
-        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        if not Path(sshd).exists():
-            raise RuntimeError("OpenSSH server is not installed: sudo apt-get install openssh-server")
-        for name in ("host_key", "client_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.dir / name)], check=True)
-        (self.dir / "authorized_keys").write_text((self.dir / "client_key.pub").read_text())
-        Path("/run/sshd").mkdir(exist_ok=True)
-        conf = self.dir / "sshd_config"
-        conf.write_text(f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.dir / 'host_key'}\n"
-                        f"AuthorizedKeysFile {self.dir / 'authorized_keys'}\nPasswordAuthentication no\n"
-                        f"UsePAM no\nStrictModes no\nPidFile {self.dir / 'sshd.pid'}\n"
-                        "Subsystem sftp internal-sftp\nPermitRootLogin yes\n")
-        self.proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(conf)], stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        import socket
-
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("sshd did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    @property
-    def user(self) -> str:
-        import getpass
-
-        return getpass.getuser()
-
-    def _opts(self) -> list[str]:
-        return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
-
-    def paramiko_put(self, src: Path, dest: Path) -> float:
-        import paramiko
-
-        t0 = time.monotonic()
-        client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        client.connect("127.0.0.1", port=self.port, username=self.user, key_filename=str(self.key),
-                       look_for_keys=False, allow_agent=False)
-        sftp = client.open_sftp()
-        sftp.put(str(src), str(dest))
-        sftp.close()
-        client.close()
-        return time.monotonic() - t0
-
-    def sftp_put(self, src: Path, dest: Path) -> float:
-        t0 = time.monotonic()
-        subprocess.run(["sftp", "-q", *self._opts(), "-P", str(self.port), "-b", "-", f"{self.user}@127.0.0.1"],
-                       input=f"put {src} {dest}\n".encode(), check=True, capture_output=True)
-        return time.monotonic() - t0
-
-    def scp_put(self, src: Path, dest: Path) -> float:
-        t0 = time.monotonic()
-        subprocess.run(["scp", "-q", *self._opts(), "-P", str(self.port), str(src), f"{self.user}@127.0.0.1:{dest}"],
-                       check=True, capture_output=True)
-        return time.monotonic() - t0
-
-
 def broker_peak_kib(broker: EmbeddedBroker) -> int:
     pid = broker.running_pid()
     try:
@@ -276,15 +141,6 @@ def mibs(size: int, secs: float) -> float:
 
 def per_gib(cpu: list[float], size: int) -> list[float]:
     return [round(c * 1024 * MiB / size, 2) for c in cpu]
-
-
-# Alternating rounds of the installed command and raw stomp.py, for the goal between them.
-PAIRED_ROUNDS = 3
-
-
-def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run of median duration (an odd count keeps it one real run, CPU figures and all)."""
-    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
 def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int = 64,
@@ -326,7 +182,7 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
                                 f"stomp.py (round {k} of {PAIRED_ROUNDS})")
                             envs.append(b.ours(src, installed=True))
                             raws.append(b.raw_stomp(src))
-                        env_e2e = _median_run(envs)
+                        env_e2e = median_run(envs)
                         row.update(ours_env=mibs(size, env_e2e["seconds"]), env_send_rss=env_e2e["send_rss"],
                                    env_recv_rss=env_e2e["recv_rss"],
                                    env_vs_raw_rounds=[round(r["seconds"] / e["seconds"], 2)
@@ -340,7 +196,7 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
                     if not raws:
                         log(f"{kind} {label}: raw stomp.py")
                         raws.append(b.raw_stomp(src))
-                    raw = _median_run(raws)
+                    raw = median_run(raws)
                     row.update(raw_stomp=mibs(size, raw["seconds"]), cpu_raw=per_gib(raw["cpu"], size))
                     row["broker_rss"] = broker_peak_kib(broker)
                 finally:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.__main__ import PAIRED_ROUNDS, Sshd, _median_run, free_port, log, make_random, py
+from benchmarks.common import PAIRED_ROUNDS, Sshd, cli_module, free_port, json_rows, log, make_random, median_run, py
 
 KiB, MiB = 1024, 2**20
 
@@ -86,18 +86,17 @@ def _collect(proc: subprocess.Popen[str]) -> Callable[[], tuple[str, str]]:
 def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str) -> dict[str, Any]:
     q, out = f"/queue/bench.bulk.{os.getpid()}.{tag}", work / f"out-{tag}"
     t0 = time.monotonic()
-    rx = py("airflow_provider_amqstream.cli", "receive", "--from", q, "--out-dir", str(out), "--conn", uri,
-            "--count", str(len(sums)), "--json", "-q", "--wait", "120")
+    rx = cli_module("receive", "--from", q, "--out-dir", str(out), "--conn", uri, "--count", str(len(sums)), "--json",
+                    "-q", "--wait", "120")
     received = _collect(rx)
-    tx = py("airflow_provider_amqstream.cli", "send", str(src), "--recursive", "--to", q, "--conn", uri, "--json",
-            "-q", env={"AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
+    tx = cli_module("send", str(src), "--recursive", "--to", q, "--conn", uri, "--json", "-q",
+                    env={"AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
     s_out, s_err = tx.communicate(timeout=7200)
     r_out, r_err = received()
     secs = time.monotonic() - t0
     if tx.returncode or rx.returncode:
         raise RuntimeError(f"amqstream failed: {s_err[-800:]} {r_err[-800:]}")
-    sent = [json.loads(line) for line in s_out.splitlines()]
-    got = [json.loads(line) for line in r_out.splitlines()]
+    sent, got = json_rows(s_out), json_rows(r_out)
     if {Path(r["path"]).name: r["sha256"] for r in got if r.get("status") == "complete"} != sums:
         raise RuntimeError("amqstream delivered a different set of files")
     check_tree(out, sums, "amqstream")
@@ -223,7 +222,7 @@ def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow
                 if sshd:
                     log(f"{text}: sftp (round {k} of {PAIRED_ROUNDS})")
                     sftp_secs.append(_ssh_run(sshd, sftp_put_r, src, sums, work / f"ssh-sftp-{text}", "sftp"))
-            o = _median_run(runs)
+            o = median_run(runs)
             row["ours"] = {**rate(o["seconds"]), "send_rss_kib": max(r["send_rss"] for r in runs),
                            "recv_rss_kib": max(r["recv_rss"] for r in runs)}
             if sshd:

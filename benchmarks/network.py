@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.broker.network import NetworkConfig
-from benchmarks.__main__ import SIZES, amqstream_command, free_port, make_random, result
+from benchmarks.common import SIZES, amqstream_command, free_port, make_random, result
 
 QUEUE = "/queue/bench.net"
 

@@ -15,8 +15,8 @@ import time
 
 import stomp
 
-from airflow_provider_amqstream.cli import cpu_seconds, peak_rss_kib
 from airflow_provider_amqstream.hooks.connection import params_from_uri
+from benchmarks.probe import cpu_seconds, peak_rss_kib
 
 
 class _Listener(stomp.ConnectionListener):

@@ -19,18 +19,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.hooks.connection import params_from_uri
-from benchmarks.__main__ import free_port, log
+from benchmarks.common import ROOT, free_port, installed_command, json_rows, log
 
 RUNS = 7
 
 
 def _command() -> list[str]:
+    """The installed command, bare: what users start (for the timings)."""
     exe = Path(sys.executable).parent / "amqstream"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "airflow_provider_amqstream.cli"]
 
@@ -50,7 +50,7 @@ class _FirstMessage(stomp.ConnectionListener):
             self.seen.set()
 
 
-def _first_byte(uri: str, queue: str, src: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+def _first_byte(uri: str, queue: str, src: Path, env: dict[str, str]) -> float:
     """Seconds from spawning ``amqstream send`` to its first message at a subscribed consumer."""
     bp = params_from_uri(uri)
     conn = stomp.Connection12(list(bp.hosts), auto_decode=False)
@@ -70,7 +70,7 @@ def _first_byte(uri: str, queue: str, src: Path, env: dict[str, str]) -> tuple[f
         out, err = proc.communicate(timeout=120)
         if proc.returncode:
             raise RuntimeError(f"amqstream send failed: {err[-1000:]}")
-        return (first.at or t0) - t0, json.loads(out.splitlines()[-1])
+        return (first.at or t0) - t0
     finally:
         conn.disconnect()
 
@@ -86,17 +86,17 @@ def run(work: Path, uri: str) -> dict[str, float]:
         version.append(time.monotonic() - t0)
     base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
     env_conn = {**base, "AIRFLOW_CONN_AMQSTREAM_DEFAULT": uri, "AMQSTREAM_STATE_DIR": str(work / "state-env")}
-    first, rss_env = [], []
-    for i in range(RUNS):
-        secs, res = _first_byte(uri, f"/queue/bench.startup.{os.getpid()}.{i}", src, env_conn)
-        first.append(secs)
-        rss_env.append(res["peak_rss_kib"] / 1024)
-    rss_uri = []
-    for i in range(RUNS):
-        proc = subprocess.run([*_command(), "send", str(src), "--to", f"/queue/bench.startup.uri.{i}", "--conn", uri,
-                               "--json", "-q"], env={**base, "AMQSTREAM_STATE_DIR": str(work / "state-uri")},
-                              check=True, capture_output=True, text=True)
-        rss_uri.append(json.loads(proc.stdout.splitlines()[-1])["peak_rss_kib"] / 1024)
+    # Timed bare, as users start it; measured (peak RSS) in runs of their own under the probe.
+    first = [_first_byte(uri, f"/queue/bench.startup.{os.getpid()}.{i}", src, env_conn) for i in range(RUNS)]
+
+    def peak_mib(queue: str, conn: list[str], env: dict[str, str]) -> float:
+        proc = subprocess.run([*installed_command(), "send", str(src), "--to", queue, *conn, "--json", "-q"],
+                              env=env, cwd=ROOT, check=True, capture_output=True, text=True)
+        return float(json_rows(proc.stdout)[-1]["peak_rss_kib"]) / 1024
+
+    rss_env = [peak_mib(f"/queue/bench.startup.env.{os.getpid()}.{i}", [], env_conn) for i in range(RUNS)]
+    state_uri = {**base, "AMQSTREAM_STATE_DIR": str(work / "state-uri")}
+    rss_uri = [peak_mib(f"/queue/bench.startup.uri.{i}", ["--conn", uri], state_uri) for i in range(RUNS)]
     return {"version_s": statistics.median(version), "first_byte_s": statistics.median(first),
             "rss_env_mib": statistics.median(rss_env), "rss_uri_mib": statistics.median(rss_uri), "runs": RUNS}
 

@@ -69,10 +69,29 @@ def cli(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.
                             env={**os.environ, **(env or {})}, cwd=ROOT, **kw)
 
 
+def cli_probed(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
+    """``amqstream ARGS`` under ``benchmarks.probe``: :func:`cli_json` then gives each row the
+    process's ``peak_rss_kib`` and ``cpu_seconds`` (the CLI reports transfers only)."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.probe", "-m", "airflow_provider_amqstream.cli", *args],
+                            text=True, env={**os.environ, **(env or {})}, cwd=ROOT, **kw)
+
+
 def cli_json(proc: subprocess.Popen[str], timeout: float = 300) -> list[dict[str, Any]]:
+    from benchmarks.probe import merge
+
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"amqstream exited {proc.returncode}: {err[-2000:]}"
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return merge([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+
+
+def peak_rss_kib_of(pid: int) -> int:
+    """A running process's peak resident memory so far (VmHWM), read from outside."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for process {pid}")
 
 
 def browse(params: BrokerParams, queue: str, timeout: float = 10.0) -> list[Any]:

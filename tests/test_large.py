@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, cli_json, make_file, sha256_file
+from tests.helpers import cli_json, cli_probed, make_file, sha256_file
 
 pytestmark = [pytest.mark.broker, pytest.mark.large]
 
 
 def _transfer(uri: str, src: Path, out: Path, queue: str) -> tuple[dict, dict]:
-    receiver = cli("receive", "--from", queue, "--out-dir", str(out), "--conn", uri, "--json", "-q", "--wait", "60")
-    sender = cli("send", str(src), "--to", queue, "--conn", uri, "--json", "-q")
+    receiver = cli_probed("receive", "--from", queue, "--out-dir", str(out), "--conn", uri, "--json", "-q",
+                          "--wait", "60")
+    sender = cli_probed("send", str(src), "--to", queue, "--conn", uri, "--json", "-q")
     [sent] = cli_json(sender, timeout=600)
     [got] = cli_json(receiver, timeout=600)
     assert got["sha256"] == sent["sha256"]
