@@ -26,7 +26,7 @@ PY="${PYTHON:-python3}"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # pyspark 4.3 is a source package; pip caches the built wheel, so only the first
 # install on a machine builds it.
-"$VENV/bin/python" -m pip install -q -e ".[dev,bench]"
+"$VENV/bin/python" -m pip install -q -e ".[dev,bench,spark]"
 # The Spark provider pulls pyspark-client, which overwrites ~700 files shared with
 # pyspark; reinstall pyspark so `import pyspark` and its jars agree again.
 if ! "$VENV/bin/python" -c 'import pyspark, sys; sys.exit(pyspark.__version__ != "4.3.0")' 2>/dev/null; then
