@@ -21,7 +21,8 @@ import pytest
 import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamStalled, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.exceptions import StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.triggers import offers as offers_mod

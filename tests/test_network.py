@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.broker.network import NetworkConfig, NetworkError, connectors_xml
+from airflow_provider_amqstream.broker.network import NetworkConfig, connectors_xml
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.exceptions import AccessDenied, NetworkError
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import free_port, make_file, play, sha256_file, wait_for

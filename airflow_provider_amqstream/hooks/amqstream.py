@@ -15,9 +15,9 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import engine
+from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol.wire import Destination, offer_selector
-from airflow_provider_amqstream.transport.errors import TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 

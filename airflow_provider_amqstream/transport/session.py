@@ -19,13 +19,9 @@ from typing import TypeVar
 from stomp import exception as stomp_exc
 from stomp.utils import Frame
 
+from airflow_provider_amqstream.exceptions import ConnectionLost, TransportError
 from airflow_provider_amqstream.transport.connection import Connection12, open_connection, quiet_close
-from airflow_provider_amqstream.transport.errors import (
-    ConnectionLost,
-    TransportError,
-    access_denied,
-    reported,
-)
+from airflow_provider_amqstream.transport.errors import access_denied, reported
 from airflow_provider_amqstream.transport.inbox import Inbox
 from airflow_provider_amqstream.transport.params import BrokerParams
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_provider_amqstream.transport.errors import AccessDenied, TransportError
+from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
 from airflow_provider_amqstream.triggers.offers import Every, OfferBrowser
 
 

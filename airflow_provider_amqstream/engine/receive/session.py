@@ -46,21 +46,25 @@ from airflow_provider_amqstream.engine.receive.stream import (
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Backoff,
-    StreamError,
     StreamFailure,
-    StreamNoRoom,
-    StreamQuarantined,
-    StreamStalled,
-    StreamYielded,
     TransferResult,
     read_json,
     state_dir,
     write_json,
 )
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    ConnectionLost,
+    StreamError,
+    StreamNoRoom,
+    StreamQuarantined,
+    StreamStalled,
+    StreamYielded,
+    TransportError,
+)
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 

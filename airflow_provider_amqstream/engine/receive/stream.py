@@ -26,13 +26,8 @@ from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import check_claim, record_claim
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
-from airflow_provider_amqstream.engine.records import (
-    StreamError,
-    StreamStalled,
-    TransferResult,
-    open_private,
-    write_json,
-)
+from airflow_provider_amqstream.engine.records import TransferResult, open_private, write_json
+from airflow_provider_amqstream.exceptions import StreamError, StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import Verdict
 from airflow_provider_amqstream.transport.session import StompLink

@@ -44,7 +44,6 @@ from airflow_provider_amqstream.engine.records import (
     Backoff,
     Checkpoint,
     FileCheckpoint,
-    StreamError,
     TransferResult,
     default_state_dir,
 )
@@ -71,10 +70,16 @@ from airflow_provider_amqstream.engine.send.stream import (
     send_file,
     stream_origin,
 )
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    ConnectionLost,
+    DestinationFull,
+    StreamError,
+    TransportError,
+)
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 

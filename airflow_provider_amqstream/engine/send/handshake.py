@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
+from airflow_provider_amqstream.engine.records import hash_prefix
+from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.protocol.state import SenderState

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_amqstream.engine.records import StreamError, TransferResult
+from airflow_provider_amqstream.engine.records import TransferResult
 from airflow_provider_amqstream.engine.send.stream import stream_origin
+from airflow_provider_amqstream.exceptions import StreamError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import TransportError
 from airflow_provider_amqstream.transport.session import StompLink
 
 # A pack's files, their wire bytes and its index (see bulk_wire.pack_message). A pack asks

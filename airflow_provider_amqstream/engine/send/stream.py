@@ -22,15 +22,20 @@ from airflow_provider_amqstream.engine.records import (
     Backoff,
     Checkpoint,
     FileCheckpoint,
-    StreamError,
     TransferResult,
     default_state_dir,
     hash_prefix,
 )
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    ConnectionLost,
+    DestinationFull,
+    StreamError,
+    TransportError,
+)
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import SenderState
-from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 
