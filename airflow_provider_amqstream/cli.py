@@ -312,10 +312,10 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def cmd_test_connection(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.transport.session import StompLink
+    from airflow_provider_amqstream.transport.link import open_link
 
     params = _params(args)
-    with StompLink(params) as link:
+    with open_link(params) as link:
         link.round_trip()
     print(f"ok: connected to {params.url} and received a receipt")
     return 0

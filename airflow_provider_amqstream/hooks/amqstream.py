@@ -18,8 +18,8 @@ from airflow_provider_amqstream import engine
 from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol.wire import Destination, offer_selector
+from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +74,15 @@ class AmqStreamHook(BaseHook):
             return embedded
         return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}").broker_params()
 
-    def get_conn(self) -> StompLink:
+    def get_conn(self) -> Link:
         """A new, open STOMP session. The caller closes it (or uses ``with``)."""
-        return StompLink(self.broker_params()).open()
+        return open_link(self.broker_params()).open()
 
     def test_connection(self) -> tuple[bool, str]:
         """Connect, prove a round trip with a receipt, disconnect."""
         try:
             params = self.broker_params()
-            with StompLink(params) as link:
+            with open_link(params) as link:
                 link.round_trip()
         except (TransportError, ValueError) as exc:
             return False, str(exc)
@@ -117,7 +117,7 @@ class AmqStreamHook(BaseHook):
         Uses a queue browser, so nothing is consumed: cheap enough for a trigger to poll.
         """
         dest = Destination.parse(source)
-        with StompLink(self.broker_params()) as link:
+        with open_link(self.broker_params()) as link:
             link.subscribe(str(dest), selector=offer_selector(stream_id or None), browser=True)
             frame = link.get(timeout)
             # A browser ends with an empty end-of-browse message; anything else is an offer.

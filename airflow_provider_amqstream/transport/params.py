@@ -84,6 +84,8 @@ class BrokerParams:
     window: int | None = None
     compression: str | None = None
     network: bool = False
+    # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
+    backend: str = "stomp"
 
     @property
     def url(self) -> str:

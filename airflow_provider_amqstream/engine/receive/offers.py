@@ -32,7 +32,7 @@ from airflow_provider_amqstream.engine.receive import inline
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.session import StompLink
+from airflow_provider_amqstream.transport.link import Link
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Offers:
     :param opts: the receive options (back-off, events).
     """
 
-    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
+    def __init__(self, link: Link, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
         self.link, self.dest, self.stream_id, self.opts = link, dest, stream_id, opts
         self.sub: str | None = None
         # Inline offers (small files in their offer) come through a second subscription with

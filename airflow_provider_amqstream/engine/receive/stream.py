@@ -30,7 +30,7 @@ from airflow_provider_amqstream.engine.records import TransferResult, open_priva
 from airflow_provider_amqstream.exceptions import StreamError, StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import Verdict
-from airflow_provider_amqstream.transport.session import StompLink
+from airflow_provider_amqstream.transport.link import Link
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
-    def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,
+    def __init__(self, link: Link, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
                  handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "") -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
@@ -399,7 +399,7 @@ class StreamReceiver:
 
 
 
-def drain_queue(link: StompLink, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:
+def drain_queue(link: Link, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:
     """Take whatever is left on ``queue`` until it stays quiet for ``quiet`` seconds (at
     most ``limit`` seconds in all): acknowledge it (repeats of a published stream) or
     refuse it (a quarantined stream's chunks; the broker moves them to its DLQ).

@@ -21,8 +21,8 @@ from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.protocol.state import SenderState
+from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def send_handshake_attempt(params: BrokerParams, src: Path, dest: p.Destination,
         save()
     data_dest = dest.data_queue(sid)
     sent = 0
-    with StompLink(params, client_id=f"amqs-send-{sid}-{os.getpid()}") as link:
+    with open_link(params, client_id=f"amqs-send-{sid}-{os.getpid()}") as link:
         link.subscribe(dest.control_queue(sid), ack="auto", prefetch=64)
         if not state.offer_sent:
             # Nobody can answer an offer that does not exist yet: whatever waits on the
