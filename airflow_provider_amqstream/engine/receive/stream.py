@@ -285,6 +285,7 @@ class StreamReceiver:
             quiet_since = time.monotonic() - max(0.0, opts.idle_timeout - FIRST_LOOK)
         written = 0
         last_progress = 0.0
+        progress_since: float | None = None
         while not state.complete:
             # Whatever waits in the broker arrives within a moment of subscribing, so a
             # stream silent since before this run gets a short look, not a whole timeout.
@@ -312,16 +313,13 @@ class StreamReceiver:
                     f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
                     f"{spec.size}; is the sender still running? The partial data is kept and the stream is "
                     "tried again later (a re-run of the sender continues it).")
-            if time.monotonic() - quiet_since > opts.idle_timeout:
-                # Only progress counts as a live sender: corrupt chunks, repeats or another
-                # user's chunks trickled forever would otherwise hold the stream (and the
-                # queue behind it) for as long as they come.
-                raise StreamStalled(
-                    f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
-                    f"{spec.size} ({self.rejected} corrupt and {self.forged} foreign chunks refused meanwhile); the "
-                    "partial data is kept and the stream is tried again later.")
+            # Only progress counts as a live sender: corrupt chunks, repeats or another user's
+            # chunks trickled for ever would otherwise hold the stream (and the queue behind
+            # it) for as long as they come. The clock starts at this run's first message.
+            progress_since = progress_since or time.monotonic()
             if self.sender and p.sender_of(frame.headers) != self.sender:
                 self._refuse_foreign(frame)
+                self._check_progress(progress_since)
                 continue
             try:
                 d = state.decide(frame.headers, frame.body)
@@ -329,7 +327,10 @@ class StreamReceiver:
                 self.refused.append(frame)
                 raise Poisoned(str(exc), self.offset) from None
             if d.verdict in (Verdict.WRITE, Verdict.END):
+                quiet_since = progress_since = time.monotonic()
+            else:
                 quiet_since = time.monotonic()
+                self._check_progress(progress_since)
             if d.verdict is Verdict.CORRUPT and self.reply_to:
                 # A live sender can resend it: drop this copy (to the DLQ) and ask again.
                 self.rejected += 1
@@ -366,6 +367,13 @@ class StreamReceiver:
         if opts.progress:
             opts.progress(spec.size, spec.size)
         return written
+
+    def _check_progress(self, since: float) -> None:
+        if time.monotonic() - since > self.opts.idle_timeout:
+            raise StreamStalled(
+                f"{self.what}: no new data for {self.opts.idle_timeout:.0f}s at byte "
+                f"{self.file.state.contiguous_bytes} of {self.spec.size} ({self.rejected} corrupt and {self.forged} "
+                "foreign chunks refused meanwhile); the partial data is kept and the stream is tried again later.")
 
     def _refuse_foreign(self, frame: Any) -> None:
         """A chunk on this stream's queue that its sender did not send: to the DLQ."""
