@@ -293,11 +293,10 @@ class MemoryLink:
             while True:
                 if self.lost:
                     raise ConnectionLost(f"connection to {self.params.url} was lost")
-                for sub in subs or (None,):
-                    for frame in self.inbox:
-                        if sub is None or frame.headers.get("subscription") == sub:
-                            self.inbox.remove(frame)
-                            return frame
+                for frame in self.inbox:  # the earliest arrival first, as the STOMP link does
+                    if subs is None or frame.headers.get("subscription") in subs:
+                        self.inbox.remove(frame)
+                        return frame
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
