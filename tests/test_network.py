@@ -174,7 +174,7 @@ def test_a_watcher_at_site_b_sees_a_stream_waiting_at_site_a_when_told_it_is_net
     connection marked ``network``, each look first draws waiting offers to this broker."""
     from dataclasses import replace
 
-    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+    from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 
     src = make_file(tmp_path / "waiting.bin", 200_000, seed=7)
     send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="waits-at-a", mode="atomic")
