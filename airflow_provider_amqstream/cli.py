@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_amqstream import __version__
+from airflow_provider_amqstream.exceptions import AmqStreamError
 
 if TYPE_CHECKING:
     from airflow_provider_amqstream.transport.params import BrokerParams
@@ -283,10 +284,10 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def cmd_test_connection(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.transport.session import StompLink
+    from airflow_provider_amqstream.transport.link import open_link
 
     params = _params(args)
-    with StompLink(params) as link:
+    with open_link(params) as link:
         link.round_trip()
     print(f"ok: connected to {params.url} and received a receipt")
     return 0
@@ -403,11 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     try:
         return args.func(args)
-    # Our errors all derive from these (BrokerError and StreamError from RuntimeError,
-    # ProtocolError from ValueError, TransportError from OSError, ConnectionNotFound from
-    # LookupError) and already say what failed and what to do; naming the classes here
-    # would import every module for every command.
-    except (ValueError, OSError, RuntimeError, LookupError) as exc:
+    # Ours say what failed and what to do; OSError is the file system's (a path that is
+    # not there). Anything else is a bug, shown with its traceback.
+    except (AmqStreamError, OSError) as exc:
         print(f"amqstream: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

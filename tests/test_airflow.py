@@ -305,7 +305,7 @@ def test_deferrable_sensor_completes(airflow_db: Path, broker: EmbeddedBroker, t
     record = tmp_path / "recv.json"
     # dag.test() runs the trigger in this process: watch it poll, then send.
     polled = threading.Event()
-    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+    from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 
     real = OfferBrowser.look
 

@@ -16,10 +16,10 @@ import pytest
 
 from airflow_provider_amqstream.broker.auth import acl_entries
 from airflow_provider_amqstream.broker.embedded import BrokerError, EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.exceptions import AccessDenied, StreamError
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import Receiver, cli, free_port, make_file, sha256_file

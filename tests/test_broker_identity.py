@@ -20,14 +20,14 @@ import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import send_file, send_files
+from airflow_provider_amqstream.engine.receive.browse import Offer, OfferBrowser, parse_visible_offer
+from airflow_provider_amqstream.exceptions import AccessDenied
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
-from airflow_provider_amqstream.triggers.offers import Offer, OfferBrowser, parse_visible_offer
 from tests.helpers import browse, free_port, make_file
 
 QUEUE = "/queue/ident"

@@ -317,7 +317,7 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
     import collections
 
     from airflow_provider_amqstream.engine.send import bulk
-    from airflow_provider_amqstream.transport.errors import DestinationFull
+    from airflow_provider_amqstream.exceptions import DestinationFull
 
     files = tree(tmp_path / "src", 12)
     real, calls = bulk._Ctx.run, []
@@ -344,9 +344,8 @@ def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerPa
     the cause."""
     import threading
 
-    from airflow_provider_amqstream.engine.records import StreamError
     from airflow_provider_amqstream.engine.send import bulk
-    from airflow_provider_amqstream.transport.errors import DestinationFull
+    from airflow_provider_amqstream.exceptions import DestinationFull, StreamError
 
     tree(tmp_path / "src", 3)
     attempts: list[int] = []

@@ -116,7 +116,8 @@ def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerPa
 
 def test_checkpoint_exists_before_the_first_message(params: BrokerParams, tmp_path: Path, queue_name: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_amqstream.engine import FileCheckpoint, StreamError, checkpoint_name, default_state_dir
+    from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
+    from airflow_provider_amqstream.exceptions import StreamError
     from airflow_provider_amqstream.transport.session import StompLink
 
     src = make_file(tmp_path / "f.bin", 10_000)

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamError, StreamNoRoom, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import make_file, sha256_file
 

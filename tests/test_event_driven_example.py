@@ -56,7 +56,7 @@ def test_event_driven_run_receives_exactly_its_streams(airflow_db: Path, params:
         assert sha256_file(tmp_path / "received" / "events" / name) == sha256_file(tmp_path / name)
     summaries = sorted(p.parent.name for p in (tmp_path / "parquet" / "events").glob("*/_amqstream_summary.json"))
     assert summaries == ["evt-0", "evt-2"]
-    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+    from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 
     browser = OfferBrowser(params, queue + ".events")
     try:

@@ -21,12 +21,14 @@ import pytest
 import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamStalled, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
+from airflow_provider_amqstream.exceptions import StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers import offers as offers_mod
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
-from airflow_provider_amqstream.triggers.offers import OfferBrowser
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 from tests.conftest import ROOT
 from tests.helpers import browse, make_file, play
@@ -44,7 +46,7 @@ def conn(uri: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts looks and STOMP sessions opened by watchers."""
     counts = {"looks": 0, "opens": 0}
-    real_look, real_open = OfferBrowser.look, offers_mod.StompLink.open
+    real_look, real_open = OfferBrowser.look, StompLink.open
 
     def look(self: OfferBrowser, *a: Any, **k: Any) -> Any:
         counts["looks"] += 1
@@ -56,7 +58,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return real_open(self)
 
     monkeypatch.setattr(OfferBrowser, "look", look)
-    monkeypatch.setattr(offers_mod.StompLink, "open", open_)
+    monkeypatch.setattr(StompLink, "open", open_)
     return counts
 
 

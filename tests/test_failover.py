@@ -56,7 +56,7 @@ def test_a_long_send_that_loses_the_broker_gets_the_whole_reconnect_timeout(
 
     from airflow_provider_amqstream.engine import records
     from airflow_provider_amqstream.engine.send import stream as sending
-    from airflow_provider_amqstream.transport.errors import ConnectionLost
+    from airflow_provider_amqstream.exceptions import ConnectionLost
 
     src = make_file(tmp_path / "long.bin", 3 * 2**20 + 5, seed=3)
     clock = [0.0]

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import StreamError, TransferResult, send_file
+from airflow_provider_amqstream.engine import TransferResult, send_file
+from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink

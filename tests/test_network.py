@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.broker.network import NetworkConfig, NetworkError, connectors_xml
+from airflow_provider_amqstream.broker.network import NetworkConfig, connectors_xml
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.exceptions import AccessDenied, NetworkError
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import free_port, make_file, play, sha256_file, wait_for
@@ -174,7 +174,7 @@ def test_a_watcher_at_site_b_sees_a_stream_waiting_at_site_a_when_told_it_is_net
     connection marked ``network``, each look first draws waiting offers to this broker."""
     from dataclasses import replace
 
-    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+    from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 
     src = make_file(tmp_path / "waiting.bin", 200_000, seed=7)
     send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="waits-at-a", mode="atomic")

@@ -141,7 +141,7 @@ def test_a_stream_asked_for_by_id_comes_with_its_pack(params: BrokerParams, tmp_
 @pytest.mark.broker
 def test_a_watcher_sees_each_packed_stream_as_an_offer(params: BrokerParams, tmp_path: Path,
                                                       queue_name: str) -> None:
-    from airflow_provider_amqstream.triggers.offers import OfferBrowser
+    from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 
     sent = send_files(params, _small_files(tmp_path), queue_name)
     ids = [r.stream_id for r in sent.results]

@@ -20,19 +20,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import (
-    ReceiveOptions,
-    StreamError,
-    StreamQuarantined,
-    StreamStalled,
-    TransferResult,
-    receive_stream,
-    receive_streams,
-    send_file,
-)
+from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream, receive_streams, send_file
 from airflow_provider_amqstream.engine.receive.stream import consumer_name
+from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled, TransportError
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file, wait_for
 

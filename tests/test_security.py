@@ -13,8 +13,8 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.hooks.connection import params_from_uri
-from airflow_provider_amqstream.transport.errors import TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import free_port, make_file, sha256_file

@@ -10,13 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.engine import (
-    ReceiveOptions,
-    StreamError,
-    StreamQuarantined,
-    receive_stream,
-    send_file,
-)
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink

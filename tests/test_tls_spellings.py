@@ -14,9 +14,9 @@ from urllib.parse import quote
 
 import pytest
 
+from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.hooks import connection as c
 from airflow_provider_amqstream.transport.connection import tls_context
-from airflow_provider_amqstream.transport.errors import TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 SECRET = "pw-S3cr3t"

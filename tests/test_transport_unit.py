@@ -199,7 +199,8 @@ def test_a_content_length_in_other_digits_closes_instead_of_crashing() -> None:
 
 
 def test_a_flow_control_refusal_is_a_full_destination_said_once() -> None:
-    from airflow_provider_amqstream.transport.errors import DestinationFull, TransportError, reported
+    from airflow_provider_amqstream.exceptions import DestinationFull, TransportError
+    from airflow_provider_amqstream.transport.errors import reported
 
     params = params_from_uri("stomp://127.0.0.1:61613")
     inbox = Inbox()

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import SplitResult
 
-from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT, Destination, ProtocolError
+from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT, Destination
 
 SCHEME = "amqstream"
 

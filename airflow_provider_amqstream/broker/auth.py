@@ -9,11 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_amqstream.broker.network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
-from airflow_provider_amqstream.protocol.wire import Destination, ProtocolError
-
-
-class BrokerError(RuntimeError):
-    """The embedded broker cannot start, stop or be configured; the message says why."""
+from airflow_provider_amqstream.exceptions import BrokerError, ProtocolError
+from airflow_provider_amqstream.protocol.wire import Destination
 
 
 def xml_attr(value: str) -> str:

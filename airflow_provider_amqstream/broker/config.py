@@ -22,15 +22,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.broker.auth import (
-    USER_NAME,
-    BrokerError,
-    auth_plugins,
-    parse_grant,
-    xml_attr,
-)
+from airflow_provider_amqstream.broker.auth import USER_NAME, auth_plugins, parse_grant, xml_attr
 from airflow_provider_amqstream.broker.network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
 from airflow_provider_amqstream.broker.process import keytool_binary
+from airflow_provider_amqstream.exceptions import BrokerError
 
 DEFAULT_USER = "amqstream"
 # Where, below the data directory, the secrets live (all mode 0600).

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_amqstream.broker.auth import BrokerError
 from airflow_provider_amqstream.broker.config import (
     CA_FILE,
     CREDENTIALS_FILE,
@@ -49,6 +48,7 @@ from airflow_provider_amqstream.broker.process import (
     terminate,
     wait_ready,
 )
+from airflow_provider_amqstream.exceptions import BrokerError
 from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT
 
 

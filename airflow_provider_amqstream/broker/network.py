@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.protocol.wire import Destination, ProtocolError
+from airflow_provider_amqstream.exceptions import NetworkError, ProtocolError
+from airflow_provider_amqstream.protocol.wire import Destination
 
 BRIDGE_GROUP = "amqs-bridge"
 # Every advisory topic. Only the bridge (and the administrator) may read or write them.
@@ -38,10 +39,6 @@ ADVISORY_PATTERN = "ActiveMQ.Advisory.>"
 DEFAULT_BRIDGE_USER = "amqs-bridge"
 NETWORK_FILE = "network.json"
 _URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
-
-
-class NetworkError(ValueError):
-    """A network option that cannot work; the message names the option and the value."""
 
 
 def parse_peer(text: str) -> str:

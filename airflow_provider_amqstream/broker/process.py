@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from airflow_provider_amqstream.broker.auth import BrokerError
+from airflow_provider_amqstream.exceptions import BrokerError
 
 JAVA_OPENS = [
     "--add-reads=java.xml=java.logging",

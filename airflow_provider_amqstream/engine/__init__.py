@@ -23,18 +23,20 @@ from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Checkpoint,
     FileCheckpoint,
-    StreamError,
     StreamFailure,
-    StreamNoRoom,
-    StreamQuarantined,
-    StreamStalled,
-    StreamYielded,
     TransferResult,
     default_state_dir,
 )
 from airflow_provider_amqstream.engine.send.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
 from airflow_provider_amqstream.engine.send.bulk import send_files
 from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, send_file
+from airflow_provider_amqstream.exceptions import (
+    StreamError,
+    StreamNoRoom,
+    StreamQuarantined,
+    StreamStalled,
+    StreamYielded,
+)
 
 __all__ = [
     "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "find_manifest",

@@ -18,38 +18,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from airflow_provider_amqstream.exceptions import StreamError
+
 log = logging.getLogger(__name__)
 
 STATE_DIR_NAME = ".amqstream"
-
-
-class StreamError(RuntimeError):
-    """A stream cannot be completed as it is; the text names stream, offset and remedy.
-    ``failure`` is set when a receiver handled it (quarantined or yielded the stream)."""
-
-    failure: StreamFailure | None = None
-
-
-class StreamYielded(StreamError):
-    """The stream cannot go on now but may later: its partial data is kept and it gives up
-    its place in the queue, so the streams behind it are received meanwhile."""
-
-
-class StreamStalled(StreamYielded):
-    """Nothing arrived for the idle timeout; re-running continues where it stopped."""
-
-
-class StreamNoRoom(StreamYielded):
-    """The stream does not fit the output directory's free space (less the reserve)."""
-
-
-class StreamQuarantined(StreamError):
-    """The stream can never succeed (integrity failure, protocol violation, over a limit,
-    reused id): its offer and remaining chunks were moved to a quarantine queue."""
-
-    def __init__(self, message: str, failure: StreamFailure) -> None:
-        super().__init__(message)
-        self.failure = failure
 
 
 @dataclass

@@ -1,25 +1,60 @@
 """AmqStreamHook: the Airflow connection and the whole transfer, in one place.
 
-Operators and sensors stay thin: they validate arguments, call :meth:`send_file` or
-:meth:`receive_stream`, and publish results. The hook never touches the network in
-``__init__``; each call opens its own STOMP session, so a retry or a reconnect
-always starts from a fresh socket.
+Operators, sensors and triggers stay thin: they validate arguments through it, call its
+transfers with explicit keywords (:meth:`send_file`, :meth:`send_files`,
+:meth:`receive_streams`, :meth:`drain`, :meth:`offer_browser`), and publish results. The
+hook never touches the network in ``__init__``; each call opens its own session, so a
+retry or a reconnect always starts from a fresh socket.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import engine
+from airflow_provider_amqstream.engine import (
+    BatchFile,
+    BatchStatus,
+    BulkResult,
+    FileCheckpoint,
+    FileFailure,
+    ReceiveOptions,
+    StreamFailure,
+    TransferResult,
+    checkpoint_name,
+    collect_files,
+    default_state_dir,
+    default_stream_id,
+)
+from airflow_provider_amqstream.engine.progress import ProgressMeter
+from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
+from airflow_provider_amqstream.engine.records import Checkpoint
+from airflow_provider_amqstream.exceptions import AmqStreamError, StreamError
 from airflow_provider_amqstream.hooks import connection
-from airflow_provider_amqstream.protocol.wire import Destination, offer_selector
-from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
+
+# What the Airflow layers (operators, sensors, triggers) use, all from here: they import
+# the hook and nothing below it (import-linter holds them to it).
+__all__ = [
+    "DEFAULT_RECEIVE_BATCH", "ENCODINGS", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
+    "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "StreamFailure",
+    "TransferResult", "checkpoint_name", "default_state_dir",
+]
+DEFAULT_RECEIVE_BATCH = p.DEFAULT_RECEIVE_BATCH
+ENCODINGS = p.ENCODINGS
+MAX_CHUNK_SIZE = p.MAX_CHUNK_SIZE
+MODES = tuple(m.value for m in p.Mode)
 
 log = logging.getLogger(__name__)
 
@@ -74,54 +109,168 @@ class AmqStreamHook(BaseHook):
             return embedded
         return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}").broker_params()
 
-    def get_conn(self) -> StompLink:
+    def get_conn(self) -> Link:
         """A new, open STOMP session. The caller closes it (or uses ``with``)."""
-        return StompLink(self.broker_params()).open()
+        return open_link(self.broker_params()).open()
 
     def test_connection(self) -> tuple[bool, str]:
         """Connect, prove a round trip with a receipt, disconnect."""
         try:
             params = self.broker_params()
-            with StompLink(params) as link:
+            with open_link(params) as link:
                 link.round_trip()
-        except (TransportError, ValueError) as exc:
+        except AmqStreamError as exc:
             return False, str(exc)
         return True, f"Connected to {params.url} and received a receipt"
 
-    # -- transfers ---------------------------------------------------------------
-    def send_file(self, path: str | os.PathLike[str], destination: str, **kwargs: Any) -> engine.TransferResult:
-        """Send a file as a stream; see :func:`airflow_provider_amqstream.engine.send_file`."""
-        return engine.send_file(self.broker_params(), path, destination, **kwargs)
+    # -- checks (no network) ----------------------------------------------------
+    @staticmethod
+    def check_destination(text: str) -> str:
+        """``text`` as ``/queue/NAME`` or ``/topic/NAME``, or ProtocolError saying what is wrong."""
+        return str(p.Destination.parse(text))
 
-    def send_files(self, files: Any, destination: str, **kwargs: Any) -> engine.BulkResult:
-        """Send many files over one connection; see :func:`airflow_provider_amqstream.engine.send_files`."""
-        return engine.send_files(self.broker_params(), files, destination, **kwargs)
+    @staticmethod
+    def check_stream_id(stream_id: str) -> str:
+        """``stream_id`` if valid, or ProtocolError saying what is wrong."""
+        return p.validate_stream_id(stream_id)
+
+    @staticmethod
+    def default_stream_id(path: str | os.PathLike[str], destination: str) -> str:
+        """The stream id a file gets by default: the same for a re-run, so it resumes."""
+        return default_stream_id(path, destination)
+
+    @staticmethod
+    def collect_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
+        """The files ``paths`` name (files, directories, globs), each with its directory."""
+        return collect_files(paths, recursive=recursive)
+
+    @staticmethod
+    def received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, Any] | None:
+        """The completion record of ``stream_id`` in ``out_dir``, or None."""
+        return engine.find_received(out_dir, stream_id)
+
+    @staticmethod
+    def claimed(out_dir: str | os.PathLike[str], claim: str) -> list[dict[str, Any]]:
+        """Completion records of the streams ``claim`` took in ``out_dir``, oldest first."""
+        return engine.find_claimed(out_dir, claim)
+
+    @staticmethod
+    def manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
+        """The manifest of ``batch_id`` (of ``sender``) once complete in ``out_dir``, else None."""
+        return engine.find_manifest(out_dir, batch_id, sender)
+
+    # -- transfers ---------------------------------------------------------------
+    def send_file(self, path: str | os.PathLike[str], destination: str, *, stream_id: str | None = None,
+                  name: str | None = None, chunk_size: int | None = None, window: int | None = None,
+                  mode: str = "stream", compression: str | None = None, checkpoint: Checkpoint | None = None,
+                  restart: bool = False, progress: Callable[[int, int], None] | None = None,
+                  reconnect_timeout: float = 120.0, subdir: str = "") -> TransferResult:
+        """Send a file as a stream, resuming from ``checkpoint``; see
+        :func:`airflow_provider_amqstream.engine.send_file` for every argument."""
+        return engine.send_file(self.broker_params(), path, destination, stream_id=stream_id, name=name,
+                                chunk_size=chunk_size, window=window, mode=mode, compression=compression,
+                                checkpoint=checkpoint, restart=restart, progress=progress,
+                                reconnect_timeout=reconnect_timeout, subdir=subdir)
+
+    def send_files(self, files: Sequence[str | os.PathLike[str] | BatchFile], destination: str, *,
+                   batch_id: str | None = None, chunk_size: int | None = None, window: int | None = None,
+                   mode: str = "stream", compression: str | None = None, fail_fast: bool = False,
+                   manifest: bool = False, pack: bool = True, progress: Callable[[BatchStatus], None] | None = None,
+                   on_failure: Callable[[FileFailure], None] | None = None,
+                   checkpoint_for: Callable[[str], Checkpoint] | None = None,
+                   ledger_flush: Callable[[list[str]], None] | None = None, ledger_seed: Iterable[str] = (),
+                   reconnect_timeout: float = 120.0) -> BulkResult:
+        """Send many files over one connection; see
+        :func:`airflow_provider_amqstream.engine.send_files` for every argument."""
+        return engine.send_files(self.broker_params(), files, destination, batch_id=batch_id, chunk_size=chunk_size,
+                                 window=window, mode=mode, compression=compression, fail_fast=fail_fast,
+                                 manifest=manifest, pack=pack, progress=progress, on_failure=on_failure,
+                                 checkpoint_for=checkpoint_for, ledger_flush=ledger_flush, ledger_seed=ledger_seed,
+                                 reconnect_timeout=reconnect_timeout)
 
     def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
-                       options: engine.ReceiveOptions | None = None) -> engine.TransferResult | None:
+                       options: ReceiveOptions | None = None) -> TransferResult | None:
         """Receive one stream; see :func:`airflow_provider_amqstream.engine.receive_stream`."""
         return engine.receive_stream(self.broker_params(), source, out_dir, stream_id=stream_id, options=options)
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
-                        stream_id: str | None = None, options: engine.ReceiveOptions | None = None,
-                        on_failure: Any = None, stop_after: float | None = None) -> list[engine.TransferResult]:
+                        stream_id: str | None = None, options: ReceiveOptions | None = None,
+                        on_failure: Callable[[StreamFailure], None] | None = None,
+                        stop_after: float | None = None) -> list[TransferResult]:
         """Receive streams over one connection, going on past streams that fail (each is
         quarantined or yields its place, and reported to ``on_failure``); see
         :func:`airflow_provider_amqstream.engine.receive_streams`."""
         return engine.receive_streams(self.broker_params(), source, out_dir, count=count, stream_id=stream_id,
                                       options=options, on_failure=on_failure, stop_after=stop_after)
 
+    def drain(self, source: str, out_dir: str | os.PathLike[str], *, options: ReceiveOptions,
+              count: int | None = None, batch_id: str | None = None, batch_sender: str | None = None,
+              deadline: float = 3600.0, claim: str | None = None,
+              on_failure: Callable[[StreamFailure], None] | None = None) -> Drained:
+        """Receive until ``count`` streams arrived, until the manifest of ``batch_id`` is
+        written, until ``options.wait_timeout`` passes with no offer (without a batch), or
+        until ``deadline`` seconds. Streams ``claim`` took in earlier tries count first.
+
+        Raises :class:`StreamError` when a batch is not complete by the deadline.
+
+        :param source: the destination to receive from.
+        :param out_dir: the output directory.
+        :param options: the receive options (their ``wait_timeout`` is the quiet time that ends a drain).
+        :param count: how many streams in all (None: no limit).
+        :param batch_id: stop once this batch's manifest is written.
+        :param batch_sender: the user whose batch it is (None: whoever, if only one).
+        :param deadline: seconds in all.
+        :param claim: the taker recorded with each stream (an Airflow task instance).
+        :param on_failure: called with each stream quarantined or yielded.
+        """
+        files = self.claimed(out_dir, claim) if claim else []
+        until = time.monotonic() + deadline
+        manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
+        while (count is None or len(files) < count) and manifest is None:
+            left = until - time.monotonic()
+            # With a batch to wait for, look for its manifest every few seconds.
+            wait = min(options.wait_timeout or 5.0, 5.0, max(left, 0.1)) if batch_id else options.wait_timeout
+            got = self.receive_streams(source, out_dir, count=None if count is None else count - len(files),
+                                       options=dataclasses.replace(options, wait_timeout=wait, claim=claim),
+                                       on_failure=on_failure, stop_after=max(left, 0.0))
+            files += [r.to_json() for r in got]
+            manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
+            if manifest is not None or (count is not None and len(files) >= count):
+                break
+            if time.monotonic() >= until:
+                if batch_id:
+                    raise StreamError(f"batch {batch_id} was not complete in {out_dir} after {deadline:.0f}s "
+                                      f"({len(files)} streams received); its manifest is written once every "
+                                      "listed file is in")
+                break
+            if not batch_id and not got:
+                break
+        return Drained(files, manifest)
+
+    def offer_browser(self, source: str, *, browse_timeout: float = 30.0) -> OfferBrowser:
+        """A watcher of the offers on ``source`` over one kept session (blocking: call it from
+        a thread in a trigger); it opens its session on the first look."""
+        return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
+
     def offer_waiting(self, source: str, *, stream_id: str | None = None, timeout: float = 2.0) -> bool:
         """Whether a stream is offered on ``source`` right now (alone or in a pack), without taking it.
 
         Uses a queue browser, so nothing is consumed: cheap enough for a trigger to poll.
         """
-        dest = Destination.parse(source)
-        with StompLink(self.broker_params()) as link:
-            link.subscribe(str(dest), selector=offer_selector(stream_id or None), browser=True)
+        dest = p.Destination.parse(source)
+        with open_link(self.broker_params()) as link:
+            link.subscribe(str(dest), selector=p.offer_selector(stream_id or None), browser=True)
             frame = link.get(timeout)
             # A browser ends with an empty end-of-browse message; anything else is an offer.
             return frame is not None and frame.headers.get("browser") != "end"
+
+
+@dataclass
+class Drained:
+    """What :meth:`AmqStreamHook.drain` received: each stream's record, and the batch's manifest."""
+
+    files: list[dict[str, Any]]
+    manifest: Path | None
 
 
 def _mask(secret: str | None) -> None:

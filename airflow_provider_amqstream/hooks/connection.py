@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from airflow_provider_amqstream.exceptions import ConfigurationError, ConnectionNotFound
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,6 @@ EXTRA_KEY = "__extra__"
 # alone means TLS. Any other scheme is refused: ActiveMQ's own connector schemes
 # (``stomp+nio+ssl``, ``ssl``) read as unknown types would otherwise mean plain text.
 SCHEMES: dict[str, bool] = {"amqstream": False, "stomp": False, "amqstream+ssl": True, "stomp+ssl": True}
-
-
-class ConnectionNotFound(LookupError):
-    """No connection of that id anywhere we looked; the message says how to make one."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ def scheme_tls(conn_type: str | None, where: str = "connection") -> bool:
         return SCHEMES[conn_type.lower()]
     except KeyError:
         accepted = ", ".join(f"{name}://" for name in SCHEMES)
-        raise ValueError(f"{where}: connection type (URI scheme) {conn_type[:40]!r} is not an amqstream one; "
+        raise ConfigurationError(f"{where}: connection type (URI scheme) {conn_type[:40]!r} is not an amqstream one; "
                          f"accepted: {accepted} (the +ssl ones mean TLS; the others use TLS with the extra "
                          "tls=true)") from None
 
@@ -116,9 +113,9 @@ def _decode_extra(raw: Any, where: str) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         # Airflow logs this and carries on with no extra at all; silently losing TLS or
         # failover settings would be worse than stopping here.
-        raise ValueError(f"{where}: the extra is not valid JSON ({exc})") from None
+        raise ConfigurationError(f"{where}: the extra is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{where}: the extra must be a JSON object, got {type(value).__name__}")
+        raise ConfigurationError(f"{where}: the extra must be a JSON object, got {type(value).__name__}")
     return value
 
 
@@ -134,15 +131,15 @@ def parse_json(value: str, conn_id: str, where: str = "connection") -> ConnField
     try:
         data = json.loads(value)
     except ValueError as exc:
-        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+        raise ConfigurationError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: a JSON connection must be an object")
+        raise ConfigurationError(f"{where}: a JSON connection must be an object")
     port = data.get("port")
     if port not in (None, ""):
         try:
             port = int(port)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: expected an integer port, got {port!r}") from None
+            raise ConfigurationError(f"{where}: expected an integer port, got {port!r}") from None
     return ConnFields(conn_id=conn_id, conn_type=_normalize_conn_type(data.get("conn_type")),
                       host=data.get("host") or None, port=port or None, login=data.get("login"),
                       password=data.get("password"), schema=data.get("schema"),
@@ -161,7 +158,7 @@ def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
     rest = uri.split("://", 1)[-1]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     if "@" in rest[len(authority):]:
-        raise ValueError(f"{where}: the user or password contains '/', '?', '#' or '@' that must be "
+        raise ConfigurationError(f"{where}: the user or password contains '/', '?', '#' or '@' that must be "
                          "percent-encoded (%2F, %3F, %23, %40); the URI is not shown because it holds a password")
 
 
@@ -193,7 +190,7 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
     """
     schemes = uri.count("://")
     if schemes == 0 or schemes > 2:
-        raise ValueError(f"{where}: not a connection URI (expected amqstream://[user:password@]host:port)")
+        raise ConfigurationError(f"{where}: not a connection URI (expected amqstream://[user:password@]host:port)")
     with_protocol = schemes == 2
     check_uri_credentials(uri, where)
     conn_type = urlsplit(uri).scheme
@@ -201,7 +198,7 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
     if with_protocol:
         first = rest.split("://", 1)[0]
         if "@" in first or ":" in first:
-            raise ValueError(f"{where}: invalid connection URI")
+            raise ConfigurationError(f"{where}: invalid connection URI")
     parts = urlsplit(rest)
     try:
         port = parts.port
@@ -209,7 +206,7 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
         # urllib's message quotes the text after the last ':', which may be a password.
         hint = (" (brokers with ports of their own go in the extra: ?hosts=mq1:61613,mq2:61614)"
                 if "," in parts.netloc else "")
-        raise ValueError(f"{where}: the port is not a number from 0 to 65535{hint}") from None
+        raise ConfigurationError(f"{where}: the port is not a number from 0 to 65535{hint}") from None
     host = _uri_hostname(parts)
     if host and with_protocol:
         host = f"{parts.scheme}://{host}"
@@ -242,7 +239,7 @@ def parse_connection(value: str, conn_id: str, where: str = "connection") -> Con
     """
     value = value.strip()
     if not value:
-        raise ValueError(f"{where} is empty")
+        raise ConfigurationError(f"{where} is empty")
     if value.startswith("{"):
         return parse_json(value, conn_id, where)
     return parse_uri(value, conn_id, where)
@@ -265,7 +262,7 @@ def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | No
     try:
         parser.read(cfg)
     except configparser.Error as exc:
-        raise ValueError(f"{cfg}: cannot be read as Airflow's configuration ({exc})") from None
+        raise ConfigurationError(f"{cfg}: cannot be read as Airflow's configuration ({exc})") from None
     for section, key in (("secrets", "backend"), ("workers", "secrets_backend")):
         value = parser.get(section, key, fallback="").strip()
         if value:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
-from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.hooks.amqstream import BrokerParams, FileCheckpoint, checkpoint_name, default_state_dir
 
 
 class TaskStateCheckpoint:

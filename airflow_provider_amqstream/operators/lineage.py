@@ -20,8 +20,7 @@ import socket
 from pathlib import Path
 from typing import Any, ClassVar
 
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, BrokerParams
 
 MAX_FILE_DATASETS = 100
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from airflow_provider_amqstream.engine import BatchStatus
-from airflow_provider_amqstream.engine.progress import ProgressMeter
+from airflow_provider_amqstream.hooks.amqstream import BatchStatus, ProgressMeter
 
 
 class LogProgress:

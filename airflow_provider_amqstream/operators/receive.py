@@ -6,19 +6,21 @@ arguments (receive_options) and the report of the streams a receive gave up on
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, find_claimed, find_manifest
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.hooks.amqstream import (
+    DEFAULT_RECEIVE_BATCH,
+    AmqStreamHook,
+    ReceiveOptions,
+    StreamFailure,
+)
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.progress import LogProgress
-from airflow_provider_amqstream.protocol.wire import DEFAULT_RECEIVE_BATCH, Destination, validate_stream_id
 
 
 class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
@@ -87,57 +89,26 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
 
     def execute(self, context: Any) -> dict[str, Any]:
-        Destination.parse(self.source)
+        AmqStreamHook.check_destination(self.source)
         if self.quarantine:
-            Destination.parse(self.quarantine)
+            AmqStreamHook.check_destination(self.quarantine)
         if self.batch_id:
-            validate_stream_id(self.batch_id)
+            AmqStreamHook.check_stream_id(self.batch_id)
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
-        results: list[dict[str, Any]] = find_claimed(self.out_dir, claim) if claim else []
-        if results:
-            self.log.info("%d streams were received into %s by earlier tries of this task; going on from there",
-                          len(results), self.out_dir)
         failed = FailureReport(self.log)
-        until = time.monotonic() + self.deadline
-        manifest = self._manifest()
-        # A retry may find its count reached or its batch complete already.
-        while (self.count is None or len(results) < self.count) and not manifest:
-            left = until - time.monotonic()
-            wanted = None if self.count is None else self.count - len(results)
-            # With a batch to wait for, look for its manifest every few seconds.
-            wait = min(self.wait_timeout, 5.0, max(left, 0.1)) if self.batch_id else self.wait_timeout
-            got = hook.receive_streams(self.source, self.out_dir, count=wanted,
-                                       options=receive_options(self, wait=wait, claim=claim), on_failure=failed,
-                                       stop_after=max(left, 0.0))
-            results += [r.to_json() for r in got]
-            manifest = self._manifest()
-            if manifest is not None:
-                break
-            if self.count is not None and len(results) >= self.count:
-                break
-            if not self.batch_id and (not got or time.monotonic() >= until):
-                if got:
-                    self.log.info("deadline of %.0fs reached; not taking more streams from %s", self.deadline,
-                                  self.source)
-                break
-            if time.monotonic() >= until:
-                raise RuntimeError(f"{self.task_id}: batch {self.batch_id} was not complete in {self.out_dir} "
-                                   f"after {self.deadline:.0f}s ({len(results)} streams received); its manifest "
-                                   "is written once every listed file is in")
+        opts = receive_options(self, wait=self.wait_timeout, claim=claim)
+        drained = hook.drain(self.source, self.out_dir, options=opts, count=self.count, batch_id=self.batch_id,
+                             batch_sender=self.batch_sender, deadline=self.deadline, claim=claim, on_failure=failed)
+        results = drained.files
         self.log.info("received %d streams from %s into %s%s", len(results), self.source, self.out_dir,
-                      f"; manifest {manifest}" if manifest else "")
+                      f"; manifest {drained.manifest}" if drained.manifest else "")
         if self.file_asset_alias:
             emit_file_assets(context, self.file_asset_alias, results, self.log)
         self._amqstream_result = {"files": results, "failed": failed.streams,
-                                  "manifest": str(manifest) if manifest else None, "count": len(results)}
+                                  "manifest": str(drained.manifest) if drained.manifest else None,
+                                  "count": len(results)}
         return self._amqstream_result
-
-
-    def _manifest(self) -> Any:
-        if not self.batch_id:
-            return None
-        return find_manifest(self.out_dir, self.batch_id, self.batch_sender)
 
 
 def receive_options(task: Any, *, wait: float, claim: str | None,

@@ -10,12 +10,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_amqstream.engine import BulkResult, collect_files, default_stream_id
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.hooks.amqstream import ENCODINGS, MAX_CHUNK_SIZE, MODES, AmqStreamHook, BulkResult
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
-from airflow_provider_amqstream.protocol import wire as p
 
 
 class SendStreamOperator(ReportsLineage, BaseOperator):
@@ -66,7 +64,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                  manifest: bool = True, pack: bool = True,
                  stream_id: str | None = None, name: str | None = None,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, chunk_size: int | None = None,
-                 window: int | None = None, mode: str = p.Mode.STREAM.value, compression: str | None = None,
+                 window: int | None = None, mode: str = "stream", compression: str | None = None,
                  reconnect_timeout: float = 120.0,
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -90,8 +88,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
-        p.Destination.parse(self.destination)
-        stream_id = self.stream_id or default_stream_id(src, self.destination)
+        AmqStreamHook.check_destination(self.destination)
+        stream_id = self.stream_id or AmqStreamHook.default_stream_id(src, self.destination)
         hook = AmqStreamHook(self.amqstream_conn_id)
         result = hook.send_file(
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
@@ -110,7 +108,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     def _execute_many(self, context: Any) -> dict[str, Any]:
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
-        files = collect_files([self.path] if isinstance(self.path, str) else list(self.path), recursive=self.recursive)
+        paths = [self.path] if isinstance(self.path, str) else list(self.path)
+        files = AmqStreamHook.collect_files(paths, recursive=self.recursive)
         hook = AmqStreamHook(self.amqstream_conn_id)
         params = hook.broker_params()
         ti = context.get("ti")
@@ -142,14 +141,14 @@ def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, win
     :param window: chunks per broker confirmation, or None for the connection's.
     :param compression: a chunk encoding, or None.
     """
-    if mode not in {m.value for m in p.Mode}:
-        raise ValueError(f"{task_id}: mode must be one of {[m.value for m in p.Mode]}, got {mode!r}")
-    if chunk_size is not None and not 1 <= chunk_size <= p.MAX_CHUNK_SIZE:
-        raise ValueError(f"{task_id}: chunk_size must be in 1..{p.MAX_CHUNK_SIZE}, got {chunk_size}")
+    if mode not in MODES:
+        raise ValueError(f"{task_id}: mode must be one of {list(MODES)}, got {mode!r}")
+    if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        raise ValueError(f"{task_id}: chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
     if window is not None and window < 1:
         raise ValueError(f"{task_id}: window must be at least 1, got {window}")
-    if compression not in (None, *p.ENCODINGS):
-        raise ValueError(f"{task_id}: compression must be one of {p.ENCODINGS} or None, got {compression!r}")
+    if compression not in (None, *ENCODINGS):
+        raise ValueError(f"{task_id}: compression must be one of {ENCODINGS} or None, got {compression!r}")
 
 
 def names_one_file(path: str | list[str]) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_amqstream.exceptions import ProtocolError
 from airflow_provider_amqstream.protocol.paths import safe_subdir
 from airflow_provider_amqstream.protocol.wire import (
     H_CRC,
@@ -38,7 +39,6 @@ from airflow_provider_amqstream.protocol.wire import (
     Destination,
     Kind,
     Mode,
-    ProtocolError,
     StreamSpec,
     crc32,
     int_header,

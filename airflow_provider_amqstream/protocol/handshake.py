@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_amqstream.exceptions import ProtocolError
 from airflow_provider_amqstream.protocol.wire import (
     CONTROL_KINDS,
     H_CONSUMER,
@@ -22,7 +23,6 @@ from airflow_provider_amqstream.protocol.wire import (
     H_STREAM,
     H_TOKEN,
     Kind,
-    ProtocolError,
     StreamSpec,
     int_header,
     kind_of,

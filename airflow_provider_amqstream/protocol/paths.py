@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from airflow_provider_amqstream.protocol.wire import H_DIR, ProtocolError
+from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.protocol.wire import H_DIR
 
 MAX_DIR_BYTES = 1024
 MAX_DIR_DEPTH = 16

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from airflow_provider_amqstream.exceptions import ProtocolError
 from airflow_provider_amqstream.protocol.wire import (
     H_CHUNKS,
     H_CRC,
@@ -30,7 +31,6 @@ from airflow_provider_amqstream.protocol.wire import (
     ChunkCodec,
     Kind,
     Mode,
-    ProtocolError,
     StreamSpec,
     crc32,
     int_header,

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from airflow_provider_amqstream.exceptions import ProtocolError
+
 PROTOCOL_VERSION = 1
 # STOMP's registered port: here, the one layer both the transport and the embedded broker
 # may import (they are independent siblings).
@@ -129,10 +131,6 @@ H_TRUNCATED = "amqs_truncated"
 _STREAM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _DEST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _DIGITS = re.compile(r"[0-9]{1,20}")
-
-
-class ProtocolError(ValueError):
-    """A message or argument breaks the protocol; the text names the stream and field."""
 
 
 class Kind(str, Enum):

@@ -17,13 +17,11 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.engine import TransferResult, find_claimed, find_received
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
 from airflow_provider_amqstream.operators.receive import FailureReport, receive_options
-from airflow_provider_amqstream.protocol.wire import Destination, validate_stream_id
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
 
@@ -98,15 +96,15 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         self.offer_wait = offer_wait
 
     def _validate(self) -> None:
-        Destination.parse(self.source)
+        AmqStreamHook.check_destination(self.source)
         if self.quarantine:
-            Destination.parse(self.quarantine)
+            AmqStreamHook.check_destination(self.quarantine)
         if self.stream_id:
-            validate_stream_id(self.stream_id)
+            AmqStreamHook.check_stream_id(self.stream_id)
 
     def poke(self, context: Any) -> PokeReturnValue:
         self._validate()
-        result = take_stream(self, context, self.offer_wait)
+        result = self.take_stream(context, self.offer_wait)
         if result is None:
             return PokeReturnValue(is_done=False)
         return PokeReturnValue(is_done=True, xcom_value=result.to_json())
@@ -116,7 +114,7 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
             return super().execute(context)
         self._validate()
         # Take a stream that is already there without a round trip through the triggerer.
-        result = take_stream(self, context, 1.0)
+        result = self.take_stream(context, 1.0)
         if result is not None:
             return result.to_json()
         self._defer(context)
@@ -138,7 +136,7 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
             from airflow.providers.common.compat.sdk import AirflowException
 
             raise AirflowException((event or {}).get("message", "trigger ended without an event"))
-        result = take_stream(self, context, 30.0)
+        result = self.take_stream(context, 30.0)
         if result is None:
             # Another consumer took the offer between the trigger's look and ours.
             self.log.info("the offered stream was taken by another receiver, or yielded its place; waiting again")
@@ -147,98 +145,94 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         return result.to_json()
 
 
-def take_stream(sensor: StreamCompleteSensor, context: Any, wait: float) -> TransferResult | None:
-    """Receive ``sensor``'s stream for this try: the one ``out_dir`` already holds for this
-    task, else the next one offered within ``wait`` seconds (None when none was). Kept on
-    the sensor for its lineage and emitted as asset events, with the other files of its
-    pack, which are also reported as XCom ``also_received``.
+    def take_stream(self, context: Any, wait: float) -> TransferResult | None:
+        """This try's stream: the one ``out_dir`` already holds for this task, else the next
+        one offered within ``wait`` seconds (None when none was). Kept for lineage and
+        emitted as asset events, with the other files of its pack, which are also reported
+        as XCom ``also_received``.
 
-    :param sensor: the sensor whose arguments say where and what to receive.
-    :param context: the task's execution context.
-    :param wait: seconds to wait for an offer.
-    """
-    claim = task_claim(context)
-    done = already_received(sensor.out_dir, sensor.stream_id, claim, sensor.log)
-    got = [done] if done is not None else receive_offered(sensor, context, wait, claim)
-    if not got:
-        return None
-    sensor._amqstream_result = got[0].to_json()
-    if sensor.file_asset_alias:
-        emit_file_assets(context, sensor.file_asset_alias, [r.to_json() for r in got], sensor.log)
-    if len(got) > 1:
-        report_pack(got[1:], context.get("ti"), sensor.log)
-    return got[0]
+        :param context: the task's execution context.
+        :param wait: seconds to wait for an offer.
+        """
+        claim = task_claim(context)
+        hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
+        done = self.already_received(hook, claim)
+        got = [done] if done is not None else self.receive_offered(hook, context, wait, claim)
+        if not got:
+            return None
+        self._amqstream_result = got[0].to_json()
+        if self.file_asset_alias:
+            emit_file_assets(context, self.file_asset_alias, [r.to_json() for r in got], self.log)
+        if len(got) > 1:
+            report_pack(got[1:], context.get("ti"), self.log)
+        return got[0]
 
+    def receive_offered(self, hook: AmqStreamHook, context: Any, wait: float,
+                        claim: str | None) -> list[TransferResult]:
+        """The next stream offered within ``wait`` seconds, and the rest of its pack (its
+        stream first); empty when none was offered.
 
-def receive_offered(sensor: StreamCompleteSensor, context: Any, wait: float, claim: str | None) -> list[TransferResult]:
-    """The next stream offered to ``sensor`` within ``wait`` seconds, and the rest of its pack
-    (its stream first); empty when none was offered.
+        Publishes on the way, as XCom, the offset a resumed stream starts at
+        (``resume_offset``) and the other streams on the destination that failed meanwhile
+        (``failed_streams``).
 
-    Publishes on the way, as XCom, the offset a resumed stream starts at (``resume_offset``)
-    and the other streams on the destination that failed meanwhile (``failed_streams``).
+        :param hook: the hook of this poke.
+        :param context: the task's execution context.
+        :param wait: seconds to wait for an offer.
+        :param claim: the task instance's claim (see ``task_claim``).
+        """
+        ti = context.get("ti")
 
-    :param sensor: the sensor whose arguments say where and what to receive.
-    :param context: the task's execution context.
-    :param wait: seconds to wait for an offer.
-    :param claim: the task instance's claim (see ``task_claim``).
-    """
-    hook = AmqStreamHook(sensor.amqstream_conn_id)  # built per poke, never in __init__
-    ti = context.get("ti")
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            if kind == "stream_open" and ti is not None:
+                ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"],
+                                                         "offset": data["resumed_from"]})
+            if kind == "stream_open" and data["resumed_from"]:
+                self.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
 
-    def on_event(kind: str, data: dict[str, Any]) -> None:
-        if kind == "stream_open" and ti is not None:
-            ti.xcom_push(key="resume_offset", value={"stream_id": data["stream_id"],
-                                                     "offset": data["resumed_from"]})
-        if kind == "stream_open" and data["resumed_from"]:
-            sensor.log.info("resuming stream %s at byte %d", data["stream_id"], data["resumed_from"])
+        # Another stream on the destination failed; it was quarantined or yielded its
+        # place, and this sensor keeps waiting for a good one.
+        failures = FailureReport(self.log)
+        opts = receive_options(self, wait=wait, claim=claim, events=on_event)
+        try:
+            got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
+                                       on_failure=failures)
+        finally:
+            if failures.streams and ti is not None:
+                ti.xcom_push(key="failed_streams", value=failures.streams)
+        if got:
+            self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", got[0].stream_id, got[0].path,
+                          got[0].bytes, got[0].sha256)
+        return got
 
-    # Another stream on the destination failed; it was quarantined or yielded its
-    # place, and this sensor keeps waiting for a good one.
-    failures = FailureReport(sensor.log)
-    opts = receive_options(sensor, wait=wait, claim=claim, events=on_event)
-    try:
-        got = hook.receive_streams(sensor.source, sensor.out_dir, count=1, stream_id=sensor.stream_id, options=opts,
-                                   on_failure=failures)
-    finally:
-        if failures.streams and ti is not None:
-            ti.xcom_push(key="failed_streams", value=failures.streams)
-    if got:
-        sensor.log.info("received stream %s -> %s (%d bytes, sha256 %s)", got[0].stream_id, got[0].path,
-                        got[0].bytes, got[0].sha256)
-    return got
+    def already_received(self, hook: AmqStreamHook, claim: str | None) -> TransferResult | None:
+        """The stored result if ``out_dir`` already holds this task's stream, else None.
 
+        With ``stream_id``: that stream's record (a re-run, or a run started for a stream
+        another run took, must not wait for an offer that is gone). Without: the stream an
+        earlier try of this task instance received (its offer was acknowledged, so the
+        retry would otherwise wait for a new one and the received file would never reach
+        the tasks downstream).
 
-def already_received(out_dir: str, stream_id: str | None, claim: str | None,
-                     log: logging.Logger) -> TransferResult | None:
-    """The stored result if ``out_dir`` already holds this task's stream, else None.
-
-    With ``stream_id``: that stream's record (a re-run, or a run started for a stream
-    another run took, must not wait for an offer that is gone). Without: the stream an
-    earlier try of this task instance received (its offer was acknowledged, so the
-    retry would otherwise wait for a new one and the received file would never reach
-    the tasks downstream).
-
-    :param out_dir: the sensor's output directory.
-    :param stream_id: the stream the sensor waits for, or None for any.
-    :param claim: the task instance's claim (see ``task_claim``).
-    :param log: the task's logger.
-    """
-    if stream_id:
-        record = find_received(out_dir, stream_id)
-        why = "was already received"
-    else:
-        claimed = find_claimed(out_dir, claim) if claim else []
-        record = claimed[0] if claimed else None
-        why = "was received by an earlier try of this task"
-    if record is None:
-        return None
-    result = TransferResult.from_json(record)
-    log.info("stream %s %s into %s (%d bytes, sha256 %s); not waiting for it again", result.stream_id, why,
-             result.path, result.bytes, result.sha256)
-    if result.path and not Path(result.path).exists():
-        log.warning("%s is no longer there (moved or deleted since stream %s was received)",
-                    result.path, result.stream_id)
-    return result
+        :param hook: the hook of this poke.
+        :param claim: the task instance's claim (see ``task_claim``).
+        """
+        if self.stream_id:
+            record = hook.received(self.out_dir, self.stream_id)
+            why = "was already received"
+        else:
+            claimed = hook.claimed(self.out_dir, claim) if claim else []
+            record = claimed[0] if claimed else None
+            why = "was received by an earlier try of this task"
+        if record is None:
+            return None
+        result = TransferResult.from_json(record)
+        self.log.info("stream %s %s into %s (%d bytes, sha256 %s); not waiting for it again", result.stream_id, why,
+                      result.path, result.bytes, result.sha256)
+        if result.path and not Path(result.path).exists():
+            self.log.warning("%s is no longer there (moved or deleted since stream %s was received)",
+                             result.path, result.stream_id)
+        return result
 
 
 def report_pack(others: list[TransferResult], ti: Any, log: logging.Logger) -> None:

@@ -22,7 +22,7 @@ from stomp.protocol import Protocol12
 from stomp.transport import Transport
 from stomp.utils import Frame, PollableQueue
 
-from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.transport.frames import FrameParser
 from airflow_provider_amqstream.transport.inbox import Inbox
 from airflow_provider_amqstream.transport.params import BrokerParams

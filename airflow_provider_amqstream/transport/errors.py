@@ -10,28 +10,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull, TransportError
+
 if TYPE_CHECKING:
     from stomp.utils import Frame
 
     from airflow_provider_amqstream.transport.params import BrokerParams
-
-
-class TransportError(ConnectionError):
-    """The broker could not be reached or refused us; the text names the broker URL."""
-
-
-class ConnectionLost(TransportError):
-    """An established connection dropped (broker restart, network, heartbeat timeout)."""
-
-
-class AccessDenied(TransportError):
-    """The broker refused this user an operation on a destination; retrying cannot help."""
-
-
-class DestinationFull(TransportError):
-    """The broker refused a message because the destination's memory limit stayed full
-    through its flow-control wait: its receivers are not taking messages (stopped, or
-    slower than its senders). Nothing confirmed is lost, and retrying later can succeed."""
 
 
 def error_text(frame: Frame) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from airflow_provider_amqstream.exceptions import ConfigurationError
 from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -50,7 +51,7 @@ def parse_flag(value: Any, name: str, default: bool, where: str | None = None) -
             return True
         if text in _FALSE:
             return False
-    raise ValueError(f"{_at(where)}connection extra {name!r} must be true or false, got {str(value)[:40]!r}")
+    raise ConfigurationError(f"{_at(where)}connection extra {name!r} must be true or false, got {str(value)[:40]!r}")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class BrokerParams:
     window: int | None = None
     compression: str | None = None
     network: bool = False
+    # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
+    backend: str = "stomp"
 
     @property
     def url(self) -> str:
@@ -115,18 +118,18 @@ class BrokerParams:
             if "://" in item:
                 # Airflow's ``type://protocol://host`` form puts the protocol into the host; it
                 # would be looked up as a host name. Quote only the scheme: the rest may hold a password.
-                raise ValueError(f"{at}a broker host starts with a scheme ({item.split('://', 1)[0][:20]}://): "
+                raise ConfigurationError(f"{at}a broker host starts with a scheme ({item.split('://', 1)[0][:20]}://): "
                                  "give host[:port] only, and ask for TLS with the scheme stomp+ssl:// or the "
                                  "extra tls=true")
             if item.count(":") == 1:
                 h, _, p = item.partition(":")
                 if not p.isdigit():
-                    raise ValueError(f"broker host {item!r}: the port must be a number")
+                    raise ConfigurationError(f"broker host {item!r}: the port must be a number")
                 hosts.append((h, int(p)))
             else:
                 hosts.append((item.strip("[]"), default_port))
         if not hosts:
-            raise ValueError("an amqstream connection needs at least one broker host")
+            raise ConfigurationError("an amqstream connection needs at least one broker host")
 
         def flag(name: str, default: bool) -> bool:
             return parse_flag(extra.get(name), name, default, where)
@@ -139,7 +142,7 @@ class BrokerParams:
                 return conv(v)
             except (TypeError, ValueError):
                 kind = "a whole number" if conv is int else "a number"
-                raise ValueError(f"{at}connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
+                raise ConfigurationError(f"{at}connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
 
         tls = _tls(extra, tls_scheme, where)
         return cls(
@@ -169,13 +172,13 @@ def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:
     at = _at(where)
     for key in extra:
         if key != "tls" and _TLS_LOOKALIKE.fullmatch(str(key).strip().lower().replace("-", "_")):
-            raise ValueError(f"{at}connection extra {str(key)[:40]!r} is not an amqstream setting: TLS is "
+            raise ConfigurationError(f"{at}connection extra {str(key)[:40]!r} is not an amqstream setting: TLS is "
                              "switched on with the extra tls=true, or the scheme stomp+ssl://")
     tls = parse_flag(extra.get("tls"), "tls", tls_scheme, where)
     if tls_scheme and not tls:
-        raise ValueError(f"{at}the scheme asks for TLS but the extra tls is false: remove one of the two")
+        raise ConfigurationError(f"{at}the scheme asks for TLS but the extra tls is false: remove one of the two")
     files = [name for name in TLS_FILES if extra.get(name)]
     if files and not tls:
-        raise ValueError(f"{at}{', '.join(files)} given but TLS is off: set the extra tls=true (or use "
+        raise ConfigurationError(f"{at}{', '.join(files)} given but TLS is off: set the extra tls=true (or use "
                          "stomp+ssl://), or remove them")
     return tls

@@ -19,13 +19,9 @@ from typing import TypeVar
 from stomp import exception as stomp_exc
 from stomp.utils import Frame
 
+from airflow_provider_amqstream.exceptions import ConnectionLost, TransportError
 from airflow_provider_amqstream.transport.connection import Connection12, open_connection, quiet_close
-from airflow_provider_amqstream.transport.errors import (
-    ConnectionLost,
-    TransportError,
-    access_denied,
-    reported,
-)
+from airflow_provider_amqstream.transport.errors import access_denied, reported
 from airflow_provider_amqstream.transport.inbox import Inbox
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -159,7 +155,8 @@ class StompLink(StompSession):
         super().__init__(params, client_id=client_id)
         # Frames that arrived for one subscription while the caller read another's. A
         # subscription we left is dropped: the broker redelivers what we did not ack.
-        self._stash: dict[str, collections.deque[Frame]] = {}
+        self._stash: dict[str, collections.deque[tuple[int, Frame]]] = {}
+        self._arrivals = itertools.count()
 
     def open(self) -> StompLink:
         self._stash = {}
@@ -222,10 +219,11 @@ class StompLink(StompSession):
     def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Frame | None:
         """The next message for any of ``subscriptions`` (the first one's first), or None
         after ``timeout`` seconds; messages of other live subscriptions are kept for them."""
-        for sub in subscriptions:
-            stash = self._stash.get(sub)
-            if stash:
-                return stash.popleft()
+        # The earliest arrival first, whichever subscription it came for: a busy
+        # subscription must not starve the others.
+        waiting = [stash for sub in subscriptions if (stash := self._stash.get(sub))]
+        if waiting:
+            return min(waiting, key=lambda stash: stash[0][0]).popleft()[1]
         deadline = time.monotonic() + timeout
         while True:
             frame = self._next(max(0.0, deadline - time.monotonic()))
@@ -235,7 +233,7 @@ class StompLink(StompSession):
             if sub in subscriptions:
                 return frame
             if sub in self._stash:
-                self._stash[sub].append(frame)
+                self._stash[sub].append((next(self._arrivals), frame))
 
     def _next(self, timeout: float) -> Frame | None:
         self._check_refused()

@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_provider_amqstream.transport.errors import AccessDenied, TransportError
-from airflow_provider_amqstream.triggers.offers import Every, OfferBrowser
+from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
+from airflow_provider_amqstream.triggers.pacing import Every
 
 
 class StreamOfferedTrigger(BaseEventTrigger):
@@ -71,8 +71,8 @@ class StreamOfferedTrigger(BaseEventTrigger):
         from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 
         # Connection lookups and stomp.py are blocking: keep them off the event loop.
-        params = await asyncio.to_thread(AmqStreamHook(self.amqstream_conn_id).broker_params)
-        browser = OfferBrowser(params, self.destination)
+        browser = await asyncio.to_thread(AmqStreamHook(self.amqstream_conn_id).offer_browser, self.destination)
+        params = browser.params
         fired: set[str] = set()
         last: tuple[str, float] | None = None  # the stream fired last, and when
         note = Every(self.still_waiting_every)

@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_amqstream.transport.errors import AccessDenied, TransportError
-from airflow_provider_amqstream.triggers.offers import Every, OfferBrowser
+from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
+from airflow_provider_amqstream.triggers.pacing import Every
 
 
 class StreamOfferTrigger(BaseTrigger):
@@ -60,8 +60,8 @@ class StreamOfferTrigger(BaseTrigger):
         until = ("no time limit" if self.timeout is None else
                  f"until {(datetime.now(timezone.utc) + timedelta(seconds=self.timeout)):%Y-%m-%d %H:%M:%S} UTC")
         try:
-            params = await asyncio.to_thread(AmqStreamHook(self.amqstream_conn_id).broker_params)
-            browser = OfferBrowser(params, self.source)
+            browser = await asyncio.to_thread(AmqStreamHook(self.amqstream_conn_id).offer_browser, self.source)
+            params = browser.params
         except Exception as exc:  # handed to the task, which fails naming it
             yield TriggerEvent({"status": "error", "message": f"watching {self.source} for {what}: {exc}"})
             return

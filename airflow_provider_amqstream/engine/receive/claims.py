@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, StreamError, read_json, write_json
+from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json, write_json
+from airflow_provider_amqstream.exceptions import ConfigurationError, StreamError
 from airflow_provider_amqstream.protocol import wire as p
 
 # A claim is a label we wrote ourselves; a bound keeps a misused one from filling records.
@@ -31,7 +32,7 @@ MAX_CLAIM_LENGTH = 1024
 def check_claim(claim: str) -> str:
     """``claim`` if usable as a claim label, else ValueError naming the problem."""
     if not claim or len(claim) > MAX_CLAIM_LENGTH or not claim.isprintable():
-        raise ValueError(f"a claim must be 1-{MAX_CLAIM_LENGTH} printable characters, got {claim[:80]!r}")
+        raise ConfigurationError(f"a claim must be 1-{MAX_CLAIM_LENGTH} printable characters, got {claim[:80]!r}")
     return claim
 
 

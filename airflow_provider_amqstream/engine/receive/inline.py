@@ -40,14 +40,13 @@ from airflow_provider_amqstream.engine.receive.claims import record_claim
 from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions, open_subdir
 from airflow_provider_amqstream.engine.records import (
-    StreamError,
-    StreamNoRoom,
     TransferResult,
     open_private,
     unlink_missing_ok,
     write_all,
     write_json,
 )
+from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, StreamError, open_private, read_json, write_json
+from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
+from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 

@@ -32,7 +32,7 @@ from airflow_provider_amqstream.engine.receive import inline
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.session import StompLink
+from airflow_provider_amqstream.transport.link import Link
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ MAX_YIELDS = 48
 # Seconds between two sweeps of the parked queue while offers keep coming (longer if a
 # sweep took longer): the bound on how late a parked stream is taken after its time.
 SWEEP_PAUSE = 2.0
-# How long a sweep waits for the next parked offer: they are handed over within a
-# millisecond or two of acknowledging the previous one.
+# How long a sweep waits for the next parked offer after passing one: they are handed over
+# within a millisecond or two of acknowledging the previous one.
 _SWEEP_STEP = 0.2
 
 
@@ -69,7 +69,7 @@ class Offers:
     :param opts: the receive options (back-off, events).
     """
 
-    def __init__(self, link: StompLink, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
+    def __init__(self, link: Link, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
         self.link, self.dest, self.stream_id, self.opts = link, dest, stream_id, opts
         self.sub: str | None = None
         # Inline offers (small files in their offer) come through a second subscription with
@@ -126,10 +126,12 @@ class Offers:
         began = time.monotonic()
         first: tuple[str, str] | None = None
         due = math.inf
+        step = 0.0  # what waits was handed over already (prefetch 1): an empty queue costs nothing
         while True:
-            offer, self.held = self.held or self.link.get(_SWEEP_STEP, self.parked_sub), None
+            offer, self.held = self.held or self.link.get(step, self.parked_sub), None
             if offer is None:
                 break
+            step = _SWEEP_STEP
             offer.amqs_parked = True
             until = p.parked_until(offer.headers)
             if self.stream_id or until <= time.time():

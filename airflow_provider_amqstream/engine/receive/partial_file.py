@@ -21,14 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import (
-    StreamError,
-    StreamNoRoom,
-    hash_prefix,
-    open_private,
-    read_json,
-    write_json,
-)
+from airflow_provider_amqstream.engine.records import hash_prefix, open_private, read_json, write_json
+from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import ReceiverState

@@ -46,23 +46,27 @@ from airflow_provider_amqstream.engine.receive.stream import (
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Backoff,
-    StreamError,
     StreamFailure,
-    StreamNoRoom,
-    StreamQuarantined,
-    StreamStalled,
-    StreamYielded,
     TransferResult,
     read_json,
     state_dir,
     write_json,
 )
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    ConnectionLost,
+    StreamError,
+    StreamNoRoom,
+    StreamQuarantined,
+    StreamStalled,
+    StreamYielded,
+    TransportError,
+)
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, TransportError
+from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,7 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
     first = True
     while True:
         try:
-            with StompLink(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
+            with open_link(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
                 offers = Offers(link, dest, stream_id, opts)
                 while count is None or len(results) < count:
@@ -184,7 +188,7 @@ def _describe(outcome: TransferResult | StreamError) -> str:
     return str(outcome)
 
 
-def _take(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
+def _take(link: Link, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
           offers: Offers, batches: Batches) -> TransferResult | StreamError | None:
     """Settle one offer: a result, a handled failure (to report or raise), or None for a
     re-offer or a batch message (nothing to receive)."""
@@ -249,7 +253,7 @@ def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, off
     return exc
 
 
-def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, spec: p.StreamSpec,
+def _check_offer(link: Link, dest: p.Destination, out: Path, sdir: Path, offer: Any, spec: p.StreamSpec,
                  data_q: str, origin: str, sender: str, opts: ReceiveOptions,
                  terms: tuple[str, int] | None = None) -> StreamError | TransferResult | None:
     """What every valid offer goes through before anything is received: within limits, not
@@ -280,7 +284,7 @@ def _check_offer(link: StompLink, dest: p.Destination, out: Path, sdir: Path, of
     return None
 
 
-def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, offer: Any, sender: str,
+def _parse_inline(link: Link, dest: p.Destination, out: Path, sdir: Path, offer: Any, sender: str,
                   opts: ReceiveOptions) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
     """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
     sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
@@ -293,7 +297,7 @@ def _parse_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, o
     return (spec, origin) if settled is None else settled
 
 
-def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
+def _take_inline(link: Link, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
                  opts: ReceiveOptions, offers: Offers) -> list[TransferResult | StreamError | None]:
     """Settle a group of inline offers: check and write each, make them durable together
     (see :mod:`~airflow_provider_amqstream.engine.receive.inline`), then acknowledge them."""
@@ -352,7 +356,7 @@ def _take_inline(link: StompLink, dest: p.Destination, out: Path, sdir: Path, gr
     return outcomes
 
 
-def _unpacked(link: StompLink, dest: p.Destination, group: list[Any], opts: ReceiveOptions,
+def _unpacked(link: Link, dest: p.Destination, group: list[Any], opts: ReceiveOptions,
               outcomes: list[TransferResult | StreamError | None]) -> list[Any]:
     """The group's offers with every pack replaced by its members; a malformed pack is
     quarantined whole (its outcome goes to ``outcomes``)."""
@@ -401,7 +405,7 @@ def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
             "Re-send it with a new stream id.")
 
 
-def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec: p.StreamSpec, data_q: str,
+def _duplicate(link: Link, dest: p.Destination, out: Path, offer: Any, spec: p.StreamSpec, data_q: str,
                done: dict[str, Any], opts: ReceiveOptions, terms: tuple[str, int] | None) -> TransferResult:
     """The stream was published here before and was offered again (a sender re-run after
     its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
@@ -421,7 +425,7 @@ def _duplicate(link: StompLink, dest: p.Destination, out: Path, offer: Any, spec
                                      "finished_at": time.time(), "status": "duplicate"})
 
 
-def _quarantine(link: StompLink, dest: p.Destination, offer: Any, sid: str, reason: str, opts: ReceiveOptions, *,
+def _quarantine(link: Link, dest: p.Destination, offer: Any, sid: str, reason: str, opts: ReceiveOptions, *,
                 offset: int = 0, moved: int = 0) -> StreamQuarantined:
     """File the offer away with the reason, acknowledge the original, report."""
     qdest = opts.quarantine or f"/queue/DLQ.{dest.name}"
@@ -441,7 +445,7 @@ def _quarantine(link: StompLink, dest: p.Destination, offer: Any, sid: str, reas
     return StreamQuarantined(f"stream {sid or '?'} on {dest} was quarantined to {qdest}: {reason}", failure)
 
 
-def _clear_leftovers(link: StompLink, dest: p.Destination, sdir: Path, offer: Any, opts: ReceiveOptions) -> None:
+def _clear_leftovers(link: Link, dest: p.Destination, sdir: Path, offer: Any, opts: ReceiveOptions) -> None:
     """Handle a re-offer. If this directory published the stream, drain what the sender's
     re-run repeated; if it holds the stream's partial data, its receiver drains when it
     publishes. Either way acknowledge the re-offer, and never start a reception from it."""

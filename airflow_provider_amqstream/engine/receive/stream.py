@@ -26,16 +26,11 @@ from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import check_claim, record_claim
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
-from airflow_provider_amqstream.engine.records import (
-    StreamError,
-    StreamStalled,
-    TransferResult,
-    open_private,
-    write_json,
-)
+from airflow_provider_amqstream.engine.records import TransferResult, open_private, write_json
+from airflow_provider_amqstream.exceptions import StreamError, StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
-from airflow_provider_amqstream.transport.session import StompLink
+from airflow_provider_amqstream.transport.link import Link
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +160,9 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
-    # Built by engine/receive/session.py, which is being reworked elsewhere this round: an options
-    # object for the handshake/origin/sender keywords belongs with that change.
-    def __init__(self, link: StompLink, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
+    # Built by engine/receive/session.py, whose rework goes on: an options object for the
+    # handshake/origin/sender keywords belongs with it.
+    def __init__(self, link: Link, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
                  handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "") -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
@@ -285,6 +280,7 @@ class StreamReceiver:
         quiet_since = self._quiet_since()
         written = 0
         last_progress = 0.0
+        progress_since: float | None = None
         while not state.complete:
             timeout = self._timeout(quiet_since)
             busy = self.unacked or self.file.inflight
@@ -293,13 +289,20 @@ class StreamReceiver:
             if frame is None:
                 self._quiet(bool(busy), time.monotonic() - quiet_since)
                 continue
-            self._check_alive(quiet_since)
+            # Only progress counts as a live sender: corrupt chunks, repeats or another user's
+            # chunks trickled for ever would otherwise hold the stream (and the queue behind
+            # it) for as long as they come. The clock starts at this run's first message.
+            progress_since = progress_since or time.monotonic()
             if self.sender and p.sender_of(frame.headers) != self.sender:
                 self._refuse_foreign(frame)
+                self._check_progress(progress_since)
                 continue
             d = self._decide(frame)
             if d.verdict in (Verdict.WRITE, Verdict.END):
+                quiet_since = progress_since = time.monotonic()
+            else:
                 quiet_since = time.monotonic()
+                self._check_progress(progress_since)
             if d.verdict is Verdict.CORRUPT:
                 self._corrupt(frame, d)
                 continue
@@ -328,26 +331,6 @@ class StreamReceiver:
         if opts.progress:
             opts.progress(spec.size, spec.size)
         return written
-
-    def _check_alive(self, quiet_since: float) -> None:
-        """Raise :class:`StreamStalled` when no progress came for the idle timeout."""
-        state, opts, spec = self.file.state, self.opts, self.spec
-        if time.monotonic() - quiet_since > opts.idle_timeout:
-            # Only progress counts as a live sender: corrupt chunks, repeats or another
-            # user's chunks trickled forever would otherwise hold the stream (and the
-            # queue behind it) for as long as they come.
-            raise StreamStalled(
-                f"{self.what}: no new data for {opts.idle_timeout:.0f}s at byte {state.contiguous_bytes} of "
-                f"{spec.size} ({self.rejected} corrupt and {self.forged} foreign chunks refused meanwhile); the "
-                "partial data is kept and the stream is tried again later.")
-
-    def _decide(self, frame: Any) -> Decision:
-        """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
-        try:
-            return self.file.state.decide(frame.headers, frame.body)
-        except p.ProtocolError as exc:
-            self.refused.append(frame)
-            raise Poisoned(str(exc), self.offset) from None
 
     def _quiet_since(self) -> float:
         """When the sender was last heard from, as this run starts (monotonic clock)."""
@@ -392,6 +375,14 @@ class StreamReceiver:
             f"{self.spec.size}; is the sender still running? The partial data is kept and the stream is "
             "tried again later (a re-run of the sender continues it).")
 
+    def _decide(self, frame: Any) -> Decision:
+        """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
+        try:
+            return self.file.state.decide(frame.headers, frame.body)
+        except p.ProtocolError as exc:
+            self.refused.append(frame)
+            raise Poisoned(str(exc), self.offset) from None
+
     def _corrupt(self, frame: Any, d: Decision) -> None:
         """A chunk that failed its check: a live sender (handshake) is asked to resend it;
         otherwise nobody can, and the stream is poisoned (raises)."""
@@ -404,6 +395,13 @@ class StreamReceiver:
         self._commit(wait=True)
         self.link.nack(frame)
         self.tell(p.Kind.REREQ, self.file.state.next_seq)
+
+    def _check_progress(self, since: float) -> None:
+        if time.monotonic() - since > self.opts.idle_timeout:
+            raise StreamStalled(
+                f"{self.what}: no new data for {self.opts.idle_timeout:.0f}s at byte "
+                f"{self.file.state.contiguous_bytes} of {self.spec.size} ({self.rejected} corrupt and {self.forged} "
+                "foreign chunks refused meanwhile); the partial data is kept and the stream is tried again later.")
 
     def _refuse_foreign(self, frame: Any) -> None:
         """A chunk on this stream's queue that its sender did not send: to the DLQ."""
@@ -437,7 +435,7 @@ class StreamReceiver:
 
 
 
-def drain_queue(link: StompLink, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:
+def drain_queue(link: Link, queue: str, *, ack: bool, quiet: float = 0.3, limit: float = 10.0) -> int:
     """Take whatever is left on ``queue`` until it stays quiet for ``quiet`` seconds (at
     most ``limit`` seconds in all): acknowledge it (repeats of a published stream) or
     refuse it (a quarantined stream's chunks; the broker moves them to its DLQ).

@@ -45,7 +45,6 @@ from airflow_provider_amqstream.engine.records import (
     Backoff,
     Checkpoint,
     FileCheckpoint,
-    StreamError,
     TransferResult,
     default_state_dir,
 )
@@ -72,12 +71,18 @@ from airflow_provider_amqstream.engine.send.stream import (
     send_file,
     stream_origin,
 )
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    ConnectionLost,
+    DestinationFull,
+    StreamError,
+    TransportError,
+)
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +200,7 @@ def send_files(  # noqa: PLR0913
     elif entries and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
-        with StompLink(params) as link:
+        with open_link(params) as link:
             link.round_trip()
     if progress:
         progress(status)
@@ -234,7 +239,7 @@ def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results:
     backoff = Backoff(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
     while True:
         try:
-            with StompLink(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+            with open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
                 for headers, body in bw.batch_messages(batch_id, entries):
                     link.send_confirmed(str(dest), body, headers)
             return
@@ -278,7 +283,7 @@ class _InFlight:
         self.bytes -= e.size
         return e
 
-    def confirm_oldest(self, link: StompLink) -> list[tuple[Outgoing, TransferResult]]:
+    def confirm_oldest(self, link: Link) -> list[tuple[Outgoing, TransferResult]]:
         """Wait for the oldest receipt asked for; return the files it covers (those up to
         it), which leave the window confirmed."""
         rid = next(r for r, _, _ in self.files if r is not None)
@@ -341,7 +346,7 @@ class _Ctx:
         while todo:
             done_before = status.files_done
             try:
-                with StompLink(self.params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+                with open_link(self.params, client_id=f"amqs-bulk-{os.getpid()}") as link:
                     if not stuck:
                         backoff.reset()
                     stuck = False
@@ -362,7 +367,7 @@ class _Ctx:
                 backoff.wait(exc)
             first = False
 
-    def run(self, link: StompLink, todo: collections.deque[Outgoing], fail: Callable[..., None]) -> None:
+    def run(self, link: Link, todo: collections.deque[Outgoing], fail: Callable[..., None]) -> None:
         """Send what is left in ``todo`` over ``link``; a lost connection puts the files
         whose receipts did not arrive back at the front of ``todo``."""
         flight = _InFlight()
@@ -412,7 +417,7 @@ class _Ctx:
                 todo.appendleft(e)
             raise
 
-    def _pack_next(self, link: StompLink, todo: collections.deque[Outgoing], pack: Pack, flight: _InFlight,
+    def _pack_next(self, link: Link, todo: collections.deque[Outgoing], pack: Pack, flight: _InFlight,
                    fail: Callable[..., None]) -> None:
         """Put the next file (of one chunk) in ``pack``; send the pack when it is full or
         when the next file cannot join it."""
@@ -440,14 +445,14 @@ class _Ctx:
         """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
         return e.size <= self.chunk
 
-    def _send_pack(self, link: StompLink, pack: Pack, flight: _InFlight) -> None:
+    def _send_pack(self, link: Link, pack: Pack, flight: _InFlight) -> None:
         """Send ``pack``; its files wait in ``flight`` for its receipt."""
         rid, carried = pack.send(link, self.dest)
         self.sent_any = True
         for n, (e, res) in enumerate(carried, 1):
             flight.add(rid if n == len(carried) else None, e, res)
 
-    def _send_small(self, link: StompLink, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
+    def _send_small(self, link: Link, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
         file sent before it (the returned receipt id; else None)."""
         if self._one_chunk(e):  # the file rides in its offer (one message, no data queue)
@@ -465,17 +470,17 @@ class _Ctx:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
         return rid, res
 
-    def _bound(self, link: StompLink, flight: _InFlight) -> None:
+    def _bound(self, link: Link, flight: _InFlight) -> None:
         """Wait for receipts until the files and bytes in flight are within their bounds."""
         while len(flight.files) > MAX_IN_FLIGHT_FILES or flight.bytes > MAX_IN_FLIGHT_BYTES:
             self._confirm(link, flight)
 
-    def _confirm(self, link: StompLink, flight: _InFlight) -> None:
+    def _confirm(self, link: Link, flight: _InFlight) -> None:
         """Wait for the oldest receipt asked for, and record the files it confirms."""
         for e, res in flight.confirm_oldest(link):
             self._record(e, res)
 
-    def _send_large(self, link: StompLink, e: Outgoing) -> TransferResult:
+    def _send_large(self, link: Link, e: Outgoing) -> TransferResult:
         ckpt = self.checkpoint_for(e.stream_id) if self.checkpoint_for else FileCheckpoint(
             default_state_dir() / checkpoint_name(e.stream_id, self.params))
         base = self.status.bytes_done

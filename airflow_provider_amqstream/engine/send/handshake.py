@@ -14,11 +14,12 @@ import os
 import time
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import StreamError, hash_prefix
+from airflow_provider_amqstream.engine.records import hash_prefix
 from airflow_provider_amqstream.engine.send.outbound import Outbound
+from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
-from airflow_provider_amqstream.transport.session import StompLink
+from airflow_provider_amqstream.transport.link import Link, open_link
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], 
             hash_prefix(fh, hasher, state.spec.size)
         state.sha256 = hasher.hexdigest()
         out.save()
-    with StompLink(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
+    with open_link(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
         attempt = _HandshakeAttempt(out, link)
         try:
             attempt.offer()
@@ -53,7 +54,7 @@ class _HandshakeAttempt:
     """One connection's worth of a handshake-mode send: offer, gather receivers, then send
     each of them what it still misses, paced by their acknowledgements."""
 
-    def __init__(self, out: Outbound, link: StompLink) -> None:
+    def __init__(self, out: Outbound, link: Link) -> None:
         self.out, self.link = out, link
         self.spec, self.sid = out.state.spec, out.state.spec.stream_id
         self.control_q = out.dest.control_queue(self.sid)

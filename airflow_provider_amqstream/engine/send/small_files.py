@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_amqstream.engine.records import StreamError, TransferResult
+from airflow_provider_amqstream.engine.records import TransferResult
 from airflow_provider_amqstream.engine.send.stream import stream_origin
+from airflow_provider_amqstream.exceptions import StreamError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import TransportError
-from airflow_provider_amqstream.transport.session import StompLink
+from airflow_provider_amqstream.transport.link import Link
 
 # A pack's files, their wire bytes and its index (see bulk_wire.pack_message). A pack asks
 # for its own receipt, so these also bound what one receipt confirms. The bytes stay at a
@@ -72,7 +72,7 @@ def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCo
     return headers, wire, pending_result(e, dest, spec, sha, origin=origin, broker=broker, started=started)
 
 
-def send_chunks(link: StompLink, e: Outgoing, dest: p.Destination, spec: p.StreamSpec, codec: p.ChunkCodec) -> str:
+def send_chunks(link: Link, e: Outgoing, dest: p.Destination, spec: p.StreamSpec, codec: p.ChunkCodec) -> str:
     """A file of a few chunks: its chunks and end marker (its offer follows); returns its SHA-256."""
     data_q = dest.data_queue(e.stream_id)
     hasher = hashlib.sha256()
@@ -112,7 +112,7 @@ class Pack:
         self.bytes += len(wire)
         self.index += index
 
-    def send(self, link: StompLink, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
+    def send(self, link: Link, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
         """Send the pack with a receipt (confirming it and everything before it on the
         connection) and empty it; returns the receipt id and the files it carried."""
         headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files])

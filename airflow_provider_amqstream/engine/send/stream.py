@@ -21,18 +21,23 @@ from airflow_provider_amqstream.engine.records import (
     Backoff,
     Checkpoint,
     FileCheckpoint,
-    StreamError,
     TransferResult,
     default_state_dir,
     hash_prefix,
 )
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    ConnectionLost,
+    DestinationFull,
+    StreamError,
+    TransportError,
+)
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import SenderState
-from airflow_provider_amqstream.transport.errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ def send_file(  # noqa: PLR0913
     ack_timeout: float = 120.0,
     compression: str | None = None,
     subdir: str = "",
-    link: StompLink | None = None,
+    link: Link | None = None,
 ) -> TransferResult:
     """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
 
@@ -200,13 +205,13 @@ def _retry(out: Outbound, attempt: _Attempt, backoff: Backoff, hs_timeouts: tupl
 
 
 def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
-                  record: dict[str, Any], started: float, *, link: StompLink | None = None) -> TransferResult:
+                  record: dict[str, Any], started: float, *, link: Link | None = None) -> TransferResult:
     """The checkpoint says this broker confirmed the whole stream. Still prove the broker
     takes these credentials: a wrong password must fail, not pass as "already sent" (a
     shared ``link`` was proved when it was opened)."""
     spec = state.spec
     if link is None:
-        with StompLink(params) as own:
+        with open_link(params) as own:
             own.round_trip()
     when = record.get("sent_at")
     at = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if when else "an earlier run"
@@ -273,15 +278,15 @@ class _Attempt:
     def _offer(self, **kw: Any) -> dict[str, str]:
         return p.offer_headers(self.state.spec, self.dest, origin=self.origin, subdir=self.subdir, **kw)
 
-    def run(self, shared: StompLink | None = None) -> None:
+    def run(self, shared: Link | None = None) -> None:
         """One connected attempt (over ``shared`` if given); adds the bytes it sent to ``self.sent``."""
         if shared is not None:
             self._run(shared)
             return
-        with StompLink(self.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
+        with open_link(self.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
             self._run(link)
 
-    def _run(self, link: StompLink) -> None:
+    def _run(self, link: Link) -> None:
         state, spec, dest, data_q = self.state, self.state.spec, self.dest, self.data_q
         rerun = state.offer_sent or state.confirmed_seq > 0
         if spec.mode is p.Mode.STREAM and not state.offer_sent:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import TransportError
+from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
-from airflow_provider_amqstream.transport.session import StompLink
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +81,17 @@ class OfferBrowser:
         if self.dest.kind != "queue":
             raise ValueError(f"{source}: only a queue can be watched for offers (a topic keeps no backlog to browse)")
         self.browse_timeout = browse_timeout
-        self.link: StompLink | None = None
+        self.link: Link | None = None
         self.opened = 0  # sessions opened so far: one, unless the broker went away
         self._bad_seen: set[str] = set()
 
-    def _session(self) -> StompLink:
+    def _session(self) -> Link:
         if self.link is not None and self.link.connected:
             return self.link
         if self.link is not None:
             log.warning("connection to %s for watching %s was lost; reconnecting", self.params.url, self.dest)
             self.close()
-        link = StompLink(self.params, client_id=f"amqs-watch-{socket.gethostname()}-{os.getpid()}")
+        link = open_link(self.params, client_id=f"amqs-watch-{socket.gethostname()}-{os.getpid()}")
         link.open()
         self.link = link
         self.opened += 1
@@ -129,7 +129,7 @@ class OfferBrowser:
             raise
         return offers
 
-    def _draw_here(self, link: StompLink, selector: str, hold: float = 1.0) -> None:
+    def _draw_here(self, link: Link, selector: str, hold: float = 1.0) -> None:
         """In a network of brokers, make offers waiting at another broker come to this one.
 
         A bridge forwards a queue's messages only to where a consumer is, and a browser does
@@ -142,7 +142,7 @@ class OfferBrowser:
         finally:
             link.unsubscribe(sub)
 
-    def _browse(self, link: StompLink, selector: str, queue: str) -> list[Offer]:
+    def _browse(self, link: Link, selector: str, queue: str) -> list[Offer]:
         sub = link.subscribe(queue, selector=selector, browser=True, prefetch=64)
         offers: list[Offer] = []
         deadline = time.monotonic() + self.browse_timeout
@@ -198,21 +198,3 @@ class OfferBrowser:
         link, self.link = self.link, None
         if link is not None:
             link.close()
-
-
-class Every:
-    """True at most once per ``interval`` seconds: for rare "still waiting" lines.
-
-    :param interval: seconds between two true answers.
-    """
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.last = time.monotonic()
-
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now - self.last < self.interval:
-            return False
-        self.last = now
-        return True

@@ -1,0 +1,102 @@
+"""Every exception the provider raises, under one root: :class:`AmqStreamError`.
+
+Catch the root to handle anything the provider refuses or cannot do; anything else that
+escapes is a bug and should be seen. Each class also derives from the built-in exception
+it used to be, so code written against those keeps working.
+
+* Protocol errors come in two kinds, as in h11: :class:`RemoteProtocolError` (a peer sent
+  something the protocol does not allow: the stream is quarantined) and
+  :class:`LocalProtocolError` (we were asked to do something the protocol does not allow:
+  a bad argument).
+* :class:`TransportError` and its kinds: the broker could not be reached, dropped us,
+  refused us, or refused a message.
+* :class:`StreamError` and its kinds: one stream cannot be completed now or ever.
+* :class:`ConfigurationError`, :class:`ConnectionNotFound`: a connection that cannot work.
+* :class:`BrokerError`: the embedded broker cannot start, stop or be configured.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_provider_amqstream.engine.records import StreamFailure
+
+
+class AmqStreamError(Exception):
+    """The root of every exception the provider raises on purpose."""
+
+
+class ProtocolError(AmqStreamError, ValueError):
+    """A message or argument breaks the protocol; the text names the stream and field."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """A message from the wire breaks the protocol (its stream is quarantined)."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to do something the protocol does not allow (a bad argument)."""
+
+
+class ConfigurationError(AmqStreamError, ValueError):
+    """A connection or option that cannot work; the text names which (never a password)."""
+
+
+class ConnectionNotFound(AmqStreamError, LookupError):
+    """No connection of that id anywhere we looked; the message says how to make one."""
+
+
+class TransportError(AmqStreamError, ConnectionError):
+    """The broker could not be reached or refused us; the text names the broker URL."""
+
+
+class ConnectionLost(TransportError):
+    """An established connection dropped (broker restart, network, heartbeat timeout)."""
+
+
+class AccessDenied(TransportError):
+    """The broker refused this user an operation on a destination; retrying cannot help."""
+
+
+class DestinationFull(TransportError):
+    """The broker refused a message because the destination's memory limit stayed full
+    through its flow-control wait: its receivers are not taking messages (stopped, or
+    slower than its senders). Nothing confirmed is lost, and retrying later can succeed."""
+
+
+class StreamError(AmqStreamError, RuntimeError):
+    """A stream cannot be completed as it is; the text names stream, offset and remedy.
+    ``failure`` is set when a receiver handled it (quarantined or yielded the stream)."""
+
+    failure: StreamFailure | None = None
+
+
+class StreamYielded(StreamError):
+    """The stream cannot go on now but may later: its partial data is kept and it gives up
+    its place in the queue, so the streams behind it are received meanwhile."""
+
+
+class StreamStalled(StreamYielded):
+    """Nothing arrived for the idle timeout; re-running continues where it stopped."""
+
+
+class StreamNoRoom(StreamYielded):
+    """The stream does not fit the output directory's free space (less the reserve)."""
+
+
+class StreamQuarantined(StreamError):
+    """The stream can never succeed (integrity failure, protocol violation, over a limit,
+    reused id): its offer and remaining chunks were moved to a quarantine queue."""
+
+    def __init__(self, message: str, failure: StreamFailure) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+class BrokerError(AmqStreamError, RuntimeError):
+    """The embedded broker cannot start, stop or be configured; the message says why."""
+
+
+class NetworkError(BrokerError, ValueError):
+    """A network-of-brokers option that cannot work; the message names the option and the value."""

@@ -1,0 +1,477 @@
+"""An in-memory broker and link: the engine's logic in unit tests, without ActiveMQ.
+
+It behaves as the parts of ActiveMQ the engine relies on do: queues deliver each message
+to one subscriber at a time, up to its prefetch of unacknowledged messages; topics deliver
+to every subscriber present; an acknowledged message is gone, a refused one (NACK) moves
+to ``DLQ.<queue>``, and what a subscriber leaves unacknowledged (it unsubscribes, closes or
+loses its connection) goes back to the head of its queue, marked redelivered. Selectors
+are the subset of JMS selectors the provider writes (``=``, ``<>``, ``IS [NOT] NULL``,
+``[NOT] IN``, ``[NOT] LIKE ... ESCAPE``, ``AND``, ``OR``, ``NOT``, parentheses) with SQL's
+three-valued logic. Every message is stamped with the sending user (``JMSXUserID``) as a
+broker with ``populateJMSXUserID`` does. A test can drop every connection
+(:meth:`MemoryBroker.drop`) to exercise reconnects.
+
+Nothing is persistent and there is no flow control or paging: those are the real broker's,
+proved by the integration tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_amqstream.exceptions import ConnectionLost, TransportError
+from airflow_provider_amqstream.transport.params import BrokerParams
+
+Headers = Mapping[str, Any]
+Predicate = Callable[[Headers], "bool | None"]
+
+
+class Frame:
+    """A delivered message, shaped like stomp.py's: ``headers`` and ``body``."""
+
+    def __init__(self, headers: dict[str, Any], body: bytes) -> None:
+        self.headers, self.body = headers, body
+
+
+@dataclass
+class _Message:
+    headers: dict[str, Any]
+    body: bytes
+    redelivered: bool = False
+
+
+@dataclass
+class _Sub:
+    link: MemoryLink
+    sub_id: str
+    destination: str
+    prefetch: int
+    match: Predicate
+    unacked: dict[str, _Message] = field(default_factory=dict)
+
+
+class MemoryBroker:
+    """One in-memory broker, found by links through the host name in their settings.
+
+    :param name: the host name links use to reach it (see :meth:`params`).
+    """
+
+    _brokers: dict[str, MemoryBroker] = {}
+    _names = itertools.count(1)
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or f"memory-{next(self._names)}"
+        self.cond = threading.Condition()
+        self.queues: dict[str, collections.deque[_Message]] = collections.defaultdict(collections.deque)
+        self.subs: list[_Sub] = []
+        self.links: list[MemoryLink] = []
+        self._ids = itertools.count(1)
+        MemoryBroker._brokers[self.name] = self
+
+    def params(self, user: str | None = "tester", **kw: Any) -> BrokerParams:
+        """Connection settings that reach this broker as ``user``."""
+        return BrokerParams(hosts=((self.name, 0),), login=user, backend="memory", **kw)
+
+    @classmethod
+    def find(cls, params: BrokerParams) -> MemoryBroker:
+        name = params.hosts[0][0]
+        try:
+            return cls._brokers[name]
+        except KeyError:
+            raise TransportError(f"cannot reach any broker at memory://{name} (no such in-memory broker)") from None
+
+    def close(self) -> None:
+        """Forget this broker: links that look for it afterwards fail to connect."""
+        MemoryBroker._brokers.pop(self.name, None)
+
+    # -- what tests look at ----------------------------------------------------------
+    def messages(self, destination: str) -> list[tuple[dict[str, Any], bytes]]:
+        """What waits on a queue now (not what is delivered and unacknowledged)."""
+        with self.cond:
+            return [(dict(m.headers), m.body) for m in self.queues.get(_name(destination), ())]
+
+    def drop(self) -> None:
+        """Every connection is lost at once (a broker restart, without losing messages)."""
+        with self.cond:
+            for link in list(self.links):
+                self._disconnect(link)
+                link.lost = True
+            self.cond.notify_all()
+
+    # -- the broker's work, under self.cond ----------------------------------------------
+    def _send(self, link: MemoryLink, destination: str, body: bytes, headers: Headers) -> None:
+        kind, name = _parse(destination)
+        msg = _Message({k: str(v) for k, v in headers.items() if k not in ("receipt", "persistent")}, bytes(body))
+        msg.headers.update({"message-id": f"ID:{self.name}-{next(self._ids)}", "destination": destination,
+                            "timestamp": str(int(time.time() * 1000))})
+        if link.params.login:
+            msg.headers["JMSXUserID"] = link.params.login
+        else:
+            msg.headers.pop("JMSXUserID", None)
+        if kind == "topic":
+            for sub in self.subs:
+                if sub.destination == destination and sub.match(msg.headers):
+                    self._deliver(sub, _Message(dict(msg.headers), msg.body))
+            return
+        self.queues[name].append(msg)
+        self._dispatch(name)
+
+    def _dispatch(self, name: str) -> None:
+        queue = self.queues.get(name)
+        subs = [s for s in self.subs if _parse(s.destination) == ("queue", name)]
+        if not queue or not subs:
+            return
+        kept: collections.deque[_Message] = collections.deque()
+        while queue:
+            msg = queue.popleft()
+            sub = next((s for s in subs if len(s.unacked) < s.prefetch and s.match(msg.headers)), None)
+            if sub is None:
+                kept.append(msg)
+                continue
+            self._deliver(sub, msg)
+            subs.remove(sub)
+            subs.append(sub)  # round robin among those that can take one
+        self.queues[name] = kept
+
+    def _deliver(self, sub: _Sub, msg: _Message) -> None:
+        ack = f"{sub.sub_id}-{next(self._ids)}"
+        sub.unacked[ack] = msg
+        headers = {**msg.headers, "subscription": sub.sub_id, "ack": ack}
+        if msg.redelivered:
+            headers["redelivered"] = "true"
+        sub.link.inbox.append(Frame(headers, msg.body))
+        self.cond.notify_all()
+
+    def _settle(self, link: MemoryLink, ack: str, *, refuse: bool) -> None:
+        sub = next((s for s in self.subs if s.link is link and ack in s.unacked), None)
+        if sub is None:
+            raise TransportError(f"memory broker {self.name}: no unacknowledged message {ack}")
+        msg = sub.unacked.pop(ack)
+        kind, name = _parse(sub.destination)
+        if refuse and kind == "queue":
+            msg.redelivered = False
+            self.queues[f"DLQ.{name}"].append(msg)
+            self._dispatch(f"DLQ.{name}")
+        if kind == "queue":
+            self._dispatch(name)
+
+    def _unsubscribe(self, sub: _Sub) -> None:
+        self.subs.remove(sub)
+        kind, name = _parse(sub.destination)
+        sub.link.inbox = collections.deque(f for f in sub.link.inbox if f.headers.get("subscription") != sub.sub_id)
+        if kind == "queue" and sub.unacked:
+            back = list(sub.unacked.values())
+            for msg in back:
+                msg.redelivered = True
+            self.queues[name].extendleft(reversed(back))
+            self._dispatch(name)
+
+    def _disconnect(self, link: MemoryLink) -> None:
+        for sub in [s for s in self.subs if s.link is link]:
+            self._unsubscribe(sub)
+        if link in self.links:
+            self.links.remove(link)
+
+
+class MemoryLink:
+    """A :class:`~airflow_provider_amqstream.transport.link.Link` to a :class:`MemoryBroker`.
+
+    :param params: settings whose first host names the broker (``MemoryBroker.params``).
+    :param client_id: unused; kept for the same signature as the STOMP link.
+    """
+
+    def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
+        self.params, self.client_id = params, client_id
+        self.broker: MemoryBroker | None = None
+        self.inbox: collections.deque[Frame] = collections.deque()
+        self.lost = False
+        self._ids = itertools.count(1)
+
+    def open(self) -> MemoryLink:
+        broker = MemoryBroker.find(self.params)
+        with broker.cond:
+            self.broker, self.lost, self.inbox = broker, False, collections.deque()
+            broker.links.append(self)
+        return self
+
+    def close(self) -> None:
+        broker, self.broker = self.broker, None
+        if broker is not None:
+            with broker.cond:
+                broker._disconnect(self)
+
+    def __enter__(self) -> MemoryLink:
+        return self.open() if self.broker is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def connected(self) -> bool:
+        return self.broker is not None and not self.lost
+
+    def _live(self) -> MemoryBroker:
+        if self.broker is None:
+            raise TransportError(f"not connected to {self.params.url}")
+        if self.lost:
+            raise ConnectionLost(f"connection to {self.params.url} was lost")
+        return self.broker
+
+    def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
+             receipt: bool = False, persistent: bool = True) -> str | None:
+        broker = self._live()
+        with broker.cond:
+            broker._send(self, destination, body, headers)
+        return f"r-{next(self._ids)}" if receipt else None
+
+    def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
+        self.send(destination, body, headers)
+
+    def wait_receipt(self, rid: str, timeout: float | None = None) -> None:
+        self._live()
+
+    def round_trip(self, timeout: float = 10.0) -> None:
+        self._live()
+
+    def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
+                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
+        broker = self._live()
+        match = compile_selector(selector) if selector else (lambda headers: True)
+        sub_id = f"s-{next(self._ids)}"
+        with broker.cond:
+            if browser:
+                kind, name = _parse(destination)
+                waiting = list(broker.queues.get(name, ())) if kind == "queue" else []
+                for msg in waiting:
+                    if match(msg.headers):
+                        self.inbox.append(Frame({**msg.headers, "subscription": sub_id}, msg.body))
+                self.inbox.append(Frame({"subscription": sub_id, "browser": "end"}, b""))
+                broker.cond.notify_all()
+                return sub_id
+            broker.subs.append(_Sub(self, sub_id, destination, max(1, prefetch), match))
+            kind, name = _parse(destination)
+            if kind == "queue":
+                broker._dispatch(name)
+        return sub_id
+
+    def unsubscribe(self, sub_id: str) -> None:
+        broker = self._live()
+        with broker.cond:
+            sub = next((s for s in broker.subs if s.link is self and s.sub_id == sub_id), None)
+            if sub is not None:
+                broker._unsubscribe(sub)
+            else:  # a browser: drop what it still holds
+                self.inbox = collections.deque(f for f in self.inbox if f.headers.get("subscription") != sub_id)
+
+    def ack(self, frame: Any) -> None:
+        broker = self._live()
+        with broker.cond:
+            broker._settle(self, frame.headers["ack"], refuse=False)
+
+    def nack(self, frame: Any) -> None:
+        broker = self._live()
+        with broker.cond:
+            broker._settle(self, frame.headers["ack"], refuse=True)
+
+    def get(self, timeout: float, subscription: str | None = None) -> Any:
+        return self._take(timeout, None if subscription is None else (subscription,))
+
+    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Any:
+        return self._take(timeout, subscriptions)
+
+    def _take(self, timeout: float, subs: tuple[str, ...] | None) -> Frame | None:
+        broker = self._live()
+        deadline = time.monotonic() + timeout
+        with broker.cond:
+            while True:
+                if self.lost:
+                    raise ConnectionLost(f"connection to {self.params.url} was lost")
+                for frame in self.inbox:  # the earliest arrival first, as the STOMP link does
+                    if subs is None or frame.headers.get("subscription") in subs:
+                        self.inbox.remove(frame)
+                        return frame
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                broker.cond.wait(left)
+
+
+def _parse(destination: str) -> tuple[str, str]:
+    for prefix, kind in (("/queue/", "queue"), ("/topic/", "topic")):
+        if destination.startswith(prefix):
+            return kind, destination[len(prefix):]
+    raise TransportError(f"memory broker: {destination!r} is not /queue/NAME or /topic/NAME")
+
+
+def _name(destination: str) -> str:
+    return _parse(destination)[1]
+
+
+# ------------------------------------------------------------------ selectors
+_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?)|(?P<op><>|<=|>=|[=<>(),])"
+                    r"|(?P<word>[A-Za-z_][A-Za-z0-9_.]*))")
+_KEYWORDS = {"AND", "OR", "NOT", "IS", "NULL", "IN", "LIKE", "ESCAPE", "TRUE", "FALSE"}
+
+
+def compile_selector(text: str) -> Predicate:
+    """A JMS selector (the subset the provider writes) as a predicate over headers: True,
+    False, or None for SQL's unknown (a header that is absent)."""
+    tokens = _tokenize(text)
+    parser = _Parser(tokens, text)
+    pred = parser.expr()
+    if parser.pos != len(tokens):
+        raise ValueError(f"selector {text!r}: unexpected {tokens[parser.pos][1]!r}")
+    return pred
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"selector {text!r}: cannot read at {text[pos:pos + 20]!r}")
+        kind = m.lastgroup or ""
+        value = m.group(kind)
+        if kind == "word" and value.upper() in _KEYWORDS:
+            kind, value = "kw", value.upper()
+        out.append((kind, value))
+        pos = m.end()
+    return out
+
+
+def _and(a: bool | None, b: bool | None) -> bool | None:
+    if a is False or b is False:
+        return False
+    return None if a is None or b is None else True
+
+
+def _or(a: bool | None, b: bool | None) -> bool | None:
+    if a is True or b is True:
+        return True
+    return None if a is None or b is None else False
+
+
+def _not(a: bool | None) -> bool | None:
+    return None if a is None else not a
+
+
+class _Parser:
+    def __init__(self, tokens: list[tuple[str, str]], text: str) -> None:
+        self.tokens, self.text, self.pos = tokens, text, 0
+
+    def _peek(self, value: str) -> bool:
+        return self.pos < len(self.tokens) and self.tokens[self.pos][1] == value
+
+    def _take(self, value: str | None = None) -> tuple[str, str]:
+        if self.pos >= len(self.tokens) or (value is not None and self.tokens[self.pos][1] != value):
+            raise ValueError(f"selector {self.text!r}: expected {value or 'more'}")
+        self.pos += 1
+        return self.tokens[self.pos - 1]
+
+    def expr(self) -> Predicate:
+        left = self._and()
+        while self._peek("OR"):
+            self._take()
+            right, prev = self._and(), left
+            left = (lambda a, b: lambda h: _or(a(h), b(h)))(prev, right)
+        return left
+
+    def _and(self) -> Predicate:
+        left = self._not()
+        while self._peek("AND"):
+            self._take()
+            right, prev = self._not(), left
+            left = (lambda a, b: lambda h: _and(a(h), b(h)))(prev, right)
+        return left
+
+    def _not(self) -> Predicate:
+        if self._peek("NOT"):
+            self._take()
+            inner = self._not()
+            return lambda h: _not(inner(h))
+        return self._cmp()
+
+    def _literal(self) -> Any:
+        kind, value = self._take()
+        if kind == "str":
+            return value[1:-1].replace("''", "'")
+        if kind == "num":
+            return float(value)
+        raise ValueError(f"selector {self.text!r}: expected a literal, got {value!r}")
+
+    # One grammar rule (parenthesis, IS [NOT] NULL, [NOT] IN, [NOT] LIKE, comparison): a branch per production.
+    def _cmp(self) -> Predicate:  # noqa: C901
+        if self._peek("("):
+            self._take("(")
+            inner = self.expr()
+            self._take(")")
+            return inner
+        _, ident = self._take()
+        negate = False
+        if self._peek("IS"):
+            self._take()
+            if self._peek("NOT"):
+                self._take()
+                negate = True
+            self._take("NULL")
+            return lambda h: (ident in h) if negate else (ident not in h)
+        if self._peek("NOT"):
+            self._take()
+            negate = True
+        if self._peek("IN"):
+            self._take()
+            self._take("(")
+            values = [self._literal()]
+            while self._peek(","):
+                self._take()
+                values.append(self._literal())
+            self._take(")")
+            return lambda h: None if ident not in h else (str(h[ident]) in values) != negate
+        if self._peek("LIKE"):
+            self._take()
+            pattern, escape = self._literal(), None
+            if self._peek("ESCAPE"):
+                self._take()
+                escape = self._literal()
+            rx = _like(pattern, escape)
+            return lambda h: None if ident not in h else bool(rx.fullmatch(str(h[ident]))) != negate
+        op = self._take()[1]
+        value = self._literal()
+
+        def compare(h: Headers) -> bool | None:
+            if ident not in h:
+                return None
+            have: Any = h[ident]
+            if isinstance(value, float):
+                try:
+                    have = float(have)
+                except ValueError:
+                    return False
+            else:
+                have = str(have)
+            return bool({"=": have == value, "<>": have != value, "<": have < value, ">": have > value,
+                         "<=": have <= value, ">=": have >= value}[op])
+        return compare
+
+
+def _like(pattern: str, escape: str | None) -> re.Pattern[str]:
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if escape and c == escape and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.S)

@@ -1,0 +1,247 @@
+"""The receive engine on the in-memory link: what a stream's messages become, what a
+hostile sender can make a receiver do, and identity from the broker's stamp. No broker,
+no network: each test runs in well under a second (the real broker proves the wiring in
+tests/test_queue_liveness.py, tests/test_hostile_scale.py and the others)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    StreamFailure,
+    TransferResult,
+    find_manifest,
+    receive_stream,
+    receive_streams,
+)
+from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS
+from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
+from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.link import open_link
+from airflow_provider_amqstream.transport.memory import MemoryBroker
+
+Q = "/queue/landing"
+DEST = p.Destination.parse(Q)
+FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    b = MemoryBroker()
+    yield b
+    b.close()
+
+
+def play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *, end: bool = True,
+         tamper: Callable[[int, dict[str, str], bytes], tuple[dict[str, str], bytes]] | None = None,
+         offer: bool = True) -> None:
+    """Offer ``spec`` as ``user`` and send chunks ``seqs`` (in that order, repeats allowed)."""
+    with open_link(broker.params(user)) as link:
+        if offer:
+            link.send(Q, b"", p.offer_headers(spec, DEST))
+        for seq in seqs:
+            off, n = spec.chunk_span(seq)
+            body = data[off:off + n]
+            headers = p.data_headers(spec, seq, body)
+            if tamper:
+                headers, body = tamper(seq, headers, body)
+            link.send(DEST.data_queue(spec.stream_id), body, headers)
+        if end:
+            link.send(DEST.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+
+
+def receive_all(broker: MemoryBroker, out: Path, user: str = "rx", **opts: Any) -> tuple[list[TransferResult],
+                                                                                        list[StreamFailure]]:
+    failures: list[StreamFailure] = []
+    got = receive_streams(broker.params(user), Q, out, on_failure=failures.append,
+                          options=ReceiveOptions(**{**FAST, **opts}))
+    return got, failures
+
+
+def test_chunks_out_of_order_and_repeated_arrive_byte_exact(broker: MemoryBroker, tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    spec = p.StreamSpec("mixed-1", "mixed.bin", len(data), 1000)
+    seqs = list(range(1, 11)) * 2
+    random.Random(7).shuffle(seqs)
+    play(broker, "alice", spec, data, seqs)
+    got = receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
+    assert got is not None and (tmp_path / "out" / "mixed.bin").read_bytes() == data
+    assert got.duplicates == 10 and got.sender == "alice"
+    assert broker.messages(DEST.data_queue("mixed-1")) == []
+
+
+def test_a_missing_chunk_quarantines_the_stream_naming_the_range(broker: MemoryBroker, tmp_path: Path) -> None:
+    data = os.urandom(5000)
+    play(broker, "alice", p.StreamSpec("gap-1", "gap.bin", len(data), 1000), data, [1, 2, 4, 5])
+    with pytest.raises(StreamQuarantined, match=r"chunks 3-3 \(bytes 2000-2999\)"):
+        receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
+    [(filed, _)] = broker.messages("/queue/DLQ.landing")
+    assert filed[p.H_STREAM] == "gap-1" and "chunks 3-3" in filed[p.H_QUARANTINE_REASON]
+    assert not list((tmp_path / "out" / ".amqstream").glob("gap-1.*"))
+
+
+def test_a_corrupt_chunk_quarantines_the_stream(broker: MemoryBroker, tmp_path: Path) -> None:
+    data = os.urandom(3000)
+
+    def flip(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        return headers, (bytes([body[0] ^ 1]) + body[1:]) if seq == 2 else body
+
+    play(broker, "alice", p.StreamSpec("bad-1", "bad.bin", len(data), 1000), data, [1, 2, 3], tamper=flip)
+    with pytest.raises(StreamQuarantined, match="CRC-32"):
+        receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
+    assert not (tmp_path / "out" / "bad.bin").exists()
+
+
+@pytest.mark.parametrize("n", [10, 1000])
+def test_offers_too_large_and_junk_ahead_do_not_hold_up_a_good_stream(broker: MemoryBroker, tmp_path: Path,
+                                                                     n: int) -> None:
+    """What tests/test_hostile_scale.py measures on ActiveMQ, here as logic: each bad offer
+    is settled once (parked or quarantined), none is taken twice, and no list grows."""
+    with open_link(broker.params("mallory")) as link:
+        for i in range(n):
+            link.send(Q, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "x.bin", 2**40, 2**20), DEST))
+            link.send(Q, b"junk", {p.H_STREAM: f"junk-{i}"})
+    good = os.urandom(2000)
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(good), 1000), good, [1, 2])
+    t0 = time.monotonic()
+    got, failures = receive_all(broker, tmp_path / "out")
+    assert [r.stream_id for r in got] == ["good-1"] and (tmp_path / "out" / "good.bin").read_bytes() == good
+    assert sorted(f.status for f in failures) == ["no_room"] * n + ["quarantined"] * n
+    parked = broker.messages(DEST.parked_queue())
+    assert len(parked) == n and all(p.parked_until(h) > time.time() + 200 for h, _ in parked)
+    assert {h[p.H_FIRST_SENDER] for h, _ in parked} == {"mallory"}
+    assert broker.messages(Q) == [] and len(broker.messages("/queue/DLQ.landing")) == n
+    # Parked ones are passed, not taken, by the next receiver: nothing fails twice.
+    again, failures = receive_all(broker, tmp_path / "out")
+    assert again == [] and failures == []
+    print(f"\n{n} offers too large and {n} junk messages settled in {time.monotonic() - t0:.2f}s")
+
+
+def test_a_stalled_stream_is_parked_and_comes_back_whole(broker: MemoryBroker, tmp_path: Path) -> None:
+    data = os.urandom(6000)
+    spec = p.StreamSpec("late-1", "late.bin", len(data), 1000)
+    play(broker, "alice", spec, data, [1, 2], end=False)
+    with pytest.raises(StreamStalled, match=r"late-1.*at byte 2000 of 6000"):
+        receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST, yield_backoff=600))
+    # The space reserved past the data on disk is given back while it waits.
+    assert (tmp_path / "out" / ".amqstream" / "late-1.part").stat().st_size == 2000
+    [(parked, _)] = broker.messages(DEST.parked_queue())
+    assert parked[p.H_YIELDS] == "1" and "at byte 2000" in parked[p.H_YIELD_REASON]
+    play(broker, "alice", spec, data, [3, 4, 5, 6], offer=False)
+    assert receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST)) is None
+    got = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id="late-1", options=ReceiveOptions(**FAST))
+    assert got is not None and got.resumed_from == 2000 and (tmp_path / "out" / "late.bin").read_bytes() == data
+
+
+def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST))
+    got, failures = receive_all(broker, tmp_path / "out", idle_timeout=5)
+    assert got == [] and [f.status for f in failures] == ["stalled"]
+    assert not list((tmp_path / "out" / ".amqstream").glob("gone-1*")), "nothing reserved for a silent sender"
+
+
+def test_a_stream_that_gave_way_too_often_is_quarantined(broker: MemoryBroker, tmp_path: Path) -> None:
+    headers = p.parked_headers(p.offer_headers(p.StreamSpec("tired-1", "t.bin", 10, 10), DEST),
+                               not_before=time.time() - 1, reason="stalled", sender="alice")
+    headers[p.H_YIELDS] = str(MAX_YIELDS)
+    with open_link(broker.params("rx")) as link:
+        link.send(DEST.parked_queue(), b"", headers)
+    got, failures = receive_all(broker, tmp_path / "out")
+    assert got == [] and [f.status for f in failures] == ["quarantined"]
+    assert f"gave way {MAX_YIELDS} times" in failures[0].reason
+    assert broker.messages(DEST.parked_queue()) == []
+
+
+def test_handshake_chunks_that_never_help_end_within_the_idle_timeout(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A sender trickling corrupt chunks in handshake mode, each asked again, for ever."""
+    import threading
+
+    spec = p.StreamSpec("trickle-1", "t.bin", 10_000, 1000, p.Mode.HANDSHAKE)
+    stop = threading.Event()
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(spec, DEST, window=8))
+
+    def trickle() -> None:
+        with open_link(broker.params("mallory")) as link:
+            while not stop.wait(0.05):
+                headers = p.data_headers(spec, 1, b"x" * 1000)
+                link.send(DEST.data_queue(spec.stream_id), b"y" * 1000, headers)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StreamStalled, match="no new data"):
+            receive_stream(broker.params("rx"), Q, tmp_path / "out",
+                           options=ReceiveOptions(wait_timeout=1, idle_timeout=1, rerequest_after=0.2))
+        assert time.monotonic() - t0 < 3
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_another_users_chunks_are_refused_and_the_stream_arrives(broker: MemoryBroker, tmp_path: Path) -> None:
+    data = os.urandom(3000)
+    spec = p.StreamSpec("own-1", "own.bin", len(data), 1000)
+
+    def forge(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        fake = b"\0" * len(body)
+        return p.data_headers(spec, seq, fake), fake
+
+    with open_link(broker.params("alice")) as link:
+        link.send(Q, b"", p.offer_headers(spec, DEST))
+    play(broker, "mallory", spec, data, [1, 2], end=False, tamper=forge, offer=False)
+    play(broker, "alice", spec, data, [1, 2, 3], offer=False)
+    got = receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
+    assert got is not None and got.sender == "alice" and (tmp_path / "out" / "own.bin").read_bytes() == data
+    assert {h["JMSXUserID"] for h, _ in broker.messages(f"/queue/DLQ.{DEST.name}.amqs.own-1")} == {"mallory"}
+
+
+def test_a_stream_id_of_one_user_is_refused_to_another(broker: MemoryBroker, tmp_path: Path) -> None:
+    data = os.urandom(2000)
+    spec = p.StreamSpec("mine-1", "mine.bin", len(data), 1000)
+    play(broker, "alice", spec, data, [1, 2])
+    assert receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST)) is not None
+    play(broker, "mallory", spec, data, [1, 2])
+    with pytest.raises(StreamQuarantined, match="belongs to a stream user 'alice' sent"):
+        receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
+    assert (tmp_path / "out" / "mine.bin").read_bytes() == data
+
+
+def _batch(broker: MemoryBroker, user: str, batch_id: str, results: list[tuple[str, int, str]]) -> None:
+    entries = [{"stream_id": sid, "dir": "", "name": f"{sid}.bin", "bytes": size, "sha256": sha}
+               for sid, size, sha in results]
+    with open_link(broker.params(user)) as link:
+        for headers, body in bw.batch_messages(batch_id, entries):
+            link.send(Q, body, headers)
+
+
+def test_batches_belong_to_their_sender(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A second user announcing the same batch id gets a batch of its own; a batch listing
+    another user's stream is dropped; a manifest never lands where a sender names files."""
+    out = tmp_path / "out"
+    a, m = os.urandom(1500), os.urandom(1600)
+    play(broker, "alice", p.StreamSpec("a-1", "a.bin", len(a), 1000), a, [1, 2])
+    play(broker, "mallory", p.StreamSpec("m-1", "m.bin", len(m), 1000), m, [1, 2])
+    receive_all(broker, out)
+    _batch(broker, "alice", "b-1", [("a-1", len(a), hashlib.sha256(a).hexdigest())])
+    _batch(broker, "mallory", "b-1", [("m-1", len(m), hashlib.sha256(m).hexdigest())])
+    _batch(broker, "mallory", "b-2", [("a-1", len(a), hashlib.sha256(a).hexdigest())])
+    receive_all(broker, out)
+    alice = find_manifest(out, "b-1", "alice")
+    assert alice is not None and '"a.bin"' in alice.read_text() and "m.bin" not in alice.read_text()
+    with pytest.raises(StreamError, match="completed by 2 senders"):
+        find_manifest(out, "b-1")
+    assert find_manifest(out, "b-2") is None, "a batch lists only its own sender's streams"
+    assert not list(out.glob("*.manifest.jsonl"))
