@@ -98,7 +98,7 @@ BatchProgress = Callable[[BatchStatus], None]
 
 
 # The public entry point: its options are keyword-only and documented one by one, and callers
-# (operators, the CLI) pass them by name. An options object would change them all.
+# (the hook, the CLI) pass them by name. An options object would change them all.
 def send_files(  # noqa: PLR0913
     params: BrokerParams,
     files: Sequence[str | os.PathLike[str] | BatchFile],

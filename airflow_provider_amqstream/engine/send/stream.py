@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 # The public entry point: its options are keyword-only and documented one by one, and callers
-# (operators, the CLI, send_files) pass them by name. An options object would change them all.
+# (the hook, the CLI, send_files) pass them by name. An options object would change them all.
 def send_file(  # noqa: PLR0913
     params: BrokerParams,
     path: str | os.PathLike[str],
