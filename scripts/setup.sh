@@ -11,7 +11,7 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 # OpenSSH server and client: the benchmark's SFTP baselines (and their smoke test).
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v sftp >/dev/null 2>&1 || need_apt+=(openssh-client)
-# Headless Chromium for the UI checks of tests/test_deployment.py (driven by Playwright's
+# Headless Chromium for the UI checks of tests/system/test_deployment.py (driven by Playwright's
 # Python package, which downloads no browser of its own here).
 [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then

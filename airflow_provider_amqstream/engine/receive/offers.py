@@ -9,11 +9,11 @@ and a watcher browsing it sees only what can be taken.
 
 A receiver sweeps the parked queue between offers: it takes the first parked offer whose
 time has come, and passes the others to the tail, until it meets the first one it passed
-again. A sweep starts when the queue of offers is idle and at most every
-:data:`SWEEP_PAUSE` seconds (or as long as the last sweep took, if longer) while it is
-busy, so at most about half of a receiver's time goes to parked offers, whatever their
-number. Every receiver, restarted or on another machine, sees the same queues and times;
-no client-side list decides who is served, and no decision costs a subscription.
+again. It sweeps at most every :data:`SWEEP_PAUSE` seconds (or as long as the last sweep
+took, if longer) and takes one parked stream per sweep while new offers keep coming, and
+back to back when they do not: parked streams cannot starve new ones, nor new ones parked
+ones. Every receiver, restarted or on another machine, sees the same queues and times; no
+client-side list decides who is served, and no decision costs a subscription.
 
 Both subscriptions to the queue of offers together match every message on it (inline
 offers on one, everything else on the other), so no message can sit unmatched at its head
@@ -79,6 +79,10 @@ class Offers:
         # The parked offer a sweep stopped at: ours (prefetch 1) until the next sweep.
         self.held: Any = None
         self.next_sweep = 0.0
+        # Whether the queue of offers had nothing for us last time: parked streams whose
+        # time has come are then taken back to back, else one per SWEEP_PAUSE, so a backlog
+        # of them can neither starve new offers nor be starved by them.
+        self.main_idle = False
         self.passed = 0
 
     def _selector(self, inline_only: bool) -> str:
@@ -115,6 +119,7 @@ class Offers:
                 left = min(left, max(0.0, self.next_sweep - time.monotonic()))
             subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
             offer = self.link.get_any(max(0.0, left), subs)  # type: ignore[arg-type]
+            self.main_idle = offer is None
             if offer is not None:
                 return offer
             if deadline is not None and time.monotonic() >= deadline:
@@ -135,7 +140,7 @@ class Offers:
             offer.amqs_parked = True
             until = p.parked_until(offer.headers)
             if self.stream_id or until <= time.time():
-                self.next_sweep = time.monotonic()  # there may be more whose time has come
+                self.next_sweep = time.monotonic() + (0.0 if self.main_idle else SWEEP_PAUSE)
                 return offer
             key = (str(offer.headers.get(p.H_STREAM, "")), str(offer.headers.get(p.H_NOT_BEFORE, "")))
             if key == first:

@@ -247,7 +247,7 @@ def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, off
     retry = offers.park(message, str(exc))
     failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
                             str(exc), offset, retry_after=retry)
-    log.warning("%s (parked at the tail of %s for %.0fs)", exc, dest, retry)
+    log.warning("%s (parked in %s for %.0fs)", exc, dest.parked_queue() if dest.kind == "queue" else dest, retry)
     opts.emit("stream_yielded", **failure.to_json())
     exc.failure = failure
     return exc

@@ -22,12 +22,12 @@ import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine.receive import browse as offers_mod
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from airflow_provider_amqstream.triggers import offers as offers_mod
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 from tests.conftest import ROOT

@@ -21,7 +21,7 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import make_file, sha256_file, wait_for
-from tests.test_network import QUEUE, Sites
+from tests.system.test_network import QUEUE, Sites
 
 HOSTILE = "/topic/ActiveMQ.Advisory.Consumer.Queue." + QUEUE.removeprefix("/queue/")
 # How many plain messages each user tries: more than the bridge could survive before

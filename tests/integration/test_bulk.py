@@ -27,7 +27,7 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import cli, make_file, peak_rss_kib_of, sha256_file, wait_for
-from tests.test_queue_liveness import RawSender
+from tests.integration.test_queue_liveness import RawSender
 
 pytestmark = pytest.mark.broker
 

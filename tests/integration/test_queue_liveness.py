@@ -25,7 +25,7 @@ from airflow_provider_amqstream.engine.receive.stream import consumer_name
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled, TransportError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, make_file, play, sha256_file, wait_for
+from tests.helpers import ROOT, RawSender, browse, cli, make_file, play, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -319,7 +319,7 @@ def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: Broke
 def test_sensor_reports_a_poisoned_stream_and_receives_the_good_one(
         airflow_db: Path, uri: str, params: BrokerParams, tmp_path: Path, queue_name: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_airflow import _load
+    from tests.integration.test_airflow import _load
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     data = make_file(tmp_path / "bad.bin", 5000).read_bytes()
@@ -328,7 +328,7 @@ def test_sensor_reports_a_poisoned_stream_and_receives_the_good_one(
     good = make_file(tmp_path / "good.bin", 4000)
     sent = send_file(params, good, queue_name, chunk_size=1000)
     record = tmp_path / "record.json"
-    dag = _load(Path(__file__).parent / "dags", "amqs_test_sensor_policy")
+    dag = _load(ROOT / "tests" / "dags", "amqs_test_sensor_policy")
     dr = dag.test(run_conf={"queue": queue_name, "out_dir": str(tmp_path / "out"), "record": str(record)})
     assert dr.state == "success"
     got = json.loads(record.read_text())

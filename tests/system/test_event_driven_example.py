@@ -11,7 +11,7 @@ from airflow_provider_amqstream.engine import send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import sha256_file
-from tests.test_airflow import _load
+from tests.integration.test_airflow import _load
 
 EXAMPLES = ROOT / "dags" / "examples"
 

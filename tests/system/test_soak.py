@@ -5,9 +5,11 @@
 Bounded: a fixed number of streams and kills, loopback only, a deadline on every wait.
 Every stream must end byte-exact in the output directory or be reported failed with a
 reason; none may vanish; the broker must hold no message of ours at the end. Poisoned
-streams (a corrupt chunk) and abandoned ones (the sender gone after a few chunks), played
-with raw stomp.py before the good ones, must hold nothing up: the poisoned end in
-DLQ.soak with their reason, the abandoned keep their offers and partial data.
+streams (a corrupt chunk), abandoned ones (the sender gone after a few chunks), 200 stalled
+ones (an offer and nothing else) and 100 offers of 1 TiB, played with raw stomp.py before
+the good ones, must hold nothing up: the poisoned end in DLQ.soak with their reason, the
+others are parked (the abandoned with their partial data), and the broker's old
+generation ends where it began, give or take 64 MiB.
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import ROOT, browse, cli, free_port, make_file, play, sha256_file, wait_for
+from tests.helpers import ROOT, RawSender, browse, cli, free_port, make_file, old_gen_mib, play, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.soak]
 
 STREAMS = int(os.environ.get("AMQSTREAM_SOAK_STREAMS", "200"))
 PRODUCERS, RECEIVERS = 4, 2
 QUEUE = "/queue/soak"
-POISONED, ABANDONED = 5, 3
+POISONED, ABANDONED, STALLED, TOO_LARGE = 5, 3, 200, 100
 
 
 def _hostile_streams(params: BrokerParams, tmp_path: Path) -> tuple[list[str], list[str]]:
@@ -52,6 +54,13 @@ def _hostile_streams(params: BrokerParams, tmp_path: Path) -> tuple[list[str], l
         play(params, QUEUE, p.StreamSpec(sid, f"{sid}.bin", len(data), 4000), data, list(range(1, 11)), tamper=flip)
     for sid in abandoned:
         play(params, QUEUE, p.StreamSpec(sid, f"{sid}.bin", len(data), 4000), data, [1, 2], end=False)
+    dest = p.Destination.parse(QUEUE)
+    raw = RawSender(params)
+    for i in range(STALLED):
+        raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"stalled-{i}", "s.bin", 10**6, 2**20), dest))
+    for i in range(TOO_LARGE):
+        raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "t.bin", 2**40, 2**20), dest))
+    raw.close()
     return poisoned, abandoned
 
 
@@ -99,6 +108,7 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
     broker = EmbeddedBroker(tmp_path / "broker", port=free_port())
     broker.start()
     params = params_from_uri(broker.info().uri)
+    heap_before = old_gen_mib(broker.running_pid() or 0)
     t0 = time.monotonic()
     try:
         uri = broker.info().uri
@@ -168,7 +178,7 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
         def delivered_or_broken() -> bool:
             return delivered() or bool(chaos_errors)
 
-        wait_for(delivered_or_broken, 300, "every sent stream to be published", interval=0.5)
+        wait_for(delivered_or_broken, 1200, "every sent stream to be published", interval=0.5)
         stop.set()
         chaos_thread.join(30)
         if chaos_errors:
@@ -178,16 +188,17 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
                 reap(proc)
                 receivers[i] = receiver()
         # Re-offers and repeated offers from re-run senders are handled after the last file;
-        # what stays is the abandoned streams' offers, waiting for senders that never return.
+        # what stays is parked: the abandoned, stalled and too large streams, waiting for
+        # senders (or room) that never come.
         seen: list[list[str]] = [[]]
 
-        def only_abandoned_left() -> bool:
+        def all_taken() -> bool:
             seen[0] = sorted(f"{f.headers[p.H_STREAM]}{'(re)' if f.headers.get(p.H_REOFFER) else ''}"
                              for f in browse(params, QUEUE))
-            return seen[0] == abandoned
+            return seen[0] == []
 
         try:
-            wait_for(only_abandoned_left, 120, "the receivers to handle every offer but the abandoned ones", interval=1)
+            wait_for(all_taken, 600, "the receivers to handle every offer", interval=1)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; offers on {QUEUE}: {seen[0]}; receiver logs in {logs}") from None
         for proc in receivers:
@@ -210,7 +221,10 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
         assert sorted(f.headers[p.H_STREAM] for f in filed) == poisoned
         assert all("CRC-32" in f.headers[p.H_QUARANTINE_REASON] for f in filed)
         assert all((out / ".amqstream" / f"{sid}.part").exists() for sid in abandoned)
-        summary.update(poisoned=len(poisoned), abandoned=len(abandoned))
+        heap_after = old_gen_mib(broker.running_pid() or 0)
+        summary.update(poisoned=len(poisoned), abandoned=len(abandoned), stalled=STALLED, too_large=TOO_LARGE,
+                       old_gen_mib=[round(heap_before), round(heap_after)])
+        assert heap_after <= heap_before + 64, (heap_before, heap_after)
         print("SOAK hostile " + json.dumps(summary))
     finally:
         broker.stop()

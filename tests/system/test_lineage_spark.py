@@ -76,7 +76,7 @@ def test_airflow_emits_the_lineage_of_a_send_and_a_receive(airflow_db: Path, par
            "AIRFLOW__OPENLINEAGE__NAMESPACE": "amqs-test"}
     env.pop("AIRFLOW__OPENLINEAGE__DISABLED", None)
     # A process of its own: the provider reads its configuration once per process.
-    script = ("import json, sys; from tests.test_airflow import _load; from tests.helpers import ROOT; "
+    script = ("import json, sys; from tests.integration.test_airflow import _load; from tests.helpers import ROOT; "
               "dr = _load(ROOT / 'tests' / 'dags', 'amqs_test_lineage').test(run_conf=json.loads(sys.argv[1])); "
               "sys.exit(0 if dr.state == 'success' else 1)")
     for i in range(3):

@@ -13,7 +13,7 @@ from airflow_provider_amqstream.engine import send_file, send_files
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import make_file, sha256_file
-from tests.test_airflow import _load
+from tests.integration.test_airflow import _load
 
 
 def test_sanitize_uri_normalises_and_names_what_is_wrong() -> None:

@@ -28,7 +28,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
-from tests.test_pack import HOSTILE_PACKS, _pack
+from tests.integration.test_pack import HOSTILE_PACKS, _pack
 
 pytestmark = pytest.mark.broker
 

@@ -13,7 +13,7 @@ from airflow_provider_amqstream.engine import ReceiveOptions, find_received, rec
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import free_port, make_file, sha256_file
-from tests.test_airflow import _load
+from tests.integration.test_airflow import _load
 
 pytestmark = pytest.mark.broker
 
