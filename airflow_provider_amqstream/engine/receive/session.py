@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,15 @@ log = logging.getLogger(__name__)
 ResultSink = Callable[[TransferResult], None]
 FailureSink = Callable[[StreamFailure], None]
 
-def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
-                   stream_id: str | None = None, options: ReceiveOptions | None = None) -> TransferResult | None:
+
+def receive_stream(
+    params: BrokerParams,
+    source: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    stream_id: str | None = None,
+    options: ReceiveOptions | None = None,
+) -> TransferResult | None:
     """Receive the next stream offered on ``source`` (or the one named ``stream_id``)
     into ``out_dir``; return None if none was offered within ``wait_timeout``.
 
@@ -88,10 +96,19 @@ def receive_stream(params: BrokerParams, source: str, out_dir: str | os.PathLike
     return got[0] if got else None
 
 
-def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], *,
-                    count: int | None = None, stream_id: str | None = None, options: ReceiveOptions | None = None,
-                    fail_fast: bool = False, on_result: ResultSink | None = None,
-                    on_failure: FailureSink | None = None, stop_after: float | None = None) -> list[TransferResult]:
+def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; the hook passes each by name
+    params: BrokerParams,
+    source: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    count: int | None = None,
+    stream_id: str | None = None,
+    options: ReceiveOptions | None = None,
+    fail_fast: bool = False,
+    on_result: ResultSink | None = None,
+    on_failure: FailureSink | None = None,
+    stop_after: float | None = None,
+) -> list[TransferResult]:
     """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
     offer, or until ``stop_after`` seconds have passed; return them. One connection serves
     them all.
@@ -115,53 +132,29 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
     batches = Batches(out, sdir)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
-    results: list[TransferResult] = []
     wait = opts.wait_timeout
     until = None if stop_after is None else time.monotonic() + stop_after
+    report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts)
     first = True
     while True:
         try:
             with open_link(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
                 backoff.reset()
                 offers = Offers(link, dest, stream_id, opts)
-                while count is None or len(results) < count:
+                session = ReceiveSession(link, dest, out, sdir, opts=opts, offers=offers, batches=batches)
+                while count is None or len(report.results) < count:
                     deadline = None if wait is None else time.monotonic() + wait
                     if until is not None:
                         if time.monotonic() >= until:
-                            return results
+                            return report.results
                         deadline = until if deadline is None else min(deadline, until)
                     offer = offers.next(deadline)
                     if offer is None:
-                        return results
+                        return report.results
                     wait = opts.wait_timeout
-                    if bw.is_pack(offer.headers) or (bw.is_inline(offer.headers)
-                                                    and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value):
-                        group = offers.gather_inline(offer, None if count is None else count - len(results))
-                        outcomes = _take_inline(link, dest, out, sdir, group, opts, offers)
-                    else:
-                        outcomes = [_take(link, dest, out, sdir, offer, opts, offers, batches)]
-                    failed: StreamError | None = None
-                    for outcome in outcomes:
-                        if outcome is None:
-                            continue
-                        if stream_id and _stream_of(outcome) != stream_id:
-                            # Another file of the pack that carried ours: received all the same.
-                            log.info("%s (it came in the same pack as stream %s)", _describe(outcome), stream_id)
-                            continue
-                        if isinstance(outcome, TransferResult):
-                            for manifest in batches.published(outcome.stream_id):
-                                opts.emit("batch_complete", manifest=str(manifest))
-                            results.append(outcome)
-                            if on_result:
-                                on_result(outcome)
-                            continue
-                        if fail_fast or stream_id:
-                            failed = failed or outcome
-                        elif on_failure and outcome.failure is not None:
-                            on_failure(outcome.failure)
-                    if failed is not None:
-                        raise failed
-                return results
+                    room = None if count is None else count - len(report.results)
+                    report.add(session.settle(offer, room))
+                return report.results
         except AccessDenied:
             raise
         except ConnectionLost as exc:
@@ -173,6 +166,42 @@ def receive_streams(params: BrokerParams, source: str, out_dir: str | os.PathLik
         first = False
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
+
+
+@dataclass
+class _Report:
+    """Where each outcome of a receive goes: results kept and reported, failures reported
+    or raised, batches told of each stream published."""
+
+    stream_id: str | None
+    fail_fast: bool
+    on_result: ResultSink | None
+    on_failure: FailureSink | None
+    batches: Batches
+    opts: ReceiveOptions
+    results: list[TransferResult] = field(default_factory=list)
+
+    def add(self, outcomes: list[TransferResult | StreamError | None]) -> None:
+        failed: StreamError | None = None
+        for outcome in outcomes:
+            if outcome is None:
+                continue
+            if self.stream_id and _stream_of(outcome) != self.stream_id:
+                # Another file of the pack that carried ours: received all the same.
+                log.info("%s (it came in the same pack as stream %s)", _describe(outcome), self.stream_id)
+                continue
+            if isinstance(outcome, TransferResult):
+                for manifest in self.batches.published(outcome.stream_id):
+                    self.opts.emit("batch_complete", manifest=str(manifest))
+                self.results.append(outcome)
+                if self.on_result:
+                    self.on_result(outcome)
+            elif self.fail_fast or self.stream_id:
+                failed = failed or outcome
+            elif self.on_failure and outcome.failure is not None:
+                self.on_failure(outcome.failure)
+        if failed is not None:
+            raise failed
 
 
 def _stream_of(outcome: TransferResult | StreamError) -> str:
@@ -188,189 +217,358 @@ def _describe(outcome: TransferResult | StreamError) -> str:
     return str(outcome)
 
 
-def _take(link: Link, dest: p.Destination, out: Path, sdir: Path, offer: Any, opts: ReceiveOptions,
-          offers: Offers, batches: Batches) -> TransferResult | StreamError | None:
-    """Settle one offer: a result, a handled failure (to report or raise), or None for a
-    re-offer or a batch message (nothing to receive)."""
-    sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
-    if offer.headers.get(p.H_KIND) == p.Kind.BATCH.value:
-        try:
-            batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
-        except p.ProtocolError as exc:
-            return _quarantine(link, dest, offer, sid, f"invalid batch message: {exc}", opts)
-        manifest = batches.record(batch_id, part, parts, entries, offers.sender(offer))
-        link.ack(offer)
-        opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
-        if manifest is not None:
-            opts.emit("batch_complete", manifest=str(manifest))
-        return None
-    if offer.headers.get(p.H_REOFFER):
-        _clear_leftovers(link, dest, sdir, offer, opts)
-        return None
-    if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
-        return _take_inline(link, dest, out, sdir, [offer], opts, offers)[0]
-    try:
-        spec, data_q = p.parse_offer(offer.headers, dest)
-        terms = p.handshake_terms(offer.headers, spec, dest) if spec.mode is p.Mode.HANDSHAKE else None
-        subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
-    except p.ProtocolError as exc:
-        return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
-    origin = p.offer_origin(offer.headers)
-    sender = offers.sender(offer)
-    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, sender, opts, terms)
-    if settled is not None:
-        return settled
-    receiver = StreamReceiver(link, dest, out, sdir, spec, data_q, opts, origin=origin, handshake=terms,
-                              subdir=subdir, sender=sender)
-    try:
-        result = receiver.run()
-    except Poisoned as bad:
-        moved = receiver.abandon()
-        return _quarantine(link, dest, offer, sid, bad.reason, opts, offset=bad.offset, moved=moved)
-    except StreamYielded as exc:
-        receiver.stop_data()
-        receiver.file.shrink()
-        return _yielded(exc, sid, dest, receiver.offset, offers, opts, offer)
-    link.ack(offer)
-    return result
+class ReceiveSession:
+    """One connection's worth of receiving into one output directory: it settles each offer
+    the subscriptions hand it (take one stream, or a group of small files), by the policy
+    of docs/protocol.md, "When a stream fails": quarantine what can never succeed, park
+    what cannot go on now, acknowledge repeats, refuse ids and batches of other users.
 
+    :param link: the open connection.
+    :param dest: the destination offers come from.
+    :param out: the output directory.
+    :param sdir: its state directory.
+    :param opts: the receive options.
+    :param offers: the subscriptions (and parking) of this connection.
+    :param batches: the batches this directory waits on.
+    """
 
-def _yielded(exc: StreamYielded, sid: str, dest: p.Destination, offset: int, offers: Offers,
-             opts: ReceiveOptions, message: Any) -> StreamYielded | StreamQuarantined:
-    """The stream gives up its place: ``message`` (its offer, or the pack carrying it) is
-    parked at the tail of the queue until its back-off ends; after ``MAX_YIELDS`` yields
-    the stream is quarantined instead."""
-    if p.yields_of(message.headers) + 1 > MAX_YIELDS:
-        return _quarantine(offers.link, dest, message, sid, (
-            f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
-            "the output directory's .amqstream"), opts, offset=offset)
-    retry = offers.park(message, str(exc))
-    failure = StreamFailure(sid, str(dest), "stalled" if isinstance(exc, StreamStalled) else "no_room",
-                            str(exc), offset, retry_after=retry)
-    log.warning("%s (parked in %s for %.0fs)", exc, dest.parked_queue() if dest.kind == "queue" else dest, retry)
-    opts.emit("stream_yielded", **failure.to_json())
-    exc.failure = failure
-    return exc
+    def __init__(
+        self,
+        link: Link,
+        dest: p.Destination,
+        out: Path,
+        sdir: Path,
+        *,
+        opts: ReceiveOptions,
+        offers: Offers,
+        batches: Batches,
+    ) -> None:
+        self.link, self.dest, self.out, self.sdir = link, dest, out, sdir
+        self.opts, self.offers, self.batches = opts, offers, batches
 
+    def settle(self, offer: Any, room: int | None) -> list[TransferResult | StreamError | None]:
+        """Settle ``offer`` (with the small files delivered after it, for a group): the
+        outcome of each stream, None for one with nothing to report.
 
-def _check_offer(link: Link, dest: p.Destination, out: Path, sdir: Path, offer: Any, spec: p.StreamSpec,
-                 data_q: str, origin: str, sender: str, opts: ReceiveOptions,
-                 terms: tuple[str, int] | None = None) -> StreamError | TransferResult | None:
-    """What every valid offer goes through before anything is received: within limits, not
-    received before, not clashing with another stream's partial data. Returns None to go
-    on, or the settled outcome (quarantined, or a duplicate acknowledged)."""
-    sid = spec.stream_id
-    if opts.max_bytes is not None and spec.size > opts.max_bytes:
-        return _quarantine(link, dest, offer, sid, f"stream {sid} is {spec.size} bytes, over this receiver's limit "
-                           f"of {opts.max_bytes} (max_bytes)", opts)
-    done = find_received(out, sid)
-    if done is not None:
-        owner = str(done.get("sender") or "")
-        if owner and sender != owner:
-            return _quarantine(link, dest, offer, sid, (
-                f"stream id {sid} belongs to a stream user {owner!r} sent (received as {done.get('path')}); this "
-                f"offer from {sender or 'an unidentified sender'!r} was not received. Send with your own stream id."),
-                opts)
-        if _same_stream(done, spec, origin):
-            return _duplicate(link, dest, out, offer, spec, data_q, done, opts, terms)
-        when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
-        return _quarantine(link, dest, offer, sid, (
-            f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
-            f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
-            "with a new stream id (the default id is derived from the file and is unique)."), opts)
-    clash = _other_partial(sdir, spec, sender)
-    if clash:
-        return _quarantine(link, dest, offer, sid, clash, opts)
-    return None
+        :param offer: the message the subscriptions handed over.
+        :param room: how many more streams the receive takes (None: no limit).
+        """
+        if bw.is_pack(offer.headers) or (
+            bw.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value
+        ):
+            return self.take_inline(self.offers.gather_inline(offer, room))
+        return [self.take(offer)]
 
-
-def _parse_inline(link: Link, dest: p.Destination, out: Path, sdir: Path, offer: Any, sender: str,
-                  opts: ReceiveOptions) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
-    """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
-    sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
-    try:
-        spec, data_q = p.parse_offer(offer.headers, dest)
-    except p.ProtocolError as exc:
-        return _quarantine(link, dest, offer, sid, f"invalid offer: {exc}", opts)
-    origin = p.offer_origin(offer.headers)
-    settled = _check_offer(link, dest, out, sdir, offer, spec, data_q, origin, sender, opts)
-    return (spec, origin) if settled is None else settled
-
-
-def _take_inline(link: Link, dest: p.Destination, out: Path, sdir: Path, group: list[Any],
-                 opts: ReceiveOptions, offers: Offers) -> list[TransferResult | StreamError | None]:
-    """Settle a group of inline offers: check and write each, make them durable together
-    (see :mod:`~airflow_provider_amqstream.engine.receive.inline`), then acknowledge them."""
-    outcomes: list[TransferResult | StreamError | None] = []
-    files = InlineGroup(out, sdir, str(dest), opts)
-    later: list[Any] = []
-    yielded: StreamYielded | None = None
-    yielded_sid, yielded_offer = "", None
-    try:
-        for offer in _unpacked(link, dest, group, opts, outcomes):
-            sid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
-            if yielded is not None:
-                break  # handed back with the subscription, unacknowledged
-            if files.holds(sid):
-                later.append(offer)  # the same stream twice in one group: a repeat, settled after
-                continue
-            sender = offers.sender(inline.message_of(offer))
-            checked = _parse_inline(link, dest, out, sdir, offer, sender, opts)
-            if not isinstance(checked, tuple):
-                outcomes.append(checked)
-                continue
-            spec, origin = checked
+    def take(self, offer: Any) -> TransferResult | StreamError | None:
+        """Settle one offer: a result, a handled failure (to report or raise), or None for a
+        re-offer or a batch message (nothing to receive)."""
+        sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+        if offer.headers.get(p.H_KIND) == p.Kind.BATCH.value:
             try:
-                data = bw.read_inline(offer.headers, offer.body or b"", spec)
-                subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
-                files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
-                          sender=sender)
+                batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
             except p.ProtocolError as exc:
-                outcomes.append(_quarantine(link, dest, offer, sid, str(exc), opts))
-            except Poisoned as bad:
-                outcomes.append(_quarantine(link, dest, offer, sid, bad.reason, opts))
-            except StreamNoRoom as exc:
-                yielded, yielded_sid, yielded_offer = exc, sid, offer
-        for offer, result in files.commit():
-            inline.settle(link, offer)
-            opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path))
-            outcomes.append(result)
-    finally:
-        files.close()
-    if yielded is not None:
-        held = inline.message_of(yielded_offer)
-        outcomes.append(_yielded(yielded, yielded_sid, dest, 0, offers, opts, held))
-        # The rest of the group was not reached: back to the tail, for this receiver or another.
+                return self._quarantine(offer, sid, f"invalid batch message: {exc}")
+            manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
+            self.link.ack(offer)
+            self.opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
+            if manifest is not None:
+                self.opts.emit("batch_complete", manifest=str(manifest))
+            return None
+        if offer.headers.get(p.H_REOFFER):
+            self._clear_leftovers(offer)
+            return None
+        if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
+            return self.take_inline([offer])[0]
+        try:
+            spec, data_q = p.parse_offer(offer.headers, self.dest)
+            terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
+            subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+        except p.ProtocolError as exc:
+            return self._quarantine(offer, sid, f"invalid offer: {exc}")
+        origin = p.offer_origin(offer.headers)
+        sender = self.offers.sender(offer)
+        settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
+        if settled is not None:
+            return settled
+        receiver = StreamReceiver(
+            self.link,
+            self.dest,
+            self.out,
+            self.sdir,
+            spec,
+            data_q,
+            self.opts,
+            origin=origin,
+            handshake=terms,
+            subdir=subdir,
+            sender=sender,
+        )
+        try:
+            result = receiver.run()
+        except Poisoned as bad:
+            moved = receiver.abandon()
+            return self._quarantine(offer, sid, bad.reason, offset=bad.offset, moved=moved)
+        except StreamYielded as exc:
+            receiver.stop_data()
+            receiver.file.shrink()
+            return self._yielded(exc, sid, receiver.offset, offer)
+        self.link.ack(offer)
+        return result
+
+    def _yielded(self, exc: StreamYielded, sid: str, offset: int, message: Any) -> StreamYielded | StreamQuarantined:
+        """The stream gives up its place: ``message`` (its offer, or the pack carrying it) is
+        parked at the tail of the queue until its back-off ends; after ``MAX_YIELDS`` yields
+        the stream is quarantined instead."""
+        if p.yields_of(message.headers) + 1 > MAX_YIELDS:
+            return self._quarantine(
+                message,
+                sid,
+                (
+                    f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
+                    "the output directory's .amqstream"
+                ),
+                offset=offset,
+            )
+        retry = self.offers.park(message, str(exc))
+        failure = StreamFailure(
+            sid,
+            str(self.dest),
+            "stalled" if isinstance(exc, StreamStalled) else "no_room",
+            str(exc),
+            offset,
+            retry_after=retry,
+        )
+        log.warning(
+            "%s (parked in %s for %.0fs)",
+            exc,
+            self.dest.parked_queue() if self.dest.kind == "queue" else self.dest,
+            retry,
+        )
+        self.opts.emit("stream_yielded", **failure.to_json())
+        exc.failure = failure
+        return exc
+
+    def _check_offer(
+        self,
+        offer: Any,
+        spec: p.StreamSpec,
+        data_q: str,
+        origin: str,
+        sender: str,
+        terms: tuple[str, int] | None = None,
+    ) -> StreamError | TransferResult | None:
+        """What every valid offer goes through before anything is received: within limits, not
+        received before, not clashing with another stream's partial data. Returns None to go
+        on, or the settled outcome (quarantined, or a duplicate acknowledged)."""
+        sid = spec.stream_id
+        if self.opts.max_bytes is not None and spec.size > self.opts.max_bytes:
+            return self._quarantine(
+                offer,
+                sid,
+                f"stream {sid} is {spec.size} bytes, over this receiver's limit of {self.opts.max_bytes} (max_bytes)",
+            )
+        done = find_received(self.out, sid)
+        if done is not None:
+            owner = str(done.get("sender") or "")
+            if owner and sender != owner:
+                return self._quarantine(
+                    offer,
+                    sid,
+                    (
+                        f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
+                        f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
+                        "received. Send with your own stream id."
+                    ),
+                )
+            if _same_stream(done, spec, origin):
+                return self._duplicate(offer, spec, data_q, done, terms)
+            when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
+            return self._quarantine(
+                offer,
+                sid,
+                (
+                    f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
+                    f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
+                    "with a new stream id (the default id is derived from the file and is unique)."
+                ),
+            )
+        clash = _other_partial(self.sdir, spec, sender)
+        if clash:
+            return self._quarantine(offer, sid, clash)
+        return None
+
+    def _parse_inline(self, offer: Any, sender: str) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
+        """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
+        sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+        try:
+            spec, data_q = p.parse_offer(offer.headers, self.dest)
+        except p.ProtocolError as exc:
+            return self._quarantine(offer, sid, f"invalid offer: {exc}")
+        origin = p.offer_origin(offer.headers)
+        settled = self._check_offer(offer, spec, data_q, origin, sender)
+        return (spec, origin) if settled is None else settled
+
+    def take_inline(self, group: list[Any]) -> list[TransferResult | StreamError | None]:
+        """Settle a group of inline offers: check and write each, make them durable together
+        (see :mod:`~airflow_provider_amqstream.engine.receive.inline`), then acknowledge them."""
+        outcomes: list[TransferResult | StreamError | None] = []
+        files = InlineGroup(self.out, self.sdir, str(self.dest), self.opts)
+        later: list[Any] = []
+        yielded: tuple[StreamYielded, str, Any] | None = None
+        try:
+            for offer in self._unpacked(group, outcomes):
+                sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+                if files.holds(sid):
+                    later.append(offer)  # the same stream twice in one group: a repeat, settled after
+                    continue
+                try:
+                    outcome = self._write_inline(files, offer, sid)
+                except StreamNoRoom as exc:
+                    yielded = (exc, sid, offer)
+                    break  # what follows goes back, unacknowledged
+                if outcome is not None:
+                    outcomes.append(outcome)
+            for offer, result in files.commit():
+                inline.settle(self.link, offer)
+                self.opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path))
+                outcomes.append(result)
+        finally:
+            files.close()
+        if yielded is not None:
+            return [*outcomes, self._give_way(group, *yielded)]
+        for offer in later:
+            checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
+            if isinstance(checked, tuple):  # not published after all: back to the tail
+                message = inline.message_of(offer)
+                if not inline.is_settled(message):
+                    self.offers.requeue(message)
+                continue
+            outcomes.append(checked)
+        return outcomes
+
+    def _write_inline(self, files: InlineGroup, offer: Any, sid: str) -> StreamError | TransferResult | None:
+        """Check one inline offer and write its file into ``files``: None when written, else
+        its outcome (quarantined, or a repeat). Raises StreamNoRoom when it does not fit."""
+        sender = self.offers.sender(inline.message_of(offer))
+        checked = self._parse_inline(offer, sender)
+        if not isinstance(checked, tuple):
+            return checked
+        spec, origin = checked
+        try:
+            data = bw.read_inline(offer.headers, offer.body or b"", spec)
+            subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+            files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
+                      sender=sender)
+        except p.ProtocolError as exc:
+            return self._quarantine(offer, sid, str(exc))
+        except Poisoned as bad:
+            return self._quarantine(offer, sid, bad.reason)
+        return None
+
+    def _give_way(self, group: list[Any], exc: StreamYielded, sid: str, offer: Any) -> StreamError:
+        """A group's file did not fit: park the message carrying it, and put back the rest of
+        the group this receiver did not reach, for this receiver or another."""
+        held = inline.message_of(offer)
+        outcome = self._yielded(exc, sid, 0, held)
         for message in group:
             if message is not held and not inline.is_settled(message):
-                offers.requeue(message)
-        return outcomes
-    for offer in later:
-        checked = _parse_inline(link, dest, out, sdir, offer, offers.sender(inline.message_of(offer)), opts)
-        if isinstance(checked, tuple):  # not published after all: back to the tail
-            message = inline.message_of(offer)
-            if not inline.is_settled(message):
-                offers.requeue(message)
-            continue
-        outcomes.append(checked)
-    return outcomes
+                self.offers.requeue(message)
+        return outcome
 
+    def _unpacked(self, group: list[Any], outcomes: list[TransferResult | StreamError | None]) -> list[Any]:
+        """The group's offers with every pack replaced by its members; a malformed pack is
+        quarantined whole (its outcome goes to ``outcomes``)."""
+        found: list[Any] = []
+        for offer in group:
+            if not bw.is_pack(offer.headers):
+                found.append(offer)
+                continue
+            try:
+                found.extend(inline.unpack(offer))
+            except p.ProtocolError as exc:
+                pid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+                outcomes.append(self._quarantine(offer, pid, f"invalid pack: {exc}"))
+        return found
 
-def _unpacked(link: Link, dest: p.Destination, group: list[Any], opts: ReceiveOptions,
-              outcomes: list[TransferResult | StreamError | None]) -> list[Any]:
-    """The group's offers with every pack replaced by its members; a malformed pack is
-    quarantined whole (its outcome goes to ``outcomes``)."""
-    offers: list[Any] = []
-    for offer in group:
-        if not bw.is_pack(offer.headers):
-            offers.append(offer)
-            continue
+    def _duplicate(
+        self, offer: Any, spec: p.StreamSpec, data_q: str, done: dict[str, Any], terms: tuple[str, int] | None
+    ) -> TransferResult:
+        """The stream was published here before and was offered again (a sender re-run after
+        its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
+        if terms:
+            # A sender believes only receivers that introduced themselves: hello, then done.
+            token = receiver_token(self.out / ".amqstream", spec.stream_id)
+            for kind in (p.Kind.HELLO, p.Kind.DONE):
+                self.link.send(
+                    terms[0],
+                    b"",
+                    p.control_headers(spec, kind, consumer_name(self.out), spec.chunks + 1, token),
+                    persistent=False,
+                )
+        elif not bw.is_inline(offer.headers):
+            drain_queue(self.link, data_q, ack=True)
+        inline.settle(self.link, offer)
+        self.opts.emit("duplicate_offer", stream_id=spec.stream_id)
+        log.info(
+            "stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
+            spec.stream_id,
+            self.dest,
+            done.get("path"),
+        )
+        return TransferResult.from_json(
+            {
+                **done,
+                "seconds": 0.0,
+                "bytes_transferred": 0,
+                "started_at": time.time(),
+                "finished_at": time.time(),
+                "status": "duplicate",
+            }
+        )
+
+    def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0, moved: int = 0) -> StreamQuarantined:
+        """File the offer away with the reason, acknowledge the original, report."""
+        qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
+        headers = {
+            k: str(v)[:1024]
+            for k, v in offer.headers.items()
+            if k.startswith("amqs_") and not k.startswith("amqs_quarantine")
+        }
+        headers.update(
+            {
+                p.H_QUARANTINE_REASON: reason[:2000],
+                p.H_QUARANTINED_FROM: str(self.dest),
+                p.H_QUARANTINED_BY: socket.gethostname(),
+                p.H_QUARANTINED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+        )
+        self.link.send_confirmed(qdest, b"", headers)
+        inline.settle(self.link, offer)
+        failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved)
+        log.error("stream %s on %s quarantined to %s: %s", sid or "?", self.dest, qdest, reason)
+        self.opts.emit("stream_quarantined", **failure.to_json())
+        return StreamQuarantined(f"stream {sid or '?'} on {self.dest} was quarantined to {qdest}: {reason}", failure)
+
+    def _clear_leftovers(self, offer: Any) -> None:
+        """Handle a re-offer. If this directory published the stream, drain what the sender's
+        re-run repeated; if it holds the stream's partial data, its receiver drains when it
+        publishes. Either way acknowledge the re-offer, and never start a reception from it."""
+        sid = str(offer.headers.get(p.H_STREAM, ""))
         try:
-            offers.extend(inline.unpack(offer))
+            p.validate_stream_id(sid)
         except p.ProtocolError as exc:
-            pid = str(offer.headers.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
-            outcomes.append(_quarantine(link, dest, offer, pid, f"invalid pack: {exc}", opts))
-    return offers
+            self._quarantine(offer, sid[: p.MAX_STREAM_ID], f"invalid re-offer: {exc}")
+            return
+        done = self.sdir / f"{sid}.done"
+        if not done.exists() and (self.sdir / f"{sid}.part").exists():
+            # Another receiver of this directory is receiving the stream: it publishes, then
+            # looks for this mark and drains; we mark first and look again, so one of us does.
+            write_json(self.sdir / f"{sid}.reoffered", {"at": time.time()})
+        if done.exists():
+            drained = drain_queue(self.link, self.dest.data_queue(sid), ack=True)
+            self.opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
+            (self.sdir / f"{sid}.reoffered").unlink(missing_ok=True)
+        self.link.ack(offer)
 
 
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
@@ -394,77 +592,19 @@ def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
         return None
     owner = str(data.get("sender") or "")
     if owner and owner != sender:
-        return (f"stream id {spec.stream_id} has a partial reception of a stream user {owner!r} sent, in {sdir}; "
-                f"this offer from {sender or 'an unidentified sender'!r} was not received. Send with your own "
-                "stream id.")
+        return (
+            f"stream id {spec.stream_id} has a partial reception of a stream user {owner!r} sent, in {sdir}; "
+            f"this offer from {sender or 'an unidentified sender'!r} was not received. Send with your own "
+            "stream id."
+        )
     same = (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name)
     if same:
         return None
-    return (f"stream id {spec.stream_id} has a partial reception of another stream ({data.get('name')!r}, "
-            f"{data.get('size')} bytes) in {sdir}; this one ({spec.name!r}, {spec.size} bytes) reuses the id. "
-            "Re-send it with a new stream id.")
-
-
-def _duplicate(link: Link, dest: p.Destination, out: Path, offer: Any, spec: p.StreamSpec, data_q: str,
-               done: dict[str, Any], opts: ReceiveOptions, terms: tuple[str, int] | None) -> TransferResult:
-    """The stream was published here before and was offered again (a sender re-run after
-    its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
-    if terms:
-        # A sender believes only receivers that introduced themselves: hello, then done.
-        token = receiver_token(out / ".amqstream", spec.stream_id)
-        for kind in (p.Kind.HELLO, p.Kind.DONE):
-            link.send(terms[0], b"", p.control_headers(spec, kind, consumer_name(out), spec.chunks + 1, token),
-                      persistent=False)
-    elif not bw.is_inline(offer.headers):
-        drain_queue(link, data_q, ack=True)
-    inline.settle(link, offer)
-    opts.emit("duplicate_offer", stream_id=spec.stream_id)
-    log.info("stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
-             spec.stream_id, dest, done.get("path"))
-    return TransferResult.from_json({**done, "seconds": 0.0, "bytes_transferred": 0, "started_at": time.time(),
-                                     "finished_at": time.time(), "status": "duplicate"})
-
-
-def _quarantine(link: Link, dest: p.Destination, offer: Any, sid: str, reason: str, opts: ReceiveOptions, *,
-                offset: int = 0, moved: int = 0) -> StreamQuarantined:
-    """File the offer away with the reason, acknowledge the original, report."""
-    qdest = opts.quarantine or f"/queue/DLQ.{dest.name}"
-    headers = {k: str(v)[:1024] for k, v in offer.headers.items()
-               if k.startswith("amqs_") and not k.startswith("amqs_quarantine")}
-    headers.update({
-        p.H_QUARANTINE_REASON: reason[:2000],
-        p.H_QUARANTINED_FROM: str(dest),
-        p.H_QUARANTINED_BY: socket.gethostname(),
-        p.H_QUARANTINED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    })
-    link.send_confirmed(qdest, b"", headers)
-    inline.settle(link, offer)
-    failure = StreamFailure(sid or "?", str(dest), "quarantined", reason, offset, qdest, moved)
-    log.error("stream %s on %s quarantined to %s: %s", sid or "?", dest, qdest, reason)
-    opts.emit("stream_quarantined", **failure.to_json())
-    return StreamQuarantined(f"stream {sid or '?'} on {dest} was quarantined to {qdest}: {reason}", failure)
-
-
-def _clear_leftovers(link: Link, dest: p.Destination, sdir: Path, offer: Any, opts: ReceiveOptions) -> None:
-    """Handle a re-offer. If this directory published the stream, drain what the sender's
-    re-run repeated; if it holds the stream's partial data, its receiver drains when it
-    publishes. Either way acknowledge the re-offer, and never start a reception from it."""
-    sid = str(offer.headers.get(p.H_STREAM, ""))
-    try:
-        p.validate_stream_id(sid)
-    except p.ProtocolError as exc:
-        _quarantine(link, dest, offer, sid[:p.MAX_STREAM_ID], f"invalid re-offer: {exc}", opts)
-        return
-    done = sdir / f"{sid}.done"
-    if not done.exists() and (sdir / f"{sid}.part").exists():
-        # Another receiver of this directory is receiving the stream: it publishes, then
-        # looks for this mark and drains; we mark first and look again, so one of us does.
-        write_json(sdir / f"{sid}.reoffered", {"at": time.time()})
-    if done.exists():
-        drained = drain_queue(link, dest.data_queue(sid), ack=True)
-        opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
-        (sdir / f"{sid}.reoffered").unlink(missing_ok=True)
-    link.ack(offer)
+    return (
+        f"stream id {spec.stream_id} has a partial reception of another stream ({data.get('name')!r}, "
+        f"{data.get('size')} bytes) in {sdir}; this one ({spec.name!r}, {spec.size} bytes) reuses the id. "
+        "Re-send it with a new stream id."
+    )
 
 
 def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, Any] | None:
