@@ -221,14 +221,6 @@ def state_dir(out: Path) -> Path:
     return sdir
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -> None:
     """Feed the first ``upto`` bytes of an open file to ``hasher`` (resume path)."""
     fh.seek(0)

@@ -252,17 +252,6 @@ class AmqStreamHook(BaseHook):
         a thread in a trigger); it opens its session on the first look."""
         return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
 
-    def offer_waiting(self, source: str, *, stream_id: str | None = None, timeout: float = 2.0) -> bool:
-        """Whether a stream is offered on ``source`` right now (alone or in a pack), without taking it.
-
-        Uses a queue browser, so nothing is consumed: cheap enough for a trigger to poll.
-        """
-        dest = p.Destination.parse(source)
-        with open_link(self.broker_params()) as link:
-            link.subscribe(str(dest), selector=p.offer_selector(stream_id or None), browser=True)
-            frame = link.get(timeout)
-            # A browser ends with an empty end-of-browse message; anything else is an offer.
-            return frame is not None and frame.headers.get("browser") != "end"
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Handshake mode, the sender's side as a pure state machine: whom to send what next.
 
-In ``handshake`` mode (seed 004) receivers answer the offer with ``hello`` on the stream's
+In ``handshake`` mode receivers answer the offer with ``hello`` on the stream's
 control queue, acknowledge each window with ``ack``, ask for a resend from a sequence
 number with ``rereq``, and say ``done``. :class:`HandshakeSender` takes those messages and
 decides which chunk goes next; ``engine/handshake.py`` drives it over the broker. The

@@ -13,7 +13,7 @@ published), so it never has two streams open, and a crashed receiver's offer goe
 to the queue for the next one. Chunks are placed by offset, never by arrival order, so
 a broker that reorders, redelivers or duplicates cannot corrupt the file.
 
-In ``handshake`` mode (seed 004) the sender also listens: receivers answer the offer
+In ``handshake`` mode the sender also listens: receivers answer the offer
 with ``hello`` on a control queue, acknowledge each window with ``ack``, ask for a
 resend from a sequence number with ``rereq``, and say ``done``. That gives consumer
 discovery, a window of chunks per acknowledgement, recovery of lost or corrupted
@@ -156,10 +156,10 @@ class Mode(str, Enum):
 
     ``stream``: the offer goes first, so a receiver can write while the sender sends.
     ``atomic``: the offer goes last, after the broker confirmed every chunk, so no
-    receiver ever starts on a stream whose producer died (seed 000's transaction,
+    receiver ever starts on a stream whose producer died (a transaction,
     without holding the stream in broker memory: chunks wait in KahaDB).
     ``handshake``: the sender waits for receivers to answer the offer and paces itself
-    by their acknowledgements (seed 004); required for topics.
+    by their acknowledgements; required for topics.
     """
 
     STREAM = "stream"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import ConfigurationError
@@ -158,8 +158,7 @@ class BrokerParams:
             network=flag("network", False),
         )
 
-    def with_overrides(self, **kw: Any) -> BrokerParams:
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:

@@ -1,4 +1,4 @@
-"""Issue 4: operators, sensor, trigger and example DAGs under real Airflow (SQLite),
+"""Operators, sensor, trigger and example DAGs under real Airflow (SQLite),
 a real broker and real spark-submit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12 item 4: the amqstream:// asset scheme and the received file as an asset."""
+"""The amqstream:// asset scheme and the received file as an asset."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 6: users restricted to their destinations by the broker's own authorization.
+"""Users restricted to their destinations by the broker's own authorization.
 
 One broker with an administrator and three users: ``producer`` may send to
 ``/queue/landing`` and the ``/topic/news`` handshake, ``consumer`` may receive from both,

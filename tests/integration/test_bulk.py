@@ -1,4 +1,4 @@
-"""Issue 10: many files in one send over one connection, in one receive; relative paths
+"""Many files in one send over one connection, in one receive; relative paths
 land under the output directory and never outside it; a killed batch resumes per file."""
 
 from __future__ import annotations

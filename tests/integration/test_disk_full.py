@@ -1,4 +1,4 @@
-"""Issue 6: a really full filesystem (a small tmpfs) under a receiver. The stream stops
+"""A really full filesystem (a small tmpfs) under a receiver. The stream stops
 with an error naming it, the partial file is kept, nothing unwritten is acknowledged,
 and once there is space the same stream completes byte-exact."""
 

@@ -1,4 +1,4 @@
-"""Issue 12: the ``amqstream`` message queue (event-driven scheduling) and quiet triggers.
+"""The ``amqstream`` message queue (event-driven scheduling) and quiet triggers.
 
 Triggers run with asyncio against the real session broker; offers are made with the
 real sender (``send_file``) or, for hostile ones, with raw stomp.py.

@@ -1,4 +1,4 @@
-"""Issue 2: the broker command, the hook against a real broker, provider discovery."""
+"""The broker command, the hook against a real broker, provider discovery."""
 
 from __future__ import annotations
 

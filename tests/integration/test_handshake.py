@@ -1,4 +1,4 @@
-"""Handshake mode (seed 004): consumer discovery, windowed acknowledgements, re-request from
+"""Handshake mode: consumer discovery, windowed acknowledgements, re-request from
 a sequence number, resume at both ends, topics with several subscribers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9: hostile frames from an authorized sender (raw stomp.py) against a real receiver.
+"""Hostile frames from an authorized sender (raw stomp.py) against a real receiver.
 
 Every header, name and size a sender controls, at its worst: the receiver refuses the
 stream (quarantined, with the reason), never hangs, crashes or blows its memory, and the

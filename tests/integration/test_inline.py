@@ -1,4 +1,4 @@
-"""Small files inside their offers (issue 10): one message per file, received in groups made
+"""Small files inside their offers: one message per file, received in groups made
 durable together. What comes off the wire is checked as strictly as a chunk: hostile inline
 offers, sent with raw stomp.py as an authorized sender, are quarantined and the next good
 file still arrives; a receiver killed in the middle of groups leaves every file exactly once."""

@@ -1,4 +1,4 @@
-"""Packs: several small files in one broker message (issue 10's files/s goal).
+"""Packs: several small files in one broker message.
 
 The pure part: a pack carries its members exactly, and every malformed pack is refused
 before any member is trusted. Against the real broker: a stream asked for by id comes
@@ -186,11 +186,15 @@ def test_the_hook_sees_a_packed_stream_waiting(uri: str, params: BrokerParams, t
     from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQS_PACKED", uri)
-    hook = AmqStreamHook("amqs_packed")
-    assert not hook.offer_waiting(queue_name)
-    sent = send_files(params, _small_files(tmp_path, 2), queue_name)
-    assert hook.offer_waiting(queue_name) and hook.offer_waiting(queue_name, stream_id=sent.results[1].stream_id)
-    assert not hook.offer_waiting(queue_name, stream_id="not-there")
+    browser = AmqStreamHook("amqs_packed").offer_browser(queue_name)
+    try:
+        assert browser.look() == []
+        sent = send_files(params, _small_files(tmp_path, 2), queue_name).results
+        assert sorted(o.stream_id for o in browser.look()) == sorted(r.stream_id for r in sent)
+        assert [o.stream_id for o in browser.look(stream_id=sent[1].stream_id)] == [sent[1].stream_id]
+        assert browser.look(stream_id="not-there") == []
+    finally:
+        browser.close()
 
 
 @pytest.mark.broker

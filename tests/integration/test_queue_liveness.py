@@ -1,4 +1,4 @@
-"""Issue 9: no stream can block a queue, and nothing is dropped silently.
+"""No stream can block a queue, and nothing is dropped silently.
 
 Against the real broker and real receivers: a stream that can never succeed is
 quarantined (its offer filed under DLQ.<queue> with the reason) and the receiver goes
@@ -36,7 +36,7 @@ def dlq(params: BrokerParams, queue: str) -> list[Any]:
 
 def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
         params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
-    """The figure in issue 9: one --follow run, a poisoned and an abandoned stream at the
+    """One --follow run, a poisoned and an abandoned stream at the
     head of the queue, twenty good streams behind them; all twenty arrive byte-exact."""
     data = make_file(tmp_path / "bad.bin", 8000).read_bytes()
     poisoned = p.StreamSpec("poison-1", "bad.bin", len(data), 1000)

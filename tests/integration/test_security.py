@@ -1,4 +1,4 @@
-"""Issue 6: authentication and TLS. A wrong password, plaintext to a TLS port and an
+"""Authentication and TLS. A wrong password, plaintext to a TLS port and an
 untrusted certificate each give a clear error quickly, never a hang or a stack trace."""
 
 from __future__ import annotations

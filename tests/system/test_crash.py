@@ -1,4 +1,4 @@
-"""Issue 3's failure matrix with real processes killed by signal, not flags."""
+"""The failure matrix (docs/protocol.md) with real processes killed by signal, not flags."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12: the examples in a real deployment, started the way users start it (``make airflow``
+"""The examples in a real deployment, started the way users start it (``make airflow``
 runs scripts/airflow.sh): api-server, scheduler, dag-processor and triggerer (LocalExecutor,
 SQLite) on private loopback ports, the embedded broker, Spark in local mode. Runs are
 triggered and read through the public REST API; the connection form, its Test button and a

@@ -1,4 +1,4 @@
-"""Issue 12: the event-driven example DAG (asset watcher -> one receive per offered stream)."""
+"""The event-driven example DAG (asset watcher -> one receive per offered stream)."""
 
 from __future__ import annotations
 

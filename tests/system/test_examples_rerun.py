@@ -1,4 +1,4 @@
-"""Issue 12 items 1 and 6: scheduled examples succeed run after run, keep every run's files,
+"""Scheduled examples succeed run after run, keep every run's files,
 and a sensor asked for a stream it already received returns that result at once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 6: a shared-store master/slave pair on loopback; the master is killed mid-transfer
+"""A shared-store master/slave pair on loopback; the master is killed mid-transfer
 and the transfer finishes through the slave, byte-exact. Marker: failover."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12 items 5 and 8: OpenLineage from executed tasks, and a quiet Spark hand-off."""
+"""OpenLineage from executed tasks, and a quiet Spark hand-off."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11: two sites, each with its own embedded broker, joined by a duplex bridge. Senders
+"""Two sites, each with its own embedded broker, joined by a duplex bridge. Senders
 use site A's broker, receivers site B's (or both); the brokers forward streams when the link
 is up. Every test starts its own pair on loopback."""
 

@@ -1,4 +1,4 @@
-"""Handshake mode, the sender's side (seed 004): offer, wait for receivers, send paced by
+"""Handshake mode, the sender's side: offer, wait for receivers, send paced by
 their answers.
 
 Receivers drive resumption: each reports the first chunk it lacks, so a restarted

@@ -1,4 +1,4 @@
-"""Issue 12 item 4: what the connection form and Airflow's provider registry get from us."""
+"""What the connection form and Airflow's provider registry get from us."""
 
 from __future__ import annotations
 

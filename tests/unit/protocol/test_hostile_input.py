@@ -7,7 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_amqstream.protocol import paths
@@ -94,11 +94,15 @@ def test_names_from_the_wire_stay_inside_the_output_directory(name: str) -> None
                        header_values, max_size=10))
 def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, str]) -> None:
     headers.setdefault(p.H_KIND, "offer")
+    dest = p.Destination.parse("/queue/landing")
     try:
-        spec, data_dest = p.parse_offer(headers, p.Destination.parse("/queue/landing"))
+        spec, data_dest = p.parse_offer(headers, dest)
     except p.ProtocolError:
         return
-    assume(False)  # a random dict that forms a valid offer is fine, but says nothing
+    # Accepted only if it is a whole, consistent offer: what it says is what the spec holds.
+    assert data_dest == dest.data_queue(spec.stream_id) == headers[p.H_DATA_DEST]
+    assert (spec.size, spec.chunk_size, spec.chunks) == (int(headers[p.H_SIZE]), int(headers[p.H_CHUNK_SIZE]),
+                                                        int(headers[p.H_CHUNKS]))
 
 
 @settings(max_examples=300, deadline=None)
