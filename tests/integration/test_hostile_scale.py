@@ -11,6 +11,7 @@ against the bound, not just that it arrived.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_streams, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_stream, receive_streams, send_file
 from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
@@ -28,7 +29,8 @@ from tests.helpers import RawSender, browse, free_port, make_file, old_gen_mib, 
 pytestmark = pytest.mark.broker
 
 QUEUES = [f"/queue/scale.{case}" for case in
-          ("noroom10", "noroom100", "noroom1000", "stalled10", "stalled100", "junk1000", "trickle")]
+          ("noroom10", "noroom100", "noroom1000", "stalled10", "stalled100", "junk1000", "trickle", "batch",
+                           "names")]
 
 # Per bad stream ahead: a parked or refused offer costs a confirmed send and an
 # acknowledgement (milliseconds); a stalled one costs its first look (FIRST_LOOK, or the
@@ -145,3 +147,76 @@ def test_a_good_stream_passes_a_thousand_junk_messages(
     assert len(failures) == 1000 and {f.status for f in failures} == {"quarantined"}
     assert delay <= SLACK + PER_REFUSED * 1000, f"{delay:.1f}s behind 1,000 junk messages"
     print(f"\nbehind 1,000 junk messages: the good stream arrived in {delay:.2f}s")
+
+
+def test_a_second_user_can_neither_take_over_nor_extend_a_batch(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
+    """Mallory re-announces alice's batch id with her own file, and announces another batch
+    listing alice's file: alice's manifest lists alice's files only, mallory's is her own,
+    a batch id completed by two users refuses to pick one, the batch listing someone else's
+    file is dropped, and no manifest lands among the published files."""
+    from airflow_provider_amqstream.engine import find_manifest, send_files
+    from airflow_provider_amqstream.exceptions import StreamError
+    from airflow_provider_amqstream.protocol import bulk as bw
+
+    _, u = users
+    queue = "/queue/scale.batch"
+    mine = [make_file(tmp_path / "a" / f"a{i}.csv", 2000 + i, seed=i) for i in range(3)]
+    sent = send_files(u["alice"], mine, queue, batch_id="nightly-1", manifest=True).results
+    theirs = make_file(tmp_path / "m" / "a0.csv", 999, seed=99)
+    forged = send_file(u["mallory"], theirs, queue, stream_id="m-1")
+    raw = RawSender(u["mallory"])
+    for batch, listed in (("nightly-1", forged), ("steal-1", sent[0])):
+        entry = {"stream_id": listed.stream_id, "dir": "", "name": listed.name, "bytes": listed.bytes,
+                 "sha256": listed.sha256}
+        for headers, body in bw.batch_messages(batch, [entry]):
+            raw.send(queue, body, headers)
+    raw.close()
+    out = tmp_path / "out"
+    got = receive_streams(u["rx"], queue, out, options=ReceiveOptions(wait_timeout=3))
+    assert len(got) == 4
+    alice = find_manifest(out, "nightly-1", "alice")
+    assert alice is not None
+    rows = [json.loads(line) for line in alice.read_text().splitlines()]
+    assert sorted(r["stream_id"] for r in rows) == sorted(r.stream_id for r in sent)
+    assert find_manifest(out, "nightly-1", "mallory") is not None
+    with pytest.raises(StreamError, match="completed by 2 senders"):
+        find_manifest(out, "nightly-1")
+    assert find_manifest(out, "steal-1") is None
+    assert all(".amqstream" in m.parts for m in out.rglob("*.manifest.jsonl"))
+    assert (out / "a0.csv").read_bytes() == mine[0].read_bytes(), "alice's file keeps its name"
+
+
+def test_a_handshake_stream_trickling_corrupt_chunks_ends_within_its_idle_timeout(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
+    """Each corrupt chunk is refused and asked again; only progress keeps a stream alive."""
+    import threading
+
+    from airflow_provider_amqstream.exceptions import StreamStalled
+
+    _, u = users
+    queue = "/queue/scale.trickle"
+    dest = p.Destination.parse(queue)
+    spec = p.StreamSpec("trickle-1", "t.bin", 100_000, 1000, p.Mode.HANDSHAKE)
+    raw = RawSender(u["mallory"])
+    raw.send(queue, b"", p.offer_headers(spec, dest, window=8))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.2):
+            raw.send(dest.data_queue(spec.stream_id), b"y" * 1000, p.data_headers(spec, 1, b"x" * 1000))
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    idle = 2.0
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StreamStalled, match="no new data"):
+            receive_stream(u["rx"], queue, tmp_path / "out",
+                           options=ReceiveOptions(wait_timeout=10, idle_timeout=idle, rerequest_after=0.5))
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join(5)
+        raw.close()
+    assert took <= idle + 3, f"{took:.1f}s with idle_timeout {idle}s"
