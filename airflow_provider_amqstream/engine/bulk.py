@@ -76,7 +76,13 @@ from airflow_provider_amqstream.engine.small_files import (
     send_chunks,
 )
 from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.transport_errors import (
+    AccessDenied,
+    BrokerUnreachable,
+    ConnectionLost,
+    DestinationFull,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +144,8 @@ def send_files(
         the state dir, as ``send_file``).
     :param ledger_flush: called with every confirmed stream id after each ledger write.
     :param ledger_seed: stream ids known confirmed from elsewhere (a retry on another worker).
-    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
+        when the send starts.
     :param manifest: after every file is confirmed, announce the batch (a ``batch``
         message listing each file's stream id, relative path, size and SHA-256), so the
         receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
@@ -225,10 +232,11 @@ def send_files(
                     ctx.run(link, todo, fail)
             except AccessDenied:
                 raise
-            except (ConnectionLost, DestinationFull) as exc:
+            except (ConnectionLost, DestinationFull, BrokerUnreachable) as exc:
                 # A full destination is a receiver that stopped or lags: it takes messages
                 # again when it resumes, so wait for it as for a broker that went away. The
                 # broker lets us connect meanwhile, so only progress restarts the deadline.
+                # A broker not up yet when the send starts is waited for the same way.
                 stuck = isinstance(exc, DestinationFull) and status.files_done == done_before
                 ledger.flush()
                 backoff.wait(exc)

@@ -32,7 +32,13 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.stream_state import SenderState
 from airflow_provider_amqstream.transport import StompLink
-from airflow_provider_amqstream.transport_errors import AccessDenied, ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.transport_errors import (
+    AccessDenied,
+    BrokerUnreachable,
+    ConnectionLost,
+    DestinationFull,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +81,8 @@ def send_file(
         one per stream id and broker).
     :param restart: ignore an existing checkpoint and send from the first byte.
     :param progress: called with (bytes confirmed, total bytes) after each window.
-    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
+        when the send starts (a broker that answers and refuses fails at once).
     :param request_timeout: handshake mode: seconds to wait for the first receiver to answer.
     :param discovery_window: handshake mode on a topic: seconds to keep collecting
         receivers after the first answered.
@@ -153,6 +160,10 @@ def send_file(
     rerequests = [0]
     while True:
         before = state.confirmed_seq
+        if backoff.attempts and state.confirmed_offset:
+            # After a lost connection the stream goes on from the broker's last confirmation:
+            # that is where this run resumed, whatever offset it started at.
+            resumed_from = state.confirmed_offset
         try:
             if spec.mode is p.Mode.HANDSHAKE:
                 attempt.sent += send_handshake_attempt(params, src, dest, state, save, window, progress,
@@ -163,7 +174,10 @@ def send_file(
         except AccessDenied:
             raise
         except TransportError as exc:
-            transient = isinstance(exc, (ConnectionLost, DestinationFull))
+            # A broker that is not up yet (nothing listening, or closing connections while it
+            # starts) gets the same patience as one lost mid-transfer; one that answered and
+            # refused us (a wrong password) fails at once, before anything was sent.
+            transient = isinstance(exc, (ConnectionLost, DestinationFull, BrokerUnreachable))
             if not transient and backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
                 raise
             if state.confirmed_seq > before:
@@ -172,18 +186,18 @@ def send_file(
                 backoff.reset()
             backoff.wait(exc)
     return _finish(ckpt, state, extra, params, src, dest, attempt.sent, resumed_from, started, t0, origin,
-                   rerequests[0])
+                   rerequests[0], backoff.attempts)
 
 
 def _finish(ckpt: Checkpoint, state: SenderState, extra: dict[str, Any], params: BrokerParams, src: Path,
             dest: p.Destination, sent: int, resumed_from: int, started: float, t0: float, origin: str,
-            rerequests: int) -> TransferResult:
+            rerequests: int, retries: int = 0) -> TransferResult:
     spec = state.spec
     ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
     return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
                           time.monotonic() - t0, spec.mode.value, resumed_from, sent, str(src), started,
                           time.time(), rerequests=rerequests, chunk_size=spec.chunk_size, origin=origin,
-                          broker=params.url)
+                          broker=params.url, retries=retries)
 
 
 def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
