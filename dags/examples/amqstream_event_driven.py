@@ -15,7 +15,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 from example_support import PARQUET, QUEUE, RECEIVED
 
-from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, quiet_spark_conf, stream_to_parquet_job
+from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, stream_to_parquet_job
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
 INCOMING = QUEUE + ".events"
@@ -63,5 +63,5 @@ with DAG(
 
     StreamToParquetOperator.partial(
         task_id="to_parquet", sensor_task_id="receive", application=stream_to_parquet_job(),
-        conn_id="spark_default", conf=quiet_spark_conf(), max_active_tis_per_dagrun=1,
+        conn_id="spark_default", max_active_tis_per_dagrun=1,
     ).expand(application_args=spark_args.expand(result=received.output))
