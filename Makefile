@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo demo-sites test bench lint clean airflow
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml setup.py scripts/setup.sh
 	bash scripts/setup.sh "$(VENV)"
 
 demo: setup
