@@ -516,8 +516,10 @@ def test_running_sensor_log_shows_progress_in_the_ui(page: Any, deployment: Depl
 
 
 def _settled(pg: Any) -> None:
-    """Wait until no CSS animation runs (a dialog fading in), so a screenshot shows the page."""
-    pg.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running')")
+    """Wait until the animations that end have ended (a dialog fading in), so a screenshot
+    shows the page; endless ones (a spinner, a running task's pulse) never do."""
+    pg.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running'"
+                         " || a.effect.getComputedTiming().iterations === Infinity)")
 
 
 def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment, tmp_path: Path) -> None:
@@ -529,13 +531,19 @@ def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment
     dlg = pg.get_by_role("dialog")
     dlg.get_by_text("One file end to end").wait_for()
     _settled(pg)
-    assert "SendStreamOperator" in dlg.inner_text()
+    assert "SendStreamOperator" in dlg.inner_text() and "**" not in dlg.inner_text()  # rendered, not raw
+    # The dialog opens 500x400 with a resize handle: drag it, as a reader would, to see it all.
+    box = dlg.bounding_box()
+    pg.mouse.move(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] + 350, box["y"] + 560, steps=10)
+    pg.mouse.up()
     _shot(pg, tmp_path, "ui-dag-docs.png")
     pg.keyboard.press("Escape")
     dlg.wait_for(state="hidden")
     pg.get_by_role("button", name="Trigger").first.click()
     dlg = pg.get_by_role("dialog")
-    dlg.get_by_text("Rows of the sample").wait_for()
+    dlg.get_by_text("Rows of the sample CSV written when").wait_for()
     _settled(pg)
     text = dlg.inner_text()
     assert "Path of the CSV to send (on the worker)" in text and "Rows of the sample CSV written when" in text, text

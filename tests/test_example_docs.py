@@ -46,3 +46,21 @@ def test_the_provider_documentation_url_exists(tmp_path: Path) -> None:
                 if line.startswith("Project-URL: "))
     parts = urlsplit(urls["Documentation"])
     assert parts.scheme == "file" and Path(parts.path) == ROOT / "README.md" and Path(parts.path).is_file(), urls
+
+
+def test_every_example_spark_application_is_named_alike() -> None:
+    """Issue 24 item 2: amqstream:<dag>.<task> for all (example 4's was SparkSubmitOperator's
+    default, arrow-spark)."""
+    from airflow_provider_amqstream.operators.spark import APP_NAME, QuietSparkSubmitOperator
+
+    spark_tasks = 0
+    for dag in _example_dags().values():
+        for task in dag.tasks:
+            cls = getattr(task, "operator_class", type(task))  # a mapped task names its class
+            if "SparkSubmit" not in "".join(c.__name__ for c in getattr(cls, "__mro__", ())):
+                continue
+            spark_tasks += 1
+            assert issubclass(cls, QuietSparkSubmitOperator), (dag.dag_id, task.task_id, cls)
+            name = getattr(task, "name", None) or getattr(task, "partial_kwargs", {}).get("name")
+            assert name in (None, APP_NAME), (dag.dag_id, task.task_id, name)  # None: set when mapped
+    assert spark_tasks == 4
