@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo demo-sites test bench lint clean airflow
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml setup.py scripts/setup.sh
 	bash scripts/setup.sh "$(VENV)"
 
 demo: setup
@@ -17,8 +17,10 @@ demo: setup
 demo-sites: setup
 	VENV="$(VENV)" bash scripts/demo_sites.sh
 
+# exec: make forwards SIGTERM only to the process it started, which must be the script
+# (a shell in between would die and leave the deployment running).
 airflow: setup
-	VENV="$(VENV)" bash scripts/airflow.sh
+	VENV="$(VENV)" exec bash scripts/airflow.sh
 
 test: setup
 	VENV="$(VENV)" bash scripts/test.sh $(ARGS)

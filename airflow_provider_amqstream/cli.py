@@ -175,24 +175,29 @@ def cmd_users(args: argparse.Namespace) -> int:
 
 
 class _BatchProgress:
-    """Progress of a many-file send on stderr: files done/total, bytes, MiB/s of this run."""
+    """Progress of a many-file send on stderr: files done/total, bytes, recent MiB/s of this run."""
 
     def __init__(self, enabled: bool) -> None:
+        from airflow_provider_amqstream.engine.progress import RecentRate
+
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self.last = 0.0
         self.ended = False
+        self.rate = RecentRate()
 
     def __call__(self, st: Any) -> None:
         if not self.enabled or self.ended:
             return
         now = time.monotonic()
+        rate = self.rate.add(now, st.bytes_done)
         final = st.files_done + st.failed >= st.files_total
         if not final and now - self.last < (0.2 if self.tty else 10.0):
             return
         self.last = now
+        shown = f", {rate / 2**20:,.1f} MiB/s" if rate is not None else ""
         line = (f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
-                f"{st.bytes_total / 2**20:,.1f} MiB, {st.rate:,.1f} MiB/s")
+                f"{st.bytes_total / 2**20:,.1f} MiB{shown}")
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if final else ""))
         else:

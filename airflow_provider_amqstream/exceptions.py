@@ -55,6 +55,15 @@ class ConnectionLost(TransportError):
     """An established connection dropped (broker restart, network, heartbeat timeout)."""
 
 
+class BrokerUnreachable(TransportError):
+    """No broker accepted a TCP connection: none is listening (not started yet, restarting;
+    ActiveMQ refuses connections until it serves) or the network is down. Waiting can help: a
+    sender gives a broker that is not up yet the same patience as one lost mid-transfer. A
+    broker that answered and refused (a wrong password, a denied destination, a port that does
+    not speak STOMP) is a plain :class:`TransportError` or :class:`AccessDenied`, and fails at
+    once."""
+
+
 class AccessDenied(TransportError):
     """The broker refused this user an operation on a destination; retrying cannot help."""
 

@@ -23,12 +23,14 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                     examples=["mq1.example.com:61613,mq2.example.com:61613"]),
     "tls": _field("TLS", "Speak STOMP over TLS (stomp+ssl connector). A stomp+ssl:// URI means TLS too.",
                   "boolean", False),
-    "ca_file": _field("CA file", "PEM file with the CA that signed the broker certificate.", "string",
-                      examples=["/etc/amqstream/ca.pem"]),
-    "cert_file": _field("Client certificate", "PEM client certificate for mutual TLS.", "string",
-                        examples=["/etc/amqstream/client-cert.pem"]),
-    "key_file": _field("Client key", "PEM private key for the client certificate.", "string",
-                       examples=["/etc/amqstream/client-key.pem"]),
+    # No ``examples`` on the file fields: the form would say "Start typing to see options"
+    # where there are no options to see, only a path to type.
+    "ca_file": _field("CA file", "PEM file with the CA that signed the broker certificate, e.g. "
+                      "/etc/amqstream/ca.pem. Empty: the system's CAs.", "string"),
+    "cert_file": _field("Client certificate", "PEM client certificate for mutual TLS, e.g. "
+                        "/etc/amqstream/client-cert.pem.", "string"),
+    "key_file": _field("Client key", "PEM private key for the client certificate, e.g. "
+                       "/etc/amqstream/client-key.pem. Empty: the key is in the certificate file.", "string"),
     "check_hostname": _field("Check hostname", "Verify the broker certificate matches the host name. Off, the "
                              "certificate must still be signed by the CA file.", "boolean", True),
     "heartbeat_ms": _field("Heart-beat (ms)", "STOMP heart-beat interval both ways; 0 disables.",
@@ -39,9 +41,12 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "label": "Compression",
         "description": "Per-chunk compression for streams sent through this connection: zstd pays off on "
                        "CSV/JSON (chunks that do not shrink are sent as they are); none sends every chunk as is.",
-        # Not nullable: a null member shows up as a literal "null" choice in the form.
-        "schema": {"type": "string", "enum": ["none", "zstd"], "default": "none",
-                   "values_display": {"none": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}},
+        # None is the choice "none": the form then saves no string for it (Airflow's masker
+        # warns about every string extra shorter than 5 characters as a secret too short to
+        # mask), and a connection without the key means the same. values_display names it,
+        # or the form would offer a literal "null".
+        "schema": {"type": ["string", "null"], "enum": [None, "zstd"],
+                   "values_display": {"null": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}},
     },
     "window": _field("Window (chunks)", "Chunks a sender sends per broker confirmation (handshake mode: "
                      "ahead of the slowest receiver).",

@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # A local Airflow deployment of the example DAGs against the embedded broker, in the
-# foreground: the broker, then `airflow api-server`, `scheduler`, `dag-processor` and
-# `triggerer` (LocalExecutor on SQLite, which Airflow 3.3 accepts), each in a session of its
-# own. It prints the UI address and the admin login; Ctrl-C or SIGTERM stops every process it
-# started (by session, so LocalExecutor workers, tasks and spark-submit go too) and
-# the broker if it started it. Everything lives in one directory, kept between runs.
+# foreground: the broker, then `airflow api-server`, `scheduler`, `dag-processor`,
+# `triggerer` (LocalExecutor on SQLite, which Airflow 3.3 accepts) and a log server, each in a
+# session of its own. It prints the UI address, the admin login and the line that gives
+# another shell this deployment's connections. Ctrl-C, SIGTERM (to this script, or to the
+# `make airflow` that runs it), SIGHUP (the terminal closed) or the death of the process that
+# started it stops every process it started (by session, so LocalExecutor workers, tasks and
+# spark-submit go too) and the broker if it started it. Everything lives in one directory,
+# kept between runs, readable by its owner only (it holds passwords). Everything it starts
+# listens on 127.0.0.1 only: the API, the broker, the log server, Spark's driver.
 #
 # Settings (environment):
 #   AMQSTREAM_AIRFLOW_DIR    the deployment's directory (default ./airflow-local): airflow/
-#                            (AIRFLOW_HOME), broker/, examples/ (the examples' files), logs/
+#                            (AIRFLOW_HOME), broker/, examples/ (the examples' files), logs/,
+#                            env.sh (the connections, for another shell)
 #   AMQSTREAM_AIRFLOW_PORT   the UI and API port on 127.0.0.1 (default 8080, else a free one)
 #   AMQSTREAM_BROKER_PORT    the broker's STOMP port (default: a free one)
 #   AMQSTREAM_DAGS_FOLDER    the DAGs (default dags/examples)
 #   AIRFLOW__CORE__PARALLELISM  task slots (default 4: the machine this was tuned on has 2 cores)
+#   AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT  the log server's port (default: a free one)
+#   SPARK_LOCAL_IP, SPARK_CONF_DIR  Spark's address and configuration (default 127.0.0.1, and
+#                            a spark-defaults.conf without the driver's web UI)
 #   any other AIRFLOW__* variable is passed to every Airflow process.
 set -euo pipefail
+# Logs, the metadata database, env.sh and the broker's files hold passwords: nothing this
+# creates may be readable by anyone but its owner.
+umask 077
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 source scripts/env.sh
@@ -22,6 +33,8 @@ source scripts/env.sh
 DIR="${AMQSTREAM_AIRFLOW_DIR:-$ROOT/airflow-local}"
 mkdir -p "$DIR/logs"
 DIR="$(cd "$DIR" && pwd)"
+# What an earlier run (before the umask above) left readable.
+chmod -R go-rwx "$DIR"
 HOST=127.0.0.1
 
 say() { echo "airflow.sh: $*"; }
@@ -38,6 +51,8 @@ elif port_busy "$API_PORT"; then
   exit 1
 fi
 
+LOG_PORT="${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-$(free_port)}"
+
 export AIRFLOW_HOME="$DIR/airflow"
 export AIRFLOW__CORE__DAGS_FOLDER="${AMQSTREAM_DAGS_FOLDER:-$ROOT/dags/examples}"
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
@@ -51,6 +66,24 @@ export AIRFLOW__API__BASE_URL="http://$HOST:$API_PORT"
 export AIRFLOW__API__WORKERS="${AIRFLOW__API__WORKERS:-1}"
 # The Test button in the connection list (off by default in Airflow 3).
 export AIRFLOW__CORE__TEST_CONNECTION="${AIRFLOW__CORE__TEST_CONNECTION:-Enabled}"
+# Loopback only. Airflow's own log servers (one per scheduler and triggerer) bind every
+# interface and no setting changes that: the components run without them (--skip-serve-logs)
+# and one log server of ours serves both kinds of log on 127.0.0.1, at the host name every
+# component records.
+export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$LOG_PORT"
+export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$LOG_PORT"
+export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-airflow_provider_amqstream.local_deployment.hostname}"
+export AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST="$HOST"
+# Spark's driver (its RPC, block manager and web UI) binds SPARK_LOCAL_IP; otherwise it takes
+# the machine's external address. The web UI is off: tasks' drivers live seconds, and two at
+# once fought over port 4040 (a warning in the task log).
+export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-$HOST}"
+if [ -z "${SPARK_CONF_DIR:-}" ]; then
+  export SPARK_CONF_DIR="$DIR/spark-conf"
+  mkdir -p "$SPARK_CONF_DIR"
+  printf '%s\n' "# Written by scripts/airflow.sh for the local deployment (set SPARK_CONF_DIR to use your own)." \
+    "spark.ui.enabled false" >"$SPARK_CONF_DIR/spark-defaults.conf"
+fi
 export AMQSTREAM_BROKER_DIR="$DIR/broker"
 export AMQSTREAM_EXAMPLE_DIR="${AMQSTREAM_EXAMPLE_DIR:-$DIR/examples}"
 export AMQSTREAM_STATE_DIR="$DIR/send-state"
@@ -62,6 +95,7 @@ PIDS=()
 NAMES=()
 started_broker=0
 stopping=0
+watcher=""
 
 # Stop what this script started: each component leads a session of its own, and its
 # LocalExecutor workers, tasks (in process groups of their own) and spark-submit JVMs stay
@@ -91,10 +125,11 @@ stop_sessions() {  # names of components to stop together
 stop_all() {
   [ "$stopping" = 1 ] && return
   stopping=1
-  trap '' INT TERM
+  trap '' INT TERM HUP
+  [ -n "$watcher" ] && kill "$watcher" 2>/dev/null
   say "stopping ${NAMES[*]:-nothing}"
   stop_sessions scheduler triggerer dag-processor
-  stop_sessions api-server
+  stop_sessions api-server log-server
   if [ "$started_broker" = 1 ]; then
     if amqstream broker stop >/dev/null; then say "stopped the broker"; else say "could not stop the broker in $AMQSTREAM_BROKER_DIR"; fi
   fi
@@ -103,7 +138,14 @@ stop_all() {
 }
 trap 'stop_all; exit 130' INT
 trap 'stop_all; exit 143' TERM
+trap 'stop_all; exit 129' HUP
 trap 'stop_all' EXIT
+# Whoever started this may die without a signal to it (`make` killed with SIGKILL, a CI job
+# cancelled): then this is an orphan, and stops everything as for SIGTERM.
+parent=$PPID
+( while [ "$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')" = "$parent" ]; do sleep 2; done
+  kill -TERM $$ 2>/dev/null ) &
+watcher=$!
 
 # The broker: this deployment's own, unless one already runs on its data dir.
 if amqstream broker status >/dev/null 2>&1; then
@@ -116,6 +158,22 @@ else
 fi
 AIRFLOW_CONN_AMQSTREAM_DEFAULT="$(amqstream broker uri)"
 export AIRFLOW_CONN_AMQSTREAM_DEFAULT
+
+# Another shell gets this deployment's connections (and its Airflow) by sourcing this. It
+# holds the broker's password: mode 0600, as everything here.
+ENV_FILE="$DIR/env.sh"
+{
+  echo "# Written by scripts/airflow.sh: the local deployment in $DIR, for another shell:"
+  echo "#   source $ENV_FILE"
+  echo "# then \`amqstream ...\` and \`airflow ...\` use its broker, connections and metadata database."
+  for name in AIRFLOW_HOME AIRFLOW__CORE__DAGS_FOLDER AIRFLOW__CORE__LOAD_EXAMPLES AIRFLOW_CONN_AMQSTREAM_DEFAULT \
+              AIRFLOW_CONN_SPARK_DEFAULT AMQSTREAM_BROKER_DIR AMQSTREAM_EXAMPLE_DIR SPARK_LOCAL_IP SPARK_CONF_DIR; do
+    value="${!name}"
+    printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}"  # single-quoted; a ' becomes '\''
+  done
+  printf "export PATH='%s':\"\$PATH\"\n" "$VENV/bin"
+} >"$ENV_FILE"
+chmod 600 "$ENV_FILE"
 
 airflow db migrate >"$DIR/logs/db-migrate.log" 2>&1 || {
   say "airflow db migrate failed:" >&2; tail -30 "$DIR/logs/db-migrate.log" >&2; exit 1; }
@@ -130,9 +188,10 @@ start() {
 }
 rm -f "$DIR/pids"
 start api-server airflow api-server
-start scheduler airflow scheduler
+start scheduler airflow scheduler --skip-serve-logs
 start dag-processor airflow dag-processor
-start triggerer airflow triggerer
+start triggerer airflow triggerer --skip-serve-logs
+start log-server python -m airflow_provider_amqstream.local_deployment serve-logs --host "$HOST" --port "$LOG_PORT"
 
 # Ready when the API answers healthy; the admin password exists from then on.
 PASSWORDS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
@@ -165,9 +224,10 @@ airflow.sh: ready
   UI          $AIRFLOW__API__BASE_URL   user admin, password $ADMIN_PASSWORD
               (the password is kept in $PASSWORDS)
   broker      $(amqstream broker status)
-  connection  amqstream_default and spark_default (local[2]) come from the environment
+  connection  amqstream_default and spark_default (local[2]), set in this script's environment;
+              in another shell:  source $ENV_FILE
   DAGs        $AIRFLOW__CORE__DAGS_FOLDER (unpaused), files under $AMQSTREAM_EXAMPLE_DIR
-  logs        $DIR/logs/ (components), $AIRFLOW_HOME/logs/ (tasks)
+  logs        $DIR/logs/ (components), $AIRFLOW_HOME/logs/ (tasks, served on $HOST:$LOG_PORT)
   Ctrl-C stops everything this started.
 EOF
 

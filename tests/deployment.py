@@ -1,4 +1,4 @@
-"""A real Airflow deployment for the tests: ``scripts/airflow.sh`` (what ``make airflow`` runs)
+"""A real Airflow deployment for the tests: ``make airflow`` (which runs ``scripts/airflow.sh``)
 started on private loopback ports with a private AIRFLOW_HOME, and a small client for the
 Airflow 3 public REST API (``/api/v2``, JWT from the simple auth manager's ``/auth/token``)."""
 
@@ -23,7 +23,11 @@ FINISHED = {"success", "failed"}
 
 
 class Deployment:
-    """``scripts/airflow.sh`` as a child process (in a session of its own) and its API.
+    """``make airflow`` as a child process (in a session of its own) and its API.
+
+    Started as users start it: ``make`` is the top process, and what a service manager or CI
+    would send goes to it. ``make`` is told its setup stamp is current (``-o``): the tests run
+    in the venv ``make test`` prepared and must never reinstall it.
 
     :param home: the deployment's directory (``AMQSTREAM_AIRFLOW_DIR``).
     :param dags: the DAGs folder it serves.
@@ -43,14 +47,18 @@ class Deployment:
         full_env = {k: v for k, v in os.environ.items() if k not in leak}
         full_env.update({"VENV": sys.prefix, "PYTHONPATH": str(ROOT), "AMQSTREAM_AIRFLOW_DIR": str(home),
                          "AMQSTREAM_AIRFLOW_PORT": str(self.port), "AMQSTREAM_DAGS_FOLDER": str(dags), **(env or {})})
-        self.proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "airflow.sh")], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=full_env, cwd=ROOT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(["make", "-s", "--no-print-directory", "-o", f"{sys.prefix}/.installed", "airflow",
+                                      f"VENV={sys.prefix}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=full_env, cwd=ROOT, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.password = ""
         self._token = ""
         self.sessions: set[int] = set()
+        # Every TCP listener any process of the deployment had, sampled while it runs:
+        # (address, port, pid, command line).
+        self.listeners: set[tuple[str, int, int, str]] = set()
+        self._sampling = threading.Event()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -76,6 +84,8 @@ class Deployment:
         # cannot be read: setproctitle overwrites it).
         self.sessions = {int(line.split()[1]) for line in (self.home / "pids").read_text().splitlines()}
         self.startup_seconds = time.monotonic() - self.started
+        self._sampling.set()
+        threading.Thread(target=self._sample_listeners, daemon=True).start()
 
     def component_logs(self, tail: int = 30) -> str:
         out = []
@@ -157,6 +167,37 @@ class Deployment:
         """Whether ``pid`` runs in a session of this deployment's components."""
         return self._session(pid) in self.sessions
 
+    def broker_pid(self) -> int | None:
+        try:
+            return int((self.home / "broker" / "broker.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def listening(self) -> list[tuple[str, int, int, str]]:
+        """The TCP listeners of this deployment's processes now: (address, port, pid, command)."""
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+        broker = self.broker_pid()
+        found = []
+        for line in out.splitlines():
+            fields = line.split()
+            if len(fields) < 6:
+                continue
+            address, _, port = fields[3].rpartition(":")
+            # The process column may hold spaces ("airflow api-server" is a process name).
+            for pid in map(int, re.findall(r"pid=(\d+)", " ".join(fields[5:]))):
+                if pid == broker or self.owns(pid):
+                    try:
+                        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+                    except OSError:
+                        command = "?"
+                    found.append((address.strip("[]"), int(port), pid, command))
+        return found
+
+    def _sample_listeners(self) -> None:
+        while self._sampling.is_set():
+            self.listeners.update(self.listening())
+            time.sleep(1)  # a sampling period, not a synchronisation: the test reads what was seen
+
     def own_processes(self) -> list[str]:
         """Every process on this machine started for this deployment (its AIRFLOW_HOME or broker dir)."""
         marks = (f"AIRFLOW_HOME={self.airflow_home}".encode(), f"AMQSTREAM_BROKER_DIR={self.home / 'broker'}".encode())
@@ -179,7 +220,9 @@ class Deployment:
         return found
 
     def stop(self, timeout: float = 90) -> float:
-        """SIGTERM to the script, as Ctrl-C's twin; return the seconds it took to stop."""
+        """SIGTERM to the top process (``make``), as a service manager or CI stops what it
+        started; return the seconds it took to stop."""
+        self._sampling.clear()
         t0 = time.monotonic()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -190,7 +233,10 @@ class Deployment:
                 self.proc.wait(10)
                 raise AssertionError(f"airflow.sh did not stop in {timeout}s:\n{self.text()[-3000:]}") from None
         self._reader.join(10)
-        (self.home / "airflow.sh.out").write_text(self.text() + "\n")
+        # The output has the admin password: kept as the deployment keeps its files, 0600.
+        fd = os.open(self.home / "airflow.sh.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.text() + "\n")
         return time.monotonic() - t0
 
 

@@ -178,6 +178,10 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     :param store_dir: the KahaDB directory.
     :param network: the network of brokers it joins.
     """
+    # The data dir holds the credentials and every stored message (KahaDB's journal):
+    # its owner's only, whatever the umask left on the files the broker writes in it.
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(data_dir, 0o700)
     conf = data_dir / "conf"
     conf.mkdir(parents=True, exist_ok=True)
     (data_dir / "data").mkdir(exist_ok=True)

@@ -4,14 +4,48 @@ The engine calls a progress callback with ``(bytes done, total)``; ``done`` coun
 from earlier runs of a resumed transfer too, and the end of a stream may be reported more
 than once (after the last window and again when the stream is closed). Both the terminal
 bar of the CLI and the task-log lines of the operators render what :class:`ProgressMeter`
-decides: the final line once, and a rate over bytes moved in this run only.
+decides: the final line once, and the rate of the last :data:`RATE_WINDOW` seconds of this
+run (:class:`RecentRate`), never an average over an outage or over earlier runs.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+# Seconds of readings a rate is measured over. Long enough to smooth the bursts of a
+# windowed sender (a reading per confirmed window), short enough that a rate after a broker
+# outage says how fast it goes now, not how long the broker was away.
+RATE_WINDOW = 30.0
+
+
+class RecentRate:
+    """Bytes per second over the readings of the last ``window`` seconds.
+
+    A gap between two readings longer than the window (a broker outage, a stalled sender)
+    starts the measurement again: the bytes before it say nothing about the speed after.
+
+    :param window: seconds of readings kept.
+    """
+
+    def __init__(self, window: float = RATE_WINDOW) -> None:
+        self.window = window
+        self.samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, now: float, done: int) -> float | None:
+        """Record ``done`` bytes at ``now``; return the rate, or None before two readings span any time."""
+        if self.samples and now - self.samples[-1][0] > self.window:
+            self.samples.clear()
+        self.samples.append((now, done))
+        # Keep one reading at or before the window's start, so the rate spans the whole window.
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window:
+            self.samples.popleft()
+        t0, d0 = self.samples[0]
+        if now <= t0 or done < d0:
+            return None
+        return (done - d0) / (now - t0)
 
 
 @dataclass(frozen=True)
@@ -20,8 +54,8 @@ class ProgressReport:
 
     :param done: bytes of the stream that are done, earlier runs included.
     :param total: the stream's size.
-    :param rate: bytes per second moved in this run, or None before there are two
-        readings to measure between.
+    :param rate: bytes per second moved in this run over the last readings (see
+        :class:`RecentRate`), or None before there are two readings to measure between.
     :param final: the stream is complete; nothing more will be reported.
     """
 
@@ -36,19 +70,21 @@ class ProgressReport:
 
 
 class ProgressMeter:
-    """Throttle progress readings and measure this run's rate.
+    """Throttle progress readings and measure this run's recent rate.
 
     The first reading is the baseline: a resumed transfer starts with the bytes of its
     earlier runs already counted, so the rate is measured from there, never from zero.
 
     :param interval: least seconds between two reports before the final one.
     :param clock: monotonic seconds (a parameter so tests can drive it).
+    :param window: seconds the rate is measured over (see :class:`RecentRate`).
     """
 
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic,
+                 window: float = RATE_WINDOW) -> None:
         self.interval = interval
         self.clock = clock
-        self.base: tuple[int, float] | None = None
+        self.rate = RecentRate(window)
         self.last: float | None = None
         self.finished = False
 
@@ -58,12 +94,9 @@ class ProgressMeter:
             return None
         now = self.clock()
         final = done >= total
-        if self.base is None:
-            self.base = (done, now)
-        elif not final and self.last is not None and now - self.last < self.interval:
+        rate = self.rate.add(now, done)
+        if not final and self.last is not None and now - self.last < self.interval:
             return None
         self.last = now
-        base_done, base_t = self.base
-        rate = (done - base_done) / (now - base_t) if now > base_t and done > base_done else None
         self.finished = final
         return ProgressReport(done, total, rate, final)

@@ -27,7 +27,10 @@ STATE_DIR_NAME = ".amqstream"
 
 @dataclass
 class TransferResult:
-    """What one send or receive did. ``bytes_transferred`` counts only this run.
+    """What one send or receive did. ``bytes_transferred`` counts only this run (chunks sent
+    again after a lost connection included); ``resumed_from`` is the offset this run last
+    continued from (an earlier run's checkpoint, or the broker's last confirmation after a
+    lost connection), 0 if it never resumed.
 
     ``status`` is ``complete``, ``duplicate`` (a receiver saw a stream it had published
     before) or ``already_sent`` (a sender found its stream confirmed before; ``finished_at``
@@ -56,6 +59,8 @@ class TransferResult:
     broker: str = ""
     # Who sent it, as the broker stamped it ("" where the broker stamps no JMSXUserID).
     sender: str = ""
+    # Connections this run lost (or could not open) and tried again.
+    retries: int = 0
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a str or a number: no deep copy (asdict cost 0.2 ms a file in bulk).
@@ -236,25 +241,45 @@ def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -
 
 
 class Backoff:
-    """Reconnect pacing with a deadline: 0.5 s doubling to 5 s."""
+    """Reconnect pacing with a deadline: 0.5 s doubling to 5 s.
+
+    A failure the same as the last one is logged at most every :data:`REPEAT_LOG_INTERVAL`
+    seconds at WARNING (debug otherwise): a broker down for the whole timeout would put a
+    line in the log every 5 s saying the same thing.
+    """
+
+    REPEAT_LOG_INTERVAL = 30.0
 
     def __init__(self, what: str, url: str, timeout: float) -> None:
         self.what, self.url, self.timeout = what, url, timeout
         self.deadline = time.monotonic() + timeout
         self.delay = 0.5
         self.attempts = 0
+        self._said = ("", 0.0)
 
     def wait(self, exc: BaseException) -> None:
+        """Sleep before the next attempt, or raise :class:`StreamError` naming ``exc`` once the
+        deadline has passed (the last attempt is made at the deadline, not a delay before it)."""
         self.attempts += 1
-        if time.monotonic() + self.delay > self.deadline:
+        now = time.monotonic()
+        if now >= self.deadline:
             raise StreamError(
-                f"{self.what}: gave up reconnecting to {self.url} after {self.timeout:.0f}s "
-                f"({self.attempts} attempts); last error: {exc}. Re-run to continue from the checkpoint."
+                f"{self.what}: gave up after {self.timeout:.0f}s of trying to reach {self.url} "
+                f"({self.attempts} attempts); last error: {str(exc).rstrip('. ')}. "
+                "Re-run to continue from the checkpoint."
             ) from exc
-        log.warning("%s: %s; reconnecting in %.1fs", self.what, exc, self.delay)
-        time.sleep(self.delay)
+        delay = min(self.delay, self.deadline - now)
+        text, when = self._said
+        if str(exc) != text or now - when >= self.REPEAT_LOG_INTERVAL:
+            self._said = (str(exc), now)
+            log.warning("%s: %s (trying again in %.1fs, for up to %.0fs more)", self.what, exc, delay,
+                        self.deadline - now)
+        else:
+            log.debug("%s: %s (trying again in %.1fs)", self.what, exc, delay)
+        time.sleep(delay)
         self.delay = min(self.delay * 2, 5.0)
 
     def reset(self) -> None:
         self.deadline = time.monotonic() + self.timeout
         self.delay = 0.5
+        self._said = ("", 0.0)

@@ -35,7 +35,7 @@ from airflow_provider_amqstream.engine import (
     default_state_dir,
     default_stream_id,
 )
-from airflow_provider_amqstream.engine.progress import ProgressMeter
+from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.engine.records import Checkpoint
 from airflow_provider_amqstream.exceptions import AmqStreamError, StreamError
@@ -48,7 +48,8 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 # the hook and nothing below it (import-linter holds them to it).
 __all__ = [
     "DEFAULT_RECEIVE_BATCH", "ENCODINGS", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
-    "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "StreamFailure",
+    "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
+    "StreamFailure",
     "TransferResult", "checkpoint_name", "default_state_dir",
 ]
 DEFAULT_RECEIVE_BATCH = p.DEFAULT_RECEIVE_BATCH

@@ -281,23 +281,50 @@ def from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> ConnFiel
     return parse_connection(value, conn_id, where=name)
 
 
+# The loggers of Airflow's two secrets maskers (core, Task SDK).
+MASKER_LOGGERS = ("airflow._shared.secrets_masker.secrets_masker", "airflow.sdk._shared.secrets_masker.secrets_masker")
+
+
+class _ShortExtraNotice(logging.Filter):
+    """Drops the masker's ``Skipping masking for a secret as it's too short`` warning.
+
+    Airflow's lookup masks every string in a connection's extra as if it were a secret, and
+    ours are settings: ``"zstd"`` (or ``"none"``, which the connection form used to save)
+    has four characters, so every command that read such a connection from the metadata
+    database printed that warning about a value that is no secret. The password is masked
+    as before; a command line prints no logs it would have to be masked from.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
+
+
 def from_metadata_db(conn_id: str) -> ConnFields | None:
     """Connection ``conn_id`` through Airflow's own lookup (secrets backends, then the
     metadata database), as ``airflow connections get`` does; None if it is not defined.
 
-    Imports Airflow: seconds and tens of MiB. Only for a connection no variable defines.
+    Imports Airflow: about 2 s and tens of MiB. Only for a connection no variable defines
+    (``make airflow`` writes an env file that defines the deployment's).
     """
-    from airflow.exceptions import AirflowNotFoundException
-    from airflow.models.connection import Connection
-
+    quiet = _ShortExtraNotice()
+    loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
     try:
-        # The core lookup: environment, configured secrets backends, then the metadata
-        # database. (The Task SDK's BaseHook.get_connection, outside a task, reads only
-        # the environment: hence the AirflowNotFoundException users saw for UI connections.)
-        conn = Connection.get_connection_from_secrets(conn_id)
-    except AirflowNotFoundException:
-        return None
-    return from_airflow(conn, f"connection {conn_id!r} in the metadata database")
+        from airflow.exceptions import AirflowNotFoundException
+        from airflow.models.connection import Connection
+
+        try:
+            # The core lookup: environment, configured secrets backends, then the metadata
+            # database. (The Task SDK's BaseHook.get_connection, outside a task, reads only
+            # the environment: hence the AirflowNotFoundException users saw for UI connections.)
+            conn = Connection.get_connection_from_secrets(conn_id)
+        except AirflowNotFoundException:
+            return None
+        return from_airflow(conn, f"connection {conn_id!r} in the metadata database")
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def from_airflow(conn: Any, where: str) -> ConnFields:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import time
 
-from airflow_provider_amqstream.hooks.amqstream import BatchStatus, ProgressMeter
+from airflow_provider_amqstream.hooks.amqstream import BatchStatus, ProgressMeter, RecentRate
 
 
 class LogProgress:
-    """A line every ``interval`` seconds with bytes, % and this try's MiB/s; the last line once.
+    """A line every ``interval`` seconds with bytes, % and this try's recent MiB/s; the last line once.
 
     :param log: the task's logger.
     :param label: what moves, e.g. ``stream ID -> /queue/x``.
@@ -30,8 +30,9 @@ class LogProgress:
 
 
 class BatchLogProgress:
-    """A line every ``interval`` seconds with files and MiB done of a many-file send, and
-    the line of its last file.
+    """A line every ``interval`` seconds with files and MiB done of a many-file send and its
+    recent MiB/s (see :class:`~airflow_provider_amqstream.progress.RecentRate`), and the line
+    of its last file.
 
     :param log: the task's logger.
     :param label: what moves, e.g. ``batch ID -> /queue/x``.
@@ -41,11 +42,14 @@ class BatchLogProgress:
     def __init__(self, log: logging.Logger, label: str, interval: float = 10.0) -> None:
         self.log, self.label, self.interval = log, label, interval
         self.last = 0.0
+        self.rate = RecentRate()
 
     def __call__(self, st: BatchStatus) -> None:
         now = time.monotonic()
+        rate = self.rate.add(now, st.bytes_done)
         if st.files_done + st.failed < st.files_total and now - self.last < self.interval:
             return
         self.last = now
-        self.log.info("%s: %d of %d files, %.1f of %.1f MiB, %.1f MiB/s", self.label,
-                      st.files_done, st.files_total, st.bytes_done / 2**20, st.bytes_total / 2**20, st.rate)
+        shown = f", {rate / 2**20:.1f} MiB/s" if rate is not None else ""
+        self.log.info("%s: %d of %d files, %.1f of %.1f MiB%s", self.label,
+                      st.files_done, st.files_total, st.bytes_done / 2**20, st.bytes_total / 2**20, shown)

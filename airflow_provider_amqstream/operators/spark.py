@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+# Every Spark application the operators below start is named so: one scheme in every example
+# and in a cluster's UI (SparkSubmitOperator's own default is "arrow-spark"). Templated.
+APP_NAME = "amqstream:{{ dag.dag_id }}.{{ task.task_id }}"
+
+# Lines spark-submit prints that no configuration turns off and that say nothing about the
+# job: the JVM announces the incubator module Spark 4 adds to every driver.
+SUBMIT_NOISE = ("WARNING: Using incubator modules:",)
 
 
 def stream_to_parquet_job() -> str:
@@ -14,7 +24,8 @@ def stream_to_parquet_job() -> str:
 
 
 def quiet_driver_log_conf() -> str:
-    """Path of the log4j2 configuration that keeps the Spark driver at WARN."""
+    """Path of the log4j2 configuration that keeps the Spark driver at WARN (and drops the
+    start-up warnings that say nothing about the job)."""
     return str(resources.files("airflow_provider_amqstream") / "spark" / "log4j2.properties")
 
 
@@ -23,15 +34,49 @@ def quiet_spark_conf(conf: dict[str, Any] | None = None) -> dict[str, Any]:
     the caller set their own ``spark.driver.extraJavaOptions``.
 
     Spark's INFO lines (about 220 per conversion) would otherwise all land in the task log.
+
+    :param conf: Spark properties the caller sets (kept as given).
     """
     out = dict(conf or {})
     out.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_driver_log_conf()}")
     return out
 
 
-class StreamToParquetOperator(SparkSubmitOperator):
+def without_noise(lines: Iterator[Any]) -> Iterator[Any]:
+    """spark-submit's output less the lines in :data:`SUBMIT_NOISE`.
+
+    :param lines: the output, line by line.
+    """
+    return (line for line in lines if not str(line).lstrip().startswith(SUBMIT_NOISE))
+
+
+class QuietSparkSubmitOperator(SparkSubmitOperator):
+    """SparkSubmitOperator whose task log holds the job's own lines and Spark's warnings, not
+    Spark's start-up chatter: the driver logs through :func:`quiet_driver_log_conf` (unless
+    ``conf`` sets ``spark.driver.extraJavaOptions``), the lines no option turns off are
+    dropped, and the application is named :data:`APP_NAME` unless ``name`` is given.
+
+    :param kwargs: passed to SparkSubmitOperator.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("name", APP_NAME)
+        kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
+        super().__init__(**kwargs)
+
+    def _get_hook(self) -> SparkSubmitHook:
+        hook = super()._get_hook()
+        # The hook logs every output line as it reads it (_process_spark_submit_log, which
+        # also extracts driver and application ids): filtering what it reads keeps all that.
+        process = hook._process_spark_submit_log
+        hook._process_spark_submit_log = lambda itr: process(without_noise(itr))  # type: ignore[method-assign]
+        return hook
+
+
+class StreamToParquetOperator(QuietSparkSubmitOperator):
     """SparkSubmitOperator running the shipped job on the file a sensor received; reports
-    that file as its OpenLineage input and the dataset directory as its output.
+    that file as its OpenLineage input and the dataset directory as its output. Quiet and
+    named as :class:`QuietSparkSubmitOperator`.
 
     :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.
     """
@@ -65,8 +110,8 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     The input path and SHA-256 are pulled at run time from ``sensor_task_id``'s XCom;
     the dataset goes to ``output_dir/<stream id>`` with a ``_amqstream_summary.json``.
     Runs on whatever master the Spark connection names (``local[*]``, ``spark://host:7077``,
-    ``yarn``...). Spark's driver logs at WARN (see :func:`quiet_spark_conf`); the job
-    prints one summary line. With the OpenLineage provider installed, the received file
+    ``yarn``...). Spark's driver logs at WARN (see :class:`QuietSparkSubmitOperator`); the
+    job prints one summary line. With the OpenLineage provider installed, the received file
     is reported as the input and the dataset as the output.
 
     :param task_id: this task's id.
@@ -85,8 +130,6 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
             "--format", input_format]
     if parts:
         args += ["--partition-by", parts]
-    kwargs.setdefault("name", f"amqstream-{task_id}")
-    kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
     return StreamToParquetOperator(task_id=task_id, sensor_task_id=sensor_task_id,
                                    application=stream_to_parquet_job(), application_args=args,
                                    conn_id=conn_id, **kwargs)
@@ -94,7 +137,7 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
 
 def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str, partition_by: str | list[str] = "",
                                  input_format: str = "auto", conn_id: str = "spark_default",
-                                 **kwargs: Any) -> SparkSubmitOperator:
+                                 **kwargs: Any) -> QuietSparkSubmitOperator:
     """Build a SparkSubmitOperator that converts every file of a batch manifest in one
     application: each to ``output_dir/<its path without extension>``, with a
     ``_amqstream_batch_summary.json`` listing them.
@@ -112,7 +155,5 @@ def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str
     args = ["--manifest", manifest, "--output", output_dir, "--format", input_format]
     if parts:
         args += ["--partition-by", parts]
-    kwargs.setdefault("name", f"amqstream-{task_id}")
-    kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
-    return SparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
-                               conn_id=conn_id, **kwargs)
+    return QuietSparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
+                                    conn_id=conn_id, **kwargs)

@@ -52,7 +52,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         stream only after every chunk is stored in the broker).
     :param compression: ``"zstd"`` to compress chunks that shrink (CSV, JSON); default the
         connection's ``compression`` extra, else none.
-    :param reconnect_timeout: seconds to keep reconnecting to a lost broker before failing.
+    :param reconnect_timeout: seconds to keep trying to reach a lost broker, or one that is not up
+        yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
     """
 

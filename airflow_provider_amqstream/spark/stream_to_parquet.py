@@ -10,8 +10,9 @@ Writes the dataset to DIR and a summary to DIR/_amqstream_summary.json (rows,
 columns, bytes, source SHA-256), and prints one summary line. With ``--manifest`` (a
 receiver's ``<batch id>.manifest.jsonl``, or a directory of them) every file it lists is
 converted in this one application, each to DIR/<its path without extension>, and
-DIR/_amqstream_batch_summary.json lists them all. Spark itself logs warnings only. Exits 2
-with a clear message on unreadable input.
+DIR/_amqstream_batch_summary.json lists them all. The input is read once and never cached
+(a file larger than the driver's memory converts as well as a small one). Spark itself logs
+warnings only. Exits 2 with a clear message on unreadable input.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
@@ -109,13 +111,15 @@ def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Na
         missing = [c for c in parts if c not in columns]
         if missing:
             fail(f"partition column(s) {missing} are not in {src.name}; it has {columns}")
-        df = df.cache()
-        rows = df.count()
+        # One pass over the input, not cached: caching a large file only to count it spilled
+        # ("Not enough space to cache" for every partition past the driver's memory) and left
+        # the cleaner rejecting tasks at shutdown. The rows are counted in what was written,
+        # which Parquet answers from its footers without reading the data again.
         writer = df.write.mode(args.mode)
         if parts:
             writer = writer.partitionBy(*parts)
         writer.parquet(str(output))
-        df.unpersist()
+        rows = spark.read.parquet(str(output)).count()  # type: ignore[attr-defined]
     except PySparkException as exc:
         fail(f"cannot convert {src} as {fmt}: {str(exc).splitlines()[0]}")
     size = sum(f.stat().st_size for f in output.rglob("*.parquet"))
@@ -147,9 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [(src, _format_of(src, args.format), Path(args.output), args.sha256)]
         name = f"amqstream:{src.name}"
 
+    # pyspark 4.3 warns on import that it does not fully support pandas 3; this job uses
+    # no pandas, and in a task log the warning reads like a problem with the conversion.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(name).getOrCreate()
+    builder = SparkSession.builder
+    # The name it was submitted with (the operators: amqstream:<dag>.<task>) is kept; run by
+    # hand without --name, spark-submit names it after this script, and the input says more.
+    if SparkConf().get("spark.app.name", Path(__file__).name) == Path(__file__).name:
+        builder = builder.appName(name)
+    spark = builder.getOrCreate()
     # As early as the API allows; the launcher's own start-up lines are quieted by the
     # log4j2 configuration that the operators pass to the driver JVM.
     spark.sparkContext.setLogLevel("WARN")

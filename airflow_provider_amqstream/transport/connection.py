@@ -14,6 +14,7 @@ import os
 import selectors
 import socket
 import ssl
+import time
 from typing import Any
 
 from stomp import exception as stomp_exc
@@ -22,18 +23,33 @@ from stomp.protocol import Protocol12
 from stomp.transport import Transport
 from stomp.utils import Frame, PollableQueue
 
-from airflow_provider_amqstream.exceptions import TransportError
+from airflow_provider_amqstream.exceptions import BrokerUnreachable, TransportError
 from airflow_provider_amqstream.transport.frames import FrameParser
 from airflow_provider_amqstream.transport.inbox import Inbox
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
+
+
+class _LostConnectionNoise(logging.Filter):
+    """Drops stomp.py's ``error sending frame`` record: it comes with a traceback (``OSError:
+    [Errno 9] Bad file descriptor`` when the broker went away) and was the first line a user
+    saw of a lost connection, while the session raises :class:`ConnectionLost` for the same
+    failure and the engine reports it (what was lost, and that it reconnects)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "error sending frame"
+
+
 # stomp.py logs every connect at INFO ("established connection to host ..."); in task logs
 # that is noise. Quieted unless someone configured the logger on purpose.
-if logging.getLogger("stomp.py").level == logging.NOTSET:
-    logging.getLogger("stomp.py").setLevel(logging.WARNING)
+_stomp_log = logging.getLogger("stomp.py")
+if _stomp_log.level == logging.NOTSET:
+    _stomp_log.setLevel(logging.WARNING)
+if not any(isinstance(f, _LostConnectionNoise) for f in _stomp_log.filters):
+    _stomp_log.addFilter(_LostConnectionNoise())
 
-# How long a refused connect waits for the broker's reason (see Inbox.await_refusal).
+# How long a closed connect waits for the broker's reason (see Inbox.await_refusal).
 REFUSAL_GRACE = 2.0
 
 
@@ -66,6 +82,8 @@ class FastTransport(Transport):
         self._amqs_hosts = list(hosts)
         self._amqs_timeout = timeout
         self._amqs_tls = tls
+        # Why each host failed, for the error message: its TCP connect, or its TLS handshake.
+        self.tcp_errors: list[str] = []
         self.tls_errors: list[str] = []
         if tls is not None:
             # Marks the hosts as TLS for stomp.py's disconnect_socket, which then closes the
@@ -73,10 +91,7 @@ class FastTransport(Transport):
             self.set_ssl(for_hosts=self._amqs_hosts)
 
     def attempt_connection(self) -> None:
-        if self._amqs_tls is None:
-            super().attempt_connection()
-        else:
-            self._amqs_connect_tls(self._amqs_tls)
+        self._amqs_connect(self._amqs_tls)
         # Small frames (an ACK, a SUBSCRIBE) must leave at once: with Nagle's algorithm an
         # ACK waited for the broker's delayed TCP acknowledgement (~40 ms), which was most
         # of the time a receiver spent per stream between one offer and the next.
@@ -86,19 +101,21 @@ class FastTransport(Transport):
             except OSError as exc:
                 log.debug("cannot set TCP_NODELAY: %s", exc)
 
-    def _amqs_connect_tls(self, context: ssl.SSLContext) -> None:
-        """stomp.py's attempt_connection for TLS hosts, with ``context``.
+    def _amqs_connect(self, context: ssl.SSLContext | None) -> None:
+        """stomp.py's attempt_connection, keeping why each host failed.
 
         stomp.py 9.0 builds its own SSL context, whose host-name check can only be turned off
         together with certificate verification (``verify=False``); ``check_hostname=False``
-        must keep the chain checked against ``ca_file``. The hosts are tried once each, in
-        order, as stomp.py does with ``reconnect_attempts_max=1``; why each failed is kept in
-        :attr:`tls_errors` for the error message.
+        must keep the chain checked against ``ca_file``. And its own loop only logs why a
+        host refused, then sleeps before it gives up: the caller must know whether any host
+        accepted TCP at all (nothing did: no broker is up yet, worth waiting for). The hosts
+        are tried once each, in order, as stomp.py does with ``reconnect_attempts_max=1``;
+        the reasons are kept in :attr:`tcp_errors` and :attr:`tls_errors`.
 
-        :param context: the client context (:func:`tls_context`).
+        :param context: the client TLS context (:func:`tls_context`), or None for plain TCP.
         """
         self.connection_error = False
-        self.tls_errors = []
+        self.tcp_errors, self.tls_errors = [], []
         for host, port in self._amqs_hosts:
             if not self.running:
                 break
@@ -106,8 +123,14 @@ class FastTransport(Transport):
                 # The timeout covers the handshake too: a plaintext port may never answer it.
                 sock = socket.create_connection((host, port), self._amqs_timeout)
             except OSError as exc:
-                self.tls_errors.append(f"{host}:{port}: {exc}")
+                self.tcp_errors.append(f"{host}:{port}: {_reason(exc)}")
                 continue
+            if context is None:
+                # As stomp.py leaves a plain socket: blocking, without a timeout.
+                sock.settimeout(None)
+                self.socket = sock
+                self.current_host_and_port = (host, port)
+                return
             try:
                 tls_sock = context.wrap_socket(sock, server_hostname=host)
             except OSError as exc:  # ssl.SSLError and timeouts alike
@@ -127,6 +150,11 @@ class FastTransport(Transport):
             self.current_host_and_port = (host, port)
             return
         raise stomp_exc.ConnectFailedException()
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether the last attempt found no host that accepted a TCP connection."""
+        return self.socket is None and len(self.tcp_errors) == len(self._amqs_hosts)
 
     def _BaseTransport__read_frames(self) -> None:  # noqa: N802 - overrides a mangled name
         for frame in self._amqs_read():
@@ -258,7 +286,8 @@ def _reason(exc: BaseException) -> str:
 
 def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -> Connection12:
     """A STOMP 1.2 connection to the first of ``params.hosts`` that accepts us, its frames
-    going to ``inbox``; raises :class:`TransportError` saying why none did.
+    going to ``inbox``; raises :class:`TransportError` saying why none did
+    (:class:`BrokerUnreachable` when no broker answered at all).
 
     :param params: where and how to connect.
     :param inbox: the connection's listener.
@@ -271,30 +300,59 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     # ActiveMQ refuses a second connection with a client-id already in use; the
     # suffix keeps threads of one process (and a fast reconnect) apart.
     headers = {"client-id": f"{client_id}-{os.urandom(3).hex()}"} if client_id else {}
+    started = time.monotonic()
     try:
-        conn.connect(p.login, p.password, wait=True, headers=headers,
+        # Not stomp.py's wait=True: it waits for CONNECTED without any bound, so a port that
+        # accepts TCP and never answers (not STOMP, or a broker stuck starting) hung us for ever.
+        conn.connect(p.login, p.password, wait=False, headers=headers,
                      **({"host": p.vhost} if p.vhost else {}))
     except stomp_exc.ConnectFailedException as exc:
-        if not conn.transport.tls_errors:  # a failed handshake sent no STOMP reason to wait for
-            inbox.await_refusal(timeout=REFUSAL_GRACE)
         quiet_close(conn)
-        raise TransportError(refusal_reason(p, inbox.errors, conn.transport.tls_errors)) from exc
+        transport = conn.transport
+        if transport.unreachable:
+            raise BrokerUnreachable(unreachable_reason(p, transport.tcp_errors)) from exc
+        raise TransportError(refusal_reason(p, inbox.errors, transport.tls_errors)) from exc
     except (OSError, stomp_exc.StompException) as exc:
         quiet_close(conn)
         raise TransportError(f"cannot connect to {p.url}: {exc or type(exc).__name__}") from exc
-    if inbox.errors or not conn.is_connected():
-        quiet_close(conn)
-        raise TransportError(refusal_reason(p, inbox.errors))
-    return conn
+    answered = inbox.await_connected(timeout=p.connect_timeout)
+    if answered and not inbox.errors and not inbox.lost and conn.is_connected():
+        return conn
+    if inbox.lost and not inbox.errors:
+        # stomp.py reports the socket's end as soon as it sees it, and an ERROR frame read
+        # just before may still be on its way to the listener: give the reason a moment.
+        inbox.await_refusal(timeout=REFUSAL_GRACE)
+    quiet_close(conn)
+    elapsed = time.monotonic() - started
+    if inbox.errors or not answered:
+        raise TransportError(refusal_reason(p, inbox.errors, elapsed=elapsed))
+    # Closed without a word: a plaintext client on a TLS port (or another protocol's). Not
+    # waited for as a broker that is starting: ActiveMQ refuses connections until it serves.
+    raise TransportError(
+        f"broker {p.url} accepted TCP and closed the connection {elapsed:.1f}s later: it did not complete the "
+        "STOMP handshake. Is it a STOMP port (not OpenWire or TLS)?")
 
 
-def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str] | None = None) -> str:
-    """Why a connect failed: the broker's ERROR frames if it sent any, else what a probe of
-    its ports tells.
+def unreachable_reason(params: BrokerParams, tcp_errors: list[str]) -> str:
+    """Why no broker answered: no host accepted a TCP connection.
+
+    :param params: where we tried to connect.
+    :param tcp_errors: why each host's TCP connect failed.
+    """
+    why = f" ({'; '.join(tcp_errors)[:400]})" if tcp_errors else ""
+    return (f"cannot reach any broker at {params.url}{why}. Is it running? `amqstream broker start` starts "
+            "the embedded one.")
+
+
+def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str] | None = None, *,
+                   elapsed: float | None = None) -> str:
+    """Why a broker that accepted TCP did not take us: its ERROR frames if it sent any, else
+    a TLS handshake that failed, else a STOMP handshake that never completed.
 
     :param params: where we tried to connect.
     :param errors: the texts of the ERROR frames the broker sent.
-    :param tls_errors: why each host's TCP connect or TLS handshake failed, if TLS was asked for.
+    :param tls_errors: why each host's TLS handshake failed, if TLS was asked for.
+    :param elapsed: seconds the STOMP handshake was waited for (default: the connect timeout).
     """
     p = params
     errs = "; ".join(errors)
@@ -304,26 +362,14 @@ def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str
             return (f"broker {p.url} refused login for user {p.login or '(none)'}: {errs.rstrip('. ')}. "
                     "Check the connection's login and password.")
         return f"broker {p.url} refused the connection: {errs}"
-    reachable = any(_port_open(h, port) for h, port in p.hosts)
-    if not reachable:
-        return (f"cannot reach any broker at {p.url} (connection refused or timed out). "
-                "Is it running? `amqstream broker start` starts the embedded one.")
-    if p.tls:
-        why = f" ({'; '.join(tls_errors)[:600]})" if tls_errors else ""
+    if p.tls and tls_errors:
         names = (" and names the host connected to (or switch check_hostname off)" if p.check_hostname
                  else "")
-        return (f"TLS handshake with {p.url} failed{why}: check that the port speaks TLS and "
-                f"that ca_file trusts the broker certificate{names}")
-    return (f"broker {p.url} accepted TCP but did not complete the STOMP handshake within "
-            f"{p.connect_timeout:.0f}s: is it a STOMP port (not OpenWire or TLS)?")
-
-
-def _port_open(host: str, port: int, timeout: float = 2.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        return (f"TLS handshake with {p.url} failed ({'; '.join(tls_errors)[:600]}): check that the port "
+                f"speaks TLS and that ca_file trusts the broker certificate{names}")
+    waited = p.connect_timeout if elapsed is None else elapsed
+    return (f"broker {p.url} accepted TCP but did not complete the STOMP handshake within {waited:.0f}s: "
+            "is it a STOMP port (not OpenWire or TLS)? connect_timeout sets how long to wait.")
 
 
 def quiet_close(conn: Connection12) -> None:

@@ -34,6 +34,7 @@ class Inbox(stomp.ConnectionListener):
         self.receipts: set[str] = set()
         self.errors: list[str] = []
         self.lost = False
+        self.connected = False
         self.cond = threading.Condition()
         self.held = 0
         self.receipt_waiters = 0
@@ -64,6 +65,17 @@ class Inbox(stomp.ConnectionListener):
         with self.cond:
             self.errors.append(msg)
             self.cond.notify_all()
+
+    def on_connected(self, frame: Frame) -> None:
+        with self.cond:
+            self.connected = True
+            self.cond.notify_all()
+
+    def await_connected(self, timeout: float) -> bool:
+        """Wait until the broker answered CONNECT (CONNECTED or ERROR) or the socket ended;
+        False if none of that happened within ``timeout`` seconds."""
+        with self.cond:
+            return bool(self.cond.wait_for(lambda: self.connected or self.errors or self.lost, timeout=timeout))
 
     def on_disconnected(self) -> None:
         with self.cond:

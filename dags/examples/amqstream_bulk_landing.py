@@ -12,14 +12,41 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, task
-from example_support import LANDING, PARQUET, QUEUE, RECEIVED, write_sample_csv
+from example_support import LANDING, PARQUET, QUEUE, README, RECEIVED, write_sample_csv
 
 from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
 from airflow_provider_amqstream.operators.spark import manifest_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 
+DOC = f"""
+### A landing directory, every hour
+
+Moves everything in `{LANDING}` (subdirectories kept) through `{QUEUE}.bulk` in **one** send
+task over one connection: files of one chunk or less travel packed, up to 32 to a broker
+message. One receive task takes the whole batch and writes its manifest (path, bytes,
+SHA-256 of every file); one Spark application converts every file it lists.
+
+| task | what it does |
+|---|---|
+| `seed_landing` | writes three sample CSVs (in `eu/` and `us/`) when the landing directory is empty |
+| `send` | `SendStreamOperator` with `recursive=True`; a retry skips the files the broker confirmed |
+| `receive` | `ReceiveStreamsOperator`: into `{RECEIVED / "bulk"}`, until the batch's manifest is written |
+| `to_parquet` | one Spark application for the batch: `{PARQUET}/bulk/<run id>/` |
+| `archive` | moves what was sent to `sent/<run id>/` beside the landing directory |
+
+A file received under a name received before keeps both: the later one gets its stream id
+in its name, and the manifest says where each landed.
+
+**Run it:** scheduled hourly (and on unpausing); drop files into the landing directory.
+Connections: `amqstream_default`, `spark_default`.
+
+Provider documentation: `{README}`.
+"""
+
 with DAG(
     dag_id="amqstream_bulk_landing",
+    description="Hourly: the whole landing directory in one send, one receive, one Spark application",
+    doc_md=DOC,
     schedule=timedelta(hours=1),
     catchup=False,
     max_active_runs=1,

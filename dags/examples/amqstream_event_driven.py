@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, Asset, AssetWatcher, task
-from example_support import PARQUET, QUEUE, RECEIVED
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
+from example_support import PARQUET, QUEUE, README, RECEIVED
 
-from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, quiet_spark_conf, stream_to_parquet_job
+from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, stream_to_parquet_job
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
 INCOMING = QUEUE + ".events"
@@ -33,12 +33,37 @@ except ImportError:  # the same trigger, named directly
 incoming_streams = Asset(name="amqstream_incoming_streams",
                          watchers=[AssetWatcher(name="amqstream_offers", trigger=watch)])
 
+DOC = f"""
+### A run per offered stream
+
+No schedule and no polling sensor: the asset `amqstream_incoming_streams` has a watcher that
+runs the amqstream trigger in the triggerer. It only looks at `{INCOMING}` and fires one
+asset event per stream offered there; each event starts a run.
+
+| task | what it does |
+|---|---|
+| `offered_streams` | the stream ids of the run's asset events (or, triggered by hand, of `stream_ids`) |
+| `receive` | one `StreamCompleteSensor` per stream id: exactly that stream, into `{RECEIVED / "events"}` |
+| `to_parquet` | one Spark application per stream: `{PARQUET}/events/<stream id>` |
+
+**Run it:** send a file to `{INCOMING}`, e.g. `amqstream send data.csv --to {INCOMING}
+--mode atomic`; a run starts within seconds. Triggered by hand, it receives the streams
+named in `stream_ids`. Connections: `amqstream_default`, `spark_default`.
+
+Provider documentation: `{README}`.
+"""
+
 with DAG(
     dag_id="amqstream_event_driven",
+    description="Event-driven: every stream offered on the queue starts a run that receives it and converts it",
+    doc_md=DOC,
     schedule=[incoming_streams],
     catchup=False,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
-    params={"stream_ids": []},
+    params={"stream_ids": Param([], type="array", items={"type": "string"}, title="Stream ids",
+                                description="Streams to receive when triggered by hand, one id per line (waiting on "
+                                            f"{INCOMING}). Runs started by the asset watcher take theirs from their "
+                                            "events and ignore this.")},
     tags=["amqstream", "example", "event-driven"],
 ) as dag:
 
@@ -63,5 +88,5 @@ with DAG(
 
     StreamToParquetOperator.partial(
         task_id="to_parquet", sensor_task_id="receive", application=stream_to_parquet_job(),
-        conn_id="spark_default", conf=quiet_spark_conf(), max_active_tis_per_dagrun=1,
+        conn_id="spark_default", max_active_tis_per_dagrun=1,
     ).expand(application_args=spark_args.expand(result=received.output))

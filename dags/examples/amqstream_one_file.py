@@ -7,19 +7,48 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, task
-from example_support import DEMO_FILE, PARQUET, QUEUE, RECEIVED, write_sample_csv
+from airflow.sdk import DAG, Param, task
+from example_support import DEMO_FILE, PARQUET, QUEUE, README, RECEIVED, write_sample_csv
 
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
+DOC = f"""
+### One file end to end
+
+Sends one file to `{QUEUE}.one` as a chunked stream, receives it with a sensor (every chunk
+checked with CRC-32, the whole file with SHA-256 before it is published), converts it to
+Parquet with Spark, and checks that Spark read as many rows as the file has.
+
+| task | what it does |
+|---|---|
+| `ensure_input` | writes a sample sales CSV of `rows` rows at `path` if nothing is there yet |
+| `send` | `SendStreamOperator`: the file to `{QUEUE}.one`; a retry resumes at the last chunk the broker confirmed |
+| `receive` | `StreamCompleteSensor`: the stream into `{RECEIVED / "one"}` |
+| `to_parquet` | Spark (`spark_default`) writes `{PARQUET}/<stream id>` |
+| `check` | compares row counts and checksums; its XCom is the run's report |
+
+**Run it:** not scheduled; trigger it, with a `path` to a CSV of your own or the default (a
+sample is written there). Connections: `amqstream_default` and `spark_default`.
+
+Provider documentation: `{README}`.
+"""
+
 with DAG(
     dag_id="amqstream_one_file",
+    description="One file through ActiveMQ: send, receive and verify, convert to Parquet with Spark, check",
+    doc_md=DOC,
     schedule=None,
     catchup=False,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
-    params={"path": DEMO_FILE, "rows": 50_000},
+    params={
+        "path": Param(DEMO_FILE, type="string", title="File to send",
+                      description="Path of the CSV to send (on the worker). If nothing is there, a sample sales "
+                                  "CSV of `rows` rows is written first."),
+        "rows": Param(50_000, type="integer", minimum=1, title="Rows of the sample",
+                      description="Rows of the sample CSV written when `path` does not exist; ignored otherwise."),
+    },
     tags=["amqstream", "example"],
 ) as dag:
 

@@ -9,14 +9,33 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, task
-from example_support import BASE, QUEUE, SITE_A_CONN, write_sample_csv
+from example_support import BASE, QUEUE, README, SITE_A_CONN, write_sample_csv
 
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 
 OUTBOX = BASE / "site-a" / "outbox"
 
+DOC = f"""
+### Site A: the producer
+
+Sends every file in its outbox `{OUTBOX}` to `{QUEUE}.sites` as an **atomic** stream (a
+receiver sees it only once every chunk is stored in the broker), one mapped `send` task per
+file, then archives each sent file under `outbox/sent/<date>/` (a name archived before that
+day gets the stream id added). When the outbox is empty a sample CSV is written, so the
+example always has something to send.
+
+Its consumer is `amqstream_site_b_consumer`; the two may run on different machines, each
+with its own broker (`make demo-sites` bridges two). Connection: `{SITE_A_CONN}`.
+
+**Run it:** scheduled every 30 minutes; put files into the outbox.
+
+Provider documentation: `{README}`.
+"""
+
 with DAG(
     dag_id="amqstream_site_a_producer",
+    description="Site A: every file of its outbox as an atomic stream to site B, then archived",
+    doc_md=DOC,
     schedule=timedelta(minutes=30),
     catchup=False,
     max_active_runs=1,

@@ -8,13 +8,31 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG
-from example_support import PARQUET, QUEUE, RECEIVED, SITE_B_CONN
+from example_support import PARQUET, QUEUE, README, RECEIVED, SITE_B_CONN
 
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
+DOC = f"""
+### Site B: the consumer
+
+Waits for the next stream from site A on `{QUEUE}.sites` with a **deferrable** sensor: while
+nothing is offered it holds no worker slot, the triggerer watches the queue. Then it receives
+and verifies the stream into `{RECEIVED / "site-b"}` and converts it with Spark to
+`{PARQUET / "site-b"}/<stream id>`. Nothing is overwritten: a name received before gets the
+stream id added.
+
+Its producer is `amqstream_site_a_producer`. Connection: `{SITE_B_CONN}`, `spark_default`.
+
+**Run it:** scheduled every 5 minutes (one run at a time); each run takes one stream.
+
+Provider documentation: `{README}`.
+"""
+
 with DAG(
     dag_id="amqstream_site_b_consumer",
+    description="Site B: wait (deferred) for site A's next stream, receive and verify it, convert it with Spark",
+    doc_md=DOC,
     schedule=timedelta(minutes=5),
     catchup=False,
     max_active_runs=1,

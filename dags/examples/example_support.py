@@ -20,6 +20,9 @@ QUEUE = os.environ.get("AMQSTREAM_QUEUE", "/queue/amqstream.examples")
 # own broker, bridged, and these name the connections to them.
 SITE_A_CONN = os.environ.get("AMQSTREAM_SITE_A_CONN_ID", "amqstream_default")
 SITE_B_CONN = os.environ.get("AMQSTREAM_SITE_B_CONN_ID", "amqstream_default")
+# Where the provider's documentation is, for the DAGs' docs: the README of the checkout
+# these examples come from.
+README = str(Path(__file__).resolve().parents[2] / "README.md")
 
 
 def write_sample_csv(path: str | Path, rows: int = 50_000, seed: int = 7) -> Path:

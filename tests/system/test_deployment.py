@@ -1,14 +1,19 @@
 """The examples in a real deployment, started the way users start it (``make airflow``
-runs scripts/airflow.sh): api-server, scheduler, dag-processor and triggerer (LocalExecutor,
-SQLite) on private loopback ports, the embedded broker, Spark in local mode. Runs are
-triggered and read through the public REST API; the connection form, its Test button and a
-running sensor's log are checked in headless Chromium.
+runs scripts/airflow.sh): api-server, scheduler, dag-processor, triggerer and a log server
+(LocalExecutor, SQLite) on private loopback ports, the embedded broker, Spark in local mode.
+Runs are triggered and read through the public REST API; the connection form, its Test
+button, a running sensor's log and a DAG's docs are checked in headless Chromium.
+
+It listens on loopback only, keeps every file with a secret from other users,
+documents its DAGs, hands another shell its connections, and a SIGTERM to ``make`` (the
+fixture's teardown) stops all of it.
 
 One deployment serves the module (starting it costs ~30-60 s here); each test triggers its
 own runs and waits on them, so none depends on another having run."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -49,7 +54,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         print(f"\ndeployment ready in {d.startup_seconds:.1f}s at {d.base}")
         yield d
     finally:
-        seconds = d.stop()
+        seconds = d.stop()  # SIGTERM to make, the top process
         print(f"\ndeployment stopped in {seconds:.1f}s")
         # Everything it started is gone: components, LocalExecutor workers, tasks, spark-submit, broker.
         try:
@@ -83,6 +88,7 @@ def _scheduled_run(d: Deployment, dag_id: str) -> str:
 def test_make_airflow_serves_the_examples_unpaused_and_prints_the_login(deployment: Deployment) -> None:
     d = deployment
     assert f"UI          {d.base}   user admin, password " in d.text()
+    assert f"in another shell:  source {d.home / 'env.sh'}" in d.text()
     r = __import__("httpx").post(f"{d.base}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=30)
     assert r.status_code == 401
     health = d.api("GET", "/monitor/health")
@@ -253,6 +259,98 @@ def test_killed_send_is_retried_by_the_scheduler_and_resumes(deployment: Deploym
     assert got["sha256"] == sha256_file(src) == result["sha256"]
 
 
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def test_everything_it_started_listened_on_loopback_only(deployment: Deployment) -> None:
+    """Issue 24 item 4: every TCP listener of every process of the deployment, sampled each
+    second since it was ready (the tests above ran Spark jobs meanwhile): nothing on 0.0.0.0,
+    [::] or an external address."""
+    d = deployment
+    seen = d.listeners | set(d.listening())
+    wide = sorted(x for x in seen if x[0] not in LOOPBACK)
+    assert not wide, "\n".join(f"{a}:{port} pid {pid} {cmd}" for a, port, pid, cmd in wide)
+    ports = {port for _, port, _, _ in seen}
+    assert d.port in ports and _conn_fields(_broker_uri(d))["port"] in ports, sorted(seen)
+    assert any("serve-logs" in cmd for *_, cmd in seen), sorted(seen)  # ours, not Airflow's on every interface
+    assert not ports & {8793, 8794}, sorted(seen)
+    assert any("SparkSubmit" in cmd or "pyspark" in cmd for *_, cmd in seen), "no Spark driver was seen listening"
+    print(f"\nlisteners seen: {len(seen)}, all on loopback: "
+          f"{sorted({(a, p, cmd.split()[0].rsplit('/', 1)[-1]) for a, p, _, cmd in seen})}")
+
+
+def test_the_dags_explain_themselves_through_the_api(deployment: Deployment) -> None:
+    """Issue 24 item 6: description, docs and parameter descriptions as the UI gets them; the
+    provider's documentation URL."""
+    d = deployment
+    for path in sorted(EXAMPLES.glob("amqstream_*.py")):
+        details = d.api("GET", f"/dags/{path.stem}/details")
+        assert details["description"], path.stem
+        assert "**Run it:**" in (details["doc_md"] or ""), path.stem
+        for name, param in (details["params"] or {}).items():
+            assert param.get("description"), f"{path.stem}: parameter {name} has no description"
+    params = d.api("GET", "/dags/amqstream_one_file/details")["params"]
+    assert set(params) == {"path", "rows"} and params["rows"]["schema"]["type"] == "integer", params
+    assert d.api("GET", "/dags/amqstream_event_driven/details")["params"]["stream_ids"]["description"]
+    from importlib.metadata import distribution
+
+    [ours] = [x for x in d.api("GET", "/providers")["providers"] if x["package_name"] == "airflow-provider-amqstream"]
+    installed = dict(u.split(", ", 1) for u in distribution("airflow-provider-amqstream").metadata.get_all(
+        "Project-URL") or []).get("Documentation")
+    assert ours["documentation_url"] == installed, ours
+    if installed is None:  # a venv installed before setup.py set it: `make setup` reinstalls
+        print("\nthe installed metadata has no documentation URL yet (venv older than setup.py)")
+    else:
+        assert Path(installed.removeprefix("file://")).is_file(), installed
+
+
+def test_another_shell_gets_the_deployment_from_env_sh(deployment: Deployment) -> None:
+    """Issue 24 item 7: one line to paste, and the CLI finds the deployment's broker without
+    Airflow's metadata database."""
+    d = deployment
+    env_file = d.home / "env.sh"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    # A clean environment, as a new terminal has (PYTHONPATH: this checkout, as the deployment's own).
+    shell = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    script = f"source {env_file} && amqstream test-connection && echo AIRFLOW_HOME=$AIRFLOW_HOME"
+    t0 = time.monotonic()
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=shell, timeout=120)
+    took = time.monotonic() - t0
+    assert run.returncode == 0, run.stderr
+    assert f"ok: connected to stomp://127.0.0.1:{_conn_fields(_broker_uri(d))['port']}" in run.stdout
+    assert f"AIRFLOW_HOME={d.airflow_home}" in run.stdout
+    assert "Skipping masking" not in run.stdout + run.stderr
+    print(f"\namqstream test-connection from another shell: {took:.2f}s")
+
+
+def _secrets(d: Deployment) -> list[str]:
+    broker = json.loads((d.home / "broker" / "credentials.json").read_text())["password"]
+    return [broker, d.password]
+
+
+def test_no_file_with_a_password_is_readable_by_others(deployment: Deployment) -> None:
+    """Issue 24 item 3: the deployment's directory is its owner's; every file holding the
+    broker's or the admin's password, and everything the deployment wrote, is mode 0600."""
+    d = deployment
+    secrets = [s.encode() for s in _secrets(d)]
+    assert d.home.stat().st_mode & 0o077 == 0
+    holders, readable = [], []
+    for path in d.home.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077 and path.relative_to(d.home).parts[0] in ("logs", "airflow", "broker", "env.sh", "spark-conf"):
+            readable.append(f"{oct(mode)} {path}")
+        if path.stat().st_size < 64 * 2**20 and any(s in path.read_bytes() for s in secrets):
+            holders.append(path.relative_to(d.home))
+            if mode & 0o077:
+                readable.append(f"{oct(mode)} {path} (holds a password)")
+    assert not readable, "\n".join(readable)
+    for expected in ("env.sh", "logs/broker-start.log", "broker/credentials.json"):
+        assert Path(expected) in holders, (expected, holders)
+    print(f"\nfiles holding a password, all 0600: {sorted(map(str, holders))}")
+
+
 # ---------------------------------------------------------------- the UI, in headless Chromium
 
 
@@ -357,6 +455,8 @@ def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment
     assert dlg.locator(f"datalist#{hosts.get_attribute('list')} option").first.get_attribute("value") == \
         "mq1.example.com:61613,mq2.example.com:61613"
     assert "none (send chunks as they are)" in text and "null" not in text.lower().split()
+    for name in ("ca_file", "cert_file", "key_file"):  # a path to type, no options to "start typing" for
+        assert dlg.locator(f"[name=element_{name}]").get_attribute("placeholder") is None, name
     pg.set_viewport_size({"width": 1400, "height": 2100})  # the whole dialog in one picture
     _shot(pg, tmp_path, "ui-connection-form.png")
     pg.set_viewport_size({"width": 1400, "height": 1000})
@@ -365,6 +465,8 @@ def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment
              30, "the saved connection")
     saved = d.api("GET", "/connections/amq_ui_good")
     assert saved["conn_type"] == "amqstream" and saved["port"] == _conn_fields(uri)["port"]
+    # Compression "none" is saved as no string at all (Airflow's masker warned about "none").
+    assert json.loads(saved["extra"])["compression"] is None, saved["extra"]
 
     # A connection with a wrong password, made through the API.
     d.api("POST", "/connections", json={"connection_id": "amq_ui_bad_password", "conn_type": "amqstream",
@@ -411,3 +513,38 @@ def test_running_sensor_log_shows_progress_in_the_ui(page: Any, deployment: Depl
     d.wait_run("amqs_deploy_slow_transfer", run_id, timeout=300)
     assert d.xcom("amqs_deploy_slow_transfer", run_id, "receive")["sha256"] == sha256_file(src)
     print(f"deployment test so far: {time.monotonic() - d.started:.0f}s since start-up")
+
+
+def _settled(pg: Any) -> None:
+    """Wait until the animations that end have ended (a dialog fading in), so a screenshot
+    shows the page; endless ones (a spinner, a running task's pulse) never do."""
+    pg.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running'"
+                         " || a.effect.getComputedTiming().iterations === Infinity)")
+
+
+def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment, tmp_path: Path) -> None:
+    """Issue 24 item 6: the docs of a DAG (its "Dag Docs" button) and the help of its trigger
+    parameters, as a user sees them."""
+    d, pg = deployment, page
+    pg.goto(f"{d.base}/dags/amqstream_one_file")
+    pg.get_by_role("button", name="Dag Docs").click()
+    dlg = pg.get_by_role("dialog")
+    dlg.get_by_text("One file end to end").wait_for()
+    _settled(pg)
+    assert "SendStreamOperator" in dlg.inner_text() and "**" not in dlg.inner_text()  # rendered, not raw
+    # The dialog opens 500x400 with a resize handle: drag it, as a reader would, to see it all.
+    box = dlg.bounding_box()
+    pg.mouse.move(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] + 350, box["y"] + 560, steps=10)
+    pg.mouse.up()
+    _shot(pg, tmp_path, "ui-dag-docs.png")
+    pg.keyboard.press("Escape")
+    dlg.wait_for(state="hidden")
+    pg.get_by_role("button", name="Trigger").first.click()
+    dlg = pg.get_by_role("dialog")
+    dlg.get_by_text("Rows of the sample CSV written when").wait_for()
+    _settled(pg)
+    text = dlg.inner_text()
+    assert "Path of the CSV to send (on the worker)" in text and "Rows of the sample CSV written when" in text, text
+    _shot(pg, tmp_path, "ui-trigger-params.png")

@@ -236,3 +236,67 @@ def test_spark_job_converts_every_file_of_a_directory_of_manifests(tmp_path: Pat
     assert (summary["files"], summary["rows"]) == (3, 4), summary
     for rel in ("a", "sub/b", "c"):
         assert list((out / rel).glob("*.parquet")), rel
+
+
+@pytest.mark.spark
+def test_spark_job_converts_without_caching_its_input(tmp_path: Path) -> None:
+    """Issue 24 item 2: a file larger than the memory Spark may cache in converts without a
+    "Not enough space to cache" line per partition (the job cached its whole input to count
+    it). The driver's storage memory is made tiny here so that 20 MB is "larger"; the 2.6 GiB
+    CSV of the report hit the same with the defaults."""
+    job = Path(stream_to_parquet_job()).read_text()
+    code = "\n".join(line.split("#")[0] for line in job.splitlines())
+    assert ".cache(" not in code and ".persist(" not in code
+    import random
+
+    csv = tmp_path / "wide.csv"
+    rnd = random.Random(3)
+    with csv.open("w") as fh:
+        fh.write("id,region,amount,note\n")
+        for i in range(300_000):
+            fh.write(f"{i},{rnd.choice(['north', 'south', 'east'])},{rnd.uniform(0, 999):.2f},"
+                     f"note-{rnd.randrange(10**9):09d}-{rnd.randrange(10**9):09d}\n")
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", "--driver-memory", "512m",
+           "--conf", "spark.memory.fraction=0.02"]
+    for k, v in quiet_spark_conf().items():
+        cmd += ["--conf", f"{k}={v}"]
+    run = subprocess.run([*cmd, stream_to_parquet_job(), "--input", str(csv), "--output", str(tmp_path / "pq")],
+                         capture_output=True, text=True, timeout=600)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    assert "Not enough space to cache" not in log and "RejectedExecutionException" not in log, log[-3000:]
+    summary = json.loads((tmp_path / "pq" / "_amqstream_summary.json").read_text())
+    assert summary["rows"] == 300_000
+    print(f"\nspark output of a {csv.stat().st_size / 2**20:.0f} MiB conversion: {len(log.splitlines())} lines")
+
+
+@pytest.mark.spark
+def test_the_task_log_of_a_conversion_holds_the_job_not_spark_start_up_noise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 item 2: the operator's own task log lines (what the hook logs of spark-submit's
+    output), for the noise Spark prints at start-up: the incubator module, the loopback host
+    name and SPARK_LOCAL_IP, pandas' version, the native Hadoop library."""
+    from airflow_provider_amqstream.operators.spark import APP_NAME, stream_to_parquet_operator
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[1]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)  # as on a machine set up by nobody
+    csv = tmp_path / "tiny.csv"
+    csv.write_text("id,region,amount\n1,north,2.5\n2,south,3.0\n")
+    op = stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive", output_dir=str(tmp_path / "pq"))
+    assert op.name == APP_NAME
+    op.name = "amqstream:amqs_test.to_parquet"  # as rendered in a run
+    op.application_args = ["--input", str(csv), "--output", str(tmp_path / "pq" / "s-1"), "--format", "auto"]
+    from structlog.testing import capture_logs
+
+    # The hook logs each line spark-submit prints through structlog, as in a task.
+    with capture_logs() as logs:
+        op.execute({})
+    records = [str(e.get("event")) for e in logs]
+    text = "\n".join(records)
+    assert "stream_to_parquet: " in text and "2 rows" in text, text
+    assert "--name amqstream:amqs_test.to_parquet" in text, text
+    for noise in ("incubator modules", "SPARK_LOCAL_IP", "resolves to a loopback address", "pandas",
+                  "NativeCodeLoader", " INFO "):
+        assert noise not in text, f"{noise!r} in the task log:\n{text}"
+    print(f"\ntask log of a conversion: {len(records)} lines")

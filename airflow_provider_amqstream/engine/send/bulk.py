@@ -73,6 +73,7 @@ from airflow_provider_amqstream.engine.send.stream import (
 )
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
+    BrokerUnreachable,
     ConnectionLost,
     DestinationFull,
     StreamError,
@@ -146,7 +147,8 @@ def send_files(  # noqa: PLR0913
         the state dir, as ``send_file``).
     :param ledger_flush: called with every confirmed stream id after each ledger write.
     :param ledger_seed: stream ids known confirmed from elsewhere (a retry on another worker).
-    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
+        when the send starts.
     :param manifest: after every file is confirmed, announce the batch (a ``batch``
         message listing each file's stream id, relative path, size and SHA-256), so the
         receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
@@ -353,7 +355,8 @@ class _Ctx:
                     self.run(link, todo, fail)
             except AccessDenied:
                 raise
-            except (ConnectionLost, DestinationFull) as exc:
+            except (ConnectionLost, DestinationFull, BrokerUnreachable) as exc:
+                # A broker not up yet when the send starts is waited for the same way.
                 # A full destination is a receiver that stopped or lags: it takes messages
                 # again when it resumes, so wait for it as for a broker that went away. The
                 # broker lets us connect meanwhile, so only progress restarts the deadline.

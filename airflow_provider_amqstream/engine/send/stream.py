@@ -29,6 +29,7 @@ from airflow_provider_amqstream.engine.send.handshake import send_handshake_atte
 from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
+    BrokerUnreachable,
     ConnectionLost,
     DestinationFull,
     StreamError,
@@ -80,7 +81,8 @@ def send_file(  # noqa: PLR0913
         one per stream id and broker).
     :param restart: ignore an existing checkpoint and send from the first byte.
     :param progress: called with (bytes confirmed, total bytes) after each window.
-    :param reconnect_timeout: how long to keep trying to reach a lost broker.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
+        when the send starts (a broker that answers and refuses fails at once).
     :param request_timeout: handshake mode: seconds to wait for the first receiver to answer.
     :param discovery_window: handshake mode on a topic: seconds to keep collecting
         receivers after the first answered.
@@ -127,18 +129,21 @@ def send_file(  # noqa: PLR0913
     out = Outbound(params, src, dest, state, save, window, progress, codec, stream_origin(identity, dest), subdir)
     attempt = _Attempt(out)
     rerequests = [0]
+    retries = 0
     if link is not None:
         if spec.mode is p.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
         attempt.run(link)
     else:
-        _retry(out, attempt, Backoff(f"sending stream {sid} to {dest}", params.url, reconnect_timeout),
-               (request_timeout, discovery_window, ack_timeout), rerequests)
+        resumed, retries = _retry(out, attempt, Backoff(f"sending stream {sid} to {dest}", params.url,
+                                                        reconnect_timeout),
+                                  (request_timeout, discovery_window, ack_timeout), rerequests)
+        resumed_from = resumed if resumed is not None else resumed_from
     ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
     return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
                           time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
                           time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=out.origin,
-                          broker=params.url)
+                          broker=params.url, retries=retries)
 
 
 def _regular_file(src: Path) -> os.stat_result:
@@ -180,21 +185,31 @@ def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: p.Destina
 
 
 def _retry(out: Outbound, attempt: _Attempt, backoff: Backoff, hs_timeouts: tuple[float, float, float],
-           rerequests: list[int]) -> None:
-    """Connected attempts, each on a connection of its own, until the stream is sent."""
+           rerequests: list[int]) -> tuple[int | None, int]:
+    """Connected attempts, each on a connection of its own, until the stream is sent; return
+    the offset this run last resumed at after a lost connection (None if it never was) and
+    how many connections were tried again."""
     state = out.state
+    resumed_from: int | None = None
     while True:
         before = state.confirmed_seq
+        if backoff.attempts and state.confirmed_offset:
+            # After a lost connection the stream goes on from the broker's last confirmation:
+            # that is where this run resumed, whatever offset it started at.
+            resumed_from = state.confirmed_offset
         try:
             if state.spec.mode is p.Mode.HANDSHAKE:
                 attempt.sent += send_handshake_attempt(out, hs_timeouts, rerequests)
             else:
                 attempt.run()
-            return
+            return resumed_from, backoff.attempts
         except AccessDenied:
             raise
         except TransportError as exc:
-            transient = isinstance(exc, (ConnectionLost, DestinationFull))
+            # A broker that is not up yet (nothing listening, or closing connections while it
+            # starts) gets the same patience as one lost mid-transfer; one that answered and
+            # refused us (a wrong password) fails at once, before anything was sent.
+            transient = isinstance(exc, (ConnectionLost, DestinationFull, BrokerUnreachable))
             if not transient and backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
                 raise
             if state.confirmed_seq > before:

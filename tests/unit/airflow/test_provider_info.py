@@ -12,15 +12,22 @@ def _schemas() -> dict[str, dict[str, Any]]:
     return {name: f["schema"] for name, f in CONN_FIELDS.items()}
 
 
-def test_compression_is_an_optional_choice_without_null() -> None:
+def test_compression_none_is_saved_as_no_string() -> None:
+    # The form saved "compression": "none", a 4-character string that
+    # Airflow's masker warned about as a secret too short to mask, on every lookup.
     sch = _schemas()["compression"]
-    assert None not in sch["enum"] and "null" not in str(sch["type"])
-    assert set(sch["enum"]) == {"none", "zstd"} and sch["default"] == "none"
-    assert set(sch["values_display"]) == set(sch["enum"])
-    # Each choice the form can store means what it says.
+    assert "default" not in sch or sch["default"] is None
+    assert sch["enum"] == [None, "zstd"] and "none" not in sch["enum"]
+    assert sch["values_display"] == {"null": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}
+    from airflow.sdk.definitions.param import Param
+
+    for value in (None, "zstd"):
+        Param(value, **sch).resolve(suppress_exception=False)
+    # Each value means what it says, and so does a connection saved before ("none") or without the key.
+    assert BrokerParams.from_parts("h", None, None, None, {"compression": None}).compression is None
+    assert BrokerParams.from_parts("h", None, None, None, {}).compression is None
     assert BrokerParams.from_parts("h", None, None, None, {"compression": "none"}).compression is None
     assert BrokerParams.from_parts("h", None, None, None, {"compression": "zstd"}).compression == "zstd"
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": None}).compression is None
 
 
 def test_timeouts_have_fields_that_reach_the_transport() -> None:
@@ -66,8 +73,16 @@ def test_free_text_fields_suggest_an_example_value() -> None:
     # also pass the Param check Airflow runs on a saved connection.
     from airflow.sdk.definitions.param import Param
 
-    for name in ("hosts", "ca_file", "cert_file", "key_file"):
-        schema = CONN_FIELDS[name]["schema"]
-        assert schema["examples"], name
-        Param(None, **schema).resolve(suppress_exception=False)
-        Param(schema["examples"][0], **schema).resolve(suppress_exception=False)
+    schema = CONN_FIELDS["hosts"]["schema"]
+    assert schema["examples"]
+    Param(None, **schema).resolve(suppress_exception=False)
+    Param(schema["examples"][0], **schema).resolve(suppress_exception=False)
+
+
+def test_file_fields_offer_no_options_and_name_an_example_path() -> None:
+    # Issue 24 item 10: with ``examples`` the form showed "Start typing to see options" in
+    # the CA and certificate fields, where there is only a path to type.
+    for name in ("ca_file", "cert_file", "key_file"):
+        field = CONN_FIELDS[name]
+        assert "examples" not in field["schema"], name
+        assert "e.g. /etc/amqstream/" in field["description"], name

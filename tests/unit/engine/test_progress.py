@@ -51,3 +51,59 @@ def test_log_progress_logs_the_end_once(caplog: pytest.LogCaptureFixture) -> Non
     assert len(lines) == 2, lines  # the first reading, then the end, once
     assert lines[-1].startswith("stream s -> /queue/q: 3145728 of 3145728 bytes (100.0%), ")
     assert lines[-1].endswith(" MiB/s")
+
+
+def test_rate_after_an_outage_is_the_rate_now_not_an_average_over_the_downtime() -> None:
+    # 20 s at 10 MiB/s, the broker away for 120 s, then 10 MiB/s again.
+    # The old meter averaged over everything since the first reading (~1.4 MiB/s here).
+    clock = Clock()
+    meter = ProgressMeter(0.0, clock)
+    mib, done = 2**20, 0
+    for _ in range(20):
+        meter.reading(done, 1000 * mib)
+        clock.t += 1.0
+        done += 10 * mib
+    clock.t += 120.0  # the outage: no readings
+    after = meter.reading(done, 1000 * mib)
+    assert after is not None and after.rate is None  # one reading since the outage: no rate yet
+    for _ in range(5):
+        clock.t += 1.0
+        done += 10 * mib
+        rep = meter.reading(done, 1000 * mib)
+    assert rep is not None and rep.rate == pytest.approx(10 * mib)
+
+
+def test_rate_is_over_the_last_window_of_readings() -> None:
+    clock = Clock()
+    meter = ProgressMeter(0.0, clock, window=30.0)
+    done = 0
+    for step in range(120):  # 60 s at 100 B/s, then 60 s at 1000 B/s
+        clock.t += 1.0
+        done += 100 if step < 60 else 1000
+        rep = meter.reading(done, 10**9)
+    assert rep is not None and rep.rate == pytest.approx(1000.0)
+
+
+def test_batch_log_progress_shows_the_recent_rate(caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.engine import BatchStatus
+    from airflow_provider_amqstream.operators import progress as op_progress
+    from airflow_provider_amqstream.operators.progress import BatchLogProgress
+
+    clock = Clock()
+    monkeypatch.setattr(op_progress.time, "monotonic", clock)
+    log = logging.getLogger("amqs.test.batch")
+    show = BatchLogProgress(log, "batch b -> /queue/q", interval=10.0)
+    st = BatchStatus(files_total=20, bytes_total=20 * 2**20)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        for i in range(10):
+            st.files_done, st.bytes_done = i, i * 2**20
+            show(st)
+            clock.t += 1.0
+        clock.t += 300.0  # an outage
+        for i in range(10, 21):  # the last reading is the batch's end: always logged
+            st.files_done, st.bytes_done = i, i * 2**20
+            show(st)
+            clock.t += 0.5
+    last = caplog.records[-1].getMessage()
+    assert last == "batch b -> /queue/q: 20 of 20 files, 20.0 of 20.0 MiB, 2.0 MiB/s", last

@@ -1,0 +1,45 @@
+"""However ``make airflow`` ends, nothing it started is left running. A
+SIGTERM to ``make`` is the teardown of every test in test_deployment.py; here ``make`` is
+killed with SIGKILL (a CI job cancelled, an OOM kill), which nothing can catch: the script,
+orphaned, notices and stops everything it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deployment import Deployment
+from tests.helpers import ROOT, wait_for
+
+pytestmark = [pytest.mark.deployment, pytest.mark.broker]
+
+
+@pytest.fixture
+def small_deployment(tmp_path: Path) -> Iterator[Deployment]:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name in ("amqstream_one_file.py", "example_support.py", ".airflowignore"):  # nothing scheduled
+        (dags / name).symlink_to(ROOT / "dags" / "examples" / name)
+    d = Deployment(tmp_path / "home", dags)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_make_killed_with_sigkill_still_stops_everything(small_deployment: Deployment) -> None:
+    d = small_deployment
+    d.wait_ready()
+    assert d.own_processes() and d.broker_pid()
+    os.kill(d.proc.pid, signal.SIGKILL)  # make: no trap, no forwarding
+    d.proc.wait(10)
+    try:
+        wait_for(lambda: not d.own_processes(), 90, "every process of the deployment to exit", interval=0.5)
+    except AssertionError:
+        pytest.fail(f"left running after make was killed: {d.own_processes()}\n{d.text()[-2000:]}")
+    wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+    assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]

@@ -1,0 +1,66 @@
+"""The examples explain themselves in the UI: every DAG has a description
+and docs (doc_md), every trigger parameter a description; the provider's documentation URL
+exists. The deployment test reads the same through the REST API of a running Airflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from tests.helpers import ROOT
+
+
+def _example_dags() -> dict[str, object]:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=ROOT / "dags" / "examples")
+    assert bag.import_errors == {}
+    return {dag_id: dag for dag_id, dag in bag.dags.items() if dag_id.startswith("amqstream_")}
+
+
+def test_every_example_has_a_description_docs_and_described_params() -> None:
+    dags = _example_dags()
+    assert len(dags) == 5, sorted(dags)
+    for dag_id, dag in dags.items():
+        assert dag.description and len(dag.description) < 120, dag_id  # one line in the DAG list
+        doc = dag.doc_md or ""
+        assert doc.lstrip().startswith("###") and "**Run it:**" in doc, dag_id
+        assert str(ROOT / "README.md") in doc, dag_id
+        for name, param in dag.params.items():
+            assert param.description, f"{dag_id}: param {name} has no description"
+    one = dags["amqstream_one_file"].params
+    assert set(one) == {"path", "rows"} and one.get_param("rows").schema["minimum"] == 1
+    assert dags["amqstream_event_driven"].params.get_param("stream_ids").schema["type"] == "array"
+
+
+def test_the_provider_documentation_url_exists(tmp_path: Path) -> None:
+    """The Documentation project URL the package is built with (what Airflow's Providers page
+    links to; without one it links to an apache.org page that does not exist)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT, check=True,
+                   capture_output=True, timeout=120)
+    [pkg_info] = tmp_path.glob("*.egg-info/PKG-INFO")
+    urls = dict(line.split(": ", 1)[1].split(", ", 1) for line in pkg_info.read_text().splitlines()
+                if line.startswith("Project-URL: "))
+    parts = urlsplit(urls["Documentation"])
+    assert parts.scheme == "file" and Path(parts.path) == ROOT / "README.md" and Path(parts.path).is_file(), urls
+
+
+def test_every_example_spark_application_is_named_alike() -> None:
+    """Amqstream:<dag>.<task> for all (example 4's was SparkSubmitOperator's
+    default, arrow-spark)."""
+    from airflow_provider_amqstream.operators.spark import APP_NAME, QuietSparkSubmitOperator
+
+    spark_tasks = 0
+    for dag in _example_dags().values():
+        for task in dag.tasks:
+            cls = getattr(task, "operator_class", type(task))  # a mapped task names its class
+            if "SparkSubmit" not in "".join(c.__name__ for c in getattr(cls, "__mro__", ())):
+                continue
+            spark_tasks += 1
+            assert issubclass(cls, QuietSparkSubmitOperator), (dag.dag_id, task.task_id, cls)
+            name = getattr(task, "name", None) or getattr(task, "partial_kwargs", {}).get("name")
+            assert name in (None, APP_NAME), (dag.dag_id, task.task_id, name)  # None: set when mapped
+    assert spark_tasks == 4
