@@ -1,4 +1,4 @@
-"""Command line: ``amqstream broker|users|send|receive|test-connection``.
+"""Command line: ``amqstream broker|users|send|receive|test-connection|streams``.
 
 Exit codes: 0 success, 1 the transfer failed (message on stderr), 2 bad usage,
 3 nothing to receive within ``--wait``.
@@ -394,6 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test-connection", help="connect and prove a round trip")
     t.add_argument("--conn", help=CONN_HELP)
     t.set_defaults(func=cmd_test_connection)
+
+    # `amqstream streams ...` (issue 21) lives in a module of its own.
+    from airflow_provider_amqstream.cli_streams import add_parser as add_streams_parser
+
+    add_streams_parser(sub, CONN_HELP)
     return ap
 
 

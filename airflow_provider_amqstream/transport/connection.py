@@ -236,10 +236,21 @@ class Connection12(BaseConnection, Protocol12):
         BaseConnection.__init__(self, transport)
         Protocol12.__init__(self, transport, heartbeats, auto_content_length=True,
                             heart_beat_receive_scale=2.5)
+        self._amqs_timeout = timeout
 
-    def connect(self, *args: Any, **kwargs: Any) -> None:
+    def connect(self, *args: Any, wait: bool = False, **kwargs: Any) -> None:
         self.transport.start()
-        Protocol12.connect(self, *args, **kwargs)
+        Protocol12.connect(self, *args, wait=False, **kwargs)
+        if not wait:
+            return
+        # stomp.py's own wait has no end: a port that accepts TCP and never answers the CONNECT
+        # frame (a hung broker, another protocol) held the caller for ever. The same time-out
+        # as the TCP connect bounds the STOMP handshake; the caller then says which it was.
+        deadline = time.monotonic() + self._amqs_timeout
+        while not self.transport.is_connected():
+            if self.transport.connection_error or not self.transport.running or time.monotonic() >= deadline:
+                raise stomp_exc.ConnectFailedException()
+            time.sleep(0.005)
 
     def disconnect(self, receipt: str | None = None, headers: Any = None, **kw: Any) -> None:
         Protocol12.disconnect(self, receipt, headers, **kw)

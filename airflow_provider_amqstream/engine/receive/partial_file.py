@@ -122,6 +122,8 @@ class PartialFile:
         self.spec, self.what, self.sdir, self.sender = spec, what, sdir, sender
         self.part = sdir / f"{spec.stream_id}.part"
         self.state_file = sdir / f"{spec.stream_id}.json"
+        # When this reception began, kept across resumes: `amqstream streams ls` shows it.
+        self.started_at = time.time()
         self.fd = -1
         self.created = False
         self.state = ReceiverState(spec)
@@ -192,6 +194,8 @@ class PartialFile:
                               "delete it and the .part file to receive from the start") from exc
         if data is None:
             return ReceiverState(self.spec)
+        if isinstance(data.get("started_at"), (int, float)):
+            self.started_at = float(data["started_at"])
         state = ReceiverState.from_json(data)
         if state.spec != self.spec:
             raise StreamError(f"{self.what}: resume state {self.state_file} belongs to a different "
@@ -241,7 +245,8 @@ class PartialFile:
             snapshot.mark_durable(seq)
         if self.pool is None:
             raise StreamError(f"{self.what}: commit on a partial file that is not open")
-        fut = self.pool.submit(self._sync, {**snapshot.to_json(), "sender": self.sender} if self.new else None)
+        fut = self.pool.submit(self._sync, {**snapshot.to_json(), "sender": self.sender,
+                                            "started_at": self.started_at} if self.new else None)
         self.inflight = (fut, self.new, frames)
         self.new = []
         if wait:

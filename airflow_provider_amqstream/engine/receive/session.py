@@ -430,7 +430,10 @@ class ReceiveSession:
                     outcomes.append(outcome)
             for offer, result in files.commit():
                 inline.settle(self.link, offer)
-                self.opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path))
+                # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
+                self.opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path),
+                               destination=str(self.dest), bytes=result.bytes,
+                               bytes_transferred=result.bytes_transferred)
                 outcomes.append(result)
         finally:
             files.close()

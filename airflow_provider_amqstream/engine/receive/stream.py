@@ -240,7 +240,9 @@ class StreamReceiver:
         if not self.reply_to and os.path.lexists(mark):
             drain_queue(self.link, self.data_q, ack=True)
             mark.unlink(missing_ok=True)
-        opts.emit("stream_close", stream_id=spec.stream_id, path=str(final))
+        # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
+        opts.emit("stream_close", stream_id=spec.stream_id, path=str(final), destination=str(self.dest),
+                  bytes=spec.size, bytes_transferred=written)
         return result
 
     def stop_data(self) -> None:

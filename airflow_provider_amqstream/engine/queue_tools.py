@@ -1,0 +1,266 @@
+"""Looking at and moving whole messages on the broker, for the ``streams`` views and actions.
+
+What the broker lets a STOMP client do, and what that costs:
+
+* A **queue browser** shows messages without consuming or reordering anything, but at most
+  ``maxBrowsePageSize`` of them from the head of the queue (16 in the shipped config); a
+  selector filters only those. :func:`browse` therefore says when what it saw may be cut.
+* A **consumer with a selector** is blinded the same way (the broker pages in
+  ``maxPageSize`` messages and dispatches from those only). :func:`take_matching` finds
+  messages deeper in a queue by rotating it: what does not match goes to the tail (re-sent
+  with every ``amqs_*`` header, confirmed, then acknowledged), so that only the queues
+  whose order means nothing may be swept (the parked and quarantine queues; never the queue
+  of offers, whose re-sent copies would carry the sweeping user's stamp).
+* A **move** (:func:`move_queue`) consumes each message, re-sends it elsewhere with its
+  ``amqs_*`` headers and body, and acknowledges the original once the broker confirmed the
+  copy (a receipt per window): a crash in between leaves a copy too many, never none.
+  The broker stamps the copy with the moving user (``JMSXUserID``).
+
+Everything here is a building block of ``inventory.py`` (read only) and ``redrive.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_amqstream.exceptions import AccessDenied
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.link import Link, open_link
+from airflow_provider_amqstream.transport.params import BrokerParams
+
+log = logging.getLogger(__name__)
+
+# What a queue browser sees at most in the shipped broker config (maxBrowsePageSize), and a
+# selector consumer (maxPageSize). An external broker may differ: callers may pass their own.
+BROWSE_LIMIT = 16
+# Set on a message a sweep passed to the tail of its queue: meeting it again means the sweep
+# went round once. Overwritten by the next sweep; nothing else reads it.
+H_SWEEP = "amqs_sweep"
+# How long a browse waits for the next message before giving up on the end marker.
+BROWSE_STEP = 5.0
+
+
+@dataclass
+class Browsed:
+    """What a browse of one queue showed.
+
+    :param queue: the queue browsed.
+    :param frames: the messages seen, head first.
+    :param truncated: the broker may hold more than it showed (as many as a browser sees at
+        most were shown, or a selector was applied to only the first page).
+    :param denied: the broker refused this user the queue (the text says so); nothing seen.
+    """
+
+    queue: str
+    frames: list[Any] = field(default_factory=list)
+    truncated: bool = False
+    denied: str = ""
+
+
+class QueueSession:
+    """One STOMP connection for the views and actions, reopened after the broker refused a
+    queue (ActiveMQ closes the connection after an authorization error), so one refused
+    queue does not hide the others.
+
+    :param params: the broker and user.
+    :param client_id: a name the broker logs for the connection.
+    :param browse_limit: how many messages a queue browser sees at most on this broker.
+    """
+
+    def __init__(self, params: BrokerParams, *, client_id: str = "amqstream-streams",
+                 browse_limit: int = BROWSE_LIMIT) -> None:
+        self.params = params
+        self.client_id = client_id
+        self.browse_limit = browse_limit
+        self._link: Link | None = None
+
+    @property
+    def link(self) -> Link:
+        if self._link is None or not self._link.connected:
+            if self._link is not None:
+                self._link.close()
+            self._link = open_link(self.params, client_id=self.client_id).open()
+        return self._link
+
+    def reset(self) -> None:
+        """Drop the connection (after a refusal); the next use opens a new one."""
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def close(self) -> None:
+        self.reset()
+
+    def __enter__(self) -> QueueSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def browse(self, queue: str, *, selector: str | None = None, keep_body: Callable[[Any], bool] | None = None,
+               step: float = BROWSE_STEP) -> Browsed:
+        """The messages on ``queue`` now, head first, without consuming or reordering any.
+
+        :param queue: ``/queue/NAME``.
+        :param selector: show only messages matching this JMS selector (applied by the
+            broker to the first page only).
+        :param keep_body: keep the body of the frames for which this returns True (the rest
+            are dropped as they arrive, so a browse of large messages holds no bulk data).
+        :param step: seconds to wait for each message before giving up on the end marker.
+        """
+        try:
+            link = self.link
+            sub = link.subscribe(queue, browser=True, selector=selector, prefetch=self.browse_limit)
+            frames = []
+            try:
+                while (frame := link.get(step, sub)) is not None and frame.headers.get("browser") != "end":
+                    if keep_body is None or not keep_body(frame):
+                        frame.body = b""
+                    frames.append(frame)
+            finally:
+                link.unsubscribe(sub)
+        except AccessDenied as exc:
+            self.reset()
+            return Browsed(queue, denied=str(exc))
+        return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
+
+
+def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
+    """The headers a copy of ``frame`` carries: its ``amqs_*`` headers (the protocol's, and
+    whatever the views added) and the JMS group headers the protocol sets on chunks (the
+    broker does not show them on STOMP frames, so they are rebuilt), plus ``extra``.
+
+    :param frame: the message as the broker delivered it.
+    :param extra: headers to add or replace (an empty value removes one).
+    """
+    h = {k: str(v) for k, v in frame.headers.items() if k.startswith("amqs_")}
+    h.pop(H_SWEEP, None)
+    kind = h.get(p.H_KIND)
+    if kind in (p.Kind.DATA.value, p.Kind.END.value, p.Kind.OFFER.value) and h.get(p.H_STREAM):
+        h[p.H_GROUP_ID] = h[p.H_STREAM]
+        if kind == p.Kind.DATA.value and h.get(p.H_SEQ):
+            h[p.H_GROUP_SEQ] = h[p.H_SEQ]
+        elif kind == p.Kind.END.value:
+            h[p.H_GROUP_SEQ] = "-1"
+    for k, v in extra.items():
+        if v:
+            h[k] = v
+        else:
+            h.pop(k, None)
+    return h
+
+
+def take_matching(link: Link, queue: str, match: Callable[[Any], bool], *, selector: str,
+                  sweep: bool, quiet: float = 1.0,
+                  stamp: Callable[[Any], dict[str, str]] | None = None) -> tuple[list[Any], str | None]:
+    """The messages on ``queue`` that ``match``, delivered to ``link`` and held
+    unacknowledged, and the subscription holding them: the caller acknowledges them, or
+    unsubscribes (or closes) to send them back to the queue.
+
+    First a consumer with ``selector`` (quick, but it sees only the first page of the
+    queue); with ``sweep``, if that found nothing, the queue is rotated once: every other
+    message is passed to its tail (see the module doc), with the headers ``stamp`` gives it
+    (so what its broker stamp said survives the re-send).
+
+    :param link: an open connection.
+    :param queue: the queue.
+    :param match: whether a delivered message is one of those sought.
+    :param selector: the JMS selector equivalent to ``match``.
+    :param sweep: rotate the queue if the selector consumer found nothing.
+    :param quiet: seconds without a message that mean the queue has no more for us.
+    :param stamp: extra headers for a message passed to the tail.
+    """
+    # Prefetch above one: the found messages stay held (unacknowledged) while we look on.
+    sub = link.subscribe(queue, prefetch=BROWSE_LIMIT, selector=selector)
+    found = []
+    while (frame := link.get(quiet if not found else min(quiet, 0.3), sub)) is not None:
+        if match(frame):
+            found.append(frame)
+    if found or not sweep:
+        if not found:
+            link.unsubscribe(sub)
+            return [], None
+        return found, sub
+    link.unsubscribe(sub)
+    token = secrets.token_hex(8)
+    sub = link.subscribe(queue, prefetch=BROWSE_LIMIT)
+    while (frame := link.get(quiet, sub)) is not None:
+        if frame.headers.get(H_SWEEP) == token:
+            break  # round once: it goes back, unacknowledged, when the subscription ends
+        if match(frame):
+            found.append(frame)
+            continue
+        extra = stamp(frame) if stamp else {}
+        link.send_confirmed(queue, bytes(frame.body or b""), {**copy_headers(frame, **extra), H_SWEEP: token})
+        link.ack(frame)
+    if not found:
+        link.unsubscribe(sub)
+        return [], None
+    return found, sub
+
+
+@dataclass
+class Moved:
+    """What :func:`move_queue` did: messages and body bytes moved, and those dropped."""
+
+    messages: int = 0
+    bytes: int = 0
+    dropped: int = 0
+    dropped_bytes: int = 0
+
+
+def move_queue(link: Link, source: str, target: str | None, *,
+               decide: Callable[[Any], dict[str, str] | None] | None = None, quiet: float = 1.0,
+               window: int = 8) -> Moved:
+    """Move every message on ``source`` to ``target`` (None: take them and drop them), until
+    ``source`` stays quiet for ``quiet`` seconds.
+
+    Each copy carries the original's ``amqs_*`` headers and body; ``decide(frame)`` may add
+    headers (a dict) or drop the message instead (None). The originals of a window are
+    acknowledged once a receipt confirmed their copies: a crash leaves a copy too many, never
+    none.
+
+    :param link: an open connection.
+    :param source: the queue emptied.
+    :param target: where the messages go; None to drop them.
+    :param decide: per message: extra headers for its copy, or None to drop it.
+    :param quiet: seconds without a message that mean ``source`` is empty.
+    :param window: messages per receipt (the subscription's prefetch is twice this).
+    """
+    out = Moved()
+    pending: list[Any] = []
+    sub = link.subscribe(source, prefetch=2 * window)
+
+    def confirmed() -> None:
+        for f in pending:
+            link.ack(f)
+        pending.clear()
+
+    try:
+        while (frame := link.get(quiet, sub)) is not None:
+            body = bytes(frame.body or b"")
+            extra = decide(frame) if decide else {}
+            if target is None or extra is None:
+                out.dropped += 1
+                out.dropped_bytes += len(body)
+                link.ack(frame)
+                continue
+            out.messages += 1
+            out.bytes += len(body)
+            rid = link.send(target, body, copy_headers(frame, **extra), receipt=out.messages % window == 0)
+            pending.append(frame)
+            if rid is not None:
+                link.wait_receipt(rid)
+                confirmed()
+        if pending:
+            # A receipt for a frame that touches no destination confirms every frame sent
+            # before it: the broker handles one connection's frames in order.
+            link.round_trip()
+            confirmed()
+    finally:
+        link.unsubscribe(sub)
+    return out

@@ -1,0 +1,170 @@
+"""AmqStreamAdminHook: the streams waiting on a broker, seen and acted on through an Airflow
+connection of type ``amqstream`` (the Airflow page of the streams, and DAGs that clean up).
+
+It owns the connection the way :class:`~airflow_provider_amqstream.hooks.amqstream.AmqStreamHook`
+does (``AIRFLOW_CONN_<ID>`` first, then Airflow's lookup, then, for ``amqstream_default``,
+the embedded broker), never touches the network in ``__init__``, and opens a connection per
+call. Two optional connection extras feed the views:
+
+* ``destinations``: the destinations to show (a list, or ``/queue/a,/queue/b``);
+* ``out_dirs``: receivers' output directories readable here, for streams in progress and
+  incomplete batches (a list, or comma-separated);
+* ``quarantine``: the quarantine queue the receivers were given, if not ``/queue/DLQ.<name>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable, Mapping
+
+from airflow.sdk import BaseHook
+
+from airflow_provider_amqstream.engine import inventory as views
+from airflow_provider_amqstream.engine import redrive as actions
+from airflow_provider_amqstream.engine.inventory import extra_list
+from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound
+from airflow_provider_amqstream.hooks import connection
+from airflow_provider_amqstream.protocol.wire import Destination
+from airflow_provider_amqstream.transport.link import open_link
+from airflow_provider_amqstream.transport.params import BrokerParams
+
+log = logging.getLogger(__name__)
+
+
+class AmqStreamAdminHook(BaseHook):
+    """See where streams are and redrive or discard them (``amqstream streams``).
+
+    :param amqstream_conn_id: Airflow connection of type ``amqstream``. If it is the default
+        id and no such connection exists, the embedded broker on this machine is used.
+    :param uri: use this ``amqstream://`` URI instead of an Airflow connection.
+    :param connect_timeout: seconds to wait for the broker (overrides the connection's: a
+        page must not wait for a slow broker as long as a transfer would).
+    """
+
+    conn_name_attr = "amqstream_conn_id"
+    default_conn_name = "amqstream_default"
+    hook_name = "ActiveMQ Stream: streams"
+
+    def __init__(self, amqstream_conn_id: str = default_conn_name, *, uri: str | None = None,
+                 connect_timeout: float | None = None) -> None:
+        super().__init__()
+        self.amqstream_conn_id = amqstream_conn_id
+        self.uri = uri
+        self.connect_timeout = connect_timeout
+        self._fields: connection.ConnFields | None = None
+        self._params: BrokerParams | None = None
+
+    # -- the connection -------------------------------------------------------------
+    def conn_fields(self) -> connection.ConnFields | None:
+        """The connection's fields, read on first use; None for the embedded broker."""
+        if self._params is None:
+            self._resolve()
+        return self._fields
+
+    def broker_params(self) -> BrokerParams:
+        """Where the broker is, and the user (read on first use, never at parse time)."""
+        if self._params is None:
+            self._resolve()
+        assert self._params is not None
+        return self._params
+
+    def _resolve(self) -> None:
+        if self.uri:
+            fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
+        else:
+            fields = connection.from_env(self.amqstream_conn_id)
+            if fields is None:
+                fields = self._from_airflow()
+        if fields is None:
+            embedded = connection.embedded_params()
+            if embedded is None:
+                raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id))
+            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
+            params = embedded
+        else:
+            _mask(fields.password)
+            params = fields.broker_params()
+        self._fields = fields
+        # Only the connect: a redrive's receipts for big chunks keep the connection's patience.
+        self._params = params if self.connect_timeout is None else dataclasses.replace(
+            params, connect_timeout=self.connect_timeout)
+
+    def _from_airflow(self) -> connection.ConnFields | None:
+        try:
+            conn = self.get_connection(self.amqstream_conn_id)
+        except Exception as exc:
+            if type(exc).__name__ != "AirflowNotFoundException":
+                raise
+            if self.amqstream_conn_id == self.default_conn_name:
+                return None  # the default id falls back to the embedded broker
+            raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id)) from None
+        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}")
+
+    def destinations(self) -> list[str]:
+        """The destinations the connection's ``destinations`` extra names, checked."""
+        fields = self.conn_fields()
+        found = extra_list(fields.extra, "destinations") if fields else []
+        return [str(Destination.parse(d)) for d in found]
+
+    def out_dirs(self) -> list[str]:
+        """The receivers' directories the connection's ``out_dirs`` extra names."""
+        fields = self.conn_fields()
+        return [os.path.expanduser(d) for d in extra_list(fields.extra, "out_dirs")] if fields else []
+
+    def quarantine(self) -> str | None:
+        """The quarantine queue the connection's ``quarantine`` extra names, if any."""
+        fields = self.conn_fields()
+        value = str(fields.extra.get("quarantine") or "") if fields else ""
+        return str(Destination.parse(value)) if value else None
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            params = self.broker_params()
+            with open_link(params) as link:
+                link.round_trip()
+        except AmqStreamError as exc:
+            return False, str(exc)
+        return True, f"Connected to {params.url} and received a receipt"
+
+    # -- views and actions ------------------------------------------------------------
+    def inventory(self, destination: str, *, out_dirs: Iterable[str] | None = None, quarantine: str | None = None,
+                  previous: Mapping[str, tuple[int, float]] | None = None) -> views.Inventory:
+        """Every stream of ``destination``; see :func:`~airflow_provider_amqstream.engine.inventory.take_inventory`.
+
+        :param destination: ``/queue/NAME``.
+        :param out_dirs: receivers' directories (default: the connection's ``out_dirs``).
+        :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
+        :param previous: an earlier look's progress marks, for rates.
+        """
+        dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
+        return views.take_inventory(self.broker_params(), destination, out_dirs=dirs,
+                                    quarantine=quarantine or self.quarantine(), previous=previous)
+
+    def show(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
+             quarantine: str | None = None) -> views.StreamReport:
+        """Everything known about one stream; see :func:`~airflow_provider_amqstream.engine.inventory.show_stream`."""
+        dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
+        return views.show_stream(self.broker_params(), destination, stream_id, out_dirs=dirs,
+                                 quarantine=quarantine or self.quarantine())
+
+    def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> actions.RedriveResult:
+        """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`."""
+        return actions.redrive(self.broker_params(), destination, stream_id, quarantine=quarantine or self.quarantine())
+
+    def discard(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
+                quarantine: str | None = None) -> actions.DiscardResult:
+        """Remove a stream everywhere; see :func:`~airflow_provider_amqstream.engine.redrive.discard`."""
+        dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
+        return actions.discard(self.broker_params(), destination, stream_id, out_dirs=dirs,
+                               quarantine=quarantine or self.quarantine())
+
+
+def _mask(secret: str | None) -> None:
+    """Keep a password read from the environment out of logs, as Airflow does for the
+    connections it reads itself."""
+    if secret:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(secret)

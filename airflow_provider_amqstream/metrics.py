@@ -1,0 +1,110 @@
+"""Streams moved, quarantined and yielded, as Airflow metrics (StatsD, Datadog or
+OpenTelemetry: whatever ``[metrics]`` configures), per destination.
+
+The engine reports what happens to streams through the ``events`` callback of its options
+(``ReceiveOptions(events=...)``), as ``(kind, data)``; :func:`emit` maps those events to
+Airflow's own metrics (``airflow.sdk.observability.stats``, the Task SDK's; the old
+``airflow.stats.Stats`` is a deprecated shim in 3.3), each with a ``destination`` tag
+(``/queue/NAME``). Metrics never fail a transfer: a metrics backend that raises is logged
+at debug and ignored.
+
+========================================  =======  =================================================
+name                                      type     counts
+========================================  =======  =================================================
+``amqstream.files_received``              counter  streams published by a receiver (``stream_close``)
+``amqstream.bytes_received``              counter  bytes a receiver wrote in this run (resumed bytes
+                                                   are counted by the run that wrote them)
+``amqstream.files_sent``                  counter  streams a sender completed (``stream_sent``)
+``amqstream.bytes_sent``                  counter  bytes a sender sent in this run
+``amqstream.streams_quarantined``         counter  streams quarantined (``stream_quarantined``)
+``amqstream.streams_yielded``             counter  streams that gave way (``stream_yielded``), tag
+                                                   ``status``: ``stalled`` or ``no_room``
+``amqstream.duplicates``                  counter  repeats of streams received before
+                                                   (``duplicate_offer``)
+========================================  =======  =================================================
+
+``bytes`` events (``{"destination", "count", "direction": "sent"|"received"}``) add to the
+byte counters, for a caller that reports progress in steps rather than per stream.
+
+Plain StatsD has no tags: enable ``[metrics] statsd_influxdb_enabled`` (or use Datadog or
+OpenTelemetry) to keep the destination.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PREFIX = "amqstream"
+FILES_RECEIVED = f"{PREFIX}.files_received"
+BYTES_RECEIVED = f"{PREFIX}.bytes_received"
+FILES_SENT = f"{PREFIX}.files_sent"
+BYTES_SENT = f"{PREFIX}.bytes_sent"
+STREAMS_QUARANTINED = f"{PREFIX}.streams_quarantined"
+STREAMS_YIELDED = f"{PREFIX}.streams_yielded"
+DUPLICATES = f"{PREFIX}.duplicates"
+NAMES = (FILES_RECEIVED, BYTES_RECEIVED, FILES_SENT, BYTES_SENT, STREAMS_QUARANTINED, STREAMS_YIELDED, DUPLICATES)
+
+
+def _count(value: Any) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return max(n, 0)
+
+
+def metric_calls(event_kind: str, data: Mapping[str, Any], *,
+                 destination: str | None = None) -> list[tuple[str, int, dict[str, str]]]:
+    """The counter increments one engine event makes: ``(name, count, tags)`` each.
+
+    :param event_kind: the engine's event (``stream_close``, ``stream_sent``,
+        ``stream_quarantined``, ``stream_yielded``, ``duplicate_offer``, ``bytes``; any other
+        makes none).
+    :param data: the event's data.
+    :param destination: the destination, where the event's data does not name it (the
+        caller's ``source`` or ``destination``).
+    """
+    dest = str(data.get("destination") or destination or "unknown")
+    tags = {"destination": dest}
+    if event_kind == "stream_close":
+        moved = data.get("bytes_transferred", data.get("bytes"))
+        return [(FILES_RECEIVED, 1, tags), (BYTES_RECEIVED, _count(moved), tags)]
+    if event_kind == "stream_sent":
+        if data.get("status") == "already_sent":
+            return []
+        moved = data.get("bytes_transferred", data.get("bytes"))
+        return [(FILES_SENT, 1, tags), (BYTES_SENT, _count(moved), tags)]
+    if event_kind == "stream_quarantined":
+        return [(STREAMS_QUARANTINED, 1, tags)]
+    if event_kind == "stream_yielded":
+        return [(STREAMS_YIELDED, 1, {**tags, "status": str(data.get("status") or "stalled")})]
+    if event_kind == "duplicate_offer":
+        return [(DUPLICATES, 1, tags)]
+    if event_kind == "bytes":
+        name = BYTES_SENT if data.get("direction") == "sent" else BYTES_RECEIVED
+        return [(name, _count(data.get("count")), tags)]
+    return []
+
+
+def emit(event_kind: str, data: Mapping[str, Any], *, destination: str | None = None) -> None:
+    """Report one engine event as Airflow metrics (see the module doc for the names).
+
+    :param event_kind: the engine's event name.
+    :param data: the event's data.
+    :param destination: the destination, where the event's data does not name it.
+    """
+    calls = metric_calls(event_kind, data, destination=destination)
+    if not calls:
+        return
+    try:
+        from airflow.sdk.observability import stats
+
+        for name, count, tags in calls:
+            if count:
+                stats.incr(name, count=count, tags=tags)
+    except Exception as exc:  # a metrics backend must never fail a transfer
+        log.debug("metrics for %s not emitted: %s", event_kind, exc)

@@ -1,0 +1,1 @@
+"""Airflow UI plugins of the provider (``streams.py``: the page of the streams)."""

@@ -1,0 +1,172 @@
+"""The streams' views and actions (issue 21) without a broker: quarantine causes, the chunk
+check a redrive makes, and ``redrive``/``discard`` on the in-memory link. The real broker
+proves the wiring in tests/integration/test_streams_admin.py."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
+from airflow_provider_amqstream.engine import inventory as inv
+from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, discard, redrive
+from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.link import open_link
+from airflow_provider_amqstream.transport.memory import MemoryBroker
+
+Q = "/queue/landing"
+DEST = p.Destination.parse(Q)
+FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
+
+
+class Frame:
+    def __init__(self, headers: dict[str, Any], body: bytes = b"") -> None:
+        self.headers, self.body = headers, body
+
+
+def _data(n: int) -> bytes:
+    return (hashlib.sha256(b"x").digest() * (n // 32 + 1))[:n]
+
+
+def _chunks(spec: p.StreamSpec, data: bytes, user: str = "site-a") -> list[Frame]:
+    out = []
+    for seq in range(1, spec.chunks + 1):
+        off, n = spec.chunk_span(seq)
+        out.append(Frame({**p.data_headers(spec, seq, data[off:off + n]), p.H_USER_ID: user}, data[off:off + n]))
+    out.append(Frame({**p.end_headers(spec, hashlib.sha256(data).hexdigest()), p.H_USER_ID: user}))
+    return out
+
+
+@pytest.mark.parametrize(("reason", "cause", "redrivable"), [
+    ("stream s is 4007 bytes, over this receiver's limit of 1000 (max_bytes)", "max_bytes", True),
+    ("stream id s was already used by another stream (10 bytes, received ...)", "reused_id", True),
+    ("stream id s has a partial reception of another stream ('a', 3 bytes) in /d", "reused_id", True),
+    ("gave way 48 times without arriving (last: ...)", "no_room", True),
+    ("chunk 2 at offset 1000 failed its CRC-32 check", "corrupt", False),
+    ("end marker arrived but chunks 4-5 never did", "corrupt", False),
+    ("invalid offer: stream s: header amqs_size='x' is not an integer", "corrupt", False),
+])
+def test_a_quarantine_reason_says_whether_redrive_can_help(reason: str, cause: str, redrivable: bool) -> None:
+    c = inv.quarantine_cause({p.H_QUARANTINE_REASON: reason})
+    assert (c.cause, c.redrivable) == (cause, redrivable) and c.advice
+
+
+def test_inline_packed_and_handshake_streams_cannot_be_redriven() -> None:
+    over = {p.H_QUARANTINE_REASON: "over this receiver's limit"}
+    assert inv.quarantine_cause({**over, "amqs_inline": "1"}).cause == "inline"
+    assert inv.quarantine_cause({**over, p.H_KIND: "pack"}).cause == "inline"
+    assert inv.quarantine_cause({**over, p.H_MODE: "handshake"}).cause == "handshake"
+
+
+def test_a_complete_stream_passes_the_check_in_any_order_with_its_sha256() -> None:
+    spec, data = p.StreamSpec("s", "s.bin", 4500, 1000), _data(4500)
+    check = ChunkCheck(spec, "site-a")
+    frames = _chunks(spec, data)
+    for f in [frames[2], frames[0], frames[4], frames[1], frames[3], frames[5], frames[1]]:  # one repeat
+        assert check.take(f, trust_redrive_header=False) == {inv.H_REDRIVE_SENDER: "site-a"}
+    assert check.verdict() == [] and check.sha256_checked and check.duplicates == 1 and check.sender == "site-a"
+    # The final move forwards each chunk once.
+    assert [check.forward(f) is not None for f in [frames[1], frames[1]]] == [True, False]
+
+
+def test_the_check_names_what_cannot_arrive() -> None:
+    spec, data = p.StreamSpec("s", "s.bin", 5000, 1000), _data(5000)
+    frames = _chunks(spec, data)
+    check = ChunkCheck(spec)
+    for f in frames[:3]:
+        check.take(f, trust_redrive_header=False)
+    assert check.verdict() == ["chunks 4-5 of 5 are missing (consumed by a receiver before the quarantine, or never "
+                               "sent)", "its end marker is missing (the sender never finished)"]
+    # Another user's chunk, a corrupt one, and a second chunk 2 that differs.
+    check = ChunkCheck(spec)
+    forged = Frame({**frames[0].headers, p.H_USER_ID: "mallory"}, frames[0].body)
+    bad = Frame(dict(frames[1].headers), b"X" + frames[1].body[1:])
+    other = Frame({**frames[2].headers, p.H_CRC: str(p.crc32(b"Y" * 1000))}, b"Y" * 1000)
+    for f in [*frames, forged, bad, other]:
+        check.take(f, trust_redrive_header=False)
+    problems = " | ".join(check.verdict())
+    assert "sent by 2 users (mallory, site-a)" in problems and "chunk 2 fails its CRC-32" in problems
+    assert "two different chunks 3" in problems
+    # Chunks that add up to another file than the end marker says.
+    check = ChunkCheck(spec)
+    lie = Frame({**frames[-1].headers, p.H_SHA256: "0" * 64})
+    for f in [*frames[:-1], lie]:
+        check.take(f, trust_redrive_header=False)
+    assert check.verdict() == ["its chunks do not add up to the SHA-256 of its end marker (corrupt)"]
+
+
+def test_an_earlier_redrives_record_of_the_sender_is_believed_on_dlq_queues_only() -> None:
+    spec, data = p.StreamSpec("s", "s.bin", 1000, 1000), _data(1000)
+    frames = [Frame({**f.headers, p.H_USER_ID: "admin", inv.H_REDRIVE_SENDER: "site-a"}, f.body)
+              for f in _chunks(spec, data)]
+    trusted = ChunkCheck(spec, "site-a")
+    for f in frames:
+        trusted.take(f, trust_redrive_header=True)
+    assert trusted.verdict() == [] and trusted.sender == "site-a"
+    untrusted = ChunkCheck(spec, "site-a")
+    for f in frames:
+        untrusted.take(f, trust_redrive_header=False)
+    assert untrusted.sender == "admin" and untrusted.verdict()
+
+
+def test_extra_lists_take_a_list_or_commas() -> None:
+    assert inv.extra_list({"destinations": "/queue/a, /queue/b,"}, "destinations") == ["/queue/a", "/queue/b"]
+    assert inv.extra_list({"destinations": ["/queue/a"]}, "destinations") == ["/queue/a"]
+    assert inv.extra_list({}, "destinations") == []
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    b = MemoryBroker()
+    yield b
+    b.close()
+
+
+def _play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs: list[int], end: bool = True) -> None:
+    with open_link(broker.params(user)) as link:
+        link.send(Q, b"", p.offer_headers(spec, DEST))
+        for f in _chunks(spec, data, user)[:-1]:
+            if int(f.headers[p.H_SEQ]) in seqs:
+                link.send(DEST.data_queue(spec.stream_id), f.body, {k: v for k, v in f.headers.items()
+                                                                    if k != p.H_USER_ID})
+        if end:
+            link.send(DEST.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+
+
+def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: Path) -> None:
+    spec, data = p.StreamSpec("big", "big.bin", 3500, 1000), _data(3500)
+    _play(broker, "site-a", spec, data, [1, 2, 3, 4])
+    with pytest.raises(StreamQuarantined):
+        receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
+    seen = inv.take_inventory(broker.params("admin"), Q, out_dirs=[tmp_path / "in"])
+    assert [(q.stream_id, q.cause, q.by_user) for q in seen.quarantined] == [("big", "max_bytes", "spark")]
+    res = redrive(broker.params("admin"), Q, "big", quiet=0.05)
+    assert (res.chunks, res.bytes, res.sender_before, res.redriven_by) == (4, 3500, "site-a", "admin")
+    got = receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST))
+    assert got is not None and Path(got.path).read_bytes() == data and got.sender == "admin"
+    # A stream whose sender went silent: discard takes its parked offer, its chunks and its partial data.
+    spec, data = p.StreamSpec("gone", "gone.bin", 3000, 1000), _data(3000)
+    _play(broker, "site-a", spec, data, [1], end=False)
+    with pytest.raises(StreamStalled, match="nothing arrived"):
+        receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST))
+    assert (tmp_path / "in" / ".amqstream" / "gone.part").exists()
+    out = discard(broker.params("admin"), Q, "gone", out_dirs=[tmp_path / "in"], quiet=0.05)
+    assert out.removed == {DEST.parked_queue(): 1} and len(out.local) == 2 and out.bytes_freed > 0
+    assert not list((tmp_path / "in" / ".amqstream").glob("gone.*"))
+    for queue in (Q, DEST.parked_queue(), f"/queue/DLQ.{DEST.name}", DEST.data_queue("gone")):
+        assert not [h for h, _ in broker.messages(queue) if h.get(p.H_STREAM) == "gone"], queue
+    with pytest.raises(StreamError, match="no quarantine copy"):
+        redrive(broker.params("admin"), Q, "gone", quiet=0.05)
+    # One the check refuses: its chunks are filed under the DLQ of its data queue.
+    spec, data = p.StreamSpec("cut", "cut.bin", 3000, 1000), _data(3000)
+    _play(broker, "site-a", spec, data, [1, 2], end=False)
+    with pytest.raises(StreamQuarantined):
+        receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
+    with pytest.raises(RedriveRefused, match="chunks 3 of 3 are missing"):
+        redrive(broker.params("admin"), Q, "cut", quiet=0.05)
+    assert sorted(h[p.H_SEQ] for h, _ in broker.messages(inv.dlq_data_queue(DEST, "cut"))) == ["1", "2"]
