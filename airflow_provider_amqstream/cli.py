@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--conn", help=CONN_HELP)
     t.set_defaults(func=cmd_test_connection)
 
-    # `amqstream streams ...` (issue 21) lives in a module of its own.
+    # `amqstream streams ...` lives in a module of its own.
     from airflow_provider_amqstream.cli_streams import add_parser as add_streams_parser
 
     add_streams_parser(sub, CONN_HELP)

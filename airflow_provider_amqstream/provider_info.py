@@ -87,7 +87,7 @@ def get_provider_info() -> dict[str, Any]:
         # Needs apache-airflow-providers-common-messaging (extra "messaging"); without it
         # Airflow logs the feature as unavailable and skips it.
         "queues": ["airflow_provider_amqstream.queues.amqstream.AmqStreamMessageQueueProvider"],
-        # The page of the streams (issue 21). Airflow loads provider plugins from here only with
+        # The page of the streams. Airflow loads provider plugins from here only with
         # [core] lazy_discover_providers off; the airflow.plugins entry point covers the default.
         "plugins": [{"name": "amqstream_streams",
                      "plugin-class": "airflow_provider_amqstream.plugins.streams.AmqStreamPlugin"}],

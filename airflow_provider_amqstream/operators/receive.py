@@ -11,6 +11,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_amqstream import metrics
 from airflow_provider_amqstream.hooks.amqstream import (
     DEFAULT_RECEIVE_BATCH,
     AmqStreamHook,
@@ -120,11 +121,18 @@ def receive_options(task: Any, *, wait: float, claim: str | None,
         ``source`` and ``log``).
     :param wait: seconds to wait for a stream to be offered.
     :param claim: the task instance's claim on the streams it takes (see ``task_claim``).
-    :param events: called with (event name, data) as streams open, close and fail.
+    :param events: called with (event name, data) as streams open, close and fail; every
+        event also becomes Airflow metrics (:mod:`~airflow_provider_amqstream.metrics`).
     """
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        metrics.emit(kind, data, destination=task.source)
+        if events is not None:
+            events(kind, data)
+
     return ReceiveOptions(window=task.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                           idle_timeout=task.idle_timeout, overwrite=task.overwrite, max_bytes=task.max_bytes,
-                          quarantine=task.quarantine, min_free_bytes=task.min_free_bytes, claim=claim, events=events,
+                          quarantine=task.quarantine, min_free_bytes=task.min_free_bytes, claim=claim, events=on_event,
                           progress=LogProgress(task.log, f"receive from {task.source}"))
 
 

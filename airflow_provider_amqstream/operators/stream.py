@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_amqstream import metrics
 from airflow_provider_amqstream.hooks.amqstream import ENCODINGS, MAX_CHUNK_SIZE, MODES, AmqStreamHook, BulkResult
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
@@ -104,6 +105,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         self.log.info("sent %s (%d bytes, %d chunks) to %s in %.1fs, sha256 %s", src, result.bytes, result.chunks,
                       result.destination, result.seconds, result.sha256)
         self._amqstream_result = result.to_json()
+        metrics.emit("stream_sent", self._amqstream_result, destination=self.destination)
         return self._amqstream_result
 
     def _execute_many(self, context: Any) -> dict[str, Any]:
@@ -124,6 +126,9 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
             manifest=self.manifest, pack=self.pack,
             checkpoint_for=lambda sid: send_checkpoint(context, sid, params),
         )
+        for sent in bulk.results:
+            if sent.status == "complete":
+                metrics.emit("stream_sent", sent.to_json(), destination=self.destination)
         self._amqstream_result = batch_result(bulk, batch_id, self.task_id, ti, self.log)
         return self._amqstream_result
 

@@ -1,4 +1,4 @@
-"""Issue 21, "Where is my file?": ``amqstream streams ls|show|redrive|discard`` on a real broker.
+"""``amqstream streams ls|show|redrive|discard`` on a real broker.
 
 One destination is brought into every state a stream can be in, by real senders (raw STOMP)
 and real receivers: a stream offered and waiting, one in progress (its partial data in the

@@ -1,4 +1,4 @@
-"""Issue 21: the engine's events as Airflow metrics (``airflow_provider_amqstream.metrics``).
+"""The engine's events as Airflow metrics (``airflow_provider_amqstream.metrics``).
 
 The mapping is checked event by event, then on a real receive: the events a real receiver
 emits (a stream published, one quarantined over ``max_bytes``, one that yields after its

@@ -263,7 +263,7 @@ LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
 def test_everything_it_started_listened_on_loopback_only(deployment: Deployment) -> None:
-    """Issue 24 item 4: every TCP listener of every process of the deployment, sampled each
+    """Every TCP listener of every process of the deployment, sampled each
     second since it was ready (the tests above ran Spark jobs meanwhile): nothing on 0.0.0.0,
     [::] or an external address."""
     d = deployment
@@ -280,7 +280,7 @@ def test_everything_it_started_listened_on_loopback_only(deployment: Deployment)
 
 
 def test_the_dags_explain_themselves_through_the_api(deployment: Deployment) -> None:
-    """Issue 24 item 6: description, docs and parameter descriptions as the UI gets them; the
+    """Description, docs and parameter descriptions as the UI gets them; the
     provider's documentation URL."""
     d = deployment
     for path in sorted(EXAMPLES.glob("amqstream_*.py")):
@@ -305,7 +305,7 @@ def test_the_dags_explain_themselves_through_the_api(deployment: Deployment) -> 
 
 
 def test_another_shell_gets_the_deployment_from_env_sh(deployment: Deployment) -> None:
-    """Issue 24 item 7: one line to paste, and the CLI finds the deployment's broker without
+    """One line to paste, and the CLI finds the deployment's broker without
     Airflow's metadata database."""
     d = deployment
     env_file = d.home / "env.sh"
@@ -329,7 +329,7 @@ def _secrets(d: Deployment) -> list[str]:
 
 
 def test_no_file_with_a_password_is_readable_by_others(deployment: Deployment) -> None:
-    """Issue 24 item 3: the deployment's directory is its owner's; every file holding the
+    """The deployment's directory is its owner's; every file holding the
     broker's or the admin's password, and everything the deployment wrote, is mode 0600."""
     d = deployment
     secrets = [s.encode() for s in _secrets(d)]
@@ -523,7 +523,7 @@ def _settled(pg: Any) -> None:
 
 
 def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment, tmp_path: Path) -> None:
-    """Issue 24 item 6: the docs of a DAG (its "Dag Docs" button) and the help of its trigger
+    """The docs of a DAG (its "Dag Docs" button) and the help of its trigger
     parameters, as a user sees them."""
     d, pg = deployment, page
     pg.goto(f"{d.base}/dags/amqstream_one_file")

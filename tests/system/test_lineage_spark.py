@@ -240,7 +240,7 @@ def test_spark_job_converts_every_file_of_a_directory_of_manifests(tmp_path: Pat
 
 @pytest.mark.spark
 def test_spark_job_converts_without_caching_its_input(tmp_path: Path) -> None:
-    """Issue 24 item 2: a file larger than the memory Spark may cache in converts without a
+    """A file larger than the memory Spark may cache in converts without a
     "Not enough space to cache" line per partition (the job cached its whole input to count
     it). The driver's storage memory is made tiny here so that 20 MB is "larger"; the 2.6 GiB
     CSV of the report hit the same with the defaults."""
@@ -273,7 +273,7 @@ def test_spark_job_converts_without_caching_its_input(tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_the_task_log_of_a_conversion_holds_the_job_not_spark_start_up_noise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 24 item 2: the operator's own task log lines (what the hook logs of spark-submit's
+    """The operator's own task log lines (what the hook logs of spark-submit's
     output), for the noise Spark prints at start-up: the incubator module, the loopback host
     name and SPARK_LOCAL_IP, pandas' version, the native Hadoop library."""
     from airflow_provider_amqstream.operators.spark import APP_NAME, stream_to_parquet_operator

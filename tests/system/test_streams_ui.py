@@ -1,4 +1,4 @@
-"""Issue 21: the page of the streams in a real Airflow deployment (``scripts/airflow.sh``, what
+"""The page of the streams in a real Airflow deployment (``scripts/airflow.sh``, what
 ``make airflow`` runs), driven through its API and in headless Chromium.
 
 The test broker holds a destination with a stream in every state (``build_scene``) plus one

@@ -80,7 +80,7 @@ def test_free_text_fields_suggest_an_example_value() -> None:
 
 
 def test_file_fields_offer_no_options_and_name_an_example_path() -> None:
-    # Issue 24 item 10: with ``examples`` the form showed "Start typing to see options" in
+    # With ``examples`` the form showed "Start typing to see options" in
     # the CA and certificate fields, where there is only a path to type.
     for name in ("ca_file", "cert_file", "key_file"):
         field = CONN_FIELDS[name]

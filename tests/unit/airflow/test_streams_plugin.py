@@ -1,4 +1,4 @@
-"""The streams page's app and its hook without a deployment (issue 21): the routes, who may do
+"""The streams page's app and its hook without a deployment: the routes, who may do
 what, and the hook reading its connection. The API server's own authentication is replaced
 by a stand-in here; tests/system/test_streams_ui.py runs the real one in a real deployment."""
 

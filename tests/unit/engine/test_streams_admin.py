@@ -1,4 +1,4 @@
-"""The streams' views and actions (issue 21) without a broker: quarantine causes, the chunk
+"""The streams' views and actions without a broker: quarantine causes, the chunk
 check a redrive makes, and ``redrive``/``discard`` on the in-memory link. The real broker
 proves the wiring in tests/integration/test_streams_admin.py."""
 
