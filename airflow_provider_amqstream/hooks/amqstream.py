@@ -38,7 +38,7 @@ from airflow_provider_amqstream.engine import (
 from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.engine.records import Checkpoint
-from airflow_provider_amqstream.exceptions import AmqStreamError, StreamError
+from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -79,36 +79,51 @@ class AmqStreamHook(BaseHook):
         self.amqstream_conn_id = amqstream_conn_id
         self.uri = uri
         self._params: BrokerParams | None = None
+        self._fields: connection.ConnFields | None = None
 
     # -- connection --------------------------------------------------------------
     def broker_params(self) -> BrokerParams:
         """Connection settings, read on first use (never at DAG parse time)."""
         if self._params is None:
-            self._params = self._resolve_params()
+            self._resolve()
+        assert self._params is not None  # set by _resolve, or it raised
         return self._params
 
-    def _resolve_params(self) -> BrokerParams:
+    def conn_fields(self) -> connection.ConnFields | None:
+        """The connection's fields, read on first use; None for the embedded broker."""
+        if self._params is None:
+            self._resolve()
+        return self._fields
+
+    def _resolve(self) -> None:
         # Every source goes through connection.py's one parser and one reading of the fields,
         # so a URI, a variable and a stored connection cannot disagree about TLS.
         if self.uri:
-            return connection.parse_uri(self.uri, self.amqstream_conn_id, "the hook's uri").broker_params()
-        # The same reading of AIRFLOW_CONN_<ID> as the CLI's; anything else goes through
-        # Airflow's own lookup.
-        fields = connection.from_env(self.amqstream_conn_id)
-        if fields is not None:
-            _mask(fields.password)
-            return fields.broker_params()
+            fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
+        else:
+            # The same reading of AIRFLOW_CONN_<ID> as the CLI's; anything else goes through
+            # Airflow's own lookup.
+            fields = connection.from_env(self.amqstream_conn_id) or self._from_airflow()
+        if fields is None:
+            embedded = connection.embedded_params()
+            if embedded is None:
+                raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id))
+            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
+            self._fields, self._params = None, embedded
+            return
+        _mask(fields.password)
+        self._fields, self._params = fields, fields.broker_params()
+
+    def _from_airflow(self) -> connection.ConnFields | None:
         try:
             conn = self.get_connection(self.amqstream_conn_id)
         except Exception as exc:
-            if self.amqstream_conn_id != self.default_conn_name or type(exc).__name__ != "AirflowNotFoundException":
+            if type(exc).__name__ != "AirflowNotFoundException":
                 raise
-            embedded = connection.embedded_params()
-            if embedded is None:
-                raise
-            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
-            return embedded
-        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}").broker_params()
+            if self.amqstream_conn_id == self.default_conn_name:
+                return None  # the default id falls back to the embedded broker
+            raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id)) from None
+        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}")
 
     def get_conn(self) -> Link:
         """A new, open STOMP session. The caller closes it (or uses ``with``)."""

@@ -19,22 +19,19 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 
-from airflow.sdk import BaseHook
-
 from airflow_provider_amqstream.engine import inventory as views
 from airflow_provider_amqstream.engine import redrive as actions
 from airflow_provider_amqstream.engine.inventory import extra_list
-from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound
-from airflow_provider_amqstream.hooks import connection
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.protocol.wire import Destination
-from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
 
 
-class AmqStreamAdminHook(BaseHook):
-    """See where streams are and redrive or discard them (``amqstream streams``).
+class AmqStreamAdminHook(AmqStreamHook):
+    """See where streams are and redrive or discard them (``amqstream streams``): the
+    connection is :class:`AmqStreamHook`'s, read the same way.
 
     :param amqstream_conn_id: Airflow connection of type ``amqstream``. If it is the default
         id and no such connection exists, the embedded broker on this machine is used.
@@ -43,64 +40,19 @@ class AmqStreamAdminHook(BaseHook):
         page must not wait for a slow broker as long as a transfer would).
     """
 
-    conn_name_attr = "amqstream_conn_id"
-    default_conn_name = "amqstream_default"
     hook_name = "ActiveMQ Stream: streams"
 
-    def __init__(self, amqstream_conn_id: str = default_conn_name, *, uri: str | None = None,
+    def __init__(self, amqstream_conn_id: str = AmqStreamHook.default_conn_name, *, uri: str | None = None,
                  connect_timeout: float | None = None) -> None:
-        super().__init__()
-        self.amqstream_conn_id = amqstream_conn_id
-        self.uri = uri
+        super().__init__(amqstream_conn_id, uri=uri)
         self.connect_timeout = connect_timeout
-        self._fields: connection.ConnFields | None = None
-        self._params: BrokerParams | None = None
-
-    # -- the connection -------------------------------------------------------------
-    def conn_fields(self) -> connection.ConnFields | None:
-        """The connection's fields, read on first use; None for the embedded broker."""
-        if self._params is None:
-            self._resolve()
-        return self._fields
 
     def broker_params(self) -> BrokerParams:
-        """Where the broker is, and the user (read on first use, never at parse time)."""
-        if self._params is None:
-            self._resolve()
-        assert self._params is not None
-        return self._params
-
-    def _resolve(self) -> None:
-        if self.uri:
-            fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
-        else:
-            fields = connection.from_env(self.amqstream_conn_id)
-            if fields is None:
-                fields = self._from_airflow()
-        if fields is None:
-            embedded = connection.embedded_params()
-            if embedded is None:
-                raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id))
-            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
-            params = embedded
-        else:
-            _mask(fields.password)
-            params = fields.broker_params()
-        self._fields = fields
-        # Only the connect: a redrive's receipts for big chunks keep the connection's patience.
-        self._params = params if self.connect_timeout is None else dataclasses.replace(
+        """The connection's settings; only the connect waits less when asked (a redrive's
+        receipts for big chunks keep the connection's patience)."""
+        params = super().broker_params()
+        return params if self.connect_timeout is None else dataclasses.replace(
             params, connect_timeout=self.connect_timeout)
-
-    def _from_airflow(self) -> connection.ConnFields | None:
-        try:
-            conn = self.get_connection(self.amqstream_conn_id)
-        except Exception as exc:
-            if type(exc).__name__ != "AirflowNotFoundException":
-                raise
-            if self.amqstream_conn_id == self.default_conn_name:
-                return None  # the default id falls back to the embedded broker
-            raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id)) from None
-        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}")
 
     def destinations(self) -> list[str]:
         """The destinations the connection's ``destinations`` extra names, checked."""
@@ -119,16 +71,6 @@ class AmqStreamAdminHook(BaseHook):
         value = str(fields.extra.get("quarantine") or "") if fields else ""
         return str(Destination.parse(value)) if value else None
 
-    def test_connection(self) -> tuple[bool, str]:
-        try:
-            params = self.broker_params()
-            with open_link(params) as link:
-                link.round_trip()
-        except AmqStreamError as exc:
-            return False, str(exc)
-        return True, f"Connected to {params.url} and received a receipt"
-
-    # -- views and actions ------------------------------------------------------------
     def inventory(self, destination: str, *, out_dirs: Iterable[str] | None = None, quarantine: str | None = None,
                   previous: Mapping[str, tuple[int, float]] | None = None) -> views.Inventory:
         """Every stream of ``destination``; see :func:`~airflow_provider_amqstream.engine.inventory.take_inventory`.
@@ -159,12 +101,3 @@ class AmqStreamAdminHook(BaseHook):
         dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
         return actions.discard(self.broker_params(), destination, stream_id, out_dirs=dirs,
                                quarantine=quarantine or self.quarantine())
-
-
-def _mask(secret: str | None) -> None:
-    """Keep a password read from the environment out of logs, as Airflow does for the
-    connections it reads itself."""
-    if secret:
-        from airflow.sdk.log import mask_secret
-
-        mask_secret(secret)
