@@ -88,7 +88,9 @@ def get_provider_info() -> dict[str, Any]:
         # Airflow logs the feature as unavailable and skips it.
         "queues": ["airflow_provider_amqstream.queues.amqstream.AmqStreamMessageQueueProvider"],
         # The page of the streams. Airflow loads provider plugins from here only with
-        # [core] lazy_discover_providers off; the airflow.plugins entry point covers the default.
+        # [core] lazy_discover_providers off (`make airflow` sets it). Not an airflow.plugins
+        # entry point: loaded that way into every process, it silenced OpenLineage's task
+        # events under dag.test() here (tests/system/test_lineage_spark.py), cause not found.
         "plugins": [{"name": "amqstream_streams",
                      "plugin-class": "airflow_provider_amqstream.plugins.streams.AmqStreamPlugin"}],
         "connection-types": [{

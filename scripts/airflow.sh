@@ -58,6 +58,9 @@ export AIRFLOW__CORE__DAGS_FOLDER="${AMQSTREAM_DAGS_FOLDER:-$ROOT/dags/examples}
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
+# The streams page (Browse > ActiveMQ streams) is a provider plugin: Airflow reads those only
+# with provider discovery at start-up.
+export AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS="${AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS:-False}"
 export AIRFLOW__API__HOST="$HOST"
 export AIRFLOW__API__PORT="$API_PORT"
 # Tasks reach the API through base_url: left at its default (port 8080) every task of a

@@ -57,7 +57,18 @@ ACTION_TIMEOUT = 600.0
 CONNECT_TIMEOUT = 5.0
 # Broker calls run here, never on the API server's event loop; a handful is plenty for a
 # page, and a dead broker can tie up no more than these.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amqs-streams-ui")
+# Made on first use: a pool made at import would live in every Airflow process that loads
+# plugins (task processes too), not only the API server.
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amqs-streams-ui")
+        return _POOL
 _T = TypeVar("_T")
 # The last look per (connection, destination), for the rates of streams in progress.
 _MARKS: OrderedDict[tuple[str, str], dict[str, tuple[int, float]]] = OrderedDict()
@@ -71,7 +82,7 @@ app = FastAPI(title="ActiveMQ streams", docs_url=None, redoc_url=None, openapi_u
 async def _in_thread(fn: Callable[[], _T], timeout: float, what: str) -> _T:
     loop = asyncio.get_running_loop()
     try:
-        return await asyncio.wait_for(loop.run_in_executor(_POOL, fn), timeout)
+        return await asyncio.wait_for(loop.run_in_executor(_pool(), fn), timeout)
     except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
         raise HTTPException(504, f"{what}: no answer within {timeout:.0f}s (is the broker slow or unreachable?)") \
             from None

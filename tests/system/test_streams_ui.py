@@ -22,7 +22,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +102,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory, broker: Any, silent: SilentB
             "extra": {"destinations": "/queue/slow"}}),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
     }
-    if not any(e.value.startswith("airflow_provider_amqstream.") for e in entry_points(group="airflow.plugins")):
-        # The package was installed before its plugin entry point existed (an editable install
-        # of an older checkout): Airflow then finds the plugin in the provider's info, which it
-        # reads for plugins only with provider discovery at start-up.
-        env["AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS"] = "False"
+    # The page is a provider plugin, which Airflow reads only with provider discovery at
+    # start-up (scripts/airflow.sh sets it too).
+    env["AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS"] = "False"
     d = Deployment(home, dags, env)
     try:
         # The deployment starts while the scene is set.
