@@ -242,13 +242,20 @@ def _json_only(request: Request) -> None:
         raise HTTPException(415, "send the action as application/json")
 
 
-@app.post("/streams/api/redrive")
-async def redrive(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008 - FastAPI's way
+async def _action(request: Request, body: Any, verb: str) -> tuple[str, str, str]:
+    """An action's (connection, destination, stream id), once its caller may edit the
+    connection; logged with who asked."""
     _json_only(request)
     conn_id, destination, stream_id = _action_args(body)
     user = await _allowed(request, conn_id, "PUT")
-    log.info("redrive of stream %s on %s through %s asked by %s", stream_id, destination, conn_id,
+    log.info("%s of stream %s on %s through %s asked by %s", verb, stream_id, destination, conn_id,
              getattr(user, "get_name", lambda: "?")())
+    return conn_id, destination, stream_id
+
+
+@app.post("/streams/api/redrive")
+async def redrive(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008 - FastAPI's way
+    conn_id, destination, stream_id = await _action(request, body, "redrive")
     t0 = time.monotonic()
     result = await _in_thread(_refusal(lambda: _hook(conn_id).redrive(destination, stream_id).to_json()),
                               ACTION_TIMEOUT, f"redriving stream {stream_id} on {destination}")
@@ -258,11 +265,7 @@ async def redrive(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008
 
 @app.post("/streams/api/discard")
 async def discard(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008 - FastAPI's way
-    _json_only(request)
-    conn_id, destination, stream_id = _action_args(body)
-    user = await _allowed(request, conn_id, "PUT")
-    log.info("discard of stream %s on %s through %s asked by %s", stream_id, destination, conn_id,
-             getattr(user, "get_name", lambda: "?")())
+    conn_id, destination, stream_id = await _action(request, body, "discard")
     return await _in_thread(_refusal(lambda: _hook(conn_id).discard(destination, stream_id).to_json()),
                             ACTION_TIMEOUT, f"discarding stream {stream_id} on {destination}")
 

@@ -559,18 +559,22 @@ def yields_of(headers: Mapping[str, Any]) -> int:
     return int(raw) if _DIGITS.fullmatch(raw) and len(raw) < 6 else 0
 
 
-def parked_headers(headers: Mapping[str, Any], *, not_before: float, reason: str, sender: str) -> dict[str, str]:
-    """The headers of an offer put back at the tail of its queue after a yield: its own
-    ``amqs_*`` headers, when it may be taken again, the yield count and the first sender.
+def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float | None = None,
+                   reason: str = "") -> dict[str, str]:
+    """The headers of an offer put in its destination's parked queue: its own ``amqs_*``
+    headers and its first sender; after a yield (``not_before`` given) also when it may be
+    taken again, the yield count and why. Without ``not_before`` (an offer passed along) the
+    time and count it has are kept.
 
     :param headers: the offer as received.
-    :param not_before: epoch seconds before which no receiver takes it.
-    :param reason: why the stream yielded (cut to 500 characters).
     :param sender: who offered it first (:func:`sender_of`).
+    :param not_before: epoch seconds before which no receiver takes it, for a new yield.
+    :param reason: why the stream yielded (cut to 500 characters).
     """
     out = {k: str(v) for k, v in headers.items() if k.startswith("amqs_")}
-    out.update({H_NOT_BEFORE: f"{not_before:.3f}", H_YIELDS: str(yields_of(headers) + 1),
-                H_YIELD_REASON: reason[:500]})
+    if not_before is not None:
+        out.update({H_NOT_BEFORE: f"{not_before:.3f}", H_YIELDS: str(yields_of(headers) + 1),
+                    H_YIELD_REASON: reason[:500]})
     if sender:
         out[H_FIRST_SENDER] = sender
     else:

@@ -163,14 +163,8 @@ class Offers:
         acknowledge it: confirmed first, so a crash between the two leaves a copy too many
         (taken as a repeat), never none. Without ``not_before`` it keeps the time it has
         (none: due at once)."""
-        sender = self.sender(message)
-        if not_before is None:
-            headers = {k: str(v) for k, v in message.headers.items() if k.startswith("amqs_")}
-            headers.pop(p.H_FIRST_SENDER, None)
-            if sender:
-                headers[p.H_FIRST_SENDER] = sender
-        else:
-            headers = p.parked_headers(message.headers, not_before=not_before, reason=reason, sender=sender)
+        headers = p.parked_headers(message.headers, sender=self.sender(message), not_before=not_before,
+                                   reason=reason)
         self.link.send_confirmed(self.dest.parked_queue(), bytes(message.body or b""), headers)
         self.link.ack(message)
         inline.mark_settled(message)
