@@ -36,11 +36,34 @@ def sanitize_uri(uri: SplitResult) -> SplitResult:
     return SplitResult(SCHEME, netloc, str(dest), "", "")
 
 
+def authority(host: str, port: int = DEFAULT_PORT) -> str:
+    """``amqstream://host:port`` as assets and lineage name a broker: the host lower-cased
+    (an IPv6 address in brackets), the port always written.
+
+    :param host: the broker's host name or address.
+    :param port: its STOMP port.
+    """
+    host = host.strip("[]").lower()
+    return f"{SCHEME}://[{host}]:{port}" if ":" in host else f"{SCHEME}://{host}:{port}"
+
+
+def destination_uri(host: str, port: int, destination: str) -> str:
+    """The asset URI of ``destination`` on the broker at ``host:port``, normalised as
+    :func:`sanitize_uri` would (so it is the URI Airflow stores).
+
+    :param host: the broker's host (the first of a failover list: where senders and
+        receivers of the destination meet).
+    :param port: its STOMP port.
+    :param destination: ``/queue/NAME`` or ``/topic/NAME``.
+    """
+    return f"{authority(host, port)}{Destination.parse(destination)}"
+
+
 def create_asset(*, host: str, destination: str, port: int = DEFAULT_PORT, **kwargs: Any) -> Any:
     """An ``Asset`` for ``destination`` on the broker at ``host:port``."""
     from airflow.sdk import Asset
 
-    return Asset(uri=f"{SCHEME}://{host}:{port}{Destination.parse(destination)}", **kwargs)
+    return Asset(uri=destination_uri(host, port, destination), **kwargs)
 
 
 def convert_asset_to_openlineage(asset: Any, lineage_context: Any) -> Any:

@@ -1,8 +1,13 @@
 """OpenLineage datasets for what the operators move: files and broker destinations.
 
-Naming (OpenLineage naming spec): a file is namespace ``file://<host>``, name = its
-absolute path; a destination is namespace ``amqstream://<broker host>:<port>`` (the first
-broker of the connection), name = the destination as written (``/queue/NAME``). The
+Naming: a file is namespace ``file``, name = its absolute path, which is how Airflow
+turns a ``file:///path`` asset into an OpenLineage dataset (the ``file`` asset scheme); a
+destination is namespace ``amqstream://<broker host>:<port>`` (the first broker of the
+connection, host lower-cased), name = the destination (``/queue/NAME``). So a dataset here
+and the asset the task emits (:mod:`~airflow_provider_amqstream.operators.outlets`) name the
+same thing: ``file:///data/in`` is namespace ``file``, name ``/data/in``;
+``amqstream://mq1:61613/queue/in`` is namespace ``amqstream://mq1:61613``, name ``/queue/in``.
+No host in a file's name: the worker a task ran on (``vm``) is not part of what the file is. The
 stream's size travels in the input/output statistics facets, its SHA-256 as the
 dataset version. A many-file send lists each file up to ``MAX_FILE_DATASETS``; past that,
 one dataset for the files' common directory with their count and total size, so one task's
@@ -16,22 +21,25 @@ only Airflow's OpenLineage listener calls. apache-airflow-providers-openlineage 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any, ClassVar
 
+from airflow_provider_amqstream.assets.amqstream import authority
+from airflow_provider_amqstream.assets.files import FILE_NAMESPACE
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, BrokerParams
 
 MAX_FILE_DATASETS = 100
 
 
-def file_namespace(host: str | None = None) -> str:
-    return f"file://{host or socket.gethostname()}"
+def file_namespace() -> str:
+    """The namespace of local files (Airflow's for a ``file:///path`` asset)."""
+    return FILE_NAMESPACE
 
 
 def destination_namespace(params: BrokerParams) -> str:
+    """``amqstream://host:port`` of the connection's first broker, as its assets name it."""
     host, port = params.hosts[0]
-    return f"amqstream://{host}:{port}"
+    return authority(host, port)
 
 
 def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None, role: str,
@@ -153,7 +161,7 @@ class ReportsLineage:
                              path=self.lineage_start_path())
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """Lineage: the file (``file://host`` + path) went to the destination
+        """Lineage: the file (namespace ``file``, name its path) went to the destination
         (``amqstream://broker:port`` + name), or the destination became the file, with its size
         and SHA-256; for many files, each file (or, past ``MAX_FILE_DATASETS``, their common
         directory) with count and bytes."""

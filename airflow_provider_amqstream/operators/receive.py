@@ -20,7 +20,7 @@ from airflow_provider_amqstream.hooks.amqstream import (
 )
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
-from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
+from airflow_provider_amqstream.operators.outlets import Arrivals, declare_receive_assets, emit_landing
 from airflow_provider_amqstream.operators.progress import LogProgress
 
 
@@ -58,10 +58,15 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
         yields its place (default 2 % of the filesystem, at most 1 GiB).
-    :param file_asset_alias: name of an ``AssetAlias`` this task declares as an outlet; on
-        success it emits one asset event per received file, ``file://<host><path>`` (extra:
-        stream id, bytes, SHA-256), so DAGs scheduled on those files' assets, or on the
-        alias, run when they arrive.
+    :param file_asset_alias: name of the ``AssetAlias`` the landing directory's events go
+        through (default ``amqstream:landing:<out_dir>``).
+
+    Assets: the destination's ``AssetAlias`` (``amqstream:<conn id>:<source>``, which the
+    sending task's ``amqstream://host:port/queue/NAME`` event goes through) is an inlet; the
+    landing directory ``file://<out_dir>`` (a templated one: its part before the first
+    template) is the outlet, with one event per run that received anything new (extra: the
+    rendered ``out_dir``, files, bytes, the manifest, the first stream ids). A run that
+    received nothing, or only repeats of streams published before, emits none.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "batch_sender", "quarantine")
@@ -77,8 +82,8 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         super().__init__(**kwargs)
         self.batch_sender = batch_sender
         self.file_asset_alias = file_asset_alias
-        if file_asset_alias:
-            self.outlets = [*self.outlets, alias_outlet(file_asset_alias)]
+        self.landing_alias, self.landing_root = declare_receive_assets(
+            self, source=source, out_dir=out_dir, conn_id=amqstream_conn_id, alias_name=file_asset_alias)
         if count is not None and count < 1:
             raise ValueError(f"{self.task_id}: count must be at least 1, got {count}")
         if wait_timeout <= 0 or deadline <= 0:
@@ -104,8 +109,9 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         results = drained.files
         self.log.info("received %d streams from %s into %s%s", len(results), self.source, self.out_dir,
                       f"; manifest {drained.manifest}" if drained.manifest else "")
-        if self.file_asset_alias:
-            emit_file_assets(context, self.file_asset_alias, results, self.log)
+        emit_landing(context, self.landing_alias, self.landing_root, Arrivals.of(results), self.log,
+                     out_dir=self.out_dir, manifest=str(drained.manifest) if drained.manifest else None,
+                     batch_id=self.batch_id)
         self._amqstream_result = {"files": results, "failed": failed.streams,
                                   "manifest": str(drained.manifest) if drained.manifest else None,
                                   "count": len(results)}

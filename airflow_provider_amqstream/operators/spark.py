@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from airflow_provider_amqstream.operators.outlets import parquet_asset, with_alias
 
 # Every Spark application the operators below start is named so: one scheme in every example
 # and in a cluster's UI (SparkSubmitOperator's own default is "arrow-spark"). Templated.
@@ -50,19 +54,59 @@ def without_noise(lines: Iterator[Any]) -> Iterator[Any]:
     return (line for line in lines if not str(line).lstrip().startswith(SUBMIT_NOISE))
 
 
+def parquet_extra(output: str | None) -> dict[str, Any]:
+    """The extra of a Parquet outlet's event: the dataset directory this run wrote, and from
+    its one-dataset summary (small) the rows, columns and bytes; a batch's summary (a list
+    as long as the batch) is named, not read.
+
+    :param output: the job's ``--output``, rendered.
+    """
+    if not output:
+        return {}
+    out = Path(output)
+    extra: dict[str, Any] = {"output": str(out.resolve())}
+    batch = out / "_amqstream_batch_summary.json"
+    if batch.is_file():
+        extra["summary"] = str(batch.resolve())
+        return extra
+    try:
+        summary = json.loads((out / "_amqstream_summary.json").read_text())
+    except (OSError, ValueError):
+        return extra
+    extra.update({k: summary.get(k) for k in ("rows", "parquet_bytes", "source_sha256")})
+    extra["columns"] = len(summary.get("columns") or [])
+    return extra
+
+
 class QuietSparkSubmitOperator(SparkSubmitOperator):
     """SparkSubmitOperator whose task log holds the job's own lines and Spark's warnings, not
     Spark's start-up chatter: the driver logs through :func:`quiet_driver_log_conf` (unless
     ``conf`` sets ``spark.driver.extraJavaOptions``), the lines no option turns off are
     dropped, and the application is named :data:`APP_NAME` unless ``name`` is given.
 
+    :param parquet_dir: the directory the job writes its datasets under, as written in the DAG
+        (templated is fine): its static root, ``file:///...``, becomes an outlet asset, whose
+        event says which dataset this run wrote (``--output``), and its rows and bytes when
+        the job's summary has them. None: no outlet.
     :param kwargs: passed to SparkSubmitOperator.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, parquet_dir: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("name", APP_NAME)
         kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
         super().__init__(**kwargs)
+        self.parquet_dir = parquet_dir
+        if parquet_dir is not None:
+            self.outlets = with_alias(self.outlets, parquet_asset(parquet_dir))
+
+    def _arg(self, flag: str) -> str | None:
+        args = list(self.application_args or [])
+        return str(args[args.index(flag) + 1]) if flag in args[:-1] else None
+
+    def execute(self, context: Any) -> None:
+        super().execute(context)
+        if self.parquet_dir is not None and hasattr(context, "get") and context.get("outlet_events") is not None:
+            context["outlet_events"][parquet_asset(self.parquet_dir)].extra = parquet_extra(self._arg("--output"))
 
     def _get_hook(self) -> SparkSubmitHook:
         hook = super()._get_hook()
@@ -84,10 +128,6 @@ class StreamToParquetOperator(QuietSparkSubmitOperator):
     def __init__(self, *, sensor_task_id: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sensor_task_id = sensor_task_id
-
-    def _arg(self, flag: str) -> str | None:
-        args = list(self.application_args or [])
-        return str(args[args.index(flag) + 1]) if flag in args[:-1] else None
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         from airflow.providers.openlineage.extractors import OperatorLineage
@@ -112,7 +152,8 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     Runs on whatever master the Spark connection names (``local[*]``, ``spark://host:7077``,
     ``yarn``...). Spark's driver logs at WARN (see :class:`QuietSparkSubmitOperator`); the
     job prints one summary line. With the OpenLineage provider installed, the received file
-    is reported as the input and the dataset as the output.
+    is reported as the input and the dataset as the output. ``file://<output_dir>`` is the
+    task's outlet asset (its event names the dataset, with rows and bytes).
 
     :param task_id: this task's id.
     :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.
@@ -132,7 +173,7 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
         args += ["--partition-by", parts]
     return StreamToParquetOperator(task_id=task_id, sensor_task_id=sensor_task_id,
                                    application=stream_to_parquet_job(), application_args=args,
-                                   conn_id=conn_id, **kwargs)
+                                   conn_id=conn_id, parquet_dir=output_dir, **kwargs)
 
 
 def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str, partition_by: str | list[str] = "",
@@ -156,4 +197,4 @@ def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str
     if parts:
         args += ["--partition-by", parts]
     return QuietSparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
-                                    conn_id=conn_id, **kwargs)
+                                    conn_id=conn_id, parquet_dir=output_dir, **kwargs)

@@ -14,6 +14,7 @@ from airflow_provider_amqstream import metrics
 from airflow_provider_amqstream.hooks.amqstream import ENCODINGS, MAX_CHUNK_SIZE, MODES, AmqStreamHook, BulkResult
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
+from airflow_provider_amqstream.operators.outlets import destination_alias, emit_destination, sent_extra, with_alias
 from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
 
 
@@ -56,6 +57,12 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     :param reconnect_timeout: seconds to keep trying to reach a lost broker, or one that is not up
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
+
+    Assets: the destination, ``amqstream://<broker host>:<port>/queue/NAME`` (the connection's
+    first broker, read when the task runs), is produced through the ``AssetAlias``
+    ``amqstream:<conn id>:<destination>`` this task declares as its outlet (receivers declare
+    it as their inlet): one event per successful send of at least one file (extra: stream id,
+    bytes, SHA-256; for many files the batch id and counts).
     """
 
     template_fields: Sequence[str] = ("path", "destination", "stream_id", "name")
@@ -83,10 +90,19 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         self.mode = mode
         self.reconnect_timeout = reconnect_timeout
         self.progress_interval = progress_interval
+        alias = destination_alias(amqstream_conn_id, destination, self.task_id)
+        self.destination_alias = alias.name
+        self.outlets = with_alias(self.outlets, alias)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        if not names_one_file(self.path):
-            return self._execute_many(context)
+        result = self._execute_one(context) if names_one_file(self.path) else self._execute_many(context)
+        extra = sent_extra(result)
+        if extra is not None:
+            host, port = AmqStreamHook(self.amqstream_conn_id).broker_params().hosts[0]
+            emit_destination(context, self.destination_alias, self.destination, extra, self.log, host=host, port=port)
+        return result
+
+    def _execute_one(self, context: Any) -> dict[str, Any]:
         src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")

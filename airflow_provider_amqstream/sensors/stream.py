@@ -20,7 +20,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
-from airflow_provider_amqstream.operators.outlets import alias_outlet, emit_file_assets
+from airflow_provider_amqstream.operators.outlets import Arrivals, declare_receive_assets, emit_landing
 from airflow_provider_amqstream.operators.receive import FailureReport, receive_options
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
@@ -54,10 +54,15 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
-    :param file_asset_alias: name of an ``AssetAlias`` this task declares as an outlet; on
-        success it emits an asset event for the received file, ``file://<host><path>``
-        (extra: stream id, bytes, SHA-256), so DAGs scheduled on that file's asset, or on
-        the alias, run when it arrives. Static ``outlets`` work as for any operator.
+    :param file_asset_alias: name of the ``AssetAlias`` the landing directory's events go
+        through (default ``amqstream:landing:<out_dir>``).
+
+    Assets: the destination's ``AssetAlias`` (``amqstream:<conn id>:<source>``, through which
+    the sender's ``amqstream://host:port/queue/NAME`` event goes) is an inlet; the landing
+    directory ``file://<out_dir>`` (a templated one: its part before the first template) is
+    the outlet, with one event per stream that arrived (extra: stream id, path, bytes,
+    SHA-256, and the files of its pack). A stream received before (a re-run for the same
+    ``stream_id``, a repeat) emits none.
 
     Small files of a many-file send travel packed, and a pack is received whole: a sensor
     that takes one then returns its first stream, and reports the others (published and
@@ -77,8 +82,8 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
                  min_free_bytes: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.file_asset_alias = file_asset_alias
-        if file_asset_alias:
-            self.outlets = [*self.outlets, alias_outlet(file_asset_alias)]
+        self.landing_alias, self.landing_root = declare_receive_assets(
+            self, source=source, out_dir=out_dir, conn_id=amqstream_conn_id, alias_name=file_asset_alias)
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
         if idle_timeout <= 0 or offer_wait <= 0:
@@ -147,9 +152,9 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
 
     def take_stream(self, context: Any, wait: float) -> TransferResult | None:
         """This try's stream: the one ``out_dir`` already holds for this task, else the next
-        one offered within ``wait`` seconds (None when none was). Kept for lineage and
-        emitted as asset events, with the other files of its pack, which are also reported
-        as XCom ``also_received``.
+        one offered within ``wait`` seconds (None when none was). Kept for lineage and, if
+        it arrived for this task instance, announced as the landing directory's asset event
+        with the other files of its pack, which are also reported as XCom ``also_received``.
 
         :param context: the task's execution context.
         :param wait: seconds to wait for an offer.
@@ -161,8 +166,12 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         if not got:
             return None
         self._amqstream_result = got[0].to_json()
-        if self.file_asset_alias:
-            emit_file_assets(context, self.file_asset_alias, [r.to_json() for r in got], self.log)
+        # A stream this task instance took (now, or in a try that did not report success)
+        # arrived for it; one found received before by anyone else is no arrival.
+        ours = done is None or not self.stream_id or self.claimed_by(hook, claim, done.stream_id)
+        emit_landing(context, self.landing_alias, self.landing_root,
+                     Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)), self.log,
+                     out_dir=self.out_dir)
         if len(got) > 1:
             report_pack(got[1:], context.get("ti"), self.log)
         return got[0]
@@ -204,6 +213,15 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
             self.log.info("received stream %s -> %s (%d bytes, sha256 %s)", got[0].stream_id, got[0].path,
                           got[0].bytes, got[0].sha256)
         return got
+
+    def claimed_by(self, hook: AmqStreamHook, claim: str | None, stream_id: str) -> bool:
+        """Whether ``claim`` (this task instance) took ``stream_id`` in ``out_dir``.
+
+        :param hook: the hook of this poke.
+        :param claim: the task instance's claim (see ``task_claim``).
+        :param stream_id: the stream.
+        """
+        return bool(claim) and any(r.get("stream_id") == stream_id for r in hook.claimed(self.out_dir, str(claim)))
 
     def already_received(self, hook: AmqStreamHook, claim: str | None) -> TransferResult | None:
         """The stored result if ``out_dir`` already holds this task's stream, else None.
