@@ -2,8 +2,9 @@
 send task (one connection, small files pipelined), receives it in one task, converts every
 file of the batch in one Spark application, and archives what it sent under
 ``sent/<run id>/`` (beside the landing directory) so the next run moves only what landed
-since. Received files are never overwritten: a later file of the same name is stored with
-its stream id in the name, and the batch's manifest says where each one landed."""
+since. Each day's files land in a dated subdirectory (``received/bulk/<date>``); within a
+day a later file of the same name is stored with its stream id in the name (never
+overwritten), and the batch's manifest says where each one landed."""
 
 from __future__ import annotations
 
@@ -30,12 +31,18 @@ SHA-256 of every file); one Spark application converts every file it lists.
 |---|---|
 | `seed_landing` | writes three sample CSVs (in `eu/` and `us/`) when the landing directory is empty |
 | `send` | `SendStreamOperator` with `recursive=True`; a retry skips the files the broker confirmed |
-| `receive` | `ReceiveStreamsOperator`: into `{RECEIVED / "bulk"}`, until the batch's manifest is written |
+| `receive` | `ReceiveStreamsOperator`: into `{RECEIVED / "bulk"}/<date>`, until the batch's manifest is written |
 | `to_parquet` | one Spark application for the batch: `{PARQUET}/bulk/<run id>/` |
 | `archive` | moves what was sent to `sent/<run id>/` beside the landing directory |
 
-A file received under a name received before keeps both: the later one gets its stream id
-in its name, and the manifest says where each landed.
+Each day lands in its own subdirectory (`out_dir` templated with `{{{{ ds }}}}`), so names
+rarely meet; a file received under a name received before that day keeps both: the later one
+gets its stream id in its name, and the manifest says where each landed.
+
+**Assets:** `send` produces `amqstream://<broker>:<port>{QUEUE}.bulk` (the connection's broker,
+read when it runs), which `receive` consumes; `receive` produces `file://{RECEIVED / "bulk"}`
+(one event per run that brought files: the day's directory, files, bytes, manifest);
+`to_parquet` produces `file://{PARQUET / "bulk"}`.
 
 **Run it:** scheduled hourly (and on unpausing); drop files into the landing directory.
 Connections: `amqstream_default`, `spark_default`.
@@ -71,8 +78,9 @@ with DAG(
 
     # One receive task takes every stream of the batch over one connection and finishes when
     # the batch's manifest (path, bytes, sha256 per file) is written.
+    # A dated subdirectory per day: the asset is received/bulk, each event says which day.
     receive = ReceiveStreamsOperator(
-        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk"),
+        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk") + "/{{ ds }}",
         batch_id="{{ ti.xcom_pull(task_ids='send')['totals']['batch_id'] }}", deadline=1800)
 
     # One Spark application converts every file the manifest lists.

@@ -15,6 +15,12 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 from example_support import PARQUET, QUEUE, README, RECEIVED
 
+from airflow_provider_amqstream.operators.outlets import (
+    alias_outlet,
+    destination_alias,
+    landing_alias_name,
+    parquet_asset,
+)
 from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, stream_to_parquet_job
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -46,6 +52,11 @@ asset event per stream offered there; each event starts a run.
 | `receive` | one `StreamCompleteSensor` per stream id: exactly that stream, into `{RECEIVED / "events"}` |
 | `to_parquet` | one Spark application per stream: `{PARQUET}/events/<stream id>` |
 
+**Assets:** the watched `amqstream_incoming_streams` starts the runs; `receive` consumes the
+destination (`amqstream://<broker>:<port>{INCOMING}`) and produces
+`file://{RECEIVED / "events"}`, an event per stream that arrived; `to_parquet` produces
+`file://{PARQUET / "events"}`.
+
 **Run it:** send a file to `{INCOMING}`, e.g. `amqstream send data.csv --to {INCOMING}
 --mode atomic`; a run starts within seconds. Triggered by hand, it receives the streams
 named in `stream_ids`. Connections: `amqstream_default`, `spark_default`.
@@ -76,9 +87,12 @@ with DAG(
         ids += list((params or {}).get("stream_ids") or [])
         return list(dict.fromkeys(ids))
 
+    # Mapped tasks are built only when they run: their assets are declared here so the DAG
+    # shows them (the operators add the same ones when they run).
     received = StreamCompleteSensor.partial(
         task_id="receive", source=INCOMING, out_dir=str(RECEIVED / "events"), poke_interval=5, timeout=3600,
-        file_asset_alias="amqstream_received_files",
+        inlets=[destination_alias("amqstream_default", INCOMING)],
+        outlets=[alias_outlet(landing_alias_name(str(RECEIVED / "events")))],
     ).expand(stream_id=offered_streams())
 
     @task
@@ -88,5 +102,6 @@ with DAG(
 
     StreamToParquetOperator.partial(
         task_id="to_parquet", sensor_task_id="receive", application=stream_to_parquet_job(),
-        conn_id="spark_default", max_active_tis_per_dagrun=1,
+        conn_id="spark_default", max_active_tis_per_dagrun=1, parquet_dir=f"{PARQUET}/events",
+        outlets=[parquet_asset(f"{PARQUET}/events")],
     ).expand(application_args=spark_args.expand(result=received.output))

@@ -26,8 +26,13 @@ Parquet with Spark, and checks that Spark read as many rows as the file has.
 | `ensure_input` | writes a sample sales CSV of `rows` rows at `path` if nothing is there yet |
 | `send` | `SendStreamOperator`: the file to `{QUEUE}.one`; a retry resumes at the last chunk the broker confirmed |
 | `receive` | `StreamCompleteSensor`: the stream into `{RECEIVED / "one"}` |
-| `to_parquet` | Spark (`spark_default`) writes `{PARQUET}/<stream id>` |
+| `to_parquet` | Spark (`spark_default`) writes `{PARQUET / "one"}/<stream id>` |
 | `check` | compares row counts and checksums; its XCom is the run's report |
+
+**Assets:** `send` produces `amqstream://<broker>:<port>{QUEUE}.one` (the connection's
+broker, read when it runs), which `receive` consumes; `receive` produces
+`file://{RECEIVED / "one"}` (an event per stream that arrived: stream id, path, bytes,
+SHA-256); `to_parquet` produces `file://{PARQUET / "one"}`.
 
 **Run it:** not scheduled; trigger it, with a `path` to a CSV of your own or the default (a
 sample is written there). Connections: `amqstream_default` and `spark_default`.
@@ -69,12 +74,12 @@ with DAG(
                                    stream_id=stream_id, overwrite=True, poke_interval=5, timeout=3600)
 
     to_parquet = stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
-                                            output_dir=str(PARQUET), partition_by="region")
+                                            output_dir=str(PARQUET / "one"), partition_by="region")
 
     @task
     def check(received: dict, ti=None) -> dict:
         """Compare Spark's row count with the received CSV's and report the figures."""
-        summary_path = Path(PARQUET) / received["stream_id"] / "_amqstream_summary.json"
+        summary_path = Path(PARQUET) / "one" / received["stream_id"] / "_amqstream_summary.json"
         summary = json.loads(summary_path.read_text())
         with open(received["path"], "rb") as fh:
             csv_rows = sum(1 for _ in fh) - 1

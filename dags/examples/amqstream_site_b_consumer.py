@@ -24,6 +24,10 @@ stream id added.
 
 Its producer is `amqstream_site_a_producer`. Connection: `{SITE_B_CONN}`, `spark_default`.
 
+**Assets:** `receive` consumes `amqstream://<broker>:<port>{QUEUE}.sites` (what site A's
+`send` produces) and produces `file://{RECEIVED / "site-b"}`, an event per stream that
+arrived; `to_parquet` produces `file://{PARQUET / "site-b"}`.
+
 **Run it:** scheduled every 5 minutes (one run at a time); each run takes one stream.
 
 Provider documentation: `{README}`.
