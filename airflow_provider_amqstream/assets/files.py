@@ -23,7 +23,9 @@ FILE_NAMESPACE = "file"
 def static_root(path_template: str) -> str:
     """The part of a (possibly templated) directory before its first templated component.
 
-    ``/data/in/{{ ds }}/x`` gives ``/data/in``; a path without a template is itself.
+    ``/data/in/{{ ds }}/x`` gives ``/data/in``; a path without a template is itself; one
+    with nothing fixed before its template (``{{ params.out_dir }}``, ``/{{ x }}``) gives
+    ``""``: only the rendered path can say which directory it is.
 
     :param path_template: the directory as written in the DAG (unrendered).
     """
@@ -32,7 +34,8 @@ def static_root(path_template: str) -> str:
         return path_template.rstrip("/") or "/"
     head = path_template[:cut]
     # A template inside a component (/data/in-{{ ds }}) makes that whole component vary.
-    return os.path.dirname(head) if not head.endswith("/") else head.rstrip("/") or "/"
+    root = head.rstrip("/") if head.endswith("/") else os.path.dirname(head)
+    return root if root.strip("/") else ""
 
 
 def absolute(path: str | os.PathLike[str]) -> str:

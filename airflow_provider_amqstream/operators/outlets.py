@@ -53,12 +53,17 @@ def destination_alias(conn_id: str, destination: str, task_id: str = "") -> Any:
     return AssetAlias(name=destination_alias_name(conn_id, destination, task_id))
 
 
-def landing_alias_name(out_dir: str) -> str:
-    """The alias of a landing directory's asset.
+def landing_alias_name(out_dir: str, task: Any = None) -> str:
+    """The alias of a landing directory's asset: named by the directory's static root, or
+    by the task when the whole directory is templated.
 
     :param out_dir: the receive's ``out_dir`` as written in the DAG (unrendered).
+    :param task: the receiving task (for a wholly templated ``out_dir``).
     """
-    return f"amqstream:landing:{static_root(out_dir)}"
+    root = static_root(out_dir)
+    if root:
+        return f"amqstream:landing:{root}"
+    return f"amqstream:landing:task:{getattr(task, 'dag_id', None) or ''}.{getattr(task, 'task_id', '')}"
 
 
 def alias_outlet(name: str) -> Any:
@@ -80,13 +85,15 @@ def with_alias(ports: Any, alias: Any) -> list[Any]:
 
 def parquet_asset(output_dir: str) -> Any:
     """The ``Asset`` of a Spark hand-off's output: ``file://`` + the static root of
-    ``output_dir`` (the datasets of every stream, or of every batch, under it).
+    ``output_dir`` (the datasets of every stream, or of every batch, under it); None when
+    the whole directory is templated (no asset can be declared before it is rendered).
 
     :param output_dir: the operator's ``output_dir`` as written in the DAG.
     """
     from airflow.sdk import Asset
 
-    return Asset(uri=dir_uri(static_root(output_dir)))
+    root = static_root(output_dir)
+    return Asset(uri=dir_uri(root)) if root else None
 
 
 @dataclass
@@ -171,18 +178,20 @@ def emit_landing(context: Any, alias_name: str, root: str, arrivals: Arrivals, l
     :param context: the task's context.
     :param alias_name: the task's landing alias (:func:`landing_alias_name`, or the user's).
     :param root: the asset's directory: the static root of the task's ``out_dir`` template
-        (:func:`~airflow_provider_amqstream.assets.files.static_root`, taken before rendering).
+        (:func:`~airflow_provider_amqstream.assets.files.static_root`, taken before rendering);
+        ``""`` (all of it templated): the rendered ``out_dir``.
     :param arrivals: what arrived.
     :param log: the task's logger.
     :param out_dir: the rendered ``out_dir``, where this run's files went.
     :param manifest: the batch's manifest, if one was written.
     :param batch_id: the batch waited for, if any.
     """
+    uri = dir_uri(root or out_dir)
     if not arrivals.files:
         log.info("no asset event for %s: nothing new arrived (%d repeats of streams received before)",
-                 dir_uri(root), arrivals.duplicates)
+                 uri, arrivals.duplicates)
         return False
-    return emit(context, alias_name, dir_uri(root), arrivals.extra(out_dir, manifest=manifest, batch_id=batch_id),
+    return emit(context, alias_name, uri, arrivals.extra(out_dir, manifest=manifest, batch_id=batch_id),
                 log)
 
 
@@ -232,7 +241,7 @@ def declare_receive_assets(task: Any, *, source: str, out_dir: str, conn_id: str
     :param conn_id: its connection id.
     :param alias_name: a user's alias for the landing events (``file_asset_alias``), else None.
     """
-    name = alias_name or landing_alias_name(out_dir)
+    name = alias_name or landing_alias_name(out_dir, task)
     task.outlets = with_alias(task.outlets, alias_outlet(name))
     task.inlets = with_alias(task.inlets, destination_alias(conn_id, source, task.task_id))
     return name, static_root(out_dir)

@@ -87,7 +87,7 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
     :param parquet_dir: the directory the job writes its datasets under, as written in the DAG
         (templated is fine): its static root, ``file:///...``, becomes an outlet asset, whose
         event says which dataset this run wrote (``--output``), and its rows and bytes when
-        the job's summary has them. None: no outlet.
+        the job's summary has them. None, or a wholly templated directory: no outlet.
     :param kwargs: passed to SparkSubmitOperator.
     """
 
@@ -96,8 +96,9 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
         kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
         super().__init__(**kwargs)
         self.parquet_dir = parquet_dir
-        if parquet_dir is not None:
-            self.outlets = with_alias(self.outlets, parquet_asset(parquet_dir))
+        self.parquet_asset = parquet_asset(parquet_dir) if parquet_dir is not None else None
+        if self.parquet_asset is not None:
+            self.outlets = with_alias(self.outlets, self.parquet_asset)
 
     def _arg(self, flag: str) -> str | None:
         args = list(self.application_args or [])
@@ -105,8 +106,8 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         super().execute(context)
-        if self.parquet_dir is not None and hasattr(context, "get") and context.get("outlet_events") is not None:
-            context["outlet_events"][parquet_asset(self.parquet_dir)].extra = parquet_extra(self._arg("--output"))
+        if self.parquet_asset is not None and hasattr(context, "get") and context.get("outlet_events") is not None:
+            context["outlet_events"][self.parquet_asset].extra = parquet_extra(self._arg("--output"))
 
     def _get_hook(self) -> SparkSubmitHook:
         hook = super()._get_hook()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -36,14 +37,27 @@ def test_airflow_normalises_amqstream_assets_with_our_handler() -> None:
     assert (ds.namespace, ds.name) == ("amqstream://mq1.example.com:61613", "/queue/in")
 
 
-@pytest.mark.broker
-def test_sensor_emits_an_asset_event_for_the_received_file(airflow_db: Path, params: BrokerParams, uri: str,
-                                                           queue_name: str, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def _events(*uris: str) -> list[tuple[str, dict[str, Any], str | None, str | None]]:
+    """(asset URI, extra, source DAG, source task) of every event of these assets, oldest first."""
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
+    with create_session() as session:
+        rows = session.execute(select(AssetModel.uri, AssetEvent.extra, AssetEvent.source_dag_id,
+                                      AssetEvent.source_task_id).join(AssetEvent.asset)
+                               .where(AssetModel.uri.in_(list(uris))).order_by(AssetEvent.id)).all()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def _landing(out: Path) -> str:
+    return f"file://{out.resolve()}"
+
+
+@pytest.mark.broker
+def test_sensor_emits_an_asset_event_for_the_received_file(airflow_db: Path, params: BrokerParams, uri: str,
+                                                           queue_name: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     src = make_file(tmp_path / "asset.bin", 20_000)
     send_file(params, src, queue_name, stream_id="asset-1", mode="atomic")
@@ -51,20 +65,17 @@ def test_sensor_emits_an_asset_event_for_the_received_file(airflow_db: Path, par
     dag = _load(ROOT / "tests" / "dags", "amqs_test_file_asset")
     dr = dag.test(run_conf={"queue": queue_name, "out_dir": str(out), "stream_id": "asset-1"})
     assert dr.state == "success"
-    want = f"file://{socket.gethostname()}{(out / 'asset.bin').resolve()}"
-    with create_session() as session:
-        rows = session.execute(select(AssetModel.uri, AssetEvent.extra).join(AssetEvent.asset)
-                               .where(AssetModel.uri == want)).all()
-    assert len(rows) == 1, rows
-    extra = rows[0][1]
+    # The landing directory, with no host part; never one asset per file.
+    [(_, extra, _, task)] = _events(_landing(out), f"file://{socket.gethostname()}{(out / 'asset.bin').resolve()}")
+    assert task == "receive" and extra["files"] == 1 and extra["path"] == str((out / "asset.bin").resolve())
     assert extra["stream_id"] == "asset-1" and extra["sha256"] == sha256_file(src) and extra["bytes"] == 20_000
 
 
 @pytest.mark.broker
-def test_a_many_file_receive_emits_an_asset_event_per_file(airflow_db: Path, params: BrokerParams, uri: str,
-                                                           queue_name: str, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.models.asset import AssetAliasModel, AssetEvent, AssetModel
+def test_a_many_file_receive_emits_one_event_for_its_directory(airflow_db: Path, params: BrokerParams, uri: str,
+                                                               queue_name: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.models.asset import AssetAliasModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
@@ -75,16 +86,14 @@ def test_a_many_file_receive_emits_an_asset_event_per_file(airflow_db: Path, par
     dr = _load(ROOT / "tests" / "dags", "amqs_test_files_asset").test(run_conf={"queue": queue_name,
                                                                             "out_dir": str(out)})
     assert dr.state == "success"
-    want = {f"file://{socket.gethostname()}{(out / s.name).resolve()}": s for s in srcs}
+    [(_, extra, _, _)] = _events(_landing(out), *(_landing(out / s.name) for s in srcs))
+    assert extra["files"] == 2 and extra["bytes"] == sum(s.stat().st_size for s in srcs)
+    assert sorted(extra["stream_ids"]) == sorted(r["stream_id"] for r in dr.get_task_instance("receive_all")
+                                                 .xcom_pull(task_ids="receive_all")["files"])
     with create_session() as session:
-        rows = session.execute(select(AssetModel.uri, AssetEvent.extra).join(AssetEvent.asset)
-                               .where(AssetModel.uri.in_(list(want)))).all()
         alias = session.scalar(select(AssetAliasModel).where(AssetAliasModel.name == "amqs_received_batches"))
         aliased = {a.uri for a in alias.assets} if alias is not None else set()
-    assert sorted(r[0] for r in rows) == sorted(want), rows
-    for got_uri, extra in rows:
-        assert extra["sha256"] == sha256_file(want[got_uri]) and extra["bytes"] == want[got_uri].stat().st_size
-    assert aliased >= set(want), aliased
+    assert aliased == {_landing(out)}, aliased
 
 
 @pytest.mark.broker
@@ -92,10 +101,9 @@ def test_a_sensor_that_takes_a_pack_reports_every_file_of_it(airflow_db: Path, p
                                                              queue_name: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-stream sensor receives a pack whole: it returns the first file, and the others
-    are in XCom ``also_received`` and have asset events, so none lands unannounced."""
+    are in XCom ``also_received`` and counted in its asset event, so none lands unannounced."""
     import json
 
-    from airflow.models.asset import AssetEvent, AssetModel
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -110,13 +118,59 @@ def test_a_sensor_that_takes_a_pack_reports_every_file_of_it(airflow_db: Path, p
     assert dr.state == "success"
     for s in srcs:
         assert sha256_file(out / s.name) == sha256_file(s)
-    want = {f"file://{socket.gethostname()}{(out / s.name).resolve()}" for s in srcs}
+    [(_, extra, _, _)] = _events(_landing(out))
+    assert extra["files"] == 3 and extra["bytes"] == sum(s.stat().st_size for s in srcs)
     with create_session() as session:
-        uris = session.scalars(select(AssetModel.uri).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
-                               .where(AssetModel.uri.in_(list(want)))).all()
         also = session.scalar(select(XComModel.value).where(XComModel.dag_id == "amqs_test_pack_sensor",
                                                             XComModel.run_id == dr.run_id,
                                                             XComModel.key == "also_received"))
-    assert sorted(uris) == sorted(want)
     also = json.loads(also) if isinstance(also, str) else also
     assert len(also) == 2 and {Path(r["path"]).name for r in also} < {s.name for s in srcs}
+
+
+@pytest.mark.broker
+def test_send_produces_the_destination_and_a_repeat_produces_nothing(airflow_db: Path, params: BrokerParams,
+                                                                     uri: str, queue_name: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send emits ``amqstream://<the connection's broker>/queue/NAME``, its receive the
+    landing directory; the same stream sent again is received as a repeat and emits nothing,
+    and the destination's asset and lineage dataset name the same thing."""
+    from airflow_provider_amqstream.operators.lineage import destination_dataset, file_dataset
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    src = make_file(tmp_path / "sales.csv", 30_000)
+    out = tmp_path / "out"
+    host, port = params.hosts[0]
+    dest = f"amqstream://{host.lower()}:{port}{queue_name}"
+    conf = {"queue": queue_name, "path": str(src), "out_dir": str(out), "stream_id": "dest-1"}
+    dr = _load(ROOT / "tests" / "dags", "amqs_test_send_receive_assets").test(run_conf=conf)
+    assert dr.state == "success"
+    assert [(u, e["stream_id"], e["sha256"], t) for u, e, _, t in _events(dest, _landing(out))] == [
+        (dest, "dest-1", sha256_file(src), "send"), (_landing(out), "dest-1", sha256_file(src), "receive")]
+
+    # Re-run: the receive finds the stream in out_dir already; a repeat of it on the queue
+    # (a sender that started over) is acknowledged and written nowhere. No landing event.
+    dr = _load(ROOT / "tests" / "dags", "amqs_test_send_receive_assets").test(run_conf=conf)
+    assert dr.state == "success"
+    send_file(params, src, queue_name, stream_id="dest-1", restart=True)
+    dr = _load(ROOT / "tests" / "dags", "amqs_test_receive_once").test(run_conf={"queue": queue_name,
+                                                                            "out_dir": str(out)})
+    assert dr.state == "success"
+    assert [f["status"] for f in dr.get_task_instance("receive").xcom_pull(task_ids="receive")["files"]] == [
+        "duplicate"]
+    assert [u for u, *_ in _events(dest, _landing(out))] == [dest, _landing(out), dest]  # the re-run's send only
+
+    # The asset and the lineage dataset are one name: Airflow's conversion of each asset.
+    for asset_uri, dataset in ((dest, destination_dataset(params, queue_name, role="input")),
+                               (_landing(out), file_dataset(str(out), role="output"))):
+        ol = _to_openlineage(asset_uri)
+        assert (ol.namespace, ol.name) == (dataset.namespace, dataset.name), asset_uri
+
+
+def _to_openlineage(uri: str) -> Any:
+    """The OpenLineage dataset Airflow makes of an asset URI (its scheme's converter)."""
+    from airflow.providers.common.io.assets.file import convert_asset_to_openlineage as file_to_ol
+    from airflow.sdk import Asset
+
+    asset = Asset(uri=uri)
+    return file_to_ol(asset, None) if uri.startswith("file:") else convert_asset_to_openlineage(asset, None)
