@@ -19,6 +19,8 @@ from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
 from airflow_provider_amqstream.operators.spark import manifest_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 
+RUN_DAY = "{{ dag_run.run_after | ds }}"
+
 DOC = f"""
 ### A landing directory, every hour
 
@@ -35,7 +37,7 @@ SHA-256 of every file); one Spark application converts every file it lists.
 | `to_parquet` | one Spark application for the batch: `{PARQUET}/bulk/<run id>/` |
 | `archive` | moves what was sent to `sent/<run id>/` beside the landing directory |
 
-Each day lands in its own subdirectory (`out_dir` templated with `{{{{ ds }}}}`), so names
+Each day lands in its own subdirectory (`out_dir` templated with `{RUN_DAY}`), so names
 rarely meet; a file received under a name received before that day keeps both: the later one
 gets its stream id in its name, and the manifest says where each landed.
 
@@ -78,9 +80,10 @@ with DAG(
 
     # One receive task takes every stream of the batch over one connection and finishes when
     # the batch's manifest (path, bytes, sha256 per file) is written.
-    # A dated subdirectory per day: the asset is received/bulk, each event says which day.
+    # A dated subdirectory per day (the run's date: a run triggered by hand has no logical
+    # date, so no ``ds``); the asset is received/bulk, and each event says which day.
     receive = ReceiveStreamsOperator(
-        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk") + "/{{ ds }}",
+        task_id="receive", source=QUEUE + ".bulk", out_dir=str(RECEIVED / "bulk") + "/" + RUN_DAY,
         batch_id="{{ ti.xcom_pull(task_ids='send')['totals']['batch_id'] }}", deadline=1800)
 
     # One Spark application converts every file the manifest lists.

@@ -123,7 +123,13 @@ def test_scheduled_examples_succeed_twice_and_the_deferred_sensor_resumes_in_the
     sent = d.xcom("amqstream_bulk_landing", bulk2, "send")  # one task for the whole landing directory
     [only] = [f for f in sent["files"] if f["status"] != "already_sent"]
     assert only["name"] == "arrived-1.csv" and not sent["failed"], sent
-    assert sha256_file(d.home / "examples" / "received" / "bulk" / "arrived-1.csv") == only["sha256"]
+    # It landed in the run's dated directory; the landing asset is their parent, and its event
+    # names the day, the file count and the manifest.
+    [landed] = (d.home / "examples" / "received" / "bulk").glob("*/arrived-1.csv")
+    assert sha256_file(landed) == only["sha256"]
+    [event] = _events_of(d, f"file://{d.home / 'examples' / 'received' / 'bulk'}", "amqstream_bulk_landing", bulk2)
+    assert event["extra"]["out_dir"] == str(landed.parent) and event["extra"]["files"] == 1, event
+    assert event["extra"]["manifest"] == d.xcom("amqstream_bulk_landing", bulk2, "receive")["manifest"], event
 
     # Second site run: the consumer first, so its sensor must wait for the producer in the
     # triggerer, then the producer.
@@ -170,6 +176,48 @@ def test_one_file_example_succeeds(deployment: Deployment) -> None:
     report = d.xcom("amqstream_one_file", run_id, "check")
     assert report["rows"] == 3_000 and report["sha256"] == sha256_file(Path(conf["path"]))
     assert Path(report["parquet"], "_amqstream_summary.json").is_file()
+
+
+def _asset(d: Deployment, uri: str) -> dict[str, Any]:
+    """The asset of ``uri`` once the API lists it (the scheduler activates an asset first
+    made by an event through an alias on its next look at the assets, within a minute)."""
+    return wait_for(lambda: next((a for a in d.api("GET", "/assets", params={"uri_pattern": uri, "limit": 100})
+                                  ["assets"] if a["uri"] == uri), None), 180, f"asset {uri} in /api/v2/assets",
+                    interval=2)
+
+
+def _events_of(d: Deployment, uri: str, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The events of asset ``uri`` that a run produced, through /api/v2/assets/events."""
+    asset = _asset(d, uri)
+    return d.api("GET", "/assets/events", params={"asset_id": asset["id"], "source_dag_id": dag_id,
+                                                  "source_run_id": run_id, "limit": 100})["asset_events"]
+
+
+def test_the_examples_assets_and_their_events_through_the_api(deployment: Deployment) -> None:
+    """Example 1 as a user browses its assets: the destination the send produced
+    (``amqstream://`` + the connection's broker), the landing directory the receive produced
+    (no host, one asset however many files) and the Parquet directory Spark produced, each
+    with one event from this run."""
+    d = deployment
+    conf = {"path": str(d.home / "assets.csv"), "rows": 1_000}
+    run_id = d.trigger("amqstream_one_file", conf)
+    d.wait_run("amqstream_one_file", run_id)
+    sent = d.xcom("amqstream_one_file", run_id, "send")
+    broker = _broker_uri(d).split("@")[-1]  # 127.0.0.1:PORT
+    examples = d.home / "examples"
+    want = {f"amqstream://{broker}{QUEUE}.one": "send", f"file://{examples / 'received' / 'one'}": "receive",
+            f"file://{examples / 'parquet' / 'one'}": "to_parquet"}
+    for uri, task in want.items():
+        [event] = _events_of(d, uri, "amqstream_one_file", run_id)
+        assert event["source_task_id"] == task, event
+        if task != "to_parquet":
+            assert event["extra"]["stream_id"] == sent["stream_id"] and event["extra"]["sha256"] == sent["sha256"]
+        else:
+            assert event["extra"]["rows"] == 1_000 and event["extra"]["output"].endswith(sent["stream_id"]), event
+    # No asset of the machine's name, none per received file.
+    names = [a["uri"] for a in d.api("GET", "/assets", params={"limit": 1000})["assets"]]
+    assert not [u for u in names if u.startswith("file://") and not u.startswith("file:///")], names
+    assert not [u for u in names if u.endswith(".csv")], names
 
 
 def _event_runs_received(d: Deployment, before: set[str]) -> dict[str, list[str]]:
@@ -548,3 +596,21 @@ def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment
     text = dlg.inner_text()
     assert "Path of the CSV to send (on the worker)" in text and "Rows of the sample CSV written when" in text, text
     _shot(pg, tmp_path, "ui-trigger-params.png")
+
+
+def test_the_assets_page_shows_the_examples_assets(page: Any, deployment: Deployment, tmp_path: Path) -> None:
+    """The Assets page, as a user browses it after example 1 ran: the destination, the
+    landing directory and the Parquet directory, with their last events."""
+    d, pg = deployment, page
+    run_id = d.trigger("amqstream_one_file", {"path": str(d.home / "assets-ui.csv"), "rows": 500})
+    d.wait_run("amqstream_one_file", run_id)
+    examples = d.home / "examples"
+    uris = [f"amqstream://{_broker_uri(d).split('@')[-1]}{QUEUE}.one", f"file://{examples / 'received' / 'one'}",
+            f"file://{examples / 'parquet' / 'one'}"]
+    for uri in uris:
+        _asset(d, uri)
+    pg.goto(d.base + "/assets")
+    for uri in uris:
+        pg.get_by_text(uri, exact=True).first.wait_for()
+    _settled(pg)
+    _shot(pg, tmp_path, "ui-assets.png")

@@ -79,20 +79,22 @@ def test_bulk_landing_runs_twice_in_a_row(airflow_db: Path, example_dirs: Path) 
     dag = _load(ROOT / "dags" / "examples", "amqstream_bulk_landing")
     received = example_dirs / "received" / "bulk"
     for run in (1, 2):
-        before = set(received.glob(".amqstream/manifests/*/*.manifest.jsonl"))
+        before = set(received.glob("*/.amqstream/manifests/*/*.manifest.jsonl"))
         dr = dag.test()
         assert dr.state == "success", f"run {run}"
+        day = received / dr.run_after.strftime("%Y-%m-%d")  # the run's dated landing directory
         assert not [p for p in (example_dirs / "landing").rglob("*") if p.is_file()], "sent files stayed behind"
         run_id = dr.run_id.replace(":", "_").replace("+", "_")
         sent = example_dirs / "sent" / run_id
         rel = sorted(str(p.relative_to(sent)) for p in sent.rglob("*") if p.is_file())
         assert rel == ["eu/batch-1.csv", "us/batch-0.csv", "us/batch-2.csv"]
         # The run's manifest names where each file landed (a name taken by run 1 gets the stream id).
-        [manifest] = set(received.glob(".amqstream/manifests/*/*.manifest.jsonl")) - before
+        [manifest] = set(received.glob("*/.amqstream/manifests/*/*.manifest.jsonl")) - before
+        assert manifest.is_relative_to(day), manifest
         rows = [json.loads(line) for line in manifest.read_text().splitlines()]
         assert len(rows) == 3
         for row in rows:
-            assert sha256_file(received / row["path"]) == row["sha256"]
+            assert sha256_file(day / row["path"]) == row["sha256"]
         assert sorted(sha256_file(sent / r) for r in rel) == sorted(r["sha256"] for r in rows)
         batch = json.loads((example_dirs / "parquet" / "bulk" / run_id / "_amqstream_batch_summary.json").read_text())
         assert batch["files"] == 3 and batch["rows"] == 15_000

@@ -172,3 +172,35 @@ def test_the_spark_hand_off_produces_its_parquet_directory(tmp_path: Path) -> No
                                                             "source_sha256": "abc"}))
     assert parquet_extra(str(ds)) == {"output": str(ds.resolve()), "rows": 3, "columns": 2, "parquet_bytes": 9,
                                       "source_sha256": "abc"}
+
+
+def test_every_example_declares_its_assets() -> None:
+    """Each example's sends produce their destination, its receives consume it and produce
+    their landing directory, its Spark tasks produce their Parquet directory; mapped tasks
+    (built only when they run) declare theirs too, so the DAG shows them."""
+    import example_support
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.helpers import ROOT
+
+    bag = DagBag(dag_folder=ROOT / "dags" / "examples")
+    assert bag.import_errors == {}
+    seen: dict[str, tuple[list[str], list[str]]] = {}
+    for dag_id, dag in bag.dags.items():
+        for task in dag.tasks:
+            kwargs = getattr(task, "partial_kwargs", None) or {}
+            ins = kwargs.get("inlets") or getattr(task, "inlets", [])
+            outs = kwargs.get("outlets") or getattr(task, "outlets", [])
+            seen[f"{dag_id}.{task.task_id}"] = ([getattr(i, "name", "") for i in ins],
+                                              [getattr(o, "uri", None) or getattr(o, "name", "") for o in outs])
+    queue, received, parquet = example_support.QUEUE, example_support.RECEIVED, example_support.PARQUET
+    for dag_id, suffix in (("amqstream_one_file", ".one"), ("amqstream_bulk_landing", ".bulk"),
+                           ("amqstream_site_a_producer", ".sites")):
+        assert seen[f"{dag_id}.send"][1] == [f"amqstream:amqstream_default:{queue}{suffix}"], dag_id
+    for dag_id, suffix, landing in (("amqstream_one_file", ".one", "one"), ("amqstream_bulk_landing", ".bulk", "bulk"),
+                                    ("amqstream_site_b_consumer", ".sites", "site-b"),
+                                    ("amqstream_event_driven", ".events", "events")):
+        ins, outs = seen[f"{dag_id}.receive"]
+        assert ins == [f"amqstream:amqstream_default:{queue}{suffix}"], dag_id
+        assert outs == [f"amqstream:landing:{received / landing}"], dag_id
+        assert seen[f"{dag_id}.to_parquet"][1] == [f"file://{(parquet / landing).resolve()}"], dag_id
