@@ -95,20 +95,20 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         self.outlets = with_alias(self.outlets, alias)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        result = self._execute_one(context) if names_one_file(self.path) else self._execute_many(context)
+        hook = AmqStreamHook(self.amqstream_conn_id)
+        result = self._execute_one(context, hook) if names_one_file(self.path) else self._execute_many(context, hook)
         extra = sent_extra(result)
         if extra is not None:
-            host, port = AmqStreamHook(self.amqstream_conn_id).broker_params().hosts[0]
+            host, port = hook.broker_params().hosts[0]
             emit_destination(context, self.destination_alias, self.destination, extra, self.log, host=host, port=port)
         return result
 
-    def _execute_one(self, context: Any) -> dict[str, Any]:
+    def _execute_one(self, context: Any, hook: AmqStreamHook) -> dict[str, Any]:
         src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
         AmqStreamHook.check_destination(self.destination)
         stream_id = self.stream_id or AmqStreamHook.default_stream_id(src, self.destination)
-        hook = AmqStreamHook(self.amqstream_conn_id)
         result = hook.send_file(
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
             window=self.window, mode=self.mode, reconnect_timeout=self.reconnect_timeout,
@@ -124,12 +124,11 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         metrics.emit("stream_sent", self._amqstream_result, destination=self.destination)
         return self._amqstream_result
 
-    def _execute_many(self, context: Any) -> dict[str, Any]:
+    def _execute_many(self, context: Any, hook: AmqStreamHook) -> dict[str, Any]:
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
         paths = [self.path] if isinstance(self.path, str) else list(self.path)
         files = AmqStreamHook.collect_files(paths, recursive=self.recursive)
-        hook = AmqStreamHook(self.amqstream_conn_id)
         params = hook.broker_params()
         ti = context.get("ti")
         batch_id = task_batch_id(ti, self.task_id)
