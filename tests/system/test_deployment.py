@@ -193,6 +193,17 @@ def _events_of(d: Deployment, uri: str, dag_id: str, run_id: str) -> list[dict[s
                                                   "source_run_id": run_id, "limit": 100})["asset_events"]
 
 
+def _received(d: Deployment, run_id: str) -> None:
+    """Wait until example 1's run ``run_id`` has sent and received its file (its Spark task
+    may still run: it takes minutes on a loaded machine)."""
+    def state() -> str | None:
+        s = d.ti("amqstream_one_file", run_id, "receive")["state"]
+        assert s not in ("failed", "upstream_failed"), d.describe("amqstream_one_file", run_id)
+        return s if s == "success" else None
+
+    wait_for(state, 600, f"example 1's run {run_id} to receive its file", interval=2)
+
+
 def test_the_examples_assets_and_their_events_through_the_api(deployment: Deployment) -> None:
     """Example 1 as a user browses its assets: the destination the send produced
     (``amqstream://`` + the connection's broker), the landing directory the receive produced
@@ -201,13 +212,15 @@ def test_the_examples_assets_and_their_events_through_the_api(deployment: Deploy
     d = deployment
     conf = {"path": str(d.home / "assets.csv"), "rows": 1_000}
     run_id = d.trigger("amqstream_one_file", conf)
-    d.wait_run("amqstream_one_file", run_id)
+    _received(d, run_id)
     sent = d.xcom("amqstream_one_file", run_id, "send")
     broker = _broker_uri(d).split("@")[-1]  # 127.0.0.1:PORT
     examples = d.home / "examples"
     want = {f"amqstream://{broker}{QUEUE}.one": "send", f"file://{examples / 'received' / 'one'}": "receive",
             f"file://{examples / 'parquet' / 'one'}": "to_parquet"}
     for uri, task in want.items():
+        if task == "to_parquet":
+            d.wait_run("amqstream_one_file", run_id, timeout=900)
         [event] = _events_of(d, uri, "amqstream_one_file", run_id)
         assert event["source_task_id"] == task, event
         if task != "to_parquet":
@@ -603,7 +616,7 @@ def test_the_assets_page_shows_the_examples_assets(page: Any, deployment: Deploy
     landing directory and the Parquet directory, with their last events."""
     d, pg = deployment, page
     run_id = d.trigger("amqstream_one_file", {"path": str(d.home / "assets-ui.csv"), "rows": 500})
-    d.wait_run("amqstream_one_file", run_id)
+    _received(d, run_id)  # the Parquet asset is declared in the DAG: listed before Spark runs
     examples = d.home / "examples"
     uris = [f"amqstream://{_broker_uri(d).split('@')[-1]}{QUEUE}.one", f"file://{examples / 'received' / 'one'}",
             f"file://{examples / 'parquet' / 'one'}"]
