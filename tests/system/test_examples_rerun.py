@@ -100,7 +100,7 @@ def test_bulk_landing_runs_twice_in_a_row(airflow_db: Path, example_dirs: Path) 
         assert batch["files"] == 3 and batch["rows"] == 15_000
     kept = [p.name for p in received.rglob("*.csv") if ".amqstream" not in p.parts]
     assert len(kept) == 6 and sum(n.startswith("batch-0") for n in kept) == 2, kept  # none overwritten
-    assert len(list(received.glob(".amqstream/manifests/*/*.manifest.jsonl"))) == 2
+    assert len(list(received.glob("*/.amqstream/manifests/*/*.manifest.jsonl"))) == 2
 
 
 @pytest.mark.spark
