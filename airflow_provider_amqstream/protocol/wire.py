@@ -580,3 +580,21 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
     else:
         out.pop(H_FIRST_SENDER, None)
     return out
+
+
+def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str, by: str, at: str) -> dict[str, str]:
+    """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
+    headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
+    which host and when.
+
+    :param headers: the message as received.
+    :param reason: why it can never succeed (cut to 2,000 characters).
+    :param source: the destination it was taken from.
+    :param by: the host that filed it.
+    :param at: when, as an ISO 8601 time.
+    """
+    out = {k: str(v)[:1024] for k, v in headers.items()
+           if k.startswith("amqs_") and not k.startswith("amqs_quarantine")}
+    out.update({H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source, H_QUARANTINED_BY: by,
+                H_QUARANTINED_AT: at})
+    return out

@@ -532,19 +532,8 @@ class ReceiveSession:
     def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0, moved: int = 0) -> StreamQuarantined:
         """File the offer away with the reason, acknowledge the original, report."""
         qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
-        headers = {
-            k: str(v)[:1024]
-            for k, v in offer.headers.items()
-            if k.startswith("amqs_") and not k.startswith("amqs_quarantine")
-        }
-        headers.update(
-            {
-                p.H_QUARANTINE_REASON: reason[:2000],
-                p.H_QUARANTINED_FROM: str(self.dest),
-                p.H_QUARANTINED_BY: socket.gethostname(),
-                p.H_QUARANTINED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
-        )
+        headers = p.quarantined_headers(offer.headers, reason=reason, source=str(self.dest), by=socket.gethostname(),
+                                        at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         self.link.send_confirmed(qdest, b"", headers)
         inline.settle(self.link, offer)
         failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved)
