@@ -133,7 +133,7 @@ def test_four_producers_two_consumers_one_stream_at_a_time(uri: str, tmp_path: P
     out = tmp_path / "out"
     events = tmp_path / "events.jsonl"
     receivers = [cli("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--follow",
-                     "--wait", "8", "--window", "4", "--json", "--events", str(events), "-q") for _ in range(2)]
+                     "--wait", "20", "--window", "4", "--json", "--events", str(events), "-q") for _ in range(2)]
     senders = [cli("send", *[], str(files[i]), "--to", queue_name, "--conn", uri, "--chunk-size", "65536",
                    "--json", "-q") for i in range(4)]
     for s in senders:
