@@ -209,7 +209,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
                    f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
     if tls_port:
         tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
-                   '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
+                   '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=34603008'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
     xml = template.safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),

@@ -114,8 +114,9 @@ DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_WINDOW = 16
 # Receiver batch: half the broker's page size (maxPageSize=16 in the shipped config).
 DEFAULT_RECEIVE_BATCH = 8
-# ActiveMQ's STOMP connector refuses frames over maxDataLength (64 MiB in our config);
-# stay well below it so headers and a TLS record never push a chunk over.
+# ActiveMQ's STOMP connector refuses frames over maxDataLength (33 MiB in our config: the
+# largest chunk and its headers, and no more, since a receiver may be handed several
+# frames of that size before it can refuse any).
 MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255

@@ -157,6 +157,12 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
     return fd
 
 
+# Chunk bytes a receiver acknowledges together, at most (at least one chunk): the broker's
+# prefetch of a stream's data is twice this (docs/protocol.md, "What a sender can make a
+# receiver do"). Eight default chunks of 1 MiB, the default window, fit.
+RECEIVE_WINDOW_BYTES = 8 * 1024 * 1024
+
+
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
@@ -171,7 +177,11 @@ class StreamReceiver:
         # Handshake mode: where to tell the sender our position, and how often. The sender
         # stops a window ahead of us, so acknowledge every half window to keep it busy.
         self.reply_to = handshake[0] if handshake else None
-        self.batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
+        batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
+        # The broker hands over twice this many chunks before any acknowledgement, each as
+        # large as the sender declared: bound it in bytes too, or a sender's 32 MiB chunks
+        # would make a receiver hold half a gigabyte.
+        self.batch = max(1, min(batch, RECEIVE_WINDOW_BYTES // spec.chunk_size))
         self.consumer = consumer_name(out)
         self.token = receiver_token(sdir, spec.stream_id) if handshake else ""
         self.rejected = 0
