@@ -88,8 +88,10 @@ def send_file(  # noqa: PLR0913
         receivers after the first answered.
     :param ack_timeout: handshake mode: seconds without any word from a receiver that is
         still short of the end before giving up.
-    :param compression: ``"zstd"`` to compress each chunk that shrinks by 5 % or more
-        (CSV, JSON: ~3.5x at ~280 MiB/s per core); None sends every chunk as it is.
+    :param compression: ``"auto"`` compresses chunks that shrink by a quarter or more (CSV,
+        JSON: ~3.5x) and stops trying on data that does not; ``"zstd"`` compresses each chunk
+        that shrinks by 5 % or more; ``"none"`` sends every chunk as it is. None: the
+        connection's (``auto`` unless its extra says otherwise).
     :param subdir: the relative directory (``a/b``) under the receiver's output directory
         the file goes to (offer header ``amqs_dir``); "" for the directory itself.
     :param link: an open connection to send over (``send_files`` shares one across files);

@@ -12,22 +12,29 @@ def _schemas() -> dict[str, dict[str, Any]]:
     return {name: f["schema"] for name, f in CONN_FIELDS.items()}
 
 
-def test_compression_none_is_saved_as_no_string() -> None:
+def test_compression_none_is_saved_as_no_string_and_auto_is_the_default() -> None:
     # The form saved "compression": "none", a 4-character string that
     # Airflow's masker warned about as a secret too short to mask, on every lookup.
     sch = _schemas()["compression"]
-    assert "default" not in sch or sch["default"] is None
-    assert sch["enum"] == [None, "zstd"] and "none" not in sch["enum"]
-    assert sch["values_display"] == {"null": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}
+    assert sch["default"] == "auto"
+    assert sch["enum"] == ["auto", None, "zstd"] and "none" not in sch["enum"]
+    assert set(sch["values_display"]) == {"auto", "null", "zstd"}
+    assert sch["values_display"]["null"].startswith("none")
     from airflow.sdk.definitions.param import Param
 
-    for value in (None, "zstd"):
-        Param(value, **sch).resolve(suppress_exception=False)
-    # Each value means what it says, and so does a connection saved before ("none") or without the key.
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": None}).compression is None
-    assert BrokerParams.from_parts("h", None, None, None, {}).compression is None
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": "none"}).compression is None
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": "zstd"}).compression == "zstd"
+    rest = {k: v for k, v in sch.items() if k != "default"}
+    for value in ("auto", None, "zstd"):
+        Param(value, **rest).resolve(suppress_exception=False)
+    # Each value means what it says; a null is what the form saved for "none" before auto
+    # existed, so it stays none; a connection without the key gets the new default.
+    def parsed(extra: dict[str, Any]) -> str | None:
+        return BrokerParams.from_parts("h", None, None, None, extra).compression
+
+    assert parsed({"compression": None}) is None
+    assert parsed({"compression": "none"}) is None and parsed({"compression": "None"}) is None
+    assert parsed({}) == "auto" and parsed({"compression": ""}) == "auto"
+    assert parsed({"compression": "auto"}) == "auto"
+    assert parsed({"compression": "zstd"}) == "zstd"
 
 
 def test_timeouts_have_fields_that_reach_the_transport() -> None:
