@@ -325,8 +325,9 @@ class ChunkCodec:
 
     def __init__(self, encoding: str | None) -> None:
         setting = normalise_compression(encoding)
-        # The setting, as given to send_file again (bulk sends pass it on per file).
-        self.encoding = setting
+        # The setting, as passed on to send_file (a bulk send does, per large file): "none",
+        # not None, which would mean "the connection's" there.
+        self.encoding = setting or "none"
         self._auto = setting == "auto"
         self._c = self._d = None
         self._skip = self._backoff = 0

@@ -324,6 +324,8 @@ def test_compression_settings_are_checked() -> None:
     assert p.ChunkCodec("none").encode(b"a" * 4096) == (b"a" * 4096, None)
     assert p.ChunkCodec(None).encode(b"a" * 4096) == (b"a" * 4096, None)
     assert p.ChunkCodec("AUTO").encoding == "auto"
+    # What a bulk send passes on to each large file's send_file: None there means the connection's.
+    assert p.ChunkCodec("none").encoding == p.ChunkCodec(None).encoding == "none"
     with pytest.raises(p.ProtocolError, match="lz9.*auto, zstd, none"):
         p.ChunkCodec("lz9")
 
