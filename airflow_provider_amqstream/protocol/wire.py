@@ -271,8 +271,17 @@ class StreamSpec:
         return min((seq - 1) * self.chunk_size, self.size)
 
 
+try:
+    # The same CRC-32 as zlib's (the wire's amqs_crc), from ISA-L: ~9 GB/s against zlib's ~2 on
+    # this project's machines, which is ~0.4 CPU-s less per GiB on each end.
+    from isal.isal_zlib import crc32 as _crc32  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # isal is a dependency; a platform without its wheel still works, slower
+    _crc32 = zlib.crc32
+
+
 def crc32(body: bytes | memoryview) -> int:
-    return zlib.crc32(body) & 0xFFFFFFFF
+    """The CRC-32 (zlib's polynomial) of a chunk's wire body."""
+    return int(_crc32(body)) & 0xFFFFFFFF
 
 
 ENCODINGS = ("zstd",)

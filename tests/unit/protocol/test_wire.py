@@ -320,6 +320,14 @@ def test_auto_compresses_what_shrinks_and_stops_trying_on_what_does_not() -> Non
     assert sum(encoded[128:]) >= 64 - p._AUTO_MAX_SKIP // 2 and encoded[-1]
 
 
+def test_crc32_is_zlibs_whichever_library_computes_it() -> None:
+    import zlib
+
+    body = random.Random(9).randbytes(100_003)
+    assert p.crc32(body) == zlib.crc32(body) == p.crc32(memoryview(body))
+    assert p.crc32(b"") == 0
+
+
 def test_compression_settings_are_checked() -> None:
     assert p.ChunkCodec("none").encode(b"a" * 4096) == (b"a" * 4096, None)
     assert p.ChunkCodec(None).encode(b"a" * 4096) == (b"a" * 4096, None)
