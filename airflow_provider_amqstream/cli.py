@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")
     s.add_argument("--compress", choices=["auto", "zstd", "none"],
                    help="auto (the default, or the connection's compression extra): compress chunks that "
-                        "shrink by a quarter (CSV, JSON) and stop trying on data that does not; zstd: try "
+                        "shrink to half or less (CSV, JSON) and stop trying on data that does not; zstd: try "
                         "every chunk; none: send chunks as they are")
     common(s)
     s.set_defaults(func=cmd_send)

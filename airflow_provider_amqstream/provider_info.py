@@ -40,7 +40,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "compression": {
         "label": "Compression",
         "description": "Per-chunk compression for streams sent through this connection: auto compresses chunks "
-                       "that shrink by a quarter or more (CSV, JSON, logs) and stops trying on data that does "
+                       "that shrink to half or less (CSV, JSON, logs) and stops trying on data that does "
                        "not; zstd tries every chunk; none sends every chunk as is. Receivers need no setting.",
         # None is the choice "none": the form saved no string for it before "auto" existed
         # (Airflow's masker warns about every string extra shorter than 5 characters as a

@@ -57,7 +57,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     :param window: chunks per broker confirmation; default from the connection, else 16.
     :param mode: ``stream`` (receivers start at once) or ``atomic`` (receivers see the
         stream only after every chunk is stored in the broker).
-    :param compression: ``"auto"`` compresses chunks that shrink by a quarter (CSV, JSON) and
+    :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV, JSON) and
         stops trying on data that does not; ``"zstd"`` tries every chunk; ``"none"`` sends chunks
         as they are. Default the connection's ``compression`` extra, else ``"auto"``.
     :param reconnect_timeout: seconds to keep trying to reach a lost broker, or one that is not up

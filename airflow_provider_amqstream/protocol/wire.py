@@ -291,11 +291,11 @@ COMPRESSION_SETTINGS = ("auto", *ENCODINGS, "none")
 DEFAULT_COMPRESSION = "auto"
 # Below this saving a chunk goes raw: decompressing it would cost more than it saves.
 _MIN_SAVING = 0.95
-# "auto" keeps a chunk compressed only if it shrank to this fraction or less. On two cores
-# zstd level 1 costs the sender ~5 CPU-s/GiB and the receiver ~2, and every byte not sent
-# saves the broker ~9 (docs/decisions/broker-tuning.md): a chunk must lose about a quarter
-# before the whole path gains.
-_AUTO_SAVING = 0.75
+# "auto" keeps a chunk compressed only if it shrank to half or less. zstd level 1 costs the
+# sender ~5 CPU-s/GiB on this project's 2-core machines and the receiver ~2, and each byte not
+# sent saves the broker ~9 CPU-s/GiB (docs/decisions/broker-tuning.md): below 2x the whole path
+# would spend more CPU than it saves (on one machine) for a smaller gain in the broker.
+_AUTO_SAVING = 0.5
 # "auto" after a chunk that did not shrink: sends the next 1, 2, 4 ... chunks raw without
 # trying, at most this many, so incompressible data costs one failed attempt per 64 chunks
 # (zstd gives up on random bytes at ~2 GB/s) and a file whose compressible part comes later
@@ -325,7 +325,7 @@ class ChunkCodec:
     """Optional per-chunk compression (zstd level 1) on the sending side.
 
     ``"zstd"`` tries every chunk and sends raw any that does not shrink by 5 %. ``"auto"``
-    keeps a chunk compressed only if it shrank to 3/4 or less, and after one that did not,
+    keeps a chunk compressed only if it shrank to half or less, and after one that did not,
     skips trying for a growing number of chunks (1, 2, 4 ... 64): CSV or JSON is compressed
     from its first chunk, random or already compressed data costs one failed attempt per 64
     chunks. Either way each chunk says on the wire whether it is compressed (``amqs_enc``),

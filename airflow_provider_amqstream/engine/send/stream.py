@@ -88,7 +88,7 @@ def send_file(  # noqa: PLR0913
         receivers after the first answered.
     :param ack_timeout: handshake mode: seconds without any word from a receiver that is
         still short of the end before giving up.
-    :param compression: ``"auto"`` compresses chunks that shrink by a quarter or more (CSV,
+    :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV,
         JSON: ~3.5x) and stops trying on data that does not; ``"zstd"`` compresses each chunk
         that shrinks by 5 % or more; ``"none"`` sends every chunk as it is. None: the
         connection's (``auto`` unless its extra says otherwise).

@@ -328,6 +328,14 @@ def test_crc32_is_zlibs_whichever_library_computes_it() -> None:
     assert p.crc32(b"") == 0
 
 
+def test_auto_sends_raw_what_shrinks_too_little_to_pay() -> None:
+    # ~1.6x: worth it to "zstd" (5 % saved), not to "auto" (half saved).
+    body = random.Random(11).randbytes(6000) + bytes(4000)
+    wire, enc = p.ChunkCodec("zstd").encode(body)
+    assert enc == "zstd" and len(body) * 0.5 < len(wire) < len(body) * 0.95
+    assert p.ChunkCodec("auto").encode(body) == (body, None)
+
+
 def test_compression_settings_are_checked() -> None:
     assert p.ChunkCodec("none").encode(b"a" * 4096) == (b"a" * 4096, None)
     assert p.ChunkCodec(None).encode(b"a" * 4096) == (b"a" * 4096, None)
