@@ -42,13 +42,13 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "description": "Per-chunk compression for streams sent through this connection: auto compresses chunks "
                        "that shrink to half or less (CSV, JSON, logs) and stops trying on data that does "
                        "not; zstd tries every chunk; none sends every chunk as is. Receivers need no setting.",
-        # None is the choice "none": the form saved no string for it before "auto" existed
-        # (Airflow's masker warns about every string extra shorter than 5 characters as a
-        # secret too short to mask), so a null keeps meaning none; a connection without the
-        # key gets auto. values_display names each, or the form would offer a literal "null".
-        "schema": {"type": ["string", "null"], "enum": ["auto", None, "zstd"], "default": "auto",
-                   "values_display": {"auto": "auto (compress chunks that shrink: CSV, JSON, logs)",
-                                      "null": "none (send chunks as they are)",
+        # None is the choice "none": the form saves no string for it (Airflow's masker warns
+        # about every string extra shorter than 5 characters as a secret too short to mask),
+        # and a connection without the key means the same. values_display names each, or the
+        # form would offer a literal "null".
+        "schema": {"type": ["string", "null"], "enum": [None, "auto", "zstd"],
+                   "values_display": {"null": "none (send chunks as they are)",
+                                      "auto": "auto (compress chunks that shrink: CSV, JSON, logs)",
                                       "zstd": "zstd (try every chunk)"}},
     },
     "window": _field("Window (chunks)", "Chunks a sender sends per broker confirmation (handshake mode: "

@@ -59,7 +59,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         stream only after every chunk is stored in the broker).
     :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV, JSON) and
         stops trying on data that does not; ``"zstd"`` tries every chunk; ``"none"`` sends chunks
-        as they are. Default the connection's ``compression`` extra, else ``"auto"``.
+        as they are. Default the connection's ``compression`` extra, else none.
     :param reconnect_timeout: seconds to keep trying to reach a lost broker, or one that is not up
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.

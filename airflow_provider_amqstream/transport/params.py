@@ -82,7 +82,7 @@ class BrokerParams:
     chunk_size: int | None = None
     window: int | None = None
     # "auto" (compress chunks that shrink), "zstd" (try every chunk), or None (none).
-    compression: str | None = DEFAULT_COMPRESSION
+    compression: str | None = normalise_compression(DEFAULT_COMPRESSION)
     network: bool = False
     # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
     backend: str = "stomp"
@@ -162,15 +162,15 @@ class BrokerParams:
 
 
 def _compression(extra: Mapping[str, Any], at: str) -> str | None:
-    """The extra's ``compression``: ``auto`` when the key is absent or empty; ``none`` or a
-    null value is none. The connection form saved its choice "none" as null before ``auto``
-    existed (and still does), so a null must keep meaning none.
+    """The extra's ``compression``: the default (:data:`DEFAULT_COMPRESSION`) when the key is
+    absent or empty; ``none`` or a null value is none (the connection form saves its choice
+    "none" as null).
 
     :param extra: the connection's extra.
     :param at: names the connection in the error.
     """
     if "compression" not in extra or extra["compression"] == "":
-        return DEFAULT_COMPRESSION
+        return normalise_compression(DEFAULT_COMPRESSION)
     value = extra["compression"]
     try:
         return normalise_compression(None if value is None else str(value))

@@ -91,7 +91,7 @@ def send_file(  # noqa: PLR0913
     :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV,
         JSON: ~3.5x) and stops trying on data that does not; ``"zstd"`` compresses each chunk
         that shrinks by 5 % or more; ``"none"`` sends every chunk as it is. None: the
-        connection's (``auto`` unless its extra says otherwise).
+        connection's (none unless its extra says otherwise).
     :param subdir: the relative directory (``a/b``) under the receiver's output directory
         the file goes to (offer header ``amqs_dir``); "" for the directory itself.
     :param link: an open connection to send over (``send_files`` shares one across files);
