@@ -228,7 +228,7 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
     return rows
 
 
-COLS = [("ours", "amqstream e2e (default: compression auto)"), ("ours_env", "amqstream e2e, installed, $AIRFLOW_CONN"),
+COLS = [("ours", "amqstream e2e"), ("ours_env", "amqstream e2e, installed, $AIRFLOW_CONN"),
         ("ours_zstd", "amqstream e2e zstd"), ("send_only", "send only"),
         ("recv_only", "receive only"), ("raw_stomp", "raw stomp.py"), ("paramiko", "paramiko SFTP"),
         ("sftp", "OpenSSH sftp"), ("scp", "scp"), ("dd", "dd fsync")]
