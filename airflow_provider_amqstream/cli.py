@@ -365,7 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=MODES, default=MODES[0],
                    help="stream: receivers start at once; atomic: only after every chunk is stored")
     s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")
-    s.add_argument("--compress", choices=["zstd"], help="compress chunks that shrink (CSV, JSON)")
+    s.add_argument("--compress", choices=["auto", "zstd", "none"],
+                   help="auto: compress chunks that shrink to half or less (CSV, JSON) and stop trying on "
+                        "data that does not; zstd: try every chunk; none: send chunks as they are (default: "
+                        "the connection's compression extra, else none)")
     common(s)
     s.set_defaults(func=cmd_send)
 

@@ -47,13 +47,15 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 # What the Airflow layers (operators, sensors, triggers) use, all from here: they import
 # the hook and nothing below it (import-linter holds them to it).
 __all__ = [
-    "DEFAULT_RECEIVE_BATCH", "ENCODINGS", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
+    "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "ENCODINGS",
+    "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
     "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
     "StreamFailure",
     "TransferResult", "checkpoint_name", "default_state_dir",
 ]
 DEFAULT_RECEIVE_BATCH = p.DEFAULT_RECEIVE_BATCH
 ENCODINGS = p.ENCODINGS
+COMPRESSION_SETTINGS = p.COMPRESSION_SETTINGS
 MAX_CHUNK_SIZE = p.MAX_CHUNK_SIZE
 MODES = tuple(m.value for m in p.Mode)
 
