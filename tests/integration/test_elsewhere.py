@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.cli_streams import render_report
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.engine.inventory import show_stream
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.exceptions import StreamElsewhere
@@ -104,6 +106,9 @@ def test_a_retry_elsewhere_leaves_the_chunks_and_the_first_worker_finishes(acl_b
     assert f"--out-dir {worker1.resolve()} --stream-id {sid}" in text and "--restart" in text, text
     assert not _dead_letters(acl_broker, sid)
     assert not (worker2 / ".amqstream" / f"{sid}.part").exists()
+    # `amqstream streams show` tells where the data is, with no access to that directory.
+    report = render_report(show_stream(_as(acl_broker, None), Q, sid))
+    assert f"partial data held by a receiver on host {socket.gethostname()} in {worker1.resolve()}" in report, report
 
     got = receive_stream(_as(acl_broker, "consumer"), Q, worker1, stream_id=sid, options=ReceiveOptions(**OPTS))
     assert got is not None and got.sha256 == sha == sha256_file(src) and got.resumed_from >= 8 * CHUNK
