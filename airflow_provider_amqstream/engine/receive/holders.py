@@ -165,9 +165,10 @@ def unknown_report(what: str, dest: p.Destination, stream_id: str, missing: str,
     """Why a receiver that began a stream without its first chunks keeps what it got: no
     note says who took them (a receiver older than these notes, or their note was removed)."""
     return (
-        f"{what}: {missing} never came: another receiver took them before this one started, and no receiver "
-        f"noted holding them (on {dest.held_queue(stream_id)}), so where they are cannot be known here (look for "
-        f"{stream_id}.part in the .amqstream directory of the output directories your receivers used). This "
+        f"{what}: {missing} never came: another receiver most likely took them before this one started (one "
+        f"killed after acknowledging them, on a disk this one cannot see), and no receiver noted holding them (on "
+        f"{dest.held_queue(stream_id)}), so where they are cannot be known here (look for {stream_id}.part in the "
+        f".amqstream directory of the output directories your receivers used). This "
         f"directory keeps {kept}; the stream yields its place. To finish it here, the sender sends the file again: "
         f"`amqstream send PATH --to {dest} --stream-id {stream_id} --restart`; a receiver on this directory then "
         "takes only what is missing. Nothing was dead-lettered.")

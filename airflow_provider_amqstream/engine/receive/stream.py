@@ -433,7 +433,7 @@ class StreamReceiver:
         if others:
             return StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others,
                                                             missing=missing, kept=kept))
-        if state.next_seq == 1 and state.ahead:
+        if self.notes and state.next_seq == 1 and state.ahead:
             return StreamElsewhere(holders.unknown_report(self.what, self.dest, spec.stream_id, missing, kept))
         return Poisoned(f"end marker arrived but {missing} never did (consumed by another client or moved to a "
                         "DLQ); the stream cannot be completed", self.offset)
