@@ -169,3 +169,16 @@ def test_a_stream_within_one_window_leaves_no_note(broker: MemoryBroker, tmp_pat
     got = receive_stream(broker.params("rx"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, progress=progress))
     assert got is not None and Path(got.path or "").read_bytes() == data
     assert seen and set(seen) == {0}
+
+
+def test_a_directory_that_kept_nothing_withdraws_its_note(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A stream offered and never sent: the receiver noted it, then yielded with no chunk on
+    disk; a note left behind would send every later receiver elsewhere for nothing."""
+    spec = p.StreamSpec("silent-1", "silent.bin", CHUNKS * CHUNK, CHUNK)
+    _send(broker, spec, b"", range(0), offer=True, end=False)
+    failures: list[StreamFailure] = []
+    got = receive_streams(broker.params("rx"), Q, tmp_path / "in", on_failure=failures.append,
+                          options=ReceiveOptions(**FAST))
+    assert got == [] and [f.status for f in failures] == ["stalled"], failures
+    assert not (tmp_path / "in" / ".amqstream" / "silent-1.part").exists()
+    assert broker.messages(DEST.held_queue("silent-1")) == []
