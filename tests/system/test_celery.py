@@ -78,7 +78,7 @@ def _workloads_done(d: Deployment) -> int:
                for log in (d.home / "logs").glob("worker*.log"))
 
 
-def test_the_banner_names_redis_and_both_workers(deployment: Deployment) -> None:
+def test_the_banner_names_redis_and_the_workers(deployment: Deployment) -> None:
     d = deployment
     text = d.text()
     assert "executor    CeleryExecutor: Redis on 127.0.0.1:" in text and "workers worker1 worker2 worker3" in text, text
