@@ -94,6 +94,10 @@ def test_the_banner_names_redis_and_the_workers(deployment: Deployment) -> None:
             except OSError:
                 continue
     assert set(_sessions(d).values()) >= {"redis", "worker1", "worker2", "worker3", "scheduler", "api-server"}
+    # Every TCP listener of the deployment (Redis's, the workers' if any) is on loopback.
+    seen = d.listening()
+    assert int(settings["port"]) in {port for _, port, _, _ in seen}, seen
+    assert all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for address, *_ in seen), seen
 
 
 def test_one_file_example_runs_on_the_celery_workers(deployment: Deployment) -> None:
