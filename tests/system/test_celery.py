@@ -110,8 +110,10 @@ def test_one_file_example_runs_on_the_celery_workers(deployment: Deployment) -> 
     assert report["rows"] == 3_000 and report["sha256"] == sha256_file(Path(conf["path"]))
     tasks = d.task_instances("amqstream_one_file", run_id)
     assert all(t["queue"] == "default" for t in tasks), tasks
-    # Every task of the run was a Celery workload on one of the two workers.
-    assert _workloads_done(d) - before >= len(tasks), (before, _workloads_done(d), tasks)
+    # Every task of the run was a Celery workload on one of the workers (a worker logs the
+    # workload's end just after the task reported its state to the API).
+    wait_for(lambda: _workloads_done(d) - before >= len(tasks), 60,
+             f"the workers to log {len(tasks)} finished workloads", interval=0.5)
 
 
 def _durable(out_dir: Path, sid: str) -> int:
