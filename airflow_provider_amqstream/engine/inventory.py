@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed, QueueSession
+from airflow_provider_amqstream.engine.receive.holders import Holder
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
 from airflow_provider_amqstream.exceptions import LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -631,12 +632,15 @@ class StreamReport:
     received: list[dict[str, Any]] = field(default_factory=list)
     in_batches: list[dict[str, Any]] = field(default_factory=list)
     queues: list[QueueProbe] = field(default_factory=list)
+    # Receivers' notes of where they hold its partial data (host, out_dir, part, since):
+    # directories on other machines that --out-dir cannot reach (engine/receive/holders.py).
+    held: list[dict[str, Any]] = field(default_factory=list)
     truncated: dict[str, bool] = field(default_factory=dict)
     denied: dict[str, str] = field(default_factory=dict)
 
     @property
     def found(self) -> bool:
-        return bool(self.offered or self.parked or self.quarantined or self.in_progress or self.received
+        return bool(self.offered or self.parked or self.quarantined or self.in_progress or self.received or self.held
                     or any(q.end_marker for q in self.queues))
 
     def to_json(self) -> dict[str, Any]:
@@ -678,6 +682,10 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     with QueueSession(params, browse_limit=browse_limit) as qs:
         rep.queues = [_probe(qs, q) for q in (dest.data_queue(sid), dlq_data_queue(dest, sid),
                                               staging_queue(dest, sid))]
+        notes = qs.browse(dest.held_queue(sid))
+        if notes.denied:
+            rep.denied[dest.held_queue(sid)] = notes.denied
+        rep.held = [asdict(h) for f in notes.frames if (h := Holder.from_headers(f.headers)) is not None]
     for out_dir in out_dirs:
         sdir = Path(out_dir) / STATE_DIR_NAME
         try:

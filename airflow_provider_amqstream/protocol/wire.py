@@ -100,6 +100,13 @@ H_NOT_BEFORE = "amqs_not_before"
 H_YIELDS = "amqs_yields"
 H_YIELD_REASON = "amqs_yield_reason"
 H_FIRST_SENDER = "amqs_first_sender"
+# Where a stream's partial data is: a note a receiver leaves on Destination.held_queue
+# before it takes any chunk, naming its host, output directory and partial file, so a
+# receiver elsewhere (a retry on another worker) can say where the first bytes went.
+H_HELD_HOST = "amqs_held_host"
+H_HELD_DIR = "amqs_held_dir"
+H_HELD_PART = "amqs_held_part"
+H_HELD_SINCE = "amqs_held_since"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 # The sender as the broker authenticated it, stamped on every message by a broker with
@@ -234,6 +241,12 @@ class Destination:
         name element, not a suffix of the data queue's, so that a broker ACL (whose
         wildcards match prefixes only) can let senders read it without reading data."""
         return f"/queue/{self.name}.amqs_ctl.{validate_stream_id(stream_id)}"
+
+    def held_queue(self, stream_id: str) -> str:
+        """Where receivers note that they hold a stream's partial data (queues only; one
+        note per receiving directory, removed when the stream is published or quarantined).
+        Its own name element: receivers write it, senders need not see it."""
+        return f"/queue/{self.name}.amqs_held.{validate_stream_id(stream_id)}"
 
 
 # --------------------------------------------------------------------------- stream

@@ -56,6 +56,7 @@ from airflow_provider_amqstream.engine.records import (
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
     ConnectionLost,
+    StreamElsewhere,
     StreamError,
     StreamNoRoom,
     StreamQuarantined,
@@ -311,6 +312,7 @@ class ReceiveSession:
         except StreamYielded as exc:
             receiver.stop_data()
             receiver.file.shrink()
+            receiver.forget_if_empty()
             return self._yielded(exc, sid, receiver.offset, offer)
         self.link.ack(offer)
         return result
@@ -333,7 +335,7 @@ class ReceiveSession:
         failure = StreamFailure(
             sid,
             str(self.dest),
-            "stalled" if isinstance(exc, StreamStalled) else "no_room",
+            _yield_status(exc),
             str(exc),
             offset,
             retry_after=retry,
@@ -561,6 +563,13 @@ class ReceiveSession:
             self.opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
             (self.sdir / f"{sid}.reoffered").unlink(missing_ok=True)
         self.link.ack(offer)
+
+
+def _yield_status(exc: StreamYielded) -> str:
+    """A yielded stream's status in reports and metrics."""
+    if isinstance(exc, StreamStalled):
+        return "stalled"
+    return "elsewhere" if isinstance(exc, StreamElsewhere) else "no_room"
 
 
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
