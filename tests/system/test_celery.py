@@ -54,13 +54,23 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         print(f"\ncelery deployment ready in {d.startup_seconds:.1f}s at {d.base}")
         yield d
     finally:
+        # Stopped as a user in a terminal stops it (Ctrl-C: SIGINT to make's process group,
+        # make and the script): Redis and every worker go with the rest. SIGTERM has its
+        # own test with the LocalExecutor (test_deployment_stop.py); one start is enough here.
+        if d.proc.poll() is None:
+            os.killpg(d.proc.pid, signal.SIGINT)
+            try:
+                d.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                pass  # d.stop() says so, and kills what is left
         seconds = d.stop()
         print(f"\ncelery deployment stopped in {seconds:.1f}s")
         try:
-            wait_for(lambda: not d.own_processes(), 30, "every process of the deployment to exit", interval=0.5)
+            wait_for(lambda: not d.own_processes(), 90, "every process of the deployment to exit", interval=0.5)
         except AssertionError:
-            pytest.fail(f"left running after SIGTERM: {d.own_processes()}\n{d.text()[-2000:]}")
-        assert "airflow.sh: stopped" in d.text(), d.text()[-2000:]
+            pytest.fail(f"left running after Ctrl-C: {d.own_processes()}\n{d.text()[-2000:]}")
+        wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+        assert "stopping redis" in d.text(), d.text()[-2000:]
 
 
 def _sessions(d: Deployment) -> dict[int, str]:

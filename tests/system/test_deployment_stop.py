@@ -43,27 +43,3 @@ def test_make_killed_with_sigkill_still_stops_everything(small_deployment: Deplo
         pytest.fail(f"left running after make was killed: {d.own_processes()}\n{d.text()[-2000:]}")
     wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
     assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]
-
-
-def test_ctrl_c_stops_the_celery_deployment_redis_and_both_workers(tmp_path: Path) -> None:
-    """``make airflow-celery`` in a terminal, then Ctrl-C: SIGINT to the foreground process
-    group (``make`` and the script). Redis and both Celery workers go with the rest."""
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    for name in ("amqstream_one_file.py", "example_support.py", ".airflowignore"):
-        (dags / name).symlink_to(ROOT / "dags" / "examples" / name)
-    d = Deployment(tmp_path / "home", dags, env={"AMQSTREAM_EXECUTOR": "celery"})
-    try:
-        d.wait_ready(timeout=480)
-        names = {line.split()[0] for line in (d.home / "pids").read_text().splitlines()}
-        assert {"redis", "worker1", "worker2"} <= names, names
-        os.killpg(d.proc.pid, signal.SIGINT)
-        d.proc.wait(120)
-        try:
-            wait_for(lambda: not d.own_processes(), 90, "every process of the deployment to exit", interval=0.5)
-        except AssertionError:
-            pytest.fail(f"left running after Ctrl-C: {d.own_processes()}\n{d.text()[-2000:]}")
-        wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
-        assert "stopping redis" in d.text() and "worker1 worker2" in d.text(), d.text()[-2000:]
-    finally:
-        d.stop()
