@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed, QueueSession
+from airflow_provider_amqstream.engine.receive.claims import find_received
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
-from airflow_provider_amqstream.exceptions import LocalProtocolError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import ReceiverState
@@ -537,8 +538,8 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
                 files_in = 0
                 for sid in listed:
                     try:
-                        rec = read_json(sdir / f"{p.validate_stream_id(sid)}.done")
-                    except (p.ProtocolError, OSError, ValueError):
+                        rec = find_received(out_dir, sid)
+                    except (p.ProtocolError, StreamError, OSError, ValueError):
                         rec = None
                     if rec is not None and str(rec.get("sender") or "") == sender:
                         files_in += 1
@@ -681,8 +682,8 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     for out_dir in out_dirs:
         sdir = Path(out_dir) / STATE_DIR_NAME
         try:
-            done = read_json(sdir / f"{sid}.done")
-        except (OSError, ValueError) as exc:
+            done = find_received(out_dir, sid)
+        except (StreamError, OSError, ValueError) as exc:
             done = {"error": f"completion record unreadable: {exc}"}
         if done is not None:
             rep.received.append({"out_dir": str(out_dir), **done})

@@ -62,6 +62,8 @@ class BrokerParams:
     :param heartbeat_ms: STOMP heart-beat interval both ways; 0 disables.
     :param chunk_size: default chunk size for streams sent through this connection.
     :param window: default number of chunks per confirmation window / prefetch.
+    :param records_retention_days: connection extra: days receivers (and senders) keep their
+        completion records, claims and "already sent" checkpoints (None: 30; 0: for ever).
     :param network: the broker is one of a network of brokers; a trigger watching for offers
         then also draws offers waiting at the other brokers to this one (a queue browser
         alone makes no bridge forward anything).
@@ -83,6 +85,7 @@ class BrokerParams:
     window: int | None = None
     compression: str | None = None
     network: bool = False
+    records_retention_days: float | None = None
     # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
     backend: str = "stomp"
 
@@ -156,9 +159,17 @@ class BrokerParams:
             compression=(str(extra["compression"]).lower() or None) if extra.get("compression") not in
             (None, "", "none", "None") else None,
             network=flag("network", False),
+            records_retention_days=_retention(num("records_retention_days", None, float), at),
         )
 
 
+
+
+def _retention(days: float | None, at: str) -> float | None:
+    if days is not None and days < 0:
+        raise ConfigurationError(f"{at}connection extra 'records_retention_days' must be 0 (keep records for ever) "
+                                 f"or more days, got {days:g}")
+    return days
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream.engine.receive.claims import find_received
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -185,7 +186,7 @@ class Batches:
         records = {}
         missing = set()
         for e in entries:
-            rec = read_json(self.root.parent / f"{e['stream_id']}.done")
+            rec = find_received(self.out, e["stream_id"])
             if rec is None:
                 missing.add(e["stream_id"])
                 continue
