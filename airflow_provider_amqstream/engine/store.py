@@ -9,28 +9,28 @@ directory's ``records/``). Layout::
 * ``YYYYMMDD``: the UTC day the record was written. Retention drops whole days: a day
   older than the retention is renamed away (atomic) and removed; look-ups ignore it even
   before that.
-* ``bb``: the first two hex digits of the SHA-256 of the record's key (256 buckets): a
-  look-up reads only the files of one bucket per day, never the others.
+* ``bb``: one of :data:`BUCKETS` buckets, from the SHA-256 of the record's key: a look-up
+  reads only the files of one bucket per day, never the others.
 * ``<host>-<pid>-<random>``: the one process that writes the file. No two writers ever
   append to the same file, so nothing relies on ``O_APPEND`` being atomic (it is not
   across NFS clients) or on locks (``fcntl`` and SQLite locking are unreliable on NFS).
 
-A record is one line, ``<key hash>\\t<kind>\\t<JSON>\\t<CRC-32>\\n``. A line without its
+A record is one line, ``<kind><key>\\t<JSON>\\t<CRC-32>\\n`` (a key holds no tab or
+newline). A line without its
 newline or whose CRC does not match (a write torn by a crash or a full disk) is ignored on
 read and never spoils another line; a writer whose write failed starts a new file rather
 than append after a torn line. A look-up searches each file of its bucket for
-``\\n<key hash>\\t`` with ``bytes.find`` (C speed, no parsing of other records) in blocks
+``\\n<kind><key>\\t`` with ``bytes.find`` (C speed, no parsing of other records) in blocks
 of :data:`BLOCK` bytes: memory is flat in the number of records.
 
-Sizes: a completion record is ~190 bytes; a day's files hold at most 256 x (writers that
-day) files, so the store is bounded by about 200 bytes a record plus one filesystem block
-per (day, bucket, writer). See docs/decisions/records-store.md.
+Sizes: a completion record is ~170 bytes; a day holds at most :data:`BUCKETS` directories
+and (writers that day) x :data:`BUCKETS` files, so the store is bounded by about 170 bytes a
+record plus a filesystem block per (day, bucket, writer). See docs/decisions/records-store.md.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -53,7 +53,12 @@ DAY = 86400
 # Read size of a look-up, and the longest line it accepts (a longer one is garbage).
 BLOCK = 1 << 20
 MAX_LINE = 64 * 1024
-HASH_CHARS = 16
+# Buckets per day. Fewer buckets mean fewer files and directories (each costs a block of
+# 4 KiB: 256 buckets cost 150 bytes a stream at 10,000 streams, 64 cost 40); more mean
+# less read per look-up (1/BUCKETS of the records within retention).
+BUCKETS = 64
+# One encoder: json.dumps with separators builds a new one per call (a third of a write).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 # Kinds of record.
 DONE = "d"  # a receiver published a stream: key = stream id
@@ -63,27 +68,33 @@ SENT = "s"  # a sender's checkpoint of a stream the broker confirmed whole: key 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def key_hash(kind: str, key: str) -> str:
-    """The hex digest a record of ``kind`` under ``key`` is filed and found by."""
-    return hashlib.sha256(f"{kind}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+def bucket(kind: str, key: str) -> str:
+    """The bucket (a directory name) a record of ``kind`` under ``key`` is filed in."""
+    return f"{zlib.crc32(f'{kind}{key}'.encode('utf-8', 'surrogatepass')) % BUCKETS:02x}"
+
+
+def _check_key(key: str) -> str:
+    if not key or "\t" in key or "\n" in key or len(key) > 1024:
+        raise ValueError(f"a record key must be 1-1024 characters without tab or newline, got {key[:80]!r}")
+    return key
 
 
 def encode(kind: str, key: str, value: Any) -> bytes:
     """One record line (see the module's docstring)."""
-    body = f"{key_hash(kind, key)}\t{kind}\t{json.dumps(value, separators=(',', ':'))}".encode()
+    body = f"{kind}{_check_key(key)}\t{_ENCODER.encode(value)}".encode()
     return body + b"\t%08x\n" % zlib.crc32(body)
 
 
-def decode(line: bytes) -> tuple[str, str, Any] | None:
-    """(key hash, kind, value) of an intact line (without its newline), None for a torn one."""
+def decode(line: bytes) -> tuple[str, Any] | None:
+    """(kind and key, value) of an intact line (without its newline), None for a torn one."""
     body, sep, crc = line.rpartition(b"\t")
     if not sep or len(crc) != 8:
         return None
     try:
         if int(crc, 16) != zlib.crc32(body):
             return None
-        h, kind, value = body.decode().split("\t", 2)
-        return h, kind, json.loads(value)
+        head, value = body.decode().split("\t", 1)
+        return head, json.loads(value)
     except ValueError:
         return None
 
@@ -124,8 +135,10 @@ class RecordStore:
         self.clock = clock
         self._lock = threading.Lock()
         self._name = writer_name()
-        # This writer's files whose names were made durable.
-        self._made: set[str] = set()
+        # This writer's files of the current day, open (at most BUCKETS), and the day.
+        self._fds: dict[str, int] = {}
+        self._fd_day = ""
+        self._pid = os.getpid()
 
     # -- writing ----------------------------------------------------------------
 
@@ -144,40 +157,55 @@ class RecordStore:
         day = _day(self.clock())
         by_bucket: dict[str, list[bytes]] = {}
         for kind, key, value in items:
-            line = encode(kind, key, value)
-            by_bucket.setdefault(line[:2].decode(), []).append(line)
+            by_bucket.setdefault(bucket(kind, key), []).append(encode(kind, key, value))
         with self._lock:
-            for bucket, lines in by_bucket.items():
-                self._append(day, bucket, b"".join(lines), sync)
+            for b, lines in by_bucket.items():
+                self._append(day, b, b"".join(lines), sync)
 
-    def _append(self, day: str, bucket: str, data: bytes, sync: bool) -> None:
-        bdir = f"{self.root}/{day}/{bucket}"
-        path = f"{bdir}/{self._name}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW
-        try:
-            fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            os.makedirs(bdir, exist_ok=True)
-            fd = os.open(path, flags, 0o600)
+    def _append(self, day: str, b: str, data: bytes, sync: bool) -> None:
+        if os.getpid() != self._pid:
+            # A forked child (a Celery worker's task) is another writer: files of its own.
+            self._pid, self._name = os.getpid(), writer_name()
+            self.close()
+        if day != self._fd_day:
+            self.close()
+            self._fd_day = day
+        fd = self._fds.get(b)
+        new = fd is None
+        if fd is None:
+            bdir = f"{self.root}/{day}/{b}"
+            path = f"{bdir}/{self._name}"
+            # O_EXCL: a file of our own name, never one someone planted (nor a link).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
+            try:
+                fd = os.open(path, flags, 0o600)
+            except FileNotFoundError:
+                os.makedirs(bdir, exist_ok=True)
+                fd = os.open(path, flags, 0o600)
+            self._fds[b] = fd
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
             if sync:
                 os.fsync(fd)
+                if new:
+                    # A new file's name (and its new directories') must be durable too.
+                    bdir = f"{self.root}/{day}/{b}"
+                    for d in (bdir, os.path.dirname(bdir), self.root):
+                        _fsync_dir(d)
         except OSError:
             # Part of a line may be in the file: never append after it (the next record
-            # would share its line and be lost with it). A new file of our own from now on.
+            # would share its line and be lost with it). New files of our own from now on.
+            self.close()
             self._name = writer_name()
-            self._made.clear()
             raise
-        finally:
+
+    def close(self) -> None:
+        """Close this writer's open files (a later write opens new ones)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
             os.close(fd)
-        if sync and path not in self._made:
-            # A new file's name (and its new directories') must be durable too.
-            for d in (bdir, os.path.dirname(bdir), self.root):
-                _fsync_dir(d)
-        self._made.add(path)
 
     # -- reading ----------------------------------------------------------------
 
@@ -194,31 +222,41 @@ class RecordStore:
 
     def get_all(self, kind: str, key: str) -> Iterator[Any]:
         """Every record of (``kind``, ``key``) within retention, newest day first."""
-        h = key_hash(kind, key)
-        needle = f"\n{h}\t{kind}\t".encode()
-        bucket = h[:2]
+        head = kind + _check_key(key)
+        needle = f"\n{head}\t".encode()
+        b = bucket(kind, key)
         for day in self._days():
-            bdir = f"{self.root}/{day}/{bucket}"
+            bdir = f"{self.root}/{day}/{b}"
             try:
                 names = sorted(os.listdir(bdir))
             except (FileNotFoundError, NotADirectoryError):
                 continue
             for name in names:
                 if name.endswith(".log"):
-                    yield from self._scan(f"{bdir}/{name}", needle, h, kind)
+                    yield from self._scan(f"{bdir}/{name}", needle, head)
 
-    def _scan(self, path: str, needle: bytes, h: str, kind: str) -> Iterator[Any]:
+    def _scan(self, path: str, needle: bytes, head: str) -> Iterator[Any]:
         try:
             fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
         except FileNotFoundError:
             return  # pruned meanwhile
         try:
             carry = b"\n"
+            first = True
             while True:
                 block = os.read(fd, BLOCK)
                 if not block:
                     break
-                data = carry + block
+                if first and len(block) < BLOCK:
+                    # The whole file (the usual case): look for the first line on its own
+                    # rather than copy the block behind a newline.
+                    first = False
+                    if block.startswith(needle[1:]):
+                        block = b"\n" + block
+                    else:
+                        carry = b""
+                first = False
+                data = carry + block if carry else block
                 end = data.rfind(b"\n")
                 # Keep the unterminated tail for the next block (a torn last line stays
                 # unterminated and is never decoded); garbage with no newline is dropped.
@@ -227,8 +265,8 @@ class RecordStore:
                 while at >= 0:
                     stop = data.find(b"\n", at + 1, end + 1)
                     rec = decode(data[at + 1:stop])
-                    if rec is not None and rec[0] == h and rec[1] == kind:
-                        yield rec[2]
+                    if rec is not None and rec[0] == head:
+                        yield rec[1]
                     at = data.find(needle, stop, end + 1)
         finally:
             os.close(fd)

@@ -51,6 +51,11 @@ def check_claim(claim: str) -> str:
     return claim
 
 
+def claim_key(claim: str) -> str:
+    """A claim's key in the store: its digest (a label may be 1 KiB; 96 bits tell labels apart)."""
+    return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
 def receiver_store(sdir: str | os.PathLike[str], retention_days: float | None = None) -> st.RecordStore:
     """The record store of a state directory (``out_dir/.amqstream``), pruned once per process.
 
@@ -68,27 +73,40 @@ def _hex(b64: str) -> str:
     return base64.b64decode(b64 + "=" * (-len(b64) % 4)).hex() if b64 else ""
 
 
+_QUEUE = "/queue/"
+_MODES = {m.value[0]: m.value for m in p.Mode}
+
+
 def pack_done(result: TransferResult, out: str) -> list[Any]:
-    """A completion record, compact: positional, the path relative to ``out``, digests in
-    base64 (~190 bytes a record instead of ~600 as a JSON object)."""
+    """A completion record, compact (~190 bytes a line instead of ~600 as a JSON object):
+    positional; the path relative to ``out``, and "" when it is the stream id less its
+    ``-<hash>`` tail (a default id's readable stem: the usual case); digests in base64; the
+    destination without ``/queue/``; the mode's initial; the name only if the file got another."""
     path = result.path or ""
     prefix = out.rstrip("/") + "/"
     rel = path[len(prefix):] if path.startswith(prefix) else path
+    if rel and result.stream_id.rpartition("-")[0] == rel:
+        rel = ""
     name = "" if os.path.basename(path) == result.name else result.name
-    return [result.stream_id, rel, _b64(result.sha256), result.bytes, result.chunks, result.chunk_size,
-            _b64(result.origin), result.sender, round(result.finished_at, 1), result.destination, result.mode, name]
+    dest = result.destination.removeprefix(_QUEUE)
+    value = [rel, _b64(result.sha256), result.bytes, result.chunks, result.chunk_size,
+             _b64(result.origin), result.sender, int(result.finished_at), dest, result.mode[:1], name]
+    return value[:-1] if not name else value
 
 
-def unpack_done(value: Any, out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The completion record as the JSON object earlier versions wrote (None if malformed)."""
-    if not isinstance(value, list) or len(value) < 12:
+def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The completion record of ``sid`` as the JSON object earlier versions wrote (None if
+    malformed)."""
+    if not isinstance(value, list) or len(value) < 10:
         return None
-    sid, rel, sha, size, chunks, chunk_size, origin, sender, at, dest, mode, name = value[:12]
+    rel, sha, size, chunks, chunk_size, origin, sender, at, dest, mode = value[:10]
+    name = value[10] if len(value) > 10 else ""
+    rel = rel or sid.rpartition("-")[0]
     path = rel if os.path.isabs(rel) else os.path.join(os.fspath(out_dir), rel)
-    return {"stream_id": sid, "destination": dest, "name": name or os.path.basename(path), "bytes": size,
-            "chunks": chunks, "sha256": _hex(sha), "seconds": 0.0, "mode": mode, "path": path,
-            "started_at": at, "finished_at": at, "status": "complete", "chunk_size": chunk_size,
-            "origin": _hex(origin), "sender": sender}
+    return {"stream_id": sid, "destination": dest if dest.startswith("/") else _QUEUE + dest,
+            "name": name or os.path.basename(path), "bytes": size, "chunks": chunks, "sha256": _hex(sha),
+            "seconds": 0.0, "mode": _MODES.get(mode, mode), "path": path, "started_at": at, "finished_at": at,
+            "status": "complete", "chunk_size": chunk_size, "origin": _hex(origin), "sender": sender}
 
 
 def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
@@ -107,7 +125,7 @@ def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, cla
     items: list[tuple[str, str, Any]] = []
     for res in results:
         if claim:
-            items.append((st.CLAIM, claim, [res.stream_id, now]))
+            items.append((st.CLAIM, claim_key(claim), [res.stream_id, now]))
         items.append((st.DONE, res.stream_id, pack_done(res, out)))
     receiver_store(sdir, retention_days).put_many(items, sync=sync)
 
@@ -122,8 +140,8 @@ def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True,
     :param sync: flush it now (False: the caller flushes a whole group).
     :param retention_days: the directory's retention.
     """
-    receiver_store(sdir, retention_days).put(st.CLAIM, check_claim(claim), [stream_id, round(time.time(), 1)],
-                                             sync=sync)
+    receiver_store(sdir, retention_days).put(st.CLAIM, claim_key(check_claim(claim)),
+                                             [stream_id, round(time.time(), 1)], sync=sync)
 
 
 def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
@@ -138,10 +156,9 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
     p.validate_stream_id(stream_id)
     sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
-        value = receiver_store(sdir, retention_days).get(
-            st.DONE, stream_id, match=lambda v: isinstance(v, list) and v[:1] == [stream_id])
+        value = receiver_store(sdir, retention_days).get(st.DONE, stream_id)
         if value is not None:
-            return unpack_done(value, out_dir)
+            return unpack_done(value, stream_id, out_dir)
         return read_json(os.path.join(sdir, f"{stream_id}.done"))
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc}); "
@@ -187,7 +204,7 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     sdir = Path(out_dir) / STATE_DIR_NAME
     check_claim(claim)
     try:
-        ids = [v[0] for v in receiver_store(sdir, retention_days).get_all(st.CLAIM, claim)
+        ids = [v[0] for v in receiver_store(sdir, retention_days).get_all(st.CLAIM, claim_key(claim))
                if isinstance(v, list) and v and isinstance(v[0], str)]
     except OSError as exc:
         raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "
