@@ -54,9 +54,9 @@ DAY = 86400
 BLOCK = 1 << 20
 MAX_LINE = 64 * 1024
 # Buckets per day. Fewer buckets mean fewer files and directories (each costs a block of
-# 4 KiB: 256 buckets cost 150 bytes a stream at 10,000 streams, 64 cost 40); more mean
-# less read per look-up (1/BUCKETS of the records within retention).
-BUCKETS = 64
+# 4 KiB or more: at 10,000 streams 256 buckets cost ~150 bytes a stream, 64 ~65, 32 ~33);
+# more mean less read per look-up (1/BUCKETS of the records within retention).
+BUCKETS = 32
 # One encoder: json.dumps with separators builds a new one per call (a third of a write).
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 

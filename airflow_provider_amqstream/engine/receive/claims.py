@@ -81,7 +81,8 @@ def pack_done(result: TransferResult, out: str) -> list[Any]:
     """A completion record, compact (~190 bytes a line instead of ~600 as a JSON object):
     positional; the path relative to ``out``, and "" when it is the stream id less its
     ``-<hash>`` tail (a default id's readable stem: the usual case); digests in base64; the
-    destination without ``/queue/``; the mode's initial; the name only if the file got another."""
+    destination without ``/queue/``; the mode's initial; 0 for the default chunk size; the name
+    only if the file got another."""
     path = result.path or ""
     prefix = out.rstrip("/") + "/"
     rel = path[len(prefix):] if path.startswith(prefix) else path
@@ -89,7 +90,8 @@ def pack_done(result: TransferResult, out: str) -> list[Any]:
         rel = ""
     name = "" if os.path.basename(path) == result.name else result.name
     dest = result.destination.removeprefix(_QUEUE)
-    value = [rel, _b64(result.sha256), result.bytes, result.chunks, result.chunk_size,
+    chunk_size = 0 if result.chunk_size == p.DEFAULT_CHUNK_SIZE else result.chunk_size
+    value = [rel, _b64(result.sha256), result.bytes, result.chunks, chunk_size,
              _b64(result.origin), result.sender, int(result.finished_at), dest, result.mode[:1], name]
     return value[:-1] if not name else value
 
@@ -106,7 +108,7 @@ def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[s
     return {"stream_id": sid, "destination": dest if dest.startswith("/") else _QUEUE + dest,
             "name": name or os.path.basename(path), "bytes": size, "chunks": chunks, "sha256": _hex(sha),
             "seconds": 0.0, "mode": _MODES.get(mode, mode), "path": path, "started_at": at, "finished_at": at,
-            "status": "complete", "chunk_size": chunk_size, "origin": _hex(origin), "sender": sender}
+            "status": "complete", "chunk_size": chunk_size or p.DEFAULT_CHUNK_SIZE, "origin": _hex(origin), "sender": sender}
 
 
 def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
