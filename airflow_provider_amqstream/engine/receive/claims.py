@@ -108,7 +108,8 @@ def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[s
     return {"stream_id": sid, "destination": dest if dest.startswith("/") else _QUEUE + dest,
             "name": name or os.path.basename(path), "bytes": size, "chunks": chunks, "sha256": _hex(sha),
             "seconds": 0.0, "mode": _MODES.get(mode, mode), "path": path, "started_at": at, "finished_at": at,
-            "status": "complete", "chunk_size": chunk_size or p.DEFAULT_CHUNK_SIZE, "origin": _hex(origin), "sender": sender}
+            "status": "complete", "chunk_size": chunk_size or p.DEFAULT_CHUNK_SIZE, "origin": _hex(origin),
+            "sender": sender}
 
 
 def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, claim: str | None = None,

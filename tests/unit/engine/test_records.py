@@ -104,7 +104,8 @@ def test_an_expired_record_no_longer_blocks_and_its_day_is_pruned(broker: Memory
     send_file(broker.params("alice"), src, Q, stream_id="old-1", chunk_size=1000, restart=True)
     assert receive(broker, out, records_retention_days=30) == ["old-1:complete"], "received again"
     copies = sorted(out.glob("old*.bin"))
-    assert len(copies) == 2 and all(c.read_bytes() == src.read_bytes() for c in copies), "beside the first, never over it"
+    assert len(copies) == 2, "beside the first copy, never over it"
+    assert all(c.read_bytes() == src.read_bytes() for c in copies)
     assert [d.name for d in root.iterdir()] == [today.name], "the expired day was pruned"
 
 
