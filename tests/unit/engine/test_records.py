@@ -158,3 +158,19 @@ def test_a_finished_send_leaves_a_record_not_a_file(broker: MemoryBroker, tmp_pa
     restart()
     again = send_file(broker.params("alice"), src, Q, stream_id="a-1", chunk_size=1000)
     assert again.status == "already_sent"
+
+
+def test_a_senders_expired_checkpoints_and_ledgers_are_pruned_and_nothing_else(tmp_path: Path) -> None:
+    from airflow_provider_amqstream.engine import records
+
+    sdir = tmp_path / "state"
+    sdir.mkdir()
+    old = time.time() - 31 * 86400
+    names = ["big-1@0123456789ab.json", "batch-b-1@0123456789ab.jsonl", "amqstream_send_x@0123456789ab.json",
+             "notes.json", "fresh-1@0123456789ab.json"]
+    for name in names:
+        (sdir / name).write_text("{}")
+        if not name.startswith("fresh"):
+            os.utime(sdir / name, (old, old))
+    records.sender_store(sdir, 30)
+    assert sorted(f.name for f in sdir.iterdir() if f.is_file()) == ["fresh-1@0123456789ab.json", "notes.json"]
