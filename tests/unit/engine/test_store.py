@@ -173,15 +173,16 @@ def test_memory_stays_flat_writing_and_looking_up_fifty_thousand_records(tmp_pat
             s.put_many([(st.DONE, f"m-{i}", [f"m-{i}", i]) for i in range(g, g + 500)], sync=False)
         _, peak_write = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        for i in range(0, 50_000, 97):
+        for i in range(0, 50_000, 499):
             assert s.get(st.DONE, f"m-{i}") == [f"m-{i}", i]
         assert s.get(st.DONE, "absent") is None
         _, peak_read = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # 50,000 records are ~3 MB on disk; what is held at once is one group and one read block.
+    # 50,000 records are ~3 MB on disk; what is held at once is one group, and one line
+    # (a look-up maps the file it searches: page cache, not this process's heap).
     assert peak_write < 1_000_000, peak_write
-    assert peak_read < 3 * st.BLOCK, peak_read
+    assert peak_read < 200_000, peak_read
 
 
 def test_look_up_reads_one_bucket(tmp_path: Path) -> None:
