@@ -168,6 +168,31 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
                           "check the directory's permissions and disk") from exc
 
 
+def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str], *,
+                       retention_days: float | None = None) -> dict[str, dict[str, Any]]:
+    """The completion records of those of ``stream_ids`` received into ``out_dir``: one pass
+    over their buckets for all of them (a batch's manifest checks thousands at once).
+
+    :param out_dir: the receiver's output directory.
+    :param stream_ids: the streams.
+    :param retention_days: the directory's retention (None: the default).
+    """
+    ids = [p.validate_stream_id(sid) for sid in stream_ids]
+    sdir = os.path.join(out_dir, STATE_DIR_NAME)
+    try:
+        values = receiver_store(sdir, retention_days).get_many(st.DONE, ids)
+        found = {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
+        for sid in ids:
+            if sid not in found:
+                legacy = read_json(os.path.join(sdir, f"{sid}.done"))
+                if legacy is not None:
+                    found[sid] = legacy
+    except (OSError, ValueError) as exc:
+        raise StreamError(f"completion records in {out_dir} are unreadable ({exc}); check the directory's "
+                          "permissions and disk") from exc
+    return found
+
+
 def _legacy_claim_dir(sdir: Path, claim: str) -> Path:
     return sdir / "claims" / hashlib.sha256(claim.encode()).hexdigest()[:32]
 

@@ -201,3 +201,14 @@ def test_look_up_reads_one_bucket(tmp_path: Path) -> None:
     finally:
         os.open = real  # type: ignore[assignment]
     assert len(opened) == 1, opened
+
+
+def test_many_keys_are_found_in_one_pass(tmp_path: Path) -> None:
+    old = st.RecordStore(tmp_path / "records", clock=lambda: time.time() - DAY)
+    old.put_many([(st.DONE, f"k-{i}", ["old", i]) for i in range(0, 300, 3)], sync=False)
+    old.close()
+    s = st.RecordStore(tmp_path / "records")
+    s.put_many([(st.DONE, f"k-{i}", ["new", i]) for i in range(0, 300, 2)], sync=False)
+    got = s.get_many(st.DONE, [f"k-{i}" for i in range(300)] + ["absent"])
+    assert set(got) == {f"k-{i}" for i in range(300) if i % 2 == 0 or i % 3 == 0}
+    assert got["k-6"] == ["new", 6] and got["k-3"] == ["old", 3], "the newest day wins"
