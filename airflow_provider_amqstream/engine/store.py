@@ -124,7 +124,6 @@ class RecordStore:
     :param root: the store's directory (``.../records``); made on first write.
     :param retention_days: records older than this are pruned by :meth:`prune` and ignored
         by look-ups; None or 0 keeps them for ever.
-    :param sync: fsync each write (False: the caller flushes, e.g. with ``syncfs``).
     :param clock: the time (tests).
     """
 
