@@ -60,6 +60,10 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "receipt_timeout": _field("Receipt timeout (s)", "Seconds to wait for the broker to confirm a stored "
                               "message before the connection is treated as lost.", "number", 60.0,
                               exclusiveMinimum=0),
+    "records_retention_days": _field("Records retention (days)", "Days receivers keep the record of each stream "
+                                     "they published (and senders of each stream sent). Older records are "
+                                     "pruned: a stream offered again after that is received again. 0 keeps "
+                                     "them for ever.", "number", 30.0, minimum=0),
 }
 
 

@@ -62,6 +62,8 @@ class BrokerParams:
     :param heartbeat_ms: STOMP heart-beat interval both ways; 0 disables.
     :param chunk_size: default chunk size for streams sent through this connection.
     :param window: default number of chunks per confirmation window / prefetch.
+    :param records_retention_days: connection extra: days receivers (and senders) keep their
+        completion records, claims and "already sent" checkpoints (None: 30; 0: for ever).
     :param network: the broker is one of a network of brokers; a trigger watching for offers
         then also draws offers waiting at the other brokers to this one (a queue browser
         alone makes no bridge forward anything).
@@ -84,6 +86,7 @@ class BrokerParams:
     # "auto" (compress chunks that shrink), "zstd" (try every chunk), or None (none).
     compression: str | None = normalise_compression(DEFAULT_COMPRESSION)
     network: bool = False
+    records_retention_days: float | None = None
     # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
     backend: str = "stomp"
 
@@ -156,6 +159,7 @@ class BrokerParams:
             chunk_size=num("chunk_size", None), window=num("window", None),
             compression=_compression(extra, at),
             network=flag("network", False),
+            records_retention_days=_retention(num("records_retention_days", None, float), at),
         )
 
 
@@ -176,6 +180,13 @@ def _compression(extra: Mapping[str, Any], at: str) -> str | None:
         return normalise_compression(None if value is None else str(value))
     except ProtocolError as exc:
         raise ConfigurationError(f"{at}connection extra 'compression': {exc}") from None
+
+
+def _retention(days: float | None, at: str) -> float | None:
+    if days is not None and days < 0:
+        raise ConfigurationError(f"{at}connection extra 'records_retention_days' must be 0 (keep records for ever) "
+                                 f"or more days, got {days:g}")
+    return days
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:

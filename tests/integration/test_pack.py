@@ -210,7 +210,7 @@ def test_a_stopped_receiver_does_not_stall_the_senders(private_broker: Any, tmp_
     import signal
     import subprocess
 
-    from tests.helpers import cli, wait_for
+    from tests.helpers import cli, records_in, wait_for
 
     uri, queue = private_broker.info().uri, "/queue/stopped.receiver"
     src = tmp_path / "landing"
@@ -222,7 +222,7 @@ def test_a_stopped_receiver_does_not_stall_the_senders(private_broker: Any, tmp_
     tx = cli("send", str(src), "--recursive", "--to", queue, "--conn", uri, "--json", "-q",
              env={"AMQSTREAM_STATE_DIR": str(tmp_path / "state")})
     try:
-        wait_for(lambda: len(list((out / ".amqstream").glob("*.done"))) >= 100, 60, "100 files received")
+        wait_for(lambda: records_in(out) >= 100, 60, "100 files received")
         os.kill(rx.pid, signal.SIGSTOP)
         try:
             sent, err = tx.communicate(timeout=120)

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive import holders
-from airflow_provider_amqstream.engine.receive.claims import check_claim, record_claim
+from airflow_provider_amqstream.engine.receive.claims import check_claim, done_records
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
-from airflow_provider_amqstream.engine.records import TransferResult, open_private, write_json
-from airflow_provider_amqstream.exceptions import StreamElsewhere, StreamError, StreamStalled
+from airflow_provider_amqstream.engine.records import TransferResult, open_private
+from airflow_provider_amqstream.exceptions import ConfigurationError, StreamElsewhere, StreamError, StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
 from airflow_provider_amqstream.transport.link import Link
@@ -68,6 +68,9 @@ class ReceiveOptions:
         earlier try received (:func:`~airflow_provider_amqstream.engine.receive.claims.find_claimed`).
     :param events: called with (event name, data) as streams open, close and fail.
     :param progress: called with (bytes received, total bytes).
+    :param records_retention_days: days the output directory's completion records and claims
+        are kept (None: 30; 0: for ever). Older ones are pruned as a receiver starts, and a
+        stream offered again after its record expired is received again.
     """
 
     window: int = p.DEFAULT_RECEIVE_BATCH
@@ -84,10 +87,14 @@ class ReceiveOptions:
     claim: str | None = None
     events: EventSink | None = None
     progress: Progress | None = None
+    records_retention_days: float | None = None
 
     def __post_init__(self) -> None:
         if self.claim is not None:
             check_claim(self.claim)
+        if self.records_retention_days is not None and self.records_retention_days < 0:
+            raise ConfigurationError(f"records_retention_days must be 0 (keep for ever) or more days, "
+                                     f"got {self.records_retention_days}")
 
     def emit(self, kind: str, **data: Any) -> None:
         if self.events:
@@ -189,7 +196,6 @@ class StreamReceiver:
         self.unacked: list[Any] = []
         self.refused: list[Any] = []
         self.data_sub: str | None = None
-        self.done_file = sdir / f"{spec.stream_id}.done"
         self.what = f"stream {spec.stream_id} ({data_q})"
         # Chunks stamped by anyone but the offer's sender are refused (another user cannot
         # extend or spoil the stream); with no stamps at all there is nothing to compare.
@@ -248,9 +254,8 @@ class StreamReceiver:
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
             time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
             origin=self.origin, sender=self.sender)
-        if opts.claim:
-            record_claim(self.sdir, opts.claim, spec.stream_id)
-        write_json(self.done_file, result.to_json())
+        done_records(self.sdir, str(self.out), [result], claim=opts.claim,
+                     retention_days=opts.records_retention_days)
         frames, self.unacked = self.unacked, []
         for frame in frames:
             self.link.ack(frame)

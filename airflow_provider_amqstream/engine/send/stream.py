@@ -111,7 +111,8 @@ def send_file(  # noqa: PLR0913
     sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_)
     window = _check_window(_first(window, params.window, p.DEFAULT_WINDOW), kind)
     codec = p.ChunkCodec(compression if compression is not None else params.compression)
-    ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params))
+    ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params),
+                                        retention_days=params.records_retention_days)
     loaded = None if restart else ckpt.load()
     state = None if not loaded else _sender_state(loaded)
     # A re-run that names no chunk size continues with the interrupted run's.
