@@ -5,7 +5,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-sites test bench lint clean airflow
+.PHONY: setup demo demo-sites test bench lint clean airflow airflow-celery
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py scripts/setup.sh
@@ -21,6 +21,10 @@ demo-sites: setup
 # (a shell in between would die and leave the deployment running).
 airflow: setup
 	VENV="$(VENV)" exec bash scripts/airflow.sh
+
+# The same with the CeleryExecutor: Redis and two Celery workers (AMQSTREAM_EXECUTOR=celery).
+airflow-celery: setup
+	VENV="$(VENV)" AMQSTREAM_EXECUTOR=celery exec bash scripts/airflow.sh
 
 test: setup
 	VENV="$(VENV)" bash scripts/test.sh $(ARGS)

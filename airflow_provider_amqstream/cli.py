@@ -274,7 +274,8 @@ def cmd_receive(args: argparse.Namespace) -> int:
     opts = ReceiveOptions(window=args.window or DEFAULT_RECEIVE_BATCH, wait_timeout=args.wait,
                           idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
                           max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
-                          progress=_Progress("receive", not args.quiet))
+                          progress=_Progress("receive", not args.quiet),
+                          records_retention_days=args.records_retention_days)
     got = receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
                           stream_id=args.stream_id, options=opts, on_failure=on_failure,
                           on_result=lambda res: _print_result(res, args.json, "received"))
@@ -365,7 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=MODES, default=MODES[0],
                    help="stream: receivers start at once; atomic: only after every chunk is stored")
     s.add_argument("--restart", action="store_true", help="ignore an interrupted transfer and start over")
-    s.add_argument("--compress", choices=["zstd"], help="compress chunks that shrink (CSV, JSON)")
+    s.add_argument("--compress", choices=["auto", "zstd", "none"],
+                   help="auto: compress chunks that shrink to half or less (CSV, JSON) and stop trying on "
+                        "data that does not; zstd: try every chunk; none: send chunks as they are (default: "
+                        "the connection's compression extra, else none)")
     common(s)
     s.set_defaults(func=cmd_send)
 
@@ -388,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="free space to keep in --out-dir; larger streams wait (default 2%% of the disk, max 1 GiB)")
     r.add_argument("--quarantine", metavar="DEST",
                    help="where streams that can never succeed go (default /queue/DLQ.<name>)")
+    r.add_argument("--records-retention-days", type=float, metavar="DAYS",
+                   help="days --out-dir keeps its completion records (default: the connection's extra "
+                        "records_retention_days, else 30; 0 keeps them for ever); a stream offered again after "
+                        "its record expired is received again")
     common(r)
     r.set_defaults(func=cmd_receive)
 

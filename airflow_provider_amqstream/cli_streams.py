@@ -242,6 +242,9 @@ def render_report(rep: Any) -> str:
         pct = f" ({e.percent:.0f}%)" if e.percent is not None else ""
         lines.append(f"  partial in {e.out_dir}: {size_text(e.durable_bytes)} of {size_text(e.size)}{pct} durable, "
                      f"{'receiving now' if e.receiving_now else 'idle'}, last progress {when_text(e.last_progress_at)}")
+    lines.extend(f"  partial data held by a receiver on host {h['host']} in {h['out_dir']} (partial file {h['part']}, "
+                 f"since {when_text(h['since'])}): its chunks so far are there, the rest waits for it"
+                 for h in rep.held)
     for r in rep.received:
         lines.append(f"  received into {r.get('out_dir')}: {r.get('path')}, {size_text(r.get('bytes'))}, sha256 "
                      f"{r.get('sha256')}, at {when_text(r.get('finished_at'))}, sent by {_who(r.get('sender', ''))}")

@@ -94,6 +94,12 @@ class StreamNoRoom(StreamYielded):
     """The stream does not fit the output directory's free space (less the reserve)."""
 
 
+class StreamElsewhere(StreamYielded):
+    """Another receiver, whose output directory this one cannot see (another worker's
+    disk), took the stream's first chunks: the rest is left for it (or kept here, if this
+    receiver took some), and the message says where the first bytes are and how to finish."""
+
+
 class StreamQuarantined(StreamError):
     """The stream can never succeed (integrity failure, protocol violation, over a limit,
     reused id): its offer and remaining chunks were moved to a quarantine queue."""

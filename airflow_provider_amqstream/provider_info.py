@@ -39,14 +39,17 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                          "integer", 1048576, minimum=1, maximum=33554432),
     "compression": {
         "label": "Compression",
-        "description": "Per-chunk compression for streams sent through this connection: zstd pays off on "
-                       "CSV/JSON (chunks that do not shrink are sent as they are); none sends every chunk as is.",
-        # None is the choice "none": the form then saves no string for it (Airflow's masker
-        # warns about every string extra shorter than 5 characters as a secret too short to
-        # mask), and a connection without the key means the same. values_display names it,
-        # or the form would offer a literal "null".
-        "schema": {"type": ["string", "null"], "enum": [None, "zstd"],
-                   "values_display": {"null": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}},
+        "description": "Per-chunk compression for streams sent through this connection: auto compresses chunks "
+                       "that shrink to half or less (CSV, JSON, logs) and stops trying on data that does "
+                       "not; zstd tries every chunk; none sends every chunk as is. Receivers need no setting.",
+        # None is the choice "none": the form saves no string for it (Airflow's masker warns
+        # about every string extra shorter than 5 characters as a secret too short to mask),
+        # and a connection without the key means the same. values_display names each, or the
+        # form would offer a literal "null".
+        "schema": {"type": ["string", "null"], "enum": [None, "auto", "zstd"],
+                   "values_display": {"null": "none (send chunks as they are)",
+                                      "auto": "auto (compress chunks that shrink: CSV, JSON, logs)",
+                                      "zstd": "zstd (try every chunk)"}},
     },
     "window": _field("Window (chunks)", "Chunks a sender sends per broker confirmation (handshake mode: "
                      "ahead of the slowest receiver).",
@@ -57,6 +60,10 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "receipt_timeout": _field("Receipt timeout (s)", "Seconds to wait for the broker to confirm a stored "
                               "message before the connection is treated as lost.", "number", 60.0,
                               exclusiveMinimum=0),
+    "records_retention_days": _field("Records retention (days)", "Days receivers keep the record of each stream "
+                                     "they published (and senders of each stream sent). Older records are "
+                                     "pruned: a stream offered again after that is received again. 0 keeps "
+                                     "them for ever.", "number", 30.0, minimum=0),
 }
 
 

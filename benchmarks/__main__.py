@@ -176,17 +176,25 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
                     if label in installed_sizes:
                         # The goal compares these two, and this machine's speed drifts by more than
                         # the difference within minutes: alternate them, report the medians.
-                        envs = []
+                        envs, sftps = [], []
                         for k in range(1, PAIRED_ROUNDS + 1):
                             log(f"{kind} {label}: installed command with $AIRFLOW_CONN_AMQSTREAM_DEFAULT, then raw "
-                                f"stomp.py (round {k} of {PAIRED_ROUNDS})")
+                                f"stomp.py{', then OpenSSH sftp' if sshd else ''} (round {k} of {PAIRED_ROUNDS})")
                             envs.append(b.ours(src, installed=True))
                             raws.append(b.raw_stomp(src))
+                            if sshd:
+                                sftps.append(sshd.sftp_put(src, work / "ssh.out"))
+                                (work / "ssh.out").unlink()
                         env_e2e = median_run(envs)
                         row.update(ours_env=mibs(size, env_e2e["seconds"]), env_send_rss=env_e2e["send_rss"],
-                                   env_recv_rss=env_e2e["recv_rss"],
+                                   env_recv_rss=env_e2e["recv_rss"], cpu_env=per_gib(env_e2e["cpu"], size),
                                    env_vs_raw_rounds=[round(r["seconds"] / e["seconds"], 2)
                                                       for e, r in zip(envs, raws, strict=True)])
+                        if sftps:
+                            # The goal against OpenSSH, from the same alternating rounds.
+                            row.update(sftp_alt=mibs(size, sorted(sftps)[len(sftps) // 2]),
+                                       env_vs_sftp_rounds=[round(t / e["seconds"], 2)
+                                                           for e, t in zip(envs, sftps, strict=True)])
                     log(f"{kind} {label}: amqstream end to end, zstd")
                     zstd = b.ours(src, compress=True)
                     row.update(ours_zstd=mibs(size, zstd["seconds"]), cpu_zstd=per_gib(zstd["cpu"], size))
@@ -228,8 +236,8 @@ COLS = [("ours", "amqstream e2e"), ("ours_env", "amqstream e2e, installed, $AIRF
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = "| data | size | " + " | ".join(c[1] for c in COLS) + " | vs raw stomp | installed vs raw stomp | " \
-           "vs paramiko | zstd vs sftp | RSS send / recv / broker (MiB) |"
-    lines = [head, "|" + "---|" * (len(COLS) + 7)]
+           "installed vs OpenSSH sftp (alternating) | vs paramiko | zstd vs sftp | RSS send / recv / broker (MiB) |"
+    lines = [head, "|" + "---|" * (len(COLS) + 8)]
     def ratio(r: dict[str, Any], a: str, b: str) -> str:
         return f"{r[a] / r[b]:.2f}x" if a in r and b in r else "-"
 
@@ -237,13 +245,16 @@ def table(rows: list[dict[str, Any]]) -> str:
         vals = " | ".join(f"{r[k]:,.0f}" if k in r else "-" for k, _ in COLS)
         rss = f"{r['send_rss'] / 1024:.0f} / {r['recv_rss'] / 1024:.0f} / {r['broker_rss'] / 1024:.0f}"
         lines.append(f"| {r['kind']} | {r['size']} | {vals} | {ratio(r, 'ours', 'raw_stomp')} | "
-                     f"{ratio(r, 'ours_env', 'raw_stomp')} | {ratio(r, 'ours', 'paramiko')} | "
+                     f"{ratio(r, 'ours_env', 'raw_stomp')} | {ratio(r, 'ours_env', 'sftp_alt')} | "
+                     f"{ratio(r, 'ours', 'paramiko')} | "
                      f"{ratio(r, 'ours_zstd', 'sftp')} | {rss} |")
     lines += ["", "Where the CPU goes: seconds of CPU per GiB moved end to end, sender / receiver / broker "
               "(user + system, all threads), for the same runs.", "",
-              "| data | size | amqstream | amqstream zstd | raw stomp.py |", "|---|---|---|---|---|"]
+              "| data | size | amqstream | amqstream, installed (median round) | amqstream zstd | raw stomp.py |",
+              "|---|---|---|---|---|---|"]
     for r in rows:
-        cells = [" / ".join(f"{c:.1f}" for c in r[k]) if k in r else "-" for k in ("cpu_ours", "cpu_zstd", "cpu_raw")]
+        cells = [" / ".join(f"{c:.1f}" for c in r[k]) if k in r else "-"
+                 for k in ("cpu_ours", "cpu_env", "cpu_zstd", "cpu_raw")]
         lines.append(f"| {r['kind']} | {r['size']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

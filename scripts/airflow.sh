@@ -18,6 +18,14 @@
 #   AMQSTREAM_BROKER_PORT    the broker's STOMP port (default: a free one)
 #   AMQSTREAM_DAGS_FOLDER    the DAGs (default dags/examples)
 #   AIRFLOW__CORE__PARALLELISM  task slots (default 4: the machine this was tuned on has 2 cores)
+#   AMQSTREAM_EXECUTOR       local (default: LocalExecutor) or celery: CeleryExecutor with Redis
+#                            (Debian's redis-server on 127.0.0.1, a free port and a password) as
+#                            Celery's broker, the metadata database as its result backend, and
+#                            two workers, worker1 and worker2 (`make airflow-celery`)
+#   AMQSTREAM_CELERY_WORKERS     how many Celery workers (default 2), each in workers/workerN/
+#                            (its TMPDIR, send state and AMQSTREAM_WORKER_DIR), serving the
+#                            queues `default` and `workerN`
+#   AMQSTREAM_CELERY_CONCURRENCY task slots per worker (default 2)
 #   AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT  the log server's port (default: a free one)
 #   SPARK_LOCAL_IP, SPARK_CONF_DIR  Spark's address and configuration (default 127.0.0.1, and
 #                            a spark-defaults.conf without the driver's web UI)
@@ -55,7 +63,12 @@ LOG_PORT="${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-$(free_port)}"
 
 export AIRFLOW_HOME="$DIR/airflow"
 export AIRFLOW__CORE__DAGS_FOLDER="${AMQSTREAM_DAGS_FOLDER:-$ROOT/dags/examples}"
-export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+EXECUTOR="${AMQSTREAM_EXECUTOR:-local}"
+case "$EXECUTOR" in
+  local) export AIRFLOW__CORE__EXECUTOR=LocalExecutor ;;
+  celery) export AIRFLOW__CORE__EXECUTOR=CeleryExecutor ;;
+  *) say "AMQSTREAM_EXECUTOR=$EXECUTOR: use local or celery" >&2; exit 2 ;;
+esac
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
 # The streams page (Browse > ActiveMQ streams) is a provider plugin: Airflow reads those only
@@ -96,6 +109,7 @@ fi
 
 PIDS=()
 NAMES=()
+WORKERS=()
 started_broker=0
 stopping=0
 watcher=""
@@ -132,7 +146,10 @@ stop_all() {
   [ -n "$watcher" ] && kill "$watcher" 2>/dev/null
   say "stopping ${NAMES[*]:-nothing}"
   stop_sessions scheduler triggerer dag-processor
-  stop_sessions api-server log-server
+  # Celery workers after the scheduler (no new tasks), before the API (their tasks report to
+  # it) and before Redis (a worker shutting down still talks to its broker).
+  stop_sessions "${WORKERS[@]}"
+  stop_sessions api-server log-server redis
   if [ "$started_broker" = 1 ]; then
     if amqstream broker stop >/dev/null; then say "stopped the broker"; else say "could not stop the broker in $AMQSTREAM_BROKER_DIR"; fi
   fi
@@ -162,6 +179,23 @@ fi
 AIRFLOW_CONN_AMQSTREAM_DEFAULT="$(amqstream broker uri)"
 export AIRFLOW_CONN_AMQSTREAM_DEFAULT
 
+start() {
+  local name="$1"; shift
+  # setsid: each component leads a session of its own, which its children stay in.
+  setsid "$@" >"$DIR/logs/$name.log" 2>&1 &
+  PIDS+=("$!")
+  NAMES+=("$name")
+  echo "$name $!" >>"$DIR/pids"
+}
+rm -f "$DIR/pids"
+
+CELERY_ENV=()
+if [ "$EXECUTOR" = celery ]; then
+  source scripts/celery.sh
+  start_redis
+  CELERY_ENV=(AIRFLOW__CORE__EXECUTOR AIRFLOW__CELERY__BROKER_URL AIRFLOW__CELERY__RESULT_BACKEND)
+fi
+
 # Another shell gets this deployment's connections (and its Airflow) by sourcing this. It
 # holds the broker's password: mode 0600, as everything here.
 ENV_FILE="$DIR/env.sh"
@@ -170,7 +204,8 @@ ENV_FILE="$DIR/env.sh"
   echo "#   source $ENV_FILE"
   echo "# then \`amqstream ...\` and \`airflow ...\` use its broker, connections and metadata database."
   for name in AIRFLOW_HOME AIRFLOW__CORE__DAGS_FOLDER AIRFLOW__CORE__LOAD_EXAMPLES AIRFLOW_CONN_AMQSTREAM_DEFAULT \
-              AIRFLOW_CONN_SPARK_DEFAULT AMQSTREAM_BROKER_DIR AMQSTREAM_EXAMPLE_DIR SPARK_LOCAL_IP SPARK_CONF_DIR; do
+              AIRFLOW_CONN_SPARK_DEFAULT AMQSTREAM_BROKER_DIR AMQSTREAM_EXAMPLE_DIR SPARK_LOCAL_IP SPARK_CONF_DIR \
+              "${CELERY_ENV[@]}"; do
     value="${!name}"
     printf "export %s='%s'\n" "$name" "${value//\'/\'\\\'\'}"  # single-quoted; a ' becomes '\''
   done
@@ -181,20 +216,12 @@ chmod 600 "$ENV_FILE"
 airflow db migrate >"$DIR/logs/db-migrate.log" 2>&1 || {
   say "airflow db migrate failed:" >&2; tail -30 "$DIR/logs/db-migrate.log" >&2; exit 1; }
 
-start() {
-  local name="$1"; shift
-  # setsid: each component leads a session of its own, which its children stay in.
-  setsid "$@" >"$DIR/logs/$name.log" 2>&1 &
-  PIDS+=("$!")
-  NAMES+=("$name")
-  echo "$name $!" >>"$DIR/pids"
-}
-rm -f "$DIR/pids"
 start api-server airflow api-server
 start scheduler airflow scheduler --skip-serve-logs
 start dag-processor airflow dag-processor
 start triggerer airflow triggerer --skip-serve-logs
 start log-server python -m airflow_provider_amqstream.local_deployment serve-logs --host "$HOST" --port "$LOG_PORT"
+[ "$EXECUTOR" = celery ] && start_workers
 
 # Ready when the API answers healthy; the admin password exists from then on.
 PASSWORDS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
@@ -231,17 +258,40 @@ airflow.sh: ready
               in another shell:  source $ENV_FILE
   DAGs        $AIRFLOW__CORE__DAGS_FOLDER (unpaused), files under $AMQSTREAM_EXAMPLE_DIR
   logs        $DIR/logs/ (components), $AIRFLOW_HOME/logs/ (tasks, served on $HOST:$LOG_PORT)
-  Ctrl-C stops everything this started.
 EOF
+if [ "$EXECUTOR" = celery ]; then celery_banner; fi
+echo "  Ctrl-C stops everything this started."
 
-# Wait until a signal comes or a component dies; a dead component stops the rest.
+# Wait until a signal comes or a component dies; a dead component stops the rest, except a
+# Celery worker while another is left: its tasks are retried on the others (what a lost
+# machine does to a real deployment), and the test suite kills one on purpose.
 set +e
-wait -n "${PIDS[@]}"
-status=$?
-[ "$stopping" = 1 ] && exit 0
-for i in "${!PIDS[@]}"; do
-  if ! kill -0 "${PIDS[i]}" 2>/dev/null; then
+gone=()
+while true; do
+  live=()
+  for i in "${!PIDS[@]}"; do [[ " ${gone[*]} " == *" $i "* ]] || live+=("${PIDS[i]}"); done
+  wait -n "${live[@]}"
+  status=$?
+  [ "$stopping" = 1 ] && exit 0
+  fatal=0
+  for i in "${!PIDS[@]}"; do
+    [[ " ${gone[*]} " == *" $i "* ]] && continue
+    kill -0 "${PIDS[i]}" 2>/dev/null && continue
+    gone+=("$i")
     say "${NAMES[i]} exited (status $status); see $DIR/logs/${NAMES[i]}.log" >&2
-  fi
+    if [[ "${NAMES[i]}" == worker* ]]; then
+      left=0
+      for w in "${!PIDS[@]}"; do
+        [[ "${NAMES[w]}" == worker* && " ${gone[*]} " != *" $w "* ]] && left=$((left + 1))
+      done
+      if [ "$left" -gt 0 ]; then
+        say "$left Celery worker(s) left: their tasks, and the retries of ${NAMES[i]}'s, go on there" >&2
+        # Its session may still hold orphans (a task's children): they go with it.
+        signal_session KILL "${PIDS[i]}"
+        continue
+      fi
+    fi
+    fatal=1
+  done
+  [ "$fatal" = 1 ] && exit 1
 done
-exit 1

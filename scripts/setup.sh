@@ -14,6 +14,8 @@ command -v sftp >/dev/null 2>&1 || need_apt+=(openssh-client)
 # Headless Chromium for the UI checks of tests/system/test_deployment.py (driven by Playwright's
 # Python package, which downloads no browser of its own here).
 [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# Redis, Celery's broker for the CeleryExecutor deployment (make airflow-celery, tests/system/test_celery.py).
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -26,7 +28,7 @@ PY="${PYTHON:-python3}"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # pyspark 4.3 is a source package; pip caches the built wheel, so only the first
 # install on a machine builds it.
-"$VENV/bin/python" -m pip install -q -e ".[dev,bench,spark]"
+"$VENV/bin/python" -m pip install -q -e ".[dev,bench,spark,celery]"
 # The Spark provider pulls pyspark-client, which overwrites ~700 files shared with
 # pyspark; reinstall pyspark so `import pyspark` and its jars agree again.
 if ! "$VENV/bin/python" -c 'import pyspark, sys; sys.exit(pyspark.__version__ != "4.3.0")' 2>/dev/null; then

@@ -21,6 +21,9 @@ from tests.helpers import free_port
 # give the tests a private home first.
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="amqs-airflow-"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Parallel workers (scripts/test.sh): one SQLite metadata DB each, or their migrations collide.
+    os.environ["AIRFLOW_HOME"] = os.path.join(os.environ["AIRFLOW_HOME"], os.environ["PYTEST_XDIST_WORKER"])
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags" / "examples")
 # The examples' shared settings live beside them (example_support.py), as Airflow finds them.
 sys.path.insert(0, str(ROOT / "dags" / "examples"))
@@ -29,6 +32,18 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # sp
 
 
 logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
+
+# Tests that must have the machine to themselves: they assert time or heap bounds, or run a
+# whole deployment, Spark or several brokers. scripts/test.sh runs them after the others,
+# one at a time; the rest run in parallel workers.
+_SERIAL_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_disk_full.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name == "system" or path.name in _SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
 
 
 def _params(broker: EmbeddedBroker) -> BrokerParams:

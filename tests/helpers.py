@@ -183,3 +183,21 @@ def old_gen_mib(pid: int) -> float:
     out = subprocess.run(["jstat", "-gc", str(pid)], check=True, capture_output=True, text=True, timeout=60).stdout
     head, values = out.split("\n")[:2]
     return float(dict(zip(head.split(), values.split(), strict=True))["OU"]) / 1024
+
+
+def records_in(out: Path) -> int:
+    """How many completion records ``out`` holds (each stream published once is one), by
+    reading every file of its record store: for tests, never on a receiver's path."""
+    from airflow_provider_amqstream.engine import store as st
+
+    ids = set()
+    for seg in (out / ".amqstream" / st.STORE_DIR_NAME).glob("*/*/*.log"):
+        try:
+            data = seg.read_bytes()
+        except FileNotFoundError:
+            continue
+        for line in data.split(b"\n"):
+            rec = st.decode(line)
+            if rec is not None and rec[0].startswith(st.DONE):
+                ids.add(rec[0])
+    return len(ids)

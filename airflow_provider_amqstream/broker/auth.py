@@ -43,6 +43,9 @@ def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]
     # A stream that gives way is parked by its receiver, in a queue of its own no sender writes.
     parked = [("queue", f"{pattern}.amqs_parked", "read,write,admin")] if role == "receive" and kind == "queue" \
         else []
+    # Receivers note where a stream's partial data is, for receivers on other disks (engine/receive/holders.py).
+    if role == "receive" and kind == "queue":
+        parked.append(("queue", f"{pattern}.amqs_held.>", "read,write,admin"))
     # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
     quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
     if pattern.endswith(".>"):

@@ -34,6 +34,11 @@ USERS_FILE = "users.json"
 CA_FILE = Path("tls") / "broker-cert.pem"
 
 
+# The STOMP connectors' read buffer and socket buffers: a 1 MiB chunk in 16 reads, not 128
+# (ActiveMQ's defaults are 8 KiB and 64 KiB); see the template's header.
+IO_BUFFERS = "transport.ioBufferSize=65536&amp;transport.socketBufferSize=1048576"
+
+
 def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
     """Users added with :meth:`~airflow_provider_amqstream.broker.embedded.EmbeddedBroker.add_user`:
     name -> {password, send, receive}.
@@ -209,12 +214,12 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
                    f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
     if tls_port:
         tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
-                   '?transport.tcpNoDelay=true&amp;wireFormat.maxDataLength=67108864'
+                   f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=34603008'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
     xml = template.safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
-        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml,
+        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
         network_connectors=connectors_xml(network, f"amqstream-{port}", *(bridge or (None, None)), xml_attr),
     )

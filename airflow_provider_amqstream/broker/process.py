@@ -32,6 +32,15 @@ JAVA_OPENS = [
 ]
 
 
+# C1 only (no C2). The broker's hot paths are copies and system calls (STOMP bodies into
+# messages, messages into the journal, sockets), which C2 does not make faster: with C1 only
+# the broker's own threads used the same CPU per GiB, and C2's compiler threads, still at
+# 1.8-2.8 CPU-s per GiB through the third GiB after a start, are gone. What it risks: CPU-bound
+# Java code (TLS ciphers, many small messages) runs less optimised; docs/decisions/broker-tuning.md.
+# $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4).
+JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
+
+
 def activemq_home() -> Path:
     """Locate the ActiveMQ installation, or explain how to install one."""
     candidates = [os.environ.get("ACTIVEMQ_HOME"), "/usr/share/activemq"]
@@ -74,6 +83,7 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
     return [
         java, f"-Xmx{heap_mb}M", f"-Xms{min(heap_mb, 256)}M",
         "-XX:+ExitOnOutOfMemoryError",
+        *JIT_OPTIONS,
         *JAVA_OPENS,
         *shlex.split(os.environ.get("AMQSTREAM_BROKER_JAVA_OPTS", "")),
         f"-Djava.io.tmpdir={data_dir / 'tmp'}",

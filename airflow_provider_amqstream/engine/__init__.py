@@ -15,9 +15,9 @@
 
 from __future__ import annotations
 
-from airflow_provider_amqstream.engine.receive.claims import find_claimed
+from airflow_provider_amqstream.engine.receive.claims import find_claimed, find_received
 from airflow_provider_amqstream.engine.receive.manifest import find_manifest, manifest_path
-from airflow_provider_amqstream.engine.receive.session import find_received, receive_stream, receive_streams
+from airflow_provider_amqstream.engine.receive.session import receive_stream, receive_streams
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,

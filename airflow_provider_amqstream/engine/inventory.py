@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed, QueueSession
+from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many
+from airflow_provider_amqstream.engine.receive.holders import Holder
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
-from airflow_provider_amqstream.exceptions import LocalProtocolError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import ReceiverState
@@ -509,6 +511,14 @@ def progress_marks(entries: Iterable[InProgress]) -> dict[str, tuple[int, float]
     return {e.stream_id: (e.durable_bytes, now) for e in entries}
 
 
+def _valid_id(sid: str) -> bool:
+    try:
+        p.validate_stream_id(sid)
+    except p.ProtocolError:
+        return False
+    return True
+
+
 def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
     """The batches ``out_dir`` waits on: parts that arrived, files listed, files in.
 
@@ -534,14 +544,11 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
                         seen.append(k)
                         listed.extend(str(e.get("stream_id", "")) for e in part.get("entries", []))
                 sender = str(head.get("sender") or "")
-                files_in = 0
-                for sid in listed:
-                    try:
-                        rec = read_json(sdir / f"{p.validate_stream_id(sid)}.done")
-                    except (p.ProtocolError, OSError, ValueError):
-                        rec = None
-                    if rec is not None and str(rec.get("sender") or "") == sender:
-                        files_in += 1
+                try:
+                    known = find_received_many(out_dir, [sid for sid in listed if _valid_id(sid)])
+                except (StreamError, OSError, ValueError):
+                    known = {}
+                files_in = sum(str(rec.get("sender") or "") == sender for rec in known.values())
                 out.append(BatchProgress(batch_id, sender, str(out_dir), len(seen), parts, len(listed), files_in,
                                          first.stat().st_mtime))
             except (OSError, ValueError, TypeError, AttributeError) as exc:
@@ -631,12 +638,15 @@ class StreamReport:
     received: list[dict[str, Any]] = field(default_factory=list)
     in_batches: list[dict[str, Any]] = field(default_factory=list)
     queues: list[QueueProbe] = field(default_factory=list)
+    # Receivers' notes of where they hold its partial data (host, out_dir, part, since):
+    # directories on other machines that --out-dir cannot reach (engine/receive/holders.py).
+    held: list[dict[str, Any]] = field(default_factory=list)
     truncated: dict[str, bool] = field(default_factory=dict)
     denied: dict[str, str] = field(default_factory=dict)
 
     @property
     def found(self) -> bool:
-        return bool(self.offered or self.parked or self.quarantined or self.in_progress or self.received
+        return bool(self.offered or self.parked or self.quarantined or self.in_progress or self.received or self.held
                     or any(q.end_marker for q in self.queues))
 
     def to_json(self) -> dict[str, Any]:
@@ -678,11 +688,15 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     with QueueSession(params, browse_limit=browse_limit) as qs:
         rep.queues = [_probe(qs, q) for q in (dest.data_queue(sid), dlq_data_queue(dest, sid),
                                               staging_queue(dest, sid))]
+        notes = qs.browse(dest.held_queue(sid))
+        if notes.denied:
+            rep.denied[dest.held_queue(sid)] = notes.denied
+        rep.held = [asdict(h) for f in notes.frames if (h := Holder.from_headers(f.headers)) is not None]
     for out_dir in out_dirs:
         sdir = Path(out_dir) / STATE_DIR_NAME
         try:
-            done = read_json(sdir / f"{sid}.done")
-        except (OSError, ValueError) as exc:
+            done = find_received(out_dir, sid)
+        except (StreamError, OSError, ValueError) as exc:
             done = {"error": f"completion record unreadable: {exc}"}
         if done is not None:
             rep.received.append({"out_dir": str(out_dir), **done})

@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import re
 import secrets
 import stat
 import time
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from airflow_provider_amqstream.engine.store import SENT, RecordStore, open_store, prune_quietly, store_path
 from airflow_provider_amqstream.exceptions import StreamError
 
 log = logging.getLogger(__name__)
@@ -106,19 +108,82 @@ class Checkpoint(Protocol):
 
 
 class FileCheckpoint:
-    """A JSON file replaced atomically, fsynced so a crash never leaves half a state."""
+    """A stream in flight: a JSON file replaced atomically, fsynced so a crash never leaves
+    half a state. A stream the broker confirmed whole (``sent_at`` set): a record in the
+    state directory's record store (``records/``, kept ``retention_days``), and the file goes;
+    so the directory holds one file per stream in flight, not one per stream ever sent.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    :param path: the checkpoint file; its directory holds the store.
+    :param retention_days: days a finished stream's record is kept (None: 30; 0: for ever);
+        a stream sent again after that is sent again, and its receivers acknowledge it as a
+        duplicate if their own records still have it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, retention_days: float | None = None) -> None:
         self.path = Path(path)
+        self.retention_days = retention_days
+
+    def _store(self) -> RecordStore:
+        return sender_store(self.path.parent, self.retention_days)
 
     def load(self) -> dict[str, Any] | None:
         try:
-            return read_json(self.path)
+            data = read_json(self.path)
+            if data is None:
+                data = self._store().get(SENT, self.path.name, match=lambda v: isinstance(v, dict))
         except (OSError, ValueError) as exc:
             raise StreamError(f"resume state {self.path} is unreadable ({exc}); delete it to start over") from exc
+        return data
 
     def save(self, data: dict[str, Any], *, final: bool = False) -> None:
-        write_json(self.path, data)
+        if data.get("sent_at"):
+            self._store().put(SENT, self.path.name, data)
+            unlink_missing_ok(self.path)
+        else:
+            write_json(self.path, data)
+
+
+_PRUNED_SENDER_DIRS: set[str] = set()
+# A checkpoint (``<stream id>@<broker key>.json``, the operator's ``amqstream_send_...``) or
+# a ledger (``batch-<batch id>@<broker key>.jsonl``).
+_OURS = re.compile(r"[A-Za-z0-9._-]+@[0-9a-f]{12}\.jsonl?")
+
+
+def sender_store(directory: str | os.PathLike[str] | None = None,
+                 retention_days: float | None = None) -> RecordStore:
+    """The record store of a sender's state directory (default :func:`default_state_dir`).
+    The first use in a process prunes it: days of records past the retention, and the
+    checkpoints of streams abandoned in flight and batch ledgers (``batch-*.jsonl``) not
+    touched for as long.
+
+    :param directory: the state directory.
+    :param retention_days: days kept (None: 30; 0: for ever).
+    """
+    sdir = os.fspath(directory if directory is not None else default_state_dir())
+    store = open_store(store_path(sdir), retention_days)
+    if sdir not in _PRUNED_SENDER_DIRS:
+        _PRUNED_SENDER_DIRS.add(sdir)
+        prune_quietly(store)
+        if store.retention > 0:
+            _prune_old_files(sdir, time.time() - store.retention)
+    return store
+
+
+def _prune_old_files(sdir: str, before: float) -> None:
+    """Checkpoints and ledgers last written before ``before``: their streams and batches are
+    as expired as the records (the directory holds only those in flight, so this is short)."""
+    try:
+        entries = list(os.scandir(sdir))
+    except FileNotFoundError:
+        return
+    for e in entries:
+        if not _OURS.fullmatch(e.name):
+            continue  # AMQSTREAM_STATE_DIR may point where other files live: only ours go
+        try:
+            if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < before:
+                os.unlink(e.path)
+        except OSError as exc:
+            log.warning("sender state %s: could not prune %s (%s)", sdir, e.name, exc)
 
 
 def default_state_dir() -> Path:

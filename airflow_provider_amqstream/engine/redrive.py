@@ -565,7 +565,7 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step)
         _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
         for queue in (dest.data_queue(sid), dlq_data_queue(dest, sid), staging_queue(dest, sid),
-                      dest.control_queue(sid)):
+                      dest.control_queue(sid), dest.held_queue(sid)):
             gone = move_queue(link, queue, None, quiet=step)
             if gone.dropped:
                 result.removed[queue] = gone.dropped

@@ -47,13 +47,15 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 # What the Airflow layers (operators, sensors, triggers) use, all from here: they import
 # the hook and nothing below it (import-linter holds them to it).
 __all__ = [
-    "DEFAULT_RECEIVE_BATCH", "ENCODINGS", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
+    "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "ENCODINGS",
+    "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
     "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
     "StreamFailure",
     "TransferResult", "checkpoint_name", "default_state_dir",
 ]
 DEFAULT_RECEIVE_BATCH = p.DEFAULT_RECEIVE_BATCH
 ENCODINGS = p.ENCODINGS
+COMPRESSION_SETTINGS = p.COMPRESSION_SETTINGS
 MAX_CHUNK_SIZE = p.MAX_CHUNK_SIZE
 MODES = tuple(m.value for m in p.Mode)
 
@@ -161,14 +163,16 @@ class AmqStreamHook(BaseHook):
         return collect_files(paths, recursive=recursive)
 
     @staticmethod
-    def received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, Any] | None:
-        """The completion record of ``stream_id`` in ``out_dir``, or None."""
-        return engine.find_received(out_dir, stream_id)
+    def received(out_dir: str | os.PathLike[str], stream_id: str, *,
+                 records_retention_days: float | None = None) -> dict[str, Any] | None:
+        """The completion record of ``stream_id`` in ``out_dir`` (within the retention), or None."""
+        return engine.find_received(out_dir, stream_id, retention_days=records_retention_days)
 
     @staticmethod
-    def claimed(out_dir: str | os.PathLike[str], claim: str) -> list[dict[str, Any]]:
+    def claimed(out_dir: str | os.PathLike[str], claim: str, *,
+                records_retention_days: float | None = None) -> list[dict[str, Any]]:
         """Completion records of the streams ``claim`` took in ``out_dir``, oldest first."""
-        return engine.find_claimed(out_dir, claim)
+        return engine.find_claimed(out_dir, claim, retention_days=records_retention_days)
 
     @staticmethod
     def manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
@@ -239,7 +243,9 @@ class AmqStreamHook(BaseHook):
         :param claim: the taker recorded with each stream (an Airflow task instance).
         :param on_failure: called with each stream quarantined or yielded.
         """
-        files = self.claimed(out_dir, claim) if claim else []
+        if options.records_retention_days is None:
+            options = dataclasses.replace(options, records_retention_days=self.broker_params().records_retention_days)
+        files = self.claimed(out_dir, claim, records_retention_days=options.records_retention_days) if claim else []
         until = time.monotonic() + deadline
         manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
         while (count is None or len(files) < count) and manifest is None:

@@ -58,6 +58,10 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
         yields its place (default 2 % of the filesystem, at most 1 GiB).
+    :param records_retention_days: days ``out_dir`` keeps its completion records and claims
+        (default: the connection's extra ``records_retention_days``, else 30; 0: for ever).
+        Older ones are pruned as receiving starts; a stream offered again after its record
+        expired is received again.
     :param file_asset_alias: name of the ``AssetAlias`` the landing directory's events go
         through (default ``amqstream:landing:<out_dir>``).
 
@@ -78,8 +82,10 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, window: int | None = None,
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  file_asset_alias: str | None = None, quarantine: str | None = None,
-                 min_free_bytes: int | None = None, batch_sender: str | None = None, **kwargs: Any) -> None:
+                 min_free_bytes: int | None = None, batch_sender: str | None = None,
+                 records_retention_days: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.records_retention_days = records_retention_days
         self.batch_sender = batch_sender
         self.file_asset_alias = file_asset_alias
         self.landing_alias, self.landing_root = declare_receive_assets(
@@ -124,7 +130,7 @@ def receive_options(task: Any, *, wait: float, claim: str | None,
 
     :param task: a ReceiveStreamsOperator or StreamCompleteSensor (its ``window``,
         ``idle_timeout``, ``overwrite``, ``max_bytes``, ``quarantine``, ``min_free_bytes``,
-        ``source`` and ``log``).
+        ``records_retention_days``, ``source`` and ``log``).
     :param wait: seconds to wait for a stream to be offered.
     :param claim: the task instance's claim on the streams it takes (see ``task_claim``).
     :param events: called with (event name, data) as streams open, close and fail; every
@@ -139,7 +145,8 @@ def receive_options(task: Any, *, wait: float, claim: str | None,
     return ReceiveOptions(window=task.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
                           idle_timeout=task.idle_timeout, overwrite=task.overwrite, max_bytes=task.max_bytes,
                           quarantine=task.quarantine, min_free_bytes=task.min_free_bytes, claim=claim, events=on_event,
-                          progress=LogProgress(task.log, f"receive from {task.source}"))
+                          progress=LogProgress(task.log, f"receive from {task.source}"),
+                          records_retention_days=task.records_retention_days)
 
 
 class FailureReport:

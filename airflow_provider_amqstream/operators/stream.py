@@ -11,7 +11,13 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import metrics
-from airflow_provider_amqstream.hooks.amqstream import ENCODINGS, MAX_CHUNK_SIZE, MODES, AmqStreamHook, BulkResult
+from airflow_provider_amqstream.hooks.amqstream import (
+    COMPRESSION_SETTINGS,
+    MAX_CHUNK_SIZE,
+    MODES,
+    AmqStreamHook,
+    BulkResult,
+)
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import destination_alias, emit_destination, sent_extra, with_alias
@@ -52,8 +58,9 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     :param window: chunks per broker confirmation; default from the connection, else 16.
     :param mode: ``stream`` (receivers start at once) or ``atomic`` (receivers see the
         stream only after every chunk is stored in the broker).
-    :param compression: ``"zstd"`` to compress chunks that shrink (CSV, JSON); default the
-        connection's ``compression`` extra, else none.
+    :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV, JSON) and
+        stops trying on data that does not; ``"zstd"`` tries every chunk; ``"none"`` sends chunks
+        as they are. Default the connection's ``compression`` extra, else none.
     :param reconnect_timeout: seconds to keep trying to reach a lost broker, or one that is not up
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
@@ -160,7 +167,7 @@ def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, win
     :param mode: ``stream`` or ``atomic``.
     :param chunk_size: bytes per chunk, or None for the connection's.
     :param window: chunks per broker confirmation, or None for the connection's.
-    :param compression: a chunk encoding, or None.
+    :param compression: ``auto``, a chunk encoding, ``none``, or None for the connection's.
     """
     if mode not in MODES:
         raise ValueError(f"{task_id}: mode must be one of {list(MODES)}, got {mode!r}")
@@ -168,8 +175,9 @@ def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, win
         raise ValueError(f"{task_id}: chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
     if window is not None and window < 1:
         raise ValueError(f"{task_id}: window must be at least 1, got {window}")
-    if compression not in (None, *ENCODINGS):
-        raise ValueError(f"{task_id}: compression must be one of {ENCODINGS} or None, got {compression!r}")
+    if compression not in (None, *COMPRESSION_SETTINGS):
+        raise ValueError(f"{task_id}: compression must be one of {COMPRESSION_SETTINGS} or None (the "
+                         f"connection's), got {compression!r}")
 
 
 def names_one_file(path: str | list[str]) -> bool:

@@ -100,6 +100,13 @@ H_NOT_BEFORE = "amqs_not_before"
 H_YIELDS = "amqs_yields"
 H_YIELD_REASON = "amqs_yield_reason"
 H_FIRST_SENDER = "amqs_first_sender"
+# Where a stream's partial data is: a note a receiver leaves on Destination.held_queue
+# before it takes any chunk, naming its host, output directory and partial file, so a
+# receiver elsewhere (a retry on another worker) can say where the first bytes went.
+H_HELD_HOST = "amqs_held_host"
+H_HELD_DIR = "amqs_held_dir"
+H_HELD_PART = "amqs_held_part"
+H_HELD_SINCE = "amqs_held_since"
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 # The sender as the broker authenticated it, stamped on every message by a broker with
@@ -114,8 +121,9 @@ DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_WINDOW = 16
 # Receiver batch: half the broker's page size (maxPageSize=16 in the shipped config).
 DEFAULT_RECEIVE_BATCH = 8
-# ActiveMQ's STOMP connector refuses frames over maxDataLength (64 MiB in our config);
-# stay well below it so headers and a TLS record never push a chunk over.
+# ActiveMQ's STOMP connector refuses frames over maxDataLength (33 MiB in our config: the
+# largest chunk and its headers, and no more, since a receiver may be handed several
+# frames of that size before it can refuse any).
 MAX_CHUNK_SIZE = 32 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
@@ -234,6 +242,12 @@ class Destination:
         wildcards match prefixes only) can let senders read it without reading data."""
         return f"/queue/{self.name}.amqs_ctl.{validate_stream_id(stream_id)}"
 
+    def held_queue(self, stream_id: str) -> str:
+        """Where receivers note that they hold a stream's partial data (queues only; one
+        note per receiving directory, removed when the stream is published or quarantined).
+        Its own name element: receivers write it, senders need not see it."""
+        return f"/queue/{self.name}.amqs_held.{validate_stream_id(stream_id)}"
+
 
 # --------------------------------------------------------------------------- stream
 @dataclass(frozen=True)
@@ -271,37 +285,99 @@ class StreamSpec:
         return min((seq - 1) * self.chunk_size, self.size)
 
 
+try:
+    # The same CRC-32 as zlib's (the wire's amqs_crc), from ISA-L: ~9 GB/s against zlib's ~2 on
+    # this project's machines, which is ~0.4 CPU-s less per GiB on each end.
+    from isal.isal_zlib import crc32 as _crc32  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # isal is a dependency; a platform without its wheel still works, slower
+    _crc32 = zlib.crc32
+
+
 def crc32(body: bytes | memoryview) -> int:
-    return zlib.crc32(body) & 0xFFFFFFFF
+    """The CRC-32 (zlib's polynomial) of a chunk's wire body."""
+    return int(_crc32(body)) & 0xFFFFFFFF
 
 
 ENCODINGS = ("zstd",)
+# What a sender may be asked for: a wire encoding always tried, "auto" (compress what shrinks,
+# stop trying on data that does not) or "none".
+COMPRESSION_SETTINGS = ("auto", *ENCODINGS, "none")
+# Not "auto" yet: with compressed chunks (~290 KiB for CSV instead of 1 MiB) a backlog without a
+# consumer stalls ActiveMQ 5.17 at the queue's memory limit (64 MB) after ~500-660 chunks, the
+# shipped configuration and main's alike (docs/decisions/broker-tuning.md); raw 1 MiB chunks do not.
+DEFAULT_COMPRESSION = "none"
 # Below this saving a chunk goes raw: decompressing it would cost more than it saves.
 _MIN_SAVING = 0.95
+# "auto" keeps a chunk compressed only if it shrank to half or less. zstd level 1 costs the
+# sender ~5 CPU-s/GiB on this project's 2-core machines and the receiver ~2, and each byte not
+# sent saves the broker ~9 CPU-s/GiB (docs/decisions/broker-tuning.md): below 2x the whole path
+# would spend more CPU than it saves (on one machine) for a smaller gain in the broker.
+_AUTO_SAVING = 0.5
+# "auto" after a chunk that did not shrink: sends the next 1, 2, 4 ... chunks raw without
+# trying, at most this many, so incompressible data costs one failed attempt per 64 chunks
+# (zstd gives up on random bytes at ~2 GB/s) and a file whose compressible part comes later
+# is still found.
+_AUTO_MAX_SKIP = 64
+
+
+def normalise_compression(setting: str | None) -> str | None:
+    """The compression a sender was asked for, checked: ``"auto"``, an encoding of
+    :data:`ENCODINGS`, or None for none. ``"none"`` (any case) is None; None stays None
+    (callers that mean "the default" pass :data:`DEFAULT_COMPRESSION`).
+
+    :param setting: what the caller, the CLI or the connection's extra said.
+    """
+    if setting is None:
+        return None
+    value = str(setting).strip().lower()
+    if value == "none":
+        return None
+    if value not in COMPRESSION_SETTINGS:
+        raise ProtocolError(f"compression {setting!r} is not supported; use one of "
+                            f"{', '.join(COMPRESSION_SETTINGS)}")
+    return value
 
 
 class ChunkCodec:
-    """Optional per-chunk compression (zstd level 1). A chunk that does not shrink by at
-    least 5 % is sent raw, so incompressible data costs one quick failed attempt."""
+    """Optional per-chunk compression (zstd level 1) on the sending side.
+
+    ``"zstd"`` tries every chunk and sends raw any that does not shrink by 5 %. ``"auto"``
+    keeps a chunk compressed only if it shrank to half or less, and after one that did not,
+    skips trying for a growing number of chunks (1, 2, 4 ... 64): CSV or JSON is compressed
+    from its first chunk, random or already compressed data costs one failed attempt per 64
+    chunks. Either way each chunk says on the wire whether it is compressed (``amqs_enc``),
+    so receivers need no setting, and every receiver since per-chunk zstd decodes both.
+    """
 
     def __init__(self, encoding: str | None) -> None:
-        if encoding not in (None, *ENCODINGS):
-            raise ProtocolError(f"compression {encoding!r} is not supported; use one of {ENCODINGS} or none")
-        self.encoding = encoding
+        setting = normalise_compression(encoding)
+        # The setting, as passed on to send_file (a bulk send does, per large file): "none",
+        # not None, which would mean "the connection's" there.
+        self.encoding = setting or "none"
+        self._auto = setting == "auto"
         self._c = self._d = None
-        if encoding == "zstd":
+        self._skip = self._backoff = 0
+        if setting is not None:
             import zstandard
 
             self._c = zstandard.ZstdCompressor(level=1)
             self._d = zstandard.ZstdDecompressor()
 
     def encode(self, body: bytes) -> tuple[bytes, str | None]:
+        """The chunk's wire body and its encoding (None: sent as it is)."""
         if self._c is None or len(body) < 512:
             return body, None
-        packed = self._c.compress(body)
-        if len(packed) > len(body) * _MIN_SAVING:
+        if self._skip:
+            self._skip -= 1
             return body, None
-        return packed, self.encoding
+        packed = self._c.compress(body)
+        if len(packed) > len(body) * (_AUTO_SAVING if self._auto else _MIN_SAVING):
+            if self._auto:
+                self._backoff = min(max(1, 2 * self._backoff), _AUTO_MAX_SKIP)
+                self._skip = self._backoff
+            return body, None
+        self._backoff = 0
+        return packed, "zstd"
 
     @staticmethod
     def decode(encoding: str, wire: bytes | memoryview, length: int) -> bytes:
@@ -579,4 +655,22 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
         out[H_FIRST_SENDER] = sender
     else:
         out.pop(H_FIRST_SENDER, None)
+    return out
+
+
+def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str, by: str, at: str) -> dict[str, str]:
+    """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
+    headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
+    which host and when.
+
+    :param headers: the message as received.
+    :param reason: why it can never succeed (cut to 2,000 characters).
+    :param source: the destination it was taken from.
+    :param by: the host that filed it.
+    :param at: when, as an ISO 8601 time.
+    """
+    out = {k: str(v)[:1024] for k, v in headers.items()
+           if k.startswith("amqs_") and not k.startswith("amqs_quarantine")}
+    out.update({H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source, H_QUARANTINED_BY: by,
+                H_QUARANTINED_AT: at})
     return out

@@ -51,6 +51,10 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
         yields its place (default 2 % of the filesystem, at most 1 GiB).
+    :param records_retention_days: days ``out_dir`` keeps its completion records and claims
+        (default: the connection's extra ``records_retention_days``, else 30; 0: for ever).
+        Older ones are pruned as receiving starts; a stream offered again after its record
+        expired is received again.
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
@@ -79,8 +83,10 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  offer_wait: float = 5.0, file_asset_alias: str | None = None, quarantine: str | None = None,
-                 min_free_bytes: int | None = None, **kwargs: Any) -> None:
+                 min_free_bytes: int | None = None, records_retention_days: float | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.records_retention_days = records_retention_days
         self.file_asset_alias = file_asset_alias
         self.landing_alias, self.landing_root = declare_receive_assets(
             self, source=source, out_dir=out_dir, conn_id=amqstream_conn_id, alias_name=file_asset_alias)
@@ -221,7 +227,9 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         :param claim: the task instance's claim (see ``task_claim``).
         :param stream_id: the stream.
         """
-        return bool(claim) and any(r.get("stream_id") == stream_id for r in hook.claimed(self.out_dir, str(claim)))
+        claimed = hook.claimed(self.out_dir, str(claim), records_retention_days=self.records_retention_days) \
+            if claim else []
+        return any(r.get("stream_id") == stream_id for r in claimed)
 
     def already_received(self, hook: AmqStreamHook, claim: str | None) -> TransferResult | None:
         """The stored result if ``out_dir`` already holds this task's stream, else None.
@@ -236,10 +244,11 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         :param claim: the task instance's claim (see ``task_claim``).
         """
         if self.stream_id:
-            record = hook.received(self.out_dir, self.stream_id)
+            record = hook.received(self.out_dir, self.stream_id, records_retention_days=self.records_retention_days)
             why = "was already received"
         else:
-            claimed = hook.claimed(self.out_dir, claim) if claim else []
+            days = self.records_retention_days
+            claimed = hook.claimed(self.out_dir, claim, records_retention_days=days) if claim else []
             record = claimed[0] if claimed else None
             why = "was received by an earlier try of this task"
         if record is None:

@@ -30,8 +30,9 @@ class FrameParser:
     """
 
     _MAX_HEADER = 64 * 1024
-    # The broker refuses frames over 64 MiB (maxDataLength); allow headroom, no more.
-    _MAX_BODY = 80 * 1024 * 1024
+    # The shipped broker refuses frames over 33 MiB (maxDataLength); an external one may
+    # allow more, up to this.
+    _MAX_BODY = 64 * 1024 * 1024
 
     # A header line longer than this is dropped whole (ActiveMQ accepts 10 KiB per header).
     _MAX_LINE = 16 * 1024

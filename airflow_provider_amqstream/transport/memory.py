@@ -7,8 +7,8 @@ to ``DLQ.<queue>``, and what a subscriber leaves unacknowledged (it unsubscribes
 loses its connection) goes back to the head of its queue, marked redelivered. Selectors
 are the subset of JMS selectors the provider writes (``=``, ``<>``, ``IS [NOT] NULL``,
 ``[NOT] IN``, ``[NOT] LIKE ... ESCAPE``, ``AND``, ``OR``, ``NOT``, parentheses) with SQL's
-three-valued logic. Every message is stamped with the sending user (``JMSXUserID``) as a
-broker with ``populateJMSXUserID`` does. A test can drop every connection
+three-valued logic; ``JMSMessageID`` is the message id. Every message is stamped with the
+sending user (``JMSXUserID``) as a broker with ``populateJMSXUserID`` does. A test can drop every connection
 (:meth:`MemoryBroker.drop`) to exercise reconnects.
 
 Nothing is persistent and there is no flow control or paging: those are the real broker's,
@@ -417,6 +417,7 @@ class _Parser:
             self._take(")")
             return inner
         _, ident = self._take()
+        ident = _HEADER_OF.get(ident, ident)
         negate = False
         if self._peek("IS"):
             self._take()
@@ -462,6 +463,10 @@ class _Parser:
             return bool({"=": have == value, "<>": have != value, "<": have < value, ">": have > value,
                          "<=": have <= value, ">=": have >= value}[op])
         return compare
+
+
+# The JMS names of header fields a STOMP frame carries under its own name.
+_HEADER_OF = {"JMSMessageID": "message-id"}
 
 
 def _like(pattern: str, escape: str | None) -> re.Pattern[str]:

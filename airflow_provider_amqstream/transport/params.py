@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ConfigurationError
-from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT
+from airflow_provider_amqstream.exceptions import ConfigurationError, ProtocolError
+from airflow_provider_amqstream.protocol.wire import DEFAULT_COMPRESSION, DEFAULT_PORT, normalise_compression
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
@@ -62,6 +62,8 @@ class BrokerParams:
     :param heartbeat_ms: STOMP heart-beat interval both ways; 0 disables.
     :param chunk_size: default chunk size for streams sent through this connection.
     :param window: default number of chunks per confirmation window / prefetch.
+    :param records_retention_days: connection extra: days receivers (and senders) keep their
+        completion records, claims and "already sent" checkpoints (None: 30; 0: for ever).
     :param network: the broker is one of a network of brokers; a trigger watching for offers
         then also draws offers waiting at the other brokers to this one (a queue browser
         alone makes no bridge forward anything).
@@ -81,8 +83,10 @@ class BrokerParams:
     receipt_timeout: float = 60.0
     chunk_size: int | None = None
     window: int | None = None
-    compression: str | None = None
+    # "auto" (compress chunks that shrink), "zstd" (try every chunk), or None (none).
+    compression: str | None = normalise_compression(DEFAULT_COMPRESSION)
     network: bool = False
+    records_retention_days: float | None = None
     # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
     backend: str = "stomp"
 
@@ -153,12 +157,36 @@ class BrokerParams:
             heartbeat_ms=num("heartbeat_ms", 10_000), connect_timeout=num("connect_timeout", 15.0, float),
             receipt_timeout=num("receipt_timeout", 60.0, float),
             chunk_size=num("chunk_size", None), window=num("window", None),
-            compression=(str(extra["compression"]).lower() or None) if extra.get("compression") not in
-            (None, "", "none", "None") else None,
+            compression=_compression(extra, at),
             network=flag("network", False),
+            records_retention_days=_retention(num("records_retention_days", None, float), at),
         )
 
 
+
+
+def _compression(extra: Mapping[str, Any], at: str) -> str | None:
+    """The extra's ``compression``: the default (:data:`DEFAULT_COMPRESSION`) when the key is
+    absent or empty; ``none`` or a null value is none (the connection form saves its choice
+    "none" as null).
+
+    :param extra: the connection's extra.
+    :param at: names the connection in the error.
+    """
+    if "compression" not in extra or extra["compression"] == "":
+        return normalise_compression(DEFAULT_COMPRESSION)
+    value = extra["compression"]
+    try:
+        return normalise_compression(None if value is None else str(value))
+    except ProtocolError as exc:
+        raise ConfigurationError(f"{at}connection extra 'compression': {exc}") from None
+
+
+def _retention(days: float | None, at: str) -> float | None:
+    if days is not None and days < 0:
+        raise ConfigurationError(f"{at}connection extra 'records_retention_days' must be 0 (keep records for ever) "
+                                 f"or more days, got {days:g}")
+    return days
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:

@@ -2,8 +2,8 @@
 
 Made for event-driven scheduling (an ``AssetWatcher`` on an ``Asset``), directly or as
 ``MessageQueueTrigger(scheme="amqstream", ...)``. It only looks: the triggerer never
-takes an offer and never moves a byte of the file; the DAG run it starts receives the
-stream it names.
+takes an offer and never moves a byte of a file (it only files junk away); the DAG run it
+starts receives the stream it names.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ class StreamOfferedTrigger(BaseEventTrigger):
     triggerer process starts with an empty memory and fires for waiting offers again;
     the receiving sensor returns at once for a stream its directory already holds.
 
-    The broker shows a browser at most ``maxBrowsePageSize`` offers (16 in the shipped
-    config); more waiting offers are seen as receivers take the earlier ones.
+    The broker shows a browser at most ``maxBrowsePageSize`` waiting messages (16 in the
+    shipped config); more waiting offers are seen as receivers take the earlier ones. An
+    invalid message among them is quarantined by the trigger itself (to ``DLQ.<name>``,
+    with the reason, as a receiver would), so junk cannot hide offers when no receiver runs.
 
     Events are paced: after one fires, the next waits until the stream it named is taken
     (its offer leaves the queue) or ``pace`` seconds pass. Airflow 3.3 folds asset events

@@ -282,8 +282,12 @@ def test_hostile_offers_are_skipped_and_reported_once(broker: EmbeddedBroker, co
     assert [e.payload["stream_id"] for e in events] == ["good-1"]
     sender = events[0].payload["sender"]
     assert sender is None or (len(sender) <= offers_mod.MAX_SENDER and sender.isprintable())
-    warnings = [r for r in caplog.records if "invalid offer" in r.getMessage()]
-    assert len(warnings) == 7, [r.getMessage()[:120] for r in warnings]  # each once, not once per look
+    # Each filed away once, with its reason, where a receiver files what it cannot take.
+    warnings = [r for r in caplog.records if "quarantined to" in r.getMessage()]
+    assert len(warnings) == 7, [r.getMessage()[:120] for r in warnings]
+    filed = browse(params, f"/queue/DLQ.{dest.name}")
+    assert len(filed) == 7 and all(f.headers[p.H_QUARANTINED_FROM] == queue_name for f in filed)
+    assert sorted(f.headers[p.H_STREAM] for f in browse(params, queue_name)) == ["good-1", "re-1"]
 
 
 @pytest.mark.broker

@@ -141,7 +141,8 @@ def test_shipped_config_bounds_memory(tmp_path: Path) -> None:
     xml = (conf / "activemq.xml").read_text()
     for needle in ('maxPageSize="16"', "<storeCursor/>", 'limit="128 mb"', "tcpNoDelay=true",
                    'concurrentStoreAndDispatchQueues="false"', "simpleAuthenticationPlugin",
-                   'schedulerSupport="false"', "individualDeadLetterStrategy"):
+                   'schedulerSupport="false"', "individualDeadLetterStrategy",
+                   "transport.ioBufferSize=65536&amp;transport.socketBufferSize=1048576&amp;wireFormat"):
         assert needle in xml
     # The redelivery plugin would need the scheduler, which lets senders repeat messages.
     assert "<redeliveryPlugin" not in xml
@@ -169,3 +170,16 @@ def test_airflow_cli_lists_provider_hook_and_form() -> None:
     assert "amqstream" in run("behaviours").stdout
     widgets = run("widgets").stdout
     assert "extra__amqstream__window" in widgets and "extra__amqstream__tls" in widgets
+
+
+def test_broker_jvm_runs_c1_only_unless_the_user_says_otherwise(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_amqstream.broker.process import java_command
+
+    monkeypatch.delenv("AMQSTREAM_BROKER_JAVA_OPTS", raising=False)
+    cmd = java_command("java", tmp_path, tmp_path, tmp_path, 512)
+    assert "-XX:TieredStopAtLevel=1" in cmd
+    # The user's options come later, so the JVM takes theirs (the last of a flag wins).
+    monkeypatch.setenv("AMQSTREAM_BROKER_JAVA_OPTS", "-XX:TieredStopAtLevel=4")
+    cmd = java_command("java", tmp_path, tmp_path, tmp_path, 512)
+    assert cmd.index("-XX:TieredStopAtLevel=4") > cmd.index("-XX:TieredStopAtLevel=1")

@@ -29,14 +29,16 @@ from tests.helpers import RawSender, browse, free_port, make_file, old_gen_mib, 
 pytestmark = pytest.mark.broker
 
 QUEUES = [f"/queue/scale.{case}" for case in
-          ("noroom10", "noroom100", "noroom1000", "stalled10", "stalled100", "junk1000", "trickle", "batch",
-                           "names")]
+          ("noroom10", "noroom100", "noroom1000", "stalled10", "stalled100", "junk1000", "watch1000", "big", "trickle",
+           "batch", "names")]
 
 # Per bad stream ahead: a parked or refused offer costs a confirmed send and an
 # acknowledgement (milliseconds); a stalled one costs its first look (FIRST_LOOK, or the
 # idle timeout when shorter) and the same.
 PER_REFUSED = 0.05
 SLACK = 10.0
+# A receiving CLI's resident memory before any frame (Python, stomp.py, the engine).
+BASE_RSS_MIB = 80
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +149,93 @@ def test_a_good_stream_passes_a_thousand_junk_messages(
     assert len(failures) == 1000 and {f.status for f in failures} == {"quarantined"}
     assert delay <= SLACK + PER_REFUSED * 1000, f"{delay:.1f}s behind 1,000 junk messages"
     print(f"\nbehind 1,000 junk messages: the good stream arrived in {delay:.2f}s")
+
+
+def test_a_watcher_sees_a_stream_behind_a_thousand_junk_messages(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No receiver runs (event-driven scheduling: runs receive by id, after the trigger
+    fires). The broker shows a browser only the first page of waiting messages, so junk
+    nobody takes would hide the good offer for ever; the watcher files it away itself."""
+    import asyncio
+
+    from airflow_provider_amqstream.engine.receive.stream import drain_queue
+    from airflow_provider_amqstream.transport.session import StompLink
+    from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+
+    b, u = users
+    queue = "/queue/scale.watch1000"
+    raw = RawSender(u["mallory"])
+    shapes = [{}, {p.H_KIND: "data"}, {p.H_KIND: "offer"}, {p.H_KIND: "nonsense" * 100},
+              {p.H_KIND: "batch"}, {p.H_KIND: "pack"}]
+    try:
+        for i in range(1000):
+            raw.send(queue, b"x" * (i % 7), {**shapes[i % len(shapes)], p.H_STREAM: f"junk-{i}"})
+    finally:
+        raw.close()
+    src = make_file(tmp_path / "seen.bin", 200_000, seed=3)
+    sent = send_file(u["alice"], src, queue, chunk_size=64 * 1024)
+    monkeypatch.setenv("AIRFLOW_CONN_AMQS_WATCH_RX", b.info(user="rx").uri)
+    trig = StreamOfferedTrigger(destination=queue, amqstream_conn_id="amqs_watch_rx", poll_interval=0.05, pace=0)
+
+    async def first_event() -> dict[str, object]:
+        gen = trig.run()
+        try:
+            return (await asyncio.wait_for(gen.__anext__(), SLACK + PER_REFUSED * 1000)).payload
+        finally:
+            await gen.aclose()
+
+    t0 = time.monotonic()
+    event = asyncio.run(first_event())
+    delay = time.monotonic() - t0
+    assert (event["stream_id"], event["sender"]) == (sent.stream_id, "alice")
+    with StompLink(params_from_uri(b.info().uri)) as admin:  # a browser would see one page only
+        filed = drain_queue(admin, f"/queue/DLQ.{p.Destination.parse(queue).name}", ack=True, quiet=2, limit=120)
+    assert filed == 1000
+    got = receive_stream(u["rx"], queue, tmp_path / "out", stream_id=sent.stream_id,
+                         options=ReceiveOptions(wait_timeout=30))
+    assert got is not None and sha256_file(Path(got.path)) == sha256_file(src)
+    print(f"\na watcher behind 1,000 junk messages fired for the good stream in {delay:.2f}s")
+
+
+def test_what_a_receiver_holds_is_bounded_by_frames_not_by_what_senders_declare(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
+    """Mallory sends the largest frames the broker takes: inline offers and packs (a
+    receiver may be handed ``PREFETCH`` of them at once) and a stream declaring 32 MiB
+    chunks (``RECEIVE_WINDOW_BYTES`` bounds its prefetch to two). The receiver's peak
+    memory stays within the bound docs/protocol.md states, and the good stream arrives."""
+    from airflow_provider_amqstream.engine.receive.inline import PREFETCH
+    from tests.helpers import cli_json, cli_probed
+
+    b, u = users
+    queue = "/queue/scale.big"
+    dest = p.Destination.parse(queue)
+    frame = 32 * 1024 * 1024
+    rx = cli_probed("receive", "--from", queue, "--out-dir", str(tmp_path / "out"), "--conn", b.info(user="rx").uri,
+                    "--count", "1", "--wait", "600", "--json", "-q")
+    raw = RawSender(u["mallory"])
+    try:
+        zeros = bytes(frame)
+        for i in range(PREFETCH + 1):  # one more than the broker may hand over at once
+            kind = {p.H_KIND: "pack", p.H_STREAM: f"fatpack-{i}"} if i % 2 else {
+                **p.offer_headers(p.StreamSpec(f"fat-{i}", "fat.bin", frame, frame), dest), "amqs_inline": "1"}
+            raw.send(queue, zeros, kind)
+        spec = p.StreamSpec("wide-1", "wide.bin", 3 * frame, frame)
+        raw.send(queue, b"", p.offer_headers(spec, dest))
+        for seq in range(1, 4):  # every chunk fails its CRC
+            raw.send(dest.data_queue("wide-1"), b"\x01" + zeros[1:], p.data_headers(spec, seq, zeros))
+    finally:
+        raw.close()
+    src = make_file(tmp_path / "after-big.bin", 300_000, seed=11)
+    send_file(u["alice"], src, queue, chunk_size=64 * 1024)
+    rows = cli_json(rx, timeout=900)
+    got = [r for r in rows if r.get("name") == "after-big.bin"]
+    assert got and sha256_file(tmp_path / "out" / "after-big.bin") == sha256_file(src)
+    peak_mib = rows[-1]["peak_rss_kib"] / 1024
+    bound = BASE_RSS_MIB + 33 * (1 + PREFETCH + 2)
+    print(f"\nreceiver peak RSS behind {PREFETCH + 1} frames of 32 MiB and a stream of 32 MiB chunks: "
+          f"{peak_mib:.0f} MiB (bound {bound:.0f})")
+    assert peak_mib <= bound
 
 
 def test_a_second_user_can_neither_take_over_nor_extend_a_batch(

@@ -17,7 +17,7 @@ from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, re
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, cli_json, make_file, sha256_file, wait_for
+from tests.helpers import RawSender, browse, cli, cli_json, make_file, records_in, sha256_file, wait_for
 
 DEST = p.Destination.parse("/queue/inline.unit")
 BODY = hashlib.sha256(b"inline").digest() * 100  # 3200 bytes, compressible
@@ -119,7 +119,7 @@ def test_hundreds_of_small_files_arrive_in_groups_byte_exact(params: BrokerParam
     for src in files:
         assert sha256_file(tmp_path / "out" / src.name) == sha256_file(src)
     sdir = tmp_path / "out" / ".amqstream"
-    assert len(list(sdir.glob("*.done"))) == 300 and not list(sdir.glob("*.inline"))
+    assert records_in(tmp_path / "out") == 300 and not list(sdir.glob("*.inline"))
 
 
 @pytest.mark.broker
@@ -169,12 +169,12 @@ def test_a_receiver_killed_between_groups_leaves_every_file_exactly_once(uri: st
 
     def received_150() -> bool:
         assert first.poll() is None, f"the receiver exited early: {first.communicate()[1][-2000:]}"
-        return len(list((out / ".amqstream").glob("*.done"))) >= 150
+        return records_in(out) >= 150
 
     wait_for(received_150, 120, "150 files received", interval=0.005)
     os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=30)
-    before = len(list((out / ".amqstream").glob("*.done")))
+    before = records_in(out)
     assert before < 1000, "the receiver finished before it could be killed"
     # The re-run drains the queue: offers whose records were written but not yet
     # acknowledged come back as duplicates, so it cannot know how many streams are left.

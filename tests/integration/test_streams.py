@@ -133,7 +133,7 @@ def test_four_producers_two_consumers_one_stream_at_a_time(uri: str, tmp_path: P
     out = tmp_path / "out"
     events = tmp_path / "events.jsonl"
     receivers = [cli("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--follow",
-                     "--wait", "8", "--window", "4", "--json", "--events", str(events), "-q") for _ in range(2)]
+                     "--wait", "20", "--window", "4", "--json", "--events", str(events), "-q") for _ in range(2)]
     senders = [cli("send", *[], str(files[i]), "--to", queue_name, "--conn", uri, "--chunk-size", "65536",
                    "--json", "-q") for i in range(4)]
     for s in senders:
@@ -192,7 +192,9 @@ def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: P
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.sha256 == sent.sha256
     ckpt = FileCheckpoint(default_state_dir() / checkpoint_name("rep-1", params))
-    ckpt.save({**(ckpt.load() or {}), "confirmed_seq": 3, "end_sent": False})
+    # The state as the crash left it: in flight (no sent_at), confirmed up to chunk 3.
+    state = {k: v for k, v in (ckpt.load() or {}).items() if k != "sent_at"}
+    ckpt.save({**state, "confirmed_seq": 3, "end_sent": False})
     send_file(params, src, queue_name, stream_id="rep-1")  # repeats chunks 4-5 and the end, then re-offers
     events: list[str] = []
     assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(

@@ -2,21 +2,28 @@
 
 Triggers poll; a poll that opened a connection each time filled task logs with connect
 lines and cost the broker a login per look. This keeps one STOMP session per watcher,
-opens a fresh one only after the old one is lost, and only browses (ActiveMQ queue
-browsers consume nothing), so whoever receives the stream still finds its offer.
+opens a fresh one only after the old one is lost, and browses (ActiveMQ queue browsers
+consume nothing), so whoever receives a stream still finds its offer.
+
+The one thing it takes is junk: a message on the queue of offers that is no valid offer.
+The broker lets a browser see only the first ``maxBrowsePageSize`` waiting messages (16 in
+the shipped config), so junk nobody takes would hide every offer behind it from a watcher
+when no receiver runs to quarantine it. The watcher files it away as a receiver would.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import TransportError
+from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -26,6 +33,19 @@ log = logging.getLogger(__name__)
 
 # The longest sender an event reports (protocol.sender_of decides what a sender is).
 MAX_SENDER = p.MAX_USER_ID
+
+# The message ids a broker gives (ActiveMQ: ID:host-port-time-n:n:n:n:n) and nothing that
+# could end a quoted selector literal: a junk message is only taken by an id of this shape.
+_MESSAGE_ID = re.compile(r"ID:[A-Za-z0-9:._-]{1,200}")
+# Quarantined junk logged one by one, then counted at most this often (seconds).
+_SAY_EACH = 10
+_SAY_EVERY = 60.0
+
+
+@dataclass(frozen=True)
+class _Junk:
+    message_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -73,9 +93,12 @@ class OfferBrowser:
     :param params: broker settings.
     :param source: ``/queue/NAME`` to watch.
     :param browse_timeout: seconds to wait for the broker's end-of-browse marker.
+    :param quarantine: where junk on ``source`` is filed (default ``/queue/DLQ.<name>``, as
+        receivers do).
     """
 
-    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0) -> None:
+    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0,
+                 quarantine: str | None = None) -> None:
         self.params = params
         self.dest = p.Destination.parse(source)
         if self.dest.kind != "queue":
@@ -83,7 +106,12 @@ class OfferBrowser:
         self.browse_timeout = browse_timeout
         self.link: Link | None = None
         self.opened = 0  # sessions opened so far: one, unless the broker went away
+        self.quarantine = quarantine or f"/queue/DLQ.{self.dest.name}"
+        self.quarantined = 0  # junk messages filed away so far
         self._bad_seen: set[str] = set()
+        self._junk: list[_Junk] = []
+        self._may_take = True  # False once the broker refused us the queue or the quarantine
+        self._said = (0, 0.0)  # quarantined count and time of the last log line about it
 
     def _session(self) -> Link:
         if self.link is not None and self.link.connected:
@@ -103,25 +131,27 @@ class OfferBrowser:
         are not seen: no receiver takes them before their time.
 
         Raises :class:`TransportError` if the broker cannot be reached; the next call
-        reconnects. Invalid offers are skipped, each reported once.
+        reconnects. Invalid messages seen on the destination are quarantined, each reported
+        once (see the module's docstring).
         """
         selector = p.offer_selector(stream_id or None)
-        if not stream_id and skip:
-            for sid in skip:  # validated ids hold no quotes: safe inside the selector
-                p.validate_stream_id(sid)
-            selector += f" AND {p.H_STREAM} NOT IN ({', '.join(repr(s) for s in skip)})"
         link = self._session()
         try:
             if self.params.network:
                 self._draw_here(link, selector)
-            offers = self._browse(link, selector, str(self.dest))
+            # Watching all: browse everything, since the broker pages in only the first few
+            # messages before a selector is applied, and what is not an offer must be seen
+            # to be taken out of the way (see the module's docstring).
+            offers = self._browse(link, selector if stream_id else None, str(self.dest))
+            if self._junk:
+                self._take_junk(link)
             if stream_id:
                 if not offers:
                     # A receiver asking for this stream takes it from the parked queue at once.
                     offers = self._browse(link, selector, self.dest.parked_queue())
                 offers = [o for o in offers if o.stream_id == stream_id]
             elif skip:
-                offers = [o for o in offers if o.stream_id not in skip]  # packed ones
+                offers = [o for o in offers if o.stream_id not in skip]
         except TransportError:
             # Lost, refused or stuck: whatever state the session is in, the next look
             # starts from a fresh one.
@@ -142,8 +172,9 @@ class OfferBrowser:
         finally:
             link.unsubscribe(sub)
 
-    def _browse(self, link: Link, selector: str, queue: str) -> list[Offer]:
+    def _browse(self, link: Link, selector: str | None, queue: str) -> list[Offer]:
         sub = link.subscribe(queue, selector=selector, browser=True, prefetch=64)
+        parked = queue != str(self.dest)
         offers: list[Offer] = []
         deadline = time.monotonic() + self.browse_timeout
         while True:
@@ -158,23 +189,82 @@ class OfferBrowser:
                 break
             if frame.headers.get(p.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
+            if frame.headers.get(p.H_KIND) == p.Kind.BATCH.value:
+                try:  # a batch's file list is for its receivers; only a broken one is junk
+                    bw.parse_batch(frame.headers, frame.body or b"")
+                except p.ProtocolError as exc:
+                    self._report_bad(frame.headers, exc, junk=not parked)
+                continue
             if bw.is_pack(frame.headers):
-                offers.extend(self._members(frame))
+                offers.extend(self._members(frame, junk=not parked))
                 continue
             try:
-                offers.append(parse_visible_offer(frame.headers, self.dest, parked=queue != str(self.dest)))
+                offers.append(parse_visible_offer(frame.headers, self.dest, parked=parked))
             except p.ProtocolError as exc:
-                self._report_bad(frame.headers, exc)
+                self._report_bad(frame.headers, exc, junk=not parked)
         link.unsubscribe(sub)
         return offers
 
-    def _members(self, frame: Any) -> list[Offer]:
+    def _take_junk(self, link: Link) -> None:
+        """File the junk the last browse saw in the quarantine queue: one subscription that
+        matches only those messages (by the ids the broker gave them), each copied with the
+        reason and then acknowledged. What another consumer took meanwhile is simply not
+        there. A broker that refuses us the queue or the quarantine ends the taking, once,
+        with a warning; watching goes on."""
+        junk, self._junk = {j.message_id: j for j in self._junk}, []
+        if not self._may_take:
+            return
+        ids = ", ".join(f"'{mid}'" for mid in junk)
+        try:
+            sub = link.subscribe(str(self.dest), selector=f"JMSMessageID IN ({ids})", prefetch=len(junk))
+        except AccessDenied as exc:
+            self._refused(exc)
+            return
+        try:
+            for _ in range(len(junk)):
+                frame = link.get(2.0, subscription=sub)
+                if frame is None:
+                    break
+                found = junk.get(str(frame.headers.get("message-id", "")))
+                reason = found.reason if found else "not a valid offer"
+                link.send_confirmed(self.quarantine, b"", p.quarantined_headers(
+                    frame.headers, reason=f"invalid offer (seen by a watcher): {reason}", source=str(self.dest),
+                    by=socket.gethostname(), at=datetime.now(timezone.utc).isoformat(timespec="seconds")))
+                link.ack(frame)
+                self.quarantined += 1
+                self._say_quarantined(str(frame.headers.get("message-id", "?")), reason)
+        except AccessDenied as exc:
+            self._refused(exc)
+        finally:
+            if link.connected:
+                link.unsubscribe(sub)
+
+    def _say_quarantined(self, message_id: str, reason: str) -> None:
+        # A flood of junk must not flood a triggerer's log: the first few one by one, then
+        # a count now and then.
+        if self.quarantined <= _SAY_EACH:
+            log.warning("invalid message %s on %s quarantined to %s: %s", message_id, self.dest, self.quarantine,
+                        reason)
+            self._said = (self.quarantined, time.monotonic())
+        elif time.monotonic() - self._said[1] >= _SAY_EVERY:
+            log.warning("%d more invalid messages on %s quarantined to %s (%d in all; the reason is in each "
+                        "message's amqs_quarantine_reason)", self.quarantined - self._said[0], self.dest,
+                        self.quarantine, self.quarantined)
+            self._said = (self.quarantined, time.monotonic())
+
+    def _refused(self, exc: AccessDenied) -> None:
+        self._may_take = False
+        log.warning("cannot quarantine invalid messages on %s to %s (%s); they stay where they are and may hide "
+                    "offers behind them from this watcher until a receiver takes them; grant this user read on "
+                    "%s and write on %s", self.dest, self.quarantine, exc, self.dest, self.quarantine)
+
+    def _members(self, frame: Any, *, junk: bool) -> list[Offer]:
         """The valid offers inside a pack: one per file, as receivers will take them."""
         found = []
         try:
             members = bw.read_pack(frame.headers, frame.body or b"")
         except p.ProtocolError as exc:
-            self._report_bad(frame.headers, exc)
+            self._report_bad(frame.headers, exc, junk=junk)
             return []
         for headers, _ in members:
             try:
@@ -185,8 +275,11 @@ class OfferBrowser:
                                   f"{headers.get(p.H_STREAM, '')}"}, exc)
         return found
 
-    def _report_bad(self, headers: Mapping[str, Any], exc: p.ProtocolError) -> None:
+    def _report_bad(self, headers: Mapping[str, Any], exc: p.ProtocolError, *, junk: bool = False) -> None:
         key = str(headers.get("message-id", ""))[:200]
+        if junk and self._may_take and _MESSAGE_ID.fullmatch(key):
+            self._junk.append(_Junk(key, str(exc)))
+            return  # said when it is quarantined
         if key in self._bad_seen:
             return
         if len(self._bad_seen) >= 10_000:  # a flood of junk must not grow a long-lived trigger

@@ -1,27 +1,42 @@
-"""Which streams a receiving task took.
+"""What a receiving directory remembers: the streams it published and who took them.
 
-A receiver that publishes a stream acknowledges its offer, so the offer is gone. If the
-task that asked for it then fails to report success (its worker dies after publishing, or
-the scheduler loses track of it), the retry would wait for a new stream and the file it
-already received would never reach the task's downstream. A claim names the taker (an
-Airflow task instance: DAG, run, task, map index); the receiver records the claim beside
-the completion record, before the offer is acknowledged, and a retry of the same task
-instance reads it back instead of waiting.
+Both go in the directory's :class:`~airflow_provider_amqstream.engine.store.RecordStore`
+(``out_dir/.amqstream/records/``): compact, bounded by retention, one look-up reading one
+bucket per day (see docs/decisions/records-store.md).
 
-Layout: ``out_dir/.amqstream/claims/<sha256(claim)[:32]>/<stream id>.json``, one small
-file per stream, so recording a claim costs the same for the thousandth stream as for
-the first.
+* A **completion record** (kind ``d``, key = stream id) says the stream was published, as
+  what, from whom: an offer of it again is a duplicate (acknowledged, nothing written), and
+  another stream under its id is refused. Written after the file is durable and before the
+  offer is acknowledged.
+* A **claim** (kind ``c``, key = the taker's label) says which stream a receiving task took.
+  A receiver that publishes a stream acknowledges its offer, so the offer is gone; if the
+  task then fails to report success (its worker dies after publishing, or the scheduler
+  loses track of it), its retry would wait for a new stream and the file already received
+  would never reach the task's downstream. The claim names the taker (an Airflow task
+  instance: DAG, run, task, map index) and a retry of the same task instance reads it back.
+
+Directories written by earlier versions hold one file per record (``<id>.done``,
+``claims/<hash>/<id>.json``): look-ups fall back to those files when the store has no
+record, so an upgrade loses nothing; they are never written again (nor migrated: they stay
+until removed by hand, see docs/decisions/records-store.md).
+
+A record older than the retention (:data:`~airflow_provider_amqstream.engine.store.DEFAULT_RETENTION_DAYS`
+days unless ``records_retention_days`` says otherwise) is pruned: a stream offered again
+after that is received again.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json, write_json
+from airflow_provider_amqstream.engine import store as st
+from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, TransferResult, read_json
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamError
 from airflow_provider_amqstream.protocol import wire as p
 
@@ -36,32 +51,154 @@ def check_claim(claim: str) -> str:
     return claim
 
 
-def _claim_dir(sdir: Path, claim: str) -> Path:
-    return sdir / "claims" / hashlib.sha256(claim.encode()).hexdigest()[:32]
+def claim_key(claim: str) -> str:
+    """A claim's key in the store: its digest (a label may be 1 KiB; 96 bits tell labels apart)."""
+    return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
-def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True) -> None:
-    """Note that ``claim`` took ``stream_id`` (called before the stream's offer is acknowledged).
+def receiver_store(sdir: str | os.PathLike[str], retention_days: float | None = None) -> st.RecordStore:
+    """The record store of a state directory (``out_dir/.amqstream``), pruned once per process.
+
+    :param sdir: the state directory.
+    :param retention_days: days records are kept (None: the default; 0: for ever).
+    """
+    return st.open_store(st.store_path(sdir), retention_days)
+
+
+def _b64(hexdigest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hexdigest)).decode().rstrip("=") if hexdigest else ""
+
+
+def _hex(b64: str) -> str:
+    return base64.b64decode(b64 + "=" * (-len(b64) % 4)).hex() if b64 else ""
+
+
+_QUEUE = "/queue/"
+_MODES = {m.value[0]: m.value for m in p.Mode}
+
+
+def pack_done(result: TransferResult, out: str) -> list[Any]:
+    """A completion record, compact (~190 bytes a line instead of ~600 as a JSON object):
+    positional; the path relative to ``out``, and "" when it is the stream id less its
+    ``-<hash>`` tail (a default id's readable stem: the usual case); digests in base64; the
+    destination without ``/queue/``; the mode's initial; 0 for the default chunk size; the name
+    only if the file got another."""
+    path = result.path or ""
+    prefix = out.rstrip("/") + "/"
+    rel = path[len(prefix):] if path.startswith(prefix) else path
+    if rel and result.stream_id.rpartition("-")[0] == rel:
+        rel = ""
+    name = "" if os.path.basename(path) == result.name else result.name
+    dest = result.destination.removeprefix(_QUEUE)
+    chunk_size = 0 if result.chunk_size == p.DEFAULT_CHUNK_SIZE else result.chunk_size
+    value = [rel, _b64(result.sha256), result.bytes, result.chunks, chunk_size,
+             _b64(result.origin), result.sender, int(result.finished_at), dest, result.mode[:1], name]
+    return value[:-1] if not name else value
+
+
+def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The completion record of ``sid`` as the JSON object earlier versions wrote (None if
+    malformed)."""
+    if not isinstance(value, list) or len(value) < 10:
+        return None
+    rel, sha, size, chunks, chunk_size, origin, sender, at, dest, mode = value[:10]
+    name = value[10] if len(value) > 10 else ""
+    rel = rel or sid.rpartition("-")[0]
+    path = rel if os.path.isabs(rel) else os.path.join(os.fspath(out_dir), rel)
+    return {"stream_id": sid, "destination": dest if dest.startswith("/") else _QUEUE + dest,
+            "name": name or os.path.basename(path), "bytes": size, "chunks": chunks, "sha256": _hex(sha),
+            "seconds": 0.0, "mode": _MODES.get(mode, mode), "path": path, "started_at": at, "finished_at": at,
+            "status": "complete", "chunk_size": chunk_size or p.DEFAULT_CHUNK_SIZE, "origin": _hex(origin),
+            "sender": sender}
+
+
+def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
+                 sync: bool = True, retention_days: float | None = None) -> None:
+    """Record streams published into ``out`` (and the ``claim`` on each), in one write per
+    bucket. Called after the files are durable and before their offers are acknowledged.
+
+    :param sdir: the state directory.
+    :param out: the output directory as the receiver names it.
+    :param results: the streams published.
+    :param claim: who took them.
+    :param sync: fsync now (False: the caller flushes the filesystem).
+    :param retention_days: the directory's retention.
+    """
+    now = round(time.time(), 1)
+    items: list[tuple[str, str, Any]] = []
+    for res in results:
+        if claim:
+            items.append((st.CLAIM, claim_key(claim), [res.stream_id, now]))
+        items.append((st.DONE, res.stream_id, pack_done(res, out)))
+    receiver_store(sdir, retention_days).put_many(items, sync=sync)
+
+
+def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True,
+                 retention_days: float | None = None) -> None:
+    """Note that ``claim`` took ``stream_id``.
 
     :param sdir: the output directory's state directory (``out_dir/.amqstream``).
     :param claim: who took it.
     :param stream_id: the stream.
     :param sync: flush it now (False: the caller flushes a whole group).
+    :param retention_days: the directory's retention.
     """
-    write_json(_claim_dir(sdir, claim) / f"{stream_id}.json",
-               {"claim": claim, "stream_id": stream_id, "at": time.time()}, sync=sync)
+    receiver_store(sdir, retention_days).put(st.CLAIM, claim_key(check_claim(claim)),
+                                             [stream_id, round(time.time(), 1)], sync=sync)
 
 
-def find_claimed(out_dir: str | os.PathLike[str], claim: str) -> list[dict[str, Any]]:
-    """Completion records of the streams ``claim`` took in ``out_dir``, oldest first.
-
-    A stream whose completion record is gone (the state directory was cleaned) is left out.
+def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
+                  retention_days: float | None = None) -> dict[str, Any] | None:
+    """The completion record of ``stream_id`` if it was received into ``out_dir`` (within
+    the retention, or in an earlier version's ``<id>.done``), else None.
 
     :param out_dir: the receiver's output directory.
-    :param claim: the taker, as given to the receiver.
+    :param stream_id: the stream.
+    :param retention_days: the directory's retention (None: the default).
     """
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    cdir = _claim_dir(sdir, check_claim(claim))
+    p.validate_stream_id(stream_id)
+    sdir = os.path.join(out_dir, STATE_DIR_NAME)
+    try:
+        value = receiver_store(sdir, retention_days).get(st.DONE, stream_id)
+        if value is not None:
+            return unpack_done(value, stream_id, out_dir)
+        return read_json(os.path.join(sdir, f"{stream_id}.done"))
+    except (OSError, ValueError) as exc:
+        raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc}); "
+                          "check the directory's permissions and disk") from exc
+
+
+def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str], *,
+                       retention_days: float | None = None) -> dict[str, dict[str, Any]]:
+    """The completion records of those of ``stream_ids`` received into ``out_dir``: one pass
+    over their buckets for all of them (a batch's manifest checks thousands at once).
+
+    :param out_dir: the receiver's output directory.
+    :param stream_ids: the streams.
+    :param retention_days: the directory's retention (None: the default).
+    """
+    ids = [p.validate_stream_id(sid) for sid in stream_ids]
+    sdir = os.path.join(out_dir, STATE_DIR_NAME)
+    try:
+        values = receiver_store(sdir, retention_days).get_many(st.DONE, ids)
+        found = {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
+        for sid in ids:
+            if sid not in found:
+                legacy = read_json(os.path.join(sdir, f"{sid}.done"))
+                if legacy is not None:
+                    found[sid] = legacy
+    except (OSError, ValueError) as exc:
+        raise StreamError(f"completion records in {out_dir} are unreadable ({exc}); check the directory's "
+                          "permissions and disk") from exc
+    return found
+
+
+def _legacy_claim_dir(sdir: Path, claim: str) -> Path:
+    return sdir / "claims" / hashlib.sha256(claim.encode()).hexdigest()[:32]
+
+
+def _legacy_claimed(sdir: Path, claim: str, out_dir: str | os.PathLike[str]) -> list[str]:
+    cdir = _legacy_claim_dir(sdir, claim)
     try:
         names = sorted(f.name for f in os.scandir(cdir) if f.name.endswith(".json"))
     except FileNotFoundError:
@@ -74,11 +211,38 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str) -> list[dict[str, 
             # Two labels sharing a hash prefix would be a collision, not a claim of ours.
             if mark.get("claim") != claim or not isinstance(sid, str):
                 continue
-            p.validate_stream_id(sid)
-            done = read_json(sdir / f"{sid}.done")
+            found.append(p.validate_stream_id(sid))
         except (OSError, ValueError) as exc:
             raise StreamError(f"claim record {cdir / name} of {claim!r} in {out_dir} is unreadable ({exc}); "
                               "delete it to receive afresh") from exc
+    return found
+
+
+def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
+                 retention_days: float | None = None) -> list[dict[str, Any]]:
+    """Completion records of the streams ``claim`` took in ``out_dir``, oldest first.
+
+    A stream whose completion record is gone (pruned, or the state directory was cleaned)
+    is left out.
+
+    :param out_dir: the receiver's output directory.
+    :param claim: the taker, as given to the receiver.
+    :param retention_days: the directory's retention (None: the default).
+    """
+    sdir = Path(out_dir) / STATE_DIR_NAME
+    check_claim(claim)
+    try:
+        ids = [v[0] for v in receiver_store(sdir, retention_days).get_all(st.CLAIM, claim_key(claim))
+               if isinstance(v, list) and v and isinstance(v[0], str)]
+    except OSError as exc:
+        raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "
+                          "permissions and disk") from exc
+    ids += _legacy_claimed(sdir, claim, out_dir)
+    found: dict[str, dict[str, Any]] = {}
+    for sid in ids:
+        if sid in found:
+            continue
+        done = find_received(out_dir, sid, retention_days=retention_days)
         if done is not None:
-            found.append(done)
-    return sorted(found, key=lambda d: (d.get("finished_at", 0), d.get("stream_id", "")))
+            found[sid] = done
+    return sorted(found.values(), key=lambda d: (d.get("finished_at", 0), d.get("stream_id", "")))

@@ -9,7 +9,7 @@ three steps for the whole group, each one a single ``syncfs`` of the filesystem 
 
 1. every file's bytes, under a temporary name in ``.amqstream/``;
 2. every file renamed to its published name;
-3. every completion record (``.done``) and claim.
+3. every completion record and claim (one append per bucket of the record store).
 
 Only then are the offers acknowledged. A crash before step 3 leaves no record, so the
 redelivered offer is received again; the order means no record ever describes a file
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.receive.claims import record_claim
+from airflow_provider_amqstream.engine.receive.claims import done_records
 from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions, open_subdir
 from airflow_provider_amqstream.engine.records import (
@@ -44,7 +44,6 @@ from airflow_provider_amqstream.engine.records import (
     open_private,
     unlink_missing_ok,
     write_all,
-    write_json,
 )
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -302,9 +301,10 @@ class InlineGroup:
                 os.replace(f"{self._sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
                 it.path = os.path.join(self._out, *it.subdir, name)
             _sync(list(self.dir_fds.values()))
-            results = []
-            for it in self.items:
-                results.append((it.offer, self._record(it)))
+            results = [(it.offer, self._result(it)) for it in self.items]
+            # Without syncfs every record is flushed as written; with it, by _sync_records.
+            done_records(self.sdir, self._out, [r for _, r in results], claim=self.opts.claim,
+                         sync=_SYNCFS is None, retention_days=self.opts.records_retention_days)
             self._sync_records()
         except OSError as exc:
             first = self.items[0].spec.stream_id
@@ -326,7 +326,7 @@ class InlineGroup:
             os.close(fd)
         self.dir_fds.clear()
 
-    def _record(self, it: _Item) -> TransferResult:
+    def _result(self, it: _Item) -> TransferResult:
         spec = it.spec
         # A partial reception of this stream through its data queue (an older sender) is moot now.
         for leftover in (f"{spec.stream_id}.part", f"{spec.stream_id}.json"):
@@ -335,10 +335,6 @@ class InlineGroup:
         result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
                                 now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
                                 chunk_size=spec.chunk_size, origin=it.origin, sender=it.sender)
-        durable = _SYNCFS is None  # without syncfs every record is flushed on its own
-        if self.opts.claim:
-            record_claim(self.sdir, self.opts.claim, spec.stream_id, sync=durable)
-        write_json(f"{self._sdir}/{spec.stream_id}.done", result.to_json(), sync=durable)
         return result
 
     def _sync_records(self) -> None:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream.engine.receive.claims import find_received_many
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -184,8 +185,9 @@ class Batches:
         entries = [e for part in parts for e in part["entries"]]
         records = {}
         missing = set()
+        known = find_received_many(self.out, [e["stream_id"] for e in entries])
         for e in entries:
-            rec = read_json(self.root.parent / f"{e['stream_id']}.done")
+            rec = known.get(e["stream_id"])
             if rec is None:
                 missing.add(e["stream_id"])
                 continue

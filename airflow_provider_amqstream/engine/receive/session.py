@@ -27,12 +27,13 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive import inline
+from airflow_provider_amqstream.engine.receive.claims import find_received, receiver_store
 from airflow_provider_amqstream.engine.receive.inline import InlineGroup
 from airflow_provider_amqstream.engine.receive.manifest import Batches
 from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS, Offers
@@ -45,7 +46,6 @@ from airflow_provider_amqstream.engine.receive.stream import (
     receiver_token,
 )
 from airflow_provider_amqstream.engine.records import (
-    STATE_DIR_NAME,
     Backoff,
     StreamFailure,
     TransferResult,
@@ -53,9 +53,11 @@ from airflow_provider_amqstream.engine.records import (
     state_dir,
     write_json,
 )
+from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
     ConnectionLost,
+    StreamElsewhere,
     StreamError,
     StreamNoRoom,
     StreamQuarantined,
@@ -123,12 +125,16 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     :param on_failure: called with each stream quarantined or yielded.
     """
     opts = options or ReceiveOptions()
+    if opts.records_retention_days is None and params.records_retention_days is not None:
+        # The connection's retention, unless the caller chose one.
+        opts = replace(opts, records_retention_days=params.records_retention_days)
     dest = p.Destination.parse(source)
     if stream_id:
         p.validate_stream_id(stream_id)
     out = Path(out_dir)
     sdir = state_dir(out)
     inline.sweep_temporaries(sdir)
+    prune_quietly(receiver_store(sdir, opts.records_retention_days))
     batches = Batches(out, sdir)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
@@ -311,6 +317,7 @@ class ReceiveSession:
         except StreamYielded as exc:
             receiver.stop_data()
             receiver.file.shrink()
+            receiver.forget_if_empty()
             return self._yielded(exc, sid, receiver.offset, offer)
         self.link.ack(offer)
         return result
@@ -333,7 +340,7 @@ class ReceiveSession:
         failure = StreamFailure(
             sid,
             str(self.dest),
-            "stalled" if isinstance(exc, StreamStalled) else "no_room",
+            _yield_status(exc),
             str(exc),
             offset,
             retry_after=retry,
@@ -367,7 +374,7 @@ class ReceiveSession:
                 sid,
                 f"stream {sid} is {spec.size} bytes, over this receiver's limit of {self.opts.max_bytes} (max_bytes)",
             )
-        done = find_received(self.out, sid)
+        done = find_received(self.out, sid, retention_days=self.opts.records_retention_days)
         if done is not None:
             owner = str(done.get("sender") or "")
             if owner and sender != owner:
@@ -532,19 +539,8 @@ class ReceiveSession:
     def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0, moved: int = 0) -> StreamQuarantined:
         """File the offer away with the reason, acknowledge the original, report."""
         qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
-        headers = {
-            k: str(v)[:1024]
-            for k, v in offer.headers.items()
-            if k.startswith("amqs_") and not k.startswith("amqs_quarantine")
-        }
-        headers.update(
-            {
-                p.H_QUARANTINE_REASON: reason[:2000],
-                p.H_QUARANTINED_FROM: str(self.dest),
-                p.H_QUARANTINED_BY: socket.gethostname(),
-                p.H_QUARANTINED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
-        )
+        headers = p.quarantined_headers(offer.headers, reason=reason, source=str(self.dest), by=socket.gethostname(),
+                                        at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         self.link.send_confirmed(qdest, b"", headers)
         inline.settle(self.link, offer)
         failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved)
@@ -562,16 +558,25 @@ class ReceiveSession:
         except p.ProtocolError as exc:
             self._quarantine(offer, sid[: p.MAX_STREAM_ID], f"invalid re-offer: {exc}")
             return
-        done = self.sdir / f"{sid}.done"
-        if not done.exists() and (self.sdir / f"{sid}.part").exists():
+        def published() -> bool:
+            return find_received(self.out, sid, retention_days=self.opts.records_retention_days) is not None
+
+        if not published() and (self.sdir / f"{sid}.part").exists():
             # Another receiver of this directory is receiving the stream: it publishes, then
             # looks for this mark and drains; we mark first and look again, so one of us does.
             write_json(self.sdir / f"{sid}.reoffered", {"at": time.time()})
-        if done.exists():
+        if published():
             drained = drain_queue(self.link, self.dest.data_queue(sid), ack=True)
             self.opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
             (self.sdir / f"{sid}.reoffered").unlink(missing_ok=True)
         self.link.ack(offer)
+
+
+def _yield_status(exc: StreamYielded) -> str:
+    """A yielded stream's status in reports and metrics."""
+    if isinstance(exc, StreamStalled):
+        return "stalled"
+    return "elsewhere" if isinstance(exc, StreamElsewhere) else "no_room"
 
 
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
@@ -610,14 +615,3 @@ def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
     )
 
 
-def find_received(out_dir: str | os.PathLike[str], stream_id: str) -> dict[str, Any] | None:
-    """The completion record of ``stream_id`` if it was received into ``out_dir``, else None.
-
-    :param out_dir: the receiver's output directory.
-    :param stream_id: the stream.
-    """
-    p.validate_stream_id(stream_id)
-    try:
-        return read_json(os.path.join(out_dir, STATE_DIR_NAME, f"{stream_id}.done"))
-    except (OSError, ValueError) as exc:
-        raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc})") from exc

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.receive.claims import check_claim, record_claim
+from airflow_provider_amqstream.engine.receive import holders
+from airflow_provider_amqstream.engine.receive.claims import check_claim, done_records
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
-from airflow_provider_amqstream.engine.records import TransferResult, open_private, write_json
-from airflow_provider_amqstream.exceptions import StreamError, StreamStalled
+from airflow_provider_amqstream.engine.records import TransferResult, open_private
+from airflow_provider_amqstream.exceptions import ConfigurationError, StreamElsewhere, StreamError, StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
 from airflow_provider_amqstream.transport.link import Link
@@ -67,6 +68,9 @@ class ReceiveOptions:
         earlier try received (:func:`~airflow_provider_amqstream.engine.receive.claims.find_claimed`).
     :param events: called with (event name, data) as streams open, close and fail.
     :param progress: called with (bytes received, total bytes).
+    :param records_retention_days: days the output directory's completion records and claims
+        are kept (None: 30; 0: for ever). Older ones are pruned as a receiver starts, and a
+        stream offered again after its record expired is received again.
     """
 
     window: int = p.DEFAULT_RECEIVE_BATCH
@@ -83,10 +87,14 @@ class ReceiveOptions:
     claim: str | None = None
     events: EventSink | None = None
     progress: Progress | None = None
+    records_retention_days: float | None = None
 
     def __post_init__(self) -> None:
         if self.claim is not None:
             check_claim(self.claim)
+        if self.records_retention_days is not None and self.records_retention_days < 0:
+            raise ConfigurationError(f"records_retention_days must be 0 (keep for ever) or more days, "
+                                     f"got {self.records_retention_days}")
 
     def emit(self, kind: str, **data: Any) -> None:
         if self.events:
@@ -157,6 +165,12 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
     return fd
 
 
+# Chunk bytes a receiver acknowledges together, at most (at least one chunk): the broker's
+# prefetch of a stream's data is twice this (docs/protocol.md, "What a sender can make a
+# receiver do"). Eight default chunks of 1 MiB, the default window, fit.
+RECEIVE_WINDOW_BYTES = 8 * 1024 * 1024
+
+
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
@@ -171,20 +185,30 @@ class StreamReceiver:
         # Handshake mode: where to tell the sender our position, and how often. The sender
         # stops a window ahead of us, so acknowledge every half window to keep it busy.
         self.reply_to = handshake[0] if handshake else None
-        self.batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
+        batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
+        # The broker hands over twice this many chunks before any acknowledgement, each as
+        # large as the sender declared: bound it in bytes too, or a sender's 32 MiB chunks
+        # would make a receiver hold half a gigabyte.
+        self.batch = max(1, min(batch, RECEIVE_WINDOW_BYTES // spec.chunk_size))
         self.consumer = consumer_name(out)
         self.token = receiver_token(sdir, spec.stream_id) if handshake else ""
         self.rejected = 0
         self.unacked: list[Any] = []
         self.refused: list[Any] = []
         self.data_sub: str | None = None
-        self.done_file = sdir / f"{spec.stream_id}.done"
         self.what = f"stream {spec.stream_id} ({data_q})"
         # Chunks stamped by anyone but the offer's sender are refused (another user cannot
         # extend or spoil the stream); with no stamps at all there is nothing to compare.
         self.sender = sender
         self.forged = 0
         self.file = PartialFile(sdir, spec, self.what, sender)
+        # Where this directory's partial data is, noted on the broker for receivers elsewhere
+        # (holders.py): needed only when chunks are acknowledged before the stream is
+        # published, i.e. when it spans more than one batch; never on topics (handshake).
+        self.notes = not self.reply_to and dest.kind == "queue" and spec.chunks > self.batch
+        self.holder = holders.Holder.here(out, self.file.part)
+        self.noted = 0  # notes of this stream known to be on the broker (ours included)
+        self.announced = False
 
     @property
     def offset(self) -> int:
@@ -203,7 +227,12 @@ class StreamReceiver:
         except OSError as exc:
             raise self.file.disk_error(exc, f"creating {self.out.joinpath(*self.subdir)}") from exc
         try:
+            others = self._look_for_holders()
+            if others and not os.path.lexists(self.file.part):
+                # Its first chunks are on another disk: leave the rest on the broker for them.
+                raise StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others))
             self.file.open(min_free)
+            self._note_holding()
             resumed_from = self.file.state.contiguous_bytes
             opts.emit("stream_open", stream_id=spec.stream_id, resumed_from=resumed_from)
             try:
@@ -225,9 +254,8 @@ class StreamReceiver:
             time.monotonic() - t0, spec.mode.value, resumed_from, written, str(final), started,
             time.time(), self.file.state.duplicates, rejected=self.rejected, chunk_size=spec.chunk_size,
             origin=self.origin, sender=self.sender)
-        if opts.claim:
-            record_claim(self.sdir, opts.claim, spec.stream_id)
-        write_json(self.done_file, result.to_json())
+        done_records(self.sdir, str(self.out), [result], claim=opts.claim,
+                     retention_days=opts.records_retention_days)
         frames, self.unacked = self.unacked, []
         for frame in frames:
             self.link.ack(frame)
@@ -240,6 +268,7 @@ class StreamReceiver:
         if not self.reply_to and os.path.lexists(mark):
             drain_queue(self.link, self.data_q, ack=True)
             mark.unlink(missing_ok=True)
+        self._release_notes()
         # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
         opts.emit("stream_close", stream_id=spec.stream_id, path=str(final), destination=str(self.dest),
                   bytes=spec.size, bytes_transferred=written)
@@ -265,7 +294,37 @@ class StreamReceiver:
         self.file.discard()
         if not self.reply_to:
             n += drain_queue(self.link, self.data_q, ack=False)
+        self._release_notes()
         return n
+
+    def _look_for_holders(self) -> list[holders.Holder]:
+        """The other receivers that noted holding this stream's partial data."""
+        if not self.notes:
+            return []
+        found = holders.look(self.link, self.dest, self.spec.stream_id)
+        self.noted = len(found)
+        self.announced = any(h.same_place(self.holder) for h in found)
+        return [h for h in found if not h.same_place(self.holder)]
+
+    def _note_holding(self) -> None:
+        """Note on the broker, before any chunk is acknowledged, that this directory holds
+        the stream's partial data."""
+        if self.notes and not self.announced:
+            holders.announce(self.link, self.dest, self.spec.stream_id, self.holder)
+            self.announced = True
+            self.noted += 1
+
+    def _release_notes(self) -> None:
+        """Published or quarantined: nobody's partial data of this stream is of use now."""
+        if self.notes and self.noted:
+            holders.release(self.link, self.dest, self.spec.stream_id, known=self.noted)
+            self.noted, self.announced = 0, False
+
+    def forget_if_empty(self) -> None:
+        """After a yield: a directory that kept nothing of the stream withdraws its note."""
+        if self.announced and not os.path.lexists(self.file.part):
+            holders.release(self.link, self.dest, self.spec.stream_id, only=self.holder, known=self.noted)
+            self.noted, self.announced = max(0, self.noted - 1), False
 
     def _drain(self) -> int:
         """Receive chunks until complete; return bytes written by this run."""
@@ -369,13 +428,30 @@ class StreamReceiver:
             self.tell(p.Kind.REREQ, state.next_seq)
             return
         if state.expected_sha256 and not self.reply_to:
-            raise Poisoned(
-                f"end marker arrived but {state.describe_missing()} never did (consumed by another "
-                f"client or moved to a DLQ); the stream cannot be completed", self.offset)
+            raise self._missing()
         raise StreamStalled(
             f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
             f"{self.spec.size}; is the sender still running? The partial data is kept and the stream is "
             "tried again later (a re-run of the sender continues it).")
+
+    def _missing(self) -> Exception:
+        """After the end marker some chunks never came. Another receiver took them (its
+        directory is not this one) when one noted holding the stream, or when the first chunk
+        never came here: keep what this directory has and say where the rest is
+        (:class:`StreamElsewhere`). Otherwise they were lost (moved to a DLQ, or never
+        sent): :class:`Poisoned`."""
+        state, spec = self.file.state, self.spec
+        missing = state.describe_missing()
+        others = self._look_for_holders() if self.notes else []
+        have = spec.chunks - sum(last - first + 1 for first, last in state.missing_ranges())
+        kept = f"{have} of its {spec.chunks} chunks ({state.received_bytes} bytes) in {self.file.part}"
+        if others:
+            return StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others,
+                                                            missing=missing, kept=kept))
+        if self.notes and state.next_seq == 1 and state.ahead:
+            return StreamElsewhere(holders.unknown_report(self.what, self.dest, spec.stream_id, missing, kept))
+        return Poisoned(f"end marker arrived but {missing} never did (consumed by another client or moved to a "
+                        "DLQ); the stream cannot be completed", self.offset)
 
     def _decide(self, frame: Any) -> Decision:
         """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""

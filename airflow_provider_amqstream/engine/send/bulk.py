@@ -47,6 +47,7 @@ from airflow_provider_amqstream.engine.records import (
     FileCheckpoint,
     TransferResult,
     default_state_dir,
+    sender_store,
 )
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
@@ -186,6 +187,8 @@ def send_files(  # noqa: PLR0913
         batch_id = f"b-{digest[:20]}"
     p.validate_stream_id(batch_id)
     broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
+    # The first use in a process prunes expired records, checkpoints and ledgers.
+    sender_store(None, params.records_retention_days)
     ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
     status = BatchStatus(len(entries), sum(e.size for e in entries))
     ctx = _Ctx(params, dest, window, chunk, codec, p.Mode(mode), restart, ledger, status, results, progress,
@@ -485,7 +488,8 @@ class _Ctx:
 
     def _send_large(self, link: Link, e: Outgoing) -> TransferResult:
         ckpt = self.checkpoint_for(e.stream_id) if self.checkpoint_for else FileCheckpoint(
-            default_state_dir() / checkpoint_name(e.stream_id, self.params))
+            default_state_dir() / checkpoint_name(e.stream_id, self.params),
+            retention_days=self.params.records_retention_days)
         base = self.status.bytes_done
         # --restart discards a large file's checkpoint once, not again after a reconnect.
         restart = self.restart and e.stream_id not in self.restarted

@@ -17,17 +17,22 @@ def test_compression_none_is_saved_as_no_string() -> None:
     # Airflow's masker warned about as a secret too short to mask, on every lookup.
     sch = _schemas()["compression"]
     assert "default" not in sch or sch["default"] is None
-    assert sch["enum"] == [None, "zstd"] and "none" not in sch["enum"]
-    assert sch["values_display"] == {"null": "none (send chunks as they are)", "zstd": "zstd (CSV, JSON, logs)"}
+    assert sch["enum"] == [None, "auto", "zstd"] and "none" not in sch["enum"]
+    assert set(sch["values_display"]) == {"auto", "null", "zstd"}
+    assert sch["values_display"]["null"].startswith("none")
     from airflow.sdk.definitions.param import Param
 
-    for value in (None, "zstd"):
+    for value in (None, "auto", "zstd"):
         Param(value, **sch).resolve(suppress_exception=False)
+
     # Each value means what it says, and so does a connection saved before ("none") or without the key.
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": None}).compression is None
-    assert BrokerParams.from_parts("h", None, None, None, {}).compression is None
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": "none"}).compression is None
-    assert BrokerParams.from_parts("h", None, None, None, {"compression": "zstd"}).compression == "zstd"
+    def parsed(extra: dict[str, Any]) -> str | None:
+        return BrokerParams.from_parts("h", None, None, None, extra).compression
+
+    assert parsed({"compression": None}) is None and parsed({}) is None and parsed({"compression": ""}) is None
+    assert parsed({"compression": "none"}) is None and parsed({"compression": "None"}) is None
+    assert parsed({"compression": "auto"}) == "auto"
+    assert parsed({"compression": "zstd"}) == "zstd"
 
 
 def test_timeouts_have_fields_that_reach_the_transport() -> None:

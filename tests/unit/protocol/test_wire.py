@@ -296,6 +296,56 @@ def test_zstd_chunks_round_trip_and_skip_incompressible() -> None:
     assert wire == rnd and p.H_ENCODING not in headers  # incompressible: sent raw
 
 
+def test_auto_compresses_what_shrinks_and_stops_trying_on_what_does_not() -> None:
+    text = b"order_id,region,qty\n" + b"".join(b"%d,north,%d\n" % (i, i % 7) for i in range(40_000))
+    rnd = random.Random(5).randbytes(64 * 4096)
+    data = text[: 64 * 4096] + rnd + text[: 64 * 4096]
+    sp = spec(len(data), 4096)
+    codec = p.ChunkCodec("auto")
+    st = ReceiverState(sp)
+    out = bytearray(len(data))
+    encoded = []
+    for seq in range(1, sp.chunks + 1):
+        off, n = sp.chunk_span(seq)
+        headers, wire = p.data_message(sp, seq, data[off:off + n], codec)
+        encoded.append(p.H_ENCODING in headers)
+        d = st.decide(headers, wire)
+        assert d.verdict is Verdict.WRITE and d.data is not None
+        out[off:off + n] = d.data
+    assert bytes(out) == data
+    # The CSV is compressed from its first chunk; of the 64 random chunks, tries back off
+    # (1, 2, 4 ... skipped), so few are even attempted; the CSV after them is found again.
+    assert all(encoded[:64])
+    assert not any(encoded[64:128])
+    assert sum(encoded[128:]) >= 64 - p._AUTO_MAX_SKIP // 2 and encoded[-1]
+
+
+def test_crc32_is_zlibs_whichever_library_computes_it() -> None:
+    import zlib
+
+    body = random.Random(9).randbytes(100_003)
+    assert p.crc32(body) == zlib.crc32(body) == p.crc32(memoryview(body))
+    assert p.crc32(b"") == 0
+
+
+def test_auto_sends_raw_what_shrinks_too_little_to_pay() -> None:
+    # ~1.6x: worth it to "zstd" (5 % saved), not to "auto" (half saved).
+    body = random.Random(11).randbytes(6000) + bytes(4000)
+    wire, enc = p.ChunkCodec("zstd").encode(body)
+    assert enc == "zstd" and len(body) * 0.5 < len(wire) < len(body) * 0.95
+    assert p.ChunkCodec("auto").encode(body) == (body, None)
+
+
+def test_compression_settings_are_checked() -> None:
+    assert p.ChunkCodec("none").encode(b"a" * 4096) == (b"a" * 4096, None)
+    assert p.ChunkCodec(None).encode(b"a" * 4096) == (b"a" * 4096, None)
+    assert p.ChunkCodec("AUTO").encoding == "auto"
+    # What a bulk send passes on to each large file's send_file: None there means the connection's.
+    assert p.ChunkCodec("none").encoding == p.ChunkCodec(None).encoding == "none"
+    with pytest.raises(p.ProtocolError, match="lz9.*auto, zstd, none"):
+        p.ChunkCodec("lz9")
+
+
 def test_corrupt_or_unknown_encoding_is_never_written() -> None:
     sp = spec(8192, 8192)
     body = b"a" * 8192

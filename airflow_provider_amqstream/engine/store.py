@@ -1,0 +1,403 @@
+"""Records that must outlive a crash, in a compact store with retention.
+
+One store serves both ends: a receiver's completion records and claims (in
+``out_dir/.amqstream/records/``) and a sender's finished checkpoints (in its state
+directory's ``records/``). Layout::
+
+    records/<YYYYMMDD>/<bb>/<host>-<pid>-<random>.log
+
+* ``YYYYMMDD``: the UTC day the record was written. Retention drops whole days: a day
+  older than the retention is renamed away (atomic) and removed; look-ups ignore it even
+  before that.
+* ``bb``: one of :data:`BUCKETS` buckets, from the SHA-256 of the record's key: a look-up
+  reads only the files of one bucket per day, never the others.
+* ``<host>-<pid>-<random>``: the one process that writes the file. No two writers ever
+  append to the same file, so nothing relies on ``O_APPEND`` being atomic (it is not
+  across NFS clients) or on locks (``fcntl`` and SQLite locking are unreliable on NFS).
+
+A record is one line, ``<kind><key>\\t<JSON>\\t<CRC-32>\\n`` (a key holds no tab or
+newline). A line without its
+newline or whose CRC does not match (a write torn by a crash or a full disk) is ignored on
+read and never spoils another line; a writer whose write failed starts a new file rather
+than append after a torn line. A look-up searches each file of its bucket for
+``\\n<kind><key>\\t`` with ``mmap.find`` (C speed, no parsing of other records, nothing copied
+into the process): memory is flat in the number of records.
+
+Sizes: a completion record is ~170 bytes; a day holds at most :data:`BUCKETS` directories
+and (writers that day) x :data:`BUCKETS` files, so the store is bounded by about 170 bytes a
+record plus a filesystem block per (day, bucket, writer). See docs/decisions/records-store.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import mmap
+import os
+import secrets
+import shutil
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STORE_DIR_NAME = "records"
+# Records older than this many days are pruned (and no longer seen by look-ups).
+DEFAULT_RETENTION_DAYS = 30.0
+DAY = 86400
+# The longest line a look-up decodes (a longer one is garbage).
+MAX_LINE = 64 * 1024
+# Buckets per day. Fewer buckets mean fewer files and directories (each costs a block of
+# 4 KiB or more: at 10,000 streams 256 buckets cost ~150 bytes a stream, 64 ~65, 32 ~33);
+# more mean less read per look-up (1/BUCKETS of the records within retention).
+BUCKETS = 32
+# One encoder: json.dumps with separators builds a new one per call (a third of a write).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+# Kinds of record.
+DONE = "d"  # a receiver published a stream: key = stream id
+CLAIM = "c"  # a receiving task took a stream: key = the claim label, value = [stream id, at]
+SENT = "s"  # a sender's checkpoint of a stream the broker confirmed whole: key = checkpoint name
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def bucket(kind: str, key: str) -> str:
+    """The bucket (a directory name) a record of ``kind`` under ``key`` is filed in."""
+    return f"{zlib.crc32(f'{kind}{key}'.encode('utf-8', 'surrogatepass')) % BUCKETS:02x}"
+
+
+def _check_key(key: str) -> str:
+    if not key or "\t" in key or "\n" in key or len(key) > 1024:
+        raise ValueError(f"a record key must be 1-1024 characters without tab or newline, got {key[:80]!r}")
+    return key
+
+
+def encode(kind: str, key: str, value: Any) -> bytes:
+    """One record line (see the module's docstring)."""
+    body = f"{kind}{_check_key(key)}\t{_ENCODER.encode(value)}".encode()
+    return body + b"\t%08x\n" % zlib.crc32(body)
+
+
+def decode(line: bytes) -> tuple[str, Any] | None:
+    """(kind and key, value) of an intact line (without its newline), None for a torn one."""
+    body, sep, crc = line.rpartition(b"\t")
+    if not sep or len(crc) != 8:
+        return None
+    try:
+        if int(crc, 16) != zlib.crc32(body):
+            return None
+        head, value = body.decode().split("\t", 1)
+        return head, json.loads(value)
+    except ValueError:
+        return None
+
+
+def writer_name() -> str:
+    """This process's file name in a bucket: host, pid and randomness (a pid is reused
+    across hosts and over time)."""
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(4)}.log"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _day(t: float) -> str:
+    return time.strftime("%Y%m%d", time.gmtime(t))
+
+
+class RecordStore:
+    """Append-only, bucketed, day-partitioned records; see the module's docstring.
+
+    :param root: the store's directory (``.../records``); made on first write.
+    :param retention_days: records older than this are pruned by :meth:`prune` and ignored
+        by look-ups; None or 0 keeps them for ever.
+    :param clock: the time (tests).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, retention_days: float | None = DEFAULT_RETENTION_DAYS,
+                 clock: Any = time.time) -> None:
+        self.root = os.fspath(root)
+        self.retention = float(retention_days or 0) * DAY
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._name = writer_name()
+        # This writer's files of the current day, open (at most BUCKETS), and the day.
+        self._fds: dict[str, int] = {}
+        self._fd_day = ""
+        self._pid = os.getpid()
+
+    # -- writing ----------------------------------------------------------------
+
+    def put(self, kind: str, key: str, value: Any, *, sync: bool = True) -> None:
+        """Record ``value`` under (``kind``, ``key``), durable when this returns if ``sync``.
+
+        :param kind: :data:`DONE`, :data:`CLAIM` or :data:`SENT`.
+        :param key: what it is looked up by.
+        :param value: any JSON value.
+        :param sync: fsync the file (False: the caller flushes the filesystem).
+        """
+        self.put_many([(kind, key, value)], sync=sync)
+
+    def put_many(self, items: Iterable[tuple[str, str, Any]], *, sync: bool = True) -> None:
+        """Several records, grouped by file: one write (and fsync) per bucket touched."""
+        day = _day(self.clock())
+        by_bucket: dict[str, list[bytes]] = {}
+        for kind, key, value in items:
+            by_bucket.setdefault(bucket(kind, key), []).append(encode(kind, key, value))
+        with self._lock:
+            for b, lines in by_bucket.items():
+                self._append(day, b, b"".join(lines), sync)
+
+    def _append(self, day: str, b: str, data: bytes, sync: bool) -> None:
+        if os.getpid() != self._pid:
+            # A forked child (a Celery worker's task) is another writer: files of its own.
+            self._pid, self._name = os.getpid(), writer_name()
+            self.close()
+        if day != self._fd_day:
+            self.close()
+            self._fd_day = day
+        fd = self._fds.get(b)
+        new = fd is None
+        if fd is None:
+            bdir = f"{self.root}/{day}/{b}"
+            path = f"{bdir}/{self._name}"
+            # O_EXCL: a file of our own name, never one someone planted (nor a link).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
+            try:
+                fd = os.open(path, flags, 0o600)
+            except FileNotFoundError:
+                os.makedirs(bdir, exist_ok=True)
+                fd = os.open(path, flags, 0o600)
+            self._fds[b] = fd
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+                if new:
+                    # A new file's name (and its new directories') must be durable too.
+                    bdir = f"{self.root}/{day}/{b}"
+                    for d in (bdir, os.path.dirname(bdir), self.root):
+                        _fsync_dir(d)
+        except OSError:
+            # Part of a line may be in the file: never append after it (the next record
+            # would share its line and be lost with it). New files of our own from now on.
+            self.close()
+            self._name = writer_name()
+            raise
+
+    def close(self) -> None:
+        """Close this writer's open files (a later write opens new ones)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    # -- reading ----------------------------------------------------------------
+
+    def get(self, kind: str, key: str, *, match: Any = None) -> Any:
+        """The newest record of (``kind``, ``key``) within retention, or None.
+
+        :param match: a predicate the value must satisfy (a hash collision is a record of
+            another key: callers whose value names its key check it).
+        """
+        for value in self.get_all(kind, key):
+            if match is None or match(value):
+                return value
+        return None
+
+    def get_all(self, kind: str, key: str) -> Iterator[Any]:
+        """Every record of (``kind``, ``key``) within retention, newest day first."""
+        head = kind + _check_key(key)
+        needle = f"\n{head}\t".encode()
+        b = bucket(kind, key)
+        for day in self._days():
+            bdir = f"{self.root}/{day}/{b}"
+            try:
+                names = sorted(os.listdir(bdir))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                if name.endswith(".log"):
+                    yield from self._scan(f"{bdir}/{name}", needle, head)
+
+    def get_many(self, kind: str, keys: Iterable[str]) -> dict[str, Any]:
+        """The newest record of each of ``keys`` that has one: each bucket file is read once
+        for all of them (a batch's thousands of streams cost one pass over their buckets,
+        not a look-up each). Memory: the answer, and one file at a time.
+
+        :param kind: the records' kind.
+        :param keys: what to look up.
+        """
+        by_bucket: dict[str, set[bytes]] = {}
+        for key in keys:
+            by_bucket.setdefault(bucket(kind, key), set()).add(f"{kind}{_check_key(key)}".encode())
+        found: dict[str, Any] = {}
+        for day in self._days():
+            for b, heads in by_bucket.items():
+                bdir = f"{self.root}/{day}/{b}"
+                try:
+                    names = sorted(os.listdir(bdir))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for name in names:
+                    if name.endswith(".log"):
+                        self._scan_many(f"{bdir}/{name}", heads, found)
+        return found
+
+    def _scan_many(self, path: str, heads: set[bytes], found: dict[str, Any]) -> None:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        # The last piece has no newline (empty, or a torn tail): never decoded.
+        for line in data.split(b"\n")[:-1]:
+            head = line.partition(b"\t")[0]
+            if head in heads and head[1:].decode() not in found:
+                rec = decode(line)
+                if rec is not None:
+                    found[rec[0][1:]] = rec[1]
+
+    def _scan(self, path: str, needle: bytes, head: str) -> Iterator[Any]:
+        """The values of ``head``'s lines in one file. The file is mapped, not read: no copy
+        into this process's memory (a third faster here), and what is mapped is page cache,
+        let go when the look-up ends."""
+        try:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        except FileNotFoundError:
+            return  # pruned meanwhile
+        try:
+            size = os.fstat(fd).st_size
+            if not size:
+                return
+            with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
+                # The first line has no newline before it: "at" is where a line's newline would be.
+                first = data[:len(needle) - 1] == needle[1:]
+                at = -1 if first else data.find(needle)
+                if at < 0 and not first:
+                    return
+                while True:
+                    # A line ends at its newline; one without (a torn tail) is never decoded.
+                    stop = data.find(b"\n", at + 1)
+                    if stop < 0:
+                        break
+                    if stop - at <= MAX_LINE:
+                        rec = decode(data[at + 1:stop])
+                        if rec is not None and rec[0] == head:
+                            yield rec[1]
+                    at = data.find(needle, stop)
+                    if at < 0:
+                        break
+        finally:
+            os.close(fd)
+
+    def _days(self) -> list[str]:
+        """Day directories within retention, newest first."""
+        try:
+            days = [d for d in os.listdir(self.root) if len(d) == 8 and d.isdigit()]
+        except FileNotFoundError:
+            return []
+        cutoff = self._cutoff()
+        return sorted((d for d in days if d >= cutoff), reverse=True)
+
+    def _cutoff(self) -> str:
+        """The oldest day still kept ("" keeps every day)."""
+        return _day(self.clock() - self.retention) if self.retention > 0 else ""
+
+    # -- retention --------------------------------------------------------------
+
+    def prune(self) -> int:
+        """Remove the days older than the retention; return how many. Safe to run in several
+        processes at once: a day is first renamed to a name of this process's own (atomic,
+        also on NFS), so exactly one of them removes it and look-ups stop seeing it at once."""
+        if self.retention <= 0:
+            return 0
+        cutoff = self._cutoff()
+        try:
+            entries = os.listdir(self.root)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for d in entries:
+            if d.startswith(".expired-"):
+                # Left by a pruner that died mid-way: finish its work.
+                shutil.rmtree(f"{self.root}/{d}", ignore_errors=True)
+                continue
+            if not (len(d) == 8 and d.isdigit() and d < cutoff):
+                continue
+            gone = f"{self.root}/.expired-{d}-{secrets.token_hex(4)}"
+            try:
+                os.rename(f"{self.root}/{d}", gone)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
+                    continue  # another pruner took it
+                raise
+            shutil.rmtree(gone, ignore_errors=True)
+            removed += 1
+        if removed:
+            log.info("records in %s: pruned %d day(s) older than %g days", self.root, removed,
+                     self.retention / DAY)
+        return removed
+
+    def disk_usage(self) -> tuple[int, int]:
+        """(bytes allocated on disk, files) of the whole store: for measurements."""
+        total = files = 0
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            total += os.lstat(dirpath).st_blocks * 512
+            for name in filenames:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                files += 1
+        return total, files
+
+
+_STORES: dict[tuple[str, float], RecordStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def open_store(root: str | os.PathLike[str], retention_days: float | None = None) -> RecordStore:
+    """The process's store at ``root``: one per process and directory, so a process writes
+    one file per bucket and day however many streams it records (pruning is the caller's:
+    :meth:`RecordStore.prune`, which the receiver runs as it starts).
+
+    :param root: the store's directory.
+    :param retention_days: days records are kept (None: :data:`DEFAULT_RETENTION_DAYS`;
+        0 keeps them for ever).
+    """
+    days = DEFAULT_RETENTION_DAYS if retention_days is None else float(retention_days)
+    if days < 0:
+        raise ValueError(f"records_retention_days must be 0 (keep for ever) or more, got {retention_days}")
+    key = (os.path.abspath(os.fspath(root)), days)
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = RecordStore(key[0], retention_days=days)
+    return store
+
+
+def prune_quietly(store: RecordStore) -> int:
+    """:meth:`RecordStore.prune`, a failure logged (expired records stay until the next run)
+    rather than stopping a transfer."""
+    try:
+        return store.prune()
+    except OSError as exc:
+        log.warning("records in %s: pruning failed (%s); expired records stay until the next run", store.root, exc)
+        return 0
+
+
+def store_path(state_dir: str | os.PathLike[str]) -> Path:
+    """Where the store of a state directory (``out_dir/.amqstream``, a sender's) lives."""
+    return Path(state_dir) / STORE_DIR_NAME
