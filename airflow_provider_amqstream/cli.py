@@ -218,11 +218,11 @@ def cmd_send(args: argparse.Namespace) -> int:
         )
         _print_result(res, args.json, "sent")
         return 0
-    from airflow_provider_amqstream.engine import collect_files, send_files
+    from airflow_provider_amqstream.engine import iter_files, send_files
 
     if args.stream_id:
         raise ValueError("--stream-id names one stream; it cannot be used with several files")
-    files = collect_files(args.path, recursive=args.recursive)
+    files = iter_files(args.path, recursive=args.recursive)
     progress = _BatchProgress(not args.quiet)
 
     def on_failure(failure: Any) -> None:
@@ -245,8 +245,9 @@ def cmd_send(args: argparse.Namespace) -> int:
         print(f"sent {totals['files_sent']} files ({totals['files_already_sent']} sent before, "
               f"{totals['files_failed']} failed), {totals['bytes_transferred']} bytes to {bulk.destination} in "
               f"{totals['seconds']:.2f}s ({totals['files_per_second']:,.1f} files/s, "
-              f"{totals['mib_per_second']:,.1f} MiB/s); batch {bulk.batch_id}", flush=True)
-    return 1 if bulk.failures else 0
+              f"{totals['mib_per_second']:,.1f} MiB/s); batch {bulk.batch_id}; every file's result in "
+              f"{bulk.files_list}", flush=True)
+    return 1 if bulk.failed else 0
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
