@@ -262,11 +262,12 @@ def cmd_receive(args: argparse.Namespace) -> int:
         def events(kind: str, data: dict[str, Any]) -> None:
             ev_fh.write(json.dumps({"event": kind, "pid": os.getpid(), **data}) + "\n")
 
-    failures: list[Any] = []
+    failures = 0
 
     def on_failure(failure: Any) -> None:
         # Another stream's failure is reported, never fatal: the receiver goes on.
-        failures.append(failure)
+        nonlocal failures
+        failures += 1
         print(f"amqstream: stream {failure.stream_id} on {failure.destination} {failure.status}: {failure.reason}",
               file=sys.stderr, flush=True)
         if args.json:
@@ -276,12 +277,19 @@ def cmd_receive(args: argparse.Namespace) -> int:
                           idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
                           max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
                           progress=_Progress("receive", not args.quiet))
-    got = receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
-                          stream_id=args.stream_id, options=opts, on_failure=on_failure,
-                          on_result=lambda res: _print_result(res, args.json, "received"))
-    if not got and not args.follow:
+    received = 0
+
+    def on_result(res: Any) -> None:
+        nonlocal received
+        received += 1
+        _print_result(res, args.json, "received")
+
+    # Each result is printed as it comes and only counted: memory stays flat however many arrive.
+    receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
+                    stream_id=args.stream_id, options=opts, on_failure=on_failure, on_result=on_result, keep=0)
+    if not received and not args.follow:
         if failures:
-            print(f"no stream was received from {args.source}: {len(failures)} offered within {args.wait}s "
+            print(f"no stream was received from {args.source}: {failures} offered within {args.wait}s "
                   "failed (see above)", file=sys.stderr)
         else:
             print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)
