@@ -143,9 +143,10 @@ def iter_batch_messages(batch_id: str, entries: Iterable[Mapping[str, Any]],
     parts = max(1, -(-count // BATCH_PART_FILES))
     it = iter(entries)
     for k in range(1, parts + 1):
-        part = list(itertools.islice(it, BATCH_PART_FILES))
-        body = b"".join(json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
-                                   ensure_ascii=False).encode() + b"\n" for e in part)
+        # Each entry encoded as it is read: a part holds its lines, not the entries they came from.
+        body = b"".join([json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
+                                    ensure_ascii=False).encode() + b"\n"
+                         for e in itertools.islice(it, BATCH_PART_FILES)])
         h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
              H_PART: str(k), H_PARTS: str(parts)}
         yield h, body

@@ -131,6 +131,8 @@ class BatchFile:
 
     path: Path
     subdir: str = ""
+    # The path resolved, when the walk that found it knows it (see _tree).
+    real: Path | None = None
 
 
 def _tree(top: Path) -> Iterator[tuple[Path, str, bool]]:
@@ -140,6 +142,7 @@ def _tree(top: Path) -> Iterator[tuple[Path, str, bool]]:
     Walked one directory at a time (each sorted): what it holds is one directory's names and
     the path to it, never the whole tree."""
     stack = [(top, "")]
+
     while stack:
         d, rel = stack.pop()
         try:
@@ -210,10 +213,13 @@ class FileSet:
                     continue  # the same directory twice, or one inside another given too
                 walked.add(top)
                 for f, subdir, is_link in _tree(what):
+                    # The walk follows no directory link, so a file's real path is the real
+                    # top's plus the relative one; a link's must be looked up.
+                    real = f.resolve() if is_link else top / subdir / f.name
                     # A link to a file that a walk sends as itself is not sent twice.
-                    if is_link and in_tree(f.resolve()):
+                    if is_link and in_tree(real):
                         continue
-                    yield BatchFile(f, subdir)
+                    yield BatchFile(f, subdir, real)
                 continue
             for f in what:
                 key = f.resolve()

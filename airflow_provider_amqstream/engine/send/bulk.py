@@ -71,7 +71,6 @@ from airflow_provider_amqstream.engine.send.small_files import (
 from airflow_provider_amqstream.engine.send.stream import (
     _file_identity,
     checkpoint_name,
-    default_stream_id,
     send_file,
     stream_origin,
 )
@@ -261,11 +260,12 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
                 raise StreamError(f"{bf.path} is not a regular file")
             subdir = bf.subdir or _subdir_of(bf.path, base)
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
-            sid = default_stream_id(bf.path, dest, st_)
+            identity = _file_identity(bf.path, st_, bf.real)
+            sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}")  # as default_stream_id
         except (OSError, StreamError, p.ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
-        yield Outgoing(bf.path, subdir, sid, st_.st_size, _file_identity(bf.path, st_))
+        yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
 
 
 class _FilesList:
