@@ -215,6 +215,45 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+SECTION_START, SECTION_END = "<!-- scale: written by make bench -->", "<!-- /scale -->"
+
+
+def section(rows: list[dict[str, Any]], commit: str) -> str:
+    """The "Scale" section of docs/benchmarks.md for ``rows``, between its markers."""
+    return "\n".join([
+        SECTION_START, "## Scale: many small files", "",
+        "One installed `amqstream send DIR --recursive` and one `amqstream receive --count N` started together "
+        "(connection from `AIRFLOW_CONN_AMQSTREAM_DEFAULT`, the embedded broker), N files of 512 B to 4 KiB, "
+        f"{PER_DIR:,} to a directory (`python -m benchmarks.scale`, `make bench ARGS=\"--only scale --scale "
+        "1000,10000\"`). Send files/s from the sender's totals, receive files/s from its first start to its last "
+        "finish; peak RSS is VmHWM; `.amqstream` is what the receiver's records take after the run. "
+        f"Measured at commit {commit}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores shared with other work.",
+        "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION_END])
+
+
+def update_report(report: Path, text: str) -> None:
+    """Put ``text`` (a :func:`section`) in ``report``, replacing the one there, else before its
+    raw rows (or at its end)."""
+    old = report.read_text() if report.exists() else "# Benchmarks\n"
+    if SECTION_START in old and SECTION_END in old:
+        head, rest = old.split(SECTION_START, 1)
+        new = head + text + rest.split(SECTION_END, 1)[1]
+    elif "Raw rows (JSON):" in old:
+        head, rest = old.split("Raw rows (JSON):", 1)
+        new = head + text + "\n\nRaw rows (JSON):" + rest
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    report.write_text(new)
+
+
+def head_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def parse_counts(text: str) -> list[int]:
     return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
 
@@ -230,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--code", help="measure the package in this directory (an older checkout) instead of this one")
     ap.add_argument("--warm-files", type=int, default=2000, help="files through the fresh broker first, unmeasured")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--docs", help="put the rows in the Scale section of this benchmarks.md")
     args = ap.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-scale-"))
     broker = EmbeddedBroker(work / "broker", port=free_port())
@@ -244,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.docs:
+        update_report(Path(args.docs), section(rows, args.code and f"(the code in {args.code})" or head_commit()))
     return 0
 
 
