@@ -199,7 +199,7 @@ def send_files(  # noqa: PLR0913
     p.validate_stream_id(batch_id)
     broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
     ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
-    listing = _FilesList(default_state_dir() / f"batch-{batch_id}@{broker_key}.files.jsonl")
+    listing = _FilesList(default_state_dir() / f"files-{batch_id}@{broker_key}.jsonl")
     status = BatchStatus(survey.count, survey.bytes)
     ctx = _Ctx(params, dest, window, chunk, codec, p.Mode(mode), restart, ledger, status, tally, listing, progress,
                on_result, checkpoint_for, pack)
