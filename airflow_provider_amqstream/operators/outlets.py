@@ -37,16 +37,23 @@ def emit_file_assets(context: Any, alias: str, results: Iterable[Mapping[str, An
     from airflow.sdk import Asset
 
     events = context.get("outlet_events") if hasattr(context, "get") else None
-    files = [(file_asset_uri(str(r["path"])), r) for r in results if r.get("path")]
     if events is None:
-        log.warning("no outlet events in this context: %d file assets for alias %s not emitted", len(files), alias)
+        missed = sum(1 for r in results if r.get("path"))
+        log.warning("no outlet events in this context: %d file assets for alias %s not emitted", missed, alias)
         return 0
     target = events[alias_outlet(alias)]
-    for uri, r in files:
+    # One file at a time: ``results`` may be a list file of 100,000 rows read as it goes.
+    count, first = 0, ""
+    for r in results:
+        if not r.get("path"):
+            continue
+        uri = file_asset_uri(str(r["path"]))
         target.add(Asset(uri=uri),
                    extra={"stream_id": r.get("stream_id"), "bytes": r.get("bytes"), "sha256": r.get("sha256")})
-    if len(files) == 1:
-        log.info("asset event for %s (alias %s)", files[0][0], alias)
-    elif files:
-        log.info("%d asset events for the received files (alias %s)", len(files), alias)
-    return len(files)
+        count += 1
+        first = first or uri
+    if count == 1:
+        log.info("asset event for %s (alias %s)", first, alias)
+    elif count:
+        log.info("%d asset events for the received files (alias %s)", count, alias)
+    return count
