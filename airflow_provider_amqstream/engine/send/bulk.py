@@ -193,7 +193,7 @@ def send_files(  # noqa: PLR0913
             raise StreamError(f"{path}: {error}")
 
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
-    survey = _survey(files, dest, base, fail_fast)
+    survey = _survey(files, dest, base, fail if fail_fast else None)
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
     p.validate_stream_id(batch_id)
@@ -232,14 +232,15 @@ class _Survey:
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
-            fail_fast: bool) -> _Survey:
-    """Count the files a send will send (each failing one is reported by the sending pass;
-    with ``fail_fast`` the first stops the send here, before anything is sent)."""
+            fail_fast: Callable[..., None] | None) -> _Survey:
+    """Count the files a send will send. Each failing one is reported by the sending pass;
+    with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
+    the send before anything is sent."""
     out = _Survey()
 
     def fail(path: Path | str, error: str, sid: str = "") -> None:
-        if fail_fast:
-            raise StreamError(f"{path}: {error}")
+        if fail_fast is not None:
+            fail_fast(path, error, sid)
 
     for e in _outgoing(files, dest, base, fail):
         out.count += 1
