@@ -323,7 +323,7 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
     real, calls = bulk._Ctx.run, []
 
     def full_once(self: Any, link: Any, todo: Any, fail: Any) -> None:
-        calls.append(len(todo))
+        calls.append(1)  # the files still to send are read lazily: no len()
         if len(calls) == 1:
             real(self, link, collections.deque(todo.popleft() for _ in range(6)), fail)  # half get through
             raise DestinationFull(f"broker {params.url} refused messages: memory limit (test)")

@@ -351,15 +351,20 @@ class _Todo:
             raise IndexError(i)
         return self.front[i]
 
-    def peek(self, i: int) -> Outgoing | None:
-        return self.front[i] if self._fill(i + 1) else None
-
     def popleft(self) -> Outgoing:
         self._fill(1)
         return self.front.popleft()
 
     def appendleft(self, e: Outgoing) -> None:
         self.front.appendleft(e)
+
+
+def _second(todo: _Todo | collections.deque[Outgoing]) -> Outgoing | None:
+    """The file after the next one, if any."""
+    try:
+        return todo[1]
+    except IndexError:
+        return None
 
 
 class _InFlight:
@@ -476,7 +481,7 @@ class _Ctx:
                 if not small:  # a large file goes alone, after every small one before it
                     while flight.files:
                         self._confirm(link, flight)
-                nxt = todo.peek(1)
+                nxt = _second(todo)
                 seal = (e.seal or nxt is None or not self._small(nxt)
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
