@@ -218,11 +218,11 @@ def cmd_send(args: argparse.Namespace) -> int:
         )
         _print_result(res, args.json, "sent")
         return 0
-    from airflow_provider_amqstream.engine import collect_files, send_files
+    from airflow_provider_amqstream.engine import iter_files, send_files
 
     if args.stream_id:
         raise ValueError("--stream-id names one stream; it cannot be used with several files")
-    files = collect_files(args.path, recursive=args.recursive)
+    files = iter_files(args.path, recursive=args.recursive)
     progress = _BatchProgress(not args.quiet)
 
     def on_failure(failure: Any) -> None:
@@ -245,8 +245,9 @@ def cmd_send(args: argparse.Namespace) -> int:
         print(f"sent {totals['files_sent']} files ({totals['files_already_sent']} sent before, "
               f"{totals['files_failed']} failed), {totals['bytes_transferred']} bytes to {bulk.destination} in "
               f"{totals['seconds']:.2f}s ({totals['files_per_second']:,.1f} files/s, "
-              f"{totals['mib_per_second']:,.1f} MiB/s); batch {bulk.batch_id}", flush=True)
-    return 1 if bulk.failures else 0
+              f"{totals['mib_per_second']:,.1f} MiB/s); batch {bulk.batch_id}; every file's result in "
+              f"{bulk.files_list}", flush=True)
+    return 1 if bulk.failed else 0
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
@@ -261,11 +262,12 @@ def cmd_receive(args: argparse.Namespace) -> int:
         def events(kind: str, data: dict[str, Any]) -> None:
             ev_fh.write(json.dumps({"event": kind, "pid": os.getpid(), **data}) + "\n")
 
-    failures: list[Any] = []
+    failures = 0
 
     def on_failure(failure: Any) -> None:
         # Another stream's failure is reported, never fatal: the receiver goes on.
-        failures.append(failure)
+        nonlocal failures
+        failures += 1
         print(f"amqstream: stream {failure.stream_id} on {failure.destination} {failure.status}: {failure.reason}",
               file=sys.stderr, flush=True)
         if args.json:
@@ -276,12 +278,19 @@ def cmd_receive(args: argparse.Namespace) -> int:
                           max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
                           progress=_Progress("receive", not args.quiet),
                           records_retention_days=args.records_retention_days)
-    got = receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
-                          stream_id=args.stream_id, options=opts, on_failure=on_failure,
-                          on_result=lambda res: _print_result(res, args.json, "received"))
-    if not got and not args.follow:
+    received = 0
+
+    def on_result(res: Any) -> None:
+        nonlocal received
+        received += 1
+        _print_result(res, args.json, "received")
+
+    # Each result is printed as it comes and only counted: memory stays flat however many arrive.
+    receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
+                    stream_id=args.stream_id, options=opts, on_failure=on_failure, on_result=on_result, keep=0)
+    if not received and not args.follow:
         if failures:
-            print(f"no stream was received from {args.source}: {len(failures)} offered within {args.wait}s "
+            print(f"no stream was received from {args.source}: {failures} offered within {args.wait}s "
                   "failed (see above)", file=sys.stderr)
         else:
             print(f"no stream was offered on {args.source} within {args.wait}s", file=sys.stderr)

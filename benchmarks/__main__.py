@@ -318,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="size sent from site A to site B through a network bridge, against one broker, by "
                          "benchmarks.network (empty: skip)")
     ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow bulk run")
+    ap.add_argument("--scale", default="1000,10000,100000,300000",
+                    help="file counts for benchmarks.scale: files/s and peak RSS of one send and one receive of N "
+                         "small files (empty: skip)")
+    ap.add_argument("--records", type=int, default=1_000_000,
+                    help="benchmarks.scale: also receive the smallest count into a directory already holding this "
+                         "many completion records (0: skip)")
+    ap.add_argument("--only", choices=["scale"],
+                    help="run only this benchmark; its section of --docs/benchmarks.md is replaced, the rest kept")
     ap.add_argument("--no-startup", action="store_true",
                     help="skip the start-up figures of the installed command (benchmarks.startup)")
     ap.add_argument("--warm-up", type=int, default=64, metavar="MIB",
@@ -335,9 +343,16 @@ def main(argv: list[str] | None = None) -> int:
         update_readme(Path(args.readme), rows, date, cores, many)
         log(f"rewrote the figures in {args.readme} from {len(rows)} rows of {date}")
         return 0
+    if args.only == "scale":
+        from benchmarks import scale
+
+        return scale.main([f"--scale={args.scale}", f"--records={args.records}",
+                           f"--docs={Path(args.docs) / 'benchmarks.md'}",
+                           *([f"--workdir={args.workdir}"] if args.workdir else [])])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     bulk_rows: list[dict[str, Any]] = []
+    scale_rows: list[dict[str, Any]] = []
     net_text = startup_text = ""
     try:
         rows = run(args.sizes.split(","), args.data.split(","), work, not args.no_ssh, args.warm_up,
@@ -355,6 +370,17 @@ def main(argv: list[str] | None = None) -> int:
 
                     startup_text = startup.table(startup.run(work / "startup", info.uri))
                     print(startup_text)
+            finally:
+                broker.stop()
+        if args.scale:
+            from benchmarks import scale
+
+            broker = EmbeddedBroker(work / "scale-broker", port=free_port())
+            info, _ = broker.start()
+            try:
+                scale_rows = scale.run_scale(scale.parse_counts(args.scale), work / "scale", info.uri,
+                                             records=args.records)
+                print(scale.table(scale_rows))
             finally:
                 broker.stop()
         if args.network_size:
@@ -412,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                  "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
                  "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "
                  "disk here.", "", net_text, ""] if net_text else []),
+              *([scale.section(scale_rows, scale.head_commit()), ""] if scale_rows else []),
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]

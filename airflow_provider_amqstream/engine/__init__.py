@@ -27,7 +27,15 @@ from airflow_provider_amqstream.engine.records import (
     TransferResult,
     default_state_dir,
 )
-from airflow_provider_amqstream.engine.send.batch import BatchFile, BatchStatus, BulkResult, FileFailure, collect_files
+from airflow_provider_amqstream.engine.send.batch import (
+    BatchFile,
+    BatchStatus,
+    BulkResult,
+    FileFailure,
+    FileSet,
+    collect_files,
+    iter_files,
+)
 from airflow_provider_amqstream.engine.send.bulk import send_files
 from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, send_file
 from airflow_provider_amqstream.exceptions import (
@@ -39,7 +47,8 @@ from airflow_provider_amqstream.exceptions import (
 )
 
 __all__ = [
-    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "collect_files", "find_claimed", "find_manifest",
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "FileSet", "collect_files", "iter_files",
+    "find_claimed", "find_manifest",
     "manifest_path",
     "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",

@@ -10,6 +10,8 @@ retry or a reconnect always starts from a fresh socket.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import time
@@ -22,11 +24,13 @@ from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import engine
 from airflow_provider_amqstream.engine import (
+    STATE_DIR_NAME,
     BatchFile,
     BatchStatus,
     BulkResult,
     FileCheckpoint,
     FileFailure,
+    FileSet,
     ReceiveOptions,
     StreamFailure,
     TransferResult,
@@ -34,6 +38,7 @@ from airflow_provider_amqstream.engine import (
     collect_files,
     default_state_dir,
     default_stream_id,
+    iter_files,
 )
 from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
@@ -163,6 +168,18 @@ class AmqStreamHook(BaseHook):
         return collect_files(paths, recursive=recursive)
 
     @staticmethod
+    def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
+        """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (one per
+        claim: a retry replaces it with the full list, earlier tries' streams included)."""
+        key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
+        return Path(out_dir) / STATE_DIR_NAME / "lists" / f"{key}.files.jsonl"
+
+    @staticmethod
+    def iter_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:
+        """The same files as :meth:`collect_files`, walked each time they are iterated (no list)."""
+        return iter_files(paths, recursive=recursive)
+
+    @staticmethod
     def received(out_dir: str | os.PathLike[str], stream_id: str, *,
                  records_retention_days: float | None = None) -> dict[str, Any] | None:
         """The completion record of ``stream_id`` in ``out_dir`` (within the retention), or None."""
@@ -192,11 +209,12 @@ class AmqStreamHook(BaseHook):
                                 checkpoint=checkpoint, restart=restart, progress=progress,
                                 reconnect_timeout=reconnect_timeout, subdir=subdir)
 
-    def send_files(self, files: Sequence[str | os.PathLike[str] | BatchFile], destination: str, *,
+    def send_files(self, files: Iterable[str | os.PathLike[str] | BatchFile], destination: str, *,
                    batch_id: str | None = None, chunk_size: int | None = None, window: int | None = None,
                    mode: str = "stream", compression: str | None = None, fail_fast: bool = False,
                    manifest: bool = False, pack: bool = True, progress: Callable[[BatchStatus], None] | None = None,
                    on_failure: Callable[[FileFailure], None] | None = None,
+                   on_result: Callable[[TransferResult], None] | None = None,
                    checkpoint_for: Callable[[str], Checkpoint] | None = None,
                    ledger_flush: Callable[[list[str]], None] | None = None, ledger_seed: Iterable[str] = (),
                    reconnect_timeout: float = 120.0) -> BulkResult:
@@ -205,7 +223,8 @@ class AmqStreamHook(BaseHook):
         return engine.send_files(self.broker_params(), files, destination, batch_id=batch_id, chunk_size=chunk_size,
                                  window=window, mode=mode, compression=compression, fail_fast=fail_fast,
                                  manifest=manifest, pack=pack, progress=progress, on_failure=on_failure,
-                                 checkpoint_for=checkpoint_for, ledger_flush=ledger_flush, ledger_seed=ledger_seed,
+                                 on_result=on_result, checkpoint_for=checkpoint_for, ledger_flush=ledger_flush,
+                                 ledger_seed=ledger_seed,
                                  reconnect_timeout=reconnect_timeout)
 
     def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
@@ -216,17 +235,20 @@ class AmqStreamHook(BaseHook):
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
                         on_failure: Callable[[StreamFailure], None] | None = None,
-                        stop_after: float | None = None) -> list[TransferResult]:
+                        stop_after: float | None = None, on_result: Callable[[TransferResult], None] | None = None,
+                        keep: int | None = None) -> list[TransferResult]:
         """Receive streams over one connection, going on past streams that fail (each is
         quarantined or yields its place, and reported to ``on_failure``); see
         :func:`airflow_provider_amqstream.engine.receive_streams`."""
         return engine.receive_streams(self.broker_params(), source, out_dir, count=count, stream_id=stream_id,
-                                      options=options, on_failure=on_failure, stop_after=stop_after)
+                                      options=options, on_failure=on_failure, stop_after=stop_after,
+                                      on_result=on_result, keep=keep)
 
     def drain(self, source: str, out_dir: str | os.PathLike[str], *, options: ReceiveOptions,
               count: int | None = None, batch_id: str | None = None, batch_sender: str | None = None,
               deadline: float = 3600.0, claim: str | None = None,
-              on_failure: Callable[[StreamFailure], None] | None = None) -> Drained:
+              on_failure: Callable[[StreamFailure], None] | None = None, keep: int | None = None,
+              files_list: str | os.PathLike[str] | None = None) -> Drained:
         """Receive until ``count`` streams arrived, until the manifest of ``batch_id`` is
         written, until ``options.wait_timeout`` passes with no offer (without a batch), or
         until ``deadline`` seconds. Streams ``claim`` took in earlier tries count first.
@@ -242,32 +264,43 @@ class AmqStreamHook(BaseHook):
         :param deadline: seconds in all.
         :param claim: the taker recorded with each stream (an Airflow task instance).
         :param on_failure: called with each stream quarantined or yielded.
+        :param keep: list at most this many records in the result (None: all); the others
+            are counted, so memory stays flat however many streams arrive.
+        :param files_list: also write every record there, one JSON line each (replaced).
         """
         if options.records_retention_days is None:
             options = dataclasses.replace(options, records_retention_days=self.broker_params().records_retention_days)
-        files = self.claimed(out_dir, claim, records_retention_days=options.records_retention_days) if claim else []
-        until = time.monotonic() + deadline
-        manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
-        while (count is None or len(files) < count) and manifest is None:
-            left = until - time.monotonic()
-            # With a batch to wait for, look for its manifest every few seconds.
-            wait = min(options.wait_timeout or 5.0, 5.0, max(left, 0.1)) if batch_id else options.wait_timeout
-            got = self.receive_streams(source, out_dir, count=None if count is None else count - len(files),
-                                       options=dataclasses.replace(options, wait_timeout=wait, claim=claim),
-                                       on_failure=on_failure, stop_after=max(left, 0.0))
-            files += [r.to_json() for r in got]
+        drained = Drained([], None, keep=keep, files_list=_open_list(files_list))
+        try:
+            for done in (self.claimed(out_dir, claim, records_retention_days=options.records_retention_days)
+                         if claim else []):
+                drained.add(done)
+            until = time.monotonic() + deadline
             manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
-            if manifest is not None or (count is not None and len(files) >= count):
-                break
-            if time.monotonic() >= until:
-                if batch_id:
-                    raise StreamError(f"batch {batch_id} was not complete in {out_dir} after {deadline:.0f}s "
-                                      f"({len(files)} streams received); its manifest is written once every "
-                                      "listed file is in")
-                break
-            if not batch_id and not got:
-                break
-        return Drained(files, manifest)
+            while (count is None or drained.count < count) and manifest is None:
+                left = until - time.monotonic()
+                # With a batch to wait for, look for its manifest every few seconds.
+                wait = min(options.wait_timeout or 5.0, 5.0, max(left, 0.1)) if batch_id else options.wait_timeout
+                before = drained.count
+                self.receive_streams(source, out_dir, count=None if count is None else count - drained.count,
+                                     options=dataclasses.replace(options, wait_timeout=wait, claim=claim),
+                                     on_failure=on_failure, stop_after=max(left, 0.0),
+                                     on_result=lambda r: drained.add(r.to_json()), keep=0)
+                manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
+                if manifest is not None or (count is not None and drained.count >= count):
+                    break
+                if time.monotonic() >= until:
+                    if batch_id:
+                        raise StreamError(f"batch {batch_id} was not complete in {out_dir} after {deadline:.0f}s "
+                                          f"({drained.count} streams received); its manifest is written once every "
+                                          "listed file is in")
+                    break
+                if not batch_id and drained.count == before:
+                    break
+        finally:
+            drained.close()
+        drained.manifest = manifest
+        return drained
 
     def offer_browser(self, source: str, *, browse_timeout: float = 30.0) -> OfferBrowser:
         """A watcher of the offers on ``source`` over one kept session (blocking: call it from
@@ -278,10 +311,41 @@ class AmqStreamHook(BaseHook):
 
 @dataclass
 class Drained:
-    """What :meth:`AmqStreamHook.drain` received: each stream's record, and the batch's manifest."""
+    """What :meth:`AmqStreamHook.drain` received: the streams' records (the first ``keep`` of
+    them; all without ``keep``), how many and their bytes, and the batch's manifest. With a
+    ``files_list`` every record is also appended there, one JSON line each."""
 
     files: list[dict[str, Any]]
     manifest: Path | None
+    keep: int | None = None
+    count: int = 0
+    bytes: int = 0
+    files_list: Any = None  # an open text file while draining; its path afterwards
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.count += 1
+        self.bytes += int(record.get("bytes") or 0)
+        if self.keep is None or len(self.files) < self.keep:
+            self.files.append(record)
+        if self.files_list is not None:
+            self.files_list.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        if self.files_list is not None:
+            self.files_list.close()
+            self.files_list = self.files_list.name
+
+    @property
+    def complete(self) -> bool:
+        """Whether ``files`` lists every stream."""
+        return len(self.files) == self.count
+
+
+def _open_list(path: str | os.PathLike[str] | None) -> Any:
+    if path is None:
+        return None
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by Drained.close
 
 
 def _mask(secret: str | None) -> None:

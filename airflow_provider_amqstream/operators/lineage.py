@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from airflow_provider_amqstream.assets.amqstream import authority
 from airflow_provider_amqstream.assets.files import FILE_NAMESPACE
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, BrokerParams
+from airflow_provider_amqstream.operators.xcom import iter_result_files
 
 MAX_FILE_DATASETS = 100
 
@@ -88,19 +89,31 @@ def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *,
     count, as the task moved them."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    files = [f for f in (result or {}).get("files", []) if isinstance(f, dict) and f.get("path")]
-    if not files or params is None:
+    if not result or params is None:
         return OperatorLineage()
-    total = sum(int(f.get("bytes") or 0) for f in files)
+    # Read once, a file at a time (a batch past MAX_XCOM_FILES is read from its files list):
+    # the first MAX_FILE_DATASETS kept, then only their count, bytes and common directory.
+    first: list[dict[str, Any]] = []
+    count = total = 0
+    root: str | None = None
+    for f in iter_result_files(result):
+        if not f.get("path"):
+            continue
+        count += 1
+        total += int(f.get("bytes") or 0)
+        parent = str(Path(f["path"]).resolve().parent)
+        root = parent if root is None else os.path.commonpath([root, parent])
+        if len(first) <= MAX_FILE_DATASETS:
+            first.append(f)
+    if not count:
+        return OperatorLineage()
     file_role, dest_role = ("input", "output") if sending else ("output", "input")
-    dest = destination_dataset(params, str(files[0]["destination"]), role=dest_role, size=total,
-                               file_count=len(files))
-    if len(files) <= MAX_FILE_DATASETS:
+    dest = destination_dataset(params, str(first[0]["destination"]), role=dest_role, size=total, file_count=count)
+    if count <= MAX_FILE_DATASETS:
         local = [file_dataset(f["path"], role=file_role, size=f.get("bytes"), sha256=f.get("sha256") or None)
-                 for f in files]
+                 for f in first]
     else:
-        root = os.path.commonpath([str(Path(f["path"]).resolve().parent) for f in files])
-        local = [_dataset(file_namespace(), root, size=total, sha256=None, role=file_role, file_count=len(files))]
+        local = [_dataset(file_namespace(), root or "/", size=total, sha256=None, role=file_role, file_count=count)]
     if sending:
         return OperatorLineage(inputs=local, outputs=[dest])
     return OperatorLineage(inputs=[dest], outputs=local)

@@ -22,6 +22,7 @@ from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import Arrivals, declare_receive_assets, emit_landing
 from airflow_provider_amqstream.operators.progress import LogProgress
+from airflow_provider_amqstream.operators.xcom import MAX_XCOM_FILES, iter_result_files, listed
 
 
 class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
@@ -30,7 +31,11 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
     until ``deadline``.
 
     Returns (XCom ``return_value``) ``{"files": [one entry per stream], "failed": [...],
-    "manifest": path or None, "count": n}``. Streams that fail are quarantined or yield
+    "manifest": path or None, "count": n, "bytes": total, "files_listed": bool, "files_list":
+    path, "failed_count": n}``: ``files`` lists every stream up to ``MAX_XCOM_FILES`` (1,000),
+    and is empty past that (``files_listed`` false), when ``files_list`` (a JSON-lines file
+    in ``out_dir/.amqstream/lists/``, one record a line) and the manifest list them;
+    ``failed`` lists the first 1,000 failures. Streams that fail are quarantined or yield
     their place and are reported in ``failed``; they do not stop the others. A retry
     starts from the streams earlier tries of the same task instance received (they count
     towards ``count`` and are listed in ``files``), so none is lost between tries.
@@ -111,16 +116,20 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
         failed = FailureReport(self.log)
         opts = receive_options(self, wait=self.wait_timeout, claim=claim)
         drained = hook.drain(self.source, self.out_dir, options=opts, count=self.count, batch_id=self.batch_id,
-                             batch_sender=self.batch_sender, deadline=self.deadline, claim=claim, on_failure=failed)
-        results = drained.files
-        self.log.info("received %d streams from %s into %s%s", len(results), self.source, self.out_dir,
-                      f"; manifest {drained.manifest}" if drained.manifest else "")
-        emit_landing(context, self.landing_alias, self.landing_root, Arrivals.of(results), self.log,
-                     out_dir=self.out_dir, manifest=str(drained.manifest) if drained.manifest else None,
-                     batch_id=self.batch_id)
-        self._amqstream_result = {"files": results, "failed": failed.streams,
-                                  "manifest": str(drained.manifest) if drained.manifest else None,
-                                  "count": len(results)}
+                             batch_sender=self.batch_sender, deadline=self.deadline, claim=claim, on_failure=failed,
+                             keep=MAX_XCOM_FILES + 1, files_list=hook.files_list_path(self.out_dir, claim))
+        files = listed(drained.files, drained.count)
+        self.log.info("received %d streams (%d bytes) from %s into %s%s; each listed in %s", drained.count,
+                      drained.bytes, self.source, self.out_dir,
+                      f"; manifest {drained.manifest}" if drained.manifest else "", drained.files_list)
+        result = {"files": files, "files_listed": len(files) == drained.count, "files_list": str(drained.files_list),
+                  "failed": failed.streams, "failed_count": failed.count,
+                  "manifest": str(drained.manifest) if drained.manifest else None,
+                  "count": drained.count, "bytes": drained.bytes}
+        # Counted a stream at a time: past MAX_XCOM_FILES the list file is read as it goes.
+        emit_landing(context, self.landing_alias, self.landing_root, Arrivals.of(iter_result_files(result)),
+                     self.log, out_dir=self.out_dir, manifest=result["manifest"], batch_id=self.batch_id)
+        self._amqstream_result = result
         return self._amqstream_result
 
 
@@ -158,9 +167,12 @@ class FailureReport:
 
     def __init__(self, log: logging.Logger) -> None:
         self.log = log
-        self.streams: list[dict[str, Any]] = []
+        self.streams: list[dict[str, Any]] = []  # the first MAX_XCOM_FILES
+        self.count = 0
 
     def __call__(self, failure: StreamFailure) -> None:
         self.log.warning("stream %s on %s %s: %s", failure.stream_id, failure.destination, failure.status,
                          failure.reason)
-        self.streams.append(failure.to_json())
+        self.count += 1
+        if len(self.streams) < MAX_XCOM_FILES:
+            self.streams.append(failure.to_json())

@@ -22,6 +22,7 @@ from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_ch
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import destination_alias, emit_destination, sent_extra, with_alias
 from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
+from airflow_provider_amqstream.operators.xcom import listed
 
 
 class SendStreamOperator(ReportsLineage, BaseOperator):
@@ -135,7 +136,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
         paths = [self.path] if isinstance(self.path, str) else list(self.path)
-        files = AmqStreamHook.collect_files(paths, recursive=self.recursive)
+        files = AmqStreamHook.iter_files(paths, recursive=self.recursive)
         params = hook.broker_params()
         ti = context.get("ti")
         batch_id = task_batch_id(ti, self.task_id)
@@ -145,14 +146,16 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
             mode=self.mode, compression=self.compression, fail_fast=self.fail_fast,
             progress=BatchLogProgress(self.log, f"batch {batch_id} -> {self.destination}", self.progress_interval),
             reconnect_timeout=self.reconnect_timeout, ledger_flush=ledger.flush, ledger_seed=ledger.seed(),
-            manifest=self.manifest, pack=self.pack,
+            manifest=self.manifest, pack=self.pack, on_result=self._sent,
             checkpoint_for=lambda sid: send_checkpoint(context, sid, params),
         )
-        for sent in bulk.results:
-            if sent.status == "complete":
-                metrics.emit("stream_sent", sent.to_json(), destination=self.destination)
         self._amqstream_result = batch_result(bulk, batch_id, self.task_id, ti, self.log)
         return self._amqstream_result
+
+    def _sent(self, sent: Any) -> None:
+        """Each file's metrics as it is confirmed (its result is not kept)."""
+        if sent.status == "complete":
+            metrics.emit("stream_sent", sent.to_json(), destination=self.destination)
 
     def lineage_start_path(self) -> str | None:
         """The file, when ``path`` names one file (a glob or directory is known only once expanded)."""
@@ -200,7 +203,10 @@ def task_batch_id(ti: Any, task_id: str) -> str:
 
 
 def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: logging.Logger) -> dict[str, Any]:
-    """Log what a many-file send did and return its XCom ``{"files", "failed", "totals"}``.
+    """Log what a many-file send did and return its XCom ``{"files", "failed", "totals",
+    "files_listed", "files_list"}``: ``files`` lists every file up to ``MAX_XCOM_FILES``
+    (1,000) and is empty past that (``files_listed`` false; ``files_list``, a JSON-lines file
+    in the worker's state directory, lists each); ``failed`` lists the first 1,000 failures.
 
     If any file failed, the result is pushed as XCom ``partial_result`` instead and the task
     fails naming the first few.
@@ -215,12 +221,13 @@ def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: lo
     log.info("batch %s: %d files sent, %d sent before, %d failed; %d bytes in %.1fs (%.1f files/s)",
              batch_id, totals["files_sent"], totals["files_already_sent"], totals["files_failed"],
              totals["bytes_transferred"], totals["seconds"], totals["files_per_second"])
-    result = {"files": [r.to_json() for r in bulk.results], "failed": [f.to_json() for f in bulk.failures],
-              "totals": totals}
-    if bulk.failures:
+    files = listed([r.to_json() for r in bulk.results], totals["files"] - totals["files_failed"])
+    result = {"files": files, "files_listed": bulk.complete and len(files) == len(bulk.results),
+              "files_list": bulk.files_list, "failed": [f.to_json() for f in bulk.failures], "totals": totals}
+    if bulk.failed:
         if ti is not None:
             ti.xcom_push(key="partial_result", value=result)
         names = ", ".join(f"{f.path} ({f.error})" for f in bulk.failures[:5])
-        raise RuntimeError(f"{task_id}: {len(bulk.failures)} of {totals['files']} files failed: {names}; "
+        raise RuntimeError(f"{task_id}: {bulk.failed} of {totals['files']} files failed: {names}; "
                            "a retry sends only what was not confirmed")
     return result

@@ -17,9 +17,10 @@ wire format is in ``docs/protocol.md``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,16 +132,24 @@ def read_inline(headers: Mapping[str, Any], body: bytes | memoryview, spec: Stre
 def batch_messages(batch_id: str, entries: list[Mapping[str, Any]]) -> list[tuple[dict[str, str], bytes]]:
     """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
     ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``."""
+    return list(iter_batch_messages(batch_id, entries, len(entries)))
+
+
+def iter_batch_messages(batch_id: str, entries: Iterable[Mapping[str, Any]],
+                        count: int) -> Iterator[tuple[dict[str, str], bytes]]:
+    """:func:`batch_messages` one part at a time, from ``count`` entries read as needed
+    (a batch of a million files is never one list)."""
     validate_stream_id(batch_id)
-    parts = [entries[i:i + BATCH_PART_FILES] for i in range(0, len(entries), BATCH_PART_FILES)] or [[]]
-    out = []
-    for k, part in enumerate(parts, 1):
-        body = b"".join(json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
-                                   ensure_ascii=False).encode() + b"\n" for e in part)
+    parts = max(1, -(-count // BATCH_PART_FILES))
+    it = iter(entries)
+    for k in range(1, parts + 1):
+        # Each entry encoded as it is read: a part holds its lines, not the entries they came from.
+        body = b"".join([json.dumps({f: e[f] for f in ("stream_id", "dir", "name", "bytes", "sha256")},
+                                    ensure_ascii=False).encode() + b"\n"
+                         for e in itertools.islice(it, BATCH_PART_FILES)])
         h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
-             H_PART: str(k), H_PARTS: str(len(parts))}
-        out.append((h, body))
-    return out
+             H_PART: str(k), H_PARTS: str(parts)}
+        yield h, body
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from example_support import LANDING, PARQUET, QUEUE, README, RECEIVED, write_sam
 from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
 from airflow_provider_amqstream.operators.spark import manifest_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
+from airflow_provider_amqstream.operators.xcom import iter_result_files
 
 RUN_DAY = "{{ dag_run.run_after | ds }}"
 
@@ -97,7 +98,9 @@ with DAG(
         not send it again, and a rerun of this run finds nothing left to move."""
         target = LANDING.parent / "sent" / str(run_id).replace(":", "_").replace("+", "_")
         moved = 0
-        for entry in sent["files"]:
+        # Past 1,000 files XCom carries totals and the path of the list of every file (on
+        # the worker that sent them); iter_result_files reads whichever there is.
+        for entry in iter_result_files(sent):
             src = Path(entry["path"])
             if src.exists():
                 dest = target / src.relative_to(LANDING)

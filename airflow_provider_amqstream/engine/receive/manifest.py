@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,9 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
 class Batches:
     """The batches this output directory waits on, and which of their streams are missing."""
 
-    def __init__(self, out: Path, sdir: Path) -> None:
+    def __init__(self, out: Path, sdir: Path, *, retention_days: float | None = None) -> None:
         self.out, self.root = out, sdir / "batches"
+        self.retention_days = retention_days  # the directory's record retention (None: the default)
         # (sender dir, batch id) -> stream ids still missing; at most MAX_PENDING entries.
         self.missing: dict[tuple[str, str], set[str]] = {}
         self._loaded = False
@@ -158,78 +160,103 @@ class Batches:
                     done.append(path)
         return done
 
-    def _parts(self, owner: str, batch_id: str) -> list[dict[str, Any]] | None:
+    def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
+        """The batch's first part if every part of it is here, else None."""
         first = read_json(self.root / owner / f"{batch_id}.1.json")
         if first is None:
             return None
-        parts = [first]
         for k in range(2, int(first["parts"]) + 1):
+            if not (self.root / owner / f"{batch_id}.{k}.json").is_file():
+                return None
+        return first
+
+    def _entries(self, owner: str, batch_id: str, nparts: int) -> Iterator[dict[str, Any]]:
+        """The batch's entries, one part read at a time (a part lists at most
+        ``BATCH_PART_FILES``): a batch of a million files is never one list."""
+        for k in range(1, nparts + 1):
             data = read_json(self.root / owner / f"{batch_id}.{k}.json")
             if data is None:
-                return None
-            parts.append(data)
-        return parts
+                raise ValueError(f"part {k} of {nparts} went missing")
+            yield from data["entries"]
+
+    def _with_records(self, owner: str, batch_id: str,
+                      nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Each entry of the batch with its stream's completion record (None if not received
+        here): the records of a part looked up together, one part at a time."""
+        part: list[dict[str, Any]] = []
+        for e in self._entries(owner, batch_id, nparts):
+            part.append(e)
+            if len(part) == bw.BATCH_PART_FILES:
+                yield from self._records_of(part)
+                part = []
+        yield from self._records_of(part)
+
+    def _records_of(self, entries: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+        if not entries:
+            return
+        known = find_received_many(self.out, [e["stream_id"] for e in entries], retention_days=self.retention_days)
+        for e in entries:
+            yield e, known.get(e["stream_id"])
 
     def _check(self, owner: str, batch_id: str) -> Path | None:
         key = (owner, batch_id)
         try:
-            parts = self._parts(owner, batch_id)
+            first = self._head(owner, batch_id)
+            if first is None:
+                self.missing.pop(key, None)
+                return None
+            sender = str(first.get("sender") or "")
+            nparts = int(first["parts"])
+            missing = set()
+            for e, rec in self._with_records(owner, batch_id, nparts):
+                if rec is None:
+                    missing.add(e["stream_id"])
+                    continue
+                if str(rec.get("sender") or "") != sender:
+                    log.warning("batch %s of %s lists stream %s, which %s sent: a batch lists only its own "
+                                "sender's files; the batch is dropped", batch_id, owner, e["stream_id"],
+                                rec.get("sender") or "an unidentified sender")
+                    self._forget(owner, batch_id)
+                    return None
+            if missing:
+                self.missing[key] = missing
+                return None
+            self.missing.pop(key, None)
+            return self._write(owner, batch_id, sender, nparts)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("batch %s of %s: its recorded list in %s is unreadable (%s); no manifest", batch_id, owner,
                         self.root, exc)
             return None
-        if parts is None:
-            self.missing.pop(key, None)
-            return None
-        sender = str(parts[0].get("sender") or "")
-        entries = [e for part in parts for e in part["entries"]]
-        records = {}
-        missing = set()
-        known = find_received_many(self.out, [e["stream_id"] for e in entries])
-        for e in entries:
-            rec = known.get(e["stream_id"])
-            if rec is None:
-                missing.add(e["stream_id"])
-                continue
-            if str(rec.get("sender") or "") != sender:
-                log.warning("batch %s of %s lists stream %s, which %s sent: a batch lists only its own "
-                            "sender's files; the batch is dropped", batch_id, owner, e["stream_id"],
-                            rec.get("sender") or "an unidentified sender")
-                self._forget(owner, batch_id)
-                return None
-            records[e["stream_id"]] = rec
-        if missing:
-            self.missing[key] = missing
-            return None
-        self.missing.pop(key, None)
-        return self._write(owner, batch_id, sender, entries, records, len(parts))
 
     def _forget(self, owner: str, batch_id: str) -> None:
         self.missing.pop((owner, batch_id), None)
         for f in (self.root / owner).glob(f"{batch_id}.*.json"):
             f.unlink(missing_ok=True)
 
-    def _write(self, owner: str, batch_id: str, sender: str, entries: list[dict[str, Any]],
-               records: dict[str, dict[str, Any]], nparts: int) -> Path:
+    def _write(self, owner: str, batch_id: str, sender: str, nparts: int) -> Path:
+        """Write the manifest a row at a time, each from the stream's completion record."""
         final = manifest_path(self.out, batch_id, sender)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.root / owner / f"{batch_id}.manifest.tmp"
         tmp.unlink(missing_ok=True)
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        rows = 0
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for e in entries:
-                rec = records[e["stream_id"]]
+            for e, rec in self._with_records(owner, batch_id, nparts):
+                if rec is None:
+                    raise ValueError(f"the completion record of stream {e['stream_id']} went missing")
                 if rec.get("sha256") != e["sha256"] or int(rec.get("bytes", -1)) != int(e["bytes"]):
                     log.warning("batch %s: stream %s was published with sha256 %s, the batch lists %s", batch_id,
                                 e["stream_id"], rec.get("sha256"), e["sha256"])
                 rel = os.path.relpath(str(rec["path"]), self.out)
                 fh.write(json.dumps({"path": rel, "bytes": rec["bytes"], "sha256": rec["sha256"],
                                      "stream_id": e["stream_id"]}, ensure_ascii=False) + "\n")
+                rows += 1
             fh.flush()
             os.fsync(fh.fileno())
         # A rename replaces whatever holds the name (a link included), never follows it.
         os.replace(tmp, final)
         for k in range(1, nparts + 1):
             (self.root / owner / f"{batch_id}.{k}.json").unlink(missing_ok=True)
-        log.info("batch %s of %s complete: %d files; manifest %s", batch_id, owner, len(entries), final)
+        log.info("batch %s of %s complete: %d files; manifest %s", batch_id, owner, rows, final)
         return final

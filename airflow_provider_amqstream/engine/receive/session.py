@@ -110,10 +110,15 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     on_result: ResultSink | None = None,
     on_failure: FailureSink | None = None,
     stop_after: float | None = None,
+    keep: int | None = None,
 ) -> list[TransferResult]:
     """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
     offer, or until ``stop_after`` seconds have passed; return them. One connection serves
     them all.
+
+    To keep memory flat over many streams, give ``keep`` and take each result from
+    ``on_result``: only the first ``keep`` results are returned (``count`` still counts
+    every stream).
 
     :param count: how many streams to receive (None: until the wait runs out).
     :param stop_after: take no new stream after this many seconds (one being received is
@@ -123,6 +128,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
         (always so when ``stream_id`` is given: that stream is the whole job).
     :param on_result: called with each stream received.
     :param on_failure: called with each stream quarantined or yielded.
+    :param keep: return at most this many results, the first ones (None: all of them).
     """
     opts = options or ReceiveOptions()
     if opts.records_retention_days is None and params.records_retention_days is not None:
@@ -135,12 +141,12 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     sdir = state_dir(out)
     inline.sweep_temporaries(sdir)
     prune_quietly(receiver_store(sdir, opts.records_retention_days))
-    batches = Batches(out, sdir)
+    batches = Batches(out, sdir, retention_days=opts.records_retention_days)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
     wait = opts.wait_timeout
     until = None if stop_after is None else time.monotonic() + stop_after
-    report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts)
+    report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep)
     first = True
     while True:
         try:
@@ -148,7 +154,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
                 backoff.reset()
                 offers = Offers(link, dest, stream_id, opts)
                 session = ReceiveSession(link, dest, out, sdir, opts=opts, offers=offers, batches=batches)
-                while count is None or len(report.results) < count:
+                while count is None or report.count < count:
                     deadline = None if wait is None else time.monotonic() + wait
                     if until is not None:
                         if time.monotonic() >= until:
@@ -158,7 +164,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
                     if offer is None:
                         return report.results
                     wait = opts.wait_timeout
-                    room = None if count is None else count - len(report.results)
+                    room = None if count is None else count - report.count
                     report.add(session.settle(offer, room))
                 return report.results
         except AccessDenied:
@@ -185,7 +191,9 @@ class _Report:
     on_failure: FailureSink | None
     batches: Batches
     opts: ReceiveOptions
+    keep: int | None = None
     results: list[TransferResult] = field(default_factory=list)
+    count: int = 0
 
     def add(self, outcomes: list[TransferResult | StreamError | None]) -> None:
         failed: StreamError | None = None
@@ -199,7 +207,9 @@ class _Report:
             if isinstance(outcome, TransferResult):
                 for manifest in self.batches.published(outcome.stream_id):
                     self.opts.emit("batch_complete", manifest=str(manifest))
-                self.results.append(outcome)
+                self.count += 1
+                if self.keep is None or len(self.results) < self.keep:
+                    self.results.append(outcome)
                 if self.on_result:
                     self.on_result(outcome)
             elif self.fail_fast or self.stream_id:

@@ -56,9 +56,39 @@ class FileFailure:
         return asdict(self)
 
 
+class BatchTally:
+    """Totals over every file of a batch, kept instead of a list per file so a send's
+    memory does not grow with the number of files; the first ``keep`` results and failures
+    are also kept, in full, for callers that list them (small batches)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.results: list[TransferResult] = []
+        self.failures: list[FileFailure] = []
+        self.files = self.sent = self.already = self.failed = 0
+        self.bytes = self.moved = 0
+
+    def add(self, res: TransferResult) -> None:
+        self.files += 1
+        self.sent += res.status == "complete"
+        self.already += res.status == "already_sent"
+        self.bytes += res.bytes
+        self.moved += res.bytes_transferred
+        if len(self.results) < self.keep:
+            self.results.append(res)
+
+    def fail(self, failure: FileFailure) -> None:
+        self.failed += 1
+        if len(self.failures) < self.keep:
+            self.failures.append(failure)
+
+
 @dataclass
 class BulkResult:
-    """One ``TransferResult`` per file sent (or found already sent), failures, totals."""
+    """What a batch send did: totals over every file, and its results and failures in full
+    for the first :data:`~airflow_provider_amqstream.engine.send.bulk.MAX_KEPT_RESULTS` of
+    each (all of them for a batch that small). ``files_list`` is a JSON-lines file with every
+    file's result (one ``TransferResult.to_json()`` per line, plus ``dir``)."""
 
     batch_id: str
     destination: str
@@ -66,18 +96,32 @@ class BulkResult:
     failures: list[FileFailure]
     seconds: float
     broker: str = ""
+    tally: BatchTally | None = None
+    files_list: str | None = None
+
+    @property
+    def failed(self) -> int:
+        """How many files failed (``failures`` may list only the first of them)."""
+        return self.tally.failed if self.tally is not None else len(self.failures)
+
+    @property
+    def complete(self) -> bool:
+        """Whether ``results`` and ``failures`` list every file."""
+        return self.tally is None or (self.tally.files == len(self.results) and self.tally.failed == len(self.failures))
 
     def totals(self) -> dict[str, Any]:
-        moved = sum(r.bytes_transferred for r in self.results)
+        t = self.tally
+        if t is None:  # built by hand from lists
+            t = BatchTally(0)
+            for r in self.results:
+                t.add(r)
+            t.failed = len(self.failures)
         return {
             "status": "totals", "batch_id": self.batch_id, "destination": self.destination, "broker": self.broker,
-            "files": len(self.results) + len(self.failures), "files_sent": sum(
-                r.status == "complete" for r in self.results),
-            "files_already_sent": sum(r.status == "already_sent" for r in self.results),
-            "files_failed": len(self.failures), "bytes": sum(r.bytes for r in self.results),
-            "bytes_transferred": moved, "seconds": round(self.seconds, 3),
-            "files_per_second": round(len(self.results) / max(self.seconds, 1e-6), 1),
-            "mib_per_second": round(moved / max(self.seconds, 1e-6) / 2**20, 1),
+            "files": t.files + t.failed, "files_sent": t.sent, "files_already_sent": t.already,
+            "files_failed": t.failed, "bytes": t.bytes, "bytes_transferred": t.moved,
+            "seconds": round(self.seconds, 3), "files_per_second": round(t.files / max(self.seconds, 1e-6), 1),
+            "mib_per_second": round(t.moved / max(self.seconds, 1e-6) / 2**20, 1), "files_list": self.files_list,
         }
 
 
@@ -87,17 +131,113 @@ class BatchFile:
 
     path: Path
     subdir: str = ""
+    # The path resolved, when the walk that found it knows it (see _tree).
+    real: Path | None = None
 
 
-def _tree(top: Path) -> Iterator[tuple[Path, str]]:
-    """Every regular file under ``top`` in a stable order, with its directory relative to ``top``."""
-    for root, dirs, names in os.walk(top):
-        dirs.sort()
-        rel = Path(root).relative_to(top)
-        for n in sorted(names):
-            f = Path(root) / n
-            if f.is_file():
-                yield f, "" if rel == Path(".") else rel.as_posix()
+def _tree(top: Path) -> Iterator[tuple[Path, str, bool]]:
+    """Every regular file under ``top`` in a stable order, with its directory relative to ``top``
+    and whether it is a link (to a regular file).
+
+    Walked one directory at a time (each sorted): what it holds is one directory's names and
+    the path to it, never the whole tree."""
+    stack = [(top, "")]
+
+    while stack:
+        d, rel = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                # The directory entry says what each is (no stat of its own, but for a link).
+                entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink() and e.is_file())
+                                 for e in it if e.is_dir(follow_symlinks=False) or e.is_file())
+        except OSError as exc:
+            log.warning("%s: not read (%s); its files are not sent", d, exc.strerror or exc)
+            continue
+        subdirs = []
+        for name, is_dir, is_link in entries:
+            if is_dir:
+                subdirs.append(name)
+                continue
+            yield d / name, rel, is_link
+        # Depth first, in name order (as os.walk with sorted names gave).
+        for name in reversed(subdirs):
+            stack.append((d / name, f"{rel}/{name}" if rel else name))
+
+
+class FileSet:
+    """The files some paths, directories and glob patterns name, in a stable order; iterated
+    again, it walks again (a send reads it twice: once to count, once to send), so it holds
+    no list of the files. Made by :func:`iter_files`."""
+
+    def __init__(self, args: Iterable[str | os.PathLike[str]], *, recursive: bool) -> None:
+        self.args = [os.fspath(a) for a in args]
+        self.recursive = recursive
+        # Fail on a missing path or a directory without recursive before anything is sent.
+        self._plan()
+
+    def _plan(self) -> list[tuple[str, Any]]:
+        """Each argument as ("tree", dir) or ("files", [paths]); a tree inside another tree
+        given too is walked once, as part of the outer one."""
+        plan: list[tuple[str, Any]] = []
+        for text in self.args:
+            if not os.path.lexists(text) and any(c in text for c in "*?["):
+                files = [Path(m) for m in sorted(glob.glob(text, recursive=True)) if os.path.isfile(m)]
+                if not files:
+                    raise StreamError(f"no file matches {text!r}")
+                plan.append(("files", files))
+                continue
+            path = Path(text)
+            if path.is_dir():
+                if not self.recursive:
+                    raise StreamError(f"{path} is a directory; pass recursive=True (--recursive) to send what is in it")
+                plan.append(("tree", path))
+                continue
+            if not path.is_file():
+                raise StreamError(f"{path} does not exist or is not a regular file")
+            plan.append(("files", [path]))
+        return plan
+
+    def __iter__(self) -> Iterator[BatchFile]:
+        plan = self._plan()
+        trees = [t.resolve() for kind, t in plan if kind == "tree"]
+
+        def in_tree(key: Path, but: Path | None = None) -> bool:
+            return any(t != but and key.is_relative_to(t) for t in trees)
+
+        walked: set[Path] = set()
+        named: set[Path] = set()  # files named one by one (or by a pattern): as many as the caller listed
+        for kind, what in plan:
+            if kind == "tree":
+                top = what.resolve()
+                if top in walked or in_tree(top, but=top):
+                    continue  # the same directory twice, or one inside another given too
+                walked.add(top)
+                for f, subdir, is_link in _tree(what):
+                    # The walk follows no directory link, so a file's real path is the real
+                    # top's plus the relative one; a link's must be looked up.
+                    real = f.resolve() if is_link else top / subdir / f.name
+                    # A link to a file that a walk sends as itself is not sent twice.
+                    if is_link and in_tree(real):
+                        continue
+                    yield BatchFile(f, subdir, real)
+                continue
+            for f in what:
+                key = f.resolve()
+                if key in named or in_tree(key):
+                    continue
+                named.add(key)
+                yield BatchFile(f, "")
+
+
+def iter_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:
+    """Like :func:`collect_files`, as a :class:`FileSet` that walks the directories each time
+    it is iterated instead of listing their files: memory stays flat in the number of files
+    (what one directory's names take, at most).
+
+    :param args: files, directories or patterns.
+    :param recursive: descend into directories (otherwise a directory is an error).
+    """
+    return FileSet(args, recursive=recursive)
 
 
 def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
@@ -106,41 +246,14 @@ def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = F
     A directory (with ``recursive``) contributes every regular file under it, keeping its
     path relative to that directory; links to directories are not followed. A pattern
     (``*``, ``?``, ``[``) that is not itself an existing path is expanded here (``**``
-    matches across directories); its files land flat.
+    matches across directories); its files land flat. A file reached twice (named and in a
+    directory given too, or a link to a file of it) is listed once. For many files, pass
+    :func:`iter_files` to a send instead: it holds no list.
 
     :param args: files, directories or patterns.
     :param recursive: descend into directories (otherwise a directory is an error).
     """
-    out: list[BatchFile] = []
-    seen: set[Path] = set()
-
-    def add(path: Path, subdir: str) -> None:
-        key = path.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(BatchFile(path, subdir))
-
-    for arg in args:
-        text = os.fspath(arg)
-        if not os.path.lexists(text) and any(c in text for c in "*?["):
-            matches = sorted(glob.glob(text, recursive=True))
-            files = [Path(m) for m in matches if os.path.isfile(m)]
-            if not files:
-                raise StreamError(f"no file matches {text!r}")
-            for f in files:
-                add(f, "")
-            continue
-        path = Path(text)
-        if path.is_dir():
-            if not recursive:
-                raise StreamError(f"{path} is a directory; pass recursive=True (--recursive) to send what is in it")
-            for f, subdir in _tree(path):
-                add(f, subdir)
-            continue
-        if not path.is_file():
-            raise StreamError(f"{path} does not exist or is not a regular file")
-        add(path, "")
-    return out
+    return list(iter_files(args, recursive=recursive))
 
 
 def _subdir_of(path: Path, base_dir: Path | None) -> str:
@@ -163,7 +276,10 @@ class BatchLedger:
     def __init__(self, path: Path, on_flush: Callable[[list[str]], None] | None = None,
                  seed: Iterable[str] = ()) -> None:
         self.path, self.on_flush = path, on_flush
+        # What load() read (a re-run's confirmed files), and, only for ``on_flush``, which
+        # wants them all, the ids recorded since: a first run keeps nothing per file.
         self.records: dict[str, dict[str, Any]] = {}
+        self.ids: set[str] = set()
         self.seed = set(seed)
         self.buffer: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
@@ -184,7 +300,8 @@ class BatchLedger:
         return self.records
 
     def add(self, record: dict[str, Any]) -> None:
-        self.records[record["stream_id"]] = record
+        if self.on_flush:
+            self.ids.add(record["stream_id"])
         self.buffer.append(record)
         if len(self.buffer) >= LEDGER_GROUP or time.monotonic() - self.last_flush > LEDGER_INTERVAL:
             self.flush()
@@ -202,4 +319,4 @@ class BatchLedger:
             os.close(fd)
         self.buffer = []
         if self.on_flush:
-            self.on_flush(sorted(self.records))
+            self.on_flush(sorted(self.ids | self.records.keys()))

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import os
+import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,12 +49,14 @@ from airflow_provider_amqstream.engine.records import (
     FileCheckpoint,
     TransferResult,
     default_state_dir,
+    open_private,
     sender_store,
 )
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchLedger,
     BatchStatus,
+    BatchTally,
     BulkResult,
     FileFailure,
     _subdir_of,
@@ -68,7 +72,6 @@ from airflow_provider_amqstream.engine.send.small_files import (
 from airflow_provider_amqstream.engine.send.stream import (
     _file_identity,
     checkpoint_name,
-    default_stream_id,
     send_file,
     stream_origin,
 )
@@ -96,6 +99,9 @@ MAX_IN_FLIGHT_BYTES = 64 * 2**20
 # below the in-flight bounds, so a receipt is always outstanding when those are reached.
 SEAL_FILES = 32
 SEAL_BYTES = 2 * 2**20
+# Results (and failures) a BulkResult lists in full, the first ones; past them only totals,
+# and every file's result in its files list (a file), so memory does not grow with the files.
+MAX_KEPT_RESULTS = 1000
 BatchProgress = Callable[[BatchStatus], None]
 
 
@@ -103,7 +109,7 @@ BatchProgress = Callable[[BatchStatus], None]
 # (the hook, the CLI) pass them by name. An options object would change them all.
 def send_files(  # noqa: PLR0913
     params: BrokerParams,
-    files: Sequence[str | os.PathLike[str] | BatchFile],
+    files: Iterable[str | os.PathLike[str] | BatchFile],
     destination: str,
     *,
     base_dir: str | os.PathLike[str] | None = None,
@@ -124,11 +130,16 @@ def send_files(  # noqa: PLR0913
     manifest: bool = False,
     pack: bool = True,
 ) -> BulkResult:
-    """Send many files over one connection; return one result per file and the totals.
+    """Send many files over one connection; return the totals (and the first
+    :data:`MAX_KEPT_RESULTS` results in full, and a file listing every one).
+
+    Memory stays flat in the number of files: they are read twice (counted, then sent) one
+    at a time, and each result is counted and appended to the files list, not kept.
 
     :param params: broker connection settings.
-    :param files: paths, or :class:`BatchFile` (path and relative directory); see
-        :func:`collect_files` for directories and patterns.
+    :param files: paths, or :class:`BatchFile` (path and relative directory); pass
+        :func:`iter_files` for directories and patterns (it walks, holding no list). A
+        one-pass iterator is made a list first.
     :param destination: ``/queue/NAME``.
     :param base_dir: keep each path's directory relative to this one (for plain paths).
     :param batch_id: names the batch's ledger (letters, digits, ``._-``); default derived
@@ -169,83 +180,132 @@ def send_files(  # noqa: PLR0913
         raise StreamError(f"window ({window}) must be at least 1 and chunk size ({chunk}) in 1..{p.MAX_CHUNK_SIZE}")
     codec = p.ChunkCodec(compression if compression is not None else params.compression)
     base = Path(base_dir) if base_dir is not None else None
-    failures: list[FileFailure] = []
-    results: list[TransferResult] = []
+    if iter(files) is files:  # a one-pass iterator: the send reads the files twice
+        files = list(files)
+    tally = BatchTally(MAX_KEPT_RESULTS)
 
     def fail(path: Path | str, error: str, sid: str = "") -> None:
         failure = FileFailure(str(path), error, sid)
-        failures.append(failure)
+        tally.fail(failure)
         log.error("%s: %s", path, error)
         if on_failure:
             on_failure(failure)
         if fail_fast:
             raise StreamError(f"{path}: {error}")
 
-    entries = _outgoing(files, dest, base, fail)
+    # First pass: how many files, their bytes, and the batch's default id, without keeping them.
+    survey = _survey(files, dest, base, fail if fail_fast else None)
     if batch_id is None:
-        digest = hashlib.sha256("|".join([str(dest), *sorted(e.stream_id for e in entries)]).encode()).hexdigest()
-        batch_id = f"b-{digest[:20]}"
+        batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
     p.validate_stream_id(batch_id)
     broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
     # The first use in a process prunes expired records, checkpoints and ledgers.
     sender_store(None, params.records_retention_days)
     ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
-    status = BatchStatus(len(entries), sum(e.size for e in entries))
-    ctx = _Ctx(params, dest, window, chunk, codec, p.Mode(mode), restart, ledger, status, results, progress,
+    listing = _FilesList(default_state_dir() / f"files-{batch_id}@{broker_key}.jsonl")
+    status = BatchStatus(survey.count, survey.bytes)
+    ctx = _Ctx(params, dest, window, chunk, codec, p.Mode(mode), restart, ledger, status, tally, listing, progress,
                on_result, checkpoint_for, pack)
-    todo = ctx.skip_sent(entries, {} if restart else ledger.load(), set() if restart else set(ledger_seed))
-    if progress and status.files_done:
-        progress(status)
+    done = {} if restart else ledger.load()
+    seeded = set() if restart else set(ledger_seed)
+    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, base, fail), done, seeded))
     try:
         ctx.send_all(todo, fail, reconnect_timeout)
     finally:
         ledger.flush()
+        listing.close()
     if manifest:
-        _announce(params, dest, batch_id, results, {e.stream_id: e.subdir for e in entries}, reconnect_timeout)
-    elif entries and not ctx.sent_any:
+        _announce(params, dest, batch_id, listing, reconnect_timeout)
+    elif tally.files and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
         with open_link(params) as link:
             link.round_trip()
     if progress:
         progress(status)
-    return BulkResult(batch_id, str(dest), results, failures, time.monotonic() - t0, params.url)
+    return BulkResult(batch_id, str(dest), tally.results, tally.failures, time.monotonic() - t0, params.url,
+                      tally=tally, files_list=str(listing.path))
+
+
+@dataclass
+class _Survey:
+    count: int = 0
+    bytes: int = 0
+    ids: int = 0  # the sum of the stream ids' digests: the same files give the same sum in any order
+
+
+def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
+            fail_fast: Callable[..., None] | None) -> _Survey:
+    """Count the files a send will send. Each failing one is reported by the sending pass;
+    with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
+    the send before anything is sent."""
+    out = _Survey()
+
+    def fail(path: Path | str, error: str, sid: str = "") -> None:
+        if fail_fast is not None:
+            fail_fast(path, error, sid)
+
+    for e in _outgoing(files, dest, base, fail):
+        out.count += 1
+        out.bytes += e.size
+        out.ids = (out.ids + int.from_bytes(hashlib.sha256(e.stream_id.encode()).digest()[:16], "big")) % (1 << 128)
+    return out
 
 
 def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
-              fail: Callable[..., None]) -> list[Outgoing]:
-    """The files to send, each once (by stream id); those that cannot be sent go to ``fail``."""
-    entries: list[Outgoing] = []
-    ids: set[str] = set()
+              fail: Callable[..., None]) -> Iterator[Outgoing]:
+    """The files to send, one at a time; those that cannot be sent go to ``fail``. A file is
+    named once (see ``FileSet``), so its stream id is too."""
     for item in files:
         bf = item if isinstance(item, BatchFile) else BatchFile(Path(item), "")
         try:
             st_ = bf.path.stat()
-            if not bf.path.is_file():
+            if not stat.S_ISREG(st_.st_mode):
                 raise StreamError(f"{bf.path} is not a regular file")
             subdir = bf.subdir or _subdir_of(bf.path, base)
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
-            sid = default_stream_id(bf.path, dest, st_)
+            identity = _file_identity(bf.path, st_, bf.real)
+            sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}")  # as default_stream_id
         except (OSError, StreamError, p.ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
-        if sid not in ids:
-            ids.add(sid)
-            entries.append(Outgoing(bf.path, subdir, sid, st_.st_size, _file_identity(bf.path, st_)))
-    return entries
+        yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
 
 
-def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, results: list[TransferResult],
-              subdirs: dict[str, str], reconnect_timeout: float) -> None:
-    """Send the batch's file list after its offers (a re-run sends it again: receivers
-    rewrite the same manifest)."""
-    entries = [{"stream_id": r.stream_id, "dir": subdirs.get(r.stream_id, ""), "name": r.name, "bytes": r.bytes,
-                "sha256": r.sha256} for r in results]
+class _FilesList:
+    """Every file's result of this run of a batch, one JSON line each, appended as they are
+    confirmed (the list a task's XCom points to, and what the batch announcement is read
+    from): nothing of it stays in memory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.fh = os.fdopen(fd, "w", encoding="utf-8")
+
+    def add(self, res: TransferResult, subdir: str) -> None:
+        self.fh.write(json.dumps({**res.to_json(), "dir": subdir}, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        with open(self.path, encoding="utf-8") as fh:
+            for line in fh:
+                yield json.loads(line)
+
+
+def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, listing: _FilesList,
+              reconnect_timeout: float) -> None:
+    """Send the batch's file list after its offers, read back from ``listing`` part by part
+    (a re-run sends it again: receivers rewrite the same manifest)."""
     backoff = Backoff(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
     while True:
         try:
             with open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
-                for headers, body in bw.batch_messages(batch_id, entries):
+                for headers, body in bw.iter_batch_messages(batch_id, listing.entries(), listing.count):
                     link.send_confirmed(str(dest), body, headers)
             return
         except AccessDenied:
@@ -268,6 +328,46 @@ def _already(rec: dict[str, Any], e: Outgoing, dest: p.Destination, params: Brok
                           int(rec.get("chunks") or 0), sha, 0.0,
                           str(rec.get("mode") or "atomic"), e.size, 0, str(e.src), now, now, status="already_sent",
                           chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
+
+
+class _Todo:
+    """The files still to send: those put back (sent, not confirmed, before a lost
+    connection) first, then the rest of the walk, read as needed. Looks ahead at most two."""
+
+    def __init__(self, source: Iterator[Outgoing]) -> None:
+        self.front: collections.deque[Outgoing] = collections.deque()
+        self.source = source
+
+    def _fill(self, n: int) -> bool:
+        while len(self.front) < n:
+            nxt = next(self.source, None)
+            if nxt is None:
+                return False
+            self.front.append(nxt)
+        return True
+
+    def __bool__(self) -> bool:
+        return self._fill(1)
+
+    def __getitem__(self, i: int) -> Outgoing:
+        if not self._fill(i + 1):
+            raise IndexError(i)
+        return self.front[i]
+
+    def popleft(self) -> Outgoing:
+        self._fill(1)
+        return self.front.popleft()
+
+    def appendleft(self, e: Outgoing) -> None:
+        self.front.appendleft(e)
+
+
+def _second(todo: _Todo | collections.deque[Outgoing]) -> Outgoing | None:
+    """The file after the next one, if any."""
+    try:
+        return todo[1]
+    except IndexError:
+        return None
 
 
 class _InFlight:
@@ -317,7 +417,8 @@ class _Ctx:
     restart: bool
     ledger: BatchLedger
     status: BatchStatus
-    results: list[TransferResult]
+    tally: BatchTally
+    listing: _FilesList
     progress: BatchProgress | None
     on_result: Callable[[TransferResult], None] | None
     checkpoint_for: Callable[[str], Checkpoint] | None
@@ -326,27 +427,21 @@ class _Ctx:
     last_progress: float = 0.0
     restarted: set[str] = field(default_factory=set)
 
-    def skip_sent(self, entries: list[Outgoing], done: dict[str, dict[str, Any]],
-                  seeded: set[str]) -> collections.deque[Outgoing]:
-        """Record the files the ledger (or the seed) knows confirmed; return the others."""
-        todo: collections.deque[Outgoing] = collections.deque()
+    def skip_sent(self, entries: Iterable[Outgoing], done: dict[str, dict[str, Any]],
+                  seeded: set[str]) -> Iterator[Outgoing]:
+        """Record the files the ledger (or the seed) knows confirmed; yield the others."""
         for e in entries:
             rec = done.get(e.stream_id)
             if rec is None and e.stream_id not in seeded:
-                todo.append(e)
+                yield e
                 continue
             res = _already(rec or {}, e, self.dest, self.params)
-            self.results.append(res)
-            self.status.files_done += 1
-            self.status.bytes_done += e.size
-            if self.on_result:
-                self.on_result(res)
-        return todo
+            self._tally(e, res)
 
-    def send_all(self, todo: collections.deque[Outgoing], fail: Callable[..., None], reconnect_timeout: float) -> None:
+    def send_all(self, todo: _Todo, fail: Callable[..., None], reconnect_timeout: float) -> None:
         """Send ``todo`` over as many connections as it takes."""
         status, ledger = self.status, self.ledger
-        backoff = Backoff(f"sending {len(todo)} files to {self.dest}", self.params.url, reconnect_timeout)
+        backoff = Backoff(f"sending {status.files_total} files to {self.dest}", self.params.url, reconnect_timeout)
         first = stuck = True
         while todo:
             done_before = status.files_done
@@ -373,7 +468,7 @@ class _Ctx:
                 backoff.wait(exc)
             first = False
 
-    def run(self, link: Link, todo: collections.deque[Outgoing], fail: Callable[..., None]) -> None:
+    def run(self, link: Link, todo: _Todo, fail: Callable[..., None]) -> None:
         """Send what is left in ``todo`` over ``link``; a lost connection puts the files
         whose receipts did not arrive back at the front of ``todo``."""
         flight = _InFlight()
@@ -389,7 +484,7 @@ class _Ctx:
                 if not small:  # a large file goes alone, after every small one before it
                     while flight.files:
                         self._confirm(link, flight)
-                nxt = todo[1] if len(todo) > 1 else None
+                nxt = _second(todo)
                 seal = (e.seal or nxt is None or not self._small(nxt)
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
@@ -423,7 +518,7 @@ class _Ctx:
                 todo.appendleft(e)
             raise
 
-    def _pack_next(self, link: Link, todo: collections.deque[Outgoing], pack: Pack, flight: _InFlight,
+    def _pack_next(self, link: Link, todo: _Todo, pack: Pack, flight: _InFlight,
                    fail: Callable[..., None]) -> None:
         """Put the next file (of one chunk) in ``pack``; send the pack when it is full or
         when the next file cannot join it."""
@@ -511,13 +606,18 @@ class _Ctx:
         self.ledger.add({"stream_id": e.stream_id, "path": str(e.src), "subdir": e.subdir, "name": res.name,
                          "bytes": res.bytes, "chunks": res.chunks, "chunk_size": res.chunk_size,
                          "sha256": res.sha256, "mode": res.mode, "sent_at": time.time()})
-        self.results.append(res)
-        self.status.files_done += 1
-        self.status.bytes_done += e.size
+        self._tally(e, res)
         self.status.bytes_sent += res.bytes_transferred
-        if self.on_result:
-            self.on_result(res)
         now = time.monotonic()
         if self.progress and now - self.last_progress > 0.5:
             self.last_progress = now
             self.progress(self.status)
+
+    def _tally(self, e: Outgoing, res: TransferResult) -> None:
+        """Count a file confirmed (now or by an earlier run), list it, report it."""
+        self.tally.add(res)
+        self.listing.add(res, e.subdir)
+        self.status.files_done += 1
+        self.status.bytes_done += e.size
+        if self.on_result:
+            self.on_result(res)

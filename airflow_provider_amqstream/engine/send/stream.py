@@ -241,8 +241,9 @@ def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: S
                           status="already_sent", chunk_size=spec.chunk_size, broker=params.url)
 
 
-def _file_identity(src: Path, st_: os.stat_result) -> str:
-    return f"{src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
+def _file_identity(src: Path, st_: os.stat_result, real: Path | None = None) -> str:
+    """``real``: ``src`` resolved already (a directory walk knows it without a lookup per file)."""
+    return f"{real or src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
 
 
 def stream_origin(identity: str, dest: p.Destination) -> str:
