@@ -122,7 +122,8 @@ def test_a_receive_of_nothing_or_of_repeats_emits_no_event(broker: MemoryBroker,
         ctx = _context(op)
         return op.execute(ctx), _events(ctx)
 
-    assert receive() == ({"files": [], "failed": [], "manifest": None, "count": 0}, [])  # nothing offered
+    nothing, events = receive()  # nothing offered
+    assert (nothing["files"], nothing["failed"], nothing["manifest"], nothing["count"], events) == ([], [], None, 0, [])
     SendStreamOperator(task_id="send", path=str(src), destination=Q, stream_id="rep-1").execute(
         _context(None))
     first, events = receive()
