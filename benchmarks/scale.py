@@ -59,16 +59,22 @@ def seed_records(out_dir: Path, count: int) -> float:
     the receiving engine writes them (its record API: a TransferResult per stream), without
     moving any data; returns the seconds it took. Not synced one by one (one sync at the end):
     only their presence matters here."""
-    from airflow_provider_amqstream.engine.records import TransferResult, state_dir, write_json
+    from airflow_provider_amqstream.engine.receive.claims import done_records
+    from airflow_provider_amqstream.engine.records import TransferResult, state_dir
 
     t0 = time.monotonic()
     sdir = state_dir(out_dir)
     now = time.time()
-    for i in range(count):
-        sid = f"seed-{i:08d}"
-        res = TransferResult(sid, "/queue/seed", f"seed{i}.bin", 1024, 1, "0" * 64, 0.001, "atomic", 0, 1024,
-                             str(out_dir / f"seed{i}.bin"), now, now, status="complete", chunk_size=1 << 20)
-        write_json(f"{sdir}/{sid}.done", res.to_json(), sync=False)
+
+    def results(lo: int, hi: int) -> Any:
+        for i in range(lo, hi):
+            sid = f"seed-{i:08d}"
+            yield TransferResult(sid, "/queue/seed", f"seed{i}.bin", 1024, 1, "0" * 64, 0.001, "atomic", 0, 1024,
+                                 str(out_dir / f"seed{i}.bin"), now, now, status="complete", chunk_size=1 << 20)
+
+    # Into the record store, as receivers write them, in slices: its writes are one per bucket.
+    for lo in range(0, count, 10_000):
+        done_records(sdir, str(out_dir), results(lo, min(count, lo + 10_000)), sync=False)
     os.sync()
     return time.monotonic() - t0
 
