@@ -39,7 +39,9 @@ def default_reserve(path: Path) -> int:
 
 
 # Besides its data, a published stream costs its completion record and, for a task, its
-# claim: a block and an inode each.
+# claim: lines of ~200 bytes in the record store, whose files (one per bucket and day) take
+# blocks and inodes as they are created. Counted as a block and an inode each, which is
+# more than they take, so that the reserve holds whichever way the store grows.
 RECORD_FILES = 2
 
 
