@@ -21,7 +21,8 @@ def test_benchmark_smoke_run_writes_report(tmp_path: Path, capsys: pytest.Captur
     (tmp_path / "docs" / "benchmarks.md").write_text(f"old figures\n{NOTES_MARKER}\n## Notes\n\nhand-written\n")
     assert main(["--sizes", str(3 * 2**20), "--data", "random,csv", "--workdir", str(tmp_path / "w"),
                  "--docs", str(tmp_path / "docs"), "--warm-up", "1", "--installed-sizes", str(3 * 2**20),
-                 "--readme", str(readme), "--bulk-sets", "", "--network-size", str(2 * 2**20)]) == 0
+                 "--readme", str(readme), "--bulk-sets", "", "--network-size", str(2 * 2**20),
+                 "--scale", "200", "--records", "300"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [r["kind"] for r in rows] == ["random", "csv"]
     for r in rows:
