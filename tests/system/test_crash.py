@@ -108,8 +108,9 @@ def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerPa
     src = make_file(tmp_path / "f.bin", 1000)
     sent = send_file(params, src, queue_name, stream_id="cs-1", chunk_size=100)
     ckpt = FileCheckpoint(default_state_dir() / checkpoint_name("cs-1", params))
-    data = ckpt.load() or {}
-    ckpt.save({**data, "confirmed_seq": 4, "end_sent": False})  # as if killed after chunk 4
+    # As if killed after chunk 4: in flight (no sent_at), confirmed up to there.
+    data = {k: v for k, v in (ckpt.load() or {}).items() if k != "sent_at"}
+    ckpt.save({**data, "confirmed_seq": 4, "end_sent": False})
     again = send_file(params, src, queue_name, stream_id="cs-1")  # no chunk size given
     assert again.resumed_from == 400 and again.chunks == 10 and again.sha256 == sent.sha256
 
