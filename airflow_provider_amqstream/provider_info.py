@@ -36,7 +36,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "heartbeat_ms": _field("Heart-beat (ms)", "STOMP heart-beat interval both ways; 0 disables.",
                            "integer", 10000, minimum=0),
     "chunk_size": _field("Chunk size (bytes)", "Default bytes per chunk message (1-4 MiB is best).",
-                         "integer", 1048576, minimum=1, maximum=33554432),
+                         "integer", 1048576, minimum=1, maximum=8388608),
     "compression": {
         "label": "Compression",
         "description": "Per-chunk compression for streams sent through this connection: auto compresses chunks "

@@ -214,7 +214,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
                    f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
     if tls_port:
         tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
-                   f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=34603008'
+                   f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=9437184'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
     xml = template.safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),

@@ -121,10 +121,11 @@ DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_WINDOW = 16
 # Receiver batch: half the broker's page size (maxPageSize=16 in the shipped config).
 DEFAULT_RECEIVE_BATCH = 8
-# ActiveMQ's STOMP connector refuses frames over maxDataLength (33 MiB in our config: the
-# largest chunk and its headers, and no more, since a receiver may be handed several
-# frames of that size before it can refuse any).
-MAX_CHUNK_SIZE = 32 * 1024 * 1024
+# ActiveMQ's STOMP connector refuses frames over maxDataLength (9 MiB in our config: the
+# largest chunk and its headers, and no more: a receiver may be handed several frames of
+# that size before it can refuse any, and the broker pages in 16 per destination; 32 MiB
+# chunks from a send-only user ran the shipped broker out of heap).
+MAX_CHUNK_SIZE = 8 * 1024 * 1024
 MAX_STREAM_ID = 128
 MAX_NAME_BYTES = 255
 # How far past the first missing chunk a chunk may be. Delivery reorders within a few

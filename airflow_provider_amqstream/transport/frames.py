@@ -30,7 +30,7 @@ class FrameParser:
     """
 
     _MAX_HEADER = 64 * 1024
-    # The shipped broker refuses frames over 33 MiB (maxDataLength); an external one may
+    # The shipped broker refuses frames over 9 MiB (maxDataLength); an external one may
     # allow more, up to this.
     _MAX_BODY = 64 * 1024 * 1024
 

@@ -187,7 +187,7 @@ class StreamReceiver:
         self.reply_to = handshake[0] if handshake else None
         batch = max(1, min(opts.window, handshake[1] // 2)) if handshake else opts.window
         # The broker hands over twice this many chunks before any acknowledgement, each as
-        # large as the sender declared: bound it in bytes too, or a sender's 32 MiB chunks
+        # large as the sender declared: bound it in bytes too, or a sender's 8 MiB chunks
         # would make a receiver hold half a gigabyte.
         self.batch = max(1, min(batch, RECEIVE_WINDOW_BYTES // spec.chunk_size))
         self.consumer = consumer_name(out)
