@@ -225,14 +225,8 @@ class RecordStore:
         needle = f"\n{head}\t".encode()
         b = bucket(kind, key)
         for day in self._days():
-            bdir = f"{self.root}/{day}/{b}"
-            try:
-                names = sorted(os.listdir(bdir))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for name in names:
-                if name.endswith(".log"):
-                    yield from self._scan(f"{bdir}/{name}", needle, head)
+            for path in self._bucket_files(day, b):
+                yield from self._scan(path, needle, head)
 
     def get_many(self, kind: str, keys: Iterable[str]) -> dict[str, Any]:
         """The newest record of each of ``keys`` that has one: each bucket file is read once
@@ -248,15 +242,18 @@ class RecordStore:
         found: dict[str, Any] = {}
         for day in self._days():
             for b, heads in by_bucket.items():
-                bdir = f"{self.root}/{day}/{b}"
-                try:
-                    names = sorted(os.listdir(bdir))
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                for name in names:
-                    if name.endswith(".log"):
-                        self._scan_many(f"{bdir}/{name}", heads, found)
+                for path in self._bucket_files(day, b):
+                    self._scan_many(path, heads, found)
         return found
+
+    def _bucket_files(self, day: str, b: str) -> list[str]:
+        """The log files of bucket ``b`` on ``day``, in name order (none if it has no directory)."""
+        bdir = f"{self.root}/{day}/{b}"
+        try:
+            names = sorted(os.listdir(bdir))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [f"{bdir}/{name}" for name in names if name.endswith(".log")]
 
     def _scan_many(self, path: str, heads: set[bytes], found: dict[str, Any]) -> None:
         try:
