@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -30,7 +29,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PAIRED_ROUNDS, Sshd, cli_module, free_port, json_rows, log, make_random, median_run, py
+from benchmarks.common import (
+    PAIRED_ROUNDS,
+    Sshd,
+    cli_module,
+    json_rows,
+    log,
+    make_random,
+    median_run,
+    py,
+    scratch_broker,
+)
 
 KiB, MiB = 1024, 2**20
 
@@ -314,8 +323,6 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bulk", description=__doc__.splitlines()[0])
     ap.add_argument("--sets", default="1000x64K,200x1M,20x50M", help="comma list of COUNTxSIZE (K, M, G)")
     ap.add_argument("--workdir", help="scratch space (default a temp dir)")
@@ -326,16 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="64 KiB files moved through the fresh broker, unmeasured, first (default 200)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bulk-"))
-    broker = EmbeddedBroker(work / "broker", port=free_port())
-    info, _ = broker.start()
-    try:
-        rows = run_bulk(args.sets.split(","), work, info.uri, ssh=not args.no_ssh, airflow=not args.no_airflow,
+    with scratch_broker(args.workdir, "amqs-bulk-") as (work, uri):
+        rows = run_bulk(args.sets.split(","), work, uri, ssh=not args.no_ssh, airflow=not args.no_airflow,
                         mapped_files=args.mapped_files, warm_files=args.warm_files)
-    finally:
-        broker.stop()
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

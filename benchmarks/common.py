@@ -7,13 +7,16 @@ also run alone; none of them imports ``benchmarks.__main__``, so it loads once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +195,23 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
+@contextlib.contextmanager
+def scratch_broker(workdir: str | None, prefix: str) -> Iterator[tuple[Path, str]]:
+    """A scratch directory and a fresh embedded broker in it, for one benchmark run: yields
+    (the directory, the broker's URI); stops the broker after, and removes the directory
+    unless it was ``workdir`` (given to keep it).
+
+    :param workdir: the directory to use and keep, or None for a temporary one.
+    :param prefix: the temporary directory's name prefix.
+    """
+    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+
+    work = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+    broker = EmbeddedBroker(work / "broker", port=free_port())
+    info, _ = broker.start()
+    try:
+        yield work, info.uri
+    finally:
+        broker.stop()
+        if not workdir:
+            shutil.rmtree(work, ignore_errors=True)

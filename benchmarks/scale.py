@@ -24,13 +24,12 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, free_port, installed_command, log
+from benchmarks.common import ROOT, installed_command, log, scratch_broker
 
 PER_DIR = 1000
 
@@ -265,7 +264,6 @@ def parse_counts(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="1000,10000,100000,300000", help="comma list of file counts")
@@ -277,16 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--docs", help="put the rows in the Scale section of this benchmarks.md")
     args = ap.parse_args(argv)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-scale-"))
-    broker = EmbeddedBroker(work / "broker", port=free_port())
-    info, _ = broker.start()
-    try:
-        rows = run_scale(parse_counts(args.scale), work, info.uri, records=args.records,
+    with scratch_broker(args.workdir, "amqs-scale-") as (work, uri):
+        rows = run_scale(parse_counts(args.scale), work, uri, records=args.records,
                          code=Path(args.code).resolve() if args.code else None, warm_files=args.warm_files)
-    finally:
-        broker.stop()
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
