@@ -37,7 +37,7 @@ from airflow_provider_amqstream.engine.send.batch import (
     iter_files,
 )
 from airflow_provider_amqstream.engine.send.bulk import send_files
-from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, send_file
+from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, id_key, send_file
 from airflow_provider_amqstream.exceptions import (
     StreamError,
     StreamNoRoom,
@@ -53,5 +53,6 @@ __all__ = [
     "send_files",
     "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
-    "default_state_dir", "default_stream_id", "find_received", "receive_stream", "receive_streams", "send_file",
+    "default_state_dir", "default_stream_id", "find_received", "id_key", "receive_stream", "receive_streams",
+    "send_file",
 ]

@@ -38,6 +38,7 @@ from airflow_provider_amqstream.engine import (
     collect_files,
     default_state_dir,
     default_stream_id,
+    id_key,
     iter_files,
 )
 from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
@@ -157,10 +158,22 @@ class AmqStreamHook(BaseHook):
         """``stream_id`` if valid, or ProtocolError saying what is wrong."""
         return p.validate_stream_id(stream_id)
 
-    @staticmethod
-    def default_stream_id(path: str | os.PathLike[str], destination: str) -> str:
-        """The stream id a file gets by default: the same for a re-run, so it resumes."""
-        return default_stream_id(path, destination)
+    def default_stream_id(self, path: str | os.PathLike[str], destination: str) -> str:
+        """The stream id a file gets by default: the same for a re-run, so it resumes, and
+        keyed by this connection's secret, so another user cannot offer it first.
+
+        :param path: the file.
+        :param destination: where it goes.
+        """
+        return default_stream_id(path, destination, key=id_key(self.broker_params()))
+
+    def derive_batch_id(self, run: str) -> str:
+        """A many-file send's batch id for ``run`` (what identifies the send, the same for every
+        try), keyed as ``default_stream_id`` is.
+
+        :param run: the text that identifies the send, e.g. dag, task, run and map index.
+        """
+        return "af-" + p.keyed_digest(run, id_key(self.broker_params()))[:24]
 
     @staticmethod
     def collect_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -116,7 +115,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
         AmqStreamHook.check_destination(self.destination)
-        stream_id = self.stream_id or AmqStreamHook.default_stream_id(src, self.destination)
+        stream_id = self.stream_id or hook.default_stream_id(src, self.destination)
         result = hook.send_file(
             src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
             window=self.window, mode=self.mode, reconnect_timeout=self.reconnect_timeout,
@@ -139,7 +138,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         files = AmqStreamHook.iter_files(paths, recursive=self.recursive)
         params = hook.broker_params()
         ti = context.get("ti")
-        batch_id = task_batch_id(ti, self.task_id)
+        batch_id = task_batch_id(hook, ti, self.task_id)
         ledger = BatchLedger(context, batch_id)
         bulk = hook.send_files(
             files, self.destination, batch_id=batch_id, chunk_size=self.chunk_size, window=self.window,
@@ -191,15 +190,17 @@ def names_one_file(path: str | list[str]) -> bool:
     return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
 
 
-def task_batch_id(ti: Any, task_id: str) -> str:
+def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
     """The batch id of a many-file send: the same for every try of the task instance, so a
-    retry finds the ledger of what earlier tries sent.
+    retry finds the ledger of what earlier tries sent; keyed by the connection's secret, so
+    another user who knows the dag, task and run cannot announce it first.
 
+    :param hook: the hook of the send's connection.
     :param ti: the task instance (None outside a task).
     :param task_id: the task's id.
     """
-    run = f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}"
-    return "af-" + hashlib.sha256(run.encode()).hexdigest()[:24]
+    return hook.derive_batch_id(
+        f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
 
 
 def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: logging.Logger) -> dict[str, Any]:

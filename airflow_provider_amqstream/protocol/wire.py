@@ -41,6 +41,7 @@ the broker. Everything here can be unit-tested without a network or a disk.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import re
 import zlib
@@ -189,15 +190,26 @@ def validate_stream_id(stream_id: str) -> str:
     return stream_id
 
 
-def derive_stream_id(file_name: str, identity: str) -> str:
-    """A stable stream id for a file: readable prefix plus a hash of ``identity``.
+def derive_stream_id(file_name: str, identity: str, key: bytes = b"") -> str:
+    """A stable stream id for a file: readable prefix plus a keyed hash of ``identity``.
 
     The same file (same identity: path, size, mtime) gets the same id, which is what
-    lets a re-run of an interrupted send find its own resume point.
+    lets a re-run of an interrupted send find its own resume point. With ``key`` (a secret
+    only the sender's connection holds) another user who knows the file's name, size,
+    mtime and destination still cannot compute the id, so cannot offer it first.
     """
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", file_name).strip("._-")[:48] or "stream"
-    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{stem}-{digest}"
+    return f"{stem}-{keyed_digest(identity, key)[:16]}"
+
+
+def keyed_digest(text: str, key: bytes = b"") -> str:
+    """Hex HMAC-SHA256 of ``text`` under ``key``; plain SHA-256 without a key.
+
+    :param text: what the digest identifies.
+    :param key: the sender's id key, or empty where no secret is known.
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    return hmac.new(key, data, hashlib.sha256).hexdigest() if key else hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

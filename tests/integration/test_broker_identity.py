@@ -19,7 +19,8 @@ import pytest
 import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import send_file, send_files
+from airflow_provider_amqstream.engine import default_stream_id, id_key, receive_streams, send_file, send_files
+from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.engine.receive.browse import Offer, OfferBrowser, parse_visible_offer
 from airflow_provider_amqstream.exceptions import AccessDenied
 from airflow_provider_amqstream.hooks.connection import params_from_uri
@@ -28,7 +29,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
-from tests.helpers import browse, free_port, make_file
+from tests.helpers import browse, free_port, make_file, play, sha256_file
 
 QUEUE = "/queue/ident"
 CONN_ID = "amqs_ident_reader"
@@ -150,6 +151,29 @@ def test_a_send_only_user_cannot_forge_its_identity(ident_broker: EmbeddedBroker
     got = _drain(_as(ident_broker, "reader"), QUEUE, 3)
     assert [h.get("JMSXUserID") for h in got] == ["alice", "alice", "amqstream"]
     assert [p.sender_of(h) for h in got] == ["alice", "alice", "amqstream"]
+
+
+@pytest.mark.broker
+def test_another_user_cannot_take_a_default_stream_id_first(ident_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """bob knows alice's file (name, size, mtime) and where it goes, and offers, as a
+    send-only user with raw stomp.py, the id it would get without a key, with data of his
+    own, before alice sends. Alice's default id is keyed by her connection's secret, so it is
+    not that one: her file arrives byte-exact under her own stream, and bob's under his."""
+    alice, bob = _as(ident_broker, "alice"), _as(ident_broker, "bob")
+    src = make_file(tmp_path / "report.csv", 50_000, seed=3)
+    guess = default_stream_id(src, QUEUE)
+    junk = b"bob's data, not alice's"
+    play(bob, QUEUE, p.StreamSpec(guess, "report.csv", len(junk), len(junk)), junk, [1])
+    sent = send_file(alice, src, QUEUE)
+    assert sent.stream_id == default_stream_id(src, QUEUE, key=id_key(alice)) != guess
+    out = tmp_path / "out"
+    got = receive_streams(_as(ident_broker, "reader"), QUEUE, out, count=2,
+                          options=ReceiveOptions(wait_timeout=30, idle_timeout=30))
+    by_id = {r.stream_id: r for r in got}
+    assert set(by_id) == {guess, sent.stream_id}
+    assert sha256_file(Path(by_id[sent.stream_id].path)) == sha256_file(src)
+    assert Path(by_id[guess].path).read_bytes() == junk
+    assert (by_id[sent.stream_id].sender, by_id[guess].sender) == ("alice", "bob")
 
 
 @pytest.mark.broker

@@ -72,6 +72,7 @@ from airflow_provider_amqstream.engine.send.small_files import (
 from airflow_provider_amqstream.engine.send.stream import (
     _file_identity,
     checkpoint_name,
+    id_key,
     send_file,
     stream_origin,
 )
@@ -194,7 +195,8 @@ def send_files(  # noqa: PLR0913
             raise StreamError(f"{path}: {error}")
 
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
-    survey = _survey(files, dest, base, fail if fail_fast else None)
+    key = id_key(params)
+    survey = _survey(files, dest, base, key, fail if fail_fast else None)
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
     p.validate_stream_id(batch_id)
@@ -208,7 +210,7 @@ def send_files(  # noqa: PLR0913
                on_result, checkpoint_for, pack)
     done = {} if restart else ledger.load()
     seeded = set() if restart else set(ledger_seed)
-    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, base, fail), done, seeded))
+    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, base, key, fail), done, seeded))
     try:
         ctx.send_all(todo, fail, reconnect_timeout)
     finally:
@@ -235,7 +237,7 @@ class _Survey:
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
-            fail_fast: Callable[..., None] | None) -> _Survey:
+            key: bytes, fail_fast: Callable[..., None] | None) -> _Survey:
     """Count the files a send will send. Each failing one is reported by the sending pass;
     with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
     the send before anything is sent."""
@@ -245,7 +247,7 @@ def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destina
         if fail_fast is not None:
             fail_fast(path, error, sid)
 
-    for e in _outgoing(files, dest, base, fail):
+    for e in _outgoing(files, dest, base, key, fail):
         out.count += 1
         out.bytes += e.size
         out.ids = (out.ids + int.from_bytes(hashlib.sha256(e.stream_id.encode()).digest()[:16], "big")) % (1 << 128)
@@ -253,7 +255,7 @@ def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destina
 
 
 def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
-              fail: Callable[..., None]) -> Iterator[Outgoing]:
+              key: bytes, fail: Callable[..., None]) -> Iterator[Outgoing]:
     """The files to send, one at a time; those that cannot be sent go to ``fail``. A file is
     named once (see ``FileSet``), so its stream id is too."""
     for item in files:
@@ -265,7 +267,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             subdir = bf.subdir or _subdir_of(bf.path, base)
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
             identity = _file_identity(bf.path, st_, bf.real)
-            sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}")  # as default_stream_id
+            sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}", key)  # as default_stream_id
         except (OSError, StreamError, p.ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import hashlib
 import logging
 import os
@@ -108,7 +109,7 @@ def send_file(  # noqa: PLR0913
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
     identity = _file_identity(src, st_)
-    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_)
+    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params))
     window = _check_window(_first(window, params.window, p.DEFAULT_WINDOW), kind)
     codec = p.ChunkCodec(compression if compression is not None else params.compression)
     ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params),
@@ -259,7 +260,7 @@ def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
 
 
 def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destination,
-                      st_: os.stat_result | None = None) -> str:
+                      st_: os.stat_result | None = None, *, key: bytes = b"") -> str:
     """The stream id a send gets when none is given: the same file (path, size, mtime) to
     the same destination always gets the same id, so a re-run finds its checkpoint; the
     same file to another destination is another stream.
@@ -267,10 +268,32 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destina
     :param path: the file to send.
     :param destination: where it goes.
     :param st_: the file's stat result, if the caller has it.
+    :param key: the connection's ``id_key``: without it the id is predictable by anyone who
+        knows the file, and so can be offered first by another user.
     """
     src = Path(path)
     identity = _file_identity(src, st_ or src.stat())
-    return p.derive_stream_id(src.name, f"{identity}|{p.Destination.parse(str(destination))}")
+    return p.derive_stream_id(src.name, f"{identity}|{p.Destination.parse(str(destination))}", key)
+
+
+@functools.lru_cache(maxsize=16)
+def _derive_id_key(login: str, password: str) -> bytes:
+    # Slow on purpose (~30 ms, once per connection and process): an id seen on the wire
+    # must not make guessing the password that keys it cheap.
+    return hashlib.pbkdf2_hmac("sha256", password.encode(), f"amqstream-ids|{login}".encode(), 100_000)
+
+
+def id_key(params: BrokerParams) -> bytes:
+    """The key default stream and batch ids are derived with, from the connection's login
+    and password: every worker and retry using the connection derives the same ids (so
+    resumes find their checkpoints), and another user, who holds another password, cannot
+    compute them to offer them first. A connection without a password gets no key (ids as
+    predictable as its broker is open). A changed password means new ids: a send
+    interrupted before the change starts over as a new stream.
+
+    :param params: the sender's connection settings.
+    """
+    return _derive_id_key(params.login or "", params.password) if params.password else b""
 
 
 def _first(*values: int | None) -> int:
