@@ -20,8 +20,8 @@ import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import default_stream_id, id_key, receive_streams, send_file, send_files
-from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.engine.receive.browse import Offer, OfferBrowser, parse_visible_offer
+from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.exceptions import AccessDenied
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import bulk as bw

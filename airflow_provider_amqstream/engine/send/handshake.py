@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import hash_prefix
+from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.outbound import Outbound
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
@@ -112,14 +113,14 @@ class _HandshakeAttempt:
     def pump(self, ack_timeout: float) -> None:
         """Send chunks and the end marker until every receiver is done."""
         hs, link, spec = self.hs, self.link, self.spec
-        fd = os.open(self.out.src, os.O_RDONLY)
-        try:
+        with open(self.out.src, "rb") as fh:
+            reader = ChunkReader(fh, spec, self.out.codec)
             heard = time.monotonic()
             while not hs.all_done:
                 while (frame := link.get(0)) is not None:
                     if self.hear(frame):
                         heard = time.monotonic()
-                if self._send_next(fd):
+                if self._send_next(reader):
                     continue
                 frame = link.get(1.0)
                 if frame is not None and self.hear(frame):
@@ -132,10 +133,8 @@ class _HandshakeAttempt:
                         f"stream {self.sid}: receiver(s) {', '.join(lagging)} stopped answering at chunk "
                         f"{hs.slowest} of {spec.chunks} for {ack_timeout:.0f}s; re-run the sender to continue "
                         "when they return")
-        finally:
-            os.close(fd)
 
-    def _send_next(self, fd: int) -> bool:
+    def _send_next(self, reader: ChunkReader) -> bool:
         """Send the next chunk or the end marker a receiver needs; False if none is due."""
         spec, data_q = self.spec, self.out.dest.data_queue(self.sid)
         try:
@@ -143,11 +142,9 @@ class _HandshakeAttempt:
         except p.ProtocolError as exc:
             raise StreamError(f"{exc}; a receiver of {self.out.dest} keeps rewinding (see its log)") from None
         if seq is not None:
-            offset, length = spec.chunk_span(seq)
-            body = os.pread(fd, length, offset)
-            headers, wire = p.data_message(spec, seq, body, self.out.codec)
-            self.link.send(data_q, wire, headers)
-            self.sent += len(body)
+            chunk = reader.at(seq)
+            self.link.send(data_q, chunk.wire, chunk.headers)
+            self.sent += chunk.length
             return True
         if self.hs.take_end():
             self.link.send(data_q, b"", p.end_headers(spec, self.out.state.sha256))

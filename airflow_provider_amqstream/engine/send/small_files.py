@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_amqstream.engine.records import TransferResult
+from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.stream import stream_origin
 from airflow_provider_amqstream.exceptions import StreamError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -77,11 +78,10 @@ def send_chunks(link: Link, e: Outgoing, dest: p.Destination, spec: p.StreamSpec
     data_q = dest.data_queue(e.stream_id)
     hasher = hashlib.sha256()
     with open(e.src, "rb") as fh:
+        reader = ChunkReader(fh, spec, codec, hasher)
         for seq in range(1, spec.chunks + 1):
-            body = fh.read(spec.chunk_span(seq)[1])
-            hasher.update(body)
-            headers, wire = p.data_message(spec, seq, body, codec)
-            link.send(data_q, wire, headers)
+            chunk = reader.next(seq)
+            link.send(data_q, chunk.wire, chunk.headers)
         if os.fstat(fh.fileno()).st_size != e.size:
             raise changed(e)
     sha = hasher.hexdigest()

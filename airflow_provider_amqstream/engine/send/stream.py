@@ -9,7 +9,7 @@ Handshake mode (the sender paced by its receivers) lives in ``handshake.py``.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import logging
@@ -27,6 +27,7 @@ from airflow_provider_amqstream.engine.records import (
     default_state_dir,
     hash_prefix,
 )
+from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
 from airflow_provider_amqstream.exceptions import (
@@ -330,35 +331,18 @@ class _Attempt:
             self._run(link)
 
     def _send_chunks(self, link: Link, fh: Any, hasher: Any) -> None:
-        """Send every chunk past the confirmed one, confirming each window as its receipt comes.
-
-        Chunk N+1 is read, hashed, compressed and checksummed on a worker thread while chunk N
-        goes out: hashlib, zstd and the CRC release the GIL, so that work (zstd alone is ~5
-        CPU-s per GiB of CSV) runs beside the socket writes instead of before each one. One
-        worker keeps the hash and the codec's state in file order; two chunks are held at most.
-        """
+        """Send every chunk past the confirmed one (each prepared while the one before it goes
+        out: ``ChunkReader.ahead``), confirming each window as its receipt comes."""
         state, spec, data_q = self.state, self.state.spec, self.data_q
         # Two windows in flight: the broker stores one while we send the next.
         pending: collections.deque[tuple[str, int]] = collections.deque()
-
-        def prepare(seq: int) -> tuple[dict[str, str], bytes, int]:
-            body = fh.read(spec.chunk_span(seq)[1])
-            hasher.update(body)
-            headers, wire = p.data_message(spec, seq, body, self.codec)
-            return headers, wire, len(body)
-
-        first = state.confirmed_seq + 1
-        if first > spec.chunks:
-            return
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-chunk") as pool:
-            nxt = pool.submit(prepare, first)
-            for seq in range(first, spec.chunks + 1):
-                headers, wire, length = nxt.result()
-                if seq < spec.chunks:
-                    nxt = pool.submit(prepare, seq + 1)
+        chunks = ChunkReader(fh, spec, self.codec, hasher).ahead(state.confirmed_seq + 1)
+        with contextlib.closing(chunks):
+            for chunk in chunks:
+                seq = chunk.seq
                 want = seq % self.window == 0 or seq == spec.chunks
-                rid = link.send(data_q, wire, headers, receipt=want)
-                self.sent += length
+                rid = link.send(data_q, chunk.wire, chunk.headers, receipt=want)
+                self.sent += chunk.length
                 if rid:
                     pending.append((rid, seq))
                 while len(pending) > (1 if seq < spec.chunks else 0):
