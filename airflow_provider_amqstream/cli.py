@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compress", choices=["auto", "zstd", "none"],
                    help="auto: compress chunks that shrink to half or less (CSV, JSON) and stop trying on "
                         "data that does not; zstd: try every chunk; none: send chunks as they are (default: "
-                        "the connection's compression extra, else none)")
+                        "the connection's compression extra, else auto)")
     common(s)
     s.set_defaults(func=cmd_send)
 

@@ -46,7 +46,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         # about every string extra shorter than 5 characters as a secret too short to mask),
         # and a connection without the key means the same. values_display names each, or the
         # form would offer a literal "null".
-        "schema": {"type": ["string", "null"], "enum": [None, "auto", "zstd"],
+        "schema": {"type": ["string", "null"], "enum": [None, "auto", "zstd"], "default": "auto",
                    "values_display": {"null": "none (send chunks as they are)",
                                       "auto": "auto (compress chunks that shrink: CSV, JSON, logs)",
                                       "zstd": "zstd (try every chunk)"}},

@@ -315,10 +315,9 @@ ENCODINGS = ("zstd",)
 # What a sender may be asked for: a wire encoding always tried, "auto" (compress what shrinks,
 # stop trying on data that does not) or "none".
 COMPRESSION_SETTINGS = ("auto", *ENCODINGS, "none")
-# Not "auto" yet: with compressed chunks (~290 KiB for CSV instead of 1 MiB) a backlog without a
-# consumer stalls ActiveMQ 5.17 at the queue's memory limit (64 MB) after ~500-660 chunks, the
-# shipped configuration and main's alike (docs/decisions/broker-tuning.md); raw 1 MiB chunks do not.
-DEFAULT_COMPRESSION = "none"
+# Compress what pays: each byte not carried saves the broker ~9 CPU-s/GiB, and data that does not
+# shrink costs one failed attempt per 64 chunks (docs/decisions/broker-tuning.md).
+DEFAULT_COMPRESSION = "auto"
 # Below this saving a chunk goes raw: decompressing it would cost more than it saves.
 _MIN_SAVING = 0.95
 # "auto" keeps a chunk compressed only if it shrank to half or less. zstd level 1 costs the
