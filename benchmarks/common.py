@@ -159,18 +159,26 @@ class Sshd:
         return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                 "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
 
-    def paramiko_put(self, src: Path, dest: Path) -> float:
+    @contextlib.contextmanager
+    def paramiko_sftp(self) -> Iterator[Any]:
+        """An SFTP session of paramiko (SFTP from Python) to this server, closed after."""
         import paramiko
 
-        t0 = time.monotonic()
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
         client.connect("127.0.0.1", port=self.port, username=self.user, key_filename=str(self.key),
                        look_for_keys=False, allow_agent=False)
         sftp = client.open_sftp()
-        sftp.put(str(src), str(dest))
-        sftp.close()
-        client.close()
+        try:
+            yield sftp
+        finally:
+            sftp.close()
+            client.close()
+
+    def paramiko_put(self, src: Path, dest: Path) -> float:
+        t0 = time.monotonic()  # the connection is part of what a transfer costs
+        with self.paramiko_sftp() as sftp:
+            sftp.put(str(src), str(dest))
         return time.monotonic() - t0
 
     def sftp_put(self, src: Path, dest: Path) -> float:

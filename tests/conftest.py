@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import free_port
+from tests.helpers import running_broker
 
 # Airflow reads its settings on first import (none of the imports above import it):
 # give the tests a private home first.
@@ -52,25 +52,16 @@ def _params(broker: EmbeddedBroker) -> BrokerParams:
                         connect_timeout=10.0, receipt_timeout=30.0)
 
 
-def _running_broker(data_dir: Path) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(data_dir, port=free_port())
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """One authenticated broker for the session (tests use their own queue names)."""
-    yield from _running_broker(tmp_path_factory.mktemp("broker"))
+    yield from running_broker(tmp_path_factory.mktemp("broker"))
 
 
 @pytest.fixture
 def private_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     """A broker this test may kill and restart."""
-    yield from _running_broker(tmp_path / "broker")
+    yield from running_broker(tmp_path / "broker")
 
 
 @pytest.fixture

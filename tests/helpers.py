@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -10,13 +11,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from queue import Queue
+from typing import Any, Protocol, TypeVar
 
 import stomp
 
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
+from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -158,22 +162,94 @@ class RawSender:
         self.conn.disconnect(receipt="bye")  # the receipt: every frame before it was stored
 
 
-def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
-         end: bool = True, tamper: Any = None, sha: str | None = None) -> None:
-    """Offer ``spec`` and send chunks ``seqs``; ``tamper(seq, headers, body)`` may change a chunk."""
+Send = Callable[[str, bytes, dict[str, str]], Any]
+Tamper = Callable[[int, dict[str, str], bytes], tuple[dict[str, str], bytes]]
+
+
+# Past the limit by its keyword-only knobs: each is one way a test's sender misbehaves.
+def send_stream(  # noqa: PLR0913
+        send: Send, queue: str, spec: p.StreamSpec, data: bytes, seqs: Iterable[int], *, end: bool = True,
+        tamper: Tamper | None = None, sha: str | None = None, offer: bool = True) -> None:
+    """Play a sender by hand: offer ``spec`` on ``queue`` and send chunks ``seqs`` (in that
+    order, repeats allowed), then the end marker, each through ``send(destination, body,
+    headers)`` (a broker's raw sender or an in-memory link).
+
+    :param end: send the end marker (with ``sha``, default the SHA-256 of ``data``).
+    :param tamper: ``tamper(seq, headers, body)`` returns the chunk to send instead.
+    :param offer: send the offer first.
+    """
     dest = p.Destination.parse(queue)
-    raw = RawSender(params)
-    raw.send(str(dest), b"", p.offer_headers(spec, dest))
+    if offer:
+        send(str(dest), b"", p.offer_headers(spec, dest))
     for seq in seqs:
         off, n = spec.chunk_span(seq)
         body = data[off:off + n]
         headers = p.data_headers(spec, seq, body)
         if tamper:
             headers, body = tamper(seq, headers, body)
-        raw.send(dest.data_queue(spec.stream_id), body, headers)
+        send(dest.data_queue(spec.stream_id), body, headers)
     if end:
-        raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
+        send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
+
+
+def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
+         end: bool = True, tamper: Tamper | None = None, sha: str | None = None) -> None:
+    """Offer ``spec`` and send chunks ``seqs`` to the broker with raw stomp.py (see :func:`send_stream`)."""
+    raw = RawSender(params)
+    send_stream(raw.send, queue, spec, data, seqs, end=end, tamper=tamper, sha=sha)
     raw.close()
+
+
+class StompFrames(stomp.ConnectionListener):
+    """Receipts and errors of a raw stomp.py connection, in arrival order."""
+
+    def __init__(self) -> None:
+        self.frames: Queue[tuple[str, dict[str, str]]] = Queue()
+
+    def on_receipt(self, frame: Any) -> None:
+        self.frames.put(("RECEIPT", dict(frame.headers)))
+
+    def on_error(self, frame: Any) -> None:
+        self.frames.put(("ERROR", dict(frame.headers)))
+
+
+class Startable(Protocol):
+    def start(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+
+S = TypeVar("S", bound=Startable)
+
+
+def started(service: S) -> Iterator[S]:
+    """Start ``service`` (a broker, two bridged sites), yield it and stop it after: the body
+    of a fixture, ``yield from started(...)``."""
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def running_broker(data_dir: Path, users: dict[str, dict[str, list[str]]] | None = None) -> Iterator[EmbeddedBroker]:
+    """A broker on a free port, with ``users`` beside its administrator, started, and stopped
+    after: a fixture's body, ``yield from running_broker(...)``.
+
+    :param data_dir: the broker's directory.
+    :param users: name -> its ``send``/``receive`` grants (see ``EmbeddedBroker.add_user``).
+    """
+    b = EmbeddedBroker(data_dir, port=free_port())
+    for name, grants in (users or {}).items():
+        b.add_user(name, **grants)
+    yield from started(b)
+
+
+def params_as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
+    """The connection of ``user`` (None: the administrator) to ``broker``, with the tests'
+    connect and receipt timeouts."""
+    return dataclasses.replace(params_from_uri(broker.info(user=user).uri), connect_timeout=10.0,
+                               receipt_timeout=15.0)
 
 
 def old_gen_mib(pid: int) -> float:

@@ -228,20 +228,3 @@ def _brief(extra: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={extra[k]}" for k in ("files", "bytes", "stream_id", "batch_id", "manifest", "out_dir")
                      if extra.get(k) is not None)
 
-
-def declare_receive_assets(task: Any, *, source: str, out_dir: str, conn_id: str,
-                           alias_name: str | None) -> tuple[str, str]:
-    """Declare a receiving task's assets: the destination's alias as inlet, its landing
-    directory's alias as outlet. Returns (landing alias name, landing root), to keep on the
-    task for :func:`emit_landing` (``out_dir`` is rendered in place before the task runs).
-
-    :param task: the operator or sensor, in its ``__init__`` (after ``BaseOperator``'s).
-    :param source: its ``source``, unrendered.
-    :param out_dir: its ``out_dir``, unrendered.
-    :param conn_id: its connection id.
-    :param alias_name: a user's alias for the landing events (``file_asset_alias``), else None.
-    """
-    name = alias_name or landing_alias_name(out_dir, task)
-    task.outlets = with_alias(task.outlets, alias_outlet(name))
-    task.inlets = with_alias(task.inlets, destination_alias(conn_id, source, task.task_id))
-    return name, static_root(out_dir)

@@ -1,7 +1,7 @@
 """ReceiveStreamsOperator: drain a destination into a directory in one task, one connection;
-and what it shares with StreamCompleteSensor: the receive options built from a task's
-arguments (receive_options) and the report of the streams a receive gave up on
-(FailureReport)."""
+and what it shares with StreamCompleteSensor: the receiving task's arguments, assets,
+checks and engine options (the ReceivingTask mixin) and the report of the streams a
+receive gave up on (FailureReport)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import metrics
+from airflow_provider_amqstream.assets.files import static_root
 from airflow_provider_amqstream.hooks.amqstream import (
     DEFAULT_RECEIVE_BATCH,
     AmqStreamHook,
@@ -20,12 +21,93 @@ from airflow_provider_amqstream.hooks.amqstream import (
 )
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
-from airflow_provider_amqstream.operators.outlets import Arrivals, declare_receive_assets, emit_landing
+from airflow_provider_amqstream.operators.outlets import (
+    Arrivals,
+    alias_outlet,
+    destination_alias,
+    emit_landing,
+    landing_alias_name,
+    with_alias,
+)
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.operators.xcom import MAX_XCOM_FILES, iter_result_files, listed
 
 
-class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
+class ReceivingTask:
+    """What the receiving tasks (:class:`ReceiveStreamsOperator`, ``StreamCompleteSensor``)
+    share: the receive arguments they keep, their assets, the checks of their destinations
+    and the engine options built from them. Mixed in before the Airflow base class, whose
+    ``task_id``, ``log``, ``inlets`` and ``outlets`` it uses.
+    """
+
+    source: str
+    out_dir: str
+    amqstream_conn_id: str
+    window: int | None
+    idle_timeout: float
+    overwrite: bool
+    max_bytes: int | None
+    quarantine: str | None
+    min_free_bytes: int | None
+    records_retention_days: float | None
+    file_asset_alias: str | None
+    landing_alias: str
+    landing_root: str
+    task_id: str
+    log: logging.Logger
+    inlets: Any
+    outlets: Any
+
+    def _keep_receive_arguments(self, *, source: str, out_dir: str, amqstream_conn_id: str, window: int | None,
+                                idle_timeout: float, overwrite: bool, max_bytes: int | None, quarantine: str | None,
+                                min_free_bytes: int | None, records_retention_days: float | None,
+                                file_asset_alias: str | None) -> None:
+        """Keep the receive arguments and declare the task's assets: the destination's alias
+        as inlet, its landing directory's alias as outlet (``landing_alias``, with
+        ``landing_root`` taken before ``out_dir`` is rendered in place, for
+        :func:`emit_landing`). Called in the task's ``__init__``, after ``BaseOperator``'s.
+
+        The arguments are the task's own, documented there.
+        """
+        self.records_retention_days = records_retention_days
+        self.file_asset_alias = file_asset_alias
+        self.landing_alias = file_asset_alias or landing_alias_name(out_dir, self)
+        self.landing_root = static_root(out_dir)
+        self.outlets = with_alias(self.outlets, alias_outlet(self.landing_alias))
+        self.inlets = with_alias(self.inlets, destination_alias(amqstream_conn_id, source, self.task_id))
+        self.source, self.out_dir, self.amqstream_conn_id = source, out_dir, amqstream_conn_id
+        self.window, self.idle_timeout, self.overwrite, self.max_bytes = window, idle_timeout, overwrite, max_bytes
+        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
+
+    def _check_destinations(self) -> None:
+        """Refuse, before any connection, a ``source`` or ``quarantine`` that names no destination."""
+        AmqStreamHook.check_destination(self.source)
+        if self.quarantine:
+            AmqStreamHook.check_destination(self.quarantine)
+
+    def receive_options(self, *, wait: float, claim: str | None,
+                        events: Callable[[str, dict[str, Any]], None] | None = None) -> ReceiveOptions:
+        """The engine's options for one receive of this task, from its arguments.
+
+        :param wait: seconds to wait for a stream to be offered.
+        :param claim: the task instance's claim on the streams it takes (see ``task_claim``).
+        :param events: called with (event name, data) as streams open, close and fail; every
+            event also becomes Airflow metrics (:mod:`~airflow_provider_amqstream.metrics`).
+        """
+
+        def on_event(kind: str, data: dict[str, Any]) -> None:
+            metrics.emit(kind, data, destination=self.source)
+            if events is not None:
+                events(kind, data)
+
+        return ReceiveOptions(window=self.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
+                              idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
+                              quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
+                              events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"),
+                              records_retention_days=self.records_retention_days)
+
+
+class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     """Receive many streams in one task over one connection: until ``count`` arrived, until
     the manifest of ``batch_id`` is written, until ``wait_timeout`` passes with no offer, or
     until ``deadline``.
@@ -90,31 +172,26 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
                  min_free_bytes: int | None = None, batch_sender: str | None = None,
                  records_retention_days: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.records_retention_days = records_retention_days
-        self.batch_sender = batch_sender
-        self.file_asset_alias = file_asset_alias
-        self.landing_alias, self.landing_root = declare_receive_assets(
-            self, source=source, out_dir=out_dir, conn_id=amqstream_conn_id, alias_name=file_asset_alias)
+        self._keep_receive_arguments(
+            source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
+            idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
+            min_free_bytes=min_free_bytes, records_retention_days=records_retention_days,
+            file_asset_alias=file_asset_alias)
         if count is not None and count < 1:
             raise ValueError(f"{self.task_id}: count must be at least 1, got {count}")
         if wait_timeout <= 0 or deadline <= 0:
             raise ValueError(f"{self.task_id}: wait_timeout and deadline must be positive")
-        self.source, self.out_dir, self.count, self.batch_id = source, out_dir, count, batch_id
+        self.count, self.batch_id, self.batch_sender = count, batch_id, batch_sender
         self.wait_timeout, self.deadline = wait_timeout, deadline
-        self.amqstream_conn_id, self.window, self.idle_timeout = amqstream_conn_id, window, idle_timeout
-        self.overwrite, self.max_bytes = overwrite, max_bytes
-        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
 
     def execute(self, context: Any) -> dict[str, Any]:
-        AmqStreamHook.check_destination(self.source)
-        if self.quarantine:
-            AmqStreamHook.check_destination(self.quarantine)
+        self._check_destinations()
         if self.batch_id:
             AmqStreamHook.check_stream_id(self.batch_id)
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
         failed = FailureReport(self.log)
-        opts = receive_options(self, wait=self.wait_timeout, claim=claim)
+        opts = self.receive_options(wait=self.wait_timeout, claim=claim)
         drained = hook.drain(self.source, self.out_dir, options=opts, count=self.count, batch_id=self.batch_id,
                              batch_sender=self.batch_sender, deadline=self.deadline, claim=claim, on_failure=failed,
                              keep=MAX_XCOM_FILES + 1, files_list=hook.files_list_path(self.out_dir, claim))
@@ -131,31 +208,6 @@ class ReceiveStreamsOperator(ReportsLineage, BaseOperator):
                      self.log, out_dir=self.out_dir, manifest=result["manifest"], batch_id=self.batch_id)
         self._amqstream_result = result
         return self._amqstream_result
-
-
-def receive_options(task: Any, *, wait: float, claim: str | None,
-                    events: Callable[[str, dict[str, Any]], None] | None = None) -> ReceiveOptions:
-    """The engine's options for one receive of a task, from the task's arguments.
-
-    :param task: a ReceiveStreamsOperator or StreamCompleteSensor (its ``window``,
-        ``idle_timeout``, ``overwrite``, ``max_bytes``, ``quarantine``, ``min_free_bytes``,
-        ``records_retention_days``, ``source`` and ``log``).
-    :param wait: seconds to wait for a stream to be offered.
-    :param claim: the task instance's claim on the streams it takes (see ``task_claim``).
-    :param events: called with (event name, data) as streams open, close and fail; every
-        event also becomes Airflow metrics (:mod:`~airflow_provider_amqstream.metrics`).
-    """
-
-    def on_event(kind: str, data: dict[str, Any]) -> None:
-        metrics.emit(kind, data, destination=task.source)
-        if events is not None:
-            events(kind, data)
-
-    return ReceiveOptions(window=task.window or DEFAULT_RECEIVE_BATCH, wait_timeout=wait,
-                          idle_timeout=task.idle_timeout, overwrite=task.overwrite, max_bytes=task.max_bytes,
-                          quarantine=task.quarantine, min_free_bytes=task.min_free_bytes, claim=claim, events=on_event,
-                          progress=LogProgress(task.log, f"receive from {task.source}"),
-                          records_retention_days=task.records_retention_days)
 
 
 class FailureReport:

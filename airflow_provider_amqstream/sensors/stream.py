@@ -20,12 +20,12 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
-from airflow_provider_amqstream.operators.outlets import Arrivals, declare_receive_assets, emit_landing
-from airflow_provider_amqstream.operators.receive import FailureReport, receive_options
+from airflow_provider_amqstream.operators.outlets import Arrivals, emit_landing
+from airflow_provider_amqstream.operators.receive import FailureReport, ReceivingTask
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
 
-class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
+class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     """Wait for a stream, receive it into ``out_dir``, verify its SHA-256, publish it.
 
     Succeeds when the file is complete and verified, returning (XCom) its ``path``,
@@ -86,30 +86,21 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
                  min_free_bytes: int | None = None, records_retention_days: float | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.records_retention_days = records_retention_days
-        self.file_asset_alias = file_asset_alias
-        self.landing_alias, self.landing_root = declare_receive_assets(
-            self, source=source, out_dir=out_dir, conn_id=amqstream_conn_id, alias_name=file_asset_alias)
+        self._keep_receive_arguments(
+            source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
+            idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
+            min_free_bytes=min_free_bytes, records_retention_days=records_retention_days,
+            file_asset_alias=file_asset_alias)
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
         if idle_timeout <= 0 or offer_wait <= 0:
             raise ValueError(f"{self.task_id}: idle_timeout and offer_wait must be positive")
-        self.source = source
-        self.out_dir = out_dir
         self.stream_id = stream_id
-        self.amqstream_conn_id = amqstream_conn_id
-        self.window = window
-        self.idle_timeout = idle_timeout
-        self.overwrite = overwrite
-        self.max_bytes = max_bytes
-        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
         self.deferrable = deferrable
         self.offer_wait = offer_wait
 
     def _validate(self) -> None:
-        AmqStreamHook.check_destination(self.source)
-        if self.quarantine:
-            AmqStreamHook.check_destination(self.quarantine)
+        self._check_destinations()
         if self.stream_id:
             AmqStreamHook.check_stream_id(self.stream_id)
 
@@ -208,7 +199,7 @@ class StreamCompleteSensor(ReportsLineage, BaseSensorOperator):
         # Another stream on the destination failed; it was quarantined or yielded its
         # place, and this sensor keeps waiting for a good one.
         failures = FailureReport(self.log)
-        opts = receive_options(self, wait=wait, claim=claim, events=on_event)
+        opts = self.receive_options(wait=wait, claim=claim, events=on_event)
         try:
             got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
                                        on_failure=failures)

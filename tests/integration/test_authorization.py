@@ -8,7 +8,6 @@ outside a grant is refused by the broker with an error naming the user and what 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,31 +17,19 @@ from airflow_provider_amqstream.broker.auth import acl_entries
 from airflow_provider_amqstream.broker.embedded import BrokerError, EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import AccessDenied, StreamError
-from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import Receiver, cli, free_port, make_file, sha256_file
+from tests.helpers import Receiver, cli, free_port, make_file, params_as, running_broker, sha256_file
 
 pytestmark = pytest.mark.broker
 
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("acl") / "broker", port=free_port())
-    b.add_user("producer", send=["/queue/landing", "/topic/news"])
-    b.add_user("consumer", receive=["/queue/landing", "/topic/news"])
-    b.add_user("site", send=["/queue/sites.>"], receive=["/queue/sites.>"])
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
-def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
-    return dataclasses.replace(params_from_uri(broker.info(user=user).uri), connect_timeout=10.0,
-                               receipt_timeout=15.0)
+    yield from running_broker(tmp_path_factory.mktemp("acl") / "broker", {
+        "producer": {"send": ["/queue/landing", "/topic/news"]},
+        "consumer": {"receive": ["/queue/landing", "/topic/news"]},
+        "site": {"send": ["/queue/sites.>"], "receive": ["/queue/sites.>"]}})
 
 
 def test_grants_become_least_privilege_entries() -> None:
@@ -70,8 +57,8 @@ def test_bad_user_names_and_grants_are_refused(tmp_path: Path) -> None:
 def test_producer_and_consumer_move_a_stream_within_their_grants(acl_broker: EmbeddedBroker,
                                                                   tmp_path: Path) -> None:
     src = make_file(tmp_path / "f.bin", 2 * 2**20 + 11)
-    sent = send_file(_as(acl_broker, "producer"), src, "/queue/landing", chunk_size=256 * 1024)
-    got = receive_stream(_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", chunk_size=256 * 1024)
+    got = receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
                          options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
 
@@ -79,15 +66,15 @@ def test_producer_and_consumer_move_a_stream_within_their_grants(acl_broker: Emb
 def test_handshake_to_a_topic_within_grants(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
     """The sender reads the control queue and the receiver writes it, and neither more."""
     src = make_file(tmp_path / "f.bin", 700_000)
-    rx = Receiver(_as(acl_broker, "consumer"), "/topic/news", tmp_path / "out")
+    rx = Receiver(params_as(acl_broker, "consumer"), "/topic/news", tmp_path / "out")
     assert rx.waiting.wait(30), "the receiver never subscribed"
-    sent = send_file(_as(acl_broker, "producer"), src, "/topic/news", mode="handshake", chunk_size=100_000)
+    sent = send_file(params_as(acl_broker, "producer"), src, "/topic/news", mode="handshake", chunk_size=100_000)
     assert rx.finish().sha256 == sent.sha256
 
 
 def test_family_grant_covers_its_members(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
     src = make_file(tmp_path / "f.bin", 5000)
-    site = _as(acl_broker, "site")
+    site = params_as(acl_broker, "site")
     send_file(site, src, "/queue/sites.paris", chunk_size=1000)
     got = receive_stream(site, "/queue/sites.paris", tmp_path / "out", options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sha256_file(src)
@@ -102,7 +89,7 @@ def test_family_grant_covers_its_members(acl_broker: EmbeddedBroker, tmp_path: P
 ])
 def test_outside_the_grant_is_refused_clearly(acl_broker: EmbeddedBroker, tmp_path: Path,
                                               user: str, action: str, dest: str) -> None:
-    params = _as(acl_broker, user)
+    params = params_as(acl_broker, user)
     src = make_file(tmp_path / "f.bin", 3000)
     with pytest.raises(AccessDenied) as err:
         if action == "send":
@@ -120,14 +107,14 @@ def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBro
     spec = p.StreamSpec("evil-1", "x.bin", 10, 10, p.Mode.STREAM)
     landing = p.Destination.parse("/queue/landing")
     headers = p.offer_headers(spec, landing) | {p.H_DATA_DEST: "/queue/landing.amqs.other-stream"}
-    with StompLink(_as(acl_broker, "producer")) as link:
+    with StompLink(params_as(acl_broker, "producer")) as link:
         link.send_confirmed("/queue/landing", b"", headers)
     with pytest.raises(StreamError, match="not this stream's queue"):
-        receive_stream(_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+        receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
                        options=ReceiveOptions(wait_timeout=20))
     # Refused by a consumer that may not write anywhere: still moved to the DLQ, where the
     # administrator finds it, and gone from the offers.
-    with StompLink(_as(acl_broker, None)) as admin:
+    with StompLink(params_as(acl_broker, None)) as admin:
         admin.subscribe("/queue/DLQ.landing", prefetch=1)
         dead = admin.get(30)
         assert dead is not None and dead.headers.get(p.H_STREAM) == "evil-1"
@@ -154,11 +141,11 @@ def test_users_cli_adds_lists_and_removes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("user", ["producer", "consumer"])
 def test_temporary_destinations_are_for_the_administrator_only(acl_broker: EmbeddedBroker, user: str) -> None:
-    with StompLink(_as(acl_broker, user)) as link, pytest.raises(AccessDenied, match=f"refused user {user}"):
+    with StompLink(params_as(acl_broker, user)) as link, pytest.raises(AccessDenied, match=f"refused user {user}"):
         link.subscribe("/temp-queue/scratch")
-    with StompLink(_as(acl_broker, user)) as link, pytest.raises(AccessDenied, match=f"refused user {user}"):
+    with StompLink(params_as(acl_broker, user)) as link, pytest.raises(AccessDenied, match=f"refused user {user}"):
         link.send_confirmed("/temp-topic/scratch", b"x", {})
-    with StompLink(_as(acl_broker, None)) as link:  # the administrator may
+    with StompLink(params_as(acl_broker, None)) as link:  # the administrator may
         link.subscribe("/temp-queue/scratch")
         link.send_confirmed("/temp-queue/scratch", b"x", {})
         frame = link.get(10)

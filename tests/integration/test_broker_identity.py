@@ -9,8 +9,6 @@ One broker with three users: ``alice`` and ``bob`` may only send to ``/queue/ide
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +21,12 @@ from airflow_provider_amqstream.engine import default_stream_id, id_key, receive
 from airflow_provider_amqstream.engine.receive.browse import Offer, OfferBrowser, parse_visible_offer
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.exceptions import AccessDenied
-from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
-from tests.helpers import browse, free_port, make_file, play, sha256_file
+from tests.helpers import StompFrames, browse, free_port, make_file, params_as, play, running_broker, sha256_file
 
 QUEUE = "/queue/ident"
 CONN_ID = "amqs_ident_reader"
@@ -37,20 +34,8 @@ CONN_ID = "amqs_ident_reader"
 
 @pytest.fixture(scope="module")
 def ident_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("ident") / "broker", port=free_port())
-    b.add_user("alice", send=[QUEUE])
-    b.add_user("bob", send=[QUEUE])
-    b.add_user("reader", receive=[QUEUE])
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
-def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
-    return dataclasses.replace(params_from_uri(broker.info(user=user).uri), connect_timeout=10.0,
-                               receipt_timeout=15.0)
+    yield from running_broker(tmp_path_factory.mktemp("ident") / "broker", {
+        "alice": {"send": [QUEUE]}, "bob": {"send": [QUEUE]}, "reader": {"receive": [QUEUE]}})
 
 
 def _drain(params: BrokerParams, dest: str, count: int, timeout: float = 30.0) -> list[dict[str, str]]:
@@ -66,22 +51,9 @@ def _drain(params: BrokerParams, dest: str, count: int, timeout: float = 30.0) -
     return got
 
 
-class _Frames(stomp.ConnectionListener):
-    """Receipts and errors of a raw stomp.py connection, in arrival order."""
-
-    def __init__(self) -> None:
-        self.frames: queue.Queue[tuple[str, dict[str, str]]] = queue.Queue()
-
-    def on_receipt(self, frame: Any) -> None:
-        self.frames.put(("RECEIPT", dict(frame.headers)))
-
-    def on_error(self, frame: Any) -> None:
-        self.frames.put(("ERROR", dict(frame.headers)))
-
-
 def _raw_send(params: BrokerParams, dest: str, headers: dict[str, str], body: bytes = b"") -> None:
     """SEND one frame with exactly ``headers`` (any name, any value) and wait for the receipt."""
-    listener = _Frames()
+    listener = StompFrames()
     conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
     conn.set_listener("frames", listener)
     conn.connect(params.login, params.password, wait=True)
@@ -143,12 +115,12 @@ def test_the_shipped_config_has_the_broker_stamp_senders(tmp_path: Path) -> None
 def test_a_send_only_user_cannot_forge_its_identity(ident_broker: EmbeddedBroker) -> None:
     """alice writes ``JMSXUserID: admin`` (and, once, bob's name) on her SEND frames; the
     broker delivers each as alice's. The administrator's own message says who it is."""
-    alice = _as(ident_broker, "alice")
+    alice = params_as(ident_broker, "alice")
     offer_like = {p.H_KIND: "note"}
     _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "admin"}, b"one")
     _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "bob", "amqs_sender": "bob"}, b"two")
-    _raw_send(_as(ident_broker, None), QUEUE, offer_like, b"three")
-    got = _drain(_as(ident_broker, "reader"), QUEUE, 3)
+    _raw_send(params_as(ident_broker, None), QUEUE, offer_like, b"three")
+    got = _drain(params_as(ident_broker, "reader"), QUEUE, 3)
     assert [h.get("JMSXUserID") for h in got] == ["alice", "alice", "amqstream"]
     assert [p.sender_of(h) for h in got] == ["alice", "alice", "amqstream"]
 
@@ -159,7 +131,7 @@ def test_another_user_cannot_take_a_default_stream_id_first(ident_broker: Embedd
     send-only user with raw stomp.py, the id it would get without a key, with data of his
     own, before alice sends. Alice's default id is keyed by her connection's secret, so it is
     not that one: her file arrives byte-exact under her own stream, and bob's under his."""
-    alice, bob = _as(ident_broker, "alice"), _as(ident_broker, "bob")
+    alice, bob = params_as(ident_broker, "alice"), params_as(ident_broker, "bob")
     src = make_file(tmp_path / "report.csv", 50_000, seed=3)
     guess = default_stream_id(src, QUEUE)
     junk = b"bob's data, not alice's"
@@ -167,7 +139,7 @@ def test_another_user_cannot_take_a_default_stream_id_first(ident_broker: Embedd
     sent = send_file(alice, src, QUEUE)
     assert sent.stream_id == default_stream_id(src, QUEUE, key=id_key(alice)) != guess
     out = tmp_path / "out"
-    got = receive_streams(_as(ident_broker, "reader"), QUEUE, out, count=2,
+    got = receive_streams(params_as(ident_broker, "reader"), QUEUE, out, count=2,
                           options=ReceiveOptions(wait_timeout=30, idle_timeout=30))
     by_id = {r.stream_id: r for r in got}
     assert set(by_id) == {guess, sent.stream_id}
@@ -180,7 +152,7 @@ def test_another_user_cannot_take_a_default_stream_id_first(ident_broker: Embedd
 def test_an_ordinary_user_cannot_write_advisory_topics_on_a_lone_broker(ident_broker: EmbeddedBroker) -> None:
     """Without a network there are no advisories, and no user but the administrator may
     write where they would be."""
-    with StompLink(_as(ident_broker, "alice")) as link, pytest.raises(AccessDenied, match="refused user alice"):
+    with StompLink(params_as(ident_broker, "alice")) as link, pytest.raises(AccessDenied, match="refused user alice"):
         link.send_confirmed("/topic/ActiveMQ.Advisory.Consumer.Queue.ident", b"x", {})
 
 
@@ -211,7 +183,7 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     put back in the queue: each event's sender is the user the broker authenticated,
     whatever the offer's headers say, except that the receiving user's own copy names its
     first sender."""
-    alice, bob = _as(ident_broker, "alice"), _as(ident_broker, "bob")
+    alice, bob = params_as(ident_broker, "alice"), params_as(ident_broker, "bob")
     by_alice = send_file(alice, make_file(tmp_path / "a.bin", 300_000, seed=1), QUEUE, stream_id="from-alice",
                          mode="atomic", chunk_size=2**17)
     packed = send_files(bob, [make_file(tmp_path / "small" / f"b{i}.bin", 2000 + i, seed=10 + i) for i in range(2)],
@@ -220,7 +192,8 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     dest = p.Destination.parse(QUEUE)
     forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest)
     _raw_send(bob, QUEUE, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice", p.H_FIRST_SENDER: "alice"})
-    assert sum(bw.is_pack(f.headers) for f in browse(_as(ident_broker, None), QUEUE)) == 1, "bob's files not packed"
+    assert sum(bw.is_pack(f.headers) for f in browse(params_as(ident_broker, None), QUEUE)) == 1, \
+        "bob's files not packed"
 
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", ident_broker.info(user="reader").uri)
     trigger = StreamOfferedTrigger(destination=QUEUE, amqstream_conn_id=CONN_ID, poll_interval=0.1, pace=0)

@@ -6,7 +6,6 @@ send to ``/queue/moved``, ``consumer`` receive from it (and note where it holds 
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +20,9 @@ from airflow_provider_amqstream.engine.inventory import show_stream
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.exceptions import StreamElsewhere
-from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import browse, free_port, make_file, sha256_file
+from tests.helpers import browse, make_file, params_as, running_broker, sha256_file
 
 pytestmark = pytest.mark.broker
 
@@ -41,18 +38,8 @@ class Killed(BaseException):
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("moved") / "broker", port=free_port())
-    b.add_user("producer", send=[Q])
-    b.add_user("consumer", receive=[Q])
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
-def _as(broker: EmbeddedBroker, user: str | None) -> BrokerParams:
-    return dataclasses.replace(params_from_uri(broker.info(user=user).uri), connect_timeout=10.0, receipt_timeout=15.0)
+    yield from running_broker(tmp_path_factory.mktemp("moved") / "broker",
+                              {"producer": {"send": [Q]}, "consumer": {"receive": [Q]}})
 
 
 def _send_half_then_all(broker: EmbeddedBroker, src: Path, sid: str) -> None:
@@ -62,11 +49,12 @@ def _send_half_then_all(broker: EmbeddedBroker, src: Path, sid: str) -> None:
             raise Killed
 
     with pytest.raises(Killed):
-        send_file(_as(broker, "producer"), src, Q, stream_id=sid, chunk_size=CHUNK, window=4, progress=die_at_half)
+        send_file(params_as(broker, "producer"), src, Q, stream_id=sid, chunk_size=CHUNK, window=4,
+                  progress=die_at_half)
 
 
 def _finish(broker: EmbeddedBroker, src: Path, sid: str, **kw: Any) -> str:
-    return send_file(_as(broker, "producer"), src, Q, stream_id=sid, chunk_size=CHUNK, window=4, **kw).sha256
+    return send_file(params_as(broker, "producer"), src, Q, stream_id=sid, chunk_size=CHUNK, window=4, **kw).sha256
 
 
 def _receive_and_die(broker: EmbeddedBroker, out: Path, sid: str, chunks: int) -> None:
@@ -80,11 +68,11 @@ def _receive_and_die(broker: EmbeddedBroker, out: Path, sid: str, chunks: int) -
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(StreamReceiver, "_durable", then_die)
         with pytest.raises(Killed):
-            receive_stream(_as(broker, "consumer"), Q, out, stream_id=sid, options=ReceiveOptions(**OPTS))
+            receive_stream(params_as(broker, "consumer"), Q, out, stream_id=sid, options=ReceiveOptions(**OPTS))
 
 
 def _dead_letters(broker: EmbeddedBroker, sid: str) -> list[Any]:
-    admin = _as(broker, None)
+    admin = params_as(broker, None)
     return browse(admin, f"/queue/DLQ.{DEST.name}", 2) + browse(admin, f"/queue/DLQ.{DEST.name}.amqs.{sid}", 2)
 
 
@@ -95,25 +83,25 @@ def test_a_retry_elsewhere_leaves_the_chunks_and_the_first_worker_finishes(acl_b
     worker1, worker2 = tmp_path / "worker1" / "in", tmp_path / "worker2" / "in"
     _send_half_then_all(acl_broker, src, sid)
     _receive_and_die(acl_broker, worker1, sid, 8)
-    [note] = browse(_as(acl_broker, None), DEST.held_queue(sid), 2)
+    [note] = browse(params_as(acl_broker, None), DEST.held_queue(sid), 2)
     assert note.headers[p.H_HELD_DIR] == str(worker1.resolve()) and note.headers[p.H_HELD_HOST] == socket.gethostname()
     sha = _finish(acl_broker, src, sid)
 
     with pytest.raises(StreamElsewhere) as err:
-        receive_stream(_as(acl_broker, "consumer"), Q, worker2, stream_id=sid, options=ReceiveOptions(**OPTS))
+        receive_stream(params_as(acl_broker, "consumer"), Q, worker2, stream_id=sid, options=ReceiveOptions(**OPTS))
     text = str(err.value)
     assert f"directory {worker1.resolve()} (partial file {worker1.resolve() / '.amqstream' / (sid + '.part')}" in text
     assert f"--out-dir {worker1.resolve()} --stream-id {sid}" in text and "--restart" in text, text
     assert not _dead_letters(acl_broker, sid)
     assert not (worker2 / ".amqstream" / f"{sid}.part").exists()
     # `amqstream streams show` tells where the data is, with no access to that directory.
-    report = render_report(show_stream(_as(acl_broker, None), Q, sid))
+    report = render_report(show_stream(params_as(acl_broker, None), Q, sid))
     assert f"partial data held by a receiver on host {socket.gethostname()} in {worker1.resolve()}" in report, report
 
-    got = receive_stream(_as(acl_broker, "consumer"), Q, worker1, stream_id=sid, options=ReceiveOptions(**OPTS))
+    got = receive_stream(params_as(acl_broker, "consumer"), Q, worker1, stream_id=sid, options=ReceiveOptions(**OPTS))
     assert got is not None and got.sha256 == sha == sha256_file(src) and got.resumed_from >= 8 * CHUNK
     assert Path(got.path or "").read_bytes() == src.read_bytes()
-    assert browse(_as(acl_broker, None), DEST.held_queue(sid), 2) == []
+    assert browse(params_as(acl_broker, None), DEST.held_queue(sid), 2) == []
 
 
 def test_without_a_note_the_retry_keeps_its_part_and_a_resend_completes_it(acl_broker: EmbeddedBroker,
@@ -123,12 +111,12 @@ def test_without_a_note_the_retry_keeps_its_part_and_a_resend_completes_it(acl_b
     worker1, worker2 = tmp_path / "worker1" / "in", tmp_path / "worker2" / "in"
     _send_half_then_all(acl_broker, src, sid)
     _receive_and_die(acl_broker, worker1, sid, 8)
-    with StompLink(_as(acl_broker, None)) as link:  # as left by a receiver older than the notes
+    with StompLink(params_as(acl_broker, None)) as link:  # as left by a receiver older than the notes
         assert holders.release(link, DEST, sid) == 1
     _finish(acl_broker, src, sid)
 
     failures: list[StreamFailure] = []
-    got = receive_streams(_as(acl_broker, "consumer"), Q, worker2, on_failure=failures.append,
+    got = receive_streams(params_as(acl_broker, "consumer"), Q, worker2, on_failure=failures.append,
                           options=ReceiveOptions(**{**OPTS, "wait_timeout": 5}))
     assert got == [] and [f.status for f in failures] == ["elsewhere"], failures
     assert "cannot be known" in failures[0].reason and "Nothing was dead-lettered" in failures[0].reason
@@ -137,7 +125,8 @@ def test_without_a_note_the_retry_keeps_its_part_and_a_resend_completes_it(acl_b
 
     # The sender sends the file again: worker2's directory takes only the chunks it lacks.
     sha = _finish(acl_broker, src, sid, restart=True)
-    got_again = receive_stream(_as(acl_broker, "consumer"), Q, worker2, stream_id=sid, options=ReceiveOptions(**OPTS))
+    got_again = receive_stream(params_as(acl_broker, "consumer"), Q, worker2, stream_id=sid,
+                               options=ReceiveOptions(**OPTS))
     assert got_again is not None and got_again.sha256 == sha == sha256_file(src)
     assert Path(got_again.path or "").read_bytes() == src.read_bytes()
     assert got_again.bytes_transferred < src.stat().st_size

@@ -27,7 +27,7 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import RawSender, browse, cli, free_port, make_file, play, sha256_file
+from tests.helpers import RawSender, browse, cli, make_file, play, running_broker, sha256_file
 from tests.integration.test_pack import HOSTILE_PACKS, _pack
 
 pytestmark = pytest.mark.broker
@@ -37,13 +37,7 @@ pytestmark = pytest.mark.broker
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """This module's broker (``params`` and ``uri`` are its administrator's), with a user
     who may only send to the ``rt`` family."""
-    b = EmbeddedBroker(tmp_path_factory.mktemp("hostile") / "broker", port=free_port())
-    b.add_user("rt", send=["/queue/rt.>"])
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield from running_broker(tmp_path_factory.mktemp("hostile") / "broker", {"rt": {"send": ["/queue/rt.>"]}})
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ Hostile streams are played with raw stomp.py as an authorized sender would.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -25,7 +24,7 @@ from airflow_provider_amqstream.engine.receive.stream import consumer_name
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled, TransportError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import ROOT, RawSender, browse, cli, make_file, play, sha256_file, wait_for
+from tests.helpers import ROOT, RawSender, browse, cli, make_file, play, send_stream, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -122,11 +121,7 @@ def test_a_stalled_stream_gets_its_turn_back_and_completes(params: BrokerParams,
     assert receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=0.5)) is None
     # The sender comes back with the rest; after the back-off the stream resumes at byte 2000.
     play_rest = RawSender(params)
-    dest = p.Destination.parse(queue_name)
-    for seq in range(3, 7):
-        off, n = spec.chunk_span(seq)
-        play_rest.send(dest.data_queue("late-1"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
-    play_rest.send(dest.data_queue("late-1"), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+    send_stream(play_rest.send, queue_name, spec, data, range(3, 7), offer=False)
     play_rest.close()
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.resumed_from == 2000 and (out / "late.bin").read_bytes() == data

@@ -17,19 +17,15 @@ from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import free_port, make_file, sha256_file
+from tests.helpers import free_port, make_file, sha256_file, started
 
 pytestmark = pytest.mark.broker
 
 
 @pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("tls") / "broker", port=free_port(), tls_port=free_port())
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield from started(EmbeddedBroker(tmp_path_factory.mktemp("tls") / "broker", port=free_port(),
+                                      tls_port=free_port()))
 
 
 def test_stream_over_tls(tls_broker: EmbeddedBroker, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import browse, cli, cli_json, make_file, sha256_file
+from tests.helpers import browse, cli, cli_json, make_file, send_stream, sha256_file
 
 pytestmark = pytest.mark.broker
 
@@ -63,20 +63,12 @@ def test_atomic_mode_hides_stream_until_complete(params: BrokerParams, tmp_path:
 def _inject(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
             corrupt: int | None = None, end: bool = True) -> None:
     """Play a sender by hand with raw stomp: chosen chunks, in a chosen order."""
-    import hashlib
 
-    dest = p.Destination.parse(queue)
+    def flip_first_byte(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        return headers, (bytes([body[0] ^ 0xFF]) + body[1:] if seq == corrupt else body)
+
     with StompLink(params) as link:
-        link.send(str(dest), b"", p.offer_headers(spec, dest))
-        for seq in seqs:
-            off, n = spec.chunk_span(seq)
-            body = data[off:off + n]
-            headers = p.data_headers(spec, seq, body)
-            if seq == corrupt:
-                body = bytes([body[0] ^ 0xFF]) + body[1:]
-            link.send(dest.data_queue(spec.stream_id), body, headers)
-        if end:
-            link.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+        send_stream(link.send, queue, spec, data, seqs, end=end, tamper=flip_first_byte)
         link.round_trip()
 
 

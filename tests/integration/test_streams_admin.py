@@ -28,11 +28,10 @@ from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.engine.queue_tools import H_SWEEP, QueueSession, move_queue, take_matching
 from airflow_provider_amqstream.engine.receive.session import receive_streams
 from airflow_provider_amqstream.engine.redrive import RedriveRefused, discard, redrive
-from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, free_port, play
+from tests.helpers import RawSender, browse, cli, params_as, play, running_broker
 
 pytestmark = pytest.mark.broker
 
@@ -302,18 +301,12 @@ def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("acl") / "broker", port=free_port())
-    b.add_user("consumer", receive=["/queue/landing"])
-    b.add_user("producer", send=["/queue/landing"])
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield from running_broker(tmp_path_factory.mktemp("acl") / "broker",
+                              {"consumer": {"receive": ["/queue/landing"]}, "producer": {"send": ["/queue/landing"]}})
 
 
 def test_users_without_the_rights_are_refused_clearly(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
-    admin = dataclasses.replace(params_from_uri(acl_broker.info().uri), connect_timeout=10.0, receipt_timeout=15.0)
+    admin = params_as(acl_broker, None)
     play(admin, "/queue/landing", _spec("s-1", 2500), _data(2500, 9), [1, 2, 3])
     with pytest.raises(StreamQuarantined):
         receive_stream(admin, "/queue/landing", tmp_path / "in", options=ReceiveOptions(wait_timeout=10,

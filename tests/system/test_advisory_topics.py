@@ -11,7 +11,6 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import stomp
@@ -20,7 +19,7 @@ from airflow_provider_amqstream.broker.auth import ADVISORY_TOPICS, auth_plugins
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import make_file, sha256_file, wait_for
+from tests.helpers import StompFrames, make_file, sha256_file, started, wait_for
 from tests.system.test_network import QUEUE, Sites
 
 HOSTILE = "/topic/ActiveMQ.Advisory.Consumer.Queue." + QUEUE.removeprefix("/queue/")
@@ -31,29 +30,13 @@ ATTEMPTS = 20
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[Sites]:
-    s = Sites(tmp_path / "sites")
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-class _Frames(stomp.ConnectionListener):
-    def __init__(self) -> None:
-        self.frames: queue.Queue[tuple[str, dict[str, str]]] = queue.Queue()
-
-    def on_receipt(self, frame: Any) -> None:
-        self.frames.put(("RECEIPT", dict(frame.headers)))
-
-    def on_error(self, frame: Any) -> None:
-        self.frames.put(("ERROR", dict(frame.headers)))
+    yield from started(Sites(tmp_path / "sites"))
 
 
 def _try_advisory_writes(params: BrokerParams, count: int) -> list[tuple[str, str]]:
     """Send ``count`` plain messages to the consumer advisory of the forwarded queue, each
     asking for a receipt, with raw stomp.py; return (frame kind, message) per attempt."""
-    listener = _Frames()
+    listener = StompFrames()
     conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
     conn.set_listener("frames", listener)
     conn.connect(params.login, params.password, wait=True)

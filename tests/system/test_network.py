@@ -20,7 +20,7 @@ from airflow_provider_amqstream.exceptions import AccessDenied, NetworkError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import free_port, make_file, play, sha256_file, wait_for
+from tests.helpers import free_port, make_file, play, sha256_file, started, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.network]
 QUEUE = "/queue/net"
@@ -74,22 +74,12 @@ class Sites:
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[Sites]:
-    s = Sites(tmp_path / "sites")
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from started(Sites(tmp_path / "sites"))
 
 
 @pytest.fixture
 def tls_sites(tmp_path: Path) -> Iterator[Sites]:
-    s = Sites(tmp_path / "tls-sites", tls=True)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from started(Sites(tmp_path / "tls-sites", tls=True))
 
 
 def _in_thread(fn: Callable[[], Any]) -> Callable[[float], Any]:

@@ -20,9 +20,9 @@ from airflow_provider_amqstream.plugins import streams
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
+from tests.helpers import send_stream
 
 Q = "/queue/landing"
-DEST = p.Destination.parse(Q)
 
 
 def test_the_hook_reads_its_connection_and_touches_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,13 +36,6 @@ def test_the_hook_reads_its_connection_and_touches_no_network(monkeypatch: pytes
     assert (params.connect_timeout, params.receipt_timeout, params.login) == (5, 60.0, "ops")
     with pytest.raises(ConnectionNotFound, match="no connection 'nowhere'"):
         AmqStreamAdminHook("nowhere").broker_params()
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker()
-    yield b
-    b.close()
 
 
 @pytest.fixture
@@ -78,11 +71,7 @@ def _quarantined(broker: MemoryBroker, tmp_path: Path) -> bytes:
     data = hashlib.sha256(b"x").digest() * 100
     spec = p.StreamSpec("big", "big.bin", len(data), 1000)
     with open_link(broker.params("site-a")) as link:
-        link.send(Q, b"", p.offer_headers(spec, DEST))
-        for seq in range(1, spec.chunks + 1):
-            off, n = spec.chunk_span(seq)
-            link.send(DEST.data_queue("big"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
-        link.send(DEST.data_queue("big"), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+        send_stream(link.send, Q, spec, data, range(1, spec.chunks + 1))
     with pytest.raises(StreamQuarantined):
         receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(wait_timeout=0.3,
                                                                                          max_bytes=10))

@@ -4,8 +4,6 @@ which makes that matter, is proved in tests/integration/test_event_trigger.py)."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
@@ -17,13 +15,6 @@ from airflow_provider_amqstream.transport.memory import MemoryBroker
 
 Q = "/queue/watched"
 DEST = p.Destination.parse(Q)
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker()
-    yield b
-    b.close()
 
 
 def offer(broker: MemoryBroker, user: str, stream_id: str) -> None:

@@ -5,10 +5,8 @@ say where the first bytes are and how to finish."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from airflow_provider_amqstream.exceptions import StreamElsewhere
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
+from tests.helpers import send_stream
 
 Q = "/queue/landing"
 DEST = p.Destination.parse(Q)
@@ -33,22 +32,9 @@ class Killed(BaseException):
     """The receiving process dies here (nothing of the engine's own handling runs)."""
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker()
-    yield b
-    b.close()
-
-
 def _send(broker: MemoryBroker, spec: p.StreamSpec, data: bytes, seqs: range, *, offer: bool, end: bool) -> None:
     with open_link(broker.params("site-a")) as link:
-        if offer:
-            link.send(Q, b"", p.offer_headers(spec, DEST))
-        for seq in seqs:
-            off, n = spec.chunk_span(seq)
-            link.send(DEST.data_queue(spec.stream_id), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
-        if end:
-            link.send(DEST.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+        send_stream(link.send, Q, spec, data, seqs, offer=offer, end=end)
 
 
 def _killed_after(broker: MemoryBroker, out: Path, sid: str, durable: int) -> None:

@@ -9,7 +9,6 @@ import hashlib
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +28,18 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
+from tests.helpers import Tamper, send_stream
 
 Q = "/queue/landing"
 DEST = p.Destination.parse(Q)
 FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
 
 
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker()
-    yield b
-    b.close()
-
-
 def play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *, end: bool = True,
-         tamper: Callable[[int, dict[str, str], bytes], tuple[dict[str, str], bytes]] | None = None,
-         offer: bool = True) -> None:
+         tamper: Tamper | None = None, offer: bool = True) -> None:
     """Offer ``spec`` as ``user`` and send chunks ``seqs`` (in that order, repeats allowed)."""
     with open_link(broker.params(user)) as link:
-        if offer:
-            link.send(Q, b"", p.offer_headers(spec, DEST))
-        for seq in seqs:
-            off, n = spec.chunk_span(seq)
-            body = data[off:off + n]
-            headers = p.data_headers(spec, seq, body)
-            if tamper:
-                headers, body = tamper(seq, headers, body)
-            link.send(DEST.data_queue(spec.stream_id), body, headers)
-        if end:
-            link.send(DEST.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+        send_stream(link.send, Q, spec, data, seqs, end=end, tamper=tamper, offer=offer)
 
 
 def receive_all(broker: MemoryBroker, out: Path, user: str = "rx", **opts: Any) -> tuple[list[TransferResult],

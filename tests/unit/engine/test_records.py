@@ -8,7 +8,6 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,6 @@ from airflow_provider_amqstream.transport.memory import MemoryBroker
 
 Q = "/queue/landing"
 FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker()
-    yield b
-    b.close()
 
 
 @pytest.fixture(autouse=True)

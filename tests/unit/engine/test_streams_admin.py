@@ -5,7 +5,6 @@ proves the wiring in tests/integration/test_streams_admin.py."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +117,6 @@ def test_extra_lists_take_a_list_or_commas() -> None:
     assert inv.extra_list({"destinations": "/queue/a, /queue/b,"}, "destinations") == ["/queue/a", "/queue/b"]
     assert inv.extra_list({"destinations": ["/queue/a"]}, "destinations") == ["/queue/a"]
     assert inv.extra_list({}, "destinations") == []
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker()
-    yield b
-    b.close()
 
 
 def _play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs: list[int], end: bool = True) -> None:

@@ -9,13 +9,6 @@ from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker, compile_selector
 
 
-@pytest.fixture
-def broker() -> MemoryBroker:
-    b = MemoryBroker()
-    yield b
-    b.close()
-
-
 @pytest.mark.parametrize("selector,headers,want", [
     ("amqs_inline = '1'", {"amqs_inline": "1"}, True),
     ("amqs_inline = '1'", {}, None),
