@@ -2,11 +2,12 @@
 # The whole test suite. The tests start their own ActiveMQ brokers on free loopback
 # ports with throwaway data dirs, and stop them at the end.
 #
-# Without arguments: the checks, then every test but those marked `serial` in parallel
-# workers (AMQSTREAM_TEST_WORKERS, default 3: most tests wait on a broker, not a core),
-# then the `serial` ones (time and heap bounds, deployments, Spark, several brokers) one at
-# a time on a machine left to them. With arguments (`make test ARGS=...`): the checks, then
-# one plain pytest run with those arguments.
+# Without arguments: the checks, then the tests in three parts (markers set in
+# tests/conftest.py): those that only wait on brokers in parallel workers
+# (AMQSTREAM_TEST_WORKERS, default 3); the system tests (`serial`: deployments, Spark,
+# several brokers) two files at a time (AMQSTREAM_SYSTEM_WORKERS, default 2), each file in
+# one worker; then those asserting time or heap bounds (`alone`) one at a time. With
+# arguments (`make test ARGS=...`): the checks, then one plain pytest run with those arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -19,7 +20,8 @@ if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi
 status=0
-"$VENV/bin/python" -m pytest -n "${AMQSTREAM_TEST_WORKERS:-3}" -m "not soak and not serial" || status=$?
-# Run the serial part even when the parallel one failed: one CI run reports everything.
-"$VENV/bin/python" -m pytest -m "serial and not soak" || status=$?
+"$VENV/bin/python" -m pytest -n "${AMQSTREAM_TEST_WORKERS:-3}" -m "not soak and not serial and not alone" || status=$?
+# Each part runs even when one before it failed: one CI run reports everything.
+"$VENV/bin/python" -m pytest -n "${AMQSTREAM_SYSTEM_WORKERS:-2}" --dist loadfile -m "serial and not soak" || status=$?
+"$VENV/bin/python" -m pytest -m "alone and not soak" || status=$?
 exit "$status"
