@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 LOOPBACK = "127.0.0.1"
+
+# How long a component waits for the SQLite metadata database's write lock before "database
+# is locked" (sqlite3's default is 5 s): the scheduler, the API server, the triggerer and the
+# DAG processor all write one file, and on a loaded 2-core machine (two deployments and their
+# Spark jobs) the API server waited past 5 s and refused a run with "Database error".
+# Airflow adds its own keys to the dict it is given: one for each engine.
+SQLITE_CONNECT_ARGS: dict[str, Any] = {"timeout": 60}
+SQLITE_CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": 60}
 
 
 def hostname() -> str:

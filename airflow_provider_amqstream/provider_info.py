@@ -43,9 +43,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                        "that shrink to half or less (CSV, JSON, logs) and stops trying on data that does "
                        "not; zstd tries every chunk; none sends every chunk as is. Receivers need no setting.",
         # None is the choice "none": the form saves no string for it (Airflow's masker warns
-        # about every string extra shorter than 5 characters as a secret too short to mask),
-        # and a connection without the key means the same. values_display names each, or the
-        # form would offer a literal "null".
+        # about every string extra shorter than 5 characters as a secret too short to mask).
+        # The default is auto, as for a connection without the key. values_display names
+        # each, or the form would offer a literal "null".
         "schema": {"type": ["string", "null"], "enum": [None, "auto", "zstd"], "default": "auto",
                    "values_display": {"null": "none (send chunks as they are)",
                                       "auto": "auto (compress chunks that shrink: CSV, JSON, logs)",

@@ -90,6 +90,12 @@ export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$LOG_PORT"
 export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$LOG_PORT"
 export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-airflow_provider_amqstream.local_deployment.hostname}"
 export AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST="$HOST"
+# The metadata database is one SQLite file every component writes (unless the user names
+# another database): wait up to a minute for its lock, not sqlite3's 5 s (see local_deployment.py).
+if [ -z "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-}" ]; then
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS:-airflow_provider_amqstream.local_deployment.SQLITE_CONNECT_ARGS}"
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC:-airflow_provider_amqstream.local_deployment.SQLITE_CONNECT_ARGS_ASYNC}"
+fi
 # Spark's driver (its RPC, block manager and web UI) binds SPARK_LOCAL_IP; otherwise it takes
 # the machine's external address. The web UI is off: tasks' drivers live seconds, and two at
 # once fought over port 4040 (a warning in the task log).

@@ -124,7 +124,8 @@ class AmqStreamHook(BaseHook):
 
     def _from_airflow(self) -> connection.ConnFields | None:
         try:
-            conn = self.get_connection(self.amqstream_conn_id)
+            with connection.settings_not_flagged_as_secrets():
+                conn = self.get_connection(self.amqstream_conn_id)
         except Exception as exc:
             if type(exc).__name__ != "AirflowNotFoundException":
                 raise

@@ -17,11 +17,12 @@ and one of them connected in plain text to ``stomp+ssl://`` URIs.
 from __future__ import annotations
 
 import configparser
+import contextlib
 import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,14 +290,28 @@ class _ShortExtraNotice(logging.Filter):
     """Drops the masker's ``Skipping masking for a secret as it's too short`` warning.
 
     Airflow's lookup masks every string in a connection's extra as if it were a secret, and
-    ours are settings: ``"zstd"`` (or ``"none"``, which the connection form used to save)
-    has four characters, so every command that read such a connection from the metadata
-    database printed that warning about a value that is no secret. The password is masked
-    as before; a command line prints no logs it would have to be masked from.
+    ours are settings: ``"auto"`` and ``"zstd"`` (or ``"none"``, which the connection form used
+    to save) have four characters, so every command or task that read such a connection
+    printed that warning about a value that is no secret. The password is masked as before.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
+
+
+@contextlib.contextmanager
+def settings_not_flagged_as_secrets() -> Iterator[None]:
+    """While Airflow looks a connection up: without the masker's warning about our short
+    setting values (``_ShortExtraNotice``)."""
+    quiet = _ShortExtraNotice()
+    loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def from_metadata_db(conn_id: str) -> ConnFields | None:
@@ -306,11 +321,7 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
     Imports Airflow: about 2 s and tens of MiB. Only for a connection no variable defines
     (``make airflow`` writes an env file that defines the deployment's).
     """
-    quiet = _ShortExtraNotice()
-    loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
-    for logger in loggers:
-        logger.addFilter(quiet)
-    try:
+    with settings_not_flagged_as_secrets():
         from airflow.exceptions import AirflowNotFoundException
         from airflow.models.connection import Connection
 
@@ -322,9 +333,6 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
         except AirflowNotFoundException:
             return None
         return from_airflow(conn, f"connection {conn_id!r} in the metadata database")
-    finally:
-        for logger in loggers:
-            logger.removeFilter(quiet)
 
 
 def from_airflow(conn: Any, where: str) -> ConnFields:

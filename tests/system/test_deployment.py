@@ -515,7 +515,8 @@ def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment
     assert hosts.get_attribute("placeholder"), "no hint on the failover field"
     assert dlg.locator(f"datalist#{hosts.get_attribute('list')} option").first.get_attribute("value") == \
         "mq1.example.com:61613,mq2.example.com:61613"
-    assert "none (send chunks as they are)" in text and "null" not in text.lower().split()
+    # Compression shows its default (auto, as for a connection without the key), never "null".
+    assert "auto (compress chunks that shrink: CSV, JSON, logs)" in text and "null" not in text.lower().split()
     for name in ("ca_file", "cert_file", "key_file"):  # a path to type, no options to "start typing" for
         assert dlg.locator(f"[name=element_{name}]").get_attribute("placeholder") is None, name
     pg.set_viewport_size({"width": 1400, "height": 2100})  # the whole dialog in one picture
@@ -526,8 +527,8 @@ def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment
              30, "the saved connection")
     saved = d.api("GET", "/connections/amq_ui_good")
     assert saved["conn_type"] == "amqstream" and saved["port"] == _conn_fields(uri)["port"]
-    # Compression "none" is saved as no string at all (Airflow's masker warned about "none").
-    assert json.loads(saved["extra"])["compression"] is None, saved["extra"]
+    # The form's default is saved as it reads (its "none" is saved as null: tests/unit/airflow).
+    assert json.loads(saved["extra"])["compression"] == "auto", saved["extra"]
 
     # A connection with a wrong password, made through the API.
     d.api("POST", "/connections", json={"connection_id": "amq_ui_bad_password", "conn_type": "amqstream",
