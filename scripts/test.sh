@@ -22,6 +22,6 @@ fi
 status=0
 "$VENV/bin/python" -m pytest -n "${AMQSTREAM_TEST_WORKERS:-3}" -m "not soak and not serial and not alone" || status=$?
 # Each part runs even when one before it failed: one CI run reports everything.
-"$VENV/bin/python" -m pytest -n "${AMQSTREAM_SYSTEM_WORKERS:-2}" --dist loadfile -m "serial and not soak" || status=$?
-"$VENV/bin/python" -m pytest -m "alone and not soak" || status=$?
+"$VENV/bin/python" -m pytest -n "${AMQSTREAM_SYSTEM_WORKERS:-2}" --dist loadfile --durations=15 -m "serial and not soak" || status=$?
+"$VENV/bin/python" -m pytest --durations=10 -m "alone and not soak" || status=$?
 exit "$status"
