@@ -128,6 +128,7 @@ class PartialFile:
         self.started_at = time.time()
         self.fd = -1
         self.created = False
+        self.last_write: float | None = None
         self.state = ReceiverState(spec)
         self.hasher = hashlib.sha256()
         self.hashed_to = 1
@@ -144,9 +145,12 @@ class PartialFile:
             os.close(self.fd)
             self.fd = -1
             raise StreamError(f"{self.what} is being received by another process into {self.sdir.parent}") from None
-        # When this stream last made progress, across receiver restarts: a receiver killed
-        # while it waited on a silent sender must not make the next one wait from zero.
-        self.last_write = time.time() if self.created else os.fstat(self.fd).st_mtime
+        # When this stream last made progress, across receiver restarts (None: never, here):
+        # a receiver killed while it waited on a silent sender must not make the next one
+        # wait from zero. The state file is written only when chunks are committed; the
+        # part's own mtime moves with every reservation, and receivers restarted within the
+        # idle timeout then waited from zero each time and never gave a silent stream up.
+        self.last_write = self._last_progress()
         self.state = self._load_state()
         have = os.fstat(self.fd).st_size
         try:
@@ -158,6 +162,12 @@ class PartialFile:
             hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
         self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
+
+    def _last_progress(self) -> float | None:
+        try:
+            return os.stat(self.state_file).st_mtime
+        except FileNotFoundError:
+            return None
 
     def close(self) -> None:
         if self.pool is not None:

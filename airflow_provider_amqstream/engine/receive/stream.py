@@ -395,14 +395,18 @@ class StreamReceiver:
 
     def _quiet_since(self) -> float:
         """When the sender was last heard from, as this run starts (monotonic clock)."""
-        if self.file.created and not self.reply_to:
-            # A sender offers, then sends its first chunk at once: a new stream whose data
-            # queue stays empty for a short look was abandoned before it began, and waiting
-            # the whole idle timeout for each of those would let a sender hold the queue for
-            # idle_timeout per offer. (In handshake mode the sender waits for its receivers
-            # to gather before the first chunk: no short look there.)
+        last = self.file.last_write
+        if last is None and not self.reply_to:
+            # A sender offers, then sends its first chunk at once: a stream of which nothing
+            # was ever committed here, whose data queue stays empty for a short look, was
+            # abandoned before it began (or an earlier receiver was killed while it looked),
+            # and waiting the whole idle timeout for each of those would let a sender hold
+            # the queue for idle_timeout per offer. (In handshake mode the sender waits for
+            # its receivers to gather before the first chunk: no short look there.)
             return time.monotonic() - max(0.0, self.opts.idle_timeout - FIRST_LOOK)
-        return time.monotonic() - max(0.0, time.time() - self.file.last_write)
+        if last is None:
+            return time.monotonic()
+        return time.monotonic() - max(0.0, time.time() - last)
 
     def _timeout(self, quiet_since: float) -> float:
         """How long to wait for the next message."""

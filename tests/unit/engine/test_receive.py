@@ -133,6 +133,24 @@ def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tm
     assert not list((tmp_path / "out" / ".amqstream").glob("gone-1*")), "nothing reserved for a silent sender"
 
 
+def test_a_silent_stream_an_earlier_receiver_reserved_for_gets_only_the_first_look(
+        broker: MemoryBroker, tmp_path: Path) -> None:
+    """A receiver killed while it looked at a stream that never sent a chunk leaves its
+    reservation behind (a fresh part file, no state). Receivers restarted after it must give
+    the stream its first look, not the whole idle timeout counted from the reservation: with
+    receivers killed every few seconds, a silent stream ahead of good ones was never given up."""
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-2", "gone.bin", 10**6, 2**20), DEST))
+    sdir = tmp_path / "out" / ".amqstream"
+    sdir.mkdir(parents=True)
+    (sdir / "gone-2.part").write_bytes(b"\0" * 10**6)  # just now, as each restarted receiver does
+    t0 = time.monotonic()
+    got, failures = receive_all(broker, tmp_path / "out", idle_timeout=60)
+    assert got == [] and [f.status for f in failures] == ["stalled"]
+    assert time.monotonic() - t0 < 30, "the silent stream was waited on for the idle timeout"
+    assert not list(sdir.glob("gone-2*")), "nothing kept for a silent sender"
+
+
 def test_a_stream_that_gave_way_too_often_is_quarantined(broker: MemoryBroker, tmp_path: Path) -> None:
     headers = p.parked_headers(p.offer_headers(p.StreamSpec("tired-1", "t.bin", 10, 10), DEST),
                                not_before=time.time() - 1, reason="stalled", sender="alice")
