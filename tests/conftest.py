@@ -37,7 +37,7 @@ logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
 # three parallel workers. System tests (tests/system: a whole deployment, Spark, several
 # brokers) are `serial`: two files at a time, each file in one worker with its module's
 # deployment. Tests that assert time or heap bounds are `alone`: one at a time, last.
-_ALONE_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_disk_full.py",
+_ALONE_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_disk_full.py", "test_broker_memory.py",
                 # the API server must answer within 2 s while a broker hangs
                 "test_streams_ui.py"}
 

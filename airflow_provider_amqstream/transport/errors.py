@@ -64,7 +64,8 @@ def reported(params: BrokerParams, errors: list[str]) -> TransportError:
         where = f" to /{m.group(1)}/{m.group(2)}" if m else ""
         return DestinationFull(
             f"broker {params.url} refused messages{where} (ResourceAllocationException): the destination's "
-            "memory limit stayed full through the broker's flow-control wait, so its receivers are not taking "
-            "messages (stopped, or slower than the senders). Nothing confirmed was lost; resume the receivers, "
-            "or raise the destination's memoryLimit on the broker.")
+            "memory limit, or the broker's, which every destination shares, stayed full through the broker's "
+            "flow-control wait, so receivers are not taking messages (stopped, or slower than the senders). "
+            "Nothing confirmed was lost; resume the receivers, or raise the memoryLimit on the broker (an "
+            "external broker also needs expireMessagesPeriod=\"0\": docs/security.md).")
     return TransportError(f"broker {params.url} reported: {'; '.join(errors)}")
