@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ConnectionLost, TransportError
+from airflow_provider_amqstream.exceptions import ConnectionLost, DestinationFull, TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 Headers = Mapping[str, Any]
@@ -73,6 +73,9 @@ class MemoryBroker:
         self.subs: list[_Sub] = []
         self.links: list[MemoryLink] = []
         self._ids = itertools.count(1)
+        # Destination -> how many sends to it are still refused, as a broker whose memory
+        # limit stays full refuses them.
+        self.refusals: dict[str, int] = {}
         MemoryBroker._brokers[self.name] = self
 
     def params(self, user: str | None = "tester", **kw: Any) -> BrokerParams:
@@ -106,8 +109,16 @@ class MemoryBroker:
             self.cond.notify_all()
 
     # -- the broker's work, under self.cond ----------------------------------------------
+    def refuse(self, destination: str, times: int) -> None:
+        """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
+        with self.cond:
+            self.refusals[destination] = times
+
     def _send(self, link: MemoryLink, destination: str, body: bytes, headers: Headers) -> None:
         kind, name = _parse(destination)
+        if self.refusals.get(destination, 0) > 0:
+            self.refusals[destination] -= 1
+            raise DestinationFull(f"memory broker {self.name} refused messages to {destination}: its memory is full")
         msg = _Message({k: str(v) for k, v in headers.items() if k not in ("receipt", "persistent")}, bytes(body))
         msg.headers.update({"message-id": f"ID:{self.name}-{next(self._ids)}", "destination": destination,
                             "timestamp": str(int(time.time() * 1000))})

@@ -57,6 +57,7 @@ from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
     ConnectionLost,
+    DestinationFull,
     StreamElsewhere,
     StreamError,
     StreamNoRoom,
@@ -144,6 +145,10 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     batches = Batches(out, sdir, retention_days=opts.records_retention_days)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
+    # A broker that refuses our sends (its memory full, so parking an offer fails) lets us
+    # connect, which resets the reconnect deadline: this one runs from the first refusal
+    # until a stream is settled.
+    full: Backoff | None = None
     wait = opts.wait_timeout
     until = None if stop_after is None else time.monotonic() + stop_after
     report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep)
@@ -155,22 +160,24 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
                 offers = Offers(link, dest, stream_id, opts)
                 session = ReceiveSession(link, dest, out, sdir, opts=opts, offers=offers, batches=batches)
                 while count is None or report.count < count:
-                    deadline = None if wait is None else time.monotonic() + wait
-                    if until is not None:
-                        if time.monotonic() >= until:
-                            return report.results
-                        deadline = until if deadline is None else min(deadline, until)
-                    offer = offers.next(deadline)
+                    if until is not None and time.monotonic() >= until:
+                        return report.results
+                    offer = offers.next(_deadline(wait, until))
                     if offer is None:
                         return report.results
                     wait = opts.wait_timeout
                     room = None if count is None else count - report.count
                     report.add(session.settle(offer, room))
+                    full = None
                 return report.results
         except AccessDenied:
             raise
         except ConnectionLost as exc:
             backoff.wait(exc)
+        except DestinationFull as exc:
+            # Transient: the offer we held goes back to the queue with the connection.
+            full = full or Backoff(what, params.url, opts.reconnect_timeout)
+            full.wait(exc)
         except TransportError as exc:
             if first:
                 raise
@@ -178,6 +185,15 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
         first = False
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
+
+
+def _deadline(wait: float | None, until: float | None) -> float | None:
+    """When to stop waiting for the next offer (monotonic): ``wait`` seconds from now, and
+    no later than ``until``; None for never."""
+    deadline = None if wait is None else time.monotonic() + wait
+    if until is None:
+        return deadline
+    return until if deadline is None else min(deadline, until)
 
 
 @dataclass

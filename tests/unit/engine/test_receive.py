@@ -125,6 +125,29 @@ def test_a_stalled_stream_is_parked_and_comes_back_whole(broker: MemoryBroker, t
     assert got is not None and got.resumed_from == 2000 and (tmp_path / "out" / "late.bin").read_bytes() == data
 
 
+def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A broker whose memory is full refuses the receiver's send to the parked queue. The
+    receiver does not exit: the offer goes back with its connection, and once the broker
+    takes sends again the stalled offer is parked and the good stream behind it arrives. A
+    broker that keeps refusing ends the receive once the reconnect timeout has passed,
+    naming the destination."""
+    data = os.urandom(3000)
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-3", "gone.bin", 10**6, 2**20), DEST))
+    play(broker, "alice", p.StreamSpec("good-3", "good.bin", len(data), 1000), data, [1, 2, 3])
+    broker.refuse(DEST.parked_queue(), 2)
+    got, failures = receive_all(broker, tmp_path / "out", wait_timeout=1)
+    assert [r.stream_id for r in got] == ["good-3"] and (tmp_path / "out" / "good.bin").read_bytes() == data
+    assert [f.stream_id for f in failures] == ["gone-3"] and broker.refusals[DEST.parked_queue()] == 0
+    assert [h[p.H_STREAM] for h, _ in broker.messages(DEST.parked_queue())] == ["gone-3"]
+
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-4", "gone.bin", 10**6, 2**20), DEST))
+    broker.refuse(DEST.parked_queue(), 10**6)
+    with pytest.raises(StreamError, match=r"gave up after 1s.*refused messages to /queue/landing.amqs_parked"):
+        receive_all(broker, tmp_path / "out", reconnect_timeout=1)
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST))
