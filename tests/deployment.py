@@ -219,6 +219,16 @@ class Deployment:
                 found.append(f"{proc.name} {command}")
         return found
 
+    def wait_all_exited(self, timeout: float, after: str) -> None:
+        """Wait until no process of this deployment is left (:meth:`own_processes`); fail
+        naming those left running ``after`` (what stopped it) and the script's last words."""
+        try:
+            wait_for(lambda: not self.own_processes(), timeout, "every process of the deployment to exit",
+                     interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"left running {timeout:.0f}s after {after}: {self.own_processes()}\n"
+                                 f"{self.text()[-2000:]}") from None
+
     def stop(self, timeout: float = 90) -> float:
         """SIGTERM to the top process (``make``), as a service manager or CI stops what it
         started; return the seconds it took to stop."""

@@ -65,10 +65,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 pass  # d.stop() says so, and kills what is left
         seconds = d.stop()
         print(f"\ncelery deployment stopped in {seconds:.1f}s")
-        try:
-            wait_for(lambda: not d.own_processes(), 90, "every process of the deployment to exit", interval=0.5)
-        except AssertionError:
-            pytest.fail(f"left running after Ctrl-C: {d.own_processes()}\n{d.text()[-2000:]}")
+        d.wait_all_exited(90, "Ctrl-C")
         wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
         assert "stopping redis" in d.text(), d.text()[-2000:]
 

@@ -57,10 +57,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         seconds = d.stop()  # SIGTERM to make, the top process
         print(f"\ndeployment stopped in {seconds:.1f}s")
         # Everything it started is gone: components, LocalExecutor workers, tasks, spark-submit, broker.
-        try:
-            wait_for(lambda: not d.own_processes(), 30, "every process of the deployment to exit", interval=0.5)
-        except AssertionError:
-            pytest.fail(f"left running after SIGTERM: {d.own_processes()}\n{d.text()[-2000:]}")
+        d.wait_all_exited(30, "SIGTERM")
         assert "airflow.sh: stopped" in d.text(), d.text()[-2000:]
 
 

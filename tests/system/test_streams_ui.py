@@ -8,7 +8,8 @@ a progress bar for the one in progress, an administrator redrives the stream qua
 over ``max_bytes`` from the page (it then arrives byte-exact) and discards the corrupt one;
 a user without the right to edit connections may neither look nor act; and a broker that
 never answers costs the page an error, not the API server its responsiveness. The page's
-screenshot is kept as ``docs/ui-streams.png``.
+screenshot is kept in ``build/ui-screenshots`` (never in the checkout's docs: a test run
+leaves the tree as it found it; ``docs/ui-streams.png`` is copied from there by hand).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.deployment import Deployment
-from tests.helpers import ROOT, RawSender, browse, wait_for
+from tests.helpers import ROOT, RawSender, browse
 from tests.integration.test_streams_admin import Scene, build_scene
 
 pytestmark = [pytest.mark.deployment, pytest.mark.broker]
@@ -113,7 +114,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, broker: Any, silent: SilentB
         yield d, scene, params
     finally:
         d.stop()
-        wait_for(lambda: not d.own_processes(), 30, "every process of the deployment to exit", interval=0.5)
+        d.wait_all_exited(30, "SIGTERM")
 
 
 def _token(d: Deployment, user: str) -> str:
@@ -246,9 +247,8 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
             expect(frame.get_by_test_id("redrive-bad-1")).to_have_count(0)  # corrupt: no redrive offered
             shot = tmp_path / "ui-streams.png"
             pg.screenshot(path=str(shot))
-            for where in (Path(KEEP), ROOT / "docs"):
-                where.mkdir(parents=True, exist_ok=True)
-                (where / "ui-streams.png").write_bytes(shot.read_bytes())
+            Path(KEEP).mkdir(parents=True, exist_ok=True)
+            (Path(KEEP) / "ui-streams.png").write_bytes(shot.read_bytes())
 
             # Redrive from the page: the stream quarantined over max_bytes goes back.
             frame.get_by_test_id("redrive-big-1").click()

@@ -348,7 +348,7 @@ class StreamReceiver:
             # With work pending, a short pause means the broker is waiting for our acks.
             frame = link.get(min(timeout, 0.05) if busy else timeout, self.data_sub)
             if frame is None:
-                self._quiet(bool(busy), time.monotonic() - quiet_since)
+                self._quiet(bool(busy), time.monotonic() - quiet_since, heard=progress_since is not None)
                 continue
             # Only progress counts as a live sender: corrupt chunks, repeats or another user's
             # chunks trickled for ever would otherwise hold the stream (and the queue behind
@@ -420,9 +420,12 @@ class StreamReceiver:
         left = opts.idle_timeout - (time.monotonic() - quiet_since)
         return max(left, min(opts.idle_timeout, 2.0))
 
-    def _quiet(self, busy: bool, silent: float) -> None:
+    def _quiet(self, busy: bool, silent: float, *, heard: bool) -> None:
         """Nothing arrived within the wait: commit what is pending, ask a live sender again,
-        or give the stream up (raises) once the sender has been silent too long."""
+        or give the stream up (raises) once the sender has been silent too long.
+
+        :param heard: a message of the stream arrived in this run.
+        """
         state = self.file.state
         if busy:
             self._commit(wait=True)
@@ -433,8 +436,12 @@ class StreamReceiver:
             return
         if state.expected_sha256 and not self.reply_to:
             raise self._missing()
+        # A stream never begun gets a short look (_quiet_since): its silence is not a wait.
+        head = f"nothing arrived for {silent:.0f}s"
+        if not heard and self.file.last_write is None and not self.reply_to:
+            head = f"no chunk arrived in a first look of {min(self.opts.idle_timeout, FIRST_LOOK):.1f}s"
         raise StreamStalled(
-            f"{self.what}: nothing arrived for {silent:.0f}s at byte {state.contiguous_bytes} of "
+            f"{self.what}: {head} at byte {state.contiguous_bytes} of "
             f"{self.spec.size}; is the sender still running? The partial data is kept and the stream is "
             "tried again later (a re-run of the sender continues it).")
 

@@ -153,6 +153,8 @@ def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tm
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST))
     got, failures = receive_all(broker, tmp_path / "out", idle_timeout=5)
     assert got == [] and [f.status for f in failures] == ["stalled"]
+    # Said as it was: a short look, not five seconds of waiting.
+    assert "no chunk arrived in a first look of 2.0s at byte 0" in failures[0].reason, failures[0].reason
     assert not list((tmp_path / "out" / ".amqstream").glob("gone-1*")), "nothing reserved for a silent sender"
 
 
