@@ -37,6 +37,10 @@ from tests.helpers import ROOT, RawSender, browse, cli, free_port, make_file, ol
 pytestmark = [pytest.mark.broker, pytest.mark.soak]
 
 STREAMS = int(os.environ.get("AMQSTREAM_SOAK_STREAMS", "200"))
+# Each wait's deadline grows with the streams: 200 took under 6 minutes on 2 cores.
+DEADLINE = max(1200.0, 6.0 * STREAMS)
+# Seconds between two looks at the broker's old generation (after a full collection).
+HEAP_EVERY = float(os.environ.get("AMQSTREAM_SOAK_HEAP_EVERY", "300"))
 PRODUCERS, RECEIVERS = 4, 2
 QUEUE = "/queue/soak"
 POISONED, ABANDONED, STALLED, TOO_LARGE = 5, 3, 200, 100
@@ -127,15 +131,19 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
 
         def receiver() -> subprocess.Popen[str]:
             # Output to files: a pipe nobody reads would fill and block the receiver.
-            log = open(logs / f"r{len(list(logs.iterdir()))}.log", "w")  # noqa: SIM115 - closed by the process end
-            return subprocess.Popen([sys.executable, "-m", "airflow_provider_amqstream.cli", "receive", "--from",
+            path = logs / f"r{len(list(logs.iterdir()))}.log"
+            log = open(path, "w")  # noqa: SIM115 - closed by the process end
+            proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_amqstream.cli", "receive", "--from",
                                      QUEUE, "--out-dir", str(out), "--conn", uri, "--follow", "--wait", "600",
                                      "--idle-timeout", "30", "--json", "-q"], stdout=log, stderr=log, text=True,
                                     cwd=ROOT)
+            proc.log_path = path  # type: ignore[attr-defined]
+            return proc
 
         def reap(proc: subprocess.Popen[str]) -> None:
             if proc.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM):
-                exits.append(f"receiver exited {proc.returncode}")
+                last = [line for line in proc.log_path.read_text().splitlines() if not line.startswith("{")][-3:]
+                exits.append(f"receiver exited {proc.returncode}: {' | '.join(last)[-600:]}")
 
         receivers = [receiver() for _ in range(RECEIVERS)]
 
@@ -162,15 +170,28 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
             except BaseException as exc:  # handed to the test thread
                 chaos_errors.append(exc)
 
+        heap: list[tuple[int, float | str]] = []
+
+        def heap_loop() -> None:
+            # The old generation now and then, so an hour's run shows whether it grows,
+            # not just where it ends (the broker's kills come early: see chaos_loop).
+            while not stop.wait(HEAP_EVERY):
+                try:
+                    heap.append((round(time.monotonic() - t0), round(old_gen_mib(broker.running_pid() or 0))))
+                except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
+                    heap.append((round(time.monotonic() - t0), f"not measured: {exc}"))
+
         chaos_thread = threading.Thread(target=chaos_loop, daemon=True)
         chaos_thread.start()
+        heap_thread = threading.Thread(target=heap_loop, daemon=True)
+        heap_thread.start()
         shares = [files[i::PRODUCERS] for i in range(PRODUCERS)]
         producers = [threading.Thread(target=_producer, args=(s, uri, env, random.Random(rnd.random()), chaos, failed))
                      for s in shares]
         for t in producers:
             t.start()
         for t in producers:
-            t.join(1200)
+            t.join(DEADLINE)
 
         def delivered() -> bool:
             return all((out / f.name).exists() for f in files if f.stem not in failed)
@@ -178,9 +199,10 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
         def delivered_or_broken() -> bool:
             return delivered() or bool(chaos_errors)
 
-        wait_for(delivered_or_broken, 1200, "every sent stream to be published", interval=0.5)
+        wait_for(delivered_or_broken, DEADLINE, "every sent stream to be published", interval=0.5)
         stop.set()
         chaos_thread.join(30)
+        heap_thread.join(90)
         if chaos_errors:
             raise chaos_errors[0]
         for i, proc in enumerate(receivers):  # chaos may have left one stopped
@@ -223,7 +245,7 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
         assert all((out / ".amqstream" / f"{sid}.part").exists() for sid in abandoned)
         heap_after = old_gen_mib(broker.running_pid() or 0)
         summary.update(poisoned=len(poisoned), abandoned=len(abandoned), stalled=STALLED, too_large=TOO_LARGE,
-                       old_gen_mib=[round(heap_before), round(heap_after)])
+                       old_gen_mib=[round(heap_before), round(heap_after)], old_gen_samples=heap)
         assert heap_after <= heap_before + 64, (heap_before, heap_after)
         print("SOAK hostile " + json.dumps(summary))
     finally:

@@ -22,6 +22,7 @@ stream fails"):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -338,11 +339,14 @@ class ReceiveSession:
             subdir=subdir,
             sender=sender,
         )
+        filed = self._filed_before(offer, spec.stream_id)
+        if filed is not None:
+            # Filed by a receiver here that died before it had moved the chunks: finish.
+            return self._quarantine(offer, sid, filed["reason"], offset=filed["offset"], then=receiver.abandon)
         try:
             result = receiver.run()
         except Poisoned as bad:
-            moved = receiver.abandon()
-            return self._quarantine(offer, sid, bad.reason, offset=bad.offset, moved=moved)
+            return self._quarantine(offer, sid, bad.reason, offset=bad.offset, then=receiver.abandon)
         except StreamYielded as exc:
             receiver.stop_data()
             receiver.file.shrink()
@@ -597,17 +601,61 @@ class ReceiveSession:
             }
         )
 
-    def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0, moved: int = 0) -> StreamQuarantined:
-        """File the offer away with the reason, acknowledge the original, report."""
+    def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0,
+                    then: Callable[[], int] | None = None) -> StreamQuarantined:
+        """File the offer away with the reason, run ``then`` (it moves the stream's chunks
+        to the DLQ and says how many), acknowledge the original, report.
+
+        Filed first, acknowledged last: a receiver killed in between leaves the offer to come
+        back with its record already filed. A note here (``<id>.quarantined``, naming the
+        offer's message id) tells whoever takes that offer next to finish the move rather
+        than look at a stream whose chunks are half gone (it looked stalled, or taken
+        elsewhere, and was parked for ever instead)."""
         qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
         headers = p.quarantined_headers(offer.headers, reason=reason, source=str(self.dest), by=socket.gethostname(),
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        self.link.send_confirmed(qdest, b"", headers)
+        note = self._filed_note(sid)
+        mid = str(offer.headers.get("message-id", ""))
+        if note is None or not self._filed_before(offer, sid):
+            self.link.send_confirmed(qdest, b"", headers)
+        moved = 0
+        if then is not None:
+            if note is not None and mid:
+                tmp = note.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"message_id": mid, "reason": reason, "offset": offset}))
+                tmp.replace(note)
+            moved = then()
         inline.settle(self.link, offer)
+        if note is not None:
+            note.unlink(missing_ok=True)
         failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved)
         log.error("stream %s on %s quarantined to %s: %s", sid or "?", self.dest, qdest, reason)
         self.opts.emit("stream_quarantined", **failure.to_json())
         return StreamQuarantined(f"stream {sid or '?'} on {self.dest} was quarantined to {qdest}: {reason}", failure)
+
+    def _filed_note(self, sid: str) -> Path | None:
+        """Where the note that ``sid`` was filed in quarantine is kept; None for an id that
+        cannot name a file."""
+        try:
+            p.validate_stream_id(sid)
+        except p.ProtocolError:
+            return None
+        return self.sdir / f"{sid}.quarantined"
+
+    def _filed_before(self, offer: Any, sid: str) -> dict[str, Any] | None:
+        """The note of a quarantine of this very offer (same message id) begun here and not
+        finished, or None. A note of another offer is stale: removed."""
+        note = self._filed_note(sid)
+        if note is None or not note.exists():
+            return None
+        try:
+            filed = json.loads(note.read_text())
+            if filed["message_id"] == str(offer.headers.get("message-id", "")):
+                return {"reason": str(filed["reason"]), "offset": int(filed["offset"])}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("stream %s: ignoring an unreadable quarantine note %s: %s", sid, note, exc)
+        note.unlink(missing_ok=True)
+        return None
 
     def _clear_leftovers(self, offer: Any) -> None:
         """Handle a re-offer. If this directory published the stream, drain what the sender's

@@ -23,6 +23,7 @@ from airflow_provider_amqstream.engine import (
     receive_streams,
 )
 from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS
+from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
@@ -82,6 +83,44 @@ def test_a_corrupt_chunk_quarantines_the_stream(broker: MemoryBroker, tmp_path: 
     with pytest.raises(StreamQuarantined, match="CRC-32"):
         receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
     assert not (tmp_path / "out" / "bad.bin").exists()
+
+
+class _Killed(BaseException):
+    """The receiver dies here (nothing in the engine catches it)."""
+
+
+def test_a_receiver_killed_while_quarantining_leaves_the_stream_filed_once(
+        broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver killed after it moved a poisoned stream's chunks to the DLQ but before it
+    acknowledged the offer: the offer comes back without its chunks. The next receiver must
+    finish the quarantine (one record, with the first reason), not take the stream for a
+    stalled one and park it for ever, as the soak found."""
+    data = os.urandom(5000)
+
+    def flip(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
+        return headers, (bytes([body[0] ^ 1]) + body[1:]) if seq == 2 else body
+
+    play(broker, "alice", p.StreamSpec("bad-2", "bad.bin", len(data), 1000), data, [1, 2, 3, 4, 5], tamper=flip)
+    abandon = StreamReceiver.abandon
+
+    def abandon_then_die(self: StreamReceiver) -> int:
+        abandon(self)
+        raise _Killed
+
+    monkeypatch.setattr(StreamReceiver, "abandon", abandon_then_die)
+    with pytest.raises(_Killed):
+        receive_all(broker, tmp_path / "out")
+    monkeypatch.setattr(StreamReceiver, "abandon", abandon)
+    assert [h[p.H_STREAM] for h, _ in broker.messages(Q)] == ["bad-2"], "the offer came back"
+    assert broker.messages(DEST.data_queue("bad-2")) == [], "its chunks are gone"
+
+    got, failures = receive_all(broker, tmp_path / "out")
+    assert got == [] and [(f.stream_id, f.status) for f in failures] == [("bad-2", "quarantined")]
+    assert "CRC-32" in failures[0].reason
+    [(filed, _)] = broker.messages("/queue/DLQ.landing")
+    assert filed[p.H_STREAM] == "bad-2" and "CRC-32" in filed[p.H_QUARANTINE_REASON]
+    assert broker.messages(Q) == [] and broker.messages(DEST.parked_queue()) == []
+    assert not list((tmp_path / "out" / ".amqstream").glob("bad-2*"))
 
 
 @pytest.mark.parametrize("n", [10, 1000])
