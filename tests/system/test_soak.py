@@ -180,6 +180,9 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
                     heap.append((round(time.monotonic() - t0), round(old_gen_mib(broker.running_pid() or 0))))
                 except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
                     heap.append((round(time.monotonic() - t0), f"not measured: {exc}"))
+                done = sum((out / f.name).exists() for f in files)
+                print(f"SOAK at {heap[-1][0]}s: old generation {heap[-1][1]} MiB, {done} of {len(files)} published",
+                      flush=True)
 
         chaos_thread = threading.Thread(target=chaos_loop, daemon=True)
         chaos_thread.start()
