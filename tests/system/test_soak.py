@@ -10,6 +10,9 @@ ones (an offer and nothing else) and 100 offers of 1 TiB, played with raw stomp.
 the good ones, must hold nothing up: the poisoned end in DLQ.soak with their reason, the
 others are parked (the abandoned with their partial data), and the broker's old
 generation ends where it began, give or take 64 MiB.
+
+Longer runs: ``AMQSTREAM_SOAK_STREAMS`` (200), ``AMQSTREAM_SOAK_MAX_BYTES`` (6 MiB, the
+largest file), ``AMQSTREAM_SOAK_HEAP_EVERY`` (300 s between looks at the broker's heap).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from tests.helpers import ROOT, RawSender, browse, cli, free_port, make_file, ol
 pytestmark = [pytest.mark.broker, pytest.mark.soak]
 
 STREAMS = int(os.environ.get("AMQSTREAM_SOAK_STREAMS", "200"))
+# The largest file; smaller ones let a long run's files fit on the disk (each is kept twice).
+MAX_BYTES = int(os.environ.get("AMQSTREAM_SOAK_MAX_BYTES", str(6 * 2**20)))
 # Each wait's deadline grows with the streams: 200 took under 6 minutes on 2 cores.
 DEADLINE = max(1200.0, 6.0 * STREAMS)
 # Seconds between two looks at the broker's old generation (after a full collection).
@@ -117,7 +122,7 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
     try:
         uri = broker.info().uri
         files = [make_file(tmp_path / "in" / f"s{i:03d}.bin", rnd.choice([0, 1, 777, 65536]) if i % 10 == 0
-                           else rnd.randrange(1, 6 * 2**20), seed=i) for i in range(STREAMS)]
+                           else rnd.randrange(1, MAX_BYTES), seed=i) for i in range(STREAMS)]
         out = tmp_path / "out"
         poisoned, abandoned = _hostile_streams(params, tmp_path)
         env = {"AMQSTREAM_STATE_DIR": str(tmp_path / "send-state")}
