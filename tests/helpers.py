@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -27,10 +28,27 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Each pytest-xdist worker takes ports from a block of its own, below the kernel's ephemeral
+# range (32768 and up here). A port the kernel picks for a bind to port 0 was handed out
+# again between our pick and a broker's bind: a deployment's API server (scripts/airflow.sh
+# picks its ports that way) once found a test broker of the other worker on its port.
+_PORT_BASE, _PORT_BLOCK, _PORT_WORKERS = 20000, 2000, 6
+_port_seq = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, from this worker's block (see above)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    base = _PORT_BASE + (int(worker) % _PORT_WORKERS if worker.isdigit() else 0) * _PORT_BLOCK
+    for _ in range(_PORT_BLOCK):
+        port = base + next(_port_seq) % _PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + _PORT_BLOCK - 1}")
 
 
 def make_file(path: Path, size: int, *, seed: int = 0, block: int = 4 * 1024 * 1024) -> Path:

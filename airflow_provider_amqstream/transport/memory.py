@@ -100,6 +100,11 @@ class MemoryBroker:
         with self.cond:
             return [(dict(m.headers), m.body) for m in self.queues.get(_name(destination), ())]
 
+    def refuse(self, destination: str, times: int) -> None:
+        """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
+        with self.cond:
+            self.refusals[destination] = times
+
     def drop(self) -> None:
         """Every connection is lost at once (a broker restart, without losing messages)."""
         with self.cond:
@@ -109,11 +114,6 @@ class MemoryBroker:
             self.cond.notify_all()
 
     # -- the broker's work, under self.cond ----------------------------------------------
-    def refuse(self, destination: str, times: int) -> None:
-        """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
-        with self.cond:
-            self.refusals[destination] = times
-
     def _send(self, link: MemoryLink, destination: str, body: bytes, headers: Headers) -> None:
         kind, name = _parse(destination)
         if self.refusals.get(destination, 0) > 0:

@@ -621,7 +621,7 @@ class ReceiveSession:
         moved = 0
         if then is not None:
             if note is not None and mid:
-                tmp = note.with_suffix(".tmp")
+                tmp = note.with_name(note.name + ".tmp")
                 tmp.write_text(json.dumps({"message_id": mid, "reason": reason, "offset": offset}))
                 tmp.replace(note)
             moved = then()
