@@ -13,10 +13,18 @@ export AMQSTREAM_EXAMPLE_DIR="$OUT"
 export AMQSTREAM_STATE_DIR="$OUT/send-state"
 export AMQSTREAM_SITE_A_CONN_ID=amqstream_site_a AMQSTREAM_SITE_B_CONN_ID=amqstream_site_b
 export AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}'
-free_port() { python -c "from tests.helpers import free_port; print(free_port())"; }
-A=(--data-dir "$OUT/broker-a" --port "$(free_port)")
-B=(--data-dir "$OUT/broker-b" --port "$(free_port)")
-OPENWIRE="$(free_port)"
+# Three distinct free ports, picked in one process with all three held until the last is
+# picked (one process per port could be handed the same one).
+read -r PORT_A PORT_B OPENWIRE < <(python - <<'PY'
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+PY
+)
+A=(--data-dir "$OUT/broker-a" --port "$PORT_A")
+B=(--data-dir "$OUT/broker-b" --port "$PORT_B")
 cleanup() { amqstream broker "${A[@]}" stop >/dev/null || true; amqstream broker "${B[@]}" stop >/dev/null || true; }
 trap cleanup EXIT
 amqstream broker "${B[@]}" start --openwire-port "$OPENWIRE" --bridge-secret "$OUT/bridge.json" >/dev/null

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -33,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # again between our pick and a broker's bind: a deployment's API server (scripts/airflow.sh
 # picks its ports that way) once found a test broker of the other worker on its port.
 _PORT_BASE, _PORT_BLOCK, _PORT_WORKERS = 20000, 2000, 6
-_port_seq = itertools.count()
+# From a random place in the block: two processes of one worker start apart.
+_port_seq = itertools.count(random.randrange(_PORT_BLOCK))
 
 
 def free_port() -> int:
