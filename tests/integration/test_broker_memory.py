@@ -26,7 +26,7 @@ from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import RawSender, free_port, make_file, old_gen_mib, sha256_file, wait_for
+from tests.helpers import RawSender, make_file, old_gen_mib, running_broker, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -39,17 +39,15 @@ ROUND_EVERY = 2.0
 
 
 @pytest.fixture(scope="module")
-def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, dict[str, BrokerParams]]]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("mem") / "broker", port=free_port())
-    b.add_user("mallory", send=[QUEUE])
-    b.add_user("alice", send=[QUEUE])
-    b.add_user("rx", receive=[QUEUE])
-    b.start()
-    try:
-        yield b, {u: dataclasses.replace(params_from_uri(b.info(user=u).uri), receipt_timeout=60.0)
-                  for u in ("mallory", "alice", "rx")}
-    finally:
-        b.stop()
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    yield from running_broker(tmp_path_factory.mktemp("mem") / "broker",
+                              {"mallory": {"send": [QUEUE]}, "alice": {"send": [QUEUE]}, "rx": {"receive": [QUEUE]}})
+
+
+@pytest.fixture(scope="module")
+def users(three: EmbeddedBroker) -> tuple[EmbeddedBroker, dict[str, BrokerParams]]:
+    return three, {u: dataclasses.replace(params_from_uri(three.info(user=u).uri), receipt_timeout=60.0)
+                   for u in ("mallory", "alice", "rx")}
 
 
 def _backlog(params: BrokerParams, queue: str, mib: int) -> None:

@@ -24,7 +24,7 @@ from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, free_port, make_file, old_gen_mib, sha256_file
+from tests.helpers import RawSender, browse, make_file, old_gen_mib, running_broker, sha256_file
 
 pytestmark = pytest.mark.broker
 
@@ -42,17 +42,15 @@ BASE_RSS_MIB = 80
 
 
 @pytest.fixture(scope="module")
-def users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, dict[str, BrokerParams]]]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("scale") / "broker", port=free_port())
-    b.add_user("mallory", send=QUEUES)
-    b.add_user("alice", send=QUEUES)
-    b.add_user("rx", receive=QUEUES)
-    b.start()
-    try:
-        yield b, {u: dataclasses.replace(params_from_uri(b.info(user=u).uri), receipt_timeout=30.0)
-                  for u in ("mallory", "alice", "rx")}
-    finally:
-        b.stop()
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    yield from running_broker(tmp_path_factory.mktemp("scale") / "broker",
+                              {"mallory": {"send": QUEUES}, "alice": {"send": QUEUES}, "rx": {"receive": QUEUES}})
+
+
+@pytest.fixture(scope="module")
+def users(three: EmbeddedBroker) -> tuple[EmbeddedBroker, dict[str, BrokerParams]]:
+    return three, {u: dataclasses.replace(params_from_uri(three.info(user=u).uri), receipt_timeout=30.0)
+                   for u in ("mallory", "alice", "rx")}
 
 
 def _offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str) -> None:

@@ -342,7 +342,8 @@ class ReceiveSession:
         filed = self._filed_before(offer, spec.stream_id)
         if filed is not None:
             # Filed by a receiver here that died before it had moved the chunks: finish.
-            return self._quarantine(offer, sid, filed["reason"], offset=filed["offset"], then=receiver.abandon)
+            return self._quarantine(offer, sid, filed["reason"], offset=filed["offset"], then=receiver.abandon,
+                                    filed=True)
         try:
             result = receiver.run()
         except Poisoned as bad:
@@ -602,9 +603,10 @@ class ReceiveSession:
         )
 
     def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0,
-                    then: Callable[[], int] | None = None) -> StreamQuarantined:
-        """File the offer away with the reason, run ``then`` (it moves the stream's chunks
-        to the DLQ and says how many), acknowledge the original, report.
+                    then: Callable[[], int] | None = None, filed: bool = False) -> StreamQuarantined:
+        """File the offer away with the reason (unless ``filed`` already, by a receiver here
+        that died before the end), run ``then`` (it moves the stream's chunks to the DLQ and
+        says how many), acknowledge the original, report.
 
         Filed first, acknowledged last: a receiver killed in between leaves the offer to come
         back with its record already filed. A note here (``<id>.quarantined``, naming the
@@ -616,7 +618,7 @@ class ReceiveSession:
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         note = self._filed_note(sid)
         mid = str(offer.headers.get("message-id", ""))
-        if note is None or not self._filed_before(offer, sid):
+        if not filed:
             self.link.send_confirmed(qdest, b"", headers)
         moved = 0
         if then is not None:
