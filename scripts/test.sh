@@ -6,8 +6,9 @@
 # tests/conftest.py): those that only wait on brokers in parallel workers
 # (AMQSTREAM_TEST_WORKERS, default 3); the system tests (`serial`: deployments, Spark,
 # several brokers) two files at a time (AMQSTREAM_SYSTEM_WORKERS, default 2), each file in
-# one worker; then those asserting time or heap bounds (`alone`) one at a time. With
-# arguments (`make test ARGS=...`): the checks, then one plain pytest run with those arguments.
+# one worker; then those asserting time bounds, or heap bounds under load they make
+# (`alone`), one at a time. With arguments (`make test ARGS=...`): the checks, then one plain
+# pytest run with those arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh

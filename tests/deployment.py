@@ -41,9 +41,10 @@ class Deployment:
         self.base = f"http://127.0.0.1:{self.port}"
         self.output: list[str] = []
         self.started = time.monotonic()
-        # The script sets these itself; the test session's own must not leak in.
+        # The script sets these itself (the Fernet key: its Airflow makes one); the test
+        # session's own must not leak in.
         leak = {"AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW_CONN_AMQSTREAM_DEFAULT", "AMQSTREAM_BROKER_DIR",
-                "AMQSTREAM_STATE_DIR", "AMQSTREAM_EXAMPLE_DIR"}
+                "AMQSTREAM_STATE_DIR", "AMQSTREAM_EXAMPLE_DIR", "AIRFLOW__CORE__FERNET_KEY"}
         full_env = {k: v for k, v in os.environ.items() if k not in leak}
         full_env.update({"VENV": sys.prefix, "PYTHONPATH": str(ROOT), "AMQSTREAM_AIRFLOW_DIR": str(home),
                          "AMQSTREAM_AIRFLOW_PORT": str(self.port), "AMQSTREAM_DAGS_FOLDER": str(dags), **(env or {})})

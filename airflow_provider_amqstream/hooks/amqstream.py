@@ -250,13 +250,13 @@ class AmqStreamHook(BaseHook):
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
                         on_failure: Callable[[StreamFailure], None] | None = None,
                         stop_after: float | None = None, on_result: Callable[[TransferResult], None] | None = None,
-                        keep: int | None = None) -> list[TransferResult]:
+                        keep: int | None = None, stop_when: Callable[[], bool] | None = None) -> list[TransferResult]:
         """Receive streams over one connection, going on past streams that fail (each is
         quarantined or yields its place, and reported to ``on_failure``); see
         :func:`airflow_provider_amqstream.engine.receive_streams`."""
         return engine.receive_streams(self.broker_params(), source, out_dir, count=count, stream_id=stream_id,
                                       options=options, on_failure=on_failure, stop_after=stop_after,
-                                      on_result=on_result, keep=keep)
+                                      on_result=on_result, keep=keep, stop_when=stop_when)
 
     def drain(self, source: str, out_dir: str | os.PathLike[str], *, options: ReceiveOptions,
               count: int | None = None, batch_id: str | None = None, batch_sender: str | None = None,
@@ -291,15 +291,20 @@ class AmqStreamHook(BaseHook):
                 drained.add(done)
             until = time.monotonic() + deadline
             manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
+            watch = _BatchWatch(options.events, lambda: self.manifest(out_dir, batch_id, batch_sender)
+                                if batch_id else None)
             while (count is None or drained.count < count) and manifest is None:
                 left = until - time.monotonic()
-                # With a batch to wait for, look for its manifest every few seconds.
+                # With a batch to wait for, also look for its manifest every few seconds: another
+                # receiver of the same directory may be the one that completes it.
                 wait = min(options.wait_timeout or 5.0, 5.0, max(left, 0.1)) if batch_id else options.wait_timeout
                 before = drained.count
                 self.receive_streams(source, out_dir, count=None if count is None else count - drained.count,
-                                     options=dataclasses.replace(options, wait_timeout=wait, claim=claim),
+                                     options=dataclasses.replace(options, wait_timeout=wait, claim=claim,
+                                                                 events=watch.on_event if batch_id else options.events),
                                      on_failure=on_failure, stop_after=max(left, 0.0),
-                                     on_result=lambda r: drained.add(r.to_json()), keep=0)
+                                     on_result=lambda r: drained.add(r.to_json()), keep=0,
+                                     stop_when=watch.done if batch_id else None)
                 manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
                 if manifest is not None or (count is not None and drained.count >= count):
                     break
@@ -321,6 +326,32 @@ class AmqStreamHook(BaseHook):
         a thread in a trigger); it opens its session on the first look."""
         return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
 
+
+
+class _BatchWatch:
+    """Ends a drain as soon as its batch's manifest is written: the receiver announces each
+    manifest it completes (``batch_complete``), and only then is the manifest looked for.
+
+    :param events: the caller's own event sink, still told every event.
+    :param find: the batch's manifest, or None while it is incomplete.
+    """
+
+    def __init__(self, events: Callable[[str, dict[str, Any]], None] | None,
+                 find: Callable[[], Path | None]) -> None:
+        self.events, self.find = events, find
+        self.announced = False
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "batch_complete":
+            self.announced = True
+        if self.events is not None:
+            self.events(kind, data)
+
+    def done(self) -> bool:
+        if not self.announced:
+            return False
+        self.announced = False  # another batch's manifest: look again at the next announcement
+        return self.find() is not None
 
 
 @dataclass

@@ -113,6 +113,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     on_failure: FailureSink | None = None,
     stop_after: float | None = None,
     keep: int | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> list[TransferResult]:
     """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
     offer, or until ``stop_after`` seconds have passed; return them. One connection serves
@@ -131,6 +132,8 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     :param on_result: called with each stream received.
     :param on_failure: called with each stream quarantined or yielded.
     :param keep: return at most this many results, the first ones (None: all of them).
+    :param stop_when: asked after each offer is settled; return once it says True (a batch
+        whose manifest was just written ends a drain then, not a quiet ``wait_timeout`` later).
     """
     opts = options or ReceiveOptions()
     if opts.records_retention_days is None and params.records_retention_days is not None:
@@ -152,7 +155,8 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     full: Backoff | None = None
     wait = opts.wait_timeout
     until = None if stop_after is None else time.monotonic() + stop_after
-    report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep)
+    report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep, wanted=count,
+                     stop_when=stop_when)
     first = True
     while True:
         try:
@@ -160,15 +164,14 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
                 backoff.reset()
                 offers = Offers(link, dest, stream_id, opts)
                 session = ReceiveSession(link, dest, out, sdir, opts=opts, offers=offers, batches=batches)
-                while count is None or report.count < count:
+                while not report.satisfied():
                     if until is not None and time.monotonic() >= until:
                         return report.results
                     offer = offers.next(_deadline(wait, until))
                     if offer is None:
                         return report.results
                     wait = opts.wait_timeout
-                    room = None if count is None else count - report.count
-                    report.add(session.settle(offer, room))
+                    report.add(session.settle(offer, report.room()))
                     full = None
                 return report.results
         except AccessDenied:
@@ -209,8 +212,20 @@ class _Report:
     batches: Batches
     opts: ReceiveOptions
     keep: int | None = None
+    wanted: int | None = None  # streams to receive in all (None: no limit)
+    stop_when: Callable[[], bool] | None = None
     results: list[TransferResult] = field(default_factory=list)
     count: int = 0
+
+    def room(self) -> int | None:
+        """How many more streams to take (None: no limit)."""
+        return None if self.wanted is None else self.wanted - self.count
+
+    def satisfied(self) -> bool:
+        """Whether the receive is done: ``wanted`` streams received, or ``stop_when`` says so."""
+        if self.wanted is not None and self.count >= self.wanted:
+            return True
+        return self.stop_when is not None and self.stop_when()
 
     def add(self, outcomes: list[TransferResult | StreamError | None]) -> None:
         failed: StreamError | None = None

@@ -1,0 +1,64 @@
+"""The broker drops a data queue once it is empty and nobody consumes it: every stream has
+a data queue of its own, so without that its heap grows with every stream it ever carried.
+
+Not one of the tests that need the machine to themselves: it asserts the heap of a broker of
+its own, and waits most of its time for the broker's purge schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.session import StompLink
+from tests.helpers import old_gen_mib, params_as, running_broker, wait_for
+
+pytestmark = pytest.mark.broker
+
+QUEUE = "/queue/purge.a"
+
+
+@pytest.fixture
+def broker_of_its_own(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    yield from running_broker(tmp_path / "broker", {"mallory": {"send": [QUEUE]}, "rx": {"receive": [QUEUE]}})
+
+
+def test_emptied_data_queues_leave_the_broker_heap(broker_of_its_own: EmbeddedBroker) -> None:
+    """Every stream has a data queue of its own. Once a queue is empty and nobody consumes
+    it, the broker must drop it: ActiveMQ keeps each destination in its heap until it is
+    purged, and it purges only when told how often (schedulePeriodForDestinationPurge). The
+    soak's broker, without that, grew by ~50 KiB per stream it ever carried."""
+    broker = broker_of_its_own
+    u = {name: params_as(broker, name) for name in ("mallory", "rx")}
+    n = 1500
+    dest = p.Destination.parse(QUEUE)
+    queues = [dest.data_queue(f"done-{i:05d}") for i in range(n)]
+    heap_before = old_gen_mib(broker.running_pid() or 0)
+    with StompLink(u["mallory"]) as link:
+        for q in queues:
+            link.send(q, b"x" * 1000, {"n": q})
+        link.send_confirmed(queues[-1], b"x", {"n": "end"})
+    with StompLink(u["rx"]) as link:
+        for q in queues:
+            sub = link.subscribe(q, prefetch=1)
+            for _ in range(2 if q == queues[-1] else 1):
+                frame = link.get(10, sub)
+                assert frame is not None, f"nothing on {q}"
+                link.ack(frame)
+            link.unsubscribe(sub)
+    heap_full = old_gen_mib(broker.running_pid() or 0)
+    log = broker.data_dir / "data" / "broker.log"
+
+    def purged() -> int:
+        # ActiveMQ logs each destination it drops ("<name> Inactive for longer than ...").
+        return sum(".amqs.done-" in line and "Inactive for longer than" in line
+                   for line in log.read_text(errors="replace").splitlines())
+
+    wait_for(lambda: purged() >= n, 180, f"the broker to drop {n} emptied data queues", interval=2)
+    heap_after = old_gen_mib(broker.running_pid() or 0)
+    assert heap_after <= heap_before + 8, (heap_before, heap_full, heap_after)
+    print(f"\n{n} emptied data queues: old generation {heap_before:.0f} -> {heap_full:.0f} -> {heap_after:.0f} MiB")
