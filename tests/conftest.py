@@ -26,11 +26,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel workers (scripts/test.sh): one SQLite metadata DB each, or their migrations collide.
     os.environ["AIRFLOW_HOME"] = os.path.join(os.environ["AIRFLOW_HOME"], os.environ["PYTEST_XDIST_WORKER"])
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags" / "examples")
-# One Fernet key for this process and every Airflow process it starts on the same metadata DB:
-# without it, the first child (a DAG loaded in a subprocess) writes an airflow.cfg with a key of
-# its own, encrypts the example's asset triggers with it, and this process, which read no
-# key, then fails to decrypt them ("Expecting value" from json).
-os.environ.setdefault("AIRFLOW__CORE__FERNET_KEY", base64.urlsafe_b64encode(os.urandom(32)).decode())
+# One Fernet key for every Airflow process on these metadata DBs: without it, the first child
+# (a DAG loaded in a subprocess) writes an airflow.cfg with a key of its own, encrypts the
+# example's asset triggers with it, and this process, which read no key, then fails to decrypt
+# them. Derived from the Airflow home, not random: scripts/test.sh runs three pytest sessions
+# on the same home, and each must read what the one before wrote. A throwaway test DB's key.
+os.environ.setdefault("AIRFLOW__CORE__FERNET_KEY", base64.urlsafe_b64encode(
+    hashlib.sha256(os.environ["AIRFLOW_HOME"].encode()).digest()).decode())
 # The examples' shared settings live beside them (example_support.py), as Airflow finds them.
 sys.path.insert(0, str(ROOT / "dags" / "examples"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
