@@ -291,8 +291,8 @@ class AmqStreamHook(BaseHook):
                 drained.add(done)
             until = time.monotonic() + deadline
             manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
-            watch = _BatchWatch(options.events, lambda: self.manifest(out_dir, batch_id, batch_sender)
-                                if batch_id else None)
+            watch = _BatchWatch(options.events, lambda: self.manifest(out_dir, batch_id, batch_sender)) \
+                if batch_id else None
             while (count is None or drained.count < count) and manifest is None:
                 left = until - time.monotonic()
                 # With a batch to wait for, also look for its manifest every few seconds: another
@@ -301,10 +301,10 @@ class AmqStreamHook(BaseHook):
                 before = drained.count
                 self.receive_streams(source, out_dir, count=None if count is None else count - drained.count,
                                      options=dataclasses.replace(options, wait_timeout=wait, claim=claim,
-                                                                 events=watch.on_event if batch_id else options.events),
+                                                                 events=watch.on_event if watch else options.events),
                                      on_failure=on_failure, stop_after=max(left, 0.0),
                                      on_result=lambda r: drained.add(r.to_json()), keep=0,
-                                     stop_when=watch.done if batch_id else None)
+                                     stop_when=watch.done if watch else None)
                 manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
                 if manifest is not None or (count is not None and drained.count >= count):
                     break
