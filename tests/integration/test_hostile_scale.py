@@ -116,7 +116,7 @@ def test_a_good_stream_passes_any_number_of_offers_whose_sender_never_sent(
     """Offers with no data: each costs its first look, once, then is parked."""
     _, u = users
     queue = f"/queue/scale.stalled{n}"
-    idle = 0.5
+    idle = 0.25
     _offer_many(u["mallory"], queue, n, size=5_000_000, tag="gone")
     delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin", idle_timeout=idle)
     assert len(failures) == n and {f.status for f in failures} == {"stalled"}

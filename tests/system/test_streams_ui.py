@@ -182,15 +182,18 @@ def test_a_broker_that_never_answers_does_not_hold_up_the_api_server(setup: tupl
     assert answer["seconds"] < 30
 
 
-def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.Event) -> None:
-    """A slow sender: one chunk every 0.25 s (a minute in all), as a sender on a slow line would."""
+def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.Event,
+                 looked: threading.Event) -> None:
+    """A slow sender, one chunk every 0.25 s as on a slow line (a minute in all), until the
+    page has been looked at (``looked``); the rest then goes at full speed."""
     spec = p.StreamSpec("live-1", "live.bin", len(data), LIVE_CHUNK)
     dest = p.Destination.parse(queue)
     raw = RawSender(params)
     raw.send(str(dest), b"", p.offer_headers(spec, dest))
     for seq in range(1, spec.chunks + 1):
-        if stop.wait(0.25):  # pacing, not synchronisation: the test stops it early if it fails
+        if stop.is_set():  # the test failed: no need to go on
             break
+        looked.wait(0.25)  # pacing, not synchronisation: the stream must be in progress while looked at
         off, n = spec.chunk_span(seq)
         raw.send(dest.data_queue("live-1"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
     raw.send(dest.data_queue("live-1"), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
@@ -205,8 +208,8 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
         pytest.skip("no Chromium: apt-get install chromium (scripts/setup.sh does)")
     d, scene, params = setup
     live = os.urandom(LIVE_CHUNK * LIVE_CHUNKS)
-    stop = threading.Event()
-    sender = threading.Thread(target=_live_sender, args=(params, scene.queue, live, stop), daemon=True)
+    stop, looked = threading.Event(), threading.Event()
+    sender = threading.Thread(target=_live_sender, args=(params, scene.queue, live, stop, looked), daemon=True)
     got: dict[str, TransferResult | None] = {}
     receiver = threading.Thread(target=lambda: got.update(r=receive_stream(
         params, scene.queue, scene.out, stream_id="live-1", options=ReceiveOptions(wait_timeout=60, idle_timeout=60,
@@ -249,6 +252,7 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
             pg.screenshot(path=str(shot))
             Path(KEEP).mkdir(parents=True, exist_ok=True)
             (Path(KEEP) / "ui-streams.png").write_bytes(shot.read_bytes())
+            looked.set()
 
             # Redrive from the page: the stream quarantined over max_bytes goes back.
             frame.get_by_test_id("redrive-big-1").click()
@@ -263,6 +267,7 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
             expect(frame.get_by_test_id("quarantined")).not_to_contain_text("bad-1")
         except BaseException:
             stop.set()  # the sender need not go on
+            looked.set()
             raise
         finally:
             pg.screenshot(path=str(tmp_path / "last.png"))
