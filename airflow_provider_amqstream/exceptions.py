@@ -94,6 +94,13 @@ class StreamNoRoom(StreamYielded):
     """The stream does not fit the output directory's free space (less the reserve)."""
 
 
+class StreamBusy(StreamYielded):
+    """Another receiver process of the same output directory holds the stream's partial file
+    (the broker handed its offer to this one too, e.g. after the other's connection dropped):
+    this one touches nothing of it and parks the offer. When the offer comes back, the stream
+    is a repeat of what the other published, or this receiver resumes the other's data."""
+
+
 class StreamElsewhere(StreamYielded):
     """Another receiver, whose output directory this one cannot see (another worker's
     disk), took the stream's first chunks: the rest is left for it (or kept here, if this

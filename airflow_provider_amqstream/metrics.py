@@ -18,7 +18,8 @@ name                                      type     counts
 ``amqstream.bytes_sent``                  counter  bytes a sender sent in this run
 ``amqstream.streams_quarantined``         counter  streams quarantined (``stream_quarantined``)
 ``amqstream.streams_yielded``             counter  streams that gave way (``stream_yielded``), tag
-                                                   ``status``: ``stalled`` or ``no_room``
+                                                   ``status``: ``stalled``, ``no_room``,
+                                                   ``elsewhere`` or ``busy``
 ``amqstream.duplicates``                  counter  repeats of streams received before
                                                    (``duplicate_offer``)
 ========================================  =======  =================================================

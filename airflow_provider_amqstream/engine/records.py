@@ -79,9 +79,10 @@ class TransferResult:
 class StreamFailure:
     """A stream a receiver gave up on, and why; receiving goes on with the next stream.
 
-    :param status: ``quarantined`` (can never succeed; moved to ``quarantine``),
-        ``stalled`` (sender silent) or ``no_room`` (does not fit); the last two keep
-        their partial data and get their turn back later.
+    :param status: ``quarantined`` (can never succeed; moved to ``quarantine``), or one that
+        gets its turn back later, keeping its partial data: ``stalled`` (sender silent),
+        ``no_room`` (does not fit), ``elsewhere`` (its first chunks are in another receiver's
+        directory) or ``busy`` (another receiver process of this directory is receiving it).
     """
 
     stream_id: str

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import hash_prefix, open_private, read_json, write_json
-from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
+from airflow_provider_amqstream.exceptions import StreamBusy, StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import ReceiverState
@@ -144,7 +144,7 @@ class PartialFile:
         except BlockingIOError:
             os.close(self.fd)
             self.fd = -1
-            raise StreamError(f"{self.what} is being received by another process into {self.sdir.parent}") from None
+            raise StreamBusy(f"{self.what} is being received by another process into {self.sdir.parent}") from None
         # When this stream last made progress, across receiver restarts (None: never, here):
         # a receiver killed while it waited on a silent sender must not make the next one
         # wait from zero. The state file is written only when chunks are committed; the

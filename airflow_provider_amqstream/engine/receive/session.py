@@ -59,6 +59,7 @@ from airflow_provider_amqstream.exceptions import (
     AccessDenied,
     ConnectionLost,
     DestinationFull,
+    StreamBusy,
     StreamElsewhere,
     StreamError,
     StreamNoRoom,
@@ -363,6 +364,11 @@ class ReceiveSession:
             result = receiver.run()
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.reason, offset=bad.offset, then=receiver.abandon)
+        except StreamBusy as exc:
+            # The partial file and its state are the other process's: shrinking or forgetting
+            # them here would pull its data from under it.
+            receiver.stop_data()
+            return self._yielded(exc, sid, receiver.offset, offer)
         except StreamYielded as exc:
             receiver.stop_data()
             receiver.file.shrink()
@@ -702,6 +708,8 @@ def _yield_status(exc: StreamYielded) -> str:
     """A yielded stream's status in reports and metrics."""
     if isinstance(exc, StreamStalled):
         return "stalled"
+    if isinstance(exc, StreamBusy):
+        return "busy"
     return "elsewhere" if isinstance(exc, StreamElsewhere) else "no_room"
 
 

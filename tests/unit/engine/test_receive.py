@@ -5,6 +5,7 @@ tests/test_queue_liveness.py, tests/test_hostile_scale.py and the others)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import random
@@ -162,6 +163,35 @@ def test_a_stalled_stream_is_parked_and_comes_back_whole(broker: MemoryBroker, t
     assert receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST)) is None
     got = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id="late-1", options=ReceiveOptions(**FAST))
     assert got is not None and got.resumed_from == 2000 and (tmp_path / "out" / "late.bin").read_bytes() == data
+
+
+def test_a_stream_another_process_of_the_directory_is_receiving_is_parked_and_left_to_it(
+        broker: MemoryBroker, tmp_path: Path) -> None:
+    """The broker can hand one stream's offer to two receivers of one directory (the first's
+    connection dropped while it still wrote). The second finds the partial file locked: it
+    parks the offer, touches nothing of the other's data, and goes on with the next stream
+    (it used to exit with a plain error)."""
+    data, good = os.urandom(4000), os.urandom(3000)
+    spec = p.StreamSpec("held-1", "held.bin", len(data), 1000)
+    play(broker, "alice", spec, data, [1, 2, 3, 4])
+    play(broker, "alice", p.StreamSpec("next-1", "next.bin", len(good), 1000), good, [1, 2, 3])
+    sdir = tmp_path / "out" / ".amqstream"
+    sdir.mkdir(parents=True)
+    (sdir / "held-1.part").write_bytes(b"the other receiver's chunks")
+    with open(sdir / "held-1.part", "rb") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)  # what the other receiver's PartialFile holds
+        got, failures = receive_all(broker, tmp_path / "out", yield_backoff=600)
+        assert [r.stream_id for r in got] == ["next-1"] and (tmp_path / "out" / "next.bin").read_bytes() == good
+        assert [(f.stream_id, f.status) for f in failures] == [("held-1", "busy")], failures
+        assert "being received by another process" in failures[0].reason
+        assert (sdir / "held-1.part").read_bytes() == b"the other receiver's chunks"
+        [(parked, _)] = broker.messages(DEST.parked_queue())
+        assert parked[p.H_STREAM] == "held-1" and parked[p.H_YIELDS] == "1"
+    # Once the other lets go, the stream is taken by id and completed here.
+    (sdir / "held-1.part").unlink()
+    got_again = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id="held-1",
+                               options=ReceiveOptions(**FAST))
+    assert got_again is not None and (tmp_path / "out" / "held.bin").read_bytes() == data
 
 
 def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: MemoryBroker, tmp_path: Path) -> None:
