@@ -33,10 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # range (32768 and up here). A port the kernel picks for a bind to port 0 was handed out
 # again between our pick and a broker's bind: a deployment's API server (scripts/airflow.sh
 # picks its ports that way) once found a test broker of the other worker on its port.
-# scripts/test.sh runs two pytest sessions side by side; the second counts its workers' blocks
-# from AMQSTREAM_TEST_PORT_BLOCK, so that its gw0 and the first's do not share a block.
 _PORT_BASE, _PORT_BLOCK, _PORT_WORKERS = 20000, 2000, 6
-_PORT_FIRST_BLOCK = int(os.environ.get("AMQSTREAM_TEST_PORT_BLOCK", "0"))
 # From a random place in the block: two processes of one worker start apart.
 _port_seq = itertools.count(random.randrange(_PORT_BLOCK))
 
@@ -44,8 +41,7 @@ _port_seq = itertools.count(random.randrange(_PORT_BLOCK))
 def free_port() -> int:
     """A loopback port nobody listens on, from this worker's block (see above)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-    block = _PORT_FIRST_BLOCK + (int(worker) if worker.isdigit() else 0)
-    base = _PORT_BASE + block % _PORT_WORKERS * _PORT_BLOCK
+    base = _PORT_BASE + (int(worker) % _PORT_WORKERS if worker.isdigit() else 0) * _PORT_BLOCK
     for _ in range(_PORT_BLOCK):
         port = base + next(_port_seq) % _PORT_BLOCK
         with socket.socket() as s:
