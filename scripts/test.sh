@@ -25,7 +25,8 @@ status=0
 # late does not leave two workers idle (277 s against 301-313 s with the default `load`). The
 # parts run one after the other: side by side, the system tests took 60 % longer and the two
 # together longer than in turn (docs/decisions/test-suite-time.md).
-"$VENV/bin/python" -m pytest -n "${AMQSTREAM_TEST_WORKERS:-3}" --dist worksteal -m "not soak and not serial and not alone" || status=$?
+"$VENV/bin/python" -m pytest -n "${AMQSTREAM_TEST_WORKERS:-3}" --dist worksteal --durations=15 \
+  -m "not soak and not serial and not alone" || status=$?
 # Each part runs even when one before it failed: one CI run reports everything.
 "$VENV/bin/python" -m pytest -n "${AMQSTREAM_SYSTEM_WORKERS:-2}" --dist loadfile --durations=15 -m "serial and not soak" || status=$?
 "$VENV/bin/python" -m pytest --durations=10 -m "alone and not soak" || status=$?
