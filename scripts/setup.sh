@@ -29,7 +29,7 @@ PY="${PYTHON:-python3}"
 # caches both; docs/decisions/test-suite-time.md), and its resolution is consistent where pip's
 # was not (celery 5.6 with kombu 5.7). uv itself comes from PyPI, into the venv.
 # --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine sets it),
-# every Python process would otherwise compile Airflow from source, and the suite ran 1.5-3x slower.
+# nothing writes a .pyc at import, and every Python process would compile Airflow from source.
 [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
 UV=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python")
 # pyspark 4.3 is a source package; uv caches the built wheel, so only the first install on a

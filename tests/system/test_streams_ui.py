@@ -184,8 +184,8 @@ def test_a_broker_that_never_answers_does_not_hold_up_the_api_server(setup: tupl
 
 def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.Event,
                  looked: threading.Event) -> None:
-    """A slow sender, one chunk every 0.25 s as on a slow line (a minute in all), until the
-    page has been looked at (``looked``); the rest then goes at full speed."""
+    """A slow sender, one chunk every 0.25 s as on a slow line (a minute for all 240), until
+    the page has been looked at (``looked``); the rest then goes at full speed."""
     spec = p.StreamSpec("live-1", "live.bin", len(data), LIVE_CHUNK)
     dest = p.Destination.parse(queue)
     raw = RawSender(params)
