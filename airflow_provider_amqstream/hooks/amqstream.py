@@ -290,9 +290,9 @@ class AmqStreamHook(BaseHook):
                          if claim else []):
                 drained.add(done)
             until = time.monotonic() + deadline
-            manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
             watch = _BatchWatch(options.events, lambda: self.manifest(out_dir, batch_id, batch_sender)) \
                 if batch_id else None
+            manifest = watch.find() if watch else None
             while (count is None or drained.count < count) and manifest is None:
                 left = until - time.monotonic()
                 # With a batch to wait for, also look for its manifest every few seconds: another
@@ -305,7 +305,7 @@ class AmqStreamHook(BaseHook):
                                      on_failure=on_failure, stop_after=max(left, 0.0),
                                      on_result=lambda r: drained.add(r.to_json()), keep=0,
                                      stop_when=watch.done if watch else None)
-                manifest = self.manifest(out_dir, batch_id, batch_sender) if batch_id else None
+                manifest = watch.find() if watch else None
                 if manifest is not None or (count is not None and drained.count >= count):
                     break
                 if time.monotonic() >= until:

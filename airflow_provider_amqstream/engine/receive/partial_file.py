@@ -128,6 +128,9 @@ class PartialFile:
         self.started_at = time.time()
         self.fd = -1
         self.created = False
+        # Whether this process took the partial file's lock: only then is what is on disk ours
+        # to shrink after a yield (another receiver process of the directory may hold it).
+        self.owned = False
         self.last_write: float | None = None
         self.state = ReceiverState(spec)
         self.hasher = hashlib.sha256()
@@ -145,6 +148,7 @@ class PartialFile:
             os.close(self.fd)
             self.fd = -1
             raise StreamBusy(f"{self.what} is being received by another process into {self.sdir.parent}") from None
+        self.owned = True
         # When this stream last made progress, across receiver restarts (None: never, here):
         # a receiver killed while it waited on a silent sender must not make the next one
         # wait from zero. The state file is written only when chunks are committed; the
@@ -187,8 +191,10 @@ class PartialFile:
         """After a yield: keep the chunks on disk, give back the space reserved past the
         last of them (a sender must not hold disk it never filled by going silent), and
         keep nothing at all for a stream with no chunk on disk. A resumed stream reserves
-        its size again."""
+        its size again. A file whose lock this process never took is left as it is."""
         self.close()
+        if not self.owned:
+            return
         top = max([self.state.next_seq - 1, *self.state.ahead])
         if top == 0:
             self.discard()

@@ -364,11 +364,6 @@ class ReceiveSession:
             result = receiver.run()
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.reason, offset=bad.offset, then=receiver.abandon)
-        except StreamBusy as exc:
-            # The partial file and its state are the other process's: shrinking or forgetting
-            # them here would pull its data from under it.
-            receiver.stop_data()
-            return self._yielded(exc, sid, receiver.offset, offer)
         except StreamYielded as exc:
             receiver.stop_data()
             receiver.file.shrink()
