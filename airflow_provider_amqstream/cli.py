@@ -160,7 +160,7 @@ def cmd_users(args: argparse.Namespace) -> int:
     if not args.name:
         raise ValueError(f"users {args.action}: name the user")
     if args.action == "add":
-        info = broker.add_user(args.name, send=args.send, receive=args.receive)
+        info = broker.add_user(args.name, send=args.send, receive=args.receive, max_waiting=args.max_waiting)
         print(f"user {args.name} may send to {', '.join(args.send) or 'nothing'} and receive from "
               f"{', '.join(args.receive) or 'nothing'}; its connection (password shown once, kept in "
               f"{broker.users_file}):")
@@ -344,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add: may send streams to DEST (repeatable; /queue/x, /topic/x, /queue/x.> for a family)")
     u.add_argument("--receive", action="append", default=[], metavar="DEST",
                    help="add: may receive streams from DEST (repeatable)")
+    u.add_argument("--max-waiting", type=int, metavar="N", help="add: streams of this user that may wait at once "
+                   "on each destination it sends to (their data queues; default 1000, ~14 KiB of broker heap each)")
     u.add_argument("--data-dir", help="the broker's data dir (default ~/.local/state/amqstream/broker)")
     u.add_argument("--port", type=int, help="the broker's STOMP port, for the printed URI")
     u.set_defaults(func=cmd_users)

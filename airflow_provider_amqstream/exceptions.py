@@ -70,7 +70,8 @@ class AccessDenied(TransportError):
 
 class DestinationFull(TransportError):
     """The broker refused a message because the destination's memory limit stayed full
-    through its flow-control wait: its receivers are not taking messages (stopped, or
+    through its flow-control wait, or because the sender has as many streams waiting there
+    as the broker lets one user have: its receivers are not taking messages (stopped, or
     slower than its senders). Nothing confirmed is lost, and retrying later can succeed."""
 
 

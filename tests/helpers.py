@@ -172,6 +172,7 @@ class RawSender:
     """An authorized sender speaking STOMP with stomp.py directly: any header, any body."""
 
     def __init__(self, params: BrokerParams) -> None:
+        self.params = params
         self.conn = stomp.Connection12([params.hosts[0]], auto_decode=False)
         self.conn.connect(params.login, params.password, wait=True)
 
@@ -199,17 +200,18 @@ def send_stream(  # noqa: PLR0913
     :param offer: send the offer first.
     """
     dest = p.Destination.parse(queue)
+    user = send.__self__.params.user  # type: ignore[attr-defined]  # a RawSender's or a link's
     if offer:
-        send(str(dest), b"", p.offer_headers(spec, dest))
+        send(str(dest), b"", p.offer_headers(spec, dest, sender=user))
     for seq in seqs:
         off, n = spec.chunk_span(seq)
         body = data[off:off + n]
         headers = p.data_headers(spec, seq, body)
         if tamper:
             headers, body = tamper(seq, headers, body)
-        send(dest.data_queue(spec.stream_id), body, headers)
+        send(dest.data_queue(spec.stream_id, user), body, headers)
     if end:
-        send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
+        send(dest.data_queue(spec.stream_id, user), b"", p.end_headers(spec, sha or hashlib.sha256(data).hexdigest()))
 
 
 def play(params: BrokerParams, queue: str, spec: p.StreamSpec, data: bytes, seqs: list[int], *,
@@ -252,12 +254,13 @@ def started(service: S) -> Iterator[S]:
         service.stop()
 
 
-def running_broker(data_dir: Path, users: dict[str, dict[str, list[str]]] | None = None) -> Iterator[EmbeddedBroker]:
+def running_broker(data_dir: Path, users: dict[str, dict[str, Any]] | None = None) -> Iterator[EmbeddedBroker]:
     """A broker on a free port, with ``users`` beside its administrator, started, and stopped
     after: a fixture's body, ``yield from running_broker(...)``.
 
     :param data_dir: the broker's directory.
-    :param users: name -> its ``send``/``receive`` grants (see ``EmbeddedBroker.add_user``).
+    :param users: name -> its ``send``/``receive`` grants and other ``EmbeddedBroker.add_user``
+        keywords.
     """
     b = EmbeddedBroker(data_dir, port=free_port())
     for name, grants in (users or {}).items():

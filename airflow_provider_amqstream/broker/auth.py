@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker.network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
 from airflow_provider_amqstream.exceptions import BrokerError, ProtocolError
-from airflow_provider_amqstream.protocol.wire import Destination
+from airflow_provider_amqstream.protocol.wire import Destination, owner_element
 
 
 def xml_attr(value: str) -> str:
@@ -22,6 +22,12 @@ def xml_attr(value: str) -> str:
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ADMIN_GROUP = "amqstream"
 ADVISORY_TOPICS = ("topic", ADVISORY_PATTERN)
+# How many data queues (streams offered and not yet taken, plus queues emptied less than a
+# minute ago) one user may have at once on each destination it may send to: the broker
+# refuses the next. Each costs the broker ~14 KiB of heap whatever it holds, so without a
+# cap a send-only user could leave one message on each of any number of them, and the
+# destination purge never drops a queue that is not empty. Users' ``max_waiting`` overrides it.
+MAX_WAITING = 1000
 
 
 def parse_grant(text: str) -> tuple[str, str]:
@@ -34,10 +40,11 @@ def parse_grant(text: str) -> tuple[str, str]:
     return dest.kind, dest.name + (".>" if family else "")
 
 
-def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]]:
-    """The (kind, pattern, rights) a user needs to ``send`` streams to, or ``receive``
+def stream_acls(role: str, kind: str, pattern: str, user: str) -> list[tuple[str, str, str]]:
+    """The (kind, pattern, rights) ``user`` needs to ``send`` streams to, or ``receive``
     them from, ``kind``/``pattern``: the offers there, each stream's data
-    (``NAME.amqs.<id>``) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
+    (``NAME.amqs.<sender>.<id>``: a sender writes only under its own name, a receiver reads
+    every sender's) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
     ``admin`` lets the first user of a destination create it."""
     main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
     # A stream that gives way is parked by its receiver, in a queue of its own no sender writes.
@@ -54,8 +61,25 @@ def stream_acls(role: str, kind: str, pattern: str) -> list[tuple[str, str, str]
         if kind == "queue":
             return [("queue", pattern, "read,write,admin"), *quarantine]
         return [("topic", pattern, main), ("queue", pattern, ctl), *quarantine]
-    return [(kind, pattern, main), (kind, f"{pattern}.amqs.>", main), ("queue", f"{pattern}.amqs_ctl.>", ctl), *parked,
-            *quarantine]
+    data = f"{pattern}.amqs.{owner_element(user)}.>" if role == "send" else f"{pattern}.amqs.>"
+    return [(kind, pattern, main), (kind, data, main), ("queue", f"{pattern}.amqs_ctl.>", ctl), *parked, *quarantine]
+
+
+def waiting_caps(users: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, int]]:
+    """(kind, pattern, most destinations) for each user's own data queues on each single
+    destination it may send to (:data:`MAX_WAITING`); a family grant (``x.>``) has none,
+    as its members' names cannot be told from their data queues' by a prefix.
+
+    :param users: name -> {send, max_waiting (optional)}, as ``read_users`` returns.
+    """
+    caps = []
+    for user, info in sorted(users.items()):
+        limit = int(info.get("max_waiting") or MAX_WAITING)
+        for text in info.get("send", []):
+            kind, pattern = parse_grant(text)
+            if not pattern.endswith(".>"):
+                caps.append((kind, f"{pattern}.amqs.{owner_element(user)}.>", limit))
+    return caps
 
 
 def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:
@@ -67,7 +91,7 @@ def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str],
         for role in ("send", "receive"):
             for text in info.get(role, []):
                 kind, pattern = parse_grant(text)
-                for k, n, rights in stream_acls(role, kind, pattern):
+                for k, n, rights in stream_acls(role, kind, pattern, user):
                     entry = entries.setdefault((k, n), {"read": set(), "write": set(), "admin": set()})
                     for right in rights.split(","):
                         entry[right].add(group)

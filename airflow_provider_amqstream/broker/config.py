@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.broker.auth import USER_NAME, auth_plugins, parse_grant, xml_attr
+from airflow_provider_amqstream.broker.auth import USER_NAME, auth_plugins, parse_grant, waiting_caps, xml_attr
 from airflow_provider_amqstream.broker.network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
 from airflow_provider_amqstream.broker.process import keytool_binary
 from airflow_provider_amqstream.exceptions import BrokerError
@@ -55,7 +55,7 @@ def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
-             password: str | None = None) -> dict[str, Any]:
+             password: str | None = None, max_waiting: int | None = None) -> dict[str, Any]:
     """The users-file entry of a user who may only send to ``send`` and receive from
     ``receive``, checked.
 
@@ -63,6 +63,8 @@ def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = ()
     :param send: destinations it may send streams to.
     :param receive: destinations it may receive streams from.
     :param password: its password; generated when not given.
+    :param max_waiting: how many data queues it may have at once on each destination it
+        sends to (default :data:`~airflow_provider_amqstream.broker.auth.MAX_WAITING`).
     """
     if not USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
         raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
@@ -72,7 +74,12 @@ def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = ()
         raise BrokerError(f"user {name}: grant at least one --send or --receive destination")
     for text in (*send, *receive):
         parse_grant(text)
-    return {"password": password or _new_password(), "send": send, "receive": receive}
+    user: dict[str, Any] = {"password": password or _new_password(), "send": send, "receive": receive}
+    if max_waiting is not None:
+        if not 1 <= max_waiting <= 1_000_000:
+            raise BrokerError(f"user {name}: --max-waiting {max_waiting} is not between 1 and 1000000")
+        user["max_waiting"] = max_waiting
+    return user
 
 
 def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
@@ -192,13 +199,16 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     (data_dir / "data").mkdir(exist_ok=True)
     (data_dir / "tmp").mkdir(exist_ok=True)
     created = False
-    auth_xml = ""
+    auth_xml = caps_xml = ""
     bridge = bridge_credentials(network.bridge_secret) if network.active and network.bridge_secret else None
+    pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
+    text = (pkg / "activemq.xml.tmpl").read_text()
+    template = string.Template(text)
     if auth:
         user, password, created = credentials(data_dir)
-        auth_xml = auth_plugins(user, password, read_users(data_dir), bridge=bridge, forwarded=network.queues)
-    pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
-    template = string.Template((pkg / "activemq.xml.tmpl").read_text())
+        users = read_users(data_dir)
+        auth_xml = auth_plugins(user, password, users, bridge=bridge, forwarded=network.queues)
+        caps_xml = _capped_entries(text, waiting_caps(users))
     free = shutil.disk_usage(data_dir).free
     # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
     store_mb = max(512, int(free * 0.9 / 2**20))
@@ -219,7 +229,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     xml = template.safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
-        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
+        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS, waiting_caps=caps_xml,
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
         network_connectors=connectors_xml(network, f"amqstream-{port}", *(bridge or (None, None)), xml_attr),
     )
@@ -229,6 +239,19 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         fh.write(xml)
     (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())
     return conf, created
+
+
+def _capped_entries(template: str, caps: Iterable[tuple[str, str, int]]) -> str:
+    """The template's policy entry for every queue (or topic), once per (kind, pattern,
+    most destinations) of ``caps``, for that pattern and with that cap: the same settings
+    as every other destination, since ActiveMQ applies the most specific entry alone."""
+    out = []
+    for kind, pattern, limit in caps:
+        found = re.search(rf'(?s)\n( *<policyEntry {kind}=">".*?</policyEntry>\n)', template)
+        if found is None:
+            raise BrokerError(f"activemq.xml.tmpl has no policyEntry {kind}=\">\" to cap {pattern} with")
+        out.append(found.group(1).replace(f'{kind}=">"', f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"', 1))
+    return "".join(out)
 
 
 def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -151,7 +151,7 @@ class EmbeddedBroker:
         return read_users(self.data_dir)
 
     def add_user(self, name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
-                 password: str | None = None) -> BrokerInfo:
+                 password: str | None = None, max_waiting: int | None = None) -> BrokerInfo:
         """Add (or replace) a user who may only send to ``send`` and receive from
         ``receive``; return its connection details. Takes effect at the next start.
 
@@ -160,8 +160,10 @@ class EmbeddedBroker:
             trailing ``.>`` grants a whole family, e.g. ``/queue/sites.>``).
         :param receive: destinations it may receive streams from, in the same form.
         :param password: its password; generated when not given.
+        :param max_waiting: how many streams' data queues it may have at once on each
+            destination it sends to (default 1,000; the broker refuses more).
         """
-        user = new_user(name, send=send, receive=receive, password=password)
+        user = new_user(name, send=send, receive=receive, password=password, max_waiting=max_waiting)
         users = self.users()
         users[name] = user
         write_users(self.data_dir, users)

@@ -66,9 +66,11 @@ def quarantine_queue(dest: p.Destination, quarantine: str | None = None) -> str:
     return f"/queue/DLQ.{dest.name}"
 
 
-def dlq_data_queue(dest: p.Destination, stream_id: str) -> str:
-    """Where the broker moves the refused chunks of a stream: ``DLQ.`` + its data queue."""
-    return f"/queue/DLQ.{dest.name}.amqs.{p.validate_stream_id(stream_id)}"
+def dlq_data_queue(data_q: str) -> str:
+    """Where the broker moves the refused chunks of a stream: ``DLQ.`` + its data queue
+    (``data_q``, as :meth:`~airflow_provider_amqstream.protocol.wire.Destination.data_queue`
+    names it)."""
+    return "/queue/DLQ." + data_q.split("/", 2)[2]
 
 
 def staging_queue(dest: p.Destination, stream_id: str) -> str:
@@ -218,6 +220,7 @@ class Quarantined:
     :param by_user: the receiving user (the broker's stamp on the copy).
     :param at: when (UTC, ISO 8601).
     :param cause: see :class:`Cause`.
+    :param sender: who offered it (``amqs_first_sender``, which only receivers write there).
     """
 
     stream_id: str
@@ -227,6 +230,7 @@ class Quarantined:
     quarantined_from: str = ""
     by_host: str = ""
     by_user: str = ""
+    sender: str = ""
     at: str = ""
     cause: str = ""
     redrivable: bool = False
@@ -371,7 +375,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
             entry.kind, entry.note = "invalid", f"invalid pack: {h['_invalid']}"
         else:
             try:
-                p.parse_offer(h, dest)
+                p.parse_offer(h, dest, sender=sender)
             except p.ProtocolError as exc:
                 entry.kind, entry.note = "invalid", str(exc)
             else:
@@ -424,7 +428,8 @@ def quarantined_streams(browsed: Browsed, dest: p.Destination) -> list[Quarantin
             size=_int(h.get(p.H_SIZE)), reason=str(h.get(p.H_QUARANTINE_REASON, ""))[:2000],
             quarantined_from=source, by_host=str(h.get(p.H_QUARANTINED_BY, ""))[:255],
             by_user=quarantined_by_user(h), at=str(h.get(p.H_QUARANTINED_AT, ""))[:40], cause=cause.cause,
-            redrivable=cause.redrivable, advice=cause.advice, redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256]))
+            redrivable=cause.redrivable, advice=cause.advice, redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256],
+            sender=p.sender_of(h, parked=True)))
     return out
 
 
@@ -685,9 +690,12 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     rep.parked = [o for o in inv.parked if o.stream_id == sid or o.pack == sid]
     rep.quarantined = [q for q in inv.quarantined if q.stream_id == sid]
     rep.in_progress = [e for e in inv.in_progress if e.stream_id == sid]
+    # A stream's data queues are named after its sender: those of every sender known here.
+    senders = sorted({o.sender for o in rep.offered} | {o.first_sender for o in rep.parked}
+                     | {q.sender for q in rep.quarantined} | {e.sender for e in rep.in_progress})
+    queues = [q for s in senders for q in (dest.data_queue(sid, s), dlq_data_queue(dest.data_queue(sid, s)))]
     with QueueSession(params, browse_limit=browse_limit) as qs:
-        rep.queues = [_probe(qs, q) for q in (dest.data_queue(sid), dlq_data_queue(dest, sid),
-                                              staging_queue(dest, sid))]
+        rep.queues = [_probe(qs, q) for q in (*queues, staging_queue(dest, sid))]
         notes = qs.browse(dest.held_queue(sid))
         if notes.denied:
             rep.denied[dest.held_queue(sid)] = notes.denied

@@ -4,14 +4,15 @@
 **Redrive** (docs/protocol.md, "Streams an operator acts on") puts a quarantined stream
 back on its destination, intact, after proving it can arrive: its quarantine cause lies
 outside the stream (over ``max_bytes``, a reused id, no room: :func:`quarantine_cause`),
-its offer is valid, and its chunks (refused ones from ``DLQ.NAME.amqs.<id>``, and those a
-refusal at the offer left on ``NAME.amqs.<id>``) are all there: every chunk 1..n with its
+its offer is valid, and its chunks (refused ones from ``DLQ.NAME.amqs.<sender>.<id>``, and
+those a refusal at the offer left on ``NAME.amqs.<sender>.<id>``) are all there: every chunk 1..n with its
 CRC-32, the end marker agreeing with the offer, the SHA-256 of the whole when the chunks
 came in order, and all from one sender. The broker pages in only a few messages of a queue
 at a time, so the chunks cannot be held while they are checked: they are gathered into a
 staging queue (``DLQ.NAME.amqs_redrive.<id>``), checked on the way, and then either moved
-on to the data queue, followed by the offer (the receiver starts once everything is there,
-as in atomic mode), or, when the check fails, all filed under ``DLQ.NAME.amqs.<id>``; a
+on to the redriving user's data queue, followed by the offer (the receiver starts once
+everything is there, as in atomic mode), or, when the check fails, all filed under the
+stream's ``DLQ.`` data queue; a
 redrive interrupted half-way is finished by the next one, which starts by returning what
 the staging queue holds.
 
@@ -336,8 +337,9 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     module doc); raise :class:`RedriveRefused` saying why not.
 
     Needs, on the broker, read and write on the quarantine queue and on ``DLQ.NAME.amqs.>``,
-    read and write on ``NAME.amqs.<id>``, write on ``NAME``, and read on ``NAME`` and its
-    parked queue (the embedded broker: the administrator).
+    read and write on ``NAME.amqs.<sender>.<id>`` and on the redriving user's own data queue,
+    write on ``NAME``, and read on ``NAME`` and its parked queue (the embedded broker: the
+    administrator).
 
     :param params: the broker and the redriving user.
     :param destination: ``/queue/NAME`` the stream was offered on.
@@ -352,16 +354,17 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     if dest.kind != "queue":
         raise LocalProtocolError(f"{destination}: only streams of queues are quarantined; give /queue/NAME")
     qq = quarantine_queue(dest, quarantine)
-    data_q, dlq_q, stage_q = dest.data_queue(sid), dlq_data_queue(dest, sid), staging_queue(dest, sid)
+    # The redriving user offers it again, so its chunks go to that user's data queue.
+    stage_q, target_q = staging_queue(dest, sid), dest.data_queue(sid, params.user)
     where = f"stream {sid} on {dest}"
     with QueueSession(params, client_id="amqstream-redrive", browse_limit=browse_limit) as qs:
-        _require_read(qs, (qq, dlq_q, stage_q, data_q))
+        _require_read(qs, (qq, stage_q, target_q))
         busy = _waiting_elsewhere(qs, dest, sid)
         if busy:
             raise RedriveRefused(
                 f"{where}: an offer for {sid} waits on {busy} (the stream sent again, or another stream under the "
-                f"same id); both would share {data_q}. Nothing was moved: redrive once that one is received, or "
-                f"discard it (`amqstream streams discard {sid} --from {dest}`).")
+                f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
+                f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
         copies, sub = _quarantine_copies(link, qq, dest, sid, quiet=quiet)
         if not copies:
@@ -375,14 +378,17 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 raise RedriveRefused(f"{where} cannot be redriven: {cause.advice}. Quarantined because: "
                                      f"{str(copy.headers.get(p.H_QUARANTINE_REASON, ''))[:500]}")
             offer = _offer_headers(copy)
+            first = p.sender_of(copy.headers, parked=True)
             try:
-                spec, _ = p.parse_offer(offer, dest)
+                spec, data_q = p.parse_offer(offer, dest, sender=first)
             except p.ProtocolError as exc:
                 raise RedriveRefused(f"{where} cannot be redriven: its offer is invalid ({exc})") from None
+            dlq_q = dlq_data_queue(data_q)
+            _require_read(qs, (dlq_q, data_q))
             # A redrive interrupted after gathering left the chunks in the staging queue: they
             # go back where checked chunks wait, then everything is gathered again.
             recovered = move_queue(link, stage_q, dlq_q, quiet=quiet).messages
-            check = ChunkCheck(spec, p.sender_of({p.H_USER_ID: copy.headers.get(p.H_FIRST_SENDER)}))
+            check = ChunkCheck(spec, first)
             move_queue(link, dlq_q, stage_q, quiet=quiet, decide=lambda f: check.take(f, trust_redrive_header=True))
             move_queue(link, data_q, stage_q, quiet=quiet, decide=lambda f: check.take(f, trust_redrive_header=False))
             problems = check.verdict()
@@ -392,13 +398,14 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                     f"{where} cannot be redriven: {'; '.join(problems)}. Its {back.messages} messages are on {dlq_q} "
                     f"and its offer stays quarantined on {qq}; `amqstream streams discard {sid} --from {dest}` "
                     "removes them, and the sender can send the file again.")
-            user = params.login or ""
+            user = params.user
             at = datetime.now(timezone.utc).isoformat(timespec="seconds")
             sender_before = check.sender
             marks = {H_REDRIVEN_BY: user, H_REDRIVEN_AT: at}
-            moved = move_queue(link, stage_q, data_q, quiet=quiet,
+            moved = move_queue(link, stage_q, target_q, quiet=quiet,
                                decide=lambda f: None if check.forward(f) is None else marks)
-            link.send_confirmed(str(dest), b"", {**offer, **marks, H_REDRIVE_SENDER: sender_before})
+            link.send_confirmed(str(dest), b"", {**offer, p.H_DATA_DEST: target_q, **marks,
+                                                 H_REDRIVE_SENDER: sender_before})
             for frame in copies:
                 link.ack(frame)
         finally:
@@ -462,9 +469,10 @@ def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
                              "nothing was removed. Stop that receiver, or wait for the stream to yield.")
 
 
-def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: DiscardResult, quiet: float) -> None:
+def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
     """Remove the stream's fresh offers on the destination, with a selector only (a sweep
-    would re-send the others with our stamp); refuse while a receiver holds one."""
+    would re-send the others with our stamp); refuse while a receiver holds one. Returns
+    their senders, and those of the offers seen, which name its data queues."""
     link = qs.link
 
     def is_offer(frame: Any) -> bool:
@@ -492,15 +500,17 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
             result.notes.append(f"{dest} holds more offers than a consumer with a selector sees: an offer of it "
                                 "further back, if any, was not reached (run discard again once receivers took "
                                 "the ones ahead)")
+        return {p.sender_of(f.headers) for f in offers} | {o.sender for o in seen if o.stream_id == sid}
     finally:
         if sub is not None:
             link.unsubscribe(sub)  # what was not acknowledged goes back
 
 
 def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: DiscardResult, *, quarantine: bool,
-                 quiet: float) -> None:
+                 quiet: float) -> set[str]:
     """Remove the stream's copies on its parked or quarantine queue (swept: their order means
-    nothing; a quarantine copy passed to the tail keeps who filed it)."""
+    nothing; a quarantine copy passed to the tail keeps who filed it). Returns their first
+    senders, which name its data queues."""
     def ours(frame: Any) -> bool:
         h = frame.headers
         return h.get(p.H_STREAM) == sid and (not quarantine or str(h.get(p.H_QUARANTINED_FROM) or dest) == str(dest))
@@ -514,6 +524,7 @@ def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: 
         result.removed[queue] = len(frames)
     if sub is not None:
         link.unsubscribe(sub)
+    return {p.sender_of(f.headers, parked=True) for f in frames}
 
 
 def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
@@ -558,14 +569,16 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     qq = quarantine_queue(dest, quarantine)
     step = min(quiet, 0.5)
     with QueueSession(params, client_id="amqstream-discard", browse_limit=browse_limit) as qs:
-        _require_read(qs, (qq, dest.parked_queue(), dlq_data_queue(dest, sid), staging_queue(dest, sid),
+        _require_read(qs, (qq, dest.parked_queue(), dlq_data_queue(dest.data_queue(sid, params.user)),
+                           staging_queue(dest, sid),
                            dest.control_queue(sid)))
-        _take_offers(qs, dest, sid, result, step)
+        senders = _take_offers(qs, dest, sid, result, step)
         link = qs.link
-        _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step)
-        _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
-        for queue in (dest.data_queue(sid), dlq_data_queue(dest, sid), staging_queue(dest, sid),
-                      dest.control_queue(sid), dest.held_queue(sid)):
+        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step)
+        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
+        # A stream's data queues are named after its sender: those of every sender it is known by.
+        data = [q for s in sorted(senders) for q in (dest.data_queue(sid, s), dlq_data_queue(dest.data_queue(sid, s)))]
+        for queue in (*data, staging_queue(dest, sid), dest.control_queue(sid), dest.held_queue(sid)):
             gone = move_queue(link, queue, None, quiet=step)
             if gone.dropped:
                 result.removed[queue] = gone.dropped

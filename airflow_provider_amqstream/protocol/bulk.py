@@ -74,10 +74,11 @@ MAX_PACK_MEMBER_HEADERS = 32
 
 
 # --------------------------------------------------------------------------- inline offers
-def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256_hex: str, *,
+def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256_hex: str, *, sender: str,
                  codec: ChunkCodec | None = None, origin: str | None = None,
                  subdir: str = "") -> tuple[dict[str, str], bytes]:
-    """Headers and wire body of an offer carrying a whole small file (one chunk at most).
+    """Headers and wire body of an offer carrying a whole small file (one chunk at most);
+    ``sender`` as for :func:`offer_headers`.
 
     Small files are most of a bulk landing directory, and each one's data queue would cost
     a receiver a subscription and two more messages; inline, a file is one message."""
@@ -88,7 +89,7 @@ def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256
         raise ProtocolError(f"stream {spec.stream_id}: {len(body)} bytes read, the offer says {spec.size} "
                             "(did the file change while it was being sent?)")
     wire, encoding = codec.encode(body) if codec else (body, None)
-    h = offer_headers(spec, destination, origin=origin, subdir=subdir)
+    h = offer_headers(spec, destination, sender=sender, origin=origin, subdir=subdir)
     h.update({H_INLINE: "1", H_CRC: str(crc32(wire)), H_SHA256: sha256_hex})
     if encoding:
         h[H_ENCODING] = encoding

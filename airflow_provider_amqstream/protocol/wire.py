@@ -4,8 +4,8 @@ Read ``docs/protocol.md`` for the wire format. In short, a stream is:
 
 * one ``offer`` message on the destination the user named (``/queue/landing``): it
   announces the stream (id, file name, size, chunk size) and where its chunks are;
-* ``data`` messages on a per-stream queue ``<destination>.amqs.<stream id>``, one per
-  chunk, each carrying its 1-based sequence number, byte offset and CRC-32;
+* ``data`` messages on a per-stream queue ``<destination>.amqs.<sender>.<stream id>``
+  (:meth:`Destination.data_queue`), one per chunk, each carrying its 1-based sequence number, byte offset and CRC-32;
 * one ``end`` message on the same per-stream queue with the SHA-256 of the whole file.
 
 A receiver takes one offer at a time (prefetch 1, acknowledged only when the file is
@@ -212,6 +212,27 @@ def keyed_digest(text: str, key: bytes = b"") -> str:
     return hmac.new(key, data, hashlib.sha256).hexdigest() if key else hashlib.sha256(data).hexdigest()
 
 
+def owner_element(user: str) -> str:
+    """The name element standing for ``user`` in its data queues' names: a name of
+    A-Z a-z 0-9 and ``-`` as it is; any other character as ``_`` and two hex digits per
+    UTF-8 byte (``a.b`` -> ``a_2eb``), so no two users share an element and a dot in a
+    name cannot reach into another user's prefix; ``_`` alone for no user; a name longer
+    than 64 characters once escaped as ``_h`` and 40 hex digits of its SHA-256.
+
+    :param user: the user name as the broker stamps it (``JMSXUserID``), or "".
+    """
+    if not user:
+        return "_"
+    element = "".join(c if c.isascii() and (c.isalnum() or c == "-") else
+                      "".join(f"_{b:02x}" for b in c.encode("utf-8", "surrogatepass")) for c in user)
+    if len(element) > 64:
+        return "_h" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    return element
+
+
+_OWNER_ELEMENT_RE = re.compile(r"_|_h[0-9a-f]{40}|(?:[A-Za-z0-9-]|_[0-9a-f]{2}){1,64}")
+
+
 @dataclass(frozen=True)
 class Destination:
     """A STOMP destination on ActiveMQ: ``/queue/NAME`` or ``/topic/NAME``."""
@@ -239,10 +260,16 @@ class Destination:
     def __str__(self) -> str:
         return f"/{self.kind}/{self.name}"
 
-    def data_queue(self, stream_id: str) -> str:
+    def data_queue(self, stream_id: str, sender: str) -> str:
         """Where one stream's chunks and end marker go: a queue, or for a topic a
-        per-stream topic so every subscriber gets every chunk."""
-        return f"/{self.kind}/{self.name}.amqs.{validate_stream_id(stream_id)}"
+        per-stream topic so every subscriber gets every chunk. Under its sender's own
+        prefix (:func:`owner_element`), so a broker can grant each user, and cap, only its
+        own data queues (``NAME.amqs.<owner>.>``).
+
+        :param stream_id: the stream's id.
+        :param sender: the user the broker knows the sender as ("" for none).
+        """
+        return f"/{self.kind}/{self.name}.amqs.{owner_element(sender)}.{validate_stream_id(stream_id)}"
 
     def parked_queue(self) -> str:
         """Where receivers park the offers of streams that gave way (queues only). Its own
@@ -425,13 +452,14 @@ def _base(spec: StreamSpec, kind: Kind) -> dict[str, str]:
             H_GROUP_ID: spec.stream_id}
 
 
-def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW, *,
+def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFAULT_WINDOW, *, sender: str,
                   reoffer: bool = False, origin: str | None = None, subdir: str = "") -> dict[str, str]:
     """The offer announcing a stream. A ``reoffer`` follows a sender's re-run: it may have
     repeated messages a receiver already consumed, so whoever published the stream
     clears them; nobody starts a reception from a re-offer. ``origin`` identifies the
     sender's file (see :data:`H_ORIGIN`); ``subdir`` the relative directory it goes to
-    (see :data:`H_DIR`)."""
+    (see :data:`H_DIR`). ``sender`` is the user the sender logs in as, which names its
+    data queue (:meth:`Destination.data_queue`)."""
     h = _base(spec, Kind.OFFER)
     if subdir:
         h[H_DIR] = subdir
@@ -441,7 +469,7 @@ def offer_headers(spec: StreamSpec, destination: Destination, window: int = DEFA
         h[H_ORIGIN] = origin
     h.update({H_MODE: spec.mode.value, H_NAME: spec.name, H_SIZE: str(spec.size),
               H_CHUNK_SIZE: str(spec.chunk_size), H_CHUNKS: str(spec.chunks),
-              H_DATA_DEST: destination.data_queue(spec.stream_id)})
+              H_DATA_DEST: destination.data_queue(spec.stream_id, sender)})
     if spec.mode is Mode.HANDSHAKE:
         h[H_REPLY_TO] = destination.control_queue(spec.stream_id)
         h[H_WINDOW] = str(window)
@@ -528,8 +556,14 @@ def kind_of(headers: Mapping[str, Any]) -> Kind:
         ) from None
 
 
-def parse_offer(headers: Mapping[str, Any], offered_on: Destination) -> tuple[StreamSpec, str]:
-    """Validate an offer; return its spec and the data queue it names."""
+def parse_offer(headers: Mapping[str, Any], offered_on: Destination, *, sender: str) -> tuple[StreamSpec, str]:
+    """Validate an offer; return its spec and the data queue it names.
+
+    :param headers: the offer's headers.
+    :param offered_on: the destination it was offered on.
+    :param sender: who the broker says offered it (:func:`sender_of`); its data queue must
+        be under that user's prefix. "" (the broker stamps no user) accepts any user's.
+    """
     stream = str(headers.get(H_STREAM, "?"))[:MAX_STREAM_ID]
     if kind_of(headers) is not Kind.OFFER:
         raise ProtocolError(f"stream {stream}: expected an offer, got {headers.get(H_KIND)}")
@@ -557,11 +591,21 @@ def parse_offer(headers: Mapping[str, Any], offered_on: Destination) -> tuple[St
     if chunks != spec.chunks:
         raise ProtocolError(f"stream {stream}: {H_CHUNKS}={chunks} does not match size and chunk size")
     data_dest = str(headers.get(H_DATA_DEST, ""))
-    # Exactly the queue the offer's own destination implies: an offer naming any other
-    # would make the receiver read (with its own rights) from somewhere the sender chose.
-    if data_dest != offered_on.data_queue(spec.stream_id):
-        raise ProtocolError(f"stream {stream}: data destination {data_dest[:80]!r} is not this stream's queue "
-                            f"on {offered_on}")
+    # Exactly the queue the offer's own destination and its sender imply: an offer naming
+    # any other would make the receiver read (with its own rights) from somewhere the
+    # sender chose, another user's stream included.
+    if sender:
+        expected = offered_on.data_queue(spec.stream_id, sender)
+        if data_dest != expected:
+            raise ProtocolError(f"stream {stream}: data destination {data_dest[:120]!r} is not this stream's "
+                                f"queue on {offered_on}, which for its sender {sender[:64]!r} (the broker's "
+                                f"stamp) is {expected!r}; the sender must log in as the user the broker stamps")
+    else:
+        prefix, suffix = f"/{offered_on.kind}/{offered_on.name}.amqs.", f".{spec.stream_id}"
+        owner = data_dest[len(prefix):-len(suffix)]
+        if not (data_dest.startswith(prefix) and data_dest.endswith(suffix) and _OWNER_ELEMENT_RE.fullmatch(owner)):
+            raise ProtocolError(f"stream {stream}: data destination {data_dest[:120]!r} is not this stream's "
+                                f"queue on {offered_on}")
     if mode is not Mode.HANDSHAKE and offered_on.kind != "queue":
         raise ProtocolError(f"stream {stream}: a {mode.value} stream must use a data queue")
     return spec, data_dest
@@ -670,7 +714,8 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
     return out
 
 
-def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str, by: str, at: str) -> dict[str, str]:
+def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str, by: str, at: str,
+                        sender: str) -> dict[str, str]:
     """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
     headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
     which host and when.
@@ -680,9 +725,14 @@ def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str,
     :param source: the destination it was taken from.
     :param by: the host that filed it.
     :param at: when, as an ISO 8601 time.
+    :param sender: who offered it (:func:`sender_of`), kept as its first sender, in place of
+        any the offer carried (only receivers write a quarantine queue, so it is believed
+        there, and names the stream's data queues); "" for unknown.
     """
     out = {k: str(v)[:1024] for k, v in headers.items()
-           if k.startswith("amqs_") and not k.startswith("amqs_quarantine")}
+           if k.startswith("amqs_") and not k.startswith("amqs_quarantine") and k != H_FIRST_SENDER}
     out.update({H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source, H_QUARANTINED_BY: by,
                 H_QUARANTINED_AT: at})
+    if sender:
+        out[H_FIRST_SENDER] = sender
     return out

@@ -57,6 +57,18 @@ def reported(params: BrokerParams, errors: list[str]) -> TransportError:
     :param errors: the texts of the ERROR frames received so far.
     """
     errors = list(dict.fromkeys(errors))
+    capped = next((e for e in errors if "number of destinations allowed" in e), None)
+    if capped is not None:
+        # ActiveMQ says: "The maxmimum number of destinations allowed (N) for the policy
+        # queue://NAME.amqs.USER.> has already been reached."
+        m = re.search(r"allowed \((\d+)\) for the policy (queue|topic)://(\S+?)\.amqs\.", capped)
+        many, where = (m.group(1), f" on /{m.group(2)}/{m.group(3)}") if m else ("its", "")
+        who = params.login or "(anonymous)"
+        return DestinationFull(
+            f"broker {params.url} refused user {who} a new data queue: {many} of its streams already wait{where} "
+            "(the broker's maxDestinations for that user's data queues). Receivers must take some first (an emptied "
+            "data queue goes a minute later), or the administrator raises the cap (embedded broker: `amqstream users "
+            f"add {who} ... --max-waiting N`, then restart it). Nothing confirmed was lost.")
     full = next((e for e in errors if "ResourceAllocationException" in e), None)
     if full is not None:
         # ActiveMQ names it: "... to prevent flooding queue://NAME. See http://..."

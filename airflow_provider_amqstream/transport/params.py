@@ -91,6 +91,12 @@ class BrokerParams:
     backend: str = "stomp"
 
     @property
+    def user(self) -> str:
+        """The user it logs in as ("" for none): the name a broker that stamps senders
+        (``JMSXUserID``) gives its messages, which names its data queues."""
+        return self.login or ""
+
+    @property
     def url(self) -> str:
         """Broker address for messages and logs; never contains the password."""
         scheme = "stomp+ssl" if self.tls else "stomp"

@@ -1,13 +1,15 @@
 """Users restricted to their destinations by the broker's own authorization.
 
-One broker with an administrator and three users: ``producer`` may send to
+One broker with an administrator and four users: ``producer`` may send to
 ``/queue/landing`` and the ``/topic/news`` handshake, ``consumer`` may receive from both,
-and ``site`` owns the ``/queue/sites.>`` family. Streams flow for each; every step
+``site`` owns the ``/queue/sites.>`` family, and ``spammer`` may send to ``/queue/landing``
+with at most 5 streams waiting there. Streams flow for each; every step
 outside a grant is refused by the broker with an error naming the user and what to do.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +18,10 @@ import pytest
 from airflow_provider_amqstream.broker.auth import acl_entries
 from airflow_provider_amqstream.broker.embedded import BrokerError, EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
-from airflow_provider_amqstream.exceptions import AccessDenied, StreamError
+from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull, StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import Receiver, cli, free_port, make_file, params_as, running_broker, sha256_file
+from tests.helpers import Receiver, cli, free_port, make_file, params_as, running_broker, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -29,16 +31,19 @@ def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBro
     yield from running_broker(tmp_path_factory.mktemp("acl") / "broker", {
         "producer": {"send": ["/queue/landing", "/topic/news"]},
         "consumer": {"receive": ["/queue/landing", "/topic/news"]},
-        "site": {"send": ["/queue/sites.>"], "receive": ["/queue/sites.>"]}})
+        "site": {"send": ["/queue/sites.>"], "receive": ["/queue/sites.>"]},
+        "spammer": {"send": ["/queue/landing"], "max_waiting": 5}})
 
 
 def test_grants_become_least_privilege_entries() -> None:
     entries = acl_entries({"p": {"send": ["/queue/landing"]}, "c": {"receive": ["/queue/landing"]}})
-    data = entries[("queue", "landing.amqs.>")]
+    data, own = entries[("queue", "landing.amqs.>")], entries[("queue", "landing.amqs.p.>")]
     ctl = entries[("queue", "landing.amqs_ctl.>")]
     assert entries[("queue", "landing")] == {"read": {"amqs-user-c"}, "write": {"amqs-user-p"},
                                              "admin": {"amqs-user-c", "amqs-user-p"}}
-    assert data["write"] == {"amqs-user-p"} and data["read"] == {"amqs-user-c"}
+    # A sender writes only its own data queues; a receiver reads every sender's.
+    assert data["read"] == {"amqs-user-c"} and not data["write"]
+    assert own["write"] == {"amqs-user-p"} and not own["read"]
     assert ctl["read"] == {"amqs-user-p"} and ctl["write"] == {"amqs-user-c"}
     # The receiver parks streams that give way where no sender may write.
     assert entries[("queue", "landing.amqs_parked")] == {"read": {"amqs-user-c"}, "write": {"amqs-user-c"},
@@ -106,7 +111,8 @@ def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBro
     is refused by the receiver rather than followed."""
     spec = p.StreamSpec("evil-1", "x.bin", 10, 10, p.Mode.STREAM)
     landing = p.Destination.parse("/queue/landing")
-    headers = p.offer_headers(spec, landing) | {p.H_DATA_DEST: "/queue/landing.amqs.other-stream"}
+    headers = p.offer_headers(spec, landing, sender="producer") | {
+        p.H_DATA_DEST: "/queue/landing.amqs.producer.other-stream"}
     with StompLink(params_as(acl_broker, "producer")) as link:
         link.send_confirmed("/queue/landing", b"", headers)
     with pytest.raises(StreamError, match="not this stream's queue"):
@@ -124,12 +130,57 @@ def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBro
         assert end is not None and end.headers.get("browser") == "end", "the refused offer is still queued"
 
 
+def test_a_sender_writes_only_its_own_data_queues_and_only_so_many(acl_broker: EmbeddedBroker,
+                                                                   tmp_path: Path) -> None:
+    """A send-only user, with raw stomp.py: another user's data queue is refused by the
+    broker; its own are capped (5 here), so it cannot make the broker keep a queue for every
+    message it leaves behind. Others send meanwhile; it sends again once its queues go."""
+    landing = p.Destination.parse("/queue/landing")
+    with StompLink(params_as(acl_broker, "spammer")) as link, pytest.raises(AccessDenied, match="spammer"):
+        link.send_confirmed(landing.data_queue("theirs-1", "producer"), b"x", {})
+    spam = [landing.data_queue(f"spam-{i}", "spammer") for i in range(6)]
+    with StompLink(params_as(acl_broker, "spammer")) as link:
+        for queue in spam[:5]:
+            link.send_confirmed(queue, b"x", {})
+    with StompLink(params_as(acl_broker, "spammer")) as link, pytest.raises(DestinationFull) as full:
+        link.send_confirmed(spam[5], b"x", {})
+    text = str(full.value)
+    assert "refused user spammer a new data queue: 5 of its streams already wait on /queue/landing" in text, text
+    assert "--max-waiting" in text
+    # The cap is the spammer's alone: another sender's stream still arrives.
+    src = make_file(tmp_path / "f.bin", 300_000)
+    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", chunk_size=64 * 1024)
+    got = receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+                         options=ReceiveOptions(wait_timeout=20), stream_id=sent.stream_id)
+    assert got is not None and got.sha256 == sha256_file(src)
+    with StompLink(params_as(acl_broker, None)) as admin:
+        for queue in spam[:5]:
+            admin.subscribe(queue, prefetch=1)
+            junk = admin.get(10)
+            assert junk is not None
+            admin.ack(junk)
+    # Emptied, the queues are dropped by the broker's purge (60 s idle, every 10 s): room again.
+    def room() -> bool:
+        try:
+            with StompLink(params_as(acl_broker, "spammer")) as link:
+                link.send_confirmed(spam[5], b"x", {})
+        except DestinationFull:
+            return False
+        return True
+
+    wait_for(room, 150, "the spammer's emptied data queues to be dropped", interval=2)
+
+
 def test_users_cli_adds_lists_and_removes(tmp_path: Path) -> None:
     d = str(tmp_path / "b")
-    add = cli("users", "add", "alice", "--send", "/queue/a", "--receive", "/queue/b", "--data-dir", d)
+    add = cli("users", "add", "alice", "--send", "/queue/a", "--receive", "/queue/b", "--max-waiting", "50",
+              "--data-dir", d)
     out, err = add.communicate(timeout=60)
     assert add.returncode == 0, err
     assert "amqstream://alice:" in out
+    assert json.loads((tmp_path / "b" / "users.json").read_text())["users"]["alice"]["max_waiting"] == 50
+    bad = cli("users", "add", "bob", "--send", "/queue/a", "--max-waiting", "0", "--data-dir", d)
+    assert "--max-waiting 0 is not between 1 and 1000000" in bad.communicate(timeout=60)[1] and bad.returncode != 0
     listed = cli("users", "list", "--data-dir", d).communicate(timeout=60)[0]
     assert listed.strip() == "alice: send /queue/a; receive /queue/b"
     assert (tmp_path / "b" / "users.json").stat().st_mode & 0o077 == 0

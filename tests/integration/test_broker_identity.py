@@ -26,7 +26,17 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
-from tests.helpers import StompFrames, browse, free_port, make_file, params_as, play, running_broker, sha256_file
+from tests.helpers import (
+    StompFrames,
+    browse,
+    free_port,
+    make_file,
+    params_as,
+    play,
+    running_broker,
+    sha256_file,
+    wait_for,
+)
 
 QUEUE = "/queue/ident"
 CONN_ID = "amqs_ident_reader"
@@ -90,14 +100,14 @@ def test_only_a_parked_offer_names_a_first_sender() -> None:
 def test_a_pack_member_cannot_name_its_own_sender() -> None:
     """A pack's members are headers its sender wrote; the sender of each is the pack's stamp."""
     dest = p.Destination.parse(QUEUE)
-    member = {**p.offer_headers(p.StreamSpec("m-1", "m.bin", 10, 10), dest), "JMSXUserID": "alice",
+    member = {**p.offer_headers(p.StreamSpec("m-1", "m.bin", 10, 10), dest, sender="bob"), "JMSXUserID": "alice",
               "timestamp": "1"}
     offer = parse_visible_offer(member, dest, stamped={"JMSXUserID": "bob", "timestamp": "1795000000000"})
     assert (offer.sender, offer.offered_at) == ("bob", 1795000000000)
     unstamped = parse_visible_offer(member, dest, stamped={"message-id": "ID:1"})
     assert (unstamped.sender, unstamped.offered_at) == (None, None)
     # Nor can a member name a first sender for a pack the receiver put back.
-    claims = {**member, p.H_FIRST_SENDER: "alice"}
+    claims = {**member, p.H_FIRST_SENDER: "alice", p.H_DATA_DEST: dest.data_queue("m-1", "reader")}
     requeued = parse_visible_offer(claims, dest, stamped={"JMSXUserID": "reader"})
     assert requeued.sender == "reader"
 
@@ -190,8 +200,11 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
                         QUEUE).results
     # bob's offer claiming to be alice's, in every header a sender writes.
     dest = p.Destination.parse(QUEUE)
-    forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest)
+    forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest, sender="bob")
     _raw_send(bob, QUEUE, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice", p.H_FIRST_SENDER: "alice"})
+    # Naming alice's data queue as well makes it an invalid offer, which fires nothing.
+    _raw_send(bob, QUEUE, p.offer_headers(p.StreamSpec("bob-in-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest,
+                                          sender="alice"))
     assert sum(bw.is_pack(f.headers) for f in browse(params_as(ident_broker, None), QUEUE)) == 1, \
         "bob's files not packed"
 
@@ -201,6 +214,9 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     senders = {e["stream_id"]: e["sender"] for e in events}
     assert senders == {by_alice.stream_id: "alice", packed[0].stream_id: "bob", packed[1].stream_id: "bob",
                        "bob-as-alice": "bob"}
+    [filed] = wait_for(lambda: [f for f in browse(params_as(ident_broker, None), f"/queue/DLQ.{dest.name}")
+                                if f.headers.get(p.H_STREAM) == "bob-in-alice"], 30, "the watcher to file bob-in-alice")
+    assert "for its sender 'bob'" in filed.headers[p.H_QUARANTINE_REASON]
 
 
 def test_the_trigger_says_once_when_the_broker_stamps_no_sender(monkeypatch: pytest.MonkeyPatch,

@@ -70,9 +70,9 @@ def test_backlogs_nobody_consumes_do_not_stop_other_queues(
     heap_before = old_gen_mib(broker.running_pid() or 0)
     dest = p.Destination.parse(QUEUE)
     for sid in ("junk-1", "junk-2"):
-        _backlog(u["mallory"], dest.data_queue(sid), BACKLOG_MIB)
+        _backlog(u["mallory"], dest.data_queue(sid, "mallory"), BACKLOG_MIB)
     raw = RawSender(u["mallory"])
-    raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec("stalled", "s.bin", 10**6, 2**20), dest))
+    raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec("stalled", "s.bin", 10**6, 2**20), dest, sender="mallory"))
     raw.close()
 
     until = time.monotonic() + EXPIRY_PERIOD + 15

@@ -24,7 +24,8 @@ QUEUE = "/queue/purge.a"
 
 @pytest.fixture
 def broker_of_its_own(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    yield from running_broker(tmp_path / "broker", {"mallory": {"send": [QUEUE]}, "rx": {"receive": [QUEUE]}})
+    yield from running_broker(tmp_path / "broker", {"mallory": {"send": [QUEUE], "max_waiting": 2000},
+                                                     "rx": {"receive": [QUEUE]}})
 
 
 def test_emptied_data_queues_leave_the_broker_heap(broker_of_its_own: EmbeddedBroker) -> None:
@@ -36,7 +37,7 @@ def test_emptied_data_queues_leave_the_broker_heap(broker_of_its_own: EmbeddedBr
     u = {name: params_as(broker, name) for name in ("mallory", "rx")}
     n = 1500
     dest = p.Destination.parse(QUEUE)
-    queues = [dest.data_queue(f"done-{i:05d}") for i in range(n)]
+    queues = [dest.data_queue(f"done-{i:05d}", "mallory") for i in range(n)]
     heap_before = old_gen_mib(broker.running_pid() or 0)
     with StompLink(u["mallory"]) as link:
         for q in queues:
@@ -55,7 +56,7 @@ def test_emptied_data_queues_leave_the_broker_heap(broker_of_its_own: EmbeddedBr
 
     def purged() -> int:
         # ActiveMQ logs each destination it drops ("<name> Inactive for longer than ...").
-        return sum(".amqs.done-" in line and "Inactive for longer than" in line
+        return sum(".amqs.mallory.done-" in line and "Inactive for longer than" in line
                    for line in log.read_text(errors="replace").splitlines())
 
     wait_for(lambda: purged() >= n, 180, f"the broker to drop {n} emptied data queues", interval=2)

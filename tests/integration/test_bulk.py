@@ -94,10 +94,10 @@ def test_hostile_relative_paths_are_quarantined_and_the_next_stream_arrives(
     data = b"hostile" * 100
     spec = p.StreamSpec("hostile-1", "f.bin", len(data), 1024, p.Mode.ATOMIC)
     raw = RawSender(params)
-    raw.send(dest.data_queue(spec.stream_id), data, p.data_headers(spec, 1, data))
+    raw.send(dest.data_queue(spec.stream_id, params.user), data, p.data_headers(spec, 1, data))
     import hashlib
-    raw.send(dest.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
-    raw.send(str(dest), b"", {**p.offer_headers(spec, dest), p.H_DIR: subdir})
+    raw.send(dest.data_queue(spec.stream_id, params.user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+    raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=params.user), p.H_DIR: subdir})
     raw.close()
     good = make_file(tmp_path / "good.bin", 5000)
     send_files(params, [BatchFile(good, "ok/sub")], queue_name)

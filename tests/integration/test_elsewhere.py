@@ -73,7 +73,7 @@ def _receive_and_die(broker: EmbeddedBroker, out: Path, sid: str, chunks: int) -
 
 def _dead_letters(broker: EmbeddedBroker, sid: str) -> list[Any]:
     admin = params_as(broker, None)
-    return browse(admin, f"/queue/DLQ.{DEST.name}", 2) + browse(admin, f"/queue/DLQ.{DEST.name}.amqs.{sid}", 2)
+    return browse(admin, f"/queue/DLQ.{DEST.name}", 2) + browse(admin, f"/queue/DLQ.{DEST.name}.amqs.producer.{sid}", 2)
 
 
 def test_a_retry_elsewhere_leaves_the_chunks_and_the_first_worker_finishes(acl_broker: EmbeddedBroker,

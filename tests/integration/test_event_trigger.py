@@ -245,12 +245,12 @@ def test_hostile_offers_are_skipped_and_reported_once(broker: EmbeddedBroker, co
     """An authorized sender offers the worst values with raw stomp.py; only the good offer fires."""
     info = broker.info()
     dest = p.Destination.parse(queue_name)
-    good = p.offer_headers(p.StreamSpec("good-1", "ok.csv", 10, 10), dest)
+    good = p.offer_headers(p.StreamSpec("good-1", "ok.csv", 10, 10), dest, sender=params.user)
 
     def bad(**changes: str) -> dict[str, str]:
         h = dict(good, **changes)
         if p.H_DATA_DEST not in changes:  # keep the data queue consistent, so only the change is wrong
-            h[p.H_DATA_DEST] = f"{queue_name}.amqs.{h[p.H_STREAM]}"
+            h[p.H_DATA_DEST] = f"{queue_name}.amqs.{p.owner_element(params.user)}.{h[p.H_STREAM]}"
         return h
 
     hostile = [

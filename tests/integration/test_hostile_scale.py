@@ -59,7 +59,7 @@ def _offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str
     try:
         for i in range(n):
             spec = p.StreamSpec(f"{tag}-{i:05d}", f"{tag}.bin", size, 1024 * 1024)
-            raw.send(str(dest), b"", p.offer_headers(spec, dest))
+            raw.send(str(dest), b"", p.offer_headers(spec, dest, sender=params.user))
     finally:
         raw.close()
 
@@ -217,12 +217,13 @@ def test_what_a_receiver_holds_is_bounded_by_frames_not_by_what_senders_declare(
         zeros = bytes(frame)
         for i in range(2 * PREFETCH):  # more than the broker may hand over at once
             kind = {p.H_KIND: "pack", p.H_STREAM: f"fatpack-{i}"} if i % 2 else {
-                **p.offer_headers(p.StreamSpec(f"fat-{i}", "fat.bin", frame, frame), dest), "amqs_inline": "1"}
+                **p.offer_headers(p.StreamSpec(f"fat-{i}", "fat.bin", frame, frame), dest, sender="mallory"),
+                "amqs_inline": "1"}
             raw.send(queue, zeros, kind)
         spec = p.StreamSpec("wide-1", "wide.bin", 8 * frame, frame)
-        raw.send(queue, b"", p.offer_headers(spec, dest))
+        raw.send(queue, b"", p.offer_headers(spec, dest, sender="mallory"))
         for seq in range(1, 9):  # every chunk fails its CRC
-            raw.send(dest.data_queue("wide-1"), b"\x01" + zeros[1:], p.data_headers(spec, seq, zeros))
+            raw.send(dest.data_queue("wide-1", "mallory"), b"\x01" + zeros[1:], p.data_headers(spec, seq, zeros))
     finally:
         raw.close()
     src = make_file(tmp_path / "after-big.bin", 300_000, seed=11)
@@ -292,12 +293,12 @@ def test_a_handshake_stream_trickling_corrupt_chunks_ends_within_its_idle_timeou
     dest = p.Destination.parse(queue)
     spec = p.StreamSpec("trickle-1", "t.bin", 100_000, 1000, p.Mode.HANDSHAKE)
     raw = RawSender(u["mallory"])
-    raw.send(queue, b"", p.offer_headers(spec, dest, window=8))
+    raw.send(queue, b"", p.offer_headers(spec, dest, window=8, sender="mallory"))
     stop = threading.Event()
 
     def trickle() -> None:
         while not stop.wait(0.2):
-            raw.send(dest.data_queue(spec.stream_id), b"y" * 1000, p.data_headers(spec, 1, b"x" * 1000))
+            raw.send(dest.data_queue(spec.stream_id, "mallory"), b"y" * 1000, p.data_headers(spec, 1, b"x" * 1000))
 
     t = threading.Thread(target=trickle, daemon=True)
     t.start()

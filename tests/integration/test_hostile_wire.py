@@ -67,7 +67,7 @@ def _raw_offer(sender: BrokerParams, queue: str, **changes: str) -> None:
     dest = p.Destination.parse(queue)
     spec = p.StreamSpec("hostile-1", "f.bin", 3000, 1000)
     raw = RawSender(sender)
-    raw.send(str(dest), b"", {**p.offer_headers(spec, dest), **changes})
+    raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=sender.user), **changes})
     raw.close()
 
 
@@ -207,9 +207,9 @@ def test_a_hostile_pack_is_quarantined_whole_and_the_next_stream_arrives(
     assert browse(params, queue_name) == []
 
 
-def _member(dest: p.Destination, sid: str, name: str, data: bytes) -> tuple[dict[str, str], bytes]:
+def _member(dest: p.Destination, sid: str, name: str, data: bytes, user: str) -> tuple[dict[str, str], bytes]:
     spec = p.StreamSpec(sid, name, len(data), 4096, p.Mode.ATOMIC)
-    return bw.inline_offer(spec, dest, data, hashlib.sha256(data).hexdigest())
+    return bw.inline_offer(spec, dest, data, hashlib.sha256(data).hexdigest(), sender=user)
 
 
 @pytest.mark.parametrize("case", ["sha-mismatch", "zstd-bomb", "data-queue-elsewhere", "dotdot-name", "same-id"])
@@ -221,7 +221,7 @@ def test_a_bad_member_fails_alone_and_its_pack_mates_arrive(
     stream arrives."""
     dest = p.Destination.parse(queue_name)
     data = [make_file(tmp_path / f"m{i}.bin", 2000 + i, seed=i).read_bytes() for i in range(3)]
-    members = [_member(dest, f"pm-{case}-{i}", f"m{i}.bin", d) for i, d in enumerate(data)]
+    members = [_member(dest, f"pm-{case}-{i}", f"m{i}.bin", d, sender.user) for i, d in enumerate(data)]
     h, w = members[1]
     if case == "sha-mismatch":
         members[1] = ({**h, p.H_SHA256: "0" * 64}, w)
@@ -230,7 +230,7 @@ def test_a_bad_member_fails_alone_and_its_pack_mates_arrive(
     elif case == "data-queue-elsewhere":
         members[1] = ({**h, p.H_DATA_DEST: "/queue/rt.other.amqs.x"}, w)
     elif case == "dotdot-name":
-        members[1] = _member(dest, f"pm-{case}-1", "..", data[1])
+        members[1] = _member(dest, f"pm-{case}-1", "..", data[1], sender.user)
     else:
         members[1] = members[0]
     raw = RawSender(sender)

@@ -30,22 +30,22 @@ def _spec(size: int = len(BODY), chunk: int = 4096, mode: p.Mode = p.Mode.ATOMIC
 
 @pytest.mark.parametrize("codec", [None, p.ChunkCodec("zstd")])
 def test_an_inline_offer_carries_the_file_and_is_read_back_exactly(codec: p.ChunkCodec | None) -> None:
-    headers, wire = bw.inline_offer(_spec(), DEST, BODY, SHA, codec=codec)
+    headers, wire = bw.inline_offer(_spec(), DEST, BODY, SHA, sender="ann", codec=codec)
     assert bw.is_inline(headers) and (len(wire) < len(BODY)) == (codec is not None)
-    spec, _ = p.parse_offer(headers, DEST)
+    spec, _ = p.parse_offer(headers, DEST, sender="ann")
     assert bw.read_inline(headers, wire, spec) == BODY
     empty = p.StreamSpec("in-0", "empty", 0, 4096)
-    h0, w0 = bw.inline_offer(empty, DEST, b"", hashlib.sha256(b"").hexdigest())
+    h0, w0 = bw.inline_offer(empty, DEST, b"", hashlib.sha256(b"").hexdigest(), sender="ann")
     assert bw.read_inline(h0, w0, empty) == b""
 
 
 def test_only_one_chunk_outside_handshake_mode_travels_inline() -> None:
     with pytest.raises(p.ProtocolError, match="one chunk"):
-        bw.inline_offer(_spec(chunk=1000), DEST, BODY, SHA)
+        bw.inline_offer(_spec(chunk=1000), DEST, BODY, SHA, sender="ann")
     with pytest.raises(p.ProtocolError, match="one chunk"):
-        bw.inline_offer(_spec(mode=p.Mode.HANDSHAKE), DEST, BODY, SHA)
+        bw.inline_offer(_spec(mode=p.Mode.HANDSHAKE), DEST, BODY, SHA, sender="ann")
     with pytest.raises(p.ProtocolError, match="did the file change"):
-        bw.inline_offer(_spec(), DEST, BODY[:-1], SHA)
+        bw.inline_offer(_spec(), DEST, BODY[:-1], SHA, sender="ann")
 
 
 def _bomb() -> bytes:
@@ -71,9 +71,9 @@ HOSTILE: dict[str, Any] = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_inline_offers_are_refused(case: str) -> None:
-    headers, wire = HOSTILE[case](*bw.inline_offer(_spec(), DEST, BODY, SHA))
+    headers, wire = HOSTILE[case](*bw.inline_offer(_spec(), DEST, BODY, SHA, sender="ann"))
     with pytest.raises(p.ProtocolError):
-        spec, _ = p.parse_offer(headers, DEST)
+        spec, _ = p.parse_offer(headers, DEST, sender="ann")
         bw.read_inline(headers, wire, spec)
 
 
@@ -84,7 +84,7 @@ def test_a_hostile_inline_offer_is_quarantined_and_the_next_files_arrive(
     dest = p.Destination.parse(queue_name)
     sid = f"hx-{case}"
     spec = p.StreamSpec(sid, "bad.bin", len(BODY), 4096, p.Mode.ATOMIC)
-    headers, wire = HOSTILE[case](*bw.inline_offer(spec, dest, BODY, SHA))
+    headers, wire = HOSTILE[case](*bw.inline_offer(spec, dest, BODY, SHA, sender=params.user))
     if case == "handshake":
         headers[p.H_REPLY_TO] = dest.control_queue(sid)
     raw = RawSender(params)

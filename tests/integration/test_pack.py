@@ -33,7 +33,7 @@ def _members(n: int = 3, codec: p.ChunkCodec | None = None) -> list[tuple[dict[s
     for i in range(n):
         data = hashlib.sha256(str(i).encode()).digest() * (10 * i)  # the first one is empty
         spec = p.StreamSpec(f"m_{i}", f"f{i}.csv", len(data), 4096, p.Mode.ATOMIC)
-        headers, wire = bw.inline_offer(spec, DEST, data, hashlib.sha256(data).hexdigest(), codec=codec,
+        headers, wire = bw.inline_offer(spec, DEST, data, hashlib.sha256(data).hexdigest(), sender="ann", codec=codec,
                                        subdir="a/b" if i == 1 else "")
         out.append((headers, wire, data))
     return out
@@ -52,7 +52,7 @@ def test_a_pack_carries_each_member_exactly(codec: p.ChunkCodec | None) -> None:
     assert [h[p.H_STREAM] for h, _ in got] == ["m_0", "m_1", "m_2"]
     for (mh, mw), (_, _, data) in zip(got, members, strict=True):
         assert p.H_GROUP_ID not in mh, "a JMS property inside a pack means nothing"
-        spec, _ = p.parse_offer(mh, DEST)
+        spec, _ = p.parse_offer(mh, DEST, sender="ann")
         assert bw.read_inline(mh, mw, spec) == data
     assert paths.safe_subdir(got[1][0].get(p.H_DIR), "m_1") == ("a", "b")
 

@@ -198,7 +198,7 @@ def test_a_reused_stream_id_is_refused_loudly_and_a_repeat_is_a_duplicate(
     again = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert again is not None and again.status == "duplicate" and again.bytes_transferred == 0
     assert sorted(x.name for x in out.iterdir()) == [".amqstream", "report.csv"]
-    assert browse(params, p.Destination.parse(queue_name).data_queue("daily-report")) == []
+    assert browse(params, p.Destination.parse(queue_name).data_queue("daily-report", params.user)) == []
 
 
 def test_already_sent_is_per_broker_and_proves_the_credentials(

@@ -51,7 +51,8 @@ def test_atomic_mode_hides_stream_until_complete(params: BrokerParams, tmp_path:
         data = src.read_bytes()
         for seq in (1, 2):
             off, n = spec.chunk_span(seq)
-            link.send(dest.data_queue("atomic-1"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
+            link.send(dest.data_queue("atomic-1", params.user), data[off:off + n],
+                      p.data_headers(spec, seq, data[off:off + n]))
         link.round_trip()
     assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=2)) is None
     # Its retry finishes and only then offers it; the receiver gets it whole.
@@ -167,7 +168,7 @@ def test_compressed_csv_round_trip(params: BrokerParams, tmp_path: Path, queue_n
     src = write_sample_csv(tmp_path / "sales.csv", rows=60_000)
     sent = send_file(params, src, queue_name, compression="zstd", chunk_size=256 * 1024)
     # Compressed on the wire, not silently sent as it is: the chunks say zstd and are smaller.
-    chunks = browse(params, p.Destination.parse(queue_name).data_queue(sent.stream_id))
+    chunks = browse(params, p.Destination.parse(queue_name).data_queue(sent.stream_id, params.user))
     assert chunks and all(c.headers.get(p.H_ENCODING) == "zstd" for c in chunks if c.headers.get(p.H_KIND) == "data")
     assert sum(len(c.body) for c in chunks) < 0.6 * min(src.stat().st_size, len(chunks) * 256 * 1024)
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
@@ -194,7 +195,7 @@ def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: P
     assert "leftovers_cleared:3" in events
     dest = p.Destination.parse(queue_name)
     with StompLink(params) as link:
-        for q in (queue_name, dest.data_queue("rep-1")):
+        for q in (queue_name, dest.data_queue("rep-1", params.user)):
             link._live().subscribe(q, id=q, ack="auto", headers={"browser": "true"})
             frame = link.get(10)
             assert frame is not None and frame.headers.get("browser") == "end", f"{q} is not empty"

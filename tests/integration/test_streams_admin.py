@@ -186,9 +186,10 @@ def test_show_one_stream_both_sides(scene: Scene, uri: str, params: BrokerParams
     assert code == 3 and "nothing known about it" in text, (code, text, err)
 
 
-def _queues_of(q: str, sid: str) -> list[str]:
+def _queues_of(q: str, sid: str, sender: str) -> list[str]:
     dest = p.Destination.parse(q)
-    return [dest.data_queue(sid), inv.dlq_data_queue(dest, sid), inv.staging_queue(dest, sid)]
+    data_q = dest.data_queue(sid, sender)
+    return [data_q, inv.dlq_data_queue(data_q), inv.staging_queue(dest, sid)]
 
 
 def test_redrive_after_max_bytes_then_the_stream_arrives_byte_exact(scene: Scene, uri: str, params: BrokerParams,
@@ -210,7 +211,7 @@ def test_redrive_after_max_bytes_then_the_stream_arrives_byte_exact(scene: Scene
                          options=ReceiveOptions(wait_timeout=10, max_bytes=10 * CHUNK))
     assert got is not None and Path(got.path).read_bytes() == scene.data["big-1"]
     assert got.sender == params.login
-    for queue in _queues_of(scene.queue, "big-1"):
+    for queue in _queues_of(scene.queue, "big-1", params.user):
         assert not browse(params, queue), queue
 
 
@@ -226,8 +227,9 @@ def test_redrive_refuses_what_can_never_arrive(scene: Scene, uri: str, params: B
     assert code == 1 and "chunks 4-5 of 5 are missing" in err and "end marker is missing" in err, err
     assert not [f for f in browse(params, scene.queue) if f.headers.get(p.H_STREAM) == "cut-1"]
     assert [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "cut-1"]
-    assert not browse(params, dest.data_queue("cut-1")) and not browse(params, inv.staging_queue(dest, "cut-1"))
-    kept = browse(params, inv.dlq_data_queue(dest, "cut-1"))
+    assert not browse(params, dest.data_queue("cut-1", params.user)) and not browse(params,
+                                                                                   inv.staging_queue(dest, "cut-1"))
+    kept = browse(params, inv.dlq_data_queue(dest.data_queue("cut-1", params.user)))
     assert sorted(int(f.headers[p.H_SEQ]) for f in kept) == [1, 2, 3]
     assert all(f.headers[inv.H_REDRIVE_SENDER] == params.login for f in kept)
 
@@ -245,9 +247,11 @@ def test_discard_leaves_nothing_behind(scene: Scene, uri: str, params: BrokerPar
     code, out, err = _run("streams", "discard", "bad-1", "--yes", "--conn", uri, "--from", scene.queue, "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["removed"] == {f"/queue/DLQ.{dest.name}": 1, inv.dlq_data_queue(dest, "bad-1"): 4}, res
+    bad_dlq = inv.dlq_data_queue(dest.data_queue("bad-1", params.user))
+    assert res["removed"] == {f"/queue/DLQ.{dest.name}": 1, bad_dlq: 4}, res
     assert res["broker_bytes"] == 3 * CHUNK and res["bytes_freed"] == 3 * CHUNK
-    for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}", *_queues_of(scene.queue, "bad-1")):
+    for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}",
+                  *_queues_of(scene.queue, "bad-1", params.user)):
         assert not [f for f in browse(params, queue) if f.headers.get(p.H_STREAM) == "bad-1"], queue
 
 
@@ -257,7 +261,8 @@ def test_discard_a_parked_stream_and_its_partial_data(scene: Scene, uri: str, pa
                            "--out-dir", str(scene.out))
     assert code == 0, err
     assert "discarded stream parked-1" in text and "freed" in text, text
-    for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}", *_queues_of(scene.queue, "parked-1")):
+    for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}",
+                  *_queues_of(scene.queue, "parked-1", params.user)):
         assert not [f for f in browse(params, queue) if f.headers.get(p.H_STREAM) == "parked-1"], queue
     assert not list((scene.out / ".amqstream").glob("parked-1.*"))
     # The others are untouched.
@@ -273,7 +278,8 @@ def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams
     raw = RawSender(params)
     for n in range(20):
         spec = _spec(f"deep-{n}", 10)
-        raw.send(qq, b"", {**p.offer_headers(spec, dest), p.H_QUARANTINE_REASON: "chunk 1 failed its CRC-32 check",
+        raw.send(qq, b"", {**p.offer_headers(spec, dest, sender=params.user),
+                           p.H_QUARANTINE_REASON: "chunk 1 failed its CRC-32 check",
                            p.H_QUARANTINED_FROM: str(dest), p.H_QUARANTINED_BY: "host-x",
                            p.H_QUARANTINED_AT: f"2026-11-25T10:00:{n:02d}+00:00"})
     raw.close()
@@ -326,7 +332,7 @@ def test_users_without_the_rights_are_refused_clearly(acl_broker: EmbeddedBroker
     code, _, err = _run("streams", "discard", "s-1", "--yes", "--conn", consumer, "--from", "/queue/landing")
     assert code == 1 and "refused user consumer" in err, err
     assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(p.H_STREAM) == "s-1"]
-    assert len(browse(admin, "/queue/landing.amqs.s-1")) == 4
+    assert len(browse(admin, p.Destination.parse("/queue/landing").data_queue("s-1", admin.user))) == 4
     # A sender may look at nothing of the kind.
     producer = acl_broker.info(user="producer").uri
     code, out, err = _run("streams", "ls", "--conn", producer, "--from", "/queue/landing", "--json")

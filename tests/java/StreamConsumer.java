@@ -27,6 +27,27 @@ public class StreamConsumer {
         System.exit(0);
     }
 
+    /** A user name as one element of a data queue's name (protocol.md, "Destinations"). */
+    static String ownerElement(String user) {
+        if (user.isEmpty()) return "_";
+        StringBuilder out = new StringBuilder();
+        for (byte b : user.getBytes(java.nio.charset.StandardCharsets.UTF_8)) {
+            char c = (char) (b & 0xff);
+            boolean plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+            out.append(plain ? String.valueOf(c) : String.format("_%02x", b & 0xff));
+        }
+        if (out.length() <= 64) return out.toString();
+        try {
+            byte[] digest = java.security.MessageDigest.getInstance("SHA-256")
+                    .digest(user.getBytes(java.nio.charset.StandardCharsets.UTF_8));
+            StringBuilder hex = new StringBuilder("_h");
+            for (int i = 0; i < 20; i++) hex.append(String.format("%02x", digest[i] & 0xff));
+            return hex.toString();
+        } catch (java.security.NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
     static void consume(String[] args) throws Exception {
         String url = args[0], user = args[1], password = args[2], queue = args[3], out = args[4];
         Connection connection = new ActiveMQConnectionFactory(user, password, url).createConnection();
@@ -38,6 +59,12 @@ public class StreamConsumer {
             if (offer == null) throw new IllegalStateException("no stream offered on " + queue + " in 60s");
             String streamId = offer.getStringProperty("amqs_stream");
             String dataQueue = offer.getStringProperty("amqs_data_dest").replaceFirst("^/queue/", "");
+            // The queue the broker's stamp implies, never one the offer chooses (protocol.md, "Destinations").
+            String stamp = offer.getStringProperty("JMSXUserID");
+            if (stamp != null && !dataQueue.equals(queue + ".amqs." + ownerElement(stamp) + "." + streamId)) {
+                throw new IllegalStateException("stream " + streamId + ": data queue " + dataQueue
+                        + " is not its sender's (" + stamp + ")");
+            }
             long size = Long.parseLong(offer.getStringProperty("amqs_size"));
             long chunkSize = Long.parseLong(offer.getStringProperty("amqs_chunk_size"));
             String sha = null;

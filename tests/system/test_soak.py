@@ -66,9 +66,10 @@ def _hostile_streams(params: BrokerParams, tmp_path: Path) -> tuple[list[str], l
     dest = p.Destination.parse(QUEUE)
     raw = RawSender(params)
     for i in range(STALLED):
-        raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"stalled-{i}", "s.bin", 10**6, 2**20), dest))
+        raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"stalled-{i}", "s.bin", 10**6, 2**20), dest,
+                                                 sender=params.user))
     for i in range(TOO_LARGE):
-        raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "t.bin", 2**40, 2**20), dest))
+        raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "t.bin", 2**40, 2**20), dest, sender=params.user))
     raw.close()
     return poisoned, abandoned
 
@@ -256,7 +257,7 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
         heap_after = wait_for(heap_back, 180, "the broker's old generation to come back once the last minute's data "
                               "queues are purged", interval=10)
         dest = p.Destination.parse(QUEUE)
-        leftovers = [f.stem for f in files if not _browse_empty(params, dest.data_queue(f.stem))]
+        leftovers = [f.stem for f in files if not _browse_empty(params, dest.data_queue(f.stem, params.user))]
         assert not leftovers, f"chunks left in the broker for {leftovers[:5]}"
         filed = browse(params, "/queue/DLQ.soak")
         assert sorted(f.headers[p.H_STREAM] for f in filed) == poisoned

@@ -189,14 +189,15 @@ def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.
     spec = p.StreamSpec("live-1", "live.bin", len(data), LIVE_CHUNK)
     dest = p.Destination.parse(queue)
     raw = RawSender(params)
-    raw.send(str(dest), b"", p.offer_headers(spec, dest))
+    raw.send(str(dest), b"", p.offer_headers(spec, dest, sender=params.user))
     for seq in range(1, spec.chunks + 1):
         if stop.is_set():  # the test failed: no need to go on
             break
         looked.wait(0.25)  # pacing, not synchronisation: the stream must be in progress while looked at
         off, n = spec.chunk_span(seq)
-        raw.send(dest.data_queue("live-1"), data[off:off + n], p.data_headers(spec, seq, data[off:off + n]))
-    raw.send(dest.data_queue("live-1"), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+        raw.send(dest.data_queue("live-1", params.user), data[off:off + n],
+                 p.data_headers(spec, seq, data[off:off + n]))
+    raw.send(dest.data_queue("live-1", params.user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
     raw.close()
 
 
@@ -281,4 +282,4 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
     assert res is not None and Path(res.path).read_bytes() == scene.data["big-1"] and res.sender == params.login
     dest = p.Destination.parse(scene.queue)
     assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "bad-1"]
-    assert not browse(params, inv.dlq_data_queue(dest, "bad-1"))
+    assert not browse(params, inv.dlq_data_queue(dest.data_queue("bad-1", params.user)))

@@ -77,10 +77,10 @@ def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination,
         pack member's (which its sender wrote): who sent it and when come from these only.
     :param parked: it was seen in the destination's parked queue (its first sender is named).
     """
-    spec, _ = p.parse_offer(headers, dest)
     stamped = headers if stamped is None else stamped
     # The broker's stamp, never an amqs_* header: those are whatever the sender wrote.
     sender = p.sender_of(stamped, parked=parked) or None
+    spec, _ = p.parse_offer(headers, dest, sender=sender or "")
     raw_ts = str(stamped.get("timestamp", ""))
     offered_at = int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
     return Offer(spec.stream_id, spec.name, spec.size, spec.chunks, spec.mode.value, str(dest), sender, offered_at)
@@ -229,7 +229,8 @@ class OfferBrowser:
                 reason = found.reason if found else "not a valid offer"
                 link.send_confirmed(self.quarantine, b"", p.quarantined_headers(
                     frame.headers, reason=f"invalid offer (seen by a watcher): {reason}", source=str(self.dest),
-                    by=socket.gethostname(), at=datetime.now(timezone.utc).isoformat(timespec="seconds")))
+                    by=socket.gethostname(), at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    sender=p.sender_of(frame.headers)))
                 link.ack(frame)
                 self.quarantined += 1
                 self._say_quarantined(str(frame.headers.get("message-id", "?")), reason)

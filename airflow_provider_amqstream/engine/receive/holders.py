@@ -135,10 +135,11 @@ def release(link: Link, dest: p.Destination, stream_id: str, *, only: Holder | N
 
 
 def elsewhere_report(what: str, dest: p.Destination, stream_id: str, out: Path, others: list[Holder], *,
-                     missing: str = "", kept: str = "") -> str:
+                     data_q: str, missing: str = "", kept: str = "") -> str:
     """Why a receiver without some of a stream's chunks gives way, where those chunks are
     and how to finish: receive where they are, or (if they are lost) send the file again.
 
+    :param data_q: the stream's data queue.
     :param missing: the chunks it lacks, when it knows (after the end marker).
     :param kept: what this directory keeps (empty: nothing, the chunks stay on the broker).
     """
@@ -150,7 +151,7 @@ def elsewhere_report(what: str, dest: p.Destination, stream_id: str, out: Path, 
                 f"again, `amqstream send PATH --to {dest} --stream-id {stream_id} --restart`: a receiver on this "
                 "directory, or on that one, then takes only what it lacks.")
     else:
-        here = (f"Its remaining chunks stay on {dest.data_queue(stream_id)} for that receiver, and the stream yields "
+        here = (f"Its remaining chunks stay on {data_q} for that receiver, and the stream yields "
                 f"its place here. To finish it, receive into that directory (on {first.host}: `amqstream receive "
                 f"--from {dest} --out-dir {first.out_dir} --stream-id {stream_id}`; in Airflow, share the output "
                 "directory between workers or run the receiving task on that worker's queue: README, \"Many "

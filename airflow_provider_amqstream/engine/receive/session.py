@@ -331,14 +331,14 @@ class ReceiveSession:
             return None
         if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
             return self.take_inline([offer])[0]
+        sender = self.offers.sender(offer)
         try:
-            spec, data_q = p.parse_offer(offer.headers, self.dest)
+            spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
             terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
         except p.ProtocolError as exc:
             return self._quarantine(offer, sid, f"invalid offer: {exc}")
         origin = p.offer_origin(offer.headers)
-        sender = self.offers.sender(offer)
         settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
         if settled is not None:
             return settled
@@ -484,7 +484,7 @@ class ReceiveSession:
         """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
         sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
         try:
-            spec, data_q = p.parse_offer(offer.headers, self.dest)
+            spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
         except p.ProtocolError as exc:
             return self._quarantine(offer, sid, f"invalid offer: {exc}")
         origin = p.offer_origin(offer.headers)
@@ -631,7 +631,8 @@ class ReceiveSession:
         elsewhere, and was parked for ever instead)."""
         qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
         headers = p.quarantined_headers(offer.headers, reason=reason, source=str(self.dest), by=socket.gethostname(),
-                                        at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                                        at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                        sender=self.offers.sender(inline.message_of(offer)))
         note = self._filed_note(sid)
         mid = str(offer.headers.get("message-id", ""))
         if not filed:
@@ -693,7 +694,7 @@ class ReceiveSession:
             # looks for this mark and drains; we mark first and look again, so one of us does.
             write_json(self.sdir / f"{sid}.reoffered", {"at": time.time()})
         if published():
-            drained = drain_queue(self.link, self.dest.data_queue(sid), ack=True)
+            drained = drain_queue(self.link, self.dest.data_queue(sid, self.offers.sender(offer)), ack=True)
             self.opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
             (self.sdir / f"{sid}.reoffered").unlink(missing_ok=True)
         self.link.ack(offer)

@@ -230,7 +230,8 @@ class StreamReceiver:
             others = self._look_for_holders()
             if others and not os.path.lexists(self.file.part):
                 # Its first chunks are on another disk: leave the rest on the broker for them.
-                raise StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others))
+                raise StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others,
+                                                               data_q=self.data_q))
             self.file.open(min_free)
             self._note_holding()
             resumed_from = self.file.state.contiguous_bytes
@@ -458,7 +459,7 @@ class StreamReceiver:
         kept = f"{have} of its {spec.chunks} chunks ({state.received_bytes} bytes) in {self.file.part}"
         if others:
             return StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others,
-                                                            missing=missing, kept=kept))
+                                                            data_q=self.data_q, missing=missing, kept=kept))
         if self.notes and state.next_seq == 1 and state.ahead:
             return StreamElsewhere(holders.unknown_report(self.what, self.dest, spec.stream_id, missing, kept))
         return Poisoned(f"end marker arrived but {missing} never did (consumed by another client or moved to a "

@@ -526,7 +526,7 @@ class _Ctx:
         when the next file cannot join it."""
         e = todo[0]
         try:
-            headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params.url)
+            headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
         except (OSError, StreamError, p.ProtocolError) as exc:
             todo.popleft()
             fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
@@ -559,15 +559,15 @@ class _Ctx:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
         file sent before it (the returned receipt id; else None)."""
         if self._one_chunk(e):  # the file rides in its offer (one message, no data queue)
-            headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params.url)
+            headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
             rid = link.send(str(self.dest), wire, headers, receipt=seal)
         else:
             started = time.time()
             spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
             origin = stream_origin(e.identity, self.dest)
             sha = send_chunks(link, e, self.dest, spec, self.codec)
-            rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, origin=origin, subdir=e.subdir),
-                            receipt=seal)
+            rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, sender=self.params.user,
+                                                                 origin=origin, subdir=e.subdir), receipt=seal)
             res = pending_result(e, self.dest, spec, sha, origin=origin, broker=self.params.url, started=started)
         if seal and rid is None:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")

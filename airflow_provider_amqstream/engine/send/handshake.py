@@ -79,7 +79,7 @@ class _HandshakeAttempt:
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
         if out.dest.kind == "topic" or not out.state.offer_sent:
             link.send_confirmed(str(out.dest), b"", p.offer_headers(self.spec, out.dest, out.window,
-                                                                     origin=out.origin))
+                                                                     sender=out.params.user, origin=out.origin))
             out.state.offer_sent = True
             out.save()
 
@@ -136,7 +136,7 @@ class _HandshakeAttempt:
 
     def _send_next(self, reader: ChunkReader) -> bool:
         """Send the next chunk or the end marker a receiver needs; False if none is due."""
-        spec, data_q = self.spec, self.out.dest.data_queue(self.sid)
+        spec, data_q = self.spec, self.out.dest.data_queue(self.sid, self.out.params.user)
         try:
             seq = self.hs.next_chunk()
         except p.ProtocolError as exc:

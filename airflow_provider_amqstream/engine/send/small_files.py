@@ -19,6 +19,7 @@ from airflow_provider_amqstream.exceptions import StreamError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 # A pack's files, their wire bytes and its index (see bulk_wire.pack_message). A pack asks
 # for its own receipt, so these also bound what one receipt confirms. The bytes stay at a
@@ -59,8 +60,9 @@ def pending_result(e: Outgoing, dest: p.Destination, spec: p.StreamSpec, sha256:
 
 
 def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCodec,
-                  broker: str) -> tuple[dict[str, str], bytes, TransferResult]:
-    """A file of one chunk or less read, hashed and encoded as its inline offer."""
+                  params: BrokerParams) -> tuple[dict[str, str], bytes, TransferResult]:
+    """A file of one chunk or less read, hashed and encoded as its inline offer (sent as
+    ``params.login``, to ``params.url``)."""
     started = time.time()
     spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, p.Mode.ATOMIC)
     origin = stream_origin(e.identity, dest)
@@ -69,13 +71,14 @@ def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCo
     if len(body) != e.size:
         raise changed(e)
     sha = hashlib.sha256(body).hexdigest()
-    headers, wire = bw.inline_offer(spec, dest, body, sha, codec=codec, origin=origin, subdir=e.subdir)
-    return headers, wire, pending_result(e, dest, spec, sha, origin=origin, broker=broker, started=started)
+    headers, wire = bw.inline_offer(spec, dest, body, sha, sender=params.user, codec=codec, origin=origin,
+                                   subdir=e.subdir)
+    return headers, wire, pending_result(e, dest, spec, sha, origin=origin, broker=params.url, started=started)
 
 
 def send_chunks(link: Link, e: Outgoing, dest: p.Destination, spec: p.StreamSpec, codec: p.ChunkCodec) -> str:
     """A file of a few chunks: its chunks and end marker (its offer follows); returns its SHA-256."""
-    data_q = dest.data_queue(e.stream_id)
+    data_q = dest.data_queue(e.stream_id, link.params.user)
     hasher = hashlib.sha256()
     with open(e.src, "rb") as fh:
         reader = ChunkReader(fh, spec, codec, hasher)

@@ -121,7 +121,7 @@ def send_file(  # noqa: PLR0913
     default_chunk = state.spec.chunk_size if state is not None else None
     chunk_size = _first(chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
     spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, kind)
-    extra = {"broker": params.url, "login": params.login or ""}
+    extra = {"broker": params.url, "login": params.user}
     state = _resume_state(state, spec, dest, identity, ckpt, extra)
     resumed_from = state.confirmed_offset
     if state.done:
@@ -294,7 +294,7 @@ def id_key(params: BrokerParams) -> bytes:
 
     :param params: the sender's connection settings.
     """
-    return _derive_id_key(params.login or "", params.password) if params.password else b""
+    return _derive_id_key(params.user, params.password) if params.password else b""
 
 
 def _first(*values: int | None) -> int:
@@ -316,11 +316,12 @@ class _Attempt:
         self.params, self.src, self.dest, self.state, self.save = out.params, out.src, out.dest, out.state, out.save
         self.window, self.progress, self.codec, self.origin = out.window, out.progress, out.codec, out.origin
         self.subdir = out.subdir
-        self.data_q = out.dest.data_queue(out.state.spec.stream_id)
+        self.data_q = out.dest.data_queue(out.state.spec.stream_id, out.params.user)
         self.sent = 0
 
     def _offer(self, **kw: Any) -> dict[str, str]:
-        return p.offer_headers(self.state.spec, self.dest, origin=self.origin, subdir=self.subdir, **kw)
+        return p.offer_headers(self.state.spec, self.dest, sender=self.params.user, origin=self.origin,
+                               subdir=self.subdir, **kw)
 
     def run(self, shared: Link | None = None) -> None:
         """One connected attempt (over ``shared`` if given); adds the bytes it sent to ``self.sent``."""

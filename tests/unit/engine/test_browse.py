@@ -19,7 +19,7 @@ DEST = p.Destination.parse(Q)
 
 def offer(broker: MemoryBroker, user: str, stream_id: str) -> None:
     with open_link(broker.params(user)) as link:
-        link.send(Q, b"", p.offer_headers(p.StreamSpec(stream_id, f"{stream_id}.bin", 10, 10), DEST))
+        link.send(Q, b"", p.offer_headers(p.StreamSpec(stream_id, f"{stream_id}.bin", 10, 10), DEST, sender=user))
 
 
 def test_junk_is_quarantined_and_offers_are_reported(broker: MemoryBroker) -> None:
@@ -51,7 +51,8 @@ def test_batch_messages_and_reoffers_are_left_alone(broker: MemoryBroker) -> Non
     with open_link(broker.params("alice")) as link:
         for headers, body in bw.batch_messages("b-1", [entry]):
             link.send(Q, body, headers)
-        link.send(Q, b"", {**p.offer_headers(p.StreamSpec("again", "again.bin", 10, 10), DEST), p.H_REOFFER: "1"})
+        again = p.offer_headers(p.StreamSpec("again", "again.bin", 10, 10), DEST, sender="alice")
+        link.send(Q, b"", {**again, p.H_REOFFER: "1"})
     browser = OfferBrowser(broker.params("receiver"), Q)
     try:
         assert browser.look() == []

@@ -67,7 +67,7 @@ def test_a_retry_elsewhere_leaves_the_rest_for_the_first_receiver_and_says_where
     [note] = broker.messages(DEST.held_queue("moved-1"))
     assert note[0][p.H_HELD_DIR] == str(worker1.resolve()) and note[0][p.H_HELD_HOST] == socket.gethostname()
     _send(broker, spec, data, range(13, CHUNKS + 1), offer=False, end=True)  # the sender finishes
-    waiting = len(broker.messages(DEST.data_queue("moved-1")))
+    waiting = len(broker.messages(DEST.data_queue("moved-1", "site-a")))
 
     # The retry, on another worker's disk: it takes no chunk, says where the first bytes are.
     with pytest.raises(StreamElsewhere) as err:
@@ -79,7 +79,7 @@ def test_a_retry_elsewhere_leaves_the_rest_for_the_first_receiver_and_says_where
     assert f"amqstream send PATH --to {Q} --stream-id moved-1 --restart" in text, text
     assert f"amqstream streams discard moved-1 --from {Q} --yes" in text, text
     assert err.value.failure is not None and err.value.failure.status == "elsewhere"
-    assert len(broker.messages(DEST.data_queue("moved-1"))) == waiting > CHUNKS - 12, "chunks were taken"
+    assert len(broker.messages(DEST.data_queue("moved-1", "site-a"))) == waiting > CHUNKS - 12, "chunks were taken"
     assert not broker.messages("/queue/DLQ.landing.amqs.moved-1") and not broker.messages("/queue/DLQ.landing")
     assert not (worker2 / ".amqstream" / "moved-1.part").exists()
     assert len(broker.messages(DEST.held_queue("moved-1"))) == 1  # the first receiver's note stays
@@ -89,7 +89,7 @@ def test_a_retry_elsewhere_leaves_the_rest_for_the_first_receiver_and_says_where
     assert got is not None and got.resumed_from >= 4 * CHUNK
     assert Path(got.path or "").read_bytes() == data
     assert broker.messages(DEST.held_queue("moved-1")) == [], "the published stream's note was left behind"
-    assert broker.messages(DEST.data_queue("moved-1")) == []
+    assert broker.messages(DEST.data_queue("moved-1", "site-a")) == []
 
 
 def test_a_shared_directory_resumes_on_the_other_worker(broker: MemoryBroker, tmp_path: Path) -> None:
@@ -137,7 +137,8 @@ def test_the_report_of_a_directory_holding_part_names_the_other_holder_and_what_
     worker1, worker2 = tmp_path / "worker1", tmp_path / "worker2"
     other = holders.Holder("h1", str(worker1), str(worker1 / ".amqstream" / "split-1.part"), since=1.7e9)
     text = holders.elsewhere_report("stream split-1", DEST, "split-1", worker2, [other],
-                                    missing="chunks 1-8 (bytes 0-7999)", kept="32 of its 40 chunks")
+                                    data_q=DEST.data_queue("split-1", "site-a"), missing="chunks 1-8 (bytes 0-7999)",
+                                    kept="32 of its 40 chunks")
     assert "another receiver took chunks 1-8 (bytes 0-7999)" in text and f"not this directory ({worker2})" in text
     assert f"host h1, directory {worker1} (partial file {other.part}, since 2023-11-14" in text, text
     assert "This directory keeps 32 of its 40 chunks" in text and f"--to {Q} --stream-id split-1 --restart" in text

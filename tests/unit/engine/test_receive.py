@@ -61,7 +61,7 @@ def test_chunks_out_of_order_and_repeated_arrive_byte_exact(broker: MemoryBroker
     got = receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
     assert got is not None and (tmp_path / "out" / "mixed.bin").read_bytes() == data
     assert got.duplicates == 10 and got.sender == "alice"
-    assert broker.messages(DEST.data_queue("mixed-1")) == []
+    assert broker.messages(DEST.data_queue("mixed-1", "alice")) == []
 
 
 def test_a_missing_chunk_quarantines_the_stream_naming_the_range(broker: MemoryBroker, tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_a_receiver_killed_while_quarantining_leaves_the_stream_filed_once(
         receive_all(broker, tmp_path / "out")
     monkeypatch.setattr(StreamReceiver, "abandon", abandon)
     assert [h[p.H_STREAM] for h, _ in broker.messages(Q)] == ["bad-2"], "the offer came back"
-    assert broker.messages(DEST.data_queue("bad-2")) == [], "its chunks are gone"
+    assert broker.messages(DEST.data_queue("bad-2", "alice")) == [], "its chunks are gone"
 
     got, failures = receive_all(broker, tmp_path / "out")
     assert got == [] and [(f.stream_id, f.status) for f in failures] == [("bad-2", "quarantined")]
@@ -131,7 +131,7 @@ def test_offers_too_large_and_junk_ahead_do_not_hold_up_a_good_stream(broker: Me
     is settled once (parked or quarantined), none is taken twice, and no list grows."""
     with open_link(broker.params("mallory")) as link:
         for i in range(n):
-            link.send(Q, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "x.bin", 2**40, 2**20), DEST))
+            link.send(Q, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "x.bin", 2**40, 2**20), DEST, sender="mallory"))
             link.send(Q, b"junk", {p.H_STREAM: f"junk-{i}"})
     good = os.urandom(2000)
     play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(good), 1000), good, [1, 2])
@@ -202,7 +202,7 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
     naming the destination."""
     data = os.urandom(3000)
     with open_link(broker.params("mallory")) as link:
-        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-3", "gone.bin", 10**6, 2**20), DEST))
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-3", "gone.bin", 10**6, 2**20), DEST, sender="mallory"))
     play(broker, "alice", p.StreamSpec("good-3", "good.bin", len(data), 1000), data, [1, 2, 3])
     broker.refuse(DEST.parked_queue(), 2)
     got, failures = receive_all(broker, tmp_path / "out", wait_timeout=1)
@@ -211,7 +211,7 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
     assert [h[p.H_STREAM] for h, _ in broker.messages(DEST.parked_queue())] == ["gone-3"]
 
     with open_link(broker.params("mallory")) as link:
-        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-4", "gone.bin", 10**6, 2**20), DEST))
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-4", "gone.bin", 10**6, 2**20), DEST, sender="mallory"))
     broker.refuse(DEST.parked_queue(), 10**6)
     with pytest.raises(StreamError, match=r"gave up after 1s.*refused messages to /queue/landing.amqs_parked"):
         receive_all(broker, tmp_path / "out", reconnect_timeout=1)
@@ -219,7 +219,7 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
 
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
-        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST))
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
     got, failures = receive_all(broker, tmp_path / "out", idle_timeout=5)
     assert got == [] and [f.status for f in failures] == ["stalled"]
     # Said as it was: a short look, not five seconds of waiting.
@@ -234,7 +234,7 @@ def test_a_silent_stream_an_earlier_receiver_reserved_for_gets_only_the_first_lo
     the stream its first look, not the whole idle timeout counted from the reservation: with
     receivers killed every few seconds, a silent stream ahead of good ones was never given up."""
     with open_link(broker.params("mallory")) as link:
-        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-2", "gone.bin", 10**6, 2**20), DEST))
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-2", "gone.bin", 10**6, 2**20), DEST, sender="mallory"))
     sdir = tmp_path / "out" / ".amqstream"
     sdir.mkdir(parents=True)
     (sdir / "gone-2.part").write_bytes(b"\0" * 10**6)  # just now, as each restarted receiver does
@@ -246,7 +246,7 @@ def test_a_silent_stream_an_earlier_receiver_reserved_for_gets_only_the_first_lo
 
 
 def test_a_stream_that_gave_way_too_often_is_quarantined(broker: MemoryBroker, tmp_path: Path) -> None:
-    headers = p.parked_headers(p.offer_headers(p.StreamSpec("tired-1", "t.bin", 10, 10), DEST),
+    headers = p.parked_headers(p.offer_headers(p.StreamSpec("tired-1", "t.bin", 10, 10), DEST, sender="alice"),
                                not_before=time.time() - 1, reason="stalled", sender="alice")
     headers[p.H_YIELDS] = str(MAX_YIELDS)
     with open_link(broker.params("rx")) as link:
@@ -264,13 +264,13 @@ def test_handshake_chunks_that_never_help_end_within_the_idle_timeout(broker: Me
     spec = p.StreamSpec("trickle-1", "t.bin", 10_000, 1000, p.Mode.HANDSHAKE)
     stop = threading.Event()
     with open_link(broker.params("mallory")) as link:
-        link.send(Q, b"", p.offer_headers(spec, DEST, window=8))
+        link.send(Q, b"", p.offer_headers(spec, DEST, window=8, sender="mallory"))
 
     def trickle() -> None:
         with open_link(broker.params("mallory")) as link:
             while not stop.wait(0.05):
                 headers = p.data_headers(spec, 1, b"x" * 1000)
-                link.send(DEST.data_queue(spec.stream_id), b"y" * 1000, headers)
+                link.send(DEST.data_queue(spec.stream_id, "mallory"), b"y" * 1000, headers)
 
     t = threading.Thread(target=trickle, daemon=True)
     t.start()
@@ -294,12 +294,15 @@ def test_another_users_chunks_are_refused_and_the_stream_arrives(broker: MemoryB
         return p.data_headers(spec, seq, fake), fake
 
     with open_link(broker.params("alice")) as link:
-        link.send(Q, b"", p.offer_headers(spec, DEST))
-    play(broker, "mallory", spec, data, [1, 2], end=False, tamper=forge, offer=False)
+        link.send(Q, b"", p.offer_headers(spec, DEST, sender="alice"))
+    # Into alice's own data queue, as a broker whose ACL leaves every data queue open would let it.
+    with open_link(broker.params("mallory")) as link:
+        for seq in (1, 2):
+            link.send(DEST.data_queue("own-1", "alice"), *forge(seq, {}, b"\0" * 1000)[::-1])
     play(broker, "alice", spec, data, [1, 2, 3], offer=False)
     got = receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
     assert got is not None and got.sender == "alice" and (tmp_path / "out" / "own.bin").read_bytes() == data
-    assert {h["JMSXUserID"] for h, _ in broker.messages(f"/queue/DLQ.{DEST.name}.amqs.own-1")} == {"mallory"}
+    assert {h["JMSXUserID"] for h, _ in broker.messages(f"/queue/DLQ.{DEST.name}.amqs.alice.own-1")} == {"mallory"}
 
 
 def test_a_stream_id_of_one_user_is_refused_to_another(broker: MemoryBroker, tmp_path: Path) -> None:

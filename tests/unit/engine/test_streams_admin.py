@@ -121,13 +121,13 @@ def test_extra_lists_take_a_list_or_commas() -> None:
 
 def _play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs: list[int], end: bool = True) -> None:
     with open_link(broker.params(user)) as link:
-        link.send(Q, b"", p.offer_headers(spec, DEST))
+        link.send(Q, b"", p.offer_headers(spec, DEST, sender=user))
         for f in _chunks(spec, data, user)[:-1]:
             if int(f.headers[p.H_SEQ]) in seqs:
-                link.send(DEST.data_queue(spec.stream_id), f.body, {k: v for k, v in f.headers.items()
-                                                                    if k != p.H_USER_ID})
+                link.send(DEST.data_queue(spec.stream_id, user), f.body, {k: v for k, v in f.headers.items()
+                                                                          if k != p.H_USER_ID})
         if end:
-            link.send(DEST.data_queue(spec.stream_id), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
+            link.send(DEST.data_queue(spec.stream_id, user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
 
 
 def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
     out = discard(broker.params("admin"), Q, "gone", out_dirs=[tmp_path / "in"], quiet=0.05)
     assert out.removed == {DEST.parked_queue(): 1} and len(out.local) == 2 and out.bytes_freed > 0
     assert not list((tmp_path / "in" / ".amqstream").glob("gone.*"))
-    for queue in (Q, DEST.parked_queue(), f"/queue/DLQ.{DEST.name}", DEST.data_queue("gone")):
+    for queue in (Q, DEST.parked_queue(), f"/queue/DLQ.{DEST.name}", DEST.data_queue("gone", "site-a")):
         assert not [h for h, _ in broker.messages(queue) if h.get(p.H_STREAM) == "gone"], queue
     with pytest.raises(StreamError, match="no quarantine copy"):
         redrive(broker.params("admin"), Q, "gone", quiet=0.05)
@@ -161,4 +161,5 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
         receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
     with pytest.raises(RedriveRefused, match="chunks 3 of 3 are missing"):
         redrive(broker.params("admin"), Q, "cut", quiet=0.05)
-    assert sorted(h[p.H_SEQ] for h, _ in broker.messages(inv.dlq_data_queue(DEST, "cut"))) == ["1", "2"]
+    filed = broker.messages(inv.dlq_data_queue(DEST.data_queue("cut", "site-a")))
+    assert sorted(h[p.H_SEQ] for h, _ in filed) == ["1", "2"]

@@ -96,11 +96,11 @@ def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, st
     headers.setdefault(p.H_KIND, "offer")
     dest = p.Destination.parse("/queue/landing")
     try:
-        spec, data_dest = p.parse_offer(headers, dest)
+        spec, data_dest = p.parse_offer(headers, dest, sender="ann")
     except p.ProtocolError:
         return
     # Accepted only if it is a whole, consistent offer: what it says is what the spec holds.
-    assert data_dest == dest.data_queue(spec.stream_id) == headers[p.H_DATA_DEST]
+    assert data_dest == dest.data_queue(spec.stream_id, "ann") == headers[p.H_DATA_DEST]
     assert (spec.size, spec.chunk_size, spec.chunks) == (int(headers[p.H_SIZE]), int(headers[p.H_CHUNK_SIZE]),
                                                         int(headers[p.H_CHUNKS]))
 

@@ -126,8 +126,8 @@ def test_end_marker_and_verification() -> None:
 def test_handshake_reply_queue_must_be_the_streams_own() -> None:
     sp = p.StreamSpec("abc-1", "f.bin", 10, 5, p.Mode.HANDSHAKE)
     topic = p.Destination.parse("/topic/news")
-    h = p.offer_headers(sp, topic, window=4)
-    assert p.parse_offer(h, topic) == (sp, "/topic/news.amqs.abc-1")
+    h = p.offer_headers(sp, topic, window=4, sender="ann")
+    assert p.parse_offer(h, topic, sender="ann") == (sp, "/topic/news.amqs.ann.abc-1")
     assert p.handshake_terms(h, sp, topic) == ("/queue/news.amqs_ctl.abc-1", 4)
     for reply in ("/queue/payroll.amqs_ctl.abc-1", "/topic/news.amqs_ctl.abc-1", ""):
         with pytest.raises(p.ProtocolError, match="no valid amqs_reply_to"):
@@ -137,18 +137,43 @@ def test_handshake_reply_queue_must_be_the_streams_own() -> None:
 def test_offer_round_trip_and_validation() -> None:
     sp = p.StreamSpec("abc-1", "naïve.csv", 12345, 1000, p.Mode.ATOMIC)
     dest = p.Destination.parse("/queue/landing")
-    got, data_q = p.parse_offer(p.offer_headers(sp, dest), dest)
-    assert got == sp and data_q == "/queue/landing.amqs.abc-1"
-    for elsewhere in ("/queue/elsewhere", "/queue/secret.amqs.abc-1"):
-        h = p.offer_headers(sp, dest)
+    got, data_q = p.parse_offer(p.offer_headers(sp, dest, sender="ann"), dest, sender="ann")
+    assert got == sp and data_q == "/queue/landing.amqs.ann.abc-1"
+    for elsewhere in ("/queue/elsewhere", "/queue/secret.amqs.ann.abc-1", "/queue/landing.amqs.abc-1"):
+        h = p.offer_headers(sp, dest, sender="ann")
         h[p.H_DATA_DEST] = elsewhere  # a confused deputy: the receiver would read with its own rights
         with pytest.raises(p.ProtocolError, match="not this stream's queue"):
-            p.parse_offer(h, dest)
+            p.parse_offer(h, dest, sender="ann")
     with pytest.raises(p.ProtocolError, match="not this stream's queue"):
-        p.parse_offer(p.offer_headers(sp, dest), p.Destination.parse("/queue/other"))
-    h = p.offer_headers(sp, dest) | {p.H_VERSION: "9"}
+        p.parse_offer(p.offer_headers(sp, dest, sender="ann"), p.Destination.parse("/queue/other"), sender="ann")
+    h = p.offer_headers(sp, dest, sender="ann") | {p.H_VERSION: "9"}
     with pytest.raises(p.ProtocolError, match="version 9 is not supported"):
-        p.parse_offer(h, dest)
+        p.parse_offer(h, dest, sender="ann")
+
+
+def test_an_offer_names_its_senders_own_data_queue() -> None:
+    sp = p.StreamSpec("abc-1", "f.bin", 10, 5)
+    dest = p.Destination.parse("/queue/landing")
+    # Another user's queue: the receiver would drain that user's stream for this offer.
+    forged = p.offer_headers(sp, dest, sender="bob")
+    with pytest.raises(p.ProtocolError, match="for its sender 'mallory'.*landing.amqs.mallory.abc-1"):
+        p.parse_offer(forged, dest, sender="mallory")
+    # A broker that stamps nobody: any well-formed sender element, and nothing else.
+    assert p.parse_offer(forged, dest, sender="")[1] == "/queue/landing.amqs.bob.abc-1"
+    for bad in ("/queue/landing.amqs..abc-1", "/queue/landing.amqs.a.b.abc-1", "/queue/landing.amqs._zz.abc-1"):
+        with pytest.raises(p.ProtocolError, match="not this stream's queue"):
+            p.parse_offer(forged | {p.H_DATA_DEST: bad}, dest, sender="")
+
+
+@pytest.mark.parametrize(("user", "element"), [
+    ("alice", "alice"), ("a.b", "a_2eb"), ("a_2eb", "a_5f2eb"), ("", "_"), ("j\u00f6rg", "j_c3_b6rg"),
+    ("CN=x,O=y", "CN_3dx_2cO_3dy"), ("x" * 65, "_h" + hashlib.sha256(b"x" * 65).hexdigest()[:40]),
+])
+def test_each_user_has_its_own_data_queue_prefix(user: str, element: str) -> None:
+    assert p.owner_element(user) == element
+    # No dot, so one user's prefix (NAME.amqs.<element>.>) cannot cover another's queues.
+    assert "." not in element and len(element) <= 64
+    assert p.Destination.parse("/queue/q").data_queue("s-1", user) == f"/queue/q.amqs.{element}.s-1"
 
 
 def test_receiver_state_survives_json_round_trip() -> None:
@@ -412,7 +437,7 @@ def test_truncated_header_sections_are_protocol_errors() -> None:
     sp = spec(10_000)
     dest = p.Destination.parse("/queue/landing")
     with pytest.raises(p.ProtocolError, match="header section was too large"):
-        p.parse_offer(p.offer_headers(sp, dest) | {p.H_TRUNCATED: "5 bytes"}, dest)
+        p.parse_offer(p.offer_headers(sp, dest, sender="ann") | {p.H_TRUNCATED: "5 bytes"}, dest, sender="ann")
     with pytest.raises(p.ProtocolError, match="header section was too large"):
         ReceiverState(sp).decide(p.data_headers(sp, 1, b"x" * 1000) | {p.H_TRUNCATED: "1"}, b"x" * 1000)
 
