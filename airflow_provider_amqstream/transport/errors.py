@@ -68,7 +68,8 @@ def reported(params: BrokerParams, errors: list[str]) -> TransportError:
             f"broker {params.url} refused user {who} a new data queue: {many} of its streams already wait{where} "
             "(the broker's maxDestinations for that user's data queues). Receivers must take some first (an emptied "
             "data queue goes a minute later), or the administrator raises the cap (embedded broker: `amqstream users "
-            f"add {who} ... --max-waiting N`, then restart it). Nothing confirmed was lost.")
+            f"add {who}` again with its grants and `--max-waiting N`, which also gives it a new password, then restart "
+            "the broker). Nothing confirmed was lost.")
     full = next((e for e in errors if "ResourceAllocationException" in e), None)
     if full is not None:
         # ActiveMQ names it: "... to prevent flooding queue://NAME. See http://..."
