@@ -1,6 +1,7 @@
-"""A DAG for tests/test_deployment.py: a send slow enough to be killed mid-transfer (16 KiB
-chunks, one broker confirmation per chunk: ~4 MiB/s here) and a sensor receiving it at the
-same time, so its log shows progress lines while it runs."""
+"""DAGs for tests/test_deployment.py: a send slow enough to be killed mid-transfer (16 KiB
+chunks, one broker confirmation per chunk: ~4 MiB/s here) with a sensor receiving it at the
+same time; and a sensor alone, for a stream the test sends itself and holds short of the end, so
+the sensor is still running whatever the machine's load when the test reads its log."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ with DAG("amqs_deploy_slow_transfer", schedule=None, params=PARAMS, max_active_r
                        stream_id="{{ params.stream_id }}", chunk_size=16 * 1024, window=1, progress_interval=2)
     StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
                          stream_id="{{ params.stream_id }}", poke_interval=2, timeout=600, idle_timeout=60)
+
+with DAG("amqs_deploy_receive", schedule=None, params=PARAMS, max_active_runs=4) as receive_only:
+    # The test's sender stops short of the end until the UI has shown a progress line, for
+    # minutes without a chunk, so the sensor must not presume it dead sooner.
+    StreamCompleteSensor(task_id="receive", source="{{ params.queue }}", out_dir="{{ params.out_dir }}",
+                         stream_id="{{ params.stream_id }}", poke_interval=2, timeout=600, idle_timeout=400)

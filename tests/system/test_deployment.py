@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -548,29 +549,57 @@ def test_connection_form_shows_our_fields_and_test_answers(page: Any, deployment
 
 
 def test_running_sensor_log_shows_progress_in_the_ui(page: Any, deployment: Deployment, tmp_path: Path) -> None:
+    from airflow_provider_amqstream.engine import send_file
+    from airflow_provider_amqstream.hooks.connection import params_from_uri
+
     d, pg = deployment, page
-    src = make_file(tmp_path / "slow.bin", 96 * 2**20, seed=4)
+    src = make_file(tmp_path / "held.bin", 8 * 2**20, seed=4)
+    size = src.stat().st_size
     stream_id = f"ui-{tmp_path.name[-16:]}"
-    run_id = d.trigger("amqs_deploy_slow_transfer", {"path": str(src), "queue": f"/queue/deploy.ui.{stream_id}",
-                                                     "out_dir": str(tmp_path / "in"), "stream_id": stream_id})
-    wait_for(lambda: d.ti("amqs_deploy_slow_transfer", run_id, "receive")["state"] == "running", 120,
+    queue = f"/queue/deploy.ui.{stream_id}"
+    run_id = d.trigger("amqs_deploy_receive", {"path": "", "queue": queue, "out_dir": str(tmp_path / "in"),
+                                               "stream_id": stream_id})
+    wait_for(lambda: d.ti("amqs_deploy_receive", run_id, "receive")["state"] == "running", 120,
              "the sensor to run", interval=0.5)
-    progress = re.compile(rf"receive from /queue/deploy\.ui\.{re.escape(stream_id)}: \d+ of {src.stat().st_size} bytes")
+    # Until the UI has shown a line, the sender moves a chunk a second (so the sensor logs
+    # lines with bytes moved, one per 10 s) and stops two chunks short of the end, so the
+    # sensor is still running when its log is read, however slow the machine.
+    shown_event, sent, errors = threading.Event(), [], []
+    chunk = 256 * 1024
+
+    def hold(done: int, total: int) -> None:
+        if not shown_event.is_set():
+            shown_event.wait(300 if done >= total - 2 * chunk else 1.0)
+
+    def send() -> None:
+        try:
+            sent.append(send_file(params_from_uri(_broker_uri(d)), src, queue, stream_id=stream_id,
+                                  chunk_size=chunk, window=1, progress=hold))
+        except Exception as exc:  # the test thread reports it below
+            errors.append(exc)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    progress = re.compile(rf"receive from {re.escape(queue)}: [1-9]\d* of {size} bytes \((?!100\.0%)")
 
     def shown() -> bool:
-        pg.goto(f"{d.base}/dags/amqs_deploy_slow_transfer/runs/{run_id}/tasks/receive")
+        pg.goto(f"{d.base}/dags/amqs_deploy_receive/runs/{run_id}/tasks/receive")
         try:
             pg.get_by_text(progress).first.wait_for(timeout=5_000)
         except Exception:  # not logged yet: look again
             return False
         return True
 
-    wait_for(shown, 120, "a progress line in the sensor's log in the UI", interval=1)
-    still_running = d.ti("amqs_deploy_slow_transfer", run_id, "receive")["state"] == "running"
-    _shot(pg, tmp_path, "ui-sensor-progress-log.png")
-    assert still_running, "the sensor finished before its log showed progress; the check proves nothing"
-    d.wait_run("amqs_deploy_slow_transfer", run_id, timeout=300)
-    assert d.xcom("amqs_deploy_slow_transfer", run_id, "receive")["sha256"] == sha256_file(src)
+    try:
+        wait_for(shown, 180, "a line of bytes received, short of the end, in the sensor's log in the UI", interval=1)
+        assert d.ti("amqs_deploy_receive", run_id, "receive")["state"] == "running"
+        _shot(pg, tmp_path, "ui-sensor-progress-log.png")
+    finally:
+        shown_event.set()
+    sender.join(300)
+    assert not errors and sent, errors or "the send did not end in 300 s"
+    d.wait_run("amqs_deploy_receive", run_id, timeout=300)
+    assert d.xcom("amqs_deploy_receive", run_id, "receive")["sha256"] == sha256_file(src) == sent[0].sha256
     print(f"deployment test so far: {time.monotonic() - d.started:.0f}s since start-up")
 
 

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # Seconds a new stream's first chunk may take to arrive (bounded by idle_timeout).
 FIRST_LOOK = 2.0
+# Least seconds between two progress readings of a receive (a display throttles further).
+PROGRESS_EVERY = 0.5
 
 Progress = Callable[[int, int], None]
 EventSink = Callable[[str, dict[str, Any]], None]
@@ -195,6 +197,7 @@ class StreamReceiver:
         self.rejected = 0
         self.unacked: list[Any] = []
         self.refused: list[Any] = []
+        self.reported: float | None = None  # when progress was last reported (monotonic)
         self.data_sub: str | None = None
         self.what = f"stream {spec.stream_id} ({data_q})"
         # Chunks stamped by anyone but the offer's sender are refused (another user cannot
@@ -341,7 +344,6 @@ class StreamReceiver:
         self.tell(p.Kind.HELLO, state.next_seq)
         quiet_since = self._quiet_since()
         written = 0
-        last_progress = 0.0
         progress_since: float | None = None
         while not state.complete:
             timeout = self._timeout(quiet_since)
@@ -387,9 +389,6 @@ class StreamReceiver:
                 break
             if len(self.unacked) >= self.batch or ending:
                 self._commit(wait=bool(ending))
-                if opts.progress and time.monotonic() - last_progress > 0.5:
-                    last_progress = time.monotonic()
-                    opts.progress(state.received_bytes, spec.size)
         if opts.progress:
             opts.progress(spec.size, spec.size)
         return written
@@ -504,6 +503,12 @@ class StreamReceiver:
     def _commit(self, *, wait: bool) -> None:
         frames, self.unacked = self.unacked, []
         self.file.commit(frames, self._durable, wait=wait)
+        # Reported from every commit, not only a full batch's: a slow sender's chunks are
+        # committed one by one when the link goes quiet, and its receive must show them too.
+        now = time.monotonic()
+        if self.opts.progress and (self.reported is None or now - self.reported >= PROGRESS_EVERY):
+            self.reported = now
+            self.opts.progress(self.file.state.received_bytes, self.spec.size)
 
     def _durable(self, frames: list[Any]) -> None:
         for frame in frames:

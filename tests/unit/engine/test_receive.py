@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from airflow_provider_amqstream.engine import (
     receive_stream,
     receive_streams,
 )
+from airflow_provider_amqstream.engine.receive import stream as receive_module
 from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
@@ -163,6 +165,40 @@ def test_a_stalled_stream_is_parked_and_comes_back_whole(broker: MemoryBroker, t
     assert receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST)) is None
     got = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id="late-1", options=ReceiveOptions(**FAST))
     assert got is not None and got.resumed_from == 2000 and (tmp_path / "out" / "late.bin").read_bytes() == data
+
+
+def test_a_slow_senders_chunks_are_reported_as_they_arrive(broker: MemoryBroker, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks that come one at a time are committed when the link goes quiet, one by one,
+    never as a full batch: the receive must report them all the same, or a slow transfer
+    shows no progress until its end. The sender sends each chunk once the one before it is
+    reported."""
+    monkeypatch.setattr(receive_module, "PROGRESS_EVERY", 0.0)
+    data = os.urandom(4000)
+    spec = p.StreamSpec("slow-1", "slow.bin", len(data), 1000)
+    seen: list[int] = []
+    reported = threading.Condition()
+
+    def progress(done: int, total: int) -> None:
+        with reported:
+            seen.append(done)
+            reported.notify_all()
+
+    def sender() -> None:
+        with open_link(broker.params("alice")) as link:
+            for seq in range(1, spec.chunks + 1):
+                send_stream(link.send, Q, spec, data, [seq], end=seq == spec.chunks, offer=seq == 1)
+                with reported:
+                    if not reported.wait_for(lambda at=seq * 1000: at in seen, timeout=5):
+                        return
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    got = receive_stream(broker.params("rx"), Q, tmp_path / "out",
+                         options=ReceiveOptions(**{**FAST, "idle_timeout": 10.0}, progress=progress))
+    thread.join(5)
+    assert got is not None and (tmp_path / "out" / "slow.bin").read_bytes() == data
+    assert {1000, 2000, 3000} <= set(seen), seen
 
 
 def test_a_stream_another_process_of_the_directory_is_receiving_is_parked_and_left_to_it(
