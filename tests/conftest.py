@@ -16,6 +16,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.transport.params import BrokerParams
+from tests import spark_cds
 from tests.helpers import running_broker
 
 # Airflow reads its settings on first import (none of the imports above import it):
@@ -38,10 +39,11 @@ sys.path.insert(0, str(ROOT / "dags" / "examples"))
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # spark-submit, airflow
 # Spark drivers started by tests (dag.test(), deployments, the lineage tests) compile with C1
-# only and collect with the serial collector: a short conversion then costs about half the CPU
-# (docs/decisions/test-suite-time.md), and the system part is CPU-bound. Users' jobs keep
+# only, collect with the serial collector and map their classes from an archive made once per
+# machine: a short conversion then costs about a quarter of the CPU (tests/spark_cds.py,
+# docs/decisions/test-suite-time.md), and the system part is CPU-bound. Users' jobs keep
 # Spark's defaults.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+spark_cds.configure()
 
 
 logging.getLogger("stomp.py").setLevel(logging.CRITICAL)

@@ -1,0 +1,113 @@
+"""A class-data-sharing archive for the Spark drivers the tests start.
+
+A Spark driver of a test converts a few thousand rows; most of its ~23 CPU-seconds go to
+loading and verifying ~20,000 JVM classes. With those classes mapped from an archive made by
+an earlier driver (JDK 17's dynamic CDS), the same job took 11 s and 13 CPU-s instead of
+21 s and 24 (docs/decisions/test-suite-time.md). The tests start about 25 drivers, on two
+cores, beside deployments: the system part is CPU-bound.
+
+A JVM uses an archive only if its class path is the one the archive was made with, and the
+class path may hold no directory with files in it. Spark puts its configuration directory
+first on the class path, so the tests give every driver one empty configuration directory,
+and the setting a deployment would write there (no Spark UI) as a system property instead.
+
+``python -m tests.spark_cds`` makes the archive once per machine and Spark/JDK install (in the
+user's cache directory, like pip's), in the background of the first part of ``make test``. A
+driver started before it exists, or that cannot use it, runs as it would without: the JVM's
+CDS messages are off, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amqstream-tests"
+# Compile with C1 only and collect with the serial collector: half the CPU of a short job.
+BASE_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# What a deployment's spark-defaults.conf would say, and the archive's messages silenced (a
+# missing or stale archive is a slower driver, not a line in a task log some test reads).
+EXTRA_OPTS = "-Dspark.ui.enabled=false -Xlog:cds=off,cds+dynamic=off"
+
+
+def _key() -> str:
+    """Names the archive after what it depends on: the JDK, and the Spark jars of this venv
+    (their paths are part of the class path the archive is only good for)."""
+    java = os.path.realpath(shutil.which("java") or "java")
+    try:
+        spark = importlib.metadata.version("pyspark")
+    except importlib.metadata.PackageNotFoundError:
+        spark = "none"
+    return hashlib.sha256(f"{java}\0{spark}\0{sys.prefix}".encode()).hexdigest()[:16]
+
+
+def archive() -> Path:
+    """Where this machine's archive is (or will be)."""
+    return CACHE / f"spark-{_key()}.jsa"
+
+
+def conf_dir() -> Path:
+    """The empty Spark configuration directory every test driver gets (see the module doc)."""
+    path = CACHE / "spark-conf-empty"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def configure(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Point the Spark drivers started from this process (and its children) at the archive,
+    unless the environment already chose its own driver options."""
+    if "SPARK_SUBMIT_OPTS" in environ:
+        return
+    environ["SPARK_CONF_DIR"] = str(conf_dir())
+    environ["SPARK_SUBMIT_OPTS"] = f"{BASE_OPTS} {EXTRA_OPTS} -XX:SharedArchiveFile={archive()}"
+
+
+def build(timeout: float = 600.0) -> Path | None:
+    """Make the archive if this machine has none: run the shipped job once on a small CSV with
+    ``-XX:ArchiveClassesAtExit``. Returns the archive, or None when it could not be made."""
+    target = archive()
+    if target.exists():
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "spark-archive.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run on this machine may be making it
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            made = Path(tmp) / "new.jsa"
+            sample = Path(tmp) / "sample.csv"
+            sample.write_text("id,name,value\n" + "".join(f"{i},n{i % 50},{i * 0.5}\n" for i in range(5000)))
+            job = Path(__file__).resolve().parents[1] / "airflow_provider_amqstream" / "spark" / "stream_to_parquet.py"
+            env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir()),
+                   "SPARK_SUBMIT_OPTS": f"{BASE_OPTS} {EXTRA_OPTS} -XX:ArchiveClassesAtExit={made}"}
+            t0 = time.monotonic()
+            run = subprocess.run(["spark-submit", "--master", "local[2]", str(job), "--input", str(sample),
+                                  "--output", str(Path(tmp) / "out")], env=env, capture_output=True, text=True,
+                                 timeout=timeout, check=False)
+            if run.returncode != 0 or not made.exists():
+                print(f"spark_cds: no archive made (spark-submit exited {run.returncode}); the tests' Spark "
+                      f"drivers run without one. Its last output:\n{run.stdout[-1500:]}{run.stderr[-1500:]}",
+                      file=sys.stderr)
+                return None
+            os.replace(made, target)
+            print(f"spark_cds: made {target} ({target.stat().st_size / 2**20:.0f} MiB) in "
+                  f"{time.monotonic() - t0:.0f}s", file=sys.stderr)
+    # Archives of other venvs (each clean clone has its own) nobody made for two days.
+    with contextlib.suppress(OSError):
+        for old in CACHE.glob("spark-*.jsa"):
+            if old != target and time.time() - old.stat().st_mtime > 2 * 86400:
+                old.unlink()
+    return target
+
+
+if __name__ == "__main__":
+    sys.exit(0 if build() else 1)
