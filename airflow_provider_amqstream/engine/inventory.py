@@ -73,6 +73,13 @@ def dlq_data_queue(data_q: str) -> str:
     return "/queue/DLQ." + data_q.split("/", 2)[2]
 
 
+def stream_data_queues(dest: p.Destination, stream_id: str, senders: Iterable[str]) -> list[str]:
+    """Every queue that may hold chunks of ``stream_id``: its data queue under each sender it
+    is known by (data queues are named after their sender) and the DLQ of each."""
+    return [q for s in sorted(set(senders)) for q in (dest.data_queue(stream_id, s), dlq_data_queue(
+        dest.data_queue(stream_id, s)))]
+
+
 def staging_queue(dest: p.Destination, stream_id: str) -> str:
     """Where ``redrive`` gathers a stream's chunks while it checks them (under ``DLQ.``, which
     only administrators read: nothing else takes them from there)."""
@@ -690,10 +697,9 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     rep.parked = [o for o in inv.parked if o.stream_id == sid or o.pack == sid]
     rep.quarantined = [q for q in inv.quarantined if q.stream_id == sid]
     rep.in_progress = [e for e in inv.in_progress if e.stream_id == sid]
-    # A stream's data queues are named after its sender: those of every sender known here.
-    senders = sorted({o.sender for o in rep.offered} | {o.first_sender for o in rep.parked}
-                     | {q.sender for q in rep.quarantined} | {e.sender for e in rep.in_progress})
-    queues = [q for s in senders for q in (dest.data_queue(sid, s), dlq_data_queue(dest.data_queue(sid, s)))]
+    senders = ({o.sender for o in rep.offered} | {o.first_sender for o in rep.parked}
+               | {q.sender for q in rep.quarantined} | {e.sender for e in rep.in_progress})
+    queues = stream_data_queues(dest, sid, senders)
     with QueueSession(params, browse_limit=browse_limit) as qs:
         rep.queues = [_probe(qs, q) for q in (*queues, staging_queue(dest, sid))]
         notes = qs.browse(dest.held_queue(sid))

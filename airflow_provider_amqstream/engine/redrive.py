@@ -57,6 +57,7 @@ from airflow_provider_amqstream.engine.inventory import (
     quarantine_queue,
     quarantined_by_user,
     staging_queue,
+    stream_data_queues,
 )
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
@@ -576,9 +577,8 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         link = qs.link
         senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step)
         senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
-        # A stream's data queues are named after its sender: those of every sender it is known by.
-        data = [q for s in sorted(senders) for q in (dest.data_queue(sid, s), dlq_data_queue(dest.data_queue(sid, s)))]
-        for queue in (*data, staging_queue(dest, sid), dest.control_queue(sid), dest.held_queue(sid)):
+        for queue in (*stream_data_queues(dest, sid, senders), staging_queue(dest, sid), dest.control_queue(sid),
+                      dest.held_queue(sid)):
             gone = move_queue(link, queue, None, quiet=step)
             if gone.dropped:
                 result.removed[queue] = gone.dropped
