@@ -14,6 +14,13 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 export AIRFLOW_HOME="$(mktemp -d)/airflow"
 trap 'rm -rf "$(dirname "$AIRFLOW_HOME")"' EXIT
+# The tests' Spark drivers map their classes from an archive made once per machine and venv
+# (tests/spark_cds.py): made now, if missing, beside the checks and the broker-bound part,
+# which need little of it. It only saves time: without it the drivers run as before.
+if [ "$#" -eq 0 ]; then
+  "$VENV/bin/python" -m tests.spark_cds &
+  cds=$!
+fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
 "$VENV/bin/mypy"  # protocol/ and transport/ ([tool.mypy] in pyproject.toml)
@@ -21,11 +28,6 @@ if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi
 status=0
-# The tests' Spark drivers map their classes from an archive made once per machine
-# (tests/spark_cds.py): made here, if missing, while the broker-bound part runs, which starts
-# no Spark driver that needs it. It only saves time: without it the drivers run as before.
-"$VENV/bin/python" -m tests.spark_cds &
-cds=$!
 # worksteal: a worker that runs out takes tests queued for another, so a long test handed out
 # late does not leave two workers idle (277 s against 301-313 s with the default `load`). The
 # parts run one after the other: side by side, the system tests took 60 % longer and the two
