@@ -40,7 +40,7 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # spark-submit, airflow
 # Spark drivers started by tests (dag.test(), deployments, the lineage tests) compile with C1
 # only, collect with the serial collector and map their classes from an archive made once per
-# machine: a short conversion then costs about a quarter of the CPU (tests/spark_cds.py,
+# machine: a short conversion then costs about a third of the CPU (tests/spark_cds.py,
 # docs/decisions/test-suite-time.md), and the system part is CPU-bound. Users' jobs keep
 # Spark's defaults.
 spark_cds.configure()
