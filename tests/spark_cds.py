@@ -29,8 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amqstream-tests"
 # Compile with C1 only and collect with the serial collector: half the CPU of a short job.
 BASE_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -62,13 +64,17 @@ def conf_dir() -> Path:
     return path
 
 
-def configure(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+def _driver_env(archive_option: str) -> dict[str, str]:
+    """The environment of a test driver: the empty configuration directory and our options,
+    with ``archive_option`` (use the archive, or make it)."""
+    return {"SPARK_CONF_DIR": str(conf_dir()), "SPARK_SUBMIT_OPTS": f"{BASE_OPTS} {EXTRA_OPTS} {archive_option}"}
+
+
+def configure(environ: MutableMapping[str, str] = os.environ) -> None:
     """Point the Spark drivers started from this process (and its children) at the archive,
     unless the environment already chose its own driver options."""
-    if "SPARK_SUBMIT_OPTS" in environ:
-        return
-    environ["SPARK_CONF_DIR"] = str(conf_dir())
-    environ["SPARK_SUBMIT_OPTS"] = f"{BASE_OPTS} {EXTRA_OPTS} -XX:SharedArchiveFile={archive()}"
+    if "SPARK_SUBMIT_OPTS" not in environ:
+        environ.update(_driver_env(f"-XX:SharedArchiveFile={archive()}"))
 
 
 def build(timeout: float = 600.0) -> Path | None:
@@ -84,11 +90,16 @@ def build(timeout: float = 600.0) -> Path | None:
             return target
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             made = Path(tmp) / "new.jsa"
-            sample = Path(tmp) / "sample.csv"
-            sample.write_text("id,name,value\n" + "".join(f"{i},n{i % 50},{i * 0.5}\n" for i in range(5000)))
-            job = Path(__file__).resolve().parents[1] / "airflow_provider_amqstream" / "spark" / "stream_to_parquet.py"
-            env = {**os.environ, "SPARK_CONF_DIR": str(conf_dir()),
-                   "SPARK_SUBMIT_OPTS": f"{BASE_OPTS} {EXTRA_OPTS} -XX:ArchiveClassesAtExit={made}"}
+            # The examples' CSV (dates, decimals, text), the columns the tests' conversions read.
+            sys.path.insert(0, str(ROOT / "dags" / "examples"))
+            from example_support import write_sample_csv
+
+            sample = write_sample_csv(Path(tmp) / "sample.csv", rows=5_000, seed=1)
+            # The job's path as operators.spark.stream_to_parquet_job() gives it, without importing
+            # Airflow here: this runs beside the test sessions, and an Airflow imported in another
+            # process can write a config with a Fernet key of its own into their Airflow home.
+            job = ROOT / "airflow_provider_amqstream" / "spark" / "stream_to_parquet.py"
+            env = {**os.environ, **_driver_env(f"-XX:ArchiveClassesAtExit={made}")}
             t0 = time.monotonic()
             run = subprocess.run(["spark-submit", "--master", "local[2]", str(job), "--input", str(sample),
                                   "--output", str(Path(tmp) / "out")], env=env, capture_output=True, text=True,
