@@ -22,9 +22,8 @@ from pathlib import Path
 
 import stomp
 
-from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.hooks.connection import params_from_uri
-from benchmarks.common import ROOT, free_port, installed_command, json_rows, log
+from benchmarks.common import ROOT, installed_command, json_rows, log, scratch_broker
 
 RUNS = 7
 
@@ -116,17 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.splitlines()[0])
     ap.add_argument("--uri", help="a broker to use (default: start one)")
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="amqs-startup-"))
-    broker = None
-    uri = args.uri
-    if uri is None:
-        broker = EmbeddedBroker(work / "broker", port=free_port())
-        uri = broker.start()[0].uri
-    try:
-        row = run(work, uri)
-    finally:
-        if broker is not None:
-            broker.stop()
+    if args.uri is None:
+        with scratch_broker(None, "amqs-startup-") as (work, uri):
+            row = run(work, uri)
+    else:
+        with tempfile.TemporaryDirectory(prefix="amqs-startup-") as tmp:
+            row = run(Path(tmp), args.uri)
     log(json.dumps(row))
     print(table(row))
     return 0

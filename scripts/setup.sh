@@ -31,14 +31,25 @@ PY="${PYTHON:-python3}"
 # --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine sets it),
 # nothing writes a .pyc at import, and every Python process would compile Airflow from source.
 [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
-UV=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python")
-# pyspark 4.3 is a source package; uv caches the built wheel, so only the first install on a
-# machine builds it.
-"${UV[@]}" -e ".[dev,bench,spark,celery]"
+# pyspark 4.3 is published only as a source package holding Spark's jars. Behind this
+# machine's registry uv fetched and built it again on every new venv: 30 s, and 1.4 GB more of
+# uv's cache each time (35 copies, 46 GB, after a day of CI runs, which then ran out of disk).
+# So its wheel is built once per machine (pip keeps a built wheel, uv only the sdist's build
+# tree), kept in the user's cache directory, and uv finds it there.
+PYSPARK=4.3.0
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/amqstream-wheels"
+if ! [ -f "$WHEELS/pyspark-$PYSPARK-py2.py3-none-any.whl" ]; then
+  mkdir -p "$WHEELS"
+  tmp=$(mktemp -d "$WHEELS/.build-XXXXXX")
+  "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps "pyspark==$PYSPARK" -w "$tmp"
+  mv "$tmp"/pyspark-*.whl "$WHEELS/" && rmdir "$tmp"
+fi
+UV=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --find-links "$WHEELS")
+"${UV[@]}" -e ".[dev,bench,spark,celery]" "pyspark==$PYSPARK"
 # The Spark provider pulls pyspark-client, which shares ~700 files with pyspark; if it was
 # installed over pyspark, reinstall pyspark so `import pyspark` and its jars agree again.
-if ! "$VENV/bin/python" -c 'import pyspark, sys; sys.exit(pyspark.__version__ != "4.3.0")' 2>/dev/null; then
-  "${UV[@]}" --reinstall --no-deps "pyspark==4.3.0"
+if ! "$VENV/bin/python" -c "import pyspark, sys; sys.exit(pyspark.__version__ != '$PYSPARK')" 2>/dev/null; then
+  "${UV[@]}" --reinstall-package pyspark --no-deps "pyspark==$PYSPARK"
 fi
 "$VENV/bin/python" -c 'import pyspark, airflow, stomp; print(f"setup: airflow {airflow.__version__}, pyspark {pyspark.__version__}, stomp.py {stomp.__version__}")'
 touch "$VENV/.installed"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,11 @@ from tests.helpers import running_broker
 # Airflow reads its settings on first import (none of the imports above import it):
 # give the tests a private home first.
 ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="amqs-airflow-"))
+if "AIRFLOW_HOME" not in os.environ:
+    # A plain `pytest` run: a home of its own, removed when it ends (scripts/test.sh sets one
+    # for its three sessions, and xdist workers inherit the controller's).
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="amqs-airflow-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Parallel workers (scripts/test.sh): one SQLite metadata DB each, or their migrations collide.
     os.environ["AIRFLOW_HOME"] = os.path.join(os.environ["AIRFLOW_HOME"], os.environ["PYTEST_XDIST_WORKER"])

@@ -112,12 +112,18 @@ def build(timeout: float = 600.0) -> Path | None:
             os.replace(made, target)
             print(f"spark_cds: made {target} ({target.stat().st_size / 2**20:.0f} MiB) in "
                   f"{time.monotonic() - t0:.0f}s", file=sys.stderr)
-    # Archives of other venvs (each clean clone has its own) nobody made for two days.
-    with contextlib.suppress(OSError):
-        for old in CACHE.glob("spark-*.jsa"):
-            if old != target and time.time() - old.stat().st_mtime > 2 * 86400:
-                old.unlink()
+    _prune(keep=target)
     return target
+
+
+def _prune(keep: Path, others: int = 2) -> None:
+    """Bound the cache: each clean clone has a venv, hence an archive, of its own (177 MiB), and
+    a day of CI runs once left six. Keeps ``keep`` and the ``others`` newest; a driver that
+    has one of the others mapped keeps its copy (the file goes only when the last map does)."""
+    with contextlib.suppress(OSError):
+        rest = sorted((p for p in CACHE.glob("spark-*.jsa") if p != keep), key=lambda p: p.stat().st_mtime)
+        for old in rest[:-others] if others else rest:
+            old.unlink()
 
 
 if __name__ == "__main__":
