@@ -148,7 +148,12 @@ stop_sessions() {  # names of components to stop together
 stop_all() {
   [ "$stopping" = 1 ] && return
   stopping=1
-  trap '' INT TERM HUP
+  # Nothing may cut the stop short: not another signal, not a reader that has gone (a closed
+  # terminal or pipe fails every `say` from here on), not one failing command under `set -e`.
+  # A signal to the whole process group (Ctrl-C, a CI job cancelled) has already ended the
+  # watcher, and `kill` of it failing once ended the script here, before it stopped anything.
+  trap '' INT TERM HUP PIPE
+  set +e
   [ -n "$watcher" ] && kill "$watcher" 2>/dev/null
   say "stopping ${NAMES[*]:-nothing}"
   stop_sessions scheduler triggerer dag-processor
@@ -169,7 +174,8 @@ trap 'stop_all' EXIT
 # Whoever started this may die without a signal to it (`make` killed with SIGKILL, a CI job
 # cancelled): then this is an orphan, and stops everything as for SIGTERM.
 parent=$PPID
-( while [ "$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')" = "$parent" ]; do sleep 2; done
+( trap - INT TERM HUP EXIT  # the watcher only watches: the stop is the script's own
+  while [ "$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')" = "$parent" ]; do sleep 2; done
   kill -TERM $$ 2>/dev/null ) &
 watcher=$!
 

@@ -31,14 +31,14 @@ PY="${PYTHON:-python3}"
 # --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine sets it),
 # nothing writes a .pyc at import, and every Python process would compile Airflow from source.
 [ -x "$VENV/bin/uv" ] || "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
-# pyspark 4.3 is published only as a source package holding Spark's jars. Behind this
-# machine's registry uv fetched and built it again on every new venv: 30 s, and 1.4 GB more of
-# uv's cache each time (35 copies, 46 GB, after a day of CI runs, which then ran out of disk).
-# So its wheel is built once per machine (pip keeps a built wheel, uv only the sdist's build
-# tree), kept in the user's cache directory, and uv finds it there.
+# pyspark 4.3 is published only as a source package holding Spark's jars. Here uv fetched and
+# built it again for every new venv, twice when the reinstall below ran: about 30 s each, and
+# about 1.4 GB more of uv's cache each time (35 build trees, 32 GB, after a day and a half of CI
+# runs: part of what filled the disk under one). So its wheel is built once per machine (pip
+# keeps a wheel it built), kept in the user's cache directory, and uv finds it there.
 PYSPARK=4.3.0
 WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/amqstream-wheels"
-if ! [ -f "$WHEELS/pyspark-$PYSPARK-py2.py3-none-any.whl" ]; then
+if ! compgen -G "$WHEELS/pyspark-$PYSPARK-*.whl" >/dev/null; then
   mkdir -p "$WHEELS"
   tmp=$(mktemp -d "$WHEELS/.build-XXXXXX")
   "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps "pyspark==$PYSPARK" -w "$tmp"

@@ -1,7 +1,8 @@
 """However ``make airflow`` ends, nothing it started is left running. A
 SIGTERM to ``make`` is the teardown of every test in test_deployment.py; here ``make`` is
 killed with SIGKILL (a CI job cancelled, an OOM kill), which nothing can catch: the script,
-orphaned, notices and stops everything it started."""
+orphaned, notices and stops everything it started; and a signal goes to the whole process
+group while the deployment is still starting."""
 
 from __future__ import annotations
 
@@ -39,4 +40,22 @@ def test_make_killed_with_sigkill_still_stops_everything(small_deployment: Deplo
     d.proc.wait(10)
     d.wait_all_exited(90, "make was killed")
     wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+    assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]
+
+
+def test_a_signal_to_the_whole_group_while_it_starts_stops_everything(small_deployment: Deployment) -> None:
+    """A CI job cancelled, or a service manager's stop, as the components come up: every
+    process of ``make``'s group gets SIGTERM at once, the script's orphan watcher too. The
+    script once died of its own `set -e` (its `kill` of the watcher, already gone, failed)
+    before stopping anything, and left the whole deployment running, started or not."""
+    d = small_deployment
+    pids = d.home / "pids"
+    wait_for(lambda: pids.exists() and len(pids.read_text().splitlines()) >= 5, 120,
+             "the script to start the five components")
+    assert d.broker_pid()
+    os.killpg(d.proc.pid, signal.SIGTERM)
+    d.proc.wait(90)
+    d.wait_all_exited(90, "SIGTERM to make's process group during start-up")
+    wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+    assert "airflow.sh: stopping api-server scheduler dag-processor triggerer log-server" in d.text(), d.text()
     assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]
