@@ -27,12 +27,12 @@ fi
 if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi
-# At its peak a run from a clean clone used about 6 GiB of disk, its venv included (a 2 GiB
+# At its peak a run from a clean clone used 6-7 GiB of disk, its venv included (a 2 GiB
 # file sent and received, a broker's journal, the kill tests' files; passing tests' directories
 # go as they end). A full disk fails tests with errors that do not say so: say it first.
 free_kib=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}')
 if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
-  echo "test: only $((${free_kib:-0} / 1024 / 1024)) GiB free in ${TMPDIR:-/tmp}; the suite needs about 6 GiB" \
+  echo "test: only $((${free_kib:-0} / 1024 / 1024)) GiB free in ${TMPDIR:-/tmp}; the suite needs about 7 GiB" \
        "at its peak. Free some, or point TMPDIR at a larger disk." >&2
 fi
 status=0

@@ -47,7 +47,8 @@ def test_a_signal_to_the_whole_group_while_it_starts_stops_everything(small_depl
     """A CI job cancelled, or a service manager's stop, as the components come up: every
     process of ``make``'s group gets SIGTERM at once, the script's orphan watcher too. The
     script once died of its own `set -e` (its `kill` of the watcher, already gone, failed)
-    before stopping anything, and left the whole deployment running, started or not."""
+    before stopping anything, and left the whole deployment running. Only start-up had that
+    window: once ready, the script runs without `set -e`."""
     d = small_deployment
     pids = d.home / "pids"
     wait_for(lambda: pids.exists() and len(pids.read_text().splitlines()) >= 5, 120,
