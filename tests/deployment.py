@@ -235,6 +235,12 @@ class Deployment:
             raise AssertionError(f"left running {timeout:.0f}s after {after}: {self.own_processes()}\n"
                                  f"{self.text()[-2000:]}") from None
 
+    def wait_stopped(self, timeout: float, after: str) -> None:
+        """Wait until no process of this deployment is left and the script has said it stopped
+        (its last line, written once everything it started is gone)."""
+        self.wait_all_exited(timeout, after)
+        wait_for(lambda: "airflow.sh: stopped" in self.text(), 10, "the script to say it stopped")
+
     def stop(self, timeout: float = 90) -> float:
         """SIGTERM to the top process (``make``), as a service manager or CI stops what it
         started; return the seconds it took to stop."""

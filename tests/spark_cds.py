@@ -116,13 +116,13 @@ def build(timeout: float = 600.0) -> Path | None:
     return target
 
 
-def _prune(keep: Path, others: int = 2) -> None:
+def _prune(keep: Path) -> None:
     """Bound the cache: each clean clone has a venv, hence an archive, of its own (177 MiB), and
-    a day of CI runs once left six. Keeps ``keep`` and the ``others`` newest; a driver that
+    a day of CI runs once left six. Keeps ``keep`` and the two newest others; a driver that
     has one of the others mapped keeps its copy (the file goes only when the last map does)."""
     with contextlib.suppress(OSError):
         rest = sorted((p for p in CACHE.glob("spark-*.jsa") if p != keep), key=lambda p: p.stat().st_mtime)
-        for old in rest[:-others] if others else rest:
+        for old in rest[:-2]:
             old.unlink()
 
 

@@ -65,8 +65,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 pass  # d.stop() says so, and kills what is left
         seconds = d.stop()
         print(f"\ncelery deployment stopped in {seconds:.1f}s")
-        d.wait_all_exited(90, "Ctrl-C")
-        wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+        d.wait_stopped(90, "Ctrl-C")
         assert "stopping redis" in d.text(), d.text()[-2000:]
 
 

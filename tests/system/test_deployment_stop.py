@@ -38,8 +38,7 @@ def test_make_killed_with_sigkill_still_stops_everything(small_deployment: Deplo
     assert d.own_processes() and d.broker_pid()
     os.kill(d.proc.pid, signal.SIGKILL)  # make: no trap, no forwarding
     d.proc.wait(10)
-    d.wait_all_exited(90, "make was killed")
-    wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+    d.wait_stopped(90, "make was killed")
     assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]
 
 
@@ -56,7 +55,6 @@ def test_a_signal_to_the_whole_group_while_it_starts_stops_everything(small_depl
     assert d.broker_pid()
     os.killpg(d.proc.pid, signal.SIGTERM)
     d.proc.wait(90)
-    d.wait_all_exited(90, "SIGTERM to make's process group during start-up")
-    wait_for(lambda: "airflow.sh: stopped" in d.text(), 10, "the script to say it stopped")
+    d.wait_stopped(90, "SIGTERM to make's process group during start-up")
     assert "airflow.sh: stopping api-server scheduler dag-processor triggerer log-server" in d.text(), d.text()
     assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]
