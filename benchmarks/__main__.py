@@ -401,8 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         bulk_text = bulk.table(bulk_rows)
         print(bulk_text)
     if not args.no_docs:
+        from benchmarks import scale
+
         docs = Path(args.docs)
         docs.mkdir(exist_ok=True)
+        report = docs / "benchmarks.md"
+        scale_text = scale.section(scale_rows, scale.head_commit()) if scale_rows else scale.kept_section(report)
         pngs = plots(rows, docs)
         cpu = os.cpu_count()
         md = ["# Benchmarks", "",
@@ -438,11 +442,10 @@ def main(argv: list[str] | None = None) -> int:
                  "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
                  "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "
                  "disk here.", "", net_text, ""] if net_text else []),
-              *([scale.section(scale_rows, scale.head_commit()), ""] if scale_rows else []),
+              *([scale_text, ""] if scale_text else []),
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]
-        report = docs / "benchmarks.md"
         # Prose written by hand below the marker (history, analysis) survives a new run.
         kept = report.read_text().split(NOTES_MARKER, 1)[1] if report.exists() and NOTES_MARKER in \
             report.read_text() else ""

@@ -236,6 +236,15 @@ def section(rows: list[dict[str, Any]], commit: str) -> str:
         "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION_END])
 
 
+def kept_section(report: Path) -> str:
+    """The "Scale" section already in ``report``, markers included ("" if none): a run that
+    does not measure scale keeps the last figures instead of dropping them."""
+    old = report.read_text() if report.exists() else ""
+    if SECTION_START not in old or SECTION_END not in old:
+        return ""
+    return SECTION_START + old.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
+
+
 def update_report(report: Path, text: str) -> None:
     """Put ``text`` (a :func:`section`) in ``report``, replacing the one there, else before its
     raw rows (or at its end)."""
