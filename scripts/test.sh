@@ -44,8 +44,6 @@ status=0
   -m "not soak and not serial and not alone" || status=$?
 # Each part runs even when one before it failed: one CI run reports everything.
 wait "$cds" || true  # it says why it made none
-# Files in collection order, longest first (tests/conftest.py), not by their number of tests.
-"$VENV/bin/python" -m pytest -n "${AMQSTREAM_SYSTEM_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
-  --durations=15 -m "serial and not soak" || status=$?
+"$VENV/bin/python" -m pytest -n "${AMQSTREAM_SYSTEM_WORKERS:-2}" --dist loadfile --durations=15 -m "serial and not soak" || status=$?
 "$VENV/bin/python" -m pytest --durations=10 -m "alone and not soak" || status=$?
 exit "$status"

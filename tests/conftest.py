@@ -64,15 +64,6 @@ _ALONE_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_broker_mem
                 "test_streams_ui.py"}
 
 
-# The system part runs two files at a time, each file on one worker, handed out in collection
-# order (scripts/test.sh passes --no-loadscope-reorder: xdist would order them by their number of
-# tests). In a run with --durations=0 these four took 258, 254, 117 and 72 s of the part's 920,
-# the other eight 2-47 s each. Ordered by test count, test_celery.py (5 tests) started last on one
-# worker while the other sat idle for three minutes; longest first, the short files fill in
-# behind the two long ones.
-_SYSTEM_FIRST = ("test_deployment.py", "test_celery.py", "test_network.py", "test_lineage_spark.py")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath))
@@ -80,13 +71,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.alone)
         elif path.parent.name == "system":
             item.add_marker(pytest.mark.serial)
-
-    def rank(item: pytest.Item) -> int:
-        path = Path(str(item.fspath))
-        first = path.parent.name == "system" and path.name in _SYSTEM_FIRST
-        return _SYSTEM_FIRST.index(path.name) if first else len(_SYSTEM_FIRST)
-
-    items.sort(key=rank)  # stable: every other test keeps its place
 
 
 def _params(broker: EmbeddedBroker) -> BrokerParams:
