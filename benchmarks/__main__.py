@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         docs = Path(args.docs)
         docs.mkdir(exist_ok=True)
         report = docs / "benchmarks.md"
-        scale_text = scale.section(scale_rows, scale.head_commit()) if scale_rows else scale.kept_section(report)
+        previous = report.read_text() if report.exists() else ""
+        scale_text = scale.section(scale_rows, scale.head_commit()) if scale_rows else scale.kept_section(previous)
         pngs = plots(rows, docs)
         cpu = os.cpu_count()
         md = ["# Benchmarks", "",
@@ -447,8 +448,7 @@ def main(argv: list[str] | None = None) -> int:
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]
         # Prose written by hand below the marker (history, analysis) survives a new run.
-        kept = report.read_text().split(NOTES_MARKER, 1)[1] if report.exists() and NOTES_MARKER in \
-            report.read_text() else ""
+        kept = previous.split(NOTES_MARKER, 1)[1] if NOTES_MARKER in previous else ""
         report.write_text("\n".join(md) + (f"\n{NOTES_MARKER}{kept}" if kept else ""))
         log(f"wrote {docs / 'benchmarks.md'}")
         update_readme(Path(args.readme), rows, time.strftime("%Y-%m-%d"), cpu, bulk_rows)

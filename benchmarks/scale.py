@@ -236,13 +236,12 @@ def section(rows: list[dict[str, Any]], commit: str) -> str:
         "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION_END])
 
 
-def kept_section(report: Path) -> str:
-    """The "Scale" section already in ``report``, markers included ("" if none): a run that
-    does not measure scale keeps the last figures instead of dropping them."""
-    old = report.read_text() if report.exists() else ""
-    if SECTION_START not in old or SECTION_END not in old:
+def kept_section(report: str) -> str:
+    """The "Scale" section in the text of an earlier ``report``, markers included ("" if
+    none): a run that does not measure scale keeps the last figures instead of dropping them."""
+    if SECTION_START not in report or SECTION_END not in report:
         return ""
-    return SECTION_START + old.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
+    return SECTION_START + report.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
 
 
 def update_report(report: Path, text: str) -> None:

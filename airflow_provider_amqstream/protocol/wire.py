@@ -347,7 +347,7 @@ COMPRESSION_SETTINGS = ("auto", *ENCODINGS, "none")
 DEFAULT_COMPRESSION = "auto"
 # Below this saving a chunk goes raw: decompressing it would cost more than it saves.
 _MIN_SAVING = 0.95
-# "auto" keeps a chunk compressed only if it shrank to half or less. At its level zstd costs
+# "auto" keeps a chunk compressed only if it shrank to half or less. At level -3 zstd costs
 # the sender ~1.8 CPU-s per GiB it reads on this project's 2-core machines and the receiver
 # ~0.9, and each GiB not carried saves the broker ~3 (docs/decisions/broker-tuning.md): below
 # 2x the whole path would spend more CPU than it saves (on one machine).

@@ -109,13 +109,10 @@ def test_startup_benchmark_smoke_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert figures.count(" s |") == 2 and figures.count("MiB") == 2, figures
 
 
-def test_a_run_without_scale_keeps_the_last_scale_section(tmp_path: Path) -> None:
+def test_a_run_without_scale_keeps_the_last_scale_section() -> None:
     from benchmarks import scale
 
-    report = tmp_path / "benchmarks.md"
-    assert scale.kept_section(report) == ""
+    assert scale.kept_section("") == ""
     body = f"{scale.SECTION_START}\n## Scale: many small files\n\n| 1,000 | 0 |\n{scale.SECTION_END}"
-    report.write_text(f"# Benchmarks\n\nold rows\n\n{body}\n\nRaw rows (JSON):\n")
-    assert scale.kept_section(report) == body
-    report.write_text(f"# Benchmarks\n\n{scale.SECTION_START}\nno end marker\n")
-    assert scale.kept_section(report) == ""
+    assert scale.kept_section(f"# Benchmarks\n\nold rows\n\n{body}\n\nRaw rows (JSON):\n") == body
+    assert scale.kept_section(f"# Benchmarks\n\n{scale.SECTION_START}\nno end marker\n") == ""
