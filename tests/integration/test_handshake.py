@@ -89,7 +89,9 @@ def test_corrupted_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, qu
     dest = p.Destination.parse(queue_name)
     with StompLink(params) as link:  # a corrupted copy of chunk 3 waits ahead of the real one
         body = data[8192:12288]
-        link.send(dest.data_queue("bad-1", params.user), b"X" + body[1:], p.data_headers(spec, 3, body))
+        # Its first byte flipped: b"X" in its place left it intact whenever the random byte was "X".
+        link.send(dest.data_queue("bad-1", params.user), bytes([body[0] ^ 0xFF]) + body[1:],
+                  p.data_headers(spec, 3, body))
         link.round_trip()
     rx = Receiver(params, queue_name, tmp_path / "out", rerequest_after=0.5)
     sent = send_file(params, src, queue_name, mode="handshake", stream_id="bad-1", chunk_size=4096, window=4)
