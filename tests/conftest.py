@@ -55,11 +55,13 @@ spark_cds.configure()
 logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
 
 # scripts/test.sh runs the suite in three parts. Most tests wait on a broker, not on a core:
-# three parallel workers. System tests (tests/system: a whole deployment, Spark, several
+# five parallel workers. System tests (tests/system: a whole deployment, Spark, several
 # brokers) are `serial`: two files at a time, each file in one worker with its module's
 # deployment. Tests that assert time bounds, or heap bounds under load they make, are
-# `alone`: one at a time, last (a heap bound on a quiet broker of the test's own is not).
-_ALONE_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_broker_memory.py",
+# `quiet`: last, with none of the other parts beside them, each file in a worker of its own
+# (together they keep about half of the two cores busy, and mostly wait). A heap bound on a
+# quiet broker of the test's own is not `quiet`.
+_QUIET_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_broker_memory.py",
                 # the API server must answer within 2 s while a broker hangs
                 "test_streams_ui.py"}
 
@@ -67,8 +69,8 @@ _ALONE_FILES = {"test_hostile_scale.py", "test_late_broker.py", "test_broker_mem
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath))
-        if path.name in _ALONE_FILES:
-            item.add_marker(pytest.mark.alone)
+        if path.name in _QUIET_FILES:
+            item.add_marker(pytest.mark.quiet)
         elif path.parent.name == "system":
             item.add_marker(pytest.mark.serial)
 

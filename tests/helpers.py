@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -300,3 +301,77 @@ def records_in(out: Path) -> int:
             if rec is not None and rec[0].startswith(st.DONE):
                 ids.add(rec[0])
     return len(ids)
+
+
+class HeldProxy:
+    """A loopback TCP proxy to ``port`` that passes at most ``budget`` bytes towards the
+    broker, over all its connections, and then holds them until :meth:`release`. A test that
+    kills a sender "part way" needs the sender to be part way when it looks: on a quiet
+    machine a 128 MiB send finished in the second between two looks."""
+
+    def __init__(self, port: int, budget: int) -> None:
+        self.upstream = port
+        self.left = budget
+        self.released = threading.Event()
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", free_port()))
+        self.port = self.server.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def uri(self, uri: str) -> str:
+        """``uri`` (a broker's, on its port) through this proxy."""
+        return uri.replace(f":{self.upstream}", f":{self.port}", 1)
+
+    def release(self) -> None:
+        """Pass everything from now on."""
+        self.released.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.released.set()
+        for s in [self.server, *self.socks]:
+            s.close()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            try:
+                broker = socket.create_connection(("127.0.0.1", self.upstream), timeout=10)
+            except OSError:
+                client.close()  # as a broker that is down would: the client sees a refusal
+                continue
+            broker.settimeout(None)
+            self.socks += [client, broker]
+            threading.Thread(target=self._pump, args=(client, broker, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(broker, client, False), daemon=True).start()
+
+    def _take(self, n: int) -> int:
+        """How many of ``n`` bytes may pass now, waiting (in steps, so that close ends it)
+        while the budget is spent and not released."""
+        while not self.released.is_set():
+            with self.lock:
+                if self.left > 0:
+                    take = min(n, self.left)
+                    self.left -= take
+                    return take
+            self.released.wait(0.1)
+        return n
+
+    def _pump(self, src: socket.socket, dst: socket.socket, to_broker: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                while data:
+                    n = self._take(len(data)) if to_broker else len(data)
+                    dst.sendall(data[:n])
+                    data = data[n:]
+        except OSError:
+            pass  # either end went away: the other one is closed below
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)

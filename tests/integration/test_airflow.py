@@ -21,11 +21,12 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, find_manifest, receive_stream
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from tests.conftest import ROOT, _params
-from tests.helpers import cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
+from tests.helpers import HeldProxy, cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 SIZE = 128 * 2**20 + 999
 CHUNK = 256 * 1024
+PART = 40 * 2**20  # what a first try may send before it is cut off: 160 chunks of 512
 
 
 def _load(folder: Path, dag_id: str) -> Any:
@@ -184,26 +185,33 @@ def test_example_one_file_end_to_end_with_spark(airflow_db: Path, spark_and_brok
 
 def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: EmbeddedBroker, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", private_broker.info().uri)
+    # The first try can get no further than PART bytes: it is part way when its broker goes.
+    proxy = HeldProxy(private_broker.port, PART)
+    uri = proxy.uri(private_broker.info().uri)
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     src = make_file(tmp_path / "big.bin", SIZE)
     record = tmp_path / "send.json"
     from airflow_provider_amqstream.hooks.connection import params_from_uri
 
-    name = checkpoint_name("sr-1", params_from_uri(private_broker.info().uri)).removesuffix(".json")
+    name = checkpoint_name("sr-1", params_from_uri(uri)).removesuffix(".json")
     ckpt = tmp_path / "send-state" / f"amqstream_send_{name}.json"
 
     def chaos() -> None:
         wait_for(lambda: (read_json(ckpt) or {}).get("confirmed_seq", 0) >= 100, 120,
                  "the sender to confirm 100 chunks")
         private_broker.kill()  # the first try loses its broker and gives up after reconnect_timeout
+        proxy.release()
         wait_for(lambda: _try_number(airflow_db, "amqs_test_send_retry", "send") >= 2, 60, "a second try")
         private_broker.start()
 
     join = _in_thread(chaos)
     dag = _load(ROOT / "tests" / "dags", "amqs_test_send_retry")
-    dr = dag.test(run_conf={"path": str(src), "queue": "/queue/retry.send", "stream_id": "sr-1",
-                            "record": str(record)})
-    join()
+    try:
+        dr = dag.test(run_conf={"path": str(src), "queue": "/queue/retry.send", "stream_id": "sr-1",
+                                "record": str(record)})
+        join()
+    finally:
+        proxy.close()
     assert dr.state == "success"
     res = json.loads(record.read_text())
     assert res["resumed_from"] > 0
@@ -220,23 +228,29 @@ def test_sensor_retry_resumes(airflow_db: Path, private_broker: EmbeddedBroker, 
     src = make_file(tmp_path / "big.bin", SIZE)
     out = tmp_path / "out"
     record = tmp_path / "recv.json"
-    send_args = ["send", str(src), "--to", "/queue/retry.recv", "--conn", uri, "--stream-id", "rr-1",
+    send_args = ["send", str(src), "--to", "/queue/retry.recv", "--stream-id", "rr-1",
                  "--chunk-size", str(CHUNK), "--window", "4", "--json", "-q"]
     state = out / ".amqstream" / "rr-1.json"
+    # The first sender can get no further than PART bytes: it is part way when it is killed.
+    proxy = HeldProxy(private_broker.port, PART)
 
     def chaos() -> None:
-        sender = cli(*send_args)
+        sender = cli(*send_args, "--conn", proxy.uri(uri))
         wait_for(lambda: (read_json(state) or {}).get("next_seq", 0) >= 100, 120, "the sensor to store 100 chunks")
         os.kill(sender.pid, signal.SIGKILL)  # the sensor's first try stalls and fails
         sender.communicate(timeout=30)
+        proxy.close()
         wait_for(lambda: _try_number(airflow_db, "amqs_test_recv_retry", "receive") >= 2, 60, "a second try")
-        cli_json(cli(*send_args))  # the producer's re-run resumes too
+        cli_json(cli(*send_args, "--conn", uri))  # the producer's re-run resumes too
 
     join = _in_thread(chaos)
     dag = _load(ROOT / "tests" / "dags", "amqs_test_recv_retry")
-    dr = dag.test(run_conf={"queue": "/queue/retry.recv", "out_dir": str(out), "stream_id": "rr-1",
-                            "record": str(record)})
-    join()
+    try:
+        dr = dag.test(run_conf={"queue": "/queue/retry.recv", "out_dir": str(out), "stream_id": "rr-1",
+                                "record": str(record)})
+        join()
+    finally:
+        proxy.close()
     assert dr.state == "success"
     res = json.loads(record.read_text())
     assert res["resumed_from"] > 0 and res["bytes_transferred"] < SIZE

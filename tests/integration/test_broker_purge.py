@@ -2,8 +2,8 @@
 a data queue of its own, so without that its heap grows with every stream it ever carried.
 And it keeps at most so many a user fills and nobody empties, which it never drops.
 
-Not one of the tests that need the machine to themselves: it asserts the heap of a broker of
-its own, and waits most of its time for the broker's purge schedule.
+Not one of the `quiet` tests, which run with nothing else beside them: it asserts the heap of
+a broker of its own, and waits most of its time for the broker's purge schedule.
 """
 
 from __future__ import annotations

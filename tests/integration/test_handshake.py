@@ -3,6 +3,7 @@ a sequence number, resume at both ends, topics with several subscribers."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
-from tests.helpers import Receiver, cli, cli_json, make_file, read_json, sha256_file, wait_for
+from tests.helpers import HeldProxy, Receiver, cli, cli_json, make_file, read_json, sha256_file, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -111,15 +112,22 @@ def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: st
     args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--json", "-q", "--wait", "30"]
     first = cli(*args)
     box: dict[str, TransferResult] = {}
+    # The sender gets no further than 40 MiB until the receiver is killed: it is part way then.
+    proxy = HeldProxy(params.hosts[0][1], 40 * 2**20)
+    held = dataclasses.replace(params, hosts=(("127.0.0.1", proxy.port),))
     t = threading.Thread(target=lambda: box.setdefault("sent", send_file(
-        params, src, queue_name, mode="handshake", stream_id="hk-1", chunk_size=chunk, window=8)))
+        held, src, queue_name, mode="handshake", stream_id="hk-1", chunk_size=chunk, window=8)))
     t.start()
-    wait_for(lambda: (read_json(out / ".amqstream" / "hk-1.json") or {}).get("next_seq", 0) >= 100, 60,
-             "the receiver to store 100 chunks")
-    os.kill(first.pid, signal.SIGKILL)
-    first.communicate(timeout=30)
-    [got] = cli_json(cli(*args))
-    t.join(60)
+    try:
+        wait_for(lambda: (read_json(out / ".amqstream" / "hk-1.json") or {}).get("next_seq", 0) >= 100, 60,
+                 "the receiver to store 100 chunks")
+        os.kill(first.pid, signal.SIGKILL)
+        first.communicate(timeout=30)
+        proxy.release()
+        [got] = cli_json(cli(*args))
+        t.join(60)
+    finally:
+        proxy.close()
     assert got["resumed_from"] > 0
     assert got["sha256"] == box["sent"].sha256 == sha256_file(src)
     assert box["sent"].rerequests >= 1  # the sender rewound to where the new receiver stood

@@ -199,7 +199,7 @@ def test_the_hook_sees_a_packed_stream_waiting(uri: str, params: BrokerParams, t
 
 @pytest.mark.broker
 @pytest.mark.kill
-@pytest.mark.alone  # flow control under a memory limit: needs the machine to itself
+@pytest.mark.quiet  # flow control under a memory limit: needs the machine quiet
 def test_a_stopped_receiver_does_not_stall_the_senders(private_broker: Any, tmp_path: Path) -> None:
     """A receiver that stops (SIGSTOP: a paused VM, a debugger) keeps what the broker handed
     it, unacknowledged, counted against the queue's memory limit with what the broker pages
