@@ -56,7 +56,7 @@ logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
 
 # scripts/test.sh runs the suite in three parts. Most tests wait on a broker, not on a core:
 # five parallel workers. System tests (tests/system: a whole deployment, Spark, several
-# brokers) are `serial`: two files at a time, each file in one worker with its module's
+# brokers) are `serial`: three files at a time, each file in one worker with its module's
 # deployment. Tests that assert time bounds, or heap bounds under load they make, are
 # `quiet`: last, with none of the other parts beside them, each file in a worker of its own
 # (together they keep about half of the two cores busy, and mostly wait). A heap bound on a
