@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ import pytest
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests import spark_cds
-from tests.helpers import running_broker
+from tests.helpers import HeldProxy, running_broker
 
 # Airflow reads its settings on first import (none of the imports above import it):
 # give the tests a private home first.
@@ -124,3 +124,17 @@ def airflow_db() -> Path:
 @pytest.fixture(autouse=True)
 def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMQSTREAM_STATE_DIR", str(tmp_path / "send-state"))
+
+
+@pytest.fixture
+def held_proxy() -> Iterator[Callable[..., HeldProxy]]:
+    """Makes :class:`~tests.helpers.HeldProxy` proxies (same arguments), closed when the test ends."""
+    made: list[HeldProxy] = []
+
+    def make(port: int, budget: int, *, to_broker: bool = True) -> HeldProxy:
+        made.append(HeldProxy(port, budget, to_broker=to_broker))
+        return made[-1]
+
+    yield make
+    for proxy in made:
+        proxy.close()

@@ -304,14 +304,20 @@ def records_in(out: Path) -> int:
 
 
 class HeldProxy:
-    """A loopback TCP proxy to ``port`` that passes at most ``budget`` bytes towards the
-    broker, over all its connections, and then holds them until :meth:`release`. A test that
-    kills a sender "part way" needs the sender to be part way when it looks: on a quiet
-    machine a 128 MiB send finished in the second between two looks."""
+    """A loopback TCP proxy to a broker on ``port`` that passes at most ``budget`` bytes one
+    way, over all its connections, and then holds that way until :meth:`release`. A test that
+    kills a sender or a receiver "part way" needs it to be part way when the test looks: on a
+    quiet machine a 128 MiB send took one second, and a loaded test process looked next after
+    its last chunk.
 
-    def __init__(self, port: int, budget: int) -> None:
+    :param to_broker: hold what clients send (a sender's chunks); False: what the broker
+        delivers (a receiver's).
+    """
+
+    def __init__(self, port: int, budget: int, *, to_broker: bool = True) -> None:
         self.upstream = port
         self.left = budget
+        self.to_broker = to_broker
         self.released = threading.Event()
         self.closed = threading.Event()
         self.lock = threading.Lock()
@@ -366,7 +372,7 @@ class HeldProxy:
         try:
             while data := src.recv(65536):
                 while data:
-                    n = self._take(len(data)) if to_broker else len(data)
+                    n = self._take(len(data)) if to_broker == self.to_broker else len(data)
                     dst.sendall(data[:n])
                     data = data[n:]
         except OSError:

@@ -184,9 +184,10 @@ def test_example_one_file_end_to_end_with_spark(airflow_db: Path, spark_and_brok
 
 
 def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: EmbeddedBroker, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              held_proxy: Callable[..., HeldProxy]) -> None:
     # The first try can get no further than PART bytes: it is part way when its broker goes.
-    proxy = HeldProxy(private_broker.port, PART)
+    proxy = held_proxy(private_broker.port, PART)
     uri = proxy.uri(private_broker.info().uri)
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     src = make_file(tmp_path / "big.bin", SIZE)
@@ -206,12 +207,9 @@ def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: 
 
     join = _in_thread(chaos)
     dag = _load(ROOT / "tests" / "dags", "amqs_test_send_retry")
-    try:
-        dr = dag.test(run_conf={"path": str(src), "queue": "/queue/retry.send", "stream_id": "sr-1",
-                                "record": str(record)})
-        join()
-    finally:
-        proxy.close()
+    dr = dag.test(run_conf={"path": str(src), "queue": "/queue/retry.send", "stream_id": "sr-1",
+                            "record": str(record)})
+    join()
     assert dr.state == "success"
     res = json.loads(record.read_text())
     assert res["resumed_from"] > 0
@@ -222,7 +220,7 @@ def test_sender_retry_resumes_from_task_state(airflow_db: Path, private_broker: 
 
 
 def test_sensor_retry_resumes(airflow_db: Path, private_broker: EmbeddedBroker, tmp_path: Path,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
+                              monkeypatch: pytest.MonkeyPatch, held_proxy: Callable[..., HeldProxy]) -> None:
     uri = private_broker.info().uri
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     src = make_file(tmp_path / "big.bin", SIZE)
@@ -232,7 +230,7 @@ def test_sensor_retry_resumes(airflow_db: Path, private_broker: EmbeddedBroker, 
                  "--chunk-size", str(CHUNK), "--window", "4", "--json", "-q"]
     state = out / ".amqstream" / "rr-1.json"
     # The first sender can get no further than PART bytes: it is part way when it is killed.
-    proxy = HeldProxy(private_broker.port, PART)
+    proxy = held_proxy(private_broker.port, PART)
 
     def chaos() -> None:
         sender = cli(*send_args, "--conn", proxy.uri(uri))
@@ -245,12 +243,9 @@ def test_sensor_retry_resumes(airflow_db: Path, private_broker: EmbeddedBroker, 
 
     join = _in_thread(chaos)
     dag = _load(ROOT / "tests" / "dags", "amqs_test_recv_retry")
-    try:
-        dr = dag.test(run_conf={"queue": "/queue/retry.recv", "out_dir": str(out), "stream_id": "rr-1",
-                                "record": str(record)})
-        join()
-    finally:
-        proxy.close()
+    dr = dag.test(run_conf={"queue": "/queue/retry.recv", "out_dir": str(out), "stream_id": "rr-1",
+                            "record": str(record)})
+    join()
     assert dr.state == "success"
     res = json.loads(record.read_text())
     assert res["resumed_from"] > 0 and res["bytes_transferred"] < SIZE

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from airflow_provider_amqstream.engine import (
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import cli, make_file, peak_rss_kib_of, sha256_file, wait_for
+from tests.helpers import HeldProxy, cli, make_file, peak_rss_kib_of, sha256_file, wait_for
 from tests.integration.test_queue_liveness import RawSender
 
 pytestmark = pytest.mark.broker
@@ -129,7 +130,7 @@ def test_a_symlinked_subdirectory_cannot_redirect_a_file(params: BrokerParams, t
 
 
 def test_thousand_small_files_killed_mid_batch_resume_and_skip_confirmed(
-        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str, held_proxy: Callable[..., HeldProxy]) -> None:
     """The issue's acceptance test: 1,000 small files through one CLI send and one receive,
     the sender killed (SIGKILL) in the middle; the re-run skips what was confirmed."""
     src = tmp_path / "landing"
@@ -137,8 +138,12 @@ def test_thousand_small_files_killed_mid_batch_resume_and_skip_confirmed(
     files = [make_file(src / f"p{i % 10}" / f"f{i:04d}.bin", 16 * 1024 + i, seed=i) for i in range(n)]
     state = tmp_path / "state"
     env = {"AMQSTREAM_STATE_DIR": str(state)}
+    # The first run gets no further than 8 MiB (about 450 files) until it is killed: it is
+    # part way then. The re-run goes through the same proxy, released: the ledger is kept per
+    # broker address.
+    proxy = held_proxy(params.hosts[0][1], 8 * 2**20)
     # Without --json: nobody reads its stdout until it is killed, and a full pipe would block it.
-    proc = cli("send", str(src), "--recursive", "--to", queue_name, "--conn", uri, "-q", env=env)
+    proc = cli("send", str(src), "--recursive", "--to", queue_name, "--conn", proxy.uri(uri), "-q", env=env)
 
     def ledger_lines() -> int:
         assert proc.poll() is None, f"the sender ended early: {proc.communicate()}"
@@ -148,10 +153,12 @@ def test_thousand_small_files_killed_mid_batch_resume_and_skip_confirmed(
     wait_for(lambda: ledger_lines() >= 100, 120, "the sender to confirm 100 files")
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+    proxy.release()
     ledger = next(state.glob("batch-*.jsonl"))
     confirmed = sum(1 for _ in ledger.open())
     assert 100 <= confirmed < n, f"killed too late ({confirmed} confirmed)"
-    proc = cli("send", str(src), "--recursive", "--to", queue_name, "--conn", uri, "--json", "-q", env=env)
+    proc = cli("send", str(src), "--recursive", "--to", queue_name, "--conn", proxy.uri(uri), "--json", "-q",
+               env=env)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     lines = [json.loads(line) for line in out.splitlines()]

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from airflow_provider_amqstream.cli import MODES, _print_result
 from airflow_provider_amqstream.engine import TransferResult, send_file
 from airflow_provider_amqstream.protocol.wire import Mode
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import cli, make_file, read_json, sha256_file, wait_for
+from tests.helpers import HeldProxy, cli, make_file, read_json, sha256_file, wait_for
 
 NO_ENV_CONN = {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": ""}
 
@@ -119,13 +120,15 @@ def test_progress_prints_its_last_line_once(uri: str, tmp_path: Path, queue_name
 
 @pytest.mark.broker
 @pytest.mark.kill
-def test_resumed_receive_prints_this_runs_rate(params: BrokerParams, uri: str, tmp_path: Path,
-                                              queue_name: str) -> None:
+def test_resumed_receive_prints_this_runs_rate(params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+                                              held_proxy: Callable[..., HeldProxy]) -> None:
     size, chunk = 96 * 2**20, 2**20
     src = make_file(tmp_path / "resume.bin", size)
     send_file(params, src, queue_name, stream_id="rate-1", chunk_size=chunk)
     out = tmp_path / "out"
-    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--window", "4", "-q"]
+    # The first receiver gets no more than 64 of the 96 chunks until it is killed: it is part way then.
+    proxy = held_proxy(params.hosts[0][1], 64 * chunk, to_broker=False)
+    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", proxy.uri(uri), "--window", "4", "-q"]
     first = cli(*args)
 
     def stored() -> int:
@@ -135,6 +138,7 @@ def test_resumed_receive_prints_this_runs_rate(params: BrokerParams, uri: str, t
     wait_for(lambda: stored() >= 48, 120, "the receiver to store 48 chunks")
     os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=30)
+    args[args.index("--conn") + 1] = uri
     again = _run(*args)
     assert again.returncode == 0, again.stderr[-2000:]
     m = re.search(r"in ([\d.]+)s \(([\d,.]+) MiB/s, resumed at byte (\d+)\)", again.stdout)

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,8 @@ def test_corrupted_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, qu
 
 
 @pytest.mark.kill
-def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: str, tmp_path: Path,
-                                                   queue_name: str) -> None:
+def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+                                                   held_proxy: Callable[..., HeldProxy]) -> None:
     chunk, size = 256 * 1024, 128 * 2**20 + 3
     src = make_file(tmp_path / "f.bin", size)
     out = tmp_path / "out"
@@ -113,21 +114,18 @@ def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: st
     first = cli(*args)
     box: dict[str, TransferResult] = {}
     # The sender gets no further than 40 MiB until the receiver is killed: it is part way then.
-    proxy = HeldProxy(params.hosts[0][1], 40 * 2**20)
+    proxy = held_proxy(params.hosts[0][1], 40 * 2**20)
     held = dataclasses.replace(params, hosts=(("127.0.0.1", proxy.port),))
     t = threading.Thread(target=lambda: box.setdefault("sent", send_file(
         held, src, queue_name, mode="handshake", stream_id="hk-1", chunk_size=chunk, window=8)))
     t.start()
-    try:
-        wait_for(lambda: (read_json(out / ".amqstream" / "hk-1.json") or {}).get("next_seq", 0) >= 100, 60,
-                 "the receiver to store 100 chunks")
-        os.kill(first.pid, signal.SIGKILL)
-        first.communicate(timeout=30)
-        proxy.release()
-        [got] = cli_json(cli(*args))
-        t.join(60)
-    finally:
-        proxy.close()
+    wait_for(lambda: (read_json(out / ".amqstream" / "hk-1.json") or {}).get("next_seq", 0) >= 100, 60,
+             "the receiver to store 100 chunks")
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=30)
+    proxy.release()
+    [got] = cli_json(cli(*args))
+    t.join(60)
     assert got["resumed_from"] > 0
     assert got["sha256"] == box["sent"].sha256 == sha256_file(src)
     assert box["sent"].rerequests >= 1  # the sender rewound to where the new receiver stood

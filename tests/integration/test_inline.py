@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, re
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, cli_json, make_file, records_in, sha256_file, wait_for
+from tests.helpers import HeldProxy, RawSender, browse, cli, cli_json, make_file, records_in, sha256_file, wait_for
 
 DEST = p.Destination.parse("/queue/inline.unit")
 BODY = hashlib.sha256(b"inline").digest() * 100  # 3200 bytes, compressible
@@ -154,15 +155,17 @@ def test_a_file_published_before_its_record_is_not_received_twice(params: Broker
 
 @pytest.mark.broker
 @pytest.mark.kill
-def test_a_receiver_killed_between_groups_leaves_every_file_exactly_once(uri: str, params: BrokerParams,
-                                                                         tmp_path: Path, queue_name: str) -> None:
+def test_a_receiver_killed_between_groups_leaves_every_file_exactly_once(
+        uri: str, params: BrokerParams, tmp_path: Path, queue_name: str, held_proxy: Callable[..., HeldProxy]) -> None:
     # 100 KB each: enough disk work that the kill lands while groups are in flight.
     files = [make_file(tmp_path / "in" / f"k{i:04d}.bin", 100_000 + i, seed=i) for i in range(1000)]
     cli_json(cli("send", str(tmp_path / "in"), "--recursive", "--to", queue_name, "--conn", uri, "--json", "-q",
                  "--no-manifest"))
     out = tmp_path / "out"
-    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--count", "1000", "--json", "-q",
-            "--wait", "20"]
+    # The first receiver gets no more than 40 MiB of them until it is killed: it is part way then.
+    proxy = held_proxy(params.hosts[0][1], 40 * 2**20, to_broker=False)
+    args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", proxy.uri(uri), "--count", "1000",
+            "--json", "-q", "--wait", "20"]
     # Its stdout goes to a file: nobody reads a pipe while we wait, and a full pipe would stop it.
     with open(tmp_path / "first.jsonl", "w") as sink:
         first = cli(*args, stdout=sink)
@@ -174,6 +177,7 @@ def test_a_receiver_killed_between_groups_leaves_every_file_exactly_once(uri: st
     wait_for(received_150, 120, "150 files received", interval=0.005)
     os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=30)
+    args[args.index("--conn") + 1] = uri
     before = records_in(out)
     assert before < 1000, "the receiver finished before it could be killed"
     # The re-run drains the queue: offers whose records were written but not yet
