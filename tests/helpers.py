@@ -327,8 +327,12 @@ class HeldProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def uri(self, uri: str) -> str:
-        """``uri`` (a broker's, on its port) through this proxy."""
-        return uri.replace(f":{self.upstream}", f":{self.port}", 1)
+        """``uri`` (a broker's, on its port) through this proxy. The port is the last
+        ``:<port>`` in it: the password before it may hold the same digits."""
+        head, sep, tail = uri.rpartition(f":{self.upstream}")
+        if not sep:
+            raise ValueError(f"{uri!r} does not name port {self.upstream}")
+        return f"{head}:{self.port}{tail}"
 
     def release(self) -> None:
         """Pass everything from now on."""
