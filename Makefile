@@ -33,10 +33,11 @@ bench: setup
 	VENV="$(VENV)" bash scripts/bench.sh $(ARGS)
 
 # The same checks scripts/test.sh runs first (so CI enforces them): style and complexity,
-# the architecture contracts in pyproject.toml, then types.
+# the architecture contracts in pyproject.toml, no import cycles, then types.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/python scripts/import_cycles.py
 	$(VENV)/bin/mypy
 
 clean:

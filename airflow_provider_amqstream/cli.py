@@ -13,38 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_provider_amqstream import __version__
+from airflow_provider_amqstream.cli_common import CONN_HELP, setup_logging
+from airflow_provider_amqstream.cli_common import broker_params as _params
 from airflow_provider_amqstream.exceptions import AmqStreamError
-
-if TYPE_CHECKING:
-    from airflow_provider_amqstream.transport.params import BrokerParams
 
 # The choices of ``send --mode``, here so that building the parser imports nothing;
 # tests check them against protocol.Mode.
 MODES = ("stream", "atomic", "handshake")
-CONN_HELP = ("amqstream:// URI, or a connection id looked up in AIRFLOW_CONN_<ID>, then in Airflow's metadata "
-             "database (default amqstream_default, else the embedded broker)")
-
-
-def _params(args: argparse.Namespace) -> BrokerParams:
-    """``--conn`` is a URI, a connection id, or (default) amqstream_default."""
-    from airflow_provider_amqstream.hooks.connection import resolve
-
-    params, source = resolve(args.conn)
-    if "airflow" in sys.modules:
-        # Airflow's import configures logging to stdout: take it back for --json.
-        _setup_logging(args.verbose)
-    if source.startswith("the embedded broker") and not getattr(args, "quiet", False):
-        print(f"amqstream: using {source} at {params.url}", file=sys.stderr)
-    logging.getLogger(__name__).info("connection from %s: %s", source, params.url)
-    return params
-
 
 class _Progress:
     """A one-line progress bar on a terminal; a line every 10 s otherwise (logs)."""
@@ -370,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its files are in (default: on with --recursive)")
     s.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                    help="several files: send files of one chunk or less up to 32 to a message (default on; "
-                        "--no-pack for receivers older than packs, or that take each stream by id into its own "
-                        "directory: they would receive the whole pack)")
+                        "--no-pack for receivers that do not read packs (Java), or that take each stream by id into "
+                        "its own directory: they would receive the whole pack)")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")
     s.add_argument("--chunk-size", type=int, help="bytes per chunk (default 1 MiB)")
     s.add_argument("--mode", choices=MODES, default=MODES[0],
@@ -421,16 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not verbose:
-        logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.verbose)
+    setup_logging(args.verbose)
     try:
         return args.func(args)
     # Ours say what failed and what to do; OSError is the file system's (a path that is

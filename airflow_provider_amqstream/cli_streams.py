@@ -16,6 +16,9 @@ import sys
 import time
 from typing import Any
 
+from airflow_provider_amqstream.cli_common import broker_params as _params
+from airflow_provider_amqstream.cli_common import setup_logging
+
 NOT_FOUND = 3
 
 
@@ -72,12 +75,6 @@ def add_parser(sub: Any, conn_help: str) -> None:
 
 
 # --------------------------------------------------------------------------- helpers
-def _params(args: argparse.Namespace) -> Any:
-    from airflow_provider_amqstream.cli import _params as resolve_params
-
-    return resolve_params(args)
-
-
 def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
     """``--from``, else the connection's ``destinations`` extra; exactly one if ``one``."""
     from airflow_provider_amqstream.engine.inventory import extra_list
@@ -94,10 +91,8 @@ def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
             conn_id = args.conn or connection.DEFAULT_CONN_ID
             fields = connection.from_env(conn_id)
             if fields is None:
-                from airflow_provider_amqstream.cli import _setup_logging
-
                 fields = connection.from_metadata_db(conn_id)
-                _setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
+                setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
         found = extra_list(fields.extra, "destinations") if fields else []
     if not found:
         raise ConfigurationError("name the destination with --from /queue/NAME (or list them in the connection's "

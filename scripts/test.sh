@@ -24,6 +24,7 @@ if [ "$#" -eq 0 ]; then
 fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
+"$VENV/bin/python" scripts/import_cycles.py
 "$VENV/bin/mypy"  # protocol/ and transport/ ([tool.mypy] in pyproject.toml)
 if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
