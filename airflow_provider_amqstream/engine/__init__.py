@@ -1,15 +1,15 @@
 """Senders and receivers: the protocol state machines driven over a STOMP link and files.
 
-* ``sending.py``: one file out as a stream (stream and atomic modes), resumable.
-* ``bulk.py``: many files out over one connection, pipelined, resumable per file;
-  ``batch.py``: what a batch is (its files, results, the ledger a re-run resumes from).
-* ``manifest.py``: a batch's manifest on the receiving side, once all its files are in.
-* ``handshake.py``: the sender's side of handshake mode (paced by its receivers).
-* ``receiving.py``: streams in, one at a time over one connection, and the policy for a
+* ``send/stream.py``: one file out as a stream (stream and atomic modes), resumable.
+* ``send/bulk.py``: many files out over one connection, pipelined, resumable per file;
+  ``send/batch.py``: what a batch is (its files, results, the ledger a re-run resumes from).
+* ``receive/manifest.py``: a batch's manifest on the receiving side, once all its files are in.
+* ``send/handshake.py``: the sender's side of handshake mode (paced by its receivers).
+* ``receive/session.py``: streams in, one at a time over one connection, and the policy for a
   stream that fails (quarantine, or yield its place).
-* ``stream_receiver.py``: one stream's messages: decide, commit, verify, publish.
-* ``partial_file.py``: one stream's bytes on disk: reservation, writes, durable batches.
-* ``claims.py``: which streams a receiving task took, so its retry finds them.
+* ``receive/stream.py``: one stream's messages: decide, commit, verify, publish.
+* ``receive/partial_file.py``: one stream's bytes on disk: reservation, writes, durable batches.
+* ``receive/claims.py``: which streams a receiving task took, so its retry finds them.
 * ``records.py``: results, errors and crash-safe files shared by both ends.
 """
 

@@ -18,7 +18,7 @@ the staging queue holds.
 
 **Identity.** The broker stamps every message with the user who sends it, and a redrive
 re-sends the offer and every chunk: a redriven stream is the **redriving user's** to every
-receiver (its ``.done`` record names that user; a batch of the original sender no longer
+receiver (its completion record names that user; a batch of the original sender no longer
 lists it). Re-stamping must not launder another user's chunks into the stream, so a redrive
 refuses chunks from more than one sender. The original sender travels in
 ``amqs_redrive_sender`` for people and logs, and is believed only where only

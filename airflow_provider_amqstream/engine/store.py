@@ -9,7 +9,7 @@ directory's ``records/``). Layout::
 * ``YYYYMMDD``: the UTC day the record was written. Retention drops whole days: a day
   older than the retention is renamed away (atomic) and removed; look-ups ignore it even
   before that.
-* ``bb``: one of :data:`BUCKETS` buckets, from the SHA-256 of the record's key: a look-up
+* ``bb``: one of :data:`BUCKETS` buckets, from the CRC-32 of its kind and key: a look-up
   reads only the files of one bucket per day, never the others.
 * ``<host>-<pid>-<random>``: the one process that writes the file. No two writers ever
   append to the same file, so nothing relies on ``O_APPEND`` being atomic (it is not

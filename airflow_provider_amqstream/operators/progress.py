@@ -31,7 +31,7 @@ class LogProgress:
 
 class BatchLogProgress:
     """A line every ``interval`` seconds with files and MiB done of a many-file send and its
-    recent MiB/s (see :class:`~airflow_provider_amqstream.progress.RecentRate`), and the line
+    recent MiB/s (see :class:`~airflow_provider_amqstream.engine.progress.RecentRate`), and the line
     of its last file.
 
     :param log: the task's logger.

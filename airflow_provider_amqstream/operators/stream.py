@@ -49,7 +49,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     :param pack: many files: send files of one chunk or less up to 32 to a broker message
         (default on, several times faster for small files). Turn off when each file is
         received by its stream id into a directory of its own (a sensor asking for one
-        packed stream receives its whole pack) or by receivers older than packs.
+        packed stream receives its whole pack) or by receivers that do not read packs (Java).
     :param destination: ``/queue/NAME`` the receivers listen on (templated).
     :param stream_id: stream id (templated); default derived from path, size and mtime.
     :param name: file name announced to receivers (templated); default the base name.

@@ -9,8 +9,8 @@ is. After a batch's offers, the sender lists its files in *batch* messages
 (:func:`batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
 manifest.
 
-Pure, no I/O: it builds on ``protocol.py`` (header names, StreamSpec, offers) and is read
-by the engine (``engine/small_files.py``, ``engine/bulk.py``, ``engine/inline.py``). The
+Pure, no I/O: it builds on ``wire.py`` (header names, StreamSpec, offers) and is read
+by the engine (``engine/send/small_files.py``, ``engine/send/bulk.py``, ``engine/receive/inline.py``). The
 wire format is in ``docs/protocol.md``.
 """
 
@@ -56,7 +56,7 @@ H_PART = "amqs_part"
 H_PARTS = "amqs_parts"
 # A pack (several small files in one message): how many, the length of its JSON index at
 # the start of the body, and in the index each member's wire length. Its members' stream
-# ids (H_PACK_IDS) are in protocol.py, where offer_selector reads them.
+# ids (H_PACK_IDS) are in wire.py, where offer_selector reads them.
 H_PACK_FILES = "amqs_pack_files"
 H_PACK_INDEX = "amqs_pack_index"
 H_PACK_LEN = "amqs_pack_len"

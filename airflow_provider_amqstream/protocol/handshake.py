@@ -3,9 +3,9 @@
 In ``handshake`` mode receivers answer the offer with ``hello`` on the stream's
 control queue, acknowledge each window with ``ack``, ask for a resend from a sequence
 number with ``rereq``, and say ``done``. :class:`HandshakeSender` takes those messages and
-decides which chunk goes next; ``engine/handshake.py`` drives it over the broker. The
+decides which chunk goes next; ``engine/send/handshake.py`` drives it over the broker. The
 messages themselves (:func:`protocol.control_headers`, :func:`protocol.handshake_terms`)
-are in ``protocol.py`` with the rest of the wire format.
+are in ``wire.py`` with the rest of the wire format.
 """
 
 from __future__ import annotations

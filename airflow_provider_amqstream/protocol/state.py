@@ -4,7 +4,7 @@ The sender's :class:`SenderState` is its checkpoint: the chunks the broker has c
 The receiver's :class:`ReceiverState` decides what to do with each message of a
 stream's data queue (:meth:`ReceiverState.decide`) and tracks which chunks are on disk;
 both are saved as JSON so a re-run of either end continues where it stopped. The wire
-format they read is in ``protocol.py``; this module does no I/O either.
+format they read is in ``wire.py``; this module does no I/O either.
 """
 
 from __future__ import annotations

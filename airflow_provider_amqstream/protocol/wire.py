@@ -24,14 +24,14 @@ Here: header names, stream ids and destinations, :class:`StreamSpec`, the messag
 (:class:`ChunkCodec`) and the offer selector. Beside it, in the same pure layer and
 built on this module:
 
-* ``stream_state.py``: what each end knows for sure about one stream: the sender's
+* ``state.py``: what each end knows for sure about one stream: the sender's
   confirmed chunks (:class:`SenderState`) and the receiver's verdict on each data
   message and its durable chunks (:class:`ReceiverState`);
-* ``handshake_sender.py``: the sender's state machine in handshake mode (whom to send
+* ``handshake.py``: the sender's state machine in handshake mode (whom to send
   which chunk next);
-* ``bulk_wire.py``: the many-files wire format: small files inline in their offers,
+* ``bulk.py``: the many-files wire format: small files inline in their offers,
   several inline offers in one pack, and a batch's file list;
-* ``safe_paths.py``: a file name and subdirectory off the wire made into a local path
+* ``paths.py``: a file name and subdirectory off the wire made into a local path
   that cannot leave the output directory.
 
 This module decides; the engine (``engine/``) reads files, writes files and talks to
@@ -87,7 +87,7 @@ H_ORIGIN = "amqs_origin"
 # Handshake mode: a receiver's secret for one stream, sent only on the control queue (which
 # other receivers cannot read), so the sender can tell its receiver from an impostor.
 H_TOKEN = "amqs_token"
-# A pack (see bulk_wire.py): its members' stream ids as "|a|b|", for the LIKE in
+# A pack (see bulk.py): its members' stream ids as "|a|b|", for the LIKE in
 # offer_selector.
 H_PACK_IDS = "amqs_pack_ids"
 # Added by a receiver that quarantines a stream, on the copy of its offer it files away.
@@ -626,7 +626,7 @@ def parse_offer(headers: Mapping[str, Any], offered_on: Destination, *, sender: 
 
 
 def offer_origin(headers: Mapping[str, Any]) -> str:
-    """The offer's origin digest, or "" when the sender sent none (older or plain producers)."""
+    """The offer's origin digest, or "" when the sender sent none (a plain producer)."""
     origin = str(headers.get(H_ORIGIN) or "")
     return origin if re.fullmatch(r"[0-9a-f]{16,64}", origin) else ""
 

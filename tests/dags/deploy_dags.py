@@ -1,4 +1,4 @@
-"""DAGs for tests/test_deployment.py: a send slow enough to be killed mid-transfer (16 KiB
+"""DAGs for tests/system/test_deployment.py: a send slow enough to be killed mid-transfer (16 KiB
 chunks, one broker confirmation per chunk: ~4 MiB/s here) with a sensor receiving it at the
 same time; and a sensor alone, for a stream the test sends itself and holds short of the end, so
 the sensor is still running whatever the machine's load when the test reads its log."""

@@ -1,5 +1,5 @@
-"""A DAG for tests/test_lineage_spark.py: a file sent and received and a glob of files sent and received, so the test
-can read the OpenLineage events Airflow's listener emits for every task."""
+"""A DAG for tests/system/test_lineage_spark.py: a file sent and received and a glob of files sent and received,
+so the test can read the OpenLineage events Airflow's listener emits for every task."""
 
 from __future__ import annotations
 

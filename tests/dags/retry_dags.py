@@ -1,4 +1,4 @@
-"""DAGs used by tests/test_airflow.py: each ends with a probe that records what the
+"""DAGs used by tests/integration/test_airflow.py: each ends with a probe that records what the
 stream task returned, so a test can assert on XCom after dag.test()."""
 
 from __future__ import annotations

@@ -284,8 +284,9 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from airflow_provider_amqstream.engine import find_claimed
-    from airflow_provider_amqstream.engine.receive.claims import record_claim
-    from airflow_provider_amqstream.engine.records import state_dir, write_json
+    from airflow_provider_amqstream.engine import store as st
+    from airflow_provider_amqstream.engine.receive.claims import receiver_store, record_claim
+    from airflow_provider_amqstream.engine.records import state_dir
     from airflow_provider_amqstream.operators.checkpoint import task_claim
 
     def ti(try_number: int, map_index: int = -1) -> dict[str, Any]:
@@ -296,8 +297,8 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     assert task_claim({}) is None
     out = tmp_path / "out"
     sdir = state_dir(out)
-    write_json(sdir / "s1.done", {"stream_id": "s1", "finished_at": 2.0})
-    write_json(sdir / "s0.done", {"stream_id": "s0", "finished_at": 1.0})
+    for sid, at in (("s1", 2), ("s0", 1)):  # completion records, as a receiver packs them (claims.pack_done)
+        receiver_store(sdir).put(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])
     for sid in ("s1", "s0", "gone"):  # "gone": its record was cleaned away since
         record_claim(sdir, "airflow:d/r/t/-1", sid)
     assert [d["stream_id"] for d in find_claimed(out, "airflow:d/r/t/-1")] == ["s0", "s1"]

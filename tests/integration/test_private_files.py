@@ -12,7 +12,7 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 def test_the_broker_data_dir_and_its_secrets_are_the_owners_only(tmp_path: Path) -> None:
     data_dir = tmp_path / "broker"
     data_dir.mkdir(mode=0o755)
-    os.chmod(data_dir, 0o755)  # as an earlier version left it
+    os.chmod(data_dir, 0o755)  # as mkdir under the usual umask leaves it
     old = os.umask(0o022)
     try:
         EmbeddedBroker(data_dir, port=61999).render_config()

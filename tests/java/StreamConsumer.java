@@ -1,7 +1,7 @@
 // A plain JMS consumer of one amqstream stream, with nothing of ours but the header names
 // (docs/protocol.md): take an offer, read its data queue, place each chunk by the standard
 // message-group headers (JMSXGroupID = the stream, JMSXGroupSeq = the chunk's number),
-// stop at the end marker, check the SHA-256. An inline offer carries the file itself. Used by tests/test_network.py; docs/java.md
+// stop at the end marker, check the SHA-256. An inline offer carries the file itself. Used by tests/system/test_network.py; docs/java.md
 // walks through it.
 //
 // usage: java StreamConsumer BROKER_URL USER PASSWORD QUEUE OUT_FILE

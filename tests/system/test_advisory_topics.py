@@ -3,7 +3,7 @@ them. A plain message an ordinary user wrote to ``ActiveMQ.Advisory.Consumer.Que
 reached the bridge as a consumer advisory with no consumer in it and shut the bridge down
 (NullPointerException at the other site), once per message: 34 shutdowns in 40 s.
 
-Two embedded brokers joined by a duplex bridge (tests/test_network.py's ``Sites``).
+Two embedded brokers joined by a duplex bridge (tests/system/test_network.py's ``Sites``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.deployment, pytest.mark.broker]
 
 LIVE_CHUNK = 8192
 LIVE_CHUNKS = 240
-# Where screenshots are kept after the run, as tests/test_deployment.py keeps its own.
+# Where screenshots are kept after the run, as tests/system/test_deployment.py keeps its own.
 KEEP = os.environ.get("AMQSTREAM_UI_SCREENSHOTS") or str(ROOT / "build" / "ui-screenshots")
 
 

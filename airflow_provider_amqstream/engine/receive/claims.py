@@ -15,11 +15,6 @@ bucket per day (see docs/decisions/records-store.md).
   would never reach the task's downstream. The claim names the taker (an Airflow task
   instance: DAG, run, task, map index) and a retry of the same task instance reads it back.
 
-Directories written by earlier versions hold one file per record (``<id>.done``,
-``claims/<hash>/<id>.json``): look-ups fall back to those files when the store has no
-record, so an upgrade loses nothing; they are never written again (nor migrated: they stay
-until removed by hand, see docs/decisions/records-store.md).
-
 A record older than the retention (:data:`~airflow_provider_amqstream.engine.store.DEFAULT_RETENTION_DAYS`
 days unless ``records_retention_days`` says otherwise) is pruned: a stream offered again
 after that is received again.
@@ -36,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine import store as st
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, TransferResult, read_json
+from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, TransferResult
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamError
 from airflow_provider_amqstream.protocol import wire as p
 
@@ -97,7 +92,7 @@ def pack_done(result: TransferResult, out: str) -> list[Any]:
 
 
 def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The completion record of ``sid`` as the JSON object earlier versions wrote (None if
+    """The completion record of ``sid`` as a :class:`TransferResult`'s JSON object (None if
     malformed)."""
     if not isinstance(value, list) or len(value) < 10:
         return None
@@ -150,7 +145,7 @@ def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True,
 def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
                   retention_days: float | None = None) -> dict[str, Any] | None:
     """The completion record of ``stream_id`` if it was received into ``out_dir`` (within
-    the retention, or in an earlier version's ``<id>.done``), else None.
+    the retention), else None.
 
     :param out_dir: the receiver's output directory.
     :param stream_id: the stream.
@@ -160,9 +155,7 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
     sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
         value = receiver_store(sdir, retention_days).get(st.DONE, stream_id)
-        if value is not None:
-            return unpack_done(value, stream_id, out_dir)
-        return read_json(os.path.join(sdir, f"{stream_id}.done"))
+        return None if value is None else unpack_done(value, stream_id, out_dir)
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc}); "
                           "check the directory's permissions and disk") from exc
@@ -181,41 +174,10 @@ def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str
     sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
         values = receiver_store(sdir, retention_days).get_many(st.DONE, ids)
-        found = {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
-        for sid in ids:
-            if sid not in found:
-                legacy = read_json(os.path.join(sdir, f"{sid}.done"))
-                if legacy is not None:
-                    found[sid] = legacy
+        return {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion records in {out_dir} are unreadable ({exc}); check the directory's "
                           "permissions and disk") from exc
-    return found
-
-
-def _legacy_claim_dir(sdir: Path, claim: str) -> Path:
-    return sdir / "claims" / hashlib.sha256(claim.encode()).hexdigest()[:32]
-
-
-def _legacy_claimed(sdir: Path, claim: str, out_dir: str | os.PathLike[str]) -> list[str]:
-    cdir = _legacy_claim_dir(sdir, claim)
-    try:
-        names = sorted(f.name for f in os.scandir(cdir) if f.name.endswith(".json"))
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        try:
-            mark = read_json(cdir / name) or {}
-            sid = mark.get("stream_id")
-            # Two labels sharing a hash prefix would be a collision, not a claim of ours.
-            if mark.get("claim") != claim or not isinstance(sid, str):
-                continue
-            found.append(p.validate_stream_id(sid))
-        except (OSError, ValueError) as exc:
-            raise StreamError(f"claim record {cdir / name} of {claim!r} in {out_dir} is unreadable ({exc}); "
-                              "delete it to receive afresh") from exc
-    return found
 
 
 def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
@@ -237,7 +199,6 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     except OSError as exc:
         raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "
                           "permissions and disk") from exc
-    ids += _legacy_claimed(sdir, claim, out_dir)
     found: dict[str, dict[str, Any]] = {}
     for sid in ids:
         if sid in found:

@@ -164,7 +164,7 @@ def elsewhere_report(what: str, dest: p.Destination, stream_id: str, out: Path, 
 
 def unknown_report(what: str, dest: p.Destination, stream_id: str, missing: str, kept: str) -> str:
     """Why a receiver that began a stream without its first chunks keeps what it got: no
-    note says who took them (a receiver older than these notes, or their note was removed)."""
+    note says who took them (it was removed, e.g. by ``amqstream streams discard``)."""
     return (
         f"{what}: {missing} never came: another receiver most likely took them before this one started (one "
         f"killed after acknowledging them, on a disk this one cannot see), and no receiver noted holding them (on "

@@ -332,7 +332,7 @@ class InlineGroup:
 
     def _result(self, it: _Item) -> TransferResult:
         spec = it.spec
-        # A partial reception of this stream through its data queue (an older sender) is moot now.
+        # A partial reception of this stream through its data queue (sent before without packing) is moot now.
         for leftover in (f"{spec.stream_id}.part", f"{spec.stream_id}.json"):
             unlink_missing_ok(f"{self._sdir}/{leftover}")
         now = time.time()

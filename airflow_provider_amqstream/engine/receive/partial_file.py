@@ -3,7 +3,7 @@
 Writes land at their offsets at once; a batch becomes durable when a worker thread has
 fdatasynced the file and saved the state that records it, and only then are its
 messages acknowledged, so an acknowledged chunk is always on disk. The conversation
-with the broker that decides what to write is ``stream_receiver.py``.
+with the broker that decides what to write is ``stream.py``.
 """
 
 from __future__ import annotations

@@ -710,13 +710,11 @@ def _yield_status(exc: StreamYielded) -> str:
 
 
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
-    """Whether an offer repeats the stream a ``.done`` record describes. Records and
-    offers from before origins existed compare by size and chunk count alone."""
-    if int(done.get("bytes", -1)) != spec.size or int(done.get("chunks", -1)) != spec.chunks:
+    """Whether an offer repeats the stream a completion record describes: the same size, chunks,
+    chunk size and origin (none on both sides for a producer that sends none)."""
+    if (done["bytes"], done["chunks"], done["chunk_size"]) != (spec.size, spec.chunks, spec.chunk_size):
         return False
-    if done.get("chunk_size") and int(done["chunk_size"]) != spec.chunk_size:
-        return False
-    return str(done.get("origin") or "") == origin
+    return str(done["origin"]) == origin
 
 
 def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:

@@ -381,9 +381,9 @@ class StreamReceiver:
             ending = d.verdict is Verdict.END or (state.expected_sha256 and state.all_written)
             if ending and not self.reply_to and state.expected_sha256 and state.all_written:
                 # The last batch is made durable by publishing: run() fsyncs the file,
-                # renames it and writes .done before these messages are acknowledged, so
+                # renames it and records its completion before these messages are acknowledged, so
                 # no state file is written (or synced) for it. A crash before the
-                # acknowledgement redelivers the offer, which finds .done: a duplicate.
+                # acknowledgement redelivers the offer, which finds that record: a duplicate.
                 self.file.settle(self._durable)
                 self.file.assume_durable()
                 break

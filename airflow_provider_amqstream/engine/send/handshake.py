@@ -3,7 +3,7 @@ their answers.
 
 Receivers drive resumption: each reports the first chunk it lacks, so a restarted
 receiver, a lost chunk and a restarted sender all become "send from chunk k". The
-receiver's side (hello, ack, rereq, done) is a few lines in ``stream_receiver.py``.
+receiver's side (hello, ack, rereq, done) is a few lines in ``receive/stream.py``.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def test_a_shared_directory_resumes_on_the_other_worker(broker: MemoryBroker, tm
 
 def test_without_a_note_the_receiver_keeps_what_it_got_and_a_resend_completes_it(
         broker: MemoryBroker, tmp_path: Path) -> None:
-    """A first receiver that left no note (an older version): where the first bytes went
+    """A first receiver that left no note (removed since): where the first bytes went
     cannot be known; the retry keeps the rest, dead-letters nothing, and a send of the
     file again completes it there."""
     spec, data = _stream(broker, tmp_path, "nonote-1")

@@ -1,7 +1,7 @@
 """The receive engine on the in-memory link: what a stream's messages become, what a
 hostile sender can make a receiver do, and identity from the broker's stamp. No broker,
 no network: each test runs in well under a second (the real broker proves the wiring in
-tests/test_queue_liveness.py, tests/test_hostile_scale.py and the others)."""
+tests/integration/test_queue_liveness.py, tests/integration/test_hostile_scale.py and the others)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_a_receiver_killed_while_quarantining_leaves_the_stream_filed_once(
 @pytest.mark.parametrize("n", [10, 1000])
 def test_offers_too_large_and_junk_ahead_do_not_hold_up_a_good_stream(broker: MemoryBroker, tmp_path: Path,
                                                                      n: int) -> None:
-    """What tests/test_hostile_scale.py measures on ActiveMQ, here as logic: each bad offer
+    """What tests/integration/test_hostile_scale.py measures on ActiveMQ, here as logic: each bad offer
     is settled once (parked or quarantined), none is taken twice, and no list grows."""
     with open_link(broker.params("mallory")) as link:
         for i in range(n):

@@ -1,12 +1,9 @@
 """Records on the in-memory link: what a receiver and a sender remember across restarts,
-what retention forgets, and the old one-file-per-record layout still read. No broker, no
-network."""
+and what retention forgets. No broker, no network."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -22,7 +19,6 @@ from airflow_provider_amqstream.engine import (
 )
 from airflow_provider_amqstream.engine import store as st
 from airflow_provider_amqstream.engine.receive.claims import record_claim
-from airflow_provider_amqstream.engine.records import write_json
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
 Q = "/queue/landing"
@@ -108,26 +104,6 @@ def test_records_kept_for_ever_with_retention_zero(broker: MemoryBroker, tmp_pat
     old.close()
     assert find_received(out, "x-1", retention_days=0) is not None
     assert find_received(out, "x-1") is None, "the default retention is 30 days"
-
-
-def test_the_old_layout_is_still_read(broker: MemoryBroker, tmp_path: Path) -> None:
-    src = tmp_path / "legacy.bin"
-    src.write_bytes(os.urandom(1500))
-    out = tmp_path / "out"
-    sdir = out / ".amqstream"
-    send_file(broker.params("alice"), src, Q, stream_id="legacy-1", chunk_size=1000)
-    assert receive(broker, out) == ["legacy-1:complete"]
-    # Turn it into what an earlier version wrote: one file per completion record and claim.
-    rec = find_received(out, "legacy-1")
-    assert rec is not None
-    restart()
-    shutil.rmtree(sdir / "records")
-    write_json(sdir / "legacy-1.done", rec)
-    cdir = sdir / "claims" / hashlib.sha256(b"airflow:d/r/t/-1").hexdigest()[:32]
-    write_json(cdir / "legacy-1.json", {"claim": "airflow:d/r/t/-1", "stream_id": "legacy-1", "at": 1.0})
-    assert [d["stream_id"] for d in find_claimed(out, "airflow:d/r/t/-1")] == ["legacy-1"]
-    send_file(broker.params("alice"), src, Q, stream_id="legacy-1", chunk_size=1000, restart=True)
-    assert receive(broker, out) == ["legacy-1:duplicate"], "the old record still stops a repeat"
 
 
 def test_claims_are_found_for_their_taker_only(tmp_path: Path) -> None:

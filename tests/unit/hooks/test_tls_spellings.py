@@ -1,7 +1,7 @@
 """Issue "One URI parser": every spelling of TLS gives TLS or is refused, never plain text.
 
 No broker here: what each spelling parses to, through the one parser every source shares
-(``--conn``, ``AIRFLOW_CONN_*`` as URI or JSON, the hook). tests/test_tls_wire.py runs the
+(``--conn``, ``AIRFLOW_CONN_*`` as URI or JSON, the hook). tests/integration/test_tls_wire.py runs the
 same spellings through the real command line against a real plaintext port.
 """
 
