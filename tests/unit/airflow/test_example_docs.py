@@ -5,6 +5,7 @@ exists. The deployment test reads the same through the REST API of a running Air
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from tests.helpers import ROOT
@@ -64,3 +65,15 @@ def test_every_example_spark_application_is_named_alike() -> None:
             name = getattr(task, "name", None) or getattr(task, "partial_kwargs", {}).get("name")
             assert name in (None, APP_NAME), (dag.dag_id, task.task_id, name)  # None: set when mapped
     assert spark_tasks == 4
+
+
+def test_the_readmes_first_dag_builds() -> None:
+    """The README's first DAG is what a new user copies: it must match the real signatures."""
+    text = (ROOT / "README.md").read_text()
+    code = text.split("\n## A DAG\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(compile(code, str(ROOT / "README.md"), "exec"), scope)
+    dag: Any = scope["dag"]
+    tasks = {t.task_id: (type(t).__name__, t.downstream_task_ids) for t in dag.tasks}
+    assert tasks == {"send": ("SendStreamOperator", {"receive"}), "receive": ("StreamCompleteSensor", {"to_parquet"}),
+                     "to_parquet": ("StreamToParquetOperator", set())}
