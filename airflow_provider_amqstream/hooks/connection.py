@@ -290,8 +290,8 @@ class _ShortExtraNotice(logging.Filter):
     """Drops the masker's ``Skipping masking for a secret as it's too short`` warning.
 
     Airflow's lookup masks every string in a connection's extra as if it were a secret, and
-    ours are settings: ``"auto"`` and ``"zstd"`` (or ``"none"``, which the connection form used
-    to save) have four characters, so every command or task that read such a connection
+    ours are settings: ``"auto"`` and ``"zstd"`` (or ``"none"``, written in an extra by hand)
+    have four characters, so every command or task that read such a connection
     printed that warning about a value that is no secret. The password is masked as before.
     """
 
