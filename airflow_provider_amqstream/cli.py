@@ -188,15 +188,18 @@ class _BatchProgress:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.engine import SendOptions
+
     single = len(args.path) == 1 and not args.recursive and os.path.isfile(args.path[0])
+    options = SendOptions(chunk_size=args.chunk_size, window=args.window, mode=args.mode, restart=args.restart,
+                          compression=args.compress, fail_fast=args.fail_fast, pack=args.pack,
+                          manifest=args.manifest if args.manifest is not None else args.recursive,
+                          progress=_Progress(f"send {os.path.basename(args.path[0])}", not args.quiet) if single
+                          else None)
     if single:
         from airflow_provider_amqstream.engine import send_file
 
-        res = send_file(
-            _params(args), args.path[0], args.to, stream_id=args.stream_id, chunk_size=args.chunk_size,
-            window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
-            progress=_Progress(f"send {os.path.basename(args.path[0])}", not args.quiet),
-        )
+        res = send_file(_params(args), args.path[0], args.to, options, stream_id=args.stream_id)
         _print_result(res, args.json, "sent")
         return 0
     from airflow_provider_amqstream.engine import iter_files, send_files
@@ -215,10 +218,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(res.to_json()), flush=True)
 
-    bulk = send_files(_params(args), files, args.to, batch_id=args.batch_id, chunk_size=args.chunk_size,
-                      window=args.window, mode=args.mode, restart=args.restart, compression=args.compress,
-                      fail_fast=args.fail_fast, progress=progress, on_result=on_result, on_failure=on_failure,
-                      manifest=args.manifest if args.manifest is not None else args.recursive, pack=args.pack)
+    bulk = send_files(_params(args), files, args.to, options, batch_id=args.batch_id, progress=progress,
+                      on_result=on_result, on_failure=on_failure)
     totals = bulk.totals()
     if args.json:
         print(json.dumps(totals), flush=True)

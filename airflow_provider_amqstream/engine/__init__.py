@@ -37,7 +37,13 @@ from airflow_provider_amqstream.engine.send.batch import (
     iter_files,
 )
 from airflow_provider_amqstream.engine.send.bulk import send_files
-from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, id_key, send_file
+from airflow_provider_amqstream.engine.send.stream import (
+    SendOptions,
+    checkpoint_name,
+    default_stream_id,
+    id_key,
+    send_file,
+)
 from airflow_provider_amqstream.exceptions import (
     StreamError,
     StreamNoRoom,
@@ -51,7 +57,7 @@ __all__ = [
     "find_claimed", "find_manifest",
     "manifest_path",
     "send_files",
-    "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "StreamError", "StreamFailure",
+    "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "SendOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "id_key", "receive_stream", "receive_streams",
     "send_file",

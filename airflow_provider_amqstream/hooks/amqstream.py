@@ -32,6 +32,7 @@ from airflow_provider_amqstream.engine import (
     FileFailure,
     FileSet,
     ReceiveOptions,
+    SendOptions,
     StreamFailure,
     TransferResult,
     checkpoint_name,
@@ -43,7 +44,6 @@ from airflow_provider_amqstream.engine import (
 )
 from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
-from airflow_provider_amqstream.engine.records import Checkpoint
 from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol import wire as p
@@ -56,7 +56,7 @@ __all__ = [
     "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "ENCODINGS",
     "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
     "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
-    "StreamFailure",
+    "SendOptions", "StreamFailure",
     "TransferResult", "checkpoint_name", "default_state_dir",
 ]
 DEFAULT_RECEIVE_BATCH = p.DEFAULT_RECEIVE_BATCH
@@ -211,35 +211,36 @@ class AmqStreamHook(BaseHook):
         return engine.find_manifest(out_dir, batch_id, sender)
 
     # -- transfers ---------------------------------------------------------------
-    def send_file(self, path: str | os.PathLike[str], destination: str, *, stream_id: str | None = None,
-                  name: str | None = None, chunk_size: int | None = None, window: int | None = None,
-                  mode: str = "stream", compression: str | None = None, checkpoint: Checkpoint | None = None,
-                  restart: bool = False, progress: Callable[[int, int], None] | None = None,
-                  reconnect_timeout: float = 120.0, subdir: str = "") -> TransferResult:
-        """Send a file as a stream, resuming from ``checkpoint``; see
-        :func:`airflow_provider_amqstream.engine.send_file` for every argument."""
-        return engine.send_file(self.broker_params(), path, destination, stream_id=stream_id, name=name,
-                                chunk_size=chunk_size, window=window, mode=mode, compression=compression,
-                                checkpoint=checkpoint, restart=restart, progress=progress,
-                                reconnect_timeout=reconnect_timeout, subdir=subdir)
+    def send_file(self, path: str | os.PathLike[str], destination: str, *, options: SendOptions | None = None,
+                  stream_id: str | None = None, name: str | None = None) -> TransferResult:
+        """Send a file as a stream, resuming where an earlier try stopped.
+
+        :param path: the file to send.
+        :param destination: ``/queue/NAME`` (or ``/topic/NAME`` in handshake mode).
+        :param options: how to send (:class:`SendOptions`); see
+            :func:`airflow_provider_amqstream.engine.send_file`.
+        :param stream_id: stream id (default derived from the file and destination).
+        :param name: file name announced to receivers (default the base name).
+        """
+        return engine.send_file(self.broker_params(), path, destination, options, stream_id=stream_id, name=name)
 
     def send_files(self, files: Iterable[str | os.PathLike[str] | BatchFile], destination: str, *,
-                   batch_id: str | None = None, chunk_size: int | None = None, window: int | None = None,
-                   mode: str = "stream", compression: str | None = None, fail_fast: bool = False,
-                   manifest: bool = False, pack: bool = True, progress: Callable[[BatchStatus], None] | None = None,
-                   on_failure: Callable[[FileFailure], None] | None = None,
+                   options: SendOptions | None = None, batch_id: str | None = None,
+                   progress: Callable[[BatchStatus], None] | None = None,
                    on_result: Callable[[TransferResult], None] | None = None,
-                   checkpoint_for: Callable[[str], Checkpoint] | None = None,
-                   ledger_flush: Callable[[list[str]], None] | None = None, ledger_seed: Iterable[str] = (),
-                   reconnect_timeout: float = 120.0) -> BulkResult:
-        """Send many files over one connection; see
-        :func:`airflow_provider_amqstream.engine.send_files` for every argument."""
-        return engine.send_files(self.broker_params(), files, destination, batch_id=batch_id, chunk_size=chunk_size,
-                                 window=window, mode=mode, compression=compression, fail_fast=fail_fast,
-                                 manifest=manifest, pack=pack, progress=progress, on_failure=on_failure,
-                                 on_result=on_result, checkpoint_for=checkpoint_for, ledger_flush=ledger_flush,
-                                 ledger_seed=ledger_seed,
-                                 reconnect_timeout=reconnect_timeout)
+                   on_failure: Callable[[FileFailure], None] | None = None) -> BulkResult:
+        """Send many files over one connection; see :func:`airflow_provider_amqstream.engine.send_files`.
+
+        :param files: paths, or :class:`BatchFile` (path and relative directory).
+        :param destination: ``/queue/NAME``.
+        :param options: how to send (:class:`SendOptions`).
+        :param batch_id: names the batch's ledger (default derived from the destination and files).
+        :param progress: called with a :class:`BatchStatus` after each group of confirmations.
+        :param on_result: called with each file's result as it is confirmed.
+        :param on_failure: called with each file that failed.
+        """
+        return engine.send_files(self.broker_params(), files, destination, options, batch_id=batch_id,
+                                 progress=progress, on_result=on_result, on_failure=on_failure)
 
     def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
                        options: ReceiveOptions | None = None) -> TransferResult | None:

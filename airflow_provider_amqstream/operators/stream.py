@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from airflow_provider_amqstream.hooks.amqstream import (
     MODES,
     AmqStreamHook,
     BulkResult,
+    SendOptions,
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
@@ -103,25 +105,28 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         hook = AmqStreamHook(self.amqstream_conn_id)
-        result = self._execute_one(context, hook) if names_one_file(self.path) else self._execute_many(context, hook)
+        params = hook.broker_params()
+        options = SendOptions(chunk_size=self.chunk_size, window=self.window, mode=self.mode,
+                              compression=self.compression, reconnect_timeout=self.reconnect_timeout,
+                              fail_fast=self.fail_fast, manifest=self.manifest, pack=self.pack,
+                              checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
+        one = names_one_file(self.path)
+        result = self._execute_one(hook, options) if one else self._execute_many(context, hook, options)
         extra = sent_extra(result)
         if extra is not None:
             host, port = hook.broker_params().hosts[0]
             emit_destination(context, self.destination_alias, self.destination, extra, self.log, host=host, port=port)
         return result
 
-    def _execute_one(self, context: Any, hook: AmqStreamHook) -> dict[str, Any]:
+    def _execute_one(self, hook: AmqStreamHook, options: SendOptions) -> dict[str, Any]:
         src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
         AmqStreamHook.check_destination(self.destination)
         stream_id = self.stream_id or hook.default_stream_id(src, self.destination)
-        result = hook.send_file(
-            src, self.destination, stream_id=stream_id, name=self.name, chunk_size=self.chunk_size,
-            window=self.window, mode=self.mode, reconnect_timeout=self.reconnect_timeout,
-            compression=self.compression, checkpoint=send_checkpoint(context, stream_id, hook.broker_params()),
-            progress=LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval),
-        )
+        progress = LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval)
+        result = hook.send_file(src, self.destination, options=replace(options, progress=progress),
+                                stream_id=stream_id, name=self.name)
         if result.resumed_from:
             self.log.info("resumed stream %s at byte %d; sent %d bytes in this try",
                           stream_id, result.resumed_from, result.bytes_transferred)
@@ -131,22 +136,18 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         metrics.emit("stream_sent", self._amqstream_result, destination=self.destination)
         return self._amqstream_result
 
-    def _execute_many(self, context: Any, hook: AmqStreamHook) -> dict[str, Any]:
+    def _execute_many(self, context: Any, hook: AmqStreamHook, options: SendOptions) -> dict[str, Any]:
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
         paths = [self.path] if isinstance(self.path, str) else list(self.path)
         files = AmqStreamHook.iter_files(paths, recursive=self.recursive)
-        params = hook.broker_params()
         ti = context.get("ti")
         batch_id = task_batch_id(hook, ti, self.task_id)
         ledger = BatchLedger(context, batch_id)
         bulk = hook.send_files(
-            files, self.destination, batch_id=batch_id, chunk_size=self.chunk_size, window=self.window,
-            mode=self.mode, compression=self.compression, fail_fast=self.fail_fast,
+            files, self.destination, options=replace(options, ledger_flush=ledger.flush, ledger_seed=ledger.seed()),
+            batch_id=batch_id, on_result=self._sent,
             progress=BatchLogProgress(self.log, f"batch {batch_id} -> {self.destination}", self.progress_interval),
-            reconnect_timeout=self.reconnect_timeout, ledger_flush=ledger.flush, ledger_seed=ledger.seed(),
-            manifest=self.manifest, pack=self.pack, on_result=self._sent,
-            checkpoint_for=lambda sid: send_checkpoint(context, sid, params),
         )
         self._amqstream_result = batch_result(bulk, batch_id, self.task_id, ti, self.log)
         return self._amqstream_result

@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, find_manifest, receive_stream
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    SendOptions,
+    checkpoint_name,
+    find_manifest,
+    receive_stream,
+)
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from tests.conftest import ROOT, _params
 from tests.helpers import HeldProxy, cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
@@ -264,7 +270,8 @@ def test_a_retry_returns_the_streams_an_earlier_try_received(airflow_db: Path, u
     sent = {}
     for i in range(4):
         src = make_file(tmp_path / f"f{i}.bin", 300_000 + i)
-        sent[send_file(params, src, queue_name, mode="atomic", stream_id=f"lost-{i}").stream_id] = sha256_file(src)
+        sent[send_file(params, src, queue_name, SendOptions(mode="atomic"),
+                       stream_id=f"lost-{i}").stream_id] = sha256_file(src)
     record = tmp_path / "record.json"
     dag = _load(ROOT / "tests" / "dags", "amqs_test_lost_success")
     dr = dag.test(run_conf={"queue": queue_name, "out_dir": str(tmp_path / "out"), "record": str(record)})

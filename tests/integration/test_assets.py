@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from airflow_provider_amqstream.assets.amqstream import convert_asset_to_openlineage, create_asset, sanitize_uri
-from airflow_provider_amqstream.engine import send_file, send_files
+from airflow_provider_amqstream.engine import SendOptions, send_file, send_files
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import make_file, sha256_file
@@ -60,7 +60,7 @@ def test_sensor_emits_an_asset_event_for_the_received_file(airflow_db: Path, par
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     src = make_file(tmp_path / "asset.bin", 20_000)
-    send_file(params, src, queue_name, stream_id="asset-1", mode="atomic")
+    send_file(params, src, queue_name, SendOptions(mode="atomic"), stream_id="asset-1")
     out = tmp_path / "out"
     dag = _load(ROOT / "tests" / "dags", "amqs_test_file_asset")
     dr = dag.test(run_conf={"queue": queue_name, "out_dir": str(out), "stream_id": "asset-1"})
@@ -81,7 +81,7 @@ def test_a_many_file_receive_emits_one_event_for_its_directory(airflow_db: Path,
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     srcs = [make_file(tmp_path / "landing" / f"batch-{i}.bin", 5_000 + i) for i in range(2)]
-    send_files(params, srcs, queue_name, manifest=False)
+    send_files(params, srcs, queue_name, SendOptions(manifest=False))
     out = tmp_path / "out"
     dr = _load(ROOT / "tests" / "dags", "amqs_test_files_asset").test(run_conf={"queue": queue_name,
                                                                             "out_dir": str(out)})
@@ -110,7 +110,7 @@ def test_a_sensor_that_takes_a_pack_reports_every_file_of_it(airflow_db: Path, p
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     srcs = [make_file(tmp_path / "landing" / f"small-{i}.csv", 3_000 + i, seed=i) for i in range(3)]
-    sent = send_files(params, srcs, queue_name, manifest=False)
+    sent = send_files(params, srcs, queue_name, SendOptions(manifest=False))
     assert sent.totals()["files_sent"] == 3
     out = tmp_path / "out"
     dr = _load(ROOT / "tests" / "dags", "amqs_test_pack_sensor").test(run_conf={"queue": queue_name,
@@ -152,7 +152,7 @@ def test_send_produces_the_destination_and_a_repeat_produces_nothing(airflow_db:
     # (a sender that started over) is acknowledged and written nowhere. No landing event.
     dr = _load(ROOT / "tests" / "dags", "amqs_test_send_receive_assets").test(run_conf=conf)
     assert dr.state == "success"
-    send_file(params, src, queue_name, stream_id="dest-1", restart=True)
+    send_file(params, src, queue_name, SendOptions(restart=True), stream_id="dest-1")
     dr = _load(ROOT / "tests" / "dags", "amqs_test_receive_once").test(run_conf={"queue": queue_name,
                                                                             "out_dir": str(out)})
     assert dr.state == "success"

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.auth import acl_entries
 from airflow_provider_amqstream.broker.embedded import BrokerError, EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull, StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.session import StompLink
@@ -62,7 +62,7 @@ def test_bad_user_names_and_grants_are_refused(tmp_path: Path) -> None:
 def test_producer_and_consumer_move_a_stream_within_their_grants(acl_broker: EmbeddedBroker,
                                                                   tmp_path: Path) -> None:
     src = make_file(tmp_path / "f.bin", 2 * 2**20 + 11)
-    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", chunk_size=256 * 1024)
+    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", SendOptions(chunk_size=256 * 1024))
     got = receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
                          options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
@@ -73,14 +73,15 @@ def test_handshake_to_a_topic_within_grants(acl_broker: EmbeddedBroker, tmp_path
     src = make_file(tmp_path / "f.bin", 700_000)
     rx = Receiver(params_as(acl_broker, "consumer"), "/topic/news", tmp_path / "out")
     assert rx.waiting.wait(30), "the receiver never subscribed"
-    sent = send_file(params_as(acl_broker, "producer"), src, "/topic/news", mode="handshake", chunk_size=100_000)
+    sent = send_file(params_as(acl_broker, "producer"), src, "/topic/news",
+                     SendOptions(mode="handshake", chunk_size=100_000))
     assert rx.finish().sha256 == sent.sha256
 
 
 def test_family_grant_covers_its_members(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
     src = make_file(tmp_path / "f.bin", 5000)
     site = params_as(acl_broker, "site")
-    send_file(site, src, "/queue/sites.paris", chunk_size=1000)
+    send_file(site, src, "/queue/sites.paris", SendOptions(chunk_size=1000))
     got = receive_stream(site, "/queue/sites.paris", tmp_path / "out", options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sha256_file(src)
 
@@ -98,7 +99,7 @@ def test_outside_the_grant_is_refused_clearly(acl_broker: EmbeddedBroker, tmp_pa
     src = make_file(tmp_path / "f.bin", 3000)
     with pytest.raises(AccessDenied) as err:
         if action == "send":
-            send_file(params, src, dest, chunk_size=1000, reconnect_timeout=5)
+            send_file(params, src, dest, SendOptions(chunk_size=1000, reconnect_timeout=5))
         else:
             receive_stream(params, dest, tmp_path / "out", options=ReceiveOptions(wait_timeout=5))
     text = str(err.value)
@@ -149,7 +150,7 @@ def test_a_sender_writes_only_its_own_data_queues_and_only_so_many(acl_broker: E
     assert "--max-waiting" in text
     # The cap is the spammer's alone: another sender's stream still arrives.
     src = make_file(tmp_path / "f.bin", 300_000)
-    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", chunk_size=64 * 1024)
+    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", SendOptions(chunk_size=64 * 1024))
     got = receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
                          options=ReceiveOptions(wait_timeout=20), stream_id=sent.stream_id)
     assert got is not None and got.sha256 == sha256_file(src)

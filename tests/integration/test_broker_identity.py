@@ -17,7 +17,14 @@ import pytest
 import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import default_stream_id, id_key, receive_streams, send_file, send_files
+from airflow_provider_amqstream.engine import (
+    SendOptions,
+    default_stream_id,
+    id_key,
+    receive_streams,
+    send_file,
+    send_files,
+)
 from airflow_provider_amqstream.engine.receive.browse import Offer, OfferBrowser, parse_visible_offer
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.exceptions import AccessDenied
@@ -194,8 +201,8 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     whatever the offer's headers say, except that the receiving user's own copy names its
     first sender."""
     alice, bob = params_as(ident_broker, "alice"), params_as(ident_broker, "bob")
-    by_alice = send_file(alice, make_file(tmp_path / "a.bin", 300_000, seed=1), QUEUE, stream_id="from-alice",
-                         mode="atomic", chunk_size=2**17)
+    by_alice = send_file(alice, make_file(tmp_path / "a.bin", 300_000, seed=1), QUEUE,
+                         SendOptions(mode="atomic", chunk_size=2**17), stream_id="from-alice")
     packed = send_files(bob, [make_file(tmp_path / "small" / f"b{i}.bin", 2000 + i, seed=10 + i) for i in range(2)],
                         QUEUE).results
     # bob's offer claiming to be alice's, in every header a sender writes.

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_streams, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, StreamFailure, receive_streams, send_file
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -81,7 +81,7 @@ def test_backlogs_nobody_consumes_do_not_stop_other_queues(
     while time.monotonic() < until or len(rounds) < 2:
         src = make_file(tmp_path / f"good-{len(rounds)}.bin", 300_000, seed=len(rounds))
         t0 = time.monotonic()
-        send_file(u["alice"], src, QUEUE, chunk_size=64 * 1024)
+        send_file(u["alice"], src, QUEUE, SendOptions(chunk_size=64 * 1024))
         got = receive_streams(u["rx"], QUEUE, tmp_path / "out", count=1, on_failure=failures.append,
                               options=ReceiveOptions(wait_timeout=60, idle_timeout=0.5))
         rounds.append(time.monotonic() - t0)

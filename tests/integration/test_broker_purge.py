@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.auth import MAX_WAITING
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import DestinationFull
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.session import StompLink
@@ -50,7 +50,7 @@ def test_data_queues_a_user_leaves_behind_are_capped(broker_of_its_own: Embedded
             link.send_confirmed(dest.data_queue(f"left-{i:05d}", "eve"), b"x", {})
     heap_after = old_gen_mib(broker.running_pid() or 0)
     src = make_file(tmp_path / "good.bin", 200_000)
-    sent = send_file(mallory, src, QUEUE, chunk_size=64 * 1024)
+    sent = send_file(mallory, src, QUEUE, SendOptions(chunk_size=64 * 1024))
     got = receive_stream(rx, QUEUE, tmp_path / "out", options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
     # ~14 KiB per destination (measured with 2,000): the cap bounds it near 14 MiB.

@@ -16,6 +16,7 @@ import pytest
 from airflow_provider_amqstream.engine import (
     BatchFile,
     ReceiveOptions,
+    SendOptions,
     StreamFailure,
     TransferResult,
     collect_files,
@@ -57,8 +58,8 @@ def test_a_directory_in_one_send_lands_in_the_same_tree(params: BrokerParams, tm
     big = make_file(src / "d1" / "big.bin", 5 * 2**20 + 3, seed=99)  # past one window: the large path
     files.append(big)
     seen: list[TransferResult] = []
-    res = send_files(params, collect_files([src], recursive=True), queue_name, chunk_size=256 * 1024, window=4,
-                     on_result=seen.append)
+    res = send_files(params, collect_files([src], recursive=True), queue_name,
+                     SendOptions(chunk_size=256 * 1024, window=4), on_result=seen.append)
     assert not res.failures and len(res.results) == len(files) == len(seen)
     totals = res.totals()
     assert totals["files_sent"] == len(files) and totals["bytes"] == sum(f.stat().st_size for f in files)
@@ -69,7 +70,8 @@ def test_a_directory_in_one_send_lands_in_the_same_tree(params: BrokerParams, tm
         landed = out / f.relative_to(src)
         assert sha256_file(landed) == sha256_file(f), landed
     # A second send of the same batch sends nothing and says so.
-    again = send_files(params, collect_files([src], recursive=True), queue_name, chunk_size=256 * 1024, window=4)
+    again = send_files(params, collect_files([src], recursive=True), queue_name,
+                       SendOptions(chunk_size=256 * 1024, window=4))
     assert {r.status for r in again.results} == {"already_sent"} and again.totals()["bytes_transferred"] == 0
 
 
@@ -80,7 +82,7 @@ def test_a_failed_file_does_not_stop_the_others_unless_fail_fast(params: BrokerP
     res = send_files(params, [good[0], missing, *good[1:]], queue_name)
     assert [f.path for f in res.failures] == [str(missing)] and len(res.results) == 3
     with pytest.raises(RuntimeError, match="gone.bin"):
-        send_files(params, [missing, *good], queue_name, fail_fast=True)
+        send_files(params, [missing, *good], queue_name, SendOptions(fail_fast=True))
     got, _ = receive_all(params, queue_name, tmp_path / "out", 3)
     assert sorted(Path(r.path or "").name for r in got) == sorted(g.name for g in good)
 
@@ -194,7 +196,7 @@ def test_a_directory_send_writes_one_manifest_when_the_batch_is_complete(params:
                                                                          queue_name: str) -> None:
     src = tmp_path / "landing"
     files = tree(src, 12)
-    res = send_files(params, collect_files([src], recursive=True), queue_name, manifest=True)
+    res = send_files(params, collect_files([src], recursive=True), queue_name, SendOptions(manifest=True))
     out = tmp_path / "out"
     events: list[tuple[str, dict]] = []
     opts = ReceiveOptions(wait_timeout=3, idle_timeout=30, events=lambda k, d: events.append((k, d)))
@@ -266,7 +268,8 @@ def test_a_drain_stops_at_its_deadline_while_offers_keep_trickling_in(params: Br
     def trickle() -> None:
         i = 0
         while not stop.is_set() and i < 120:
-            send_file(params, make_file(tmp_path / "in" / f"t{i:03d}.bin", 1000 + i), queue_name, mode="atomic")
+            send_file(params, make_file(tmp_path / "in" / f"t{i:03d}.bin", 1000 + i), queue_name,
+                      SendOptions(mode="atomic"))
             i += 1
             stop.wait(0.5)
 
@@ -305,7 +308,7 @@ def test_a_file_failing_where_a_receipt_was_due_leaves_no_file_unconfirmed(
         return real(self, link, e, seal)
 
     monkeypatch.setattr(bulk._Ctx, "_send_small", send_small)
-    res = send_files(params, files, queue_name, pack=False)
+    res = send_files(params, files, queue_name, SendOptions(pack=False))
     assert [f.path for f in res.failures] == [str(files[5])]
     assert sorted(r.name for r in res.results) == [f.name for f in files[:5]]
     # Unsealed until the last, which failed; then f04 again with the receipt.
@@ -337,7 +340,8 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
         real(self, link, todo, fail)
 
     monkeypatch.setattr(bulk._Ctx, "run", full_once)
-    res = send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name, reconnect_timeout=30)
+    res = send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name,
+                     SendOptions(reconnect_timeout=30))
     assert not res.failures and len(res.results) == 12 and len(calls) == 2
     got, failures = receive_all(params, queue_name, tmp_path / "out", 12)
     assert not failures and sorted(r.sha256 for r in got) == sorted(sha256_file(f) for f in files)
@@ -366,7 +370,8 @@ def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerPa
 
     def send() -> None:
         try:
-            send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name, reconnect_timeout=1.0)
+            send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name,
+                       SendOptions(reconnect_timeout=1.0))
         except BaseException as exc:  # handed to the test thread below
             outcome["exc"] = exc
 

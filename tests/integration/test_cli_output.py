@@ -16,7 +16,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.cli import MODES, _print_result
-from airflow_provider_amqstream.engine import TransferResult, send_file
+from airflow_provider_amqstream.engine import SendOptions, TransferResult, send_file
 from airflow_provider_amqstream.protocol.wire import Mode
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import HeldProxy, cli, make_file, read_json, sha256_file, wait_for
@@ -124,7 +124,7 @@ def test_resumed_receive_prints_this_runs_rate(params: BrokerParams, uri: str, t
                                               held_proxy: Callable[..., HeldProxy]) -> None:
     size, chunk = 96 * 2**20, 2**20
     src = make_file(tmp_path / "resume.bin", size)
-    send_file(params, src, queue_name, stream_id="rate-1", chunk_size=chunk)
+    send_file(params, src, queue_name, SendOptions(chunk_size=chunk), stream_id="rate-1")
     out = tmp_path / "out"
     # The first receiver gets no more than 64 of the 96 chunks until it is killed: it is part way then.
     proxy = held_proxy(params.hosts[0][1], 64 * chunk, to_broker=False)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import make_file, sha256_file
@@ -87,7 +87,7 @@ def test_stream_bigger_than_the_disk_fails_at_once_and_stays_in_the_broker(
 def test_disk_filling_up_mid_stream_stops_it_and_a_rerun_completes(
         params: BrokerParams, tmp_path: Path, queue_name: str, small_fs: Path) -> None:
     src = make_file(tmp_path / "f.bin", 3 * 2**20 + 5)
-    send_file(params, src, queue_name, chunk_size=256 * 1024)
+    send_file(params, src, queue_name, SendOptions(chunk_size=256 * 1024))
     out = small_fs / "out"
     fillers: list[Path] = []
 
@@ -135,7 +135,7 @@ def test_tiny_files_cannot_exhaust_inodes_or_blocks(params: BrokerParams, tmp_pa
     # inodes: 1,000 inodes and room to spare; blocks: inodes to spare and 1 MiB (256 blocks).
     _tmpfs(mnt, "size=64m,nr_inodes=1000" if case == "inodes" else "size=1m,nr_inodes=100000")
     try:
-        send_files(params, collect_files([src], recursive=True), queue_name, manifest=False)
+        send_files(params, collect_files([src], recursive=True), queue_name, SendOptions(manifest=False))
         failures: list[Any] = []
         got = receive_streams(params, queue_name, mnt / "out", on_failure=failures.append,
                               options=ReceiveOptions(wait_timeout=3, min_free_bytes=64 * 1024, yield_backoff=600))

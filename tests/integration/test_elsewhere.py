@@ -15,7 +15,14 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.cli_streams import render_report
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    SendOptions,
+    StreamFailure,
+    receive_stream,
+    receive_streams,
+    send_file,
+)
 from airflow_provider_amqstream.engine.inventory import show_stream
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
@@ -49,12 +56,13 @@ def _send_half_then_all(broker: EmbeddedBroker, src: Path, sid: str) -> None:
             raise Killed
 
     with pytest.raises(Killed):
-        send_file(params_as(broker, "producer"), src, Q, stream_id=sid, chunk_size=CHUNK, window=4,
-                  progress=die_at_half)
+        send_file(params_as(broker, "producer"), src, Q, SendOptions(chunk_size=CHUNK, window=4, progress=die_at_half),
+                  stream_id=sid)
 
 
 def _finish(broker: EmbeddedBroker, src: Path, sid: str, **kw: Any) -> str:
-    return send_file(params_as(broker, "producer"), src, Q, stream_id=sid, chunk_size=CHUNK, window=4, **kw).sha256
+    return send_file(params_as(broker, "producer"), src, Q, SendOptions(chunk_size=CHUNK, window=4, **kw),
+                     stream_id=sid).sha256
 
 
 def _receive_and_die(broker: EmbeddedBroker, out: Path, sid: str, chunks: int) -> None:

@@ -21,7 +21,7 @@ import pytest
 import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.engine.receive import browse as offers_mod
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import StreamStalled
@@ -93,7 +93,7 @@ def _offer_two(tmp_path: Path, params: BrokerParams, queue: str) -> dict[str, An
     sent = {}
     for i, size in enumerate((70_000, 3 * 2**20 + 5)):
         src = make_file(tmp_path / f"in-{i}.bin", size, seed=i)
-        res = send_file(params, src, queue, stream_id=f"evt-{i}", mode="atomic", chunk_size=2**20)
+        res = send_file(params, src, queue, SendOptions(mode="atomic", chunk_size=2**20), stream_id=f"evt-{i}")
         sent[res.stream_id] = res
     return sent
 
@@ -204,7 +204,7 @@ def test_events_are_paced_until_the_last_fired_stream_is_taken(conn: str, params
     # A run that never takes its stream holds the next one back for ``pace`` seconds only.
     again = StreamOfferedTrigger(destination=queue_name, amqstream_conn_id=conn, poll_interval=0.05, pace=0.5)
     more = make_file(tmp_path / "more.bin", 1000)
-    send_file(params, more, queue_name, stream_id="evt-more", mode="atomic")
+    send_file(params, more, queue_name, SendOptions(mode="atomic"), stream_id="evt-more")
     later: list[Any] = []
     asyncio.run(_collect(again.run(), later, lambda: len(later) == 2, 60))
     assert {e.payload["stream_id"] for e in later} == {events[1].payload["stream_id"], "evt-more"}
@@ -220,7 +220,7 @@ def test_event_trigger_forgets_received_streams_and_fires_new_ones(conn: str, pa
     try:
         assert browser.look() == []
         src = make_file(tmp_path / "a.bin", 1000)
-        send_file(params, src, queue_name, stream_id="again-1", mode="atomic")
+        send_file(params, src, queue_name, SendOptions(mode="atomic"), stream_id="again-1")
         assert [o.stream_id for o in browser.look()] == ["again-1"]
         assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=30))
         assert browser.look() == []
@@ -302,8 +302,8 @@ def test_waiting_trigger_keeps_one_connection_and_logs_little(conn: str, params:
     def offer_after_many_looks() -> bool:
         if counted["looks"] >= 40 and "sent" not in marks:
             marks["sent"] = 1
-            send_file(params, make_file(tmp_path / "late.bin", 500), queue_name, stream_id="late-1",
-                      mode="atomic")
+            send_file(params, make_file(tmp_path / "late.bin", 500), queue_name, SendOptions(mode="atomic"),
+                      stream_id="late-1")
         return bool(events)
 
     asyncio.run(_collect(trig.run(), events, offer_after_many_looks, 180))

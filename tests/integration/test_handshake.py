@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import TransferResult, send_file
+from airflow_provider_amqstream.engine import SendOptions, TransferResult, send_file
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.broker
 def test_queue_handshake_round_trip(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
     src = make_file(tmp_path / "f.bin", 5 * 2**20 + 17)
     rx = Receiver(params, queue_name, tmp_path / "out")
-    sent = send_file(params, src, queue_name, mode="handshake", chunk_size=128 * 1024, window=8)
+    sent = send_file(params, src, queue_name, SendOptions(mode="handshake", chunk_size=128 * 1024, window=8))
     got = rx.finish()
     assert got.sha256 == sent.sha256 == sha256_file(src) == sha256_file(Path(got.path or ""))
     assert got.mode == "handshake"
@@ -36,11 +36,11 @@ def test_sender_waits_for_a_consumer_then_gives_up_clearly(params: BrokerParams,
                                                            queue_name: str) -> None:
     src = make_file(tmp_path / "f.bin", 1000)
     with pytest.raises(StreamError, match=r"no receiver answered the offer .* within 1s"):
-        send_file(params, src, queue_name, mode="handshake", stream_id="lonely-1", request_timeout=1)
+        send_file(params, src, queue_name, SendOptions(mode="handshake", request_timeout=1), stream_id="lonely-1")
     # The offer stays queued: a receiver that comes later answers it, and the sender's
     # re-run (same stream id) delivers.
     rx = Receiver(params, queue_name, tmp_path / "out")
-    sent = send_file(params, src, queue_name, mode="handshake", stream_id="lonely-1")
+    sent = send_file(params, src, queue_name, SendOptions(mode="handshake"), stream_id="lonely-1")
     assert rx.finish().sha256 == sent.sha256
 
 
@@ -50,7 +50,7 @@ def test_topic_every_subscriber_gets_the_whole_file(params: BrokerParams, tmp_pa
     receivers = [Receiver(params, topic, tmp_path / f"out{i}") for i in range(3)]
     for rx in receivers:
         assert rx.waiting.wait(30)
-    sent = send_file(params, src, topic, mode="handshake", chunk_size=64 * 1024, window=8)
+    sent = send_file(params, src, topic, SendOptions(mode="handshake", chunk_size=64 * 1024, window=8))
     for rx in receivers:
         got = rx.finish()
         assert got.sha256 == sent.sha256 == sha256_file(Path(got.path or ""))
@@ -77,7 +77,8 @@ def test_lost_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, queue_n
 
     monkeypatch.setattr(StompLink, "send", lossy_send)
     rx = Receiver(params, queue_name, tmp_path / "out", rerequest_after=0.5)
-    sent = send_file(params, src, queue_name, mode="handshake", stream_id="lost-1", chunk_size=64 * 1024, window=4)
+    sent = send_file(params, src, queue_name, SendOptions(mode="handshake", chunk_size=64 * 1024, window=4),
+                     stream_id="lost-1")
     got = rx.finish()
     assert dropped, "the fault was not injected"
     assert got.sha256 == sent.sha256 == sha256_file(src)
@@ -96,7 +97,8 @@ def test_corrupted_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, qu
                   p.data_headers(spec, 3, body))
         link.round_trip()
     rx = Receiver(params, queue_name, tmp_path / "out", rerequest_after=0.5)
-    sent = send_file(params, src, queue_name, mode="handshake", stream_id="bad-1", chunk_size=4096, window=4)
+    sent = send_file(params, src, queue_name, SendOptions(mode="handshake", chunk_size=4096, window=4),
+                     stream_id="bad-1")
     got = rx.finish()
     # At least once: the broker's redelivery policy may hand the rejected copy back once
     # before the good chunk 3 is on disk; it is refused again, never written.
@@ -117,7 +119,7 @@ def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: st
     proxy = held_proxy(params.hosts[0][1], 40 * 2**20)
     held = dataclasses.replace(params, hosts=(("127.0.0.1", proxy.port),))
     t = threading.Thread(target=lambda: box.setdefault("sent", send_file(
-        held, src, queue_name, mode="handshake", stream_id="hk-1", chunk_size=chunk, window=8)))
+        held, src, queue_name, SendOptions(mode="handshake", chunk_size=chunk, window=8), stream_id="hk-1")))
     t.start()
     wait_for(lambda: (read_json(out / ".amqstream" / "hk-1.json") or {}).get("next_seq", 0) >= 100, 60,
              "the receiver to store 100 chunks")
@@ -134,4 +136,4 @@ def test_receiver_killed_resumes_from_its_position(params: BrokerParams, uri: st
 def test_a_handshake_window_past_max_ahead_is_refused(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
     src = make_file(tmp_path / "f.bin", 1000)
     with pytest.raises(StreamError, match="window 2000 is too large for handshake mode"):
-        send_file(params, src, queue_name, mode="handshake", window=2000)
+        send_file(params, src, queue_name, SendOptions(mode="handshake", window=2000))

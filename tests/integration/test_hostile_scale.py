@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    SendOptions,
+    StreamFailure,
+    receive_stream,
+    receive_streams,
+    send_file,
+)
 from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
@@ -75,7 +82,7 @@ def _good_stream_after(users: dict[str, BrokerParams], queue: str, tmp_path: Pat
                        **opts: float) -> tuple[float, list[StreamFailure]]:
     """Send one good stream as alice, receive as rx; return the delay and the failures seen."""
     src = make_file(tmp_path / name, 300_000, seed=len(name))
-    send_file(users["alice"], src, queue, chunk_size=64 * 1024)
+    send_file(users["alice"], src, queue, SendOptions(chunk_size=64 * 1024))
     failures: list[StreamFailure] = []
     t0 = time.monotonic()
     got = receive_streams(users["rx"], queue, tmp_path / "out", count=1, on_failure=failures.append,
@@ -183,7 +190,7 @@ def test_a_watcher_sees_a_stream_behind_a_thousand_junk_messages(
     finally:
         raw.close()
     src = make_file(tmp_path / "seen.bin", 200_000, seed=3)
-    sent = send_file(u["alice"], src, queue, chunk_size=64 * 1024)
+    sent = send_file(u["alice"], src, queue, SendOptions(chunk_size=64 * 1024))
     monkeypatch.setenv("AIRFLOW_CONN_AMQS_WATCH_RX", b.info(user="rx").uri)
     trig = StreamOfferedTrigger(destination=queue, amqstream_conn_id="amqs_watch_rx", poll_interval=0.05, pace=0)
 
@@ -238,7 +245,7 @@ def test_what_a_receiver_holds_is_bounded_by_frames_not_by_what_senders_declare(
     finally:
         raw.close()
     src = make_file(tmp_path / "after-big.bin", 300_000, seed=11)
-    send_file(u["alice"], src, queue, chunk_size=64 * 1024)
+    send_file(u["alice"], src, queue, SendOptions(chunk_size=64 * 1024))
     rows = cli_json(rx, timeout=900)
     got = [r for r in rows if r.get("name") == "after-big.bin"]
     assert got and sha256_file(tmp_path / "out" / "after-big.bin") == sha256_file(src)
@@ -267,7 +274,7 @@ def test_a_second_user_can_neither_take_over_nor_extend_a_batch(
     _, u = users
     queue = "/queue/scale.batch"
     mine = [make_file(tmp_path / "a" / f"a{i}.csv", 2000 + i, seed=i) for i in range(3)]
-    sent = send_files(u["alice"], mine, queue, batch_id="nightly-1", manifest=True).results
+    sent = send_files(u["alice"], mine, queue, SendOptions(manifest=True), batch_id="nightly-1").results
     theirs = make_file(tmp_path / "m" / "a0.csv", 999, seed=99)
     forged = send_file(u["mallory"], theirs, queue, stream_id="m-1")
     raw = RawSender(u["mallory"])

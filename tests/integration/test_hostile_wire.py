@@ -21,7 +21,7 @@ import pytest
 import zstandard
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_file, send_files
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file, send_files
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
@@ -55,7 +55,7 @@ def _receive_after(params: BrokerParams, queue: str, tmp_path: Path) -> tuple[li
     """Send a good stream behind whatever is queued; receive one stream; return what
     arrived, what failed, and the good file's SHA-256."""
     good = make_file(tmp_path / "good.bin", 5000)
-    sha = send_file(params, good, queue, chunk_size=1000).sha256
+    sha = send_file(params, good, queue, SendOptions(chunk_size=1000)).sha256
     got: list[Any] = []
     failed: list[Any] = []
     receive_streams(params, queue, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=20, idle_timeout=10),
@@ -78,7 +78,7 @@ def test_an_offer_with_a_200_kib_header_section_is_refused_not_looped_on(
     big = {f"junk{i}": "x" * 10_000 for i in range(20)}
     _raw_offer(sender, queue_name, **big)
     good = make_file(tmp_path / "good.bin", 5000)
-    sent = send_file(params, good, queue_name, chunk_size=1000)
+    sent = send_file(params, good, queue_name, SendOptions(chunk_size=1000))
     t0 = time.monotonic()
     proc = cli("receive", "--from", queue_name, "--out-dir", str(tmp_path / "out"), "--conn", uri, "--count", "1",
                "--wait", "20", "--json", "-q")
@@ -237,7 +237,7 @@ def test_a_bad_member_fails_alone_and_its_pack_mates_arrive(
     raw.send(queue_name, *reversed(bw.pack_message(members)))
     raw.close()
     good = make_file(tmp_path / "good.bin", 5000)
-    sha = send_file(params, good, queue_name, chunk_size=1000).sha256
+    sha = send_file(params, good, queue_name, SendOptions(chunk_size=1000)).sha256
     got: list[Any] = []
     failed: list[Any] = []
     out = tmp_path / "out"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_streams, send_files
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, TransferResult, receive_streams, send_files
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -92,7 +92,7 @@ def test_a_hostile_inline_offer_is_quarantined_and_the_next_files_arrive(
     raw.send(queue_name, wire, headers)
     raw.close()
     good = [make_file(tmp_path / "in" / f"good{i}.bin", 5000 + i, seed=i) for i in range(3)]
-    send_files(params, good, queue_name, chunk_size=64 * 1024)
+    send_files(params, good, queue_name, SendOptions(chunk_size=64 * 1024))
     got: list[TransferResult] = []
     failures: list[Any] = []
     out = tmp_path / "out"
@@ -113,7 +113,7 @@ def test_a_hostile_inline_offer_is_quarantined_and_the_next_files_arrive(
 def test_hundreds_of_small_files_arrive_in_groups_byte_exact(params: BrokerParams, tmp_path: Path,
                                                              queue_name: str) -> None:
     files = [make_file(tmp_path / "in" / f"s{i:03d}.bin", 1 + i * 97, seed=i) for i in range(300)]
-    sent = send_files(params, files, queue_name, chunk_size=64 * 1024, compression="zstd")
+    sent = send_files(params, files, queue_name, SendOptions(chunk_size=64 * 1024, compression="zstd"))
     assert sent.totals()["files_sent"] == 300
     got = receive_streams(params, queue_name, tmp_path / "out", count=300, options=ReceiveOptions(wait_timeout=15))
     assert len(got) == 300 and len({r.stream_id for r in got}) == 300
@@ -134,7 +134,7 @@ def test_a_file_published_before_its_record_is_not_received_twice(params: Broker
     same = make_file(tmp_path / "in" / "same.csv", 7000, seed=1)
     other = make_file(tmp_path / "in" / "other.csv", 7000, seed=2)
     sent = {Path(r.path).name: r.stream_id for r in send_files(params, [same, other], queue_name,
-                                                                chunk_size=64 * 1024).results}
+                                                               SendOptions(chunk_size=64 * 1024)).results}
     out = tmp_path / "out"
     out.mkdir()
     (out / "same.csv").write_bytes(same.read_bytes())  # published by a receiver that died, record lost

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import BrokerUnreachable, StreamError, TransportError
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -69,7 +69,7 @@ def test_a_broker_that_never_comes_fails_with_the_reason_after_the_timeout(tmp_p
     params = params_from_uri(f"amqstream://u:p@127.0.0.1:{free_port()}")
     t0 = time.monotonic()
     with pytest.raises(StreamError) as err:
-        send_file(params, src, "/queue/never", reconnect_timeout=3.0)
+        send_file(params, src, "/queue/never", SendOptions(reconnect_timeout=3.0))
     took = time.monotonic() - t0
     msg = str(err.value)
     assert 2.0 <= took < 10, took
@@ -83,7 +83,7 @@ def test_a_wrong_password_fails_at_once_despite_the_patience(broker: EmbeddedBro
     params = dataclasses.replace(params_from_uri(broker.info().uri), password="not-the-password")
     t0 = time.monotonic()
     with pytest.raises(TransportError) as err:
-        send_file(params, src, "/queue/wrong.password", reconnect_timeout=120.0)
+        send_file(params, src, "/queue/wrong.password", SendOptions(reconnect_timeout=120.0))
     assert time.monotonic() - t0 < 10
     assert not isinstance(err.value, BrokerUnreachable)
     assert "refused login for user amqstream" in str(err.value) and "not-the-password" not in str(err.value)
@@ -135,8 +135,10 @@ def test_a_broker_lost_mid_send_resumes_and_says_where(private_broker: EmbeddedB
     result: list[object] = []
 
     def run() -> None:
-        result.append(send_file(params, src, "/queue/lost.mid.send", stream_id="lost-1", chunk_size=256 * 1024,
-                                window=4, reconnect_timeout=60, progress=lambda done, _: confirmed.append(done)))
+        result.append(send_file(params, src, "/queue/lost.mid.send",
+                                SendOptions(chunk_size=256 * 1024, window=4, reconnect_timeout=60,
+                                            progress=lambda done, _: confirmed.append(done)),
+                                stream_id="lost-1"))
 
     with caplog.at_level(logging.INFO):
         sender = threading.Thread(target=run)

@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    SendOptions,
+    TransferResult,
+    receive_stream,
+    receive_streams,
+    send_file,
+)
 from airflow_provider_amqstream.engine.receive.stream import consumer_name
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled, TransportError
 from airflow_provider_amqstream.protocol import wire as p
@@ -48,7 +55,7 @@ def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
     play(params, queue_name, abandoned, data, [1, 2, 3], end=False)  # its sender died after chunk 3
     good = [make_file(tmp_path / "good" / f"g{i:02d}.bin", 64 * 1024 + i) for i in range(20)]
     for f in good:
-        send_file(params, f, queue_name, chunk_size=16 * 1024)
+        send_file(params, f, queue_name, SendOptions(chunk_size=16 * 1024))
     out = tmp_path / "out"
     idle = 3.0
     t0, started = time.monotonic(), time.time()
@@ -146,7 +153,7 @@ def test_protocol_violations_are_quarantined_and_the_next_stream_arrives(
     play(params, queue_name, spec, data, list(range(1, 6)), tamper=tamper,
          sha="0" * 64 if case == "wrong-sha" else None)
     good = make_file(tmp_path / "good.bin", 3000)
-    sent = send_file(params, good, queue_name, chunk_size=1000)
+    sent = send_file(params, good, queue_name, SendOptions(chunk_size=1000))
     got: list[TransferResult] = []
     failures: list[Any] = []
     receive_streams(params, queue_name, tmp_path / "out", count=1, options=ReceiveOptions(wait_timeout=10),
@@ -164,8 +171,8 @@ def test_oversized_stream_is_quarantined_by_the_cli_max_bytes(params: BrokerPara
                                                               queue_name: str) -> None:
     big = make_file(tmp_path / "big.bin", 50_000)
     small = make_file(tmp_path / "small.bin", 5_000)
-    send_file(params, big, queue_name, chunk_size=10_000)
-    send_file(params, small, queue_name, chunk_size=10_000)
+    send_file(params, big, queue_name, SendOptions(chunk_size=10_000))
+    send_file(params, small, queue_name, SendOptions(chunk_size=10_000))
     proc = cli("receive", "--from", queue_name, "--out-dir", str(tmp_path / "out"), "--conn", uri, "--count", "1",
                "--max-bytes", "10000", "--wait", "10", "--json", "-q")
     stdout, stderr = proc.communicate(timeout=120)
@@ -182,11 +189,11 @@ def test_a_reused_stream_id_is_refused_loudly_and_a_repeat_is_a_duplicate(
     first = make_file(tmp_path / "a" / "report.csv", 4000, seed=1)
     other = make_file(tmp_path / "b" / "report.csv", 4000, seed=2)
     out = tmp_path / "out"
-    sent = send_file(params, first, queue_name, stream_id="daily-report", chunk_size=1000)
+    sent = send_file(params, first, queue_name, SendOptions(chunk_size=1000), stream_id="daily-report")
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.sha256 == sent.sha256
     # Another file under the same id (what `send --restart --stream-id` did): never acked into nothing.
-    send_file(params, other, queue_name, stream_id="daily-report", chunk_size=1000, restart=True)
+    send_file(params, other, queue_name, SendOptions(chunk_size=1000, restart=True), stream_id="daily-report")
     with pytest.raises(StreamQuarantined, match="daily-report was already used by another stream"):
         receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert sha256_file(out / "report.csv") == sent.sha256  # the first file is untouched
@@ -194,7 +201,7 @@ def test_a_reused_stream_id_is_refused_loudly_and_a_repeat_is_a_duplicate(
     assert filed.headers[p.H_ORIGIN] and "already used" in filed.headers[p.H_QUARANTINE_REASON]
     # The same stream again is a duplicate: acknowledged, drained, reported, nothing written.
     os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns))
-    send_file(params, first, queue_name, stream_id="daily-report", chunk_size=1000, restart=True)
+    send_file(params, first, queue_name, SendOptions(chunk_size=1000, restart=True), stream_id="daily-report")
     again = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert again is not None and again.status == "duplicate" and again.bytes_transferred == 0
     assert sorted(x.name for x in out.iterdir()) == [".amqstream", "report.csv"]
@@ -257,7 +264,7 @@ def test_a_state_directory_another_user_owns_is_refused(params: BrokerParams, tm
     if os.geteuid() != 0:
         pytest.skip("giving a directory to another user needs root")
     src = make_file(tmp_path / "f.bin", 3000)
-    send_file(params, src, queue_name, mode="atomic")
+    send_file(params, src, queue_name, SendOptions(mode="atomic"))
     out = tmp_path / "out"
     (out / ".amqstream").mkdir(parents=True, mode=0o700)
     os.chown(out / ".amqstream", 65534, 65534)
@@ -291,8 +298,8 @@ def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: Broke
                           daemon=True)
     rx.start()
     tx = threading.Thread(target=lambda: box.setdefault("sent", send_file(
-        params, src, queue_name, mode="handshake", stream_id="hs-guard", chunk_size=16 * 1024, window=8,
-        ack_timeout=60)), daemon=True)
+        params, src, queue_name, SendOptions(mode="handshake", chunk_size=16 * 1024, window=8, ack_timeout=60),
+        stream_id="hs-guard")), daemon=True)
     tx.start()
     assert opened.wait(60), "the receiver never took the offer"
     # An impostor who answers an offer before its receiver can hold it up (documented); here
@@ -321,7 +328,7 @@ def test_sensor_reports_a_poisoned_stream_and_receives_the_good_one(
     spec = p.StreamSpec("sensor-poison", "bad.bin", len(data), 1000)
     play(params, queue_name, spec, data, list(range(1, 6)), sha="0" * 64)
     good = make_file(tmp_path / "good.bin", 4000)
-    sent = send_file(params, good, queue_name, chunk_size=1000)
+    sent = send_file(params, good, queue_name, SendOptions(chunk_size=1000))
     record = tmp_path / "record.json"
     dag = _load(ROOT / "tests" / "dags", "amqs_test_sensor_policy")
     dr = dag.test(run_conf={"queue": queue_name, "out_dir": str(tmp_path / "out"), "record": str(record)})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -32,7 +32,7 @@ def test_stream_over_tls(tls_broker: EmbeddedBroker, tmp_path: Path) -> None:
     params = params_from_uri(tls_broker.info().tls_uri or "")
     assert params.tls and params.hosts[0][1] == tls_broker.tls_port
     src = make_file(tmp_path / "f.bin", 3 * 2**20 + 7)
-    sent = send_file(params, src, "/queue/tls.1", chunk_size=256 * 1024)
+    sent = send_file(params, src, "/queue/tls.1", SendOptions(chunk_size=256 * 1024))
     got = receive_stream(params, "/queue/tls.1", tmp_path / "out", options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.broker
 
 
 def roundtrip(params: BrokerParams, src: Path, queue: str, out: Path, **send_kw: object) -> Path:
-    sent = send_file(params, src, queue, **send_kw)  # type: ignore[arg-type]
+    sent = send_file(params, src, queue, SendOptions(**send_kw))  # type: ignore[arg-type]
     got = receive_stream(params, queue, out, options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
     assert got is not None, "no stream arrived"
     assert got.sha256 == sent.sha256 == sha256_file(src)
@@ -56,7 +56,7 @@ def test_atomic_mode_hides_stream_until_complete(params: BrokerParams, tmp_path:
         link.round_trip()
     assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=2)) is None
     # Its retry finishes and only then offers it; the receiver gets it whole.
-    sent = send_file(params, src, queue_name, stream_id="atomic-1", chunk_size=10_000, mode="atomic")
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=10_000, mode="atomic"), stream_id="atomic-1")
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.sha256 == sent.sha256 and got.duplicates == 2
 
@@ -97,7 +97,7 @@ def test_corrupted_chunk_detected_never_published(params: BrokerParams, tmp_path
     spec = p.StreamSpec("crc-1", "f.bin", len(data), 1000)
     _inject(params, queue_name, spec, data, list(range(1, 11)), corrupt=6)
     good = make_file(tmp_path / "g.bin", 3000)
-    sent = send_file(params, good, queue_name, chunk_size=1000)
+    sent = send_file(params, good, queue_name, SendOptions(chunk_size=1000))
     with pytest.raises(StreamQuarantined, match=r"crc-1.*chunk 6 at offset 5000 failed its CRC-32"):
         receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert not (tmp_path / "out" / "f.bin").exists()
@@ -116,9 +116,9 @@ def test_send_rejects_bad_input_clearly(params: BrokerParams, tmp_path: Path) ->
         send_file(params, make_file(tmp_path / "f", 10), "/queue/bad name")
     for bad in (0, -1, p.MAX_CHUNK_SIZE + 1):
         with pytest.raises(p.ProtocolError, match=f"chunk size {bad} is outside"):
-            send_file(params, make_file(tmp_path / "f", 10), "/queue/x", chunk_size=bad)
+            send_file(params, make_file(tmp_path / "f", 10), "/queue/x", SendOptions(chunk_size=bad))
     with pytest.raises(StreamError, match="window must be at least 1"):
-        send_file(params, make_file(tmp_path / "f", 10), "/queue/x", window=0)
+        send_file(params, make_file(tmp_path / "f", 10), "/queue/x", SendOptions(window=0))
 
 
 def test_four_producers_two_consumers_one_stream_at_a_time(uri: str, tmp_path: Path, queue_name: str) -> None:
@@ -156,7 +156,7 @@ def test_concurrent_send_and_receive_in_process(params: BrokerParams, tmp_path: 
     t = threading.Thread(target=lambda: box.setdefault("r", receive_stream(
         params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=30))))
     t.start()
-    sent = send_file(params, src, queue_name, chunk_size=256 * 1024)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=256 * 1024))
     t.join(60)
     got = box["r"]
     assert got is not None and got.sha256 == sent.sha256  # type: ignore[attr-defined]
@@ -166,7 +166,7 @@ def test_compressed_csv_round_trip(params: BrokerParams, tmp_path: Path, queue_n
     from example_support import write_sample_csv
 
     src = write_sample_csv(tmp_path / "sales.csv", rows=60_000)
-    sent = send_file(params, src, queue_name, compression="zstd", chunk_size=256 * 1024)
+    sent = send_file(params, src, queue_name, SendOptions(compression="zstd", chunk_size=256 * 1024))
     # Compressed on the wire, not silently sent as it is: the chunks say zstd and are smaller.
     chunks = browse(params, p.Destination.parse(queue_name).data_queue(sent.stream_id, params.user))
     assert chunks and all(c.headers.get(p.H_ENCODING) == "zstd" for c in chunks if c.headers.get(p.H_KIND) == "data")
@@ -181,7 +181,7 @@ def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: P
     from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
 
     src = make_file(tmp_path / "f.bin", 5000)
-    sent = send_file(params, src, queue_name, stream_id="rep-1", chunk_size=1000)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=1000), stream_id="rep-1")
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.sha256 == sent.sha256
     ckpt = FileCheckpoint(default_state_dir() / checkpoint_name("rep-1", params))
@@ -205,8 +205,8 @@ def test_same_file_to_two_destinations_is_two_streams(params: BrokerParams, tmp_
     """Fan-out by re-sending: the second send must not mistake the first's finished
     checkpoint for an interrupted transfer of its own."""
     src = make_file(tmp_path / "f.bin", 3000)
-    first = send_file(params, src, queue_name + ".a", chunk_size=1000)
-    second = send_file(params, src, queue_name + ".b", chunk_size=1000)
+    first = send_file(params, src, queue_name + ".a", SendOptions(chunk_size=1000))
+    second = send_file(params, src, queue_name + ".b", SendOptions(chunk_size=1000))
     assert first.stream_id != second.stream_id
     assert second.resumed_from == 0 and second.bytes_transferred == 3000
     for suffix in (".a", ".b"):
@@ -226,7 +226,7 @@ def test_a_collision_name_never_replaces_another_streams_file(params: BrokerPara
     second, third = short_id("second"), short_id("third")
     for src, name, sid in ((srcs[0], "data.csv", "first"), (srcs[1], f"data.{second}.csv", "squatter"),
                            (srcs[2], "data.csv", "second"), (srcs[3], "data.csv", "third")):
-        send_file(params, src, queue_name, stream_id=sid, name=name, mode="atomic")
+        send_file(params, src, queue_name, SendOptions(mode="atomic"), stream_id=sid, name=name)
         got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
         assert got is not None and got.stream_id == sid
     assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == {

@@ -17,7 +17,7 @@ import stomp
 
 from airflow_provider_amqstream.broker.auth import ADVISORY_TOPICS, auth_plugins
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import StompFrames, make_file, sha256_file, started, wait_for
 from tests.system.test_network import QUEUE, Sites
@@ -87,8 +87,8 @@ def test_an_ordinary_user_cannot_write_advisories_and_the_bridge_stays_up(sites:
         refused = [msg for kind, msg in answers if kind == "ERROR" and f"User {user} is not authorized to write" in msg]
         assert len(refused) == ATTEMPTS, f"{user}: {answers[:3]}"
     src = make_file(tmp_path / "after.bin", 3 * 2**20 + 7, seed=3)
-    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="after-advisories",
-                     chunk_size=256 * 1024)
+    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, SendOptions(chunk_size=256 * 1024),
+                     stream_id="after-advisories")
     got = receive_stream(sites.params(sites.b, "consumer"), QUEUE, tmp_path / "out",
                          options=ReceiveOptions(wait_timeout=60))
     assert got is not None and got.stream_id == "after-advisories"

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_amqstream.engine import SendOptions
 from tests.deployment import Deployment, json_line
 from tests.helpers import ROOT, make_file, sha256_file, wait_for
 
@@ -155,8 +156,10 @@ class PausedSender:
         from airflow_provider_amqstream.hooks.connection import params_from_uri
 
         try:
-            self.result = send_file(params_from_uri(self.uri), src, queue, stream_id=sid, chunk_size=CHUNK, window=4,
-                                    progress=self._progress, checkpoint=FileCheckpoint(state))
+            self.result = send_file(params_from_uri(self.uri), src, queue,
+                                    SendOptions(chunk_size=CHUNK, window=4, progress=self._progress,
+                                                checkpoint_for=lambda _: FileCheckpoint(state)),
+                                    stream_id=sid)
         except BaseException as exc:  # reported by finish()
             self.error = exc
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, checkpoint_name, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, checkpoint_name, receive_stream, send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import cli, cli_json, make_file, read_json, sha256_file, wait_for
 
@@ -32,7 +32,7 @@ def _kill(proc: object) -> None:
 
 def test_receiver_killed_mid_stream_resumes(params: BrokerParams, uri: str, tmp_path: Path, queue_name: str) -> None:
     src = make_file(tmp_path / "big.bin", SIZE)
-    sent = send_file(params, src, queue_name, stream_id="rk-1", chunk_size=CHUNK)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=CHUNK), stream_id="rk-1")
     out = tmp_path / "out"
     args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--window", str(WINDOW),
             "--json", "-q", "--wait", "20"]
@@ -51,7 +51,7 @@ def test_receiver_killed_mid_stream_resumes(params: BrokerParams, uri: str, tmp_
 def test_second_receiver_takes_over_shared_directory(params: BrokerParams, uri: str, tmp_path: Path,
                                                      queue_name: str) -> None:
     src = make_file(tmp_path / "big.bin", SIZE)
-    sent = send_file(params, src, queue_name, stream_id="to-1", chunk_size=CHUNK)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=CHUNK), stream_id="to-1")
     out = tmp_path / "shared"
     args = ["receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--window", str(WINDOW),
             "--json", "-q", "--wait", "30"]
@@ -106,7 +106,7 @@ def test_rerun_without_chunk_size_continues_the_interrupted_one(params: BrokerPa
     from airflow_provider_amqstream.engine import FileCheckpoint, checkpoint_name, default_state_dir
 
     src = make_file(tmp_path / "f.bin", 1000)
-    sent = send_file(params, src, queue_name, stream_id="cs-1", chunk_size=100)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=100), stream_id="cs-1")
     ckpt = FileCheckpoint(default_state_dir() / checkpoint_name("cs-1", params))
     # As if killed after chunk 4: in flight (no sent_at), confirmed up to there.
     data = {k: v for k, v in (ckpt.load() or {}).items() if k != "sent_at"}
@@ -129,10 +129,10 @@ def test_checkpoint_exists_before_the_first_message(params: BrokerParams, tmp_pa
     real_send = StompLink.send
     monkeypatch.setattr(StompLink, "send", die)
     with pytest.raises(SystemExit):
-        send_file(params, src, queue_name, stream_id="early-1", chunk_size=1000)
+        send_file(params, src, queue_name, SendOptions(chunk_size=1000), stream_id="early-1")
     monkeypatch.setattr(StompLink, "send", real_send)
     assert (FileCheckpoint(default_state_dir() / checkpoint_name("early-1", params)).load() or {})["chunk_size"] == 1000
     # A re-run naming another chunk size is refused rather than offering a conflicting stream.
     with pytest.raises(StreamError, match="different file, destination or chunk size"):
-        send_file(params, src, queue_name, stream_id="early-1", chunk_size=4096)
+        send_file(params, src, queue_name, SendOptions(chunk_size=4096), stream_id="early-1")
     assert send_file(params, src, queue_name, stream_id="early-1").chunks == 10

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from example_support import write_sample_csv
 
+from airflow_provider_amqstream.engine import SendOptions
 from tests.deployment import Deployment, json_line
 from tests.helpers import ROOT, make_file, sha256_file, wait_for
 
@@ -251,7 +252,8 @@ def _offer_events(d: Deployment, tmp_path: Path, *numbers: int) -> dict[str, str
 
     params = params_from_uri(_broker_uri(d))
     files = {i: write_sample_csv(tmp_path / f"event-{i}.csv", rows=1_000, seed=20 + i) for i in numbers}
-    results = [send_file(params, path, QUEUE + ".events", stream_id=f"evt-{tmp_path.name[-16:]}-{i}", mode="atomic")
+    results = [send_file(params, path, QUEUE + ".events", SendOptions(mode="atomic"),
+                         stream_id=f"evt-{tmp_path.name[-16:]}-{i}")
                for i, path in files.items()]
     return {r.stream_id: r.sha256 for r in results}
 
@@ -573,8 +575,8 @@ def test_running_sensor_log_shows_progress_in_the_ui(page: Any, deployment: Depl
 
     def send() -> None:
         try:
-            sent.append(send_file(params_from_uri(_broker_uri(d)), src, queue, stream_id=stream_id,
-                                  chunk_size=chunk, window=1, progress=hold))
+            sent.append(send_file(params_from_uri(_broker_uri(d)), src, queue,
+                                  SendOptions(chunk_size=chunk, window=1, progress=hold), stream_id=stream_id))
         except Exception as exc:  # the test thread reports it below
             errors.append(exc)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.engine import send_file
+from airflow_provider_amqstream.engine import SendOptions, send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import sha256_file
@@ -45,7 +45,7 @@ def test_event_driven_run_receives_exactly_its_streams(airflow_db: Path, params:
     for i in range(3):
         src = tmp_path / f"orders-{i}.csv"
         example_support.write_sample_csv(src, rows=200, seed=i)
-        files[f"evt-{i}"] = send_file(params, src, queue + ".events", stream_id=f"evt-{i}", mode="atomic")
+        files[f"evt-{i}"] = send_file(params, src, queue + ".events", SendOptions(mode="atomic"), stream_id=f"evt-{i}")
     dag = _load(EXAMPLES, "amqstream_event_driven")
     # The run is for two of the three offered streams; the third must stay on the queue.
     dr = dag.test(run_conf={"stream_ids": ["evt-0", "evt-2"]})

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, find_received, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, find_received, receive_stream, send_file
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.conftest import ROOT
 from tests.helpers import free_port, make_file, sha256_file
@@ -22,7 +22,7 @@ def test_find_received_reads_the_completion_record(params: BrokerParams, queue_n
     out = tmp_path / "out"
     assert find_received(out, "never-1") is None
     src = make_file(tmp_path / "f.bin", 10_000)
-    send_file(params, src, queue_name, stream_id="fr-1", mode="atomic")
+    send_file(params, src, queue_name, SendOptions(mode="atomic"), stream_id="fr-1")
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=30))
     assert got is not None
     record = find_received(out, "fr-1")
@@ -40,7 +40,7 @@ def test_sensor_returns_a_stream_it_already_received_at_once(params: BrokerParam
 
     out = tmp_path / "out"
     src = make_file(tmp_path / "f.bin", 50_000)
-    send_file(params, src, queue_name, stream_id="again-1", mode="atomic")
+    send_file(params, src, queue_name, SendOptions(mode="atomic"), stream_id="again-1")
     assert receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=30)) is not None
     # Nothing listens here: any look at a broker would fail, so the answer comes from out_dir.
     monkeypatch.setenv("AIRFLOW_CONN_AMQS_NOWHERE", f"amqstream://127.0.0.1:{free_port()}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.engine import SendOptions
 from tests.helpers import cli, cli_json, free_port, make_file, read_json, sha256_file, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.failover]
@@ -74,6 +75,6 @@ def test_a_long_send_that_loses_the_broker_gets_the_whole_reconnect_timeout(
             raise ConnectionLost(f"connection to {params.url} was lost (test)")  # type: ignore[attr-defined]
 
     monkeypatch.setattr(sending._Attempt, "run", lost_after_the_data)
-    res = sending.send_file(params, src, queue_name, chunk_size=1024 * 1024, window=1,  # type: ignore[arg-type]
-                            reconnect_timeout=30)
+    res = sending.send_file(params, src, queue_name,
+                            options=SendOptions(chunk_size=1024 * 1024, window=1, reconnect_timeout=30))
     assert len(calls) == 2 and res.sha256 == sha256_file(src)

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.broker.network import NetworkConfig, connectors_xml
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, receive_streams, send_file
 from airflow_provider_amqstream.exceptions import AccessDenied, NetworkError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -112,12 +112,12 @@ def test_a_stream_sent_at_site_a_is_received_at_site_b(sites: Sites, tmp_path: P
         # Paced by its receiver: the receiver's hello and acknowledgements cross back to A.
         join = _in_thread(lambda: receive_stream(rx, QUEUE, tmp_path / "out",
                                                  options=ReceiveOptions(wait_timeout=60)))
-        sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, mode=mode, chunk_size=CHUNK,
-                         request_timeout=60)
+        sent = send_file(sites.params(sites.a, "producer"), src, QUEUE,
+                         SendOptions(mode=mode, chunk_size=CHUNK, request_timeout=60))
         got = join(120)
     else:
         # Stored on A until B has a receiver: store and forward.
-        sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, mode=mode, chunk_size=CHUNK)
+        sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, SendOptions(mode=mode, chunk_size=CHUNK))
         got = receive_stream(rx, QUEUE, tmp_path / "out", options=ReceiveOptions(wait_timeout=60))
     assert got is not None and got.stream_id == sent.stream_id
     assert sha256_file(Path(got.path)) == sha256_file(src) == sent.sha256 == got.sha256
@@ -129,8 +129,8 @@ def test_the_link_goes_down_mid_stream_and_the_stream_completes(sites: Sites, tm
     rx = sites.params(sites.b, "consumer")
     receiving = _in_thread(lambda: receive_stream(rx, QUEUE, out, options=ReceiveOptions(
         wait_timeout=60, idle_timeout=300, reconnect_timeout=180)))
-    sending = _in_thread(lambda: send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="link-1",
-                                           chunk_size=CHUNK, window=4))
+    sending = _in_thread(lambda: send_file(sites.params(sites.a, "producer"), src, QUEUE,
+                                           SendOptions(chunk_size=CHUNK, window=4), stream_id="link-1"))
     state = out / ".amqstream" / "link-1.json"
     wait_for(lambda: state.exists(), 120, "site B's receiver to store the first chunks", interval=0.05)
     sites.b.stop()  # the link (site B) goes down mid-stream
@@ -147,7 +147,8 @@ def test_site_a_killed_before_forwarding_loses_nothing(sites: Sites, tmp_path: P
     files = {i: make_file(tmp_path / f"f{i}.bin", 2**20 + i, seed=10 + i) for i in range(3)}
     tx = sites.params(sites.a, "producer")
     for i, src in files.items():
-        send_file(tx, src, QUEUE, stream_id=f"kill-{i}", mode="atomic" if i % 2 else "stream", chunk_size=CHUNK)
+        send_file(tx, src, QUEUE, SendOptions(mode="atomic" if i % 2 else "stream", chunk_size=CHUNK),
+                  stream_id=f"kill-{i}")
     sites.a.kill()  # kill -9: no receiver anywhere yet, so nothing was forwarded
     sites.a.start()
     sites.wait_bridged()
@@ -167,7 +168,7 @@ def test_a_watcher_at_site_b_sees_a_stream_waiting_at_site_a_when_told_it_is_net
     from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 
     src = make_file(tmp_path / "waiting.bin", 200_000, seed=7)
-    send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="waits-at-a", mode="atomic")
+    send_file(sites.params(sites.a, "producer"), src, QUEUE, SendOptions(mode="atomic"), stream_id="waits-at-a")
     at_b = sites.params(sites.b, "consumer")
     plain, networked = OfferBrowser(at_b, QUEUE), OfferBrowser(replace(at_b, network=True), QUEUE)
     try:
@@ -193,7 +194,7 @@ def test_receivers_at_both_sites_take_each_stream_once(sites: Sites, tmp_path: P
     at_a, at_b = drain(sites.a, tmp_path / "out-a"), drain(sites.b, tmp_path / "out-b")
     tx = sites.params(sites.a, "producer")
     for sid, src in files.items():
-        send_file(tx, src, QUEUE, stream_id=sid, chunk_size=64 * 1024)
+        send_file(tx, src, QUEUE, SendOptions(chunk_size=64 * 1024), stream_id=sid)
     got = [*at_a(180), *at_b(180)]
     assert sorted(r.stream_id for r in got) == sorted(files), "a stream was lost or received twice"
     for r in got:
@@ -235,7 +236,7 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     subprocess.run([javac, "-d", str(classes), "-cp", classpath, str(ROOT / "tests" / "java" / "StreamConsumer.java")],
                    check=True, capture_output=True, timeout=120)
     src = make_file(tmp_path / "for-java.bin", 3 * 2**20 + 7, seed=5)
-    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, stream_id="jms-1", chunk_size=CHUNK)
+    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, SendOptions(chunk_size=CHUNK), stream_id="jms-1")
     out = tmp_path / "java-out.bin"
     # watchTopicAdvisories=false: the JMS client would otherwise subscribe to advisory
     # topics, which only the bridge and the administrator may read.
@@ -258,7 +259,8 @@ def test_a_plain_jms_consumer_rebuilds_a_stream_over_openwire(sites: Sites, tmp_
     from airflow_provider_amqstream.engine import send_files
 
     small = make_file(tmp_path / "small" / "inline.bin", 40_000, seed=6)
-    [one] = send_files(sites.params(sites.a, "producer"), [small], QUEUE, manifest=False, pack=False).results
+    [one] = send_files(sites.params(sites.a, "producer"), [small], QUEUE,
+                       SendOptions(manifest=False, pack=False)).results
     run = subprocess.run([java, "-cp", f"{classes}:{classpath}", "StreamConsumer", url, "consumer", "consumer-pw",
                           QUEUE.removeprefix("/queue/"), str(out)], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -315,8 +317,8 @@ def test_a_bridge_over_tls_carries_streams_and_refuses_an_untrusted_broker(tls_s
     src = make_file(tmp_path / "tls.bin", 3 * 2**20 + 11, seed=31)
     rx = sites.params(sites.b, "consumer")
     join = _in_thread(lambda: receive_stream(rx, QUEUE, tmp_path / "out", options=ReceiveOptions(wait_timeout=60)))
-    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE, mode="handshake", chunk_size=CHUNK,
-                     request_timeout=60)
+    sent = send_file(sites.params(sites.a, "producer"), src, QUEUE,
+                     SendOptions(mode="handshake", chunk_size=CHUNK, request_timeout=60))
     got = join(120)
     assert got is not None and sha256_file(Path(got.path)) == sha256_file(src) == sent.sha256
 

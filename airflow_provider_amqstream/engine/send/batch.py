@@ -260,16 +260,6 @@ def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = F
     return list(iter_files(args, recursive=recursive))
 
 
-def _subdir_of(path: Path, base_dir: Path | None) -> str:
-    if base_dir is None:
-        return ""
-    try:
-        rel = path.resolve().parent.relative_to(base_dir.resolve())
-    except ValueError:
-        raise StreamError(f"{path} is not under the base directory {base_dir}") from None
-    return "" if rel == Path(".") else rel.as_posix()
-
-
 class BatchLedger:
     """The confirmed files of one batch: an append-only JSON-lines file, fsynced per group.
 

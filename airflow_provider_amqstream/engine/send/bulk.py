@@ -32,6 +32,7 @@ its receiver sees the same stream twice and reports the repeat as a duplicate.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import logging
@@ -45,8 +46,6 @@ from typing import Any
 
 from airflow_provider_amqstream.engine.records import (
     Backoff,
-    Checkpoint,
-    FileCheckpoint,
     TransferResult,
     default_state_dir,
     open_private,
@@ -59,7 +58,6 @@ from airflow_provider_amqstream.engine.send.batch import (
     BatchTally,
     BulkResult,
     FileFailure,
-    _subdir_of,
 )
 from airflow_provider_amqstream.engine.send.small_files import (
     Outgoing,
@@ -70,6 +68,7 @@ from airflow_provider_amqstream.engine.send.small_files import (
     send_chunks,
 )
 from airflow_provider_amqstream.engine.send.stream import (
+    SendOptions,
     _file_identity,
     checkpoint_name,
     id_key,
@@ -106,30 +105,16 @@ MAX_KEPT_RESULTS = 1000
 BatchProgress = Callable[[BatchStatus], None]
 
 
-# The public entry point: its options are keyword-only and documented one by one, and callers
-# (the hook, the CLI) pass them by name. An options object would change them all.
-def send_files(  # noqa: PLR0913
+def send_files(
     params: BrokerParams,
     files: Iterable[str | os.PathLike[str] | BatchFile],
     destination: str,
+    options: SendOptions | None = None,
     *,
-    base_dir: str | os.PathLike[str] | None = None,
     batch_id: str | None = None,
-    chunk_size: int | None = None,
-    window: int | None = None,
-    mode: str | p.Mode = p.Mode.STREAM,
-    compression: str | None = None,
-    restart: bool = False,
-    fail_fast: bool = False,
     progress: BatchProgress | None = None,
     on_result: Callable[[TransferResult], None] | None = None,
     on_failure: Callable[[FileFailure], None] | None = None,
-    checkpoint_for: Callable[[str], Checkpoint] | None = None,
-    ledger_flush: Callable[[list[str]], None] | None = None,
-    ledger_seed: Iterable[str] = (),
-    reconnect_timeout: float = 120.0,
-    manifest: bool = False,
-    pack: bool = True,
 ) -> BulkResult:
     """Send many files over one connection; return the totals (and the first
     :data:`MAX_KEPT_RESULTS` results in full, and a file listing every one).
@@ -142,45 +127,26 @@ def send_files(  # noqa: PLR0913
         :func:`iter_files` for directories and patterns (it walks, holding no list). A
         one-pass iterator is made a list first.
     :param destination: ``/queue/NAME``.
-    :param base_dir: keep each path's directory relative to this one (for plain paths).
+    :param options: how to send (:class:`SendOptions`: chunk size, window, mode,
+        compression, restart, fail_fast, manifest, pack, where checkpoints and the ledger go).
     :param batch_id: names the batch's ledger (letters, digits, ``._-``); default derived
         from the destination and the files, so the same call finds it again. Give one when
         the set of files may change between tries (an Airflow run id).
-    :param chunk_size: bytes per chunk (default 1 MiB).
-    :param window: chunks per confirmation (default 16); a file within one window is "small".
-    :param mode: ``stream`` or ``atomic`` for large files; small files are always sent in
-        atomic order (chunks, end, offer).
-    :param compression: ``"zstd"`` to compress chunks that shrink.
-    :param restart: ignore the ledger and checkpoints; send everything again.
-    :param fail_fast: stop at the first file that fails (default: report it, go on).
     :param progress: called with a :class:`BatchStatus` after each group of confirmations.
     :param on_result: called with each file's result as it is confirmed.
     :param on_failure: called with each file that failed.
-    :param checkpoint_for: the checkpoint of a large file's stream id (default a file in
-        the state dir, as ``send_file``).
-    :param ledger_flush: called with every confirmed stream id after each ledger write.
-    :param ledger_seed: stream ids known confirmed from elsewhere (a retry on another worker).
-    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
-        when the send starts.
-    :param manifest: after every file is confirmed, announce the batch (a ``batch``
-        message listing each file's stream id, relative path, size and SHA-256), so the
-        receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
-    :param pack: send files of one chunk or less several to a message (up to
-        ``small_files.PACK_FILES``); turn off for receivers that predate packs or that receive
-        each file by its stream id into a directory of its own (one asking for a packed
-        stream receives the whole pack).
     """
+    opts = options or SendOptions()
     t0 = time.monotonic()
     dest = p.Destination.parse(destination)
-    if p.Mode(mode) is p.Mode.HANDSHAKE or dest.kind != "queue":
+    if p.Mode(opts.mode) is p.Mode.HANDSHAKE or dest.kind != "queue":
         raise StreamError(f"{dest}: many files in one send go to a queue in stream or atomic mode; "
                           "send handshake-mode files one at a time")
-    window = next(v for v in (window, params.window, p.DEFAULT_WINDOW) if v is not None)
-    chunk = next(v for v in (chunk_size, params.chunk_size, p.DEFAULT_CHUNK_SIZE) if v is not None)
+    window = next(v for v in (opts.window, params.window, p.DEFAULT_WINDOW) if v is not None)
+    chunk = next(v for v in (opts.chunk_size, params.chunk_size, p.DEFAULT_CHUNK_SIZE) if v is not None)
     if window < 1 or not 1 <= chunk <= p.MAX_CHUNK_SIZE:
         raise StreamError(f"window ({window}) must be at least 1 and chunk size ({chunk}) in 1..{p.MAX_CHUNK_SIZE}")
-    codec = p.ChunkCodec(compression if compression is not None else params.compression)
-    base = Path(base_dir) if base_dir is not None else None
+    codec = p.ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     if iter(files) is files:  # a one-pass iterator: the send reads the files twice
         files = list(files)
     tally = BatchTally(MAX_KEPT_RESULTS)
@@ -191,33 +157,33 @@ def send_files(  # noqa: PLR0913
         log.error("%s: %s", path, error)
         if on_failure:
             on_failure(failure)
-        if fail_fast:
+        if opts.fail_fast:
             raise StreamError(f"{path}: {error}")
 
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
-    survey = _survey(files, dest, base, key, fail if fail_fast else None)
+    survey = _survey(files, dest, key, fail if opts.fail_fast else None)
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
     p.validate_stream_id(batch_id)
     broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
     # The first use in a process prunes expired records, checkpoints and ledgers.
     sender_store(None, params.records_retention_days)
-    ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", ledger_flush)
+    ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", opts.ledger_flush)
     listing = _FilesList(default_state_dir() / f"files-{batch_id}@{broker_key}.jsonl")
     status = BatchStatus(survey.count, survey.bytes)
-    ctx = _Ctx(params, dest, window, chunk, codec, p.Mode(mode), restart, ledger, status, tally, listing, progress,
-               on_result, checkpoint_for, pack)
-    done = {} if restart else ledger.load()
-    seeded = set() if restart else set(ledger_seed)
-    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, base, key, fail), done, seeded))
+    ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
+               status=status, tally=tally, listing=listing, progress=progress, on_result=on_result)
+    done = {} if opts.restart else ledger.load()
+    seeded = set() if opts.restart else set(opts.ledger_seed)
+    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, key, fail), done, seeded))
     try:
-        ctx.send_all(todo, fail, reconnect_timeout)
+        ctx.send_all(todo, fail)
     finally:
         ledger.flush()
         listing.close()
-    if manifest:
-        _announce(params, dest, batch_id, listing, reconnect_timeout)
+    if opts.manifest:
+        _announce(params, dest, batch_id, listing, opts.reconnect_timeout)
     elif tally.files and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
@@ -236,7 +202,7 @@ class _Survey:
     ids: int = 0  # the sum of the stream ids' digests: the same files give the same sum in any order
 
 
-def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
+def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination,
             key: bytes, fail_fast: Callable[..., None] | None) -> _Survey:
     """Count the files a send will send. Each failing one is reported by the sending pass;
     with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
@@ -247,14 +213,14 @@ def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destina
         if fail_fast is not None:
             fail_fast(path, error, sid)
 
-    for e in _outgoing(files, dest, base, key, fail):
+    for e in _outgoing(files, dest, key, fail):
         out.count += 1
         out.bytes += e.size
         out.ids = (out.ids + int.from_bytes(hashlib.sha256(e.stream_id.encode()).digest()[:16], "big")) % (1 << 128)
     return out
 
 
-def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination, base: Path | None,
+def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination,
               key: bytes, fail: Callable[..., None]) -> Iterator[Outgoing]:
     """The files to send, one at a time; those that cannot be sent go to ``fail``. A file is
     named once (see ``FileSet``), so its stream id is too."""
@@ -264,7 +230,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             st_ = bf.path.stat()
             if not stat.S_ISREG(st_.st_mode):
                 raise StreamError(f"{bf.path} is not a regular file")
-            subdir = bf.subdir or _subdir_of(bf.path, base)
+            subdir = bf.subdir
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
             identity = _file_identity(bf.path, st_, bf.real)
             sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}", key)  # as default_stream_id
@@ -412,19 +378,16 @@ class _Ctx:
 
     params: BrokerParams
     dest: p.Destination
+    options: SendOptions
     window: int
     chunk: int
     codec: p.ChunkCodec
-    mode: p.Mode
-    restart: bool
     ledger: BatchLedger
     status: BatchStatus
     tally: BatchTally
     listing: _FilesList
     progress: BatchProgress | None
     on_result: Callable[[TransferResult], None] | None
-    checkpoint_for: Callable[[str], Checkpoint] | None
-    pack: bool
     sent_any: bool = False
     last_progress: float = 0.0
     restarted: set[str] = field(default_factory=set)
@@ -440,10 +403,11 @@ class _Ctx:
             res = _already(rec or {}, e, self.dest, self.params)
             self._tally(e, res)
 
-    def send_all(self, todo: _Todo, fail: Callable[..., None], reconnect_timeout: float) -> None:
+    def send_all(self, todo: _Todo, fail: Callable[..., None]) -> None:
         """Send ``todo`` over as many connections as it takes."""
         status, ledger = self.status, self.ledger
-        backoff = Backoff(f"sending {status.files_total} files to {self.dest}", self.params.url, reconnect_timeout)
+        backoff = Backoff(f"sending {status.files_total} files to {self.dest}", self.params.url,
+                          self.options.reconnect_timeout)
         first = stuck = True
         while todo:
             done_before = status.files_done
@@ -479,7 +443,7 @@ class _Ctx:
         try:
             while todo:
                 e = todo[0]
-                if self.pack and self._one_chunk(e):
+                if self.options.pack and self._one_chunk(e):
                     self._pack_next(link, todo, pack, flight, fail)
                     continue
                 small = self._small(e)
@@ -584,12 +548,9 @@ class _Ctx:
             self._record(e, res)
 
     def _send_large(self, link: Link, e: Outgoing) -> TransferResult:
-        ckpt = self.checkpoint_for(e.stream_id) if self.checkpoint_for else FileCheckpoint(
-            default_state_dir() / checkpoint_name(e.stream_id, self.params),
-            retention_days=self.params.records_retention_days)
         base = self.status.bytes_done
         # --restart discards a large file's checkpoint once, not again after a reconnect.
-        restart = self.restart and e.stream_id not in self.restarted
+        restart = self.options.restart and e.stream_id not in self.restarted
         self.restarted.add(e.stream_id)
 
         def each(done: int, total: int) -> None:
@@ -600,9 +561,9 @@ class _Ctx:
                 self.progress(self.status)
                 self.status.bytes_done = base
 
-        return send_file(self.params, e.src, str(self.dest), stream_id=e.stream_id, chunk_size=self.chunk,
-                         window=self.window, mode=self.mode, checkpoint=ckpt, restart=restart, progress=each,
-                         compression=self.codec.encoding, subdir=e.subdir, link=link)
+        opts = dataclasses.replace(self.options, chunk_size=self.chunk, window=self.window, restart=restart,
+                                   progress=each, compression=self.codec.encoding)
+        return send_file(self.params, e.src, str(self.dest), opts, stream_id=e.stream_id, subdir=e.subdir, link=link)
 
     def _record(self, e: Outgoing, res: TransferResult) -> None:
         self.ledger.add({"stream_id": e.stream_id, "path": str(e.src), "subdir": e.subdir, "name": res.name,

@@ -15,6 +15,8 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,26 +48,72 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 log = logging.getLogger(__name__)
 
 
-# The public entry point: its options are keyword-only and documented one by one, and callers
-# (the hook, the CLI, send_files) pass them by name. An options object would change them all.
-def send_file(  # noqa: PLR0913
+@dataclass(frozen=True)
+class SendOptions:
+    """How to send, built once (from the CLI's flags, an operator's arguments) and passed
+    down unchanged; None takes the connection's setting, else the default.
+
+    :param chunk_size: bytes per chunk message (default 1 MiB); a re-run that names none
+        continues with the interrupted run's.
+    :param window: chunks per broker confirmation (default 16); a file within one window is
+        "small" to a many-file send.
+    :param mode: ``stream`` (receivers may start at once), ``atomic`` (receivers see the
+        stream only once every chunk is stored) or ``handshake`` (one file at a time). A
+        many-file send sends its small files in atomic order whatever the mode.
+    :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV,
+        JSON: ~3.5x) and stops trying on data that does not; ``"zstd"`` compresses each chunk
+        that shrinks by 5 % or more; ``"none"`` sends every chunk as it is. None: the
+        connection's (``auto`` unless its extra says otherwise).
+    :param restart: ignore checkpoints (and a batch's ledger) and send from the first byte.
+    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
+        when the send starts (a broker that answers and refuses fails at once).
+    :param request_timeout: handshake mode: seconds to wait for the first receiver to answer.
+    :param discovery_window: handshake mode on a topic: seconds to keep collecting
+        receivers after the first answered.
+    :param ack_timeout: handshake mode: seconds without any word from a receiver that is
+        still short of the end before giving up.
+    :param fail_fast: many files: stop at the first file that fails (default: report it, go on).
+    :param manifest: many files: after every file is confirmed, announce the batch (a
+        ``batch`` message listing each file's stream id, relative path, size and SHA-256), so
+        the receiving side writes ``<batch id>.manifest.jsonl`` once all of them are published.
+    :param pack: many files: send files of one chunk or less several to a message (up to
+        ``small_files.PACK_FILES``); turn off for receivers that predate packs or that receive
+        each file by its stream id into a directory of its own (one asking for a packed
+        stream receives the whole pack).
+    :param progress: called with (bytes confirmed, total bytes) after each window of one file.
+    :param checkpoint_for: where a stream id's resume point lives (default: a file in the
+        state dir, one per stream id and broker).
+    :param ledger_flush: many files: called with every confirmed stream id after each ledger write.
+    :param ledger_seed: many files: stream ids known confirmed from elsewhere (a retry on
+        another worker).
+    """
+
+    chunk_size: int | None = None
+    window: int | None = None
+    mode: str | p.Mode = p.Mode.STREAM
+    compression: str | None = None
+    restart: bool = False
+    reconnect_timeout: float = 120.0
+    request_timeout: float = 60.0
+    discovery_window: float = 2.0
+    ack_timeout: float = 120.0
+    fail_fast: bool = False
+    manifest: bool = False
+    pack: bool = True
+    progress: Progress | None = None
+    checkpoint_for: Callable[[str], Checkpoint] | None = None
+    ledger_flush: Callable[[list[str]], None] | None = None
+    ledger_seed: Iterable[str] = ()
+
+
+def send_file(
     params: BrokerParams,
     path: str | os.PathLike[str],
     destination: str,
+    options: SendOptions | None = None,
     *,
     stream_id: str | None = None,
     name: str | None = None,
-    chunk_size: int | None = None,
-    window: int | None = None,
-    mode: str | p.Mode = p.Mode.STREAM,
-    checkpoint: Checkpoint | None = None,
-    restart: bool = False,
-    progress: Progress | None = None,
-    reconnect_timeout: float = 120.0,
-    request_timeout: float = 60.0,
-    discovery_window: float = 2.0,
-    ack_timeout: float = 120.0,
-    compression: str | None = None,
     subdir: str = "",
     link: Link | None = None,
 ) -> TransferResult:
@@ -74,52 +122,36 @@ def send_file(  # noqa: PLR0913
     :param params: broker connection settings.
     :param path: the file to send.
     :param destination: ``/queue/NAME`` (or ``/topic/NAME``) where receivers listen.
+    :param options: how to send (:class:`SendOptions`; default its defaults).
     :param stream_id: stream id; by default derived from path, size, mtime and
         destination, so the same call after a crash finds its checkpoint.
-    :param chunk_size: bytes per chunk message (default 1 MiB).
-    :param window: chunks per broker confirmation (default 16).
-    :param mode: ``stream`` (receivers may start at once) or ``atomic`` (receivers see
-        the stream only once every chunk is stored).
-    :param checkpoint: where the resume point lives (default: a file in the state dir,
-        one per stream id and broker).
-    :param restart: ignore an existing checkpoint and send from the first byte.
-    :param progress: called with (bytes confirmed, total bytes) after each window.
-    :param reconnect_timeout: how long to keep trying to reach a lost broker, or one not up yet
-        when the send starts (a broker that answers and refuses fails at once).
-    :param request_timeout: handshake mode: seconds to wait for the first receiver to answer.
-    :param discovery_window: handshake mode on a topic: seconds to keep collecting
-        receivers after the first answered.
-    :param ack_timeout: handshake mode: seconds without any word from a receiver that is
-        still short of the end before giving up.
-    :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV,
-        JSON: ~3.5x) and stops trying on data that does not; ``"zstd"`` compresses each chunk
-        that shrinks by 5 % or more; ``"none"`` sends every chunk as it is. None: the
-        connection's (``auto`` unless its extra says otherwise).
+    :param name: the file name announced to receivers (default the base name).
     :param subdir: the relative directory (``a/b``) under the receiver's output directory
         the file goes to (offer header ``amqs_dir``); "" for the directory itself.
     :param link: an open connection to send over (``send_files`` shares one across files);
         a lost connection is then raised, not retried here. Stream and atomic modes only.
     """
+    opts = options or SendOptions()
     started = time.time()
     t0 = time.monotonic()
     src = Path(path)
     st_ = _regular_file(src)
     dest = p.Destination.parse(destination)
-    kind = p.Mode(mode)
+    kind = p.Mode(opts.mode)
     if dest.kind != "queue" and kind is not p.Mode.HANDSHAKE:
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
     identity = _file_identity(src, st_)
     sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params))
-    window = _check_window(_first(window, params.window, p.DEFAULT_WINDOW), kind)
-    codec = p.ChunkCodec(compression if compression is not None else params.compression)
-    ckpt = checkpoint or FileCheckpoint(default_state_dir() / checkpoint_name(sid, params),
-                                        retention_days=params.records_retention_days)
-    loaded = None if restart else ckpt.load()
+    window = _check_window(_first(opts.window, params.window, p.DEFAULT_WINDOW), kind)
+    codec = p.ChunkCodec(opts.compression if opts.compression is not None else params.compression)
+    ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
+        default_state_dir() / checkpoint_name(sid, params), retention_days=params.records_retention_days)
+    loaded = None if opts.restart else ckpt.load()
     state = None if not loaded else _sender_state(loaded)
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
-    chunk_size = _first(chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
+    chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
     spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, kind)
     extra = {"broker": params.url, "login": params.user}
     state = _resume_state(state, spec, dest, identity, ckpt, extra)
@@ -132,7 +164,7 @@ def send_file(  # noqa: PLR0913
     def save(final: bool = False) -> None:
         ckpt.save({**state.to_json(), **extra}, final=final)
 
-    out = Outbound(params, src, dest, state, save, window, progress, codec, stream_origin(identity, dest), subdir)
+    out = Outbound(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir)
     attempt = _Attempt(out)
     rerequests = [0]
     retries = 0
@@ -142,8 +174,8 @@ def send_file(  # noqa: PLR0913
         attempt.run(link)
     else:
         resumed, retries = _retry(out, attempt, Backoff(f"sending stream {sid} to {dest}", params.url,
-                                                        reconnect_timeout),
-                                  (request_timeout, discovery_window, ack_timeout), rerequests)
+                                                        opts.reconnect_timeout),
+                                  (opts.request_timeout, opts.discovery_window, opts.ack_timeout), rerequests)
         resumed_from = resumed if resumed is not None else resumed_from
     ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
     return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_provider_amqstream.assets.amqstream import destination_uri
 from airflow_provider_amqstream.assets.files import dir_uri, static_root
+from airflow_provider_amqstream.engine import SendOptions
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.operators.outlets import MAX_IDS, Arrivals, landing_alias_name
 from airflow_provider_amqstream.transport.memory import MemoryBroker
@@ -131,7 +132,7 @@ def test_a_receive_of_nothing_or_of_repeats_emits_no_event(broker: MemoryBroker,
     # The same stream sent again (a sender that restarted from scratch): received before.
     from airflow_provider_amqstream.engine import send_file
 
-    send_file(AmqStreamHook().broker_params(), src, Q, stream_id="rep-1", restart=True)
+    send_file(AmqStreamHook().broker_params(), src, Q, SendOptions(restart=True), stream_id="rep-1")
     again, events = receive()
     assert [f["status"] for f in again["files"]] == ["duplicate"] and events == []
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams, send_files
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_files
 from airflow_provider_amqstream.engine.receive import inline
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
@@ -37,7 +37,7 @@ def _sources(tmp_path: Path) -> dict[str, bytes]:
 def _send(broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
     data = _sources(tmp_path)
     monkeypatch.setenv("AMQSTREAM_STATE_DIR", str(tmp_path / "state"))
-    sent = send_files(broker.params("tx"), [tmp_path / "in" / n for n in sorted(data)], Q, manifest=False)
+    sent = send_files(broker.params("tx"), [tmp_path / "in" / n for n in sorted(data)], Q, SendOptions(manifest=False))
     assert sent.totals()["files_sent"] == FILES
     return data
 
@@ -88,15 +88,15 @@ def test_a_sender_that_dies_before_its_ledger_is_flushed_sends_again_as_duplicat
     with monkeypatch.context() as m:
         m.setattr(batch.BatchLedger, "flush", die)
         with pytest.raises(Crash):
-            send_files(broker.params("tx"), files, Q, manifest=False, batch_id="b1")
+            send_files(broker.params("tx"), files, Q, SendOptions(manifest=False), batch_id="b1")
     out = tmp_path / "out"
     first = _receive(broker, out)
     assert sorted(r.status for r in first) == ["complete"] * FILES  # the broker had them all
-    again = send_files(broker.params("tx"), files, Q, manifest=False, batch_id="b1")
+    again = send_files(broker.params("tx"), files, Q, SendOptions(manifest=False), batch_id="b1")
     assert again.totals()["files_sent"] == FILES, "the re-run skipped files its ledger never recorded"
     second = _receive(broker, out)
     assert sorted(r.status for r in second) == ["duplicate"] * FILES
     assert _published(out) == data
     # Now flushed: a third run sends nothing.
-    third = send_files(broker.params("tx"), files, Q, manifest=False, batch_id="b1")
+    third = send_files(broker.params("tx"), files, Q, SendOptions(manifest=False), batch_id="b1")
     assert third.totals()["files_sent"] == 0

@@ -19,6 +19,7 @@ import pytest
 from airflow_provider_amqstream.engine import (
     BulkResult,
     ReceiveOptions,
+    SendOptions,
     find_manifest,
     iter_files,
     receive_streams,
@@ -75,8 +76,8 @@ def send_peak(broker: MemoryBroker, src: Path, count: int) -> int:
     box: dict[str, BulkResult] = {}
 
     def send() -> None:
-        box["res"] = send_files(broker.params("alice"), iter_files([src], recursive=True), Q, manifest=True,
-                                restart=True)
+        box["res"] = send_files(broker.params("alice"), iter_files([src], recursive=True), Q,
+                                SendOptions(manifest=True, restart=True))
 
     with pytest.MonkeyPatch.context() as mp:
         consume_everything(broker, mp)
@@ -88,7 +89,8 @@ def send_peak(broker: MemoryBroker, src: Path, count: int) -> int:
 
 def receive_peak(broker: MemoryBroker, src: Path, out: Path, count: int) -> int:
     # Sent again (measured above, dropped): now the receiver gets every file of it.
-    res = send_files(broker.params("alice"), iter_files([src], recursive=True), Q, manifest=True, restart=True)
+    res = send_files(broker.params("alice"), iter_files([src], recursive=True), Q,
+                     SendOptions(manifest=True, restart=True))
     got = []
 
     def receive() -> None:

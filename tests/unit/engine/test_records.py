@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_amqstream.engine import (
     ReceiveOptions,
+    SendOptions,
     find_claimed,
     find_received,
     receive_streams,
@@ -47,10 +48,10 @@ def test_a_stream_received_before_a_restart_is_a_duplicate_after_it(broker: Memo
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(5000))
     out = tmp_path / "out"
-    send_file(broker.params("alice"), src, Q, stream_id="big-1", chunk_size=1000)
+    send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000), stream_id="big-1")
     assert receive(broker, out) == ["big-1:complete"]
     restart()
-    send_file(broker.params("alice"), src, Q, stream_id="big-1", chunk_size=1000, restart=True)
+    send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, restart=True), stream_id="big-1")
     assert receive(broker, out) == ["big-1:duplicate"]
     assert sorted(f.name for f in out.iterdir()) == [".amqstream", "big.bin"], "nothing was written twice"
     sdir = out / ".amqstream"
@@ -66,11 +67,11 @@ def test_small_files_received_before_a_restart_are_duplicates_after_it(broker: M
         (src / f"f{i:02d}.csv").write_bytes(os.urandom(300))
     out = tmp_path / "out"
     files = sorted(src.iterdir())
-    send_files(broker.params("alice"), files, Q, batch_id="b-1", chunk_size=1000)
+    send_files(broker.params("alice"), files, Q, SendOptions(chunk_size=1000), batch_id="b-1")
     first = receive(broker, out)
     assert len(first) == 40 and {s.split(":")[1] for s in first} == {"complete"}
     restart()
-    send_files(broker.params("alice"), files, Q, batch_id="b-1", chunk_size=1000, restart=True)
+    send_files(broker.params("alice"), files, Q, SendOptions(chunk_size=1000, restart=True), batch_id="b-1")
     again = receive(broker, out)
     assert sorted(s.split(":")[0] for s in again) == sorted(s.split(":")[0] for s in first)
     assert {s.split(":")[1] for s in again} == {"duplicate"}
@@ -81,7 +82,7 @@ def test_an_expired_record_no_longer_blocks_and_its_day_is_pruned(broker: Memory
     src = tmp_path / "old.bin"
     src.write_bytes(os.urandom(2500))
     out = tmp_path / "out"
-    send_file(broker.params("alice"), src, Q, stream_id="old-1", chunk_size=1000)
+    send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000), stream_id="old-1")
     assert receive(broker, out, records_retention_days=30) == ["old-1:complete"]
     restart()
     # 40 days pass: the record's day is now older than the retention.
@@ -89,7 +90,7 @@ def test_an_expired_record_no_longer_blocks_and_its_day_is_pruned(broker: Memory
     [today] = list(root.iterdir())
     os.rename(today, root / time.strftime("%Y%m%d", time.gmtime(time.time() - 40 * 86400)))
     assert find_received(out, "old-1", retention_days=30) is None
-    send_file(broker.params("alice"), src, Q, stream_id="old-1", chunk_size=1000, restart=True)
+    send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, restart=True), stream_id="old-1")
     assert receive(broker, out, records_retention_days=30) == ["old-1:complete"], "received again"
     copies = sorted(out.glob("old*.bin"))
     assert len(copies) == 2, "beside the first copy, never over it"
@@ -121,10 +122,10 @@ def test_a_finished_send_leaves_a_record_not_a_file(broker: MemoryBroker, tmp_pa
                                                     sender_state: Path) -> None:
     src = tmp_path / "a.bin"
     src.write_bytes(os.urandom(3000))
-    assert send_file(broker.params("alice"), src, Q, stream_id="a-1", chunk_size=1000).status == "complete"
+    assert send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000), stream_id="a-1").status == "complete"
     assert [f.name for f in sender_state.iterdir()] == ["records"]
     restart()
-    again = send_file(broker.params("alice"), src, Q, stream_id="a-1", chunk_size=1000)
+    again = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000), stream_id="a-1")
     assert again.status == "already_sent"
 
 

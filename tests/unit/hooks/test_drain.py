@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, send_file, send_files
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, send_file, send_files
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
@@ -30,7 +30,7 @@ def _files(root: Path, n: int) -> list[Path]:
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "one-stream-each"])
 def test_a_batch_drain_stops_at_its_manifest_and_leaves_the_next_stream(hook: AmqStreamHook, broker: MemoryBroker,
                                                                        tmp_path: Path, pack: bool) -> None:
-    sent = send_files(broker.params("alice"), _files(tmp_path / "a", 3), Q, pack=pack, manifest=True)
+    sent = send_files(broker.params("alice"), _files(tmp_path / "a", 3), Q, SendOptions(pack=pack, manifest=True))
     after = tmp_path / "after.bin"
     after.write_bytes(b"x" * 5000)
     send_file(broker.params("alice"), after, Q, stream_id="after-1")
@@ -47,7 +47,7 @@ def test_a_batch_drain_stops_at_its_manifest_and_leaves_the_next_stream(hook: Am
 
 def test_a_drain_tells_the_callers_event_sink_every_event(hook: AmqStreamHook, broker: MemoryBroker,
                                                          tmp_path: Path) -> None:
-    sent = send_files(broker.params("alice"), _files(tmp_path / "a", 2), Q, manifest=True)
+    sent = send_files(broker.params("alice"), _files(tmp_path / "a", 2), Q, SendOptions(manifest=True))
     seen: list[str] = []
     got = hook.drain(Q, tmp_path / "out", options=ReceiveOptions(wait_timeout=600, events=lambda k, d: seen.append(k)),
                      batch_id=sent.batch_id, deadline=600)
