@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -249,43 +249,38 @@ class AmqStreamHook(BaseHook):
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
-                        on_failure: Callable[[StreamFailure], None] | None = None,
-                        stop_after: float | None = None, on_result: Callable[[TransferResult], None] | None = None,
-                        keep: int | None = None, stop_when: Callable[[], bool] | None = None) -> list[TransferResult]:
+                        on_failure: Callable[[StreamFailure], None] | None = None) -> list[TransferResult]:
         """Receive streams over one connection, going on past streams that fail (each is
         quarantined or yields its place, and reported to ``on_failure``); see
         :func:`airflow_provider_amqstream.engine.receive_streams`."""
         return engine.receive_streams(self.broker_params(), source, out_dir, count=count, stream_id=stream_id,
-                                      options=options, on_failure=on_failure, stop_after=stop_after,
-                                      on_result=on_result, keep=keep, stop_when=stop_when)
+                                      options=options, on_failure=on_failure)
 
     def drain(self, source: str, out_dir: str | os.PathLike[str], *, options: ReceiveOptions,
               count: int | None = None, batch_id: str | None = None, batch_sender: str | None = None,
-              deadline: float = 3600.0, claim: str | None = None,
-              on_failure: Callable[[StreamFailure], None] | None = None, keep: int | None = None,
-              files_list: str | os.PathLike[str] | None = None) -> Drained:
+              deadline: float = 3600.0, into: Drained | None = None) -> Drained:
         """Receive until ``count`` streams arrived, until the manifest of ``batch_id`` is
         written, until ``options.wait_timeout`` passes with no offer (without a batch), or
-        until ``deadline`` seconds. Streams ``claim`` took in earlier tries count first.
+        until ``deadline`` seconds. Streams ``options.claim`` took in earlier tries count first.
 
         Raises :class:`StreamError` when a batch is not complete by the deadline.
 
         :param source: the destination to receive from.
         :param out_dir: the output directory.
-        :param options: the receive options (their ``wait_timeout`` is the quiet time that ends a drain).
+        :param options: the receive options (their ``wait_timeout`` is the quiet time that ends a drain;
+            their ``claim``, the taker recorded with each stream, an Airflow task instance).
         :param count: how many streams in all (None: no limit).
         :param batch_id: stop once this batch's manifest is written.
         :param batch_sender: the user whose batch it is (None: whoever, if only one).
         :param deadline: seconds in all.
-        :param claim: the taker recorded with each stream (an Airflow task instance).
-        :param on_failure: called with each stream quarantined or yielded.
-        :param keep: list at most this many records in the result (None: all); the others
-            are counted, so memory stays flat however many streams arrive.
-        :param files_list: also write every record there, one JSON line each (replaced).
+        :param into: the :class:`Drained` to fill (its ``keep``, ``files_list`` and
+            ``on_failure``); default one that lists every record.
         """
         if options.records_retention_days is None:
             options = dataclasses.replace(options, records_retention_days=self.broker_params().records_retention_days)
-        drained = Drained([], None, keep=keep, files_list=_open_list(files_list))
+        claim = options.claim
+        drained = into or Drained()
+        drained.start()
         try:
             for done in (self.claimed(out_dir, claim, records_retention_days=options.records_retention_days)
                          if claim else []):
@@ -300,12 +295,13 @@ class AmqStreamHook(BaseHook):
                 # receiver of the same directory may be the one that completes it.
                 wait = min(options.wait_timeout or 5.0, 5.0, max(left, 0.1)) if batch_id else options.wait_timeout
                 before = drained.count
-                self.receive_streams(source, out_dir, count=None if count is None else count - drained.count,
-                                     options=dataclasses.replace(options, wait_timeout=wait, claim=claim,
-                                                                 events=watch.on_event if watch else options.events),
-                                     on_failure=on_failure, stop_after=max(left, 0.0),
-                                     on_result=lambda r: drained.add(r.to_json()), keep=0,
-                                     stop_when=watch.done if watch else None)
+                engine.receive_streams(self.broker_params(), source, out_dir,
+                                       count=None if count is None else count - drained.count,
+                                       options=dataclasses.replace(options, wait_timeout=wait,
+                                                                   events=watch.on_event if watch else options.events),
+                                       on_failure=drained.on_failure, stop_after=max(left, 0.0),
+                                       on_result=lambda r: drained.add(r.to_json()), keep=0,
+                                       stop_when=watch.done if watch else None)
                 manifest = watch.find() if watch else None
                 if manifest is not None or (count is not None and drained.count >= count):
                     break
@@ -358,15 +354,23 @@ class _BatchWatch:
 @dataclass
 class Drained:
     """What :meth:`AmqStreamHook.drain` received: the streams' records (the first ``keep`` of
-    them; all without ``keep``), how many and their bytes, and the batch's manifest. With a
-    ``files_list`` every record is also appended there, one JSON line each."""
+    them; all without ``keep``, the others counted, so memory stays flat however many streams
+    arrive), how many and their bytes, and the batch's manifest. With a ``files_list`` (a
+    path) every record is also written there, one JSON line each (replaced); ``on_failure``
+    is called with each stream quarantined or yielded."""
 
-    files: list[dict[str, Any]]
-    manifest: Path | None
+    files: list[dict[str, Any]] = field(default_factory=list)
+    manifest: Path | None = None
     keep: int | None = None
     count: int = 0
     bytes: int = 0
-    files_list: Any = None  # an open text file while draining; its path afterwards
+    files_list: Any = None  # an open text file while draining; its path before and after
+    on_failure: Callable[[StreamFailure], None] | None = None
+
+    def start(self) -> None:
+        if self.files_list is not None:
+            Path(self.files_list).parent.mkdir(parents=True, exist_ok=True)
+            self.files_list = open(self.files_list, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def add(self, record: dict[str, Any]) -> None:
         self.count += 1
@@ -385,13 +389,6 @@ class Drained:
     def complete(self) -> bool:
         """Whether ``files`` lists every stream."""
         return len(self.files) == self.count
-
-
-def _open_list(path: str | os.PathLike[str] | None) -> Any:
-    if path is None:
-        return None
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by Drained.close
 
 
 def _mask(secret: str | None) -> None:

@@ -16,6 +16,7 @@ from airflow_provider_amqstream.assets.files import static_root
 from airflow_provider_amqstream.hooks.amqstream import (
     DEFAULT_RECEIVE_BATCH,
     AmqStreamHook,
+    Drained,
     ReceiveOptions,
     StreamFailure,
 )
@@ -192,9 +193,9 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
         claim = task_claim(context)
         failed = FailureReport(self.log)
         opts = self.receive_options(wait=self.wait_timeout, claim=claim)
+        into = Drained(keep=MAX_XCOM_FILES + 1, files_list=hook.files_list_path(self.out_dir, claim), on_failure=failed)
         drained = hook.drain(self.source, self.out_dir, options=opts, count=self.count, batch_id=self.batch_id,
-                             batch_sender=self.batch_sender, deadline=self.deadline, claim=claim, on_failure=failed,
-                             keep=MAX_XCOM_FILES + 1, files_list=hook.files_list_path(self.out_dir, claim))
+                             batch_sender=self.batch_sender, deadline=self.deadline, into=into)
         files = listed(drained.files, drained.count)
         self.log.info("received %d streams (%d bytes) from %s into %s%s; each listed in %s", drained.count,
                       drained.bytes, self.source, self.out_dir,
