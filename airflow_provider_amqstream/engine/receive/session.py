@@ -64,6 +64,7 @@ from airflow_provider_amqstream.exceptions import (
     StreamError,
     StreamNoRoom,
     StreamQuarantined,
+    StreamRefused,
     StreamStalled,
     StreamYielded,
     TransportError,
@@ -706,6 +707,8 @@ def _yield_status(exc: StreamYielded) -> str:
         return "stalled"
     if isinstance(exc, StreamBusy):
         return "busy"
+    if isinstance(exc, StreamRefused):
+        return "refused"
     return "elsewhere" if isinstance(exc, StreamElsewhere) else "no_room"
 
 

@@ -253,6 +253,28 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
         receive_all(broker, tmp_path / "out", reconnect_timeout=1)
 
 
+def test_an_offer_whose_data_queue_the_broker_refuses_is_parked_naming_its_sender(
+        broker: MemoryBroker, tmp_path: Path) -> None:
+    """The broker refuses to create a stream's data queue (its sender is at its cap): that
+    offer gives way, blaming its sender, and the next stream arrives; a repeat of a
+    published stream whose data queue is refused is acknowledged (nothing can be there)."""
+    play(broker, "mallory", p.StreamSpec("over-1", "o.bin", 10, 10), b"", [], end=False)
+    broker.refuse_creating(DEST.data_queue("over-1", "mallory"), 1)
+    data = os.urandom(3000)
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), data, [1, 2, 3])
+    got, failures = receive_all(broker, tmp_path / "out")
+    assert [r.stream_id for r in got] == ["good-1"] and (tmp_path / "out" / "good.bin").read_bytes() == data
+    assert [(f.stream_id, f.status) for f in failures] == [("over-1", "refused")]
+    assert "'mallory'" in failures[0].reason and "rx" not in failures[0].reason
+    [(parked, _)] = broker.messages(DEST.parked_queue())
+    assert parked[p.H_STREAM] == "over-1" and "'mallory'" in parked[p.H_YIELD_REASON]
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), b"", [], end=False)
+    broker.refuse_creating(DEST.data_queue("good-1", "alice"), 1)
+    again, failures = receive_all(broker, tmp_path / "out")
+    assert [r.status for r in again] == ["duplicate"] and failures == []
+    assert broker.uncreatable[DEST.data_queue("good-1", "alice")] == 0, "the repeat did not look at its data queue"
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
