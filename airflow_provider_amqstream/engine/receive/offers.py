@@ -7,6 +7,12 @@ only receivers may write) with a time before which no receiver takes it
 itself holds only fresh offers, so nothing parked ever stands in front of a new stream,
 and a watcher browsing it sees only what can be taken.
 
+Any receiving user may write the parked queue, so a parked copy is believed (its
+``amqs_first_sender`` above all) only when the broker stamped it with this receiver's own
+user: one another user put there is quarantined as soon as it is met, never passed along
+(which would stamp it as ours) and never received, so a receive-only user cannot publish a
+file, or a batch, as someone else.
+
 A receiver sweeps the parked queue between offers: it takes the first parked offer whose
 time has come, and passes the others to the tail, until it meets the first one it passed
 again. It sweeps at most every :data:`SWEEP_PAUSE` seconds (or as long as the last sweep
@@ -84,6 +90,8 @@ class Offers:
         # of them can neither starve new offers nor be starved by them.
         self.main_idle = False
         self.passed = 0
+        # The stamp the broker puts on what this receiver parks: the only one believed there.
+        self.me = link.params.user
 
     def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
@@ -139,7 +147,7 @@ class Offers:
             step = _SWEEP_STEP
             offer.amqs_parked = True
             until = p.parked_until(offer.headers)
-            if self.stream_id or until <= time.time():
+            if self.stream_id or until <= time.time() or self.foreign(offer):
                 self.next_sweep = time.monotonic() + (0.0 if self.main_idle else SWEEP_PAUSE)
                 return offer
             key = (str(offer.headers.get(p.H_STREAM, "")), str(offer.headers.get(p.H_NOT_BEFORE, "")))
@@ -155,8 +163,27 @@ class Offers:
         return None
 
     def sender(self, offer: Any) -> str:
-        """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`)."""
-        return p.sender_of(offer.headers, parked=bool(getattr(offer, "amqs_parked", False)))
+        """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`); of a
+        parked copy, the first sender it names only if we parked it ("" otherwise)."""
+        if not getattr(offer, "amqs_parked", False):
+            return p.sender_of(offer.headers)
+        return p.sender_of(offer.headers, parked=True) if self._ours(offer) else ""
+
+    def _ours(self, offer: Any) -> bool:
+        return bool(self.me) and p.sender_of(offer.headers) == self.me
+
+    def foreign(self, offer: Any) -> str | None:
+        """Why ``offer``, taken from the parked queue, was not parked by this receiver's user
+        and is not received (None: it was, or it is no parked copy, or the broker stamps
+        nobody, so that nothing tells)."""
+        if not getattr(offer, "amqs_parked", False) or self._ours(offer):
+            return None
+        stamp = p.sender_of(offer.headers)
+        if not stamp:
+            return None
+        return (f"taken from {self.dest.parked_queue()}, where user {stamp!r} put it, not this receiver's user "
+                f"{self.me or '(anonymous)'!r}: any receiving user may write that queue, so only the copies a "
+                "receiver's own user parked are believed there (run the receivers of a destination as one user)")
 
     def requeue(self, message: Any, *, not_before: float | None = None, reason: str = "") -> None:
         """Put ``message`` (an offer or a pack) at the tail of the parked queue, then

@@ -306,6 +306,9 @@ class ReceiveSession:
         :param offer: the message the subscriptions handed over.
         :param room: how many more streams the receive takes (None: no limit).
         """
+        foreign = self.offers.foreign(offer)
+        if foreign is not None:
+            return [self._quarantine(offer, str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID], foreign)]
         if bw.is_pack(offer.headers) or (
             bw.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value
         ):

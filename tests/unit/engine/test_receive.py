@@ -275,6 +275,28 @@ def test_an_offer_whose_data_queue_the_broker_refuses_is_parked_naming_its_sende
     assert broker.uncreatable[DEST.data_queue("good-1", "alice")] == 0, "the repeat did not look at its data queue"
 
 
+def test_only_what_the_receivers_own_user_parked_is_believed(broker: MemoryBroker, tmp_path: Path) -> None:
+    """Another receiving user's parked copies naming alice (one due, one not yet: it must not
+    be passed along, which would stamp it as ours) are quarantined, naming who parked them;
+    the copy rx itself parked is received as alice's."""
+    def parked(sid: str, name: str, due: float) -> tuple[dict[str, str], bytes]:
+        body = sid.encode()
+        spec = p.StreamSpec(sid, name, len(body), 1024, p.Mode.ATOMIC)
+        headers, wire = bw.inline_offer(spec, DEST, body, hashlib.sha256(body).hexdigest(), sender="alice")
+        return p.parked_headers(headers, sender="alice", not_before=due, reason="x"), wire
+
+    with open_link(broker.params("forger")) as link:
+        for sid, due in (("forged-1", time.time() - 1), ("forged-2", time.time() + 3600)):
+            link.send(DEST.parked_queue(), parked(sid, f"{sid}.csv", due)[1], parked(sid, f"{sid}.csv", due)[0])
+    with open_link(broker.params("rx")) as link:
+        link.send(DEST.parked_queue(), parked("mine-1", "mine.csv", 0)[1], parked("mine-1", "mine.csv", 0)[0])
+    got, failures = receive_all(broker, tmp_path / "out", wait_timeout=2.5)
+    assert [(r.name, r.sender) for r in got] == [("mine.csv", "alice")]
+    assert sorted(f.stream_id for f in failures) == ["forged-1", "forged-2"]
+    assert all(f.status == "quarantined" and "user 'forger' put it" in f.reason for f in failures)
+    assert not list((tmp_path / "out").glob("forged-*")) and broker.messages(DEST.parked_queue()) == []
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
