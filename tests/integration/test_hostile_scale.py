@@ -22,6 +22,7 @@ import pytest
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, receive_stream, receive_streams, send_file
 from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
+from airflow_provider_amqstream.engine.receive.stream import FIRST_LOOK
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.broker
 STALLED = [10, 100, *(int(n) for n in os.environ.get("AMQSTREAM_SCALE_STALLED", "").split(",") if n)]
 QUEUES = [f"/queue/scale.{case}" for case in
           ("noroom10", "noroom100", "noroom1000", *(f"stalled{n}" for n in STALLED), "junk1000", "watch1000", "big",
-           "trickle", "batch", "names", "capped")]
+           "trickle", "batch", "names", "capped", *(f"fair{n}" for n in STALLED))]
 # The data queues ``capped`` may have waiting at once on each destination (the broker's cap,
 # ``--max-waiting``; 1,000 by default): the same refusal at a size a test fills in a moment.
 CAP = 5
@@ -358,3 +359,27 @@ def test_a_sender_at_its_data_queue_cap_fails_its_own_offer_never_the_receiver(
     assert [f.headers[p.H_STREAM] for f in parked] == ["over-00000"]
     assert parked[0].headers[p.H_FIRST_SENDER] == "capped" and "'capped'" in parked[0].headers[p.H_YIELD_REASON]
     print(f"\nbehind an offer of a user at its cap of {CAP} data queues: the good stream arrived in {delay:.2f}s")
+
+
+@pytest.mark.parametrize("n", STALLED)
+def test_a_users_stalled_backlog_costs_another_users_next_stream_one_look(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path, n: int) -> None:
+    """Fair share per sender, at default settings (``idle_timeout`` 120 s): mallory offers n
+    streams and sends nothing of them, then alice sends one. The receiver looks at mallory's
+    first (``FIRST_LOOK``), then parks the rest of hers unseen for this round, so alice's
+    stream arrives within one look per stalling user plus a send and an acknowledgement per
+    offer ahead (docs/protocol.md). Before, each of mallory's offers cost a look of its own:
+    2 s each, linear in what she sent."""
+    _, u = users
+    queue = f"/queue/scale.fair{n}"
+    _offer_many(u["mallory"], queue, n, size=5_000_000, tag="held")
+    delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin")
+    assert len({f.stream_id for f in failures}) == n and {f.status for f in failures} == {"stalled"}
+    looked = [f.stream_id for f in failures if "without a look" not in f.reason]
+    assert looked == ["held-00000"], looked
+    bound = SLACK + FIRST_LOOK + PER_LOOK + PER_REFUSED * n
+    assert delay <= bound, f"{delay:.1f}s behind {n} offers of a user who sends nothing (bound {bound:.1f}s)"
+    again, failures = _good_stream_after(u, queue, tmp_path, "second.bin")
+    assert failures == [] and again <= SLACK + SWEEP_PAUSE + PER_REFUSED * n, again
+    print(f"\nbehind {n} offers of a user who sends nothing (default idle_timeout): alice's stream {delay:.2f}s "
+          f"(one look, {n - 1} parked unseen), her next {again:.2f}s")

@@ -21,6 +21,19 @@ back to back when they do not: parked streams cannot starve new ones, nor new on
 ones. Every receiver, restarted or on another machine, sees the same queues and times; no
 client-side list decides who is served, and no decision costs a subscription.
 
+**Fair share per sender** (as the broker stamps them): the queue of offers is served in
+rounds. Once a stream of a user never began (no chunk in its first look, or its data queue
+refused) in a round, that user's further offers in the round are parked as stalled without
+their look, at a confirmed send and an acknowledgement each, so one user's backlog costs
+another user's next offer at most one look per such user, plus that small cost per offer
+ahead. A stream that stopped part-way does not count: its sender may have died and been
+re-run, and its other offers are good (a stream holding a receiver without progress is
+bounded by the idle timeout). A
+round ends whenever the queue of offers runs dry; then every user gets a look again. What
+decides is one set of the users that stalled in this round (bounded), never a list of
+offers. Back to back sweeps give way to a fresh offer first, so a backlog of parked offers
+cannot stand before it either.
+
 Both subscriptions to the queue of offers together match every message on it (inline
 offers on one, everything else on the other), so no message can sit unmatched at its head
 and hide those behind it from the broker's paging (``maxPageSize``): junk reaches a
@@ -53,6 +66,9 @@ SWEEP_PAUSE = 2.0
 # How long a sweep waits for the next parked offer after passing one: they are handed over
 # within a millisecond or two of acknowledging the previous one.
 _SWEEP_STEP = 0.2
+# Most users remembered in one round (each is a name): past it the round starts
+# afresh, which costs at worst one more look per user.
+_MAX_STALLED = 4096
 
 
 def backoff_for(yields: int, first: float) -> float:
@@ -92,6 +108,8 @@ class Offers:
         self.passed = 0
         # The stamp the broker puts on what this receiver parks: the only one believed there.
         self.me = link.params.user
+        # The users whose stream never began in this round (module doc, "Fair share per sender").
+        self.stalled: set[str] = set()
 
     def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
@@ -119,19 +137,51 @@ class Offers:
         while True:
             now = time.monotonic()
             if self.parked_sub and now >= self.next_sweep:
-                offer = self._sweep()
+                # Back to back sweeps only while no fresh offer waits: one that came during the
+                # last stream goes first.
+                offer = self._fresh(0.0) if self.main_idle else None
+                if offer is None:
+                    offer = self._sweep()
                 if offer is not None:
                     return offer
             left = 30.0 if deadline is None else deadline - time.monotonic()
             if self.parked_sub:
                 left = min(left, max(0.0, self.next_sweep - time.monotonic()))
-            subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
-            offer = self.link.get_any(max(0.0, left), subs)  # type: ignore[arg-type]
-            self.main_idle = offer is None
+            offer = self._fresh(max(0.0, left))
             if offer is not None:
                 return offer
             if deadline is not None and time.monotonic() >= deadline:
                 return None
+
+    def _fresh(self, timeout: float) -> Any:
+        """The next offer on the queue of offers within ``timeout``, or None: it ran dry, which
+        ends the round."""
+        subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
+        offer = self.link.get_any(timeout, subs)  # type: ignore[arg-type]
+        self.main_idle = offer is None
+        if offer is None:
+            self.stalled.clear()
+        return offer
+
+    def stalled_in_round(self, offer: Any) -> str:
+        """The sender of ``offer``, fresh from the queue of offers, if a stream of theirs
+        never began in this round (its offer then waits its turn parked, unseen); else "". Never on
+        a topic, where nothing can be parked: each subscriber has its own copy to look at."""
+        sender = self.sender(offer)
+        if self.stream_id or self.parked_sub is None or getattr(offer, "amqs_parked", False) \
+                or sender not in self.stalled:
+            return ""
+        return sender
+
+    def note_stalled(self, offer: Any) -> None:
+        """A stream of the sender of ``offer`` never began (or its data queue was refused):
+        its further fresh offers in this round are parked without a look."""
+        sender = self.sender(offer)
+        if not sender:
+            return  # a broker that stamps nobody cannot tell users apart: no round to keep
+        if len(self.stalled) >= _MAX_STALLED:
+            self.stalled.clear()
+        self.stalled.add(sender)
 
     def _sweep(self) -> Any:
         """Take the first parked offer whose time has come, passing the others to the tail

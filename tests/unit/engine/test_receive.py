@@ -297,6 +297,27 @@ def test_only_what_the_receivers_own_user_parked_is_believed(broker: MemoryBroke
     assert not list((tmp_path / "out").glob("forged-*")) and broker.messages(DEST.parked_queue()) == []
 
 
+def test_a_users_stalled_backlog_costs_another_user_one_look_per_round(broker: MemoryBroker, tmp_path: Path) -> None:
+    """Fair share: mallory's first silent stream is looked at, her other offers in the
+    round are parked unseen, and alice's stream behind them all arrives. A round ends when
+    the queue of offers runs dry: then mallory gets a look again."""
+    with open_link(broker.params("mallory")) as link:
+        for i in range(50):
+            link.send(Q, b"", p.offer_headers(p.StreamSpec(f"held-{i}", "h.bin", 5000, 1000), DEST, sender="mallory"))
+    data = os.urandom(3000)
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), data, [1, 2, 3])
+    t0 = time.monotonic()
+    got, failures = receive_all(broker, tmp_path / "out", idle_timeout=1.0)
+    assert [r.stream_id for r in got] == ["good-1"]
+    assert len(failures) == 50 and {f.status for f in failures} == {"stalled"}
+    assert [f.stream_id for f in failures if "without a look" not in f.reason] == ["held-0"]
+    assert time.monotonic() - t0 < 20, "each of mallory's offers was looked at"
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("held-new", "h.bin", 5000, 1000), DEST, sender="mallory"))
+    _, failures = receive_all(broker, tmp_path / "out", idle_timeout=1.0)
+    assert [(f.stream_id, "without a look" in f.reason) for f in failures] == [("held-new", False)]
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
