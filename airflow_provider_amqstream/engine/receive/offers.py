@@ -29,7 +29,7 @@ another user's next offer at most one look per such user, plus that small cost p
 ahead. A stream that stopped part-way does not count: its sender may have died and been
 re-run, and its other offers are good (a stream holding a receiver without progress is
 bounded by the idle timeout). A
-round ends whenever the queue of offers runs dry; then every user gets a look again. What
+round ends whenever the queue of offers runs dry (:data:`_DRY`); then every user gets a look again. What
 decides is one set of the users that stalled in this round (bounded), never a list of
 offers. Back to back sweeps give way to a fresh offer first, so a backlog of parked offers
 cannot stand before it either.
@@ -66,6 +66,9 @@ SWEEP_PAUSE = 2.0
 # How long a sweep waits for the next parked offer after passing one: they are handed over
 # within a millisecond or two of acknowledging the previous one.
 _SWEEP_STEP = 0.2
+# Seconds without a fresh offer that end a round (module doc): a pause of the broker's
+# longer than this ends one early, which costs one more look per user.
+_DRY = 1.0
 # Most users remembered in one round (each is a name): past it the round starts
 # afresh, which costs at worst one more look per user.
 _MAX_STALLED = 4096
@@ -158,6 +161,10 @@ class Offers:
         ends the round."""
         subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
         offer = self.link.get_any(timeout, subs)  # type: ignore[arg-type]
+        if offer is None and self.stalled and timeout < _DRY:
+            # Right after an acknowledgement the next offer is still on its way (prefetch 1),
+            # and the broker pages a backlog in from disk: dry only if none comes for a while.
+            offer = self.link.get_any(_DRY - timeout, subs)  # type: ignore[arg-type]
         self.main_idle = offer is None
         if offer is None:
             self.stalled.clear()
