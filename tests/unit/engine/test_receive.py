@@ -318,6 +318,38 @@ def test_a_users_stalled_backlog_costs_another_user_one_look_per_round(broker: M
     assert [(f.stream_id, "without a look" in f.reason) for f in failures] == [("held-new", False)]
 
 
+def test_a_fresh_offer_goes_before_a_backlog_of_parked_ones(broker: MemoryBroker, tmp_path: Path) -> None:
+    """With the queue of offers dry, a receiver takes due parked offers back to back; an
+    offer that arrives meanwhile is taken after the look in progress, not after them all."""
+    with open_link(broker.params("rx")) as link:
+        for i in range(30):
+            spec = p.StreamSpec(f"due-{i}", "d.bin", 5000, 1000)
+            link.send(DEST.parked_queue(), b"", p.parked_headers(p.offer_headers(spec, DEST, sender="mallory"),
+                                                                sender="mallory", not_before=time.time() - 1))
+    looked, yields = threading.Event(), []
+
+    def event(kind: str, _: Any) -> None:
+        if kind == "stream_yielded":
+            yields.append(kind)
+            if len(yields) == 5:  # well into the back to back sweeps
+                looked.set()
+
+    got: list[TransferResult] = []
+    opts = ReceiveOptions(**{**FAST, "wait_timeout": 30, "idle_timeout": 0.5}, events=event)
+    rx = threading.Thread(target=lambda: got.extend(receive_streams(broker.params("rx"), Q, tmp_path / "out",
+                                                                    count=1, options=opts)), daemon=True)
+    rx.start()
+    assert looked.wait(30), "no parked offer was looked at"
+    data = os.urandom(3000)
+    t0 = time.monotonic()
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), data, [1, 2, 3])
+    rx.join(60)
+    waited = time.monotonic() - t0
+    assert [r.stream_id for r in got] == ["good-1"]
+    assert waited < 5, f"{waited:.1f}s: the fresh offer waited for the parked backlog (30 looks of 0.5 s)"
+    assert len(yields) <= 8, f"{len(yields)} parked offers were looked at first"
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
