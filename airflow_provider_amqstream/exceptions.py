@@ -75,6 +75,12 @@ class DestinationFull(TransportError):
     slower than its senders). Nothing confirmed is lost, and retrying later can succeed."""
 
 
+class DestinationRefused(DestinationFull):
+    """The broker refused to create a destination a subscription named, because its owner
+    has as many as the broker lets one user have (a sender's data queues): it does not
+    exist, so nothing waits there, and the session goes on."""
+
+
 class StreamError(AmqStreamError, RuntimeError):
     """A stream cannot be completed as it is; the text names stream, offset and remedy.
     ``failure`` is set when a receiver handled it (quarantined or yielded the stream)."""
@@ -89,6 +95,12 @@ class StreamYielded(StreamError):
 
 class StreamStalled(StreamYielded):
     """Nothing arrived for the idle timeout; re-running continues where it stopped."""
+
+
+class StreamRefused(StreamYielded):
+    """The broker refused to create the stream's data queue: its sender has as many streams
+    waiting as the broker allows it, so it sent nothing of this one yet. The sender's
+    failure, not the receiver's: the offer is parked and tried again later."""
 
 
 class StreamNoRoom(StreamYielded):

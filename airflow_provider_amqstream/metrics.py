@@ -19,7 +19,7 @@ name                                      type     counts
 ``amqstream.streams_quarantined``         counter  streams quarantined (``stream_quarantined``)
 ``amqstream.streams_yielded``             counter  streams that gave way (``stream_yielded``), tag
                                                    ``status``: ``stalled``, ``no_room``,
-                                                   ``elsewhere`` or ``busy``
+                                                   ``elsewhere``, ``busy`` or ``refused``
 ``amqstream.duplicates``                  counter  repeats of streams received before
                                                    (``duplicate_offer``)
 ========================================  =======  =================================================

@@ -82,7 +82,8 @@ class StreamFailure:
     :param status: ``quarantined`` (can never succeed; moved to ``quarantine``), or one that
         gets its turn back later, keeping its partial data: ``stalled`` (sender silent),
         ``no_room`` (does not fit), ``elsewhere`` (its first chunks are in another receiver's
-        directory) or ``busy`` (another receiver process of this directory is receiving it).
+        directory), ``busy`` (another receiver process of this directory is receiving it) or
+        ``refused`` (the broker refused its data queue: its sender is at its cap).
     """
 
     stream_id: str

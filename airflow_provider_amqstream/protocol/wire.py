@@ -646,7 +646,8 @@ def sender_of(headers: Mapping[str, Any], *, parked: bool = False) -> str:
 
     One header is believed besides the stamp: an offer taken from a destination's parked
     queue (:meth:`Destination.parked_queue`), which only receivers may write (the broker's
-    ACL), carries its first sender in :data:`H_FIRST_SENDER`.
+    ACL), carries its first sender in :data:`H_FIRST_SENDER`; a receiver believes it only on a
+    copy stamped with its own user (engine/receive/offers.py).
 
     :param headers: the headers of a message as the broker delivered it (a MESSAGE frame),
         never those a sender chose (a pack member's, an offer being built).

@@ -33,6 +33,8 @@ class Inbox(stomp.ConnectionListener):
         self.messages: queue.Queue[Frame | None] = queue.Queue()
         self.receipts: set[str] = set()
         self.errors: list[str] = []
+        # The ERROR frames that answered a receipted frame, by receipt id: that frame's failure.
+        self.answers: dict[str, str] = {}
         self.lost = False
         self.connected = False
         self.cond = threading.Condition()
@@ -64,6 +66,8 @@ class Inbox(stomp.ConnectionListener):
         msg = error_text(frame)
         with self.cond:
             self.errors.append(msg)
+            if rid := frame.headers.get("receipt-id"):
+                self.answers[rid] = msg
             self.cond.notify_all()
 
     def on_connected(self, frame: Frame) -> None:

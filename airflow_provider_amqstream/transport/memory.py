@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ConnectionLost, DestinationFull, TransportError
+from airflow_provider_amqstream.exceptions import ConnectionLost, DestinationFull, DestinationRefused, TransportError
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 Headers = Mapping[str, Any]
@@ -76,6 +76,7 @@ class MemoryBroker:
         # Destination -> how many sends to it are still refused, as a broker whose memory
         # limit stays full refuses them.
         self.refusals: dict[str, int] = {}
+        self.uncreatable: dict[str, int] = {}
         MemoryBroker._brokers[self.name] = self
 
     def params(self, user: str | None = "tester", **kw: Any) -> BrokerParams:
@@ -104,6 +105,12 @@ class MemoryBroker:
         """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
         with self.cond:
             self.refusals[destination] = times
+
+    def refuse_creating(self, destination: str, times: int) -> None:
+        """Refuse the next ``times`` subscriptions to ``destination`` with
+        :class:`DestinationRefused`, as ActiveMQ refuses a queue past its owner's cap."""
+        with self.cond:
+            self.uncreatable[destination] = times
 
     def drop(self) -> None:
         """Every connection is lost at once (a broker restart, without losing messages)."""
@@ -257,6 +264,9 @@ class MemoryLink:
         match = compile_selector(selector) if selector else (lambda headers: True)
         sub_id = f"s-{next(self._ids)}"
         with broker.cond:
+            if broker.uncreatable.get(destination, 0) > 0:
+                broker.uncreatable[destination] -= 1
+                raise DestinationRefused(f"memory broker {broker.name} refused to create {destination}")
             if browser:
                 kind, name = _parse(destination)
                 waiting = list(broker.queues.get(name, ())) if kind == "queue" else []

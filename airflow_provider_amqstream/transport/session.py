@@ -19,7 +19,7 @@ from typing import TypeVar
 from stomp import exception as stomp_exc
 from stomp.utils import Frame
 
-from airflow_provider_amqstream.exceptions import ConnectionLost, TransportError
+from airflow_provider_amqstream.exceptions import ConnectionLost, DestinationFull, DestinationRefused, TransportError
 from airflow_provider_amqstream.transport.connection import Connection12, open_connection, quiet_close
 from airflow_provider_amqstream.transport.errors import access_denied, reported
 from airflow_provider_amqstream.transport.inbox import Inbox
@@ -184,9 +184,25 @@ class StompLink(StompSession):
             conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
         except (OSError, stomp_exc.StompException) as exc:
             raise ConnectionLost(f"subscribing to {destination} on {self.params.url} failed: {exc}") from exc
-        self.wait_receipt(rid)
+        try:
+            self.wait_receipt(rid)
+        except DestinationFull:
+            self._refused_subscription(rid, destination)
+            raise
         self._stash[sub_id] = collections.deque()
         return sub_id
+
+    def _refused_subscription(self, rid: str, destination: str) -> None:
+        """Raise :class:`DestinationRefused` if the broker's refusal answered this very
+        subscription (receipt ``rid``): ActiveMQ keeps the session then, and the refusal is
+        that destination's alone, so it no longer stands against the session."""
+        inbox = self._inbox
+        with inbox.cond:
+            text = inbox.answers.pop(rid, None)
+            if text is None or "number of destinations allowed" not in text:
+                return
+            inbox.errors.remove(text)
+        raise DestinationRefused(f"broker {self.params.url} refused to create {destination}: {text}")
 
     def unsubscribe(self, sub_id: str) -> None:
         """Leave a subscription; the broker returns its unacknowledged messages to the

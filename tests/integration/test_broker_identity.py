@@ -2,13 +2,15 @@
 user it authenticated (``JMSXUserID`` on STOMP MESSAGE frames), a sender cannot forge that
 stamp, and the event trigger reports it as the offer's ``sender``.
 
-One broker with three users: ``alice`` and ``bob`` may only send to ``/queue/ident``,
-``reader`` may only receive from it.
+One broker with four users: ``alice`` and ``bob`` may only send to ``/queue/ident``,
+``reader`` and ``forger`` may only receive from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +21,16 @@ import stomp
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import (
     SendOptions,
+    StreamFailure,
     default_stream_id,
+    find_manifest,
     id_key,
     receive_streams,
     send_file,
     send_files,
 )
 from airflow_provider_amqstream.engine.receive.browse import Offer, OfferBrowser, parse_visible_offer
+from airflow_provider_amqstream.engine.receive.claims import find_received
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.exceptions import AccessDenied
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -52,7 +57,8 @@ CONN_ID = "amqs_ident_reader"
 @pytest.fixture(scope="module")
 def ident_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     yield from running_broker(tmp_path_factory.mktemp("ident") / "broker", {
-        "alice": {"send": [QUEUE]}, "bob": {"send": [QUEUE]}, "reader": {"receive": [QUEUE]}})
+        "alice": {"send": [QUEUE]}, "bob": {"send": [QUEUE]}, "reader": {"receive": [QUEUE]},
+        "forger": {"receive": [QUEUE]}})
 
 
 def _drain(params: BrokerParams, dest: str, count: int, timeout: float = 30.0) -> list[dict[str, str]]:
@@ -102,6 +108,42 @@ def test_only_a_parked_offer_names_a_first_sender() -> None:
     # A sender writing the header on the queue of offers gains nothing: the stamp is its own.
     assert p.sender_of({"JMSXUserID": "bob", p.H_FIRST_SENDER: "alice"}) == "bob"
     assert p.sender_of({"JMSXUserID": "reader", p.H_FIRST_SENDER: "al\x07ice"}, parked=True) == ""
+
+
+def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
+        ident_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """``forger`` may only receive, so it may write the parked queue. With raw stomp.py it
+    parks, due at once, an inline offer of ``payroll.csv`` and a batch listing it, both
+    naming alice as their first sender. A receiver believes only the copies its own user
+    parked: both are quarantined naming who parked them, nothing is published or recorded
+    as alice's, and alice's own stream arrives. Before, the forger's bytes were published as
+    ``payroll.csv``, recorded as alice's, with a manifest in alice's ``manifests/``."""
+    dest = p.Destination.parse(QUEUE)
+    forger = params_as(ident_broker, "forger")
+    body = b"name,salary\nforger,1000000\n"
+    spec = p.StreamSpec("payroll-1", "payroll.csv", len(body), 1024 * 1024, p.Mode.ATOMIC)
+    inline, wire = bw.inline_offer(spec, dest, body, hashlib.sha256(body).hexdigest(), sender="alice")
+    entry = {"stream_id": "payroll-1", "dir": "", "name": "payroll.csv", "bytes": len(body),
+             "sha256": hashlib.sha256(body).hexdigest()}
+    [(batch, listing)] = bw.batch_messages("payroll-batch", [entry])
+    for headers, data in ((inline, wire), (batch, listing)):
+        _raw_send(forger, dest.parked_queue(),
+                  p.parked_headers(headers, sender="alice", not_before=time.time() - 1, reason="forged"), data)
+    src = make_file(tmp_path / "alice.csv", 5_000, seed=5)
+    send_file(params_as(ident_broker, "alice"), src, QUEUE)
+    out = tmp_path / "out"
+    failures: list[StreamFailure] = []
+    # Until all is quiet for a few sweeps of the parked queue (offers.SWEEP_PAUSE apart).
+    got = receive_streams(params_as(ident_broker, "reader"), QUEUE, out, on_failure=failures.append,
+                          options=ReceiveOptions(wait_timeout=6, idle_timeout=30))
+    assert [r.name for r in got] == ["alice.csv"] and sha256_file(Path(got[0].path)) == sha256_file(src)
+    assert sorted((f.stream_id, f.status) for f in failures) == [("payroll-1", "quarantined"),
+                                                                  ("payroll-batch", "quarantined")]
+    assert all("user 'forger' put it" in f.reason for f in failures), [f.reason for f in failures]
+    assert not (out / "payroll.csv").exists() and find_manifest(out, "payroll-batch", "alice") is None
+    assert not list(out.rglob("*.manifest.jsonl"))
+    assert find_received(out, "payroll-1") is None, "recorded as received"
+    assert browse(params_as(ident_broker, "reader"), dest.parked_queue()) == []
 
 
 def test_a_pack_member_cannot_name_its_own_sender() -> None:

@@ -29,6 +29,7 @@ from airflow_provider_amqstream.engine import (
     send_file,
 )
 from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
+from airflow_provider_amqstream.engine.receive.stream import FIRST_LOOK
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -41,7 +42,10 @@ pytestmark = pytest.mark.broker
 STALLED = [10, 100, *(int(n) for n in os.environ.get("AMQSTREAM_SCALE_STALLED", "").split(",") if n)]
 QUEUES = [f"/queue/scale.{case}" for case in
           ("noroom10", "noroom100", "noroom1000", *(f"stalled{n}" for n in STALLED), "junk1000", "watch1000", "big",
-           "trickle", "batch", "names")]
+           "trickle", "batch", "names", "capped", *(f"fair{n}" for n in STALLED))]
+# The data queues ``capped`` may have waiting at once on each destination (the broker's cap,
+# ``--max-waiting``; 1,000 by default): the same refusal at a size a test fills in a moment.
+CAP = 5
 
 # Per bad stream ahead: a parked or refused offer costs a confirmed send and an
 # acknowledgement (milliseconds); a stalled one costs its first look (FIRST_LOOK, or the
@@ -58,13 +62,14 @@ BASE_RSS_MIB = 80
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     yield from running_broker(tmp_path_factory.mktemp("scale") / "broker",
-                              {"mallory": {"send": QUEUES}, "alice": {"send": QUEUES}, "rx": {"receive": QUEUES}})
+                              {"mallory": {"send": QUEUES}, "alice": {"send": QUEUES}, "rx": {"receive": QUEUES},
+                               "capped": {"send": QUEUES, "max_waiting": CAP}})
 
 
 @pytest.fixture(scope="module")
 def users(three: EmbeddedBroker) -> tuple[EmbeddedBroker, dict[str, BrokerParams]]:
     return three, {u: dataclasses.replace(params_from_uri(three.info(user=u).uri), receipt_timeout=30.0)
-                   for u in ("mallory", "alice", "rx")}
+                   for u in ("mallory", "alice", "rx", "capped")}
 
 
 def _offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str) -> None:
@@ -332,3 +337,58 @@ def test_a_handshake_stream_trickling_corrupt_chunks_ends_within_its_idle_timeou
         t.join(5)
         raw.close()
     assert took <= idle + 3, f"{took:.1f}s with idle_timeout {idle}s"
+
+
+def test_a_sender_at_its_data_queue_cap_fails_its_own_offer_never_the_receiver(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
+    """``capped`` (raw stomp.py) leaves a byte on each of the CAP data queues the broker
+    lets it have, then offers one stream more: the broker refuses the receiver that
+    stream's data queue. That offer alone gives way, parked with the cause, which names its
+    sender and not the receiving user; the receiver goes on (at default settings) and
+    alice's stream behind it arrives. Before, every receiver exited after its
+    ``reconnect_timeout`` (120 s) blaming its own user, and the good stream never arrived."""
+    _, u = users
+    queue = "/queue/scale.capped"
+    dest = p.Destination.parse(queue)
+    raw = RawSender(u["capped"])
+    try:
+        for i in range(CAP):
+            raw.send(dest.data_queue(f"full-{i}", "capped"), b"x", {})
+    finally:
+        raw.close()
+    _offer_many(u["capped"], queue, 1, size=2, tag="over")
+    delay, failures = _good_stream_after(u, queue, tmp_path, "good.bin")
+    assert [(f.stream_id, f.status) for f in failures] == [("over-00000", "refused")]
+    reason = failures[0].reason
+    assert "'capped'" in reason and "rx" not in reason, reason
+    assert delay <= SLACK + PER_REFUSED, f"{delay:.1f}s behind one offer whose data queue the broker refused"
+    parked = browse(u["rx"], dest.parked_queue())
+    assert [f.headers[p.H_STREAM] for f in parked] == ["over-00000"]
+    assert parked[0].headers[p.H_FIRST_SENDER] == "capped" and "'capped'" in parked[0].headers[p.H_YIELD_REASON]
+    print(f"\nbehind an offer of a user at its cap of {CAP} data queues: the good stream arrived in {delay:.2f}s")
+
+
+@pytest.mark.parametrize("n", STALLED)
+def test_a_users_stalled_backlog_costs_another_users_next_stream_one_look(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path, n: int) -> None:
+    """Fair share per sender, at default settings (``idle_timeout`` 120 s): mallory offers n
+    streams and sends nothing of them, then alice sends one. The receiver looks at mallory's
+    first (``FIRST_LOOK``), then parks the rest of hers unseen for this round, so alice's
+    stream arrives within one look per stalling user plus a send and an acknowledgement per
+    offer ahead (docs/protocol.md). Before, each of mallory's offers cost a look of its own:
+    2 s each, linear in what she sent."""
+    _, u = users
+    queue = f"/queue/scale.fair{n}"
+    _offer_many(u["mallory"], queue, n, size=5_000_000, tag="held")
+    delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin")
+    assert len({f.stream_id for f in failures}) == n and {f.status for f in failures} == {"stalled"}
+    looked = [f.stream_id for f in failures if "without a look" not in f.reason]
+    # One look a round; a round ends when no offer comes for offers._DRY, which a broker
+    # paging in a backlog on a loaded machine can cause once or twice (before: a look each).
+    assert looked[0] == "held-00000" and len(looked) <= 3, looked
+    bound = SLACK + FIRST_LOOK + PER_LOOK + PER_REFUSED * n
+    assert delay <= bound, f"{delay:.1f}s behind {n} offers of a user who sends nothing (bound {bound:.1f}s)"
+    again, failures = _good_stream_after(u, queue, tmp_path, "second.bin")
+    assert failures == [] and again <= SLACK + SWEEP_PAUSE + PER_REFUSED * n, again
+    print(f"\nbehind {n} offers of a user who sends nothing (default idle_timeout): alice's stream {delay:.2f}s "
+          f"({len(looked)} looks, {n - len(looked)} parked unseen), her next {again:.2f}s")

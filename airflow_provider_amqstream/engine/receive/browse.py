@@ -189,6 +189,8 @@ class OfferBrowser:
                 break
             if frame.headers.get(p.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
+            if parked and p.sender_of(frame.headers) not in ("", self.params.user):
+                continue  # parked by another user: a receiver files it away (receive/offers.py)
             if frame.headers.get(p.H_KIND) == p.Kind.BATCH.value:
                 try:  # a batch's file list is for its receivers; only a broken one is junk
                     bw.parse_batch(frame.headers, frame.body or b"")

@@ -7,6 +7,12 @@ only receivers may write) with a time before which no receiver takes it
 itself holds only fresh offers, so nothing parked ever stands in front of a new stream,
 and a watcher browsing it sees only what can be taken.
 
+Any receiving user may write the parked queue, so a parked copy is believed (its
+``amqs_first_sender`` above all) only when the broker stamped it with this receiver's own
+user: one another user put there is quarantined as soon as it is met, never passed along
+(which would stamp it as ours) and never received, so a receive-only user cannot publish a
+file, or a batch, as someone else.
+
 A receiver sweeps the parked queue between offers: it takes the first parked offer whose
 time has come, and passes the others to the tail, until it meets the first one it passed
 again. It sweeps at most every :data:`SWEEP_PAUSE` seconds (or as long as the last sweep
@@ -14,6 +20,19 @@ took, if longer) and takes one parked stream per sweep while new offers keep com
 back to back when they do not: parked streams cannot starve new ones, nor new ones parked
 ones. Every receiver, restarted or on another machine, sees the same queues and times; no
 client-side list decides who is served, and no decision costs a subscription.
+
+**Fair share per sender** (as the broker stamps them): the queue of offers is served in
+rounds. Once a stream of a user never began (no chunk in its first look, or its data queue
+refused) in a round, that user's further offers in the round are parked as stalled without
+their look, at a confirmed send and an acknowledgement each, so one user's backlog costs
+another user's next offer at most one look per such user, plus that small cost per offer
+ahead. A stream that stopped part-way does not count: its sender may have died and been
+re-run, and its other offers are good (a stream holding a receiver without progress is
+bounded by the idle timeout). A
+round ends whenever the queue of offers runs dry (:data:`_DRY`); then every user gets a look again. What
+decides is one set of the users that stalled in this round (bounded), never a list of
+offers. Back to back sweeps give way to a fresh offer first, so a backlog of parked offers
+cannot stand before it either.
 
 Both subscriptions to the queue of offers together match every message on it (inline
 offers on one, everything else on the other), so no message can sit unmatched at its head
@@ -47,6 +66,12 @@ SWEEP_PAUSE = 2.0
 # How long a sweep waits for the next parked offer after passing one: they are handed over
 # within a millisecond or two of acknowledging the previous one.
 _SWEEP_STEP = 0.2
+# Seconds without a fresh offer that end a round (module doc): a pause of the broker's
+# longer than this ends one early, which costs one more look per user.
+_DRY = 1.0
+# Most users remembered in one round (each is a name): past it the round starts
+# afresh, which costs at worst one more look per user.
+_MAX_STALLED = 4096
 
 
 def backoff_for(yields: int, first: float) -> float:
@@ -84,6 +109,10 @@ class Offers:
         # of them can neither starve new offers nor be starved by them.
         self.main_idle = False
         self.passed = 0
+        # The stamp the broker puts on what this receiver parks: the only one believed there.
+        self.me = link.params.user
+        # The users whose stream never began in this round (module doc, "Fair share per sender").
+        self.stalled: set[str] = set()
 
     def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
@@ -111,19 +140,55 @@ class Offers:
         while True:
             now = time.monotonic()
             if self.parked_sub and now >= self.next_sweep:
-                offer = self._sweep()
+                # Back to back sweeps only while no fresh offer waits: one that came during the
+                # last stream goes first.
+                offer = self._fresh(0.0) if self.main_idle else None
+                if offer is None:
+                    offer = self._sweep()
                 if offer is not None:
                     return offer
             left = 30.0 if deadline is None else deadline - time.monotonic()
             if self.parked_sub:
                 left = min(left, max(0.0, self.next_sweep - time.monotonic()))
-            subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
-            offer = self.link.get_any(max(0.0, left), subs)  # type: ignore[arg-type]
-            self.main_idle = offer is None
+            offer = self._fresh(max(0.0, left))
             if offer is not None:
                 return offer
             if deadline is not None and time.monotonic() >= deadline:
                 return None
+
+    def _fresh(self, timeout: float) -> Any:
+        """The next offer on the queue of offers within ``timeout``, or None: it ran dry, which
+        ends the round."""
+        subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
+        offer = self.link.get_any(timeout, subs)  # type: ignore[arg-type]
+        if offer is None and self.stalled and timeout < _DRY:
+            # Right after an acknowledgement the next offer is still on its way (prefetch 1),
+            # and the broker pages a backlog in from disk: dry only if none comes for a while.
+            offer = self.link.get_any(_DRY - timeout, subs)  # type: ignore[arg-type]
+        self.main_idle = offer is None
+        if offer is None:
+            self.stalled.clear()
+        return offer
+
+    def stalled_in_round(self, offer: Any) -> str:
+        """The sender of ``offer``, fresh from the queue of offers, if a stream of theirs
+        never began in this round (its offer then waits its turn parked, unseen); else "". Never on
+        a topic, where nothing can be parked: each subscriber has its own copy to look at."""
+        sender = self.sender(offer)
+        if self.stream_id or self.parked_sub is None or getattr(offer, "amqs_parked", False) \
+                or sender not in self.stalled:
+            return ""
+        return sender
+
+    def note_stalled(self, offer: Any) -> None:
+        """A stream of the sender of ``offer`` never began (or its data queue was refused):
+        its further fresh offers in this round are parked without a look."""
+        sender = self.sender(offer)
+        if not sender:
+            return  # a broker that stamps nobody cannot tell users apart: no round to keep
+        if len(self.stalled) >= _MAX_STALLED:
+            self.stalled.clear()
+        self.stalled.add(sender)
 
     def _sweep(self) -> Any:
         """Take the first parked offer whose time has come, passing the others to the tail
@@ -139,7 +204,7 @@ class Offers:
             step = _SWEEP_STEP
             offer.amqs_parked = True
             until = p.parked_until(offer.headers)
-            if self.stream_id or until <= time.time():
+            if self.stream_id or until <= time.time() or self.foreign(offer):
                 self.next_sweep = time.monotonic() + (0.0 if self.main_idle else SWEEP_PAUSE)
                 return offer
             key = (str(offer.headers.get(p.H_STREAM, "")), str(offer.headers.get(p.H_NOT_BEFORE, "")))
@@ -155,8 +220,27 @@ class Offers:
         return None
 
     def sender(self, offer: Any) -> str:
-        """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`)."""
-        return p.sender_of(offer.headers, parked=bool(getattr(offer, "amqs_parked", False)))
+        """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`); of a
+        parked copy, the first sender it names only if we parked it ("" otherwise)."""
+        if not getattr(offer, "amqs_parked", False):
+            return p.sender_of(offer.headers)
+        return p.sender_of(offer.headers, parked=True) if self._ours(offer) else ""
+
+    def _ours(self, offer: Any) -> bool:
+        return bool(self.me) and p.sender_of(offer.headers) == self.me
+
+    def foreign(self, offer: Any) -> str | None:
+        """Why ``offer``, taken from the parked queue, was not parked by this receiver's user
+        and is not received (None: it was, or it is no parked copy, or the broker stamps
+        nobody, so that nothing tells)."""
+        if not getattr(offer, "amqs_parked", False) or self._ours(offer):
+            return None
+        stamp = p.sender_of(offer.headers)
+        if not stamp:
+            return None
+        return (f"taken from {self.dest.parked_queue()}, where user {stamp!r} put it, not this receiver's user "
+                f"{self.me or '(anonymous)'!r}: any receiving user may write that queue, so only the copies a "
+                "receiver's own user parked are believed there (run the receivers of a destination as one user)")
 
     def requeue(self, message: Any, *, not_before: float | None = None, reason: str = "") -> None:
         """Put ``message`` (an offer or a pack) at the tail of the parked queue, then

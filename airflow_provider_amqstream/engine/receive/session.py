@@ -64,6 +64,7 @@ from airflow_provider_amqstream.exceptions import (
     StreamError,
     StreamNoRoom,
     StreamQuarantined,
+    StreamRefused,
     StreamStalled,
     StreamYielded,
     TransportError,
@@ -305,6 +306,9 @@ class ReceiveSession:
         :param offer: the message the subscriptions handed over.
         :param room: how many more streams the receive takes (None: no limit).
         """
+        foreign = self.offers.foreign(offer)
+        if foreign is not None:
+            return [self._quarantine(offer, str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID], foreign)]
         if bw.is_pack(offer.headers) or (
             bw.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value
         ):
@@ -342,6 +346,12 @@ class ReceiveSession:
         settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
         if settled is not None:
             return settled
+        if self.offers.stalled_in_round(offer):
+            # Fair share: another user's next offer must not wait for a look at each of these.
+            return self._yielded(StreamStalled(
+                f"stream {spec.stream_id} ({data_q}): parked without a look, its turn given to other users' streams: "
+                f"a stream of its sender {sender!r} never began in this round; it is tried again after its back-off"),
+                sid, 0, offer)
         receiver = StreamReceiver(
             self.link,
             self.dest,
@@ -365,12 +375,19 @@ class ReceiveSession:
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.reason, offset=bad.offset, then=receiver.abandon)
         except StreamYielded as exc:
-            receiver.stop_data()
-            receiver.file.shrink()
-            receiver.forget_if_empty()
-            return self._yielded(exc, sid, receiver.offset, offer)
+            return self._let_go(exc, sid, receiver, offer)
         self.link.ack(offer)
         return result
+
+    def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Any) -> StreamError:
+        """A stream being received gave way: leave its data queue, keep only its data on disk,
+        and park its offer; one that never began costs its sender the round."""
+        receiver.stop_data()
+        receiver.file.shrink()
+        receiver.forget_if_empty()
+        if _never_began(exc, receiver):
+            self.offers.note_stalled(offer)
+        return self._yielded(exc, sid, receiver.offset, offer)
 
     def _yielded(self, exc: StreamYielded, sid: str, offset: int, message: Any) -> StreamYielded | StreamQuarantined:
         """The stream gives up its place: ``message`` (its offer, or the pack carrying it) is
@@ -700,12 +717,23 @@ class ReceiveSession:
         self.link.ack(offer)
 
 
+def _never_began(exc: StreamYielded, receiver: StreamReceiver) -> bool:
+    """Whether a stream gave way before anything of it came (nothing sent, or no data queue):
+    that costs its sender the rest of the round (engine/receive/offers.py). One that stopped
+    part-way does not: its sender may have died and been re-run with other, good offers."""
+    if isinstance(exc, StreamRefused):
+        return True
+    return isinstance(exc, StreamStalled) and receiver.offset == 0 and receiver.file.last_write is None
+
+
 def _yield_status(exc: StreamYielded) -> str:
     """A yielded stream's status in reports and metrics."""
     if isinstance(exc, StreamStalled):
         return "stalled"
     if isinstance(exc, StreamBusy):
         return "busy"
+    if isinstance(exc, StreamRefused):
+        return "refused"
     return "elsewhere" if isinstance(exc, StreamElsewhere) else "no_room"
 
 

@@ -28,7 +28,14 @@ from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.claims import check_claim, done_records
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
 from airflow_provider_amqstream.engine.records import TransferResult, open_private
-from airflow_provider_amqstream.exceptions import ConfigurationError, StreamElsewhere, StreamError, StreamStalled
+from airflow_provider_amqstream.exceptions import (
+    ConfigurationError,
+    DestinationRefused,
+    StreamElsewhere,
+    StreamError,
+    StreamRefused,
+    StreamStalled,
+)
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
 from airflow_provider_amqstream.transport.link import Link
@@ -339,7 +346,15 @@ class StreamReceiver:
         # paged in (maxPageSize, 16 in our config) every message we have not acknowledged,
         # so a batch must stay below that or dispatch stops until we commit: batches of 8
         # ran at ~4x the speed of 16 here, 32 at a tenth.
-        self.data_sub = link.subscribe(self.data_q, prefetch=2 * self.batch)
+        try:
+            self.data_sub = link.subscribe(self.data_q, prefetch=2 * self.batch)
+        except DestinationRefused:
+            raise StreamRefused(
+                f"{self.what}: the broker refused to create its data queue, because its sender "
+                f"{self.sender or 'an unidentified sender'!r} has as many streams waiting on {self.dest} as the "
+                "broker lets one user have, so it sent nothing of this one yet. The sender's receivers must take "
+                f"its waiting streams, or the administrator raises its cap (`--max-waiting`) for {self.sender!r}; "
+                "the offer is tried again later") from None
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self.tell(p.Kind.HELLO, state.next_seq)
         quiet_since = self._quiet_since()
@@ -538,7 +553,10 @@ def drain_queue(link: Link, queue: str, *, ack: bool, quiet: float = 0.3, limit:
     Callers drain after an offer that was sent after everything it clears, so the
     leftovers are stored already and come as one backlog: once an end marker went by,
     50 ms of quiet is enough."""
-    sub = link.subscribe(queue, prefetch=16)
+    try:
+        sub = link.subscribe(queue, prefetch=16)
+    except DestinationRefused:
+        return 0  # the broker would have had to create it: nothing is there
     n = 0
     until = time.monotonic() + limit
     wait = quiet

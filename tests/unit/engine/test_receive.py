@@ -253,6 +253,103 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
         receive_all(broker, tmp_path / "out", reconnect_timeout=1)
 
 
+def test_an_offer_whose_data_queue_the_broker_refuses_is_parked_naming_its_sender(
+        broker: MemoryBroker, tmp_path: Path) -> None:
+    """The broker refuses to create a stream's data queue (its sender is at its cap): that
+    offer gives way, blaming its sender, and the next stream arrives; a repeat of a
+    published stream whose data queue is refused is acknowledged (nothing can be there)."""
+    play(broker, "mallory", p.StreamSpec("over-1", "o.bin", 10, 10), b"", [], end=False)
+    broker.refuse_creating(DEST.data_queue("over-1", "mallory"), 1)
+    data = os.urandom(3000)
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), data, [1, 2, 3])
+    got, failures = receive_all(broker, tmp_path / "out")
+    assert [r.stream_id for r in got] == ["good-1"] and (tmp_path / "out" / "good.bin").read_bytes() == data
+    assert [(f.stream_id, f.status) for f in failures] == [("over-1", "refused")]
+    assert "'mallory'" in failures[0].reason and "rx" not in failures[0].reason
+    [(parked, _)] = broker.messages(DEST.parked_queue())
+    assert parked[p.H_STREAM] == "over-1" and "'mallory'" in parked[p.H_YIELD_REASON]
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), b"", [], end=False)
+    broker.refuse_creating(DEST.data_queue("good-1", "alice"), 1)
+    again, failures = receive_all(broker, tmp_path / "out")
+    assert [r.status for r in again] == ["duplicate"] and failures == []
+    assert broker.uncreatable[DEST.data_queue("good-1", "alice")] == 0, "the repeat did not look at its data queue"
+
+
+def test_only_what_the_receivers_own_user_parked_is_believed(broker: MemoryBroker, tmp_path: Path) -> None:
+    """Another receiving user's parked copies naming alice (one due, one not yet: it must not
+    be passed along, which would stamp it as ours) are quarantined, naming who parked them;
+    the copy rx itself parked is received as alice's."""
+    def parked(sid: str, name: str, due: float) -> tuple[dict[str, str], bytes]:
+        body = sid.encode()
+        spec = p.StreamSpec(sid, name, len(body), 1024, p.Mode.ATOMIC)
+        headers, wire = bw.inline_offer(spec, DEST, body, hashlib.sha256(body).hexdigest(), sender="alice")
+        return p.parked_headers(headers, sender="alice", not_before=due, reason="x"), wire
+
+    with open_link(broker.params("forger")) as link:
+        for sid, due in (("forged-1", time.time() - 1), ("forged-2", time.time() + 3600)):
+            link.send(DEST.parked_queue(), parked(sid, f"{sid}.csv", due)[1], parked(sid, f"{sid}.csv", due)[0])
+    with open_link(broker.params("rx")) as link:
+        link.send(DEST.parked_queue(), parked("mine-1", "mine.csv", 0)[1], parked("mine-1", "mine.csv", 0)[0])
+    got, failures = receive_all(broker, tmp_path / "out", wait_timeout=2.5)
+    assert [(r.name, r.sender) for r in got] == [("mine.csv", "alice")]
+    assert sorted(f.stream_id for f in failures) == ["forged-1", "forged-2"]
+    assert all(f.status == "quarantined" and "user 'forger' put it" in f.reason for f in failures)
+    assert not list((tmp_path / "out").glob("forged-*")) and broker.messages(DEST.parked_queue()) == []
+
+
+def test_a_users_stalled_backlog_costs_another_user_one_look_per_round(broker: MemoryBroker, tmp_path: Path) -> None:
+    """Fair share: mallory's first silent stream is looked at, her other offers in the
+    round are parked unseen, and alice's stream behind them all arrives. A round ends when
+    the queue of offers runs dry: then mallory gets a look again."""
+    with open_link(broker.params("mallory")) as link:
+        for i in range(50):
+            link.send(Q, b"", p.offer_headers(p.StreamSpec(f"held-{i}", "h.bin", 5000, 1000), DEST, sender="mallory"))
+    data = os.urandom(3000)
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), data, [1, 2, 3])
+    t0 = time.monotonic()
+    got, failures = receive_all(broker, tmp_path / "out", idle_timeout=1.0)
+    assert [r.stream_id for r in got] == ["good-1"]
+    assert len(failures) == 50 and {f.status for f in failures} == {"stalled"}
+    assert [f.stream_id for f in failures if "without a look" not in f.reason] == ["held-0"]
+    assert time.monotonic() - t0 < 20, "each of mallory's offers was looked at"
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, b"", p.offer_headers(p.StreamSpec("held-new", "h.bin", 5000, 1000), DEST, sender="mallory"))
+    _, failures = receive_all(broker, tmp_path / "out", idle_timeout=1.0)
+    assert [(f.stream_id, "without a look" in f.reason) for f in failures] == [("held-new", False)]
+
+
+def test_a_fresh_offer_goes_before_a_backlog_of_parked_ones(broker: MemoryBroker, tmp_path: Path) -> None:
+    """With the queue of offers dry, a receiver takes due parked offers back to back; an
+    offer that arrives meanwhile is taken after the look in progress, not after them all."""
+    with open_link(broker.params("rx")) as link:
+        for i in range(30):
+            spec = p.StreamSpec(f"due-{i}", "d.bin", 5000, 1000)
+            link.send(DEST.parked_queue(), b"", p.parked_headers(p.offer_headers(spec, DEST, sender="mallory"),
+                                                                sender="mallory", not_before=time.time() - 1))
+    looked, yields = threading.Event(), []
+
+    def event(kind: str, _: Any) -> None:
+        if kind == "stream_yielded":
+            yields.append(kind)
+            if len(yields) == 5:  # well into the back to back sweeps
+                looked.set()
+
+    got: list[TransferResult] = []
+    opts = ReceiveOptions(**{**FAST, "wait_timeout": 30, "idle_timeout": 0.5}, events=event)
+    rx = threading.Thread(target=lambda: got.extend(receive_streams(broker.params("rx"), Q, tmp_path / "out",
+                                                                    count=1, options=opts)), daemon=True)
+    rx.start()
+    assert looked.wait(30), "no parked offer was looked at"
+    data = os.urandom(3000)
+    t0 = time.monotonic()
+    play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), data, [1, 2, 3])
+    rx.join(60)
+    waited = time.monotonic() - t0
+    assert [r.stream_id for r in got] == ["good-1"]
+    assert waited < 5, f"{waited:.1f}s: the fresh offer waited for the parked backlog (30 looks of 0.5 s)"
+    assert len(yields) <= 8, f"{len(yields)} parked offers were looked at first"
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
