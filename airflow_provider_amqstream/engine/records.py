@@ -83,6 +83,7 @@ class StreamFailure:
         gets its turn back later, keeping its partial data: ``stalled`` (sender silent),
         ``no_room`` (does not fit), ``elsewhere`` (its first chunks are in another receiver's
         directory) or ``busy`` (another receiver process of this directory is receiving it).
+    :param cause: its row of the failure table (:class:`~airflow_provider_amqstream.protocol.outcomes.Outcome`).
     """
 
     stream_id: str
@@ -94,6 +95,7 @@ class StreamFailure:
     chunks_moved: int = 0
     retry_after: float | None = None
     time: float = field(default_factory=time.time)
+    cause: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -414,7 +414,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 link.unsubscribe(sub)  # copies not acknowledged go back to the quarantine queue
     log.info("%s redriven by %s: %d chunks, %d bytes, sent by %s before", where, user or "?", spec.chunks,
              moved.bytes, sender_before or "an unidentified sender")
-    return RedriveResult(sid, str(dest), cause.cause, spec.chunks, moved.bytes, moved.dropped, sender_before, user,
+    return RedriveResult(sid, str(dest), cause.label, spec.chunks, moved.bytes, moved.dropped, sender_before, user,
                          check.sha256_checked, recovered, time.monotonic() - t0)
 
 

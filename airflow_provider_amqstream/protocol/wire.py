@@ -51,6 +51,7 @@ from enum import Enum
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
 
 PROTOCOL_VERSION = 1
 # STOMP's registered port: here, the one layer both the transport and the embedded broker
@@ -728,14 +729,15 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
     return out
 
 
-def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str, by: str, at: str,
+def quarantined_headers(headers: Mapping[str, Any], *, cause: Outcome, reason: str, source: str, by: str, at: str,
                         sender: str) -> dict[str, str]:
     """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
     headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
     which host and when.
 
     :param headers: the message as received.
-    :param reason: why it can never succeed (cut to 2,000 characters).
+    :param cause: why, as the failure table names it (``amqs_quarantine_cause``).
+    :param reason: why it can never succeed, for people (cut to 2,000 characters).
     :param source: the destination it was taken from.
     :param by: the host that filed it.
     :param at: when, as an ISO 8601 time.
@@ -745,8 +747,8 @@ def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str,
     """
     out = {k: str(v)[:1024] for k, v in headers.items()
            if k.startswith("amqs_") and not k.startswith("amqs_quarantine") and k != H_FIRST_SENDER}
-    out.update({H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source, H_QUARANTINED_BY: by,
-                H_QUARANTINED_AT: at})
+    out.update({H_QUARANTINE_CAUSE: cause.value, H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source,
+                H_QUARANTINED_BY: by, H_QUARANTINED_AT: at})
     if sender:
         out[H_FIRST_SENDER] = sender
     return out

@@ -26,6 +26,7 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -228,7 +229,8 @@ class OfferBrowser:
                 found = junk.get(str(frame.headers.get("message-id", "")))
                 reason = found.reason if found else "not a valid offer"
                 link.send_confirmed(self.quarantine, b"", p.quarantined_headers(
-                    frame.headers, reason=f"invalid offer (seen by a watcher): {reason}", source=str(self.dest),
+                    frame.headers, cause=Outcome.INVALID, reason=f"invalid offer (seen by a watcher): {reason}",
+                    source=str(self.dest),
                     by=socket.gethostname(), at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     sender=p.sender_of(frame.headers)))
                 link.ack(frame)
