@@ -23,7 +23,6 @@ from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Checkpoint,
     FileCheckpoint,
-    StreamFailure,
     TransferResult,
     default_state_dir,
 )
@@ -40,6 +39,7 @@ from airflow_provider_amqstream.engine.send.bulk import send_files
 from airflow_provider_amqstream.engine.send.stream import checkpoint_name, default_stream_id, id_key, send_file
 from airflow_provider_amqstream.exceptions import (
     StreamError,
+    StreamFailure,
     StreamNoRoom,
     StreamQuarantined,
     StreamStalled,

@@ -15,7 +15,7 @@ import re
 import secrets
 import stat
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,32 +73,6 @@ class TransferResult:
         """Load a stored record, ignoring fields a newer version may have added."""
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass
-class StreamFailure:
-    """A stream a receiver gave up on, and why; receiving goes on with the next stream.
-
-    :param status: ``quarantined`` (can never succeed; moved to ``quarantine``), or one that
-        gets its turn back later, keeping its partial data: ``stalled`` (sender silent),
-        ``no_room`` (does not fit), ``elsewhere`` (its first chunks are in another receiver's
-        directory) or ``busy`` (another receiver process of this directory is receiving it).
-    :param cause: its row of the failure table (:class:`~airflow_provider_amqstream.protocol.outcomes.Outcome`).
-    """
-
-    stream_id: str
-    destination: str
-    status: str
-    reason: str
-    offset: int = 0
-    quarantine: str | None = None
-    chunks_moved: int = 0
-    retry_after: float | None = None
-    time: float = field(default_factory=time.time)
-    cause: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Checkpoint(Protocol):

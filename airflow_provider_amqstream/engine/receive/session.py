@@ -48,7 +48,6 @@ from airflow_provider_amqstream.engine.receive.stream import (
 )
 from airflow_provider_amqstream.engine.records import (
     Backoff,
-    StreamFailure,
     TransferResult,
     read_json,
     state_dir,
@@ -60,6 +59,7 @@ from airflow_provider_amqstream.exceptions import (
     ConnectionLost,
     DestinationFull,
     StreamError,
+    StreamFailure,
     StreamNoRoom,
     StreamQuarantined,
     StreamYielded,
