@@ -29,6 +29,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.retry import transient
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,11 @@ class OfferBrowser:
         self.link = link
         self.opened += 1
         return link
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether another look can help after ``exc`` (transport/retry.py): a watcher, like a
+        receiver, fails at once on a broker it never reached."""
+        return transient(exc, reached=self.opened > 0, wait_at_start=False)
 
     def look(self, stream_id: str | None = None, skip: tuple[str, ...] = ()) -> list[Offer]:
         """The valid offers visible on the destination now (for ``stream_id`` only, if given;

@@ -47,7 +47,6 @@ from airflow_provider_amqstream.engine.receive.stream import (
     receiver_token,
 )
 from airflow_provider_amqstream.engine.records import (
-    Backoff,
     TransferResult,
     read_json,
     state_dir,
@@ -55,9 +54,6 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
-    AccessDenied,
-    ConnectionLost,
-    DestinationFull,
     StreamError,
     StreamFailure,
     StreamNoRoom,
@@ -71,6 +67,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome, yielded
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +144,16 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     prune_quietly(receiver_store(sdir, opts.records_retention_days))
     batches = Batches(out, sdir, retention_days=opts.records_retention_days)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
-    backoff = Backoff(what, params.url, opts.reconnect_timeout)
-    # A broker that refuses our sends (its memory full, so parking an offer fails) lets us
-    # connect, which resets the reconnect deadline: this one runs from the first refusal
-    # until a stream is settled.
-    full: Backoff | None = None
+    # A receiver fails at once on a broker it never reached (transport/retry.py says why).
+    reconnect = Reconnect(what, params.url, opts.reconnect_timeout, wait_at_start=False)
     wait = opts.wait_timeout
     until = None if stop_after is None else time.monotonic() + stop_after
     report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep, wanted=count,
                      stop_when=stop_when)
-    first = True
     while True:
         try:
             with open_link(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
-                backoff.reset()
+                reconnect.connected()
                 offers = Offers(link, dest, stream_id, opts)
                 session = ReceiveSession(link, dest, out, sdir, opts=opts, offers=offers, batches=batches)
                 while not report.satisfied():
@@ -171,21 +164,11 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
                         return report.results
                     wait = opts.wait_timeout
                     report.add(session.settle(offer, report.room()))
-                    full = None
+                    reconnect.progressed()
                 return report.results
-        except AccessDenied:
-            raise
-        except ConnectionLost as exc:
-            backoff.wait(exc)
-        except DestinationFull as exc:
-            # Transient: the offer we held goes back to the queue with the connection.
-            full = full or Backoff(what, params.url, opts.reconnect_timeout)
-            full.wait(exc)
         except TransportError as exc:
-            if first:
-                raise
-            backoff.wait(exc)
-        first = False
+            # The offer we held goes back to the queue with the connection.
+            reconnect.failed(exc)
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
 
