@@ -17,14 +17,40 @@ it used to be, so code written against those keeps working.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from airflow_provider_amqstream.engine.records import StreamFailure
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 class AmqStreamError(Exception):
     """The root of every exception the provider raises on purpose."""
+
+
+@dataclass
+class StreamFailure:
+    """A stream a receiver gave up on, and why; receiving goes on with the next stream.
+
+    :param status: ``quarantined`` (can never succeed; moved to ``quarantine``), or one that
+        gets its turn back later, keeping its partial data: ``stalled`` (sender silent),
+        ``no_room`` (does not fit), ``elsewhere`` (its first chunks are in another receiver's
+        directory), ``busy`` (another receiver process of this directory is receiving it) or
+        ``refused`` (the broker refused its data queue: its sender is at its cap).
+    :param cause: its row of the failure table (:class:`~airflow_provider_amqstream.protocol.outcomes.Outcome`).
+    """
+
+    stream_id: str
+    destination: str
+    status: str
+    reason: str
+    offset: int = 0
+    quarantine: str | None = None
+    chunks_moved: int = 0
+    retry_after: float | None = None
+    time: float = field(default_factory=time.time)
+    cause: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class ProtocolError(AmqStreamError, ValueError):
@@ -32,11 +58,14 @@ class ProtocolError(AmqStreamError, ValueError):
 
 
 class RemoteProtocolError(ProtocolError):
-    """A message from the wire breaks the protocol (its stream is quarantined)."""
+    """A message from the wire breaks the protocol (its stream is quarantined): raised by
+    whatever parses what a peer sent."""
 
 
 class LocalProtocolError(ProtocolError):
-    """We were asked to do something the protocol does not allow (a bad argument)."""
+    """We were asked to do something the protocol does not allow (a bad argument). A check
+    that serves both sides (a stream id, a destination) raises the base class; a parser of
+    the wire turns it into :class:`RemoteProtocolError`."""
 
 
 class ConfigurationError(AmqStreamError, ValueError):
@@ -118,6 +147,16 @@ class StreamElsewhere(StreamYielded):
     """Another receiver, whose output directory this one cannot see (another worker's
     disk), took the stream's first chunks: the rest is left for it (or kept here, if this
     receiver took some), and the message says where the first bytes are and how to finish."""
+
+
+class RedriveRefused(StreamError):
+    """A quarantined stream cannot arrive as it is: the message names the stream, the
+    destination, why, and where its messages are now."""
+
+
+class DiscardRefused(StreamError):
+    """A receiver holds the stream (its partial file, or its offer) right now: nothing was
+    removed; discard it once the receiver has settled it."""
 
 
 class StreamQuarantined(StreamError):

@@ -18,8 +18,9 @@ name                                      type     counts
 ``amqstream.bytes_sent``                  counter  bytes a sender sent in this run
 ``amqstream.streams_quarantined``         counter  streams quarantined (``stream_quarantined``)
 ``amqstream.streams_yielded``             counter  streams that gave way (``stream_yielded``), tag
-                                                   ``status``: ``stalled``, ``no_room``,
-                                                   ``elsewhere``, ``busy`` or ``refused``
+                                                   ``status``: the label of its ``cause``
+                                                   (protocol/outcomes.py): ``stalled``,
+                                                   ``no_room``, ``elsewhere``, ``busy`` or ``refused``
 ``amqstream.duplicates``                  counter  repeats of streams received before
                                                    (``duplicate_offer``)
 ========================================  =======  =================================================
@@ -36,6 +37,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import Any
+
+from airflow_provider_amqstream.protocol.outcomes import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,9 @@ def metric_calls(event_kind: str, data: Mapping[str, Any], *,
     if event_kind == "stream_quarantined":
         return [(STREAMS_QUARANTINED, 1, tags)]
     if event_kind == "stream_yielded":
-        return [(STREAMS_YIELDED, 1, {**tags, "status": str(data.get("status") or "stalled")})]
+        outcome = Outcome.parse(data.get("cause"))
+        status = outcome.label if outcome is not None else str(data.get("status") or Outcome.STALLED.label)
+        return [(STREAMS_YIELDED, 1, {**tags, "status": status})]
     if event_kind == "duplicate_offer":
         return [(DUPLICATES, 1, tags)]
     if event_kind == "bytes":

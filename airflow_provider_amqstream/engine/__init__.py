@@ -23,7 +23,6 @@ from airflow_provider_amqstream.engine.records import (
     STATE_DIR_NAME,
     Checkpoint,
     FileCheckpoint,
-    StreamFailure,
     TransferResult,
     default_state_dir,
 )
@@ -46,6 +45,7 @@ from airflow_provider_amqstream.engine.send.stream import (
 )
 from airflow_provider_amqstream.exceptions import (
     StreamError,
+    StreamFailure,
     StreamNoRoom,
     StreamQuarantined,
     StreamStalled,

@@ -42,6 +42,7 @@ from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
 from airflow_provider_amqstream.exceptions import LocalProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.protocol.state import ReceiverState
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -100,58 +101,19 @@ def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- quarantine causes
-# Why a receiver quarantines, as its reasons say it (engine/receive/session.py), and whether
-# the cause is outside the stream itself, so that the same bytes can still arrive.
-_CAUSES: tuple[tuple[str, str, bool, str], ...] = (
-    ("over this receiver's limit", "max_bytes", True,
-     "over the receiver's max_bytes: raise the limit (or receive it elsewhere), then redrive"),
-    ("already used by another stream", "reused_id", True,
-     "its id was used by another stream in that directory: receive it into another directory (or move the "
-     "other's completion record away), then redrive"),
-    ("partial reception of another stream", "reused_id", True,
-     "another stream's partial data under the same id is in that directory: let it finish (or discard it), "
-     "then redrive"),
-    ("partial reception of a stream user", "reused_id", True,
-     "another user's partial data under the same id is in that directory: let it finish, then redrive"),
-    ("belongs to a stream user", "reused_id", True,
-     "its id belongs to another user's stream in that directory: receive it elsewhere, then redrive"),
-    ("gave way", "no_room", True,
-     "it gave way too often (no room, or a silent sender): free space, then redrive if its chunks are complete"),
-)
-
-
-@dataclass(frozen=True)
-class Cause:
-    """Why a stream was quarantined, in a word, and whether ``redrive`` can help.
-
-    :param cause: ``max_bytes``, ``reused_id``, ``no_room``, ``inline`` (the file travelled
-        in its offer, whose quarantine copy keeps only the headers), ``handshake`` (needs its
-        live sender) or ``corrupt`` (anything else: the stream itself is bad).
-    :param redrivable: the cause lies outside the stream, so the same bytes can still arrive.
-    :param advice: what to do, in a sentence.
-    """
-
-    cause: str
-    redrivable: bool
-    advice: str
-
-
-def quarantine_cause(headers: Mapping[str, Any]) -> Cause:
-    """The cause of a quarantine, from the quarantine copy of a stream's offer.
+def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
+    """Why a stream was quarantined, from the quarantine copy of its offer: the cause its
+    receiver wrote (``amqs_quarantine_cause``), unless the copy cannot give the stream back
+    (an inline file or a pack keeps no body, a handshake stream needs its live sender).
+    A copy without a cause this table knows counts as a bad stream.
 
     :param headers: the copy's headers as the broker delivered them.
     """
     if bw.is_pack(headers) or headers.get(bw.H_INLINE) == "1":
-        return Cause("inline", False, "the file travelled in its offer (or pack), and the quarantine copy keeps "
-                     "only the headers: the sender must send it again")
+        return Outcome.INLINE
     if headers.get(p.H_MODE) == p.Mode.HANDSHAKE.value:
-        return Cause("handshake", False, "a handshake stream needs its live sender: the sender must send it again")
-    reason = str(headers.get(p.H_QUARANTINE_REASON) or "")
-    for text, cause, fixable, advice in _CAUSES:
-        if text in reason:
-            return Cause(cause, fixable, advice)
-    return Cause("corrupt", False, "the stream itself is bad (invalid, corrupt or incomplete): it can never "
-                 "succeed; discard it and have the sender send it again")
+        return Outcome.HANDSHAKE
+    return Outcome.parse(headers.get(p.H_QUARANTINE_CAUSE)) or Outcome.INVALID
 
 
 # --------------------------------------------------------------------------- views
@@ -226,7 +188,8 @@ class Quarantined:
     :param by_host: the receiver's host.
     :param by_user: the receiving user (the broker's stamp on the copy).
     :param at: when (UTC, ISO 8601).
-    :param cause: see :class:`Cause`.
+    :param cause: the label of its :class:`~airflow_provider_amqstream.protocol.outcomes.Outcome`
+        (:func:`quarantine_cause`).
     :param sender: who offered it (``amqs_first_sender``, which only receivers write there).
     """
 
@@ -434,7 +397,7 @@ def quarantined_streams(browsed: Browsed, dest: p.Destination) -> list[Quarantin
             str(h.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID], name=str(h.get(p.H_NAME, ""))[:255],
             size=_int(h.get(p.H_SIZE)), reason=str(h.get(p.H_QUARANTINE_REASON, ""))[:2000],
             quarantined_from=source, by_host=str(h.get(p.H_QUARANTINED_BY, ""))[:255],
-            by_user=quarantined_by_user(h), at=str(h.get(p.H_QUARANTINED_AT, ""))[:40], cause=cause.cause,
+            by_user=quarantined_by_user(h), at=str(h.get(p.H_QUARANTINED_AT, ""))[:40], cause=cause.label,
             redrivable=cause.redrivable, advice=cause.advice, redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256],
             sender=p.sender_of(h, parked=True)))
     return out

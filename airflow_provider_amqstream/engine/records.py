@@ -15,7 +15,7 @@ import re
 import secrets
 import stat
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,31 +73,6 @@ class TransferResult:
         """Load a stored record, ignoring fields a newer version may have added."""
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass
-class StreamFailure:
-    """A stream a receiver gave up on, and why; receiving goes on with the next stream.
-
-    :param status: ``quarantined`` (can never succeed; moved to ``quarantine``), or one that
-        gets its turn back later, keeping its partial data: ``stalled`` (sender silent),
-        ``no_room`` (does not fit), ``elsewhere`` (its first chunks are in another receiver's
-        directory), ``busy`` (another receiver process of this directory is receiving it) or
-        ``refused`` (the broker refused its data queue: its sender is at its cap).
-    """
-
-    stream_id: str
-    destination: str
-    status: str
-    reason: str
-    offset: int = 0
-    quarantine: str | None = None
-    chunks_moved: int = 0
-    retry_after: float | None = None
-    time: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Checkpoint(Protocol):
@@ -305,48 +280,3 @@ def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -
             raise StreamError(f"{getattr(fh, 'name', 'file')} is shorter than its resume point {upto}")
         hasher.update(view[:n])
         left -= n
-
-
-class Backoff:
-    """Reconnect pacing with a deadline: 0.5 s doubling to 5 s.
-
-    A failure the same as the last one is logged at most every :data:`REPEAT_LOG_INTERVAL`
-    seconds at WARNING (debug otherwise): a broker down for the whole timeout would put a
-    line in the log every 5 s saying the same thing.
-    """
-
-    REPEAT_LOG_INTERVAL = 30.0
-
-    def __init__(self, what: str, url: str, timeout: float) -> None:
-        self.what, self.url, self.timeout = what, url, timeout
-        self.deadline = time.monotonic() + timeout
-        self.delay = 0.5
-        self.attempts = 0
-        self._said = ("", 0.0)
-
-    def wait(self, exc: BaseException) -> None:
-        """Sleep before the next attempt, or raise :class:`StreamError` naming ``exc`` once the
-        deadline has passed (the last attempt is made at the deadline, not a delay before it)."""
-        self.attempts += 1
-        now = time.monotonic()
-        if now >= self.deadline:
-            raise StreamError(
-                f"{self.what}: gave up after {self.timeout:.0f}s of trying to reach {self.url} "
-                f"({self.attempts} attempts); last error: {str(exc).rstrip('. ')}. "
-                "Re-run to continue from the checkpoint."
-            ) from exc
-        delay = min(self.delay, self.deadline - now)
-        text, when = self._said
-        if str(exc) != text or now - when >= self.REPEAT_LOG_INTERVAL:
-            self._said = (str(exc), now)
-            log.warning("%s: %s (trying again in %.1fs, for up to %.0fs more)", self.what, exc, delay,
-                        self.deadline - now)
-        else:
-            log.debug("%s: %s (trying again in %.1fs)", self.what, exc, delay)
-        time.sleep(delay)
-        self.delay = min(self.delay * 2, 5.0)
-
-    def reset(self) -> None:
-        self.deadline = time.monotonic() + self.timeout
-        self.delay = 0.5
-        self._said = ("", 0.0)

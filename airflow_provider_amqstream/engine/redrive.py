@@ -67,7 +67,14 @@ from airflow_provider_amqstream.engine.queue_tools import (
     take_matching,
 )
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME
-from airflow_provider_amqstream.exceptions import AccessDenied, LocalProtocolError, StreamError
+from airflow_provider_amqstream.exceptions import (
+    AccessDenied,
+    DiscardRefused,
+    LocalProtocolError,
+    RedriveRefused,
+    RemoteProtocolError,
+    StreamError,
+)
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link
@@ -78,15 +85,6 @@ log = logging.getLogger(__name__)
 # Out-of-order chunks kept to hash the file in order while its chunks are gathered; past
 # this the SHA-256 is left to the receiver (which always checks it).
 HASH_REORDER_BYTES = 32 * 2**20
-
-
-class RedriveRefused(StreamError):
-    """The stream cannot arrive as it is: the message names the stream, the destination, why,
-    and where its messages are now."""
-
-
-class StreamBusy(StreamError):
-    """A receiver holds the stream's offer right now: nothing was removed."""
 
 
 def _offer_selector(sid: str) -> str:
@@ -151,13 +149,13 @@ class ChunkCheck:
         kind = h.get(p.H_KIND)
         try:
             if h.get(p.H_STREAM) != sid:
-                raise p.ProtocolError(f"a message of stream {str(h.get(p.H_STREAM))[:40]!r} is on its queue")
+                raise RemoteProtocolError(f"a message of stream {str(h.get(p.H_STREAM))[:40]!r} is on its queue")
             if kind == p.Kind.DATA.value:
                 self._data(h, body)
             elif kind == p.Kind.END.value:
                 self._end(h)
             else:
-                raise p.ProtocolError(f"a message that is not one of its chunks ({p.H_KIND}={str(kind)[:20]!r})")
+                raise RemoteProtocolError(f"a message that is not one of its chunks ({p.H_KIND}={str(kind)[:20]!r})")
         except p.ProtocolError as exc:
             self._problem(str(exc))
         return {H_REDRIVE_SENDER: stamp} if stamp else {}
@@ -166,20 +164,20 @@ class ChunkCheck:
         spec, sid = self.spec, self.spec.stream_id
         seq = p.int_header(h, p.H_SEQ, sid, lo=1, hi=max(1, spec.chunks))
         if spec.chunks == 0:
-            raise p.ProtocolError(f"chunk {seq} of an empty stream")
+            raise RemoteProtocolError(f"chunk {seq} of an empty stream")
         offset, length = spec.chunk_span(seq)
         if p.int_header(h, p.H_OFFSET, sid) != offset:
-            raise p.ProtocolError(f"chunk {seq}: offset {h.get(p.H_OFFSET)} is not {offset}")
+            raise RemoteProtocolError(f"chunk {seq}: offset {h.get(p.H_OFFSET)} is not {offset}")
         crc = p.int_header(h, p.H_CRC, sid, hi=0xFFFFFFFF)
         if p.crc32(body) != crc:
-            raise p.ProtocolError(f"chunk {seq} fails its CRC-32 check (corrupt)")
+            raise RemoteProtocolError(f"chunk {seq} fails its CRC-32 check (corrupt)")
         encoding = h.get(p.H_ENCODING)
         data = p.ChunkCodec.decode(str(encoding), body, length) if encoding else body
         if len(data) != length:
-            raise p.ProtocolError(f"chunk {seq} has {len(data)} bytes, not {length}")
+            raise RemoteProtocolError(f"chunk {seq} has {len(data)} bytes, not {length}")
         if seq in self.seen:
             if self.seen[seq] != crc:
-                raise p.ProtocolError(f"two different chunks {seq} (two streams share the id {sid} and its data "
+                raise RemoteProtocolError(f"two different chunks {seq} (two streams share the id {sid} and its data "
                                       "queue?)")
             self.duplicates += 1
             return
@@ -206,13 +204,13 @@ class ChunkCheck:
     def _end(self, h: Any) -> None:
         spec, sid = self.spec, self.spec.stream_id
         if p.int_header(h, p.H_SIZE, sid) != spec.size or p.int_header(h, p.H_CHUNKS, sid) != spec.chunks:
-            raise p.ProtocolError(f"its end marker says {h.get(p.H_SIZE)} bytes in {h.get(p.H_CHUNKS)} chunks, "
+            raise RemoteProtocolError(f"its end marker says {h.get(p.H_SIZE)} bytes in {h.get(p.H_CHUNKS)} chunks, "
                                   f"the offer {spec.size} in {spec.chunks}")
         sha = str(h.get(p.H_SHA256, ""))
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise p.ProtocolError("its end marker has no valid SHA-256")
+            raise RemoteProtocolError("its end marker has no valid SHA-256")
         if self.end_sha is not None and self.end_sha != sha:
-            raise p.ProtocolError("two end markers with different SHA-256 (two streams share its id?)")
+            raise RemoteProtocolError("two end markers with different SHA-256 (two streams share its id?)")
         if self.end_sha is not None:
             self.duplicates += 1
         self.end_sha = sha
@@ -414,7 +412,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 link.unsubscribe(sub)  # copies not acknowledged go back to the quarantine queue
     log.info("%s redriven by %s: %d chunks, %d bytes, sent by %s before", where, user or "?", spec.chunks,
              moved.bytes, sender_before or "an unidentified sender")
-    return RedriveResult(sid, str(dest), cause.cause, spec.chunks, moved.bytes, moved.dropped, sender_before, user,
+    return RedriveResult(sid, str(dest), cause.label, spec.chunks, moved.bytes, moved.dropped, sender_before, user,
                          check.sha256_checked, recovered, time.monotonic() - t0)
 
 
@@ -466,7 +464,7 @@ def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
         except FileNotFoundError:
             continue
         if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held:
-            raise StreamBusy(f"{where} is being received into {out_dir} right now (a receiver holds {part}); "
+            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds {part}); "
                              "nothing was removed. Stop that receiver, or wait for the stream to yield.")
 
 
@@ -486,7 +484,7 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
         browsed = qs.browse(str(dest), keep_body=lambda f: bw.is_pack(f.headers))
         seen = offered_streams(browsed, dest)[0]
         if len([o for o in seen if o.stream_id == sid and o.pack is None]) > len(offers):
-            raise StreamBusy(f"stream {sid} on {dest}: a receiver holds its offer right now, so its chunks are in "
+            raise DiscardRefused(f"stream {sid} on {dest}: a receiver holds its offer right now, so its chunks are in "
                              "use; nothing was removed. Stop that receiver, or wait for the stream to finish or yield.")
         for o in seen:
             if o.stream_id == sid and o.pack:
@@ -545,7 +543,7 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             browse_limit: int = BROWSE_LIMIT) -> DiscardResult:
     """Remove every message of ``stream_id`` on ``destination`` and its partial data in
     ``out_dirs`` (see the module doc). A published file and its completion record are never
-    touched. Raises :class:`StreamBusy` (removing nothing) while a receiver holds its offer
+    touched. Raises :class:`DiscardRefused` (removing nothing) while a receiver holds its offer
     or its partial file.
 
     Needs read on each of the destination's queues involved (the embedded broker: the

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
 from airflow_provider_amqstream.protocol.paths import safe_subdir
 from airflow_provider_amqstream.protocol.wire import (
     H_CRC,
@@ -42,6 +42,7 @@ from airflow_provider_amqstream.protocol.wire import (
     Mode,
     StreamSpec,
     crc32,
+    from_the_wire,
     int_header,
     kind_of,
     offer_headers,
@@ -83,10 +84,10 @@ def inline_offer(spec: StreamSpec, destination: Destination, body: bytes, sha256
     Small files are most of a bulk landing directory, and each one's data queue would cost
     a receiver a subscription and two more messages; inline, a file is one message."""
     if spec.mode is Mode.HANDSHAKE or spec.chunks > 1:
-        raise ProtocolError(f"stream {spec.stream_id}: only a {spec.chunk_size}-byte (one chunk) stream, not in "
+        raise LocalProtocolError(f"stream {spec.stream_id}: only a {spec.chunk_size}-byte (one chunk) stream, not in "
                             "handshake mode, can travel inline")
     if len(body) != spec.size:
-        raise ProtocolError(f"stream {spec.stream_id}: {len(body)} bytes read, the offer says {spec.size} "
+        raise LocalProtocolError(f"stream {spec.stream_id}: {len(body)} bytes read, the offer says {spec.size} "
                             "(did the file change while it was being sent?)")
     wire, encoding = codec.encode(body) if codec else (body, None)
     h = offer_headers(spec, destination, sender=sender, origin=origin, subdir=subdir)
@@ -102,6 +103,7 @@ def is_inline(headers: Mapping[str, Any]) -> bool:
     return headers.get(H_INLINE) is not None
 
 
+@from_the_wire
 def read_inline(headers: Mapping[str, Any], body: bytes | memoryview, spec: StreamSpec) -> bytes:
     """The file an inline offer carries, checked end to end: CRC-32 of the wire body, the
     declared encoding and length, and the SHA-256. Raises ProtocolError for any
@@ -164,6 +166,7 @@ class BatchEntry:
     sha256: str
 
 
+@from_the_wire
 def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int, list[BatchEntry]]:
     """Validate a batch message; return its id, part number, number of parts and entries."""
     batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
@@ -209,14 +212,15 @@ def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]]) -> tuple[di
     :data:`H_PACK_LEN`, its wire length) followed by the members' wire bodies in order.
     The pack's own id is derived from its members' ids."""
     if not 1 <= len(members) <= MAX_PACK_FILES:
-        raise ProtocolError(f"a pack holds 1..{MAX_PACK_FILES} files, not {len(members)}")
+        raise LocalProtocolError(f"a pack holds 1..{MAX_PACK_FILES} files, not {len(members)}")
     ids = [str(h[H_STREAM]) for h, _ in members]
     # JMS properties (the group id) mean nothing inside a pack: only amqs_* headers go in.
     index = json.dumps([{**{k: v for k, v in h.items() if k.startswith("amqs_")}, H_PACK_LEN: str(len(w))}
                         for h, w in members], separators=(",", ":"),
                        ensure_ascii=False).encode()
     if len(index) > MAX_PACK_INDEX:
-        raise ProtocolError(f"the index of a pack of {len(members)} files is {len(index)} bytes, over {MAX_PACK_INDEX}")
+        raise LocalProtocolError(f"the index of a pack of {len(members)} files is {len(index)} bytes, "
+                                 f"over {MAX_PACK_INDEX}")
     body = b"".join([index, *(w for _, w in members)])
     pack_id = "pk-" + hashlib.sha256("|".join(ids).encode()).hexdigest()[:32]
     return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.PACK.value, H_STREAM: pack_id, H_INLINE: "1",
@@ -228,6 +232,7 @@ def is_pack(headers: Mapping[str, Any]) -> bool:
     return headers.get(H_KIND) == Kind.PACK.value
 
 
+@from_the_wire
 def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tuple[dict[str, str], memoryview]]:
     """The members of a pack: each one's offer headers and wire body, to be checked as an
     inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file

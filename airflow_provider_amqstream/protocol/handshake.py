@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.exceptions import ProtocolError, RemoteProtocolError
 from airflow_provider_amqstream.protocol.wire import (
     CONTROL_KINDS,
     H_CONSUMER,
@@ -24,6 +24,7 @@ from airflow_provider_amqstream.protocol.wire import (
     H_TOKEN,
     Kind,
     StreamSpec,
+    from_the_wire,
     int_header,
     kind_of,
 )
@@ -66,6 +67,7 @@ class HandshakeSender:
     def max_resend(self) -> int:
         return 2 * self.spec.chunks + 64
 
+    @from_the_wire
     def on_control(self, headers: Mapping[str, Any], *, now: float) -> Kind | None:
         """Take one control message; return its kind, or None if it was ignored (not from a
         receiver this sender serves). Raises ProtocolError on a malformed message."""
@@ -134,7 +136,7 @@ class HandshakeSender:
         if seq <= self.highest_sent:
             self.resent += 1
             if self.resent > self.max_resend:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"stream {self.spec.stream_id}: receivers asked for {self.resent} chunks again, more than "
                     f"{self.max_resend} for a {self.spec.chunks}-chunk stream; stopping rather than resend for ever")
         self.highest_sent = max(self.highest_sent, seq)

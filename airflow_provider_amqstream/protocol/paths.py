@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from airflow_provider_amqstream.exceptions import ProtocolError
-from airflow_provider_amqstream.protocol.wire import H_DIR
+from airflow_provider_amqstream.protocol.wire import H_DIR, from_the_wire
 
 MAX_DIR_BYTES = 1024
 MAX_DIR_DEPTH = 16
@@ -30,6 +30,7 @@ def _clean_component(part: str) -> str:
     return part
 
 
+@from_the_wire
 def safe_subdir(raw: str | None, stream_id: str) -> tuple[str, ...]:
     """The components of an offer's ``amqs_dir``, each made safe as names are; refuses
     (ProtocolError) what cannot be a relative path inside the output directory.

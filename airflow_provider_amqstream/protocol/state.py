@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
 from airflow_provider_amqstream.protocol.wire import (
     H_CHUNKS,
     H_CRC,
@@ -33,6 +33,7 @@ from airflow_provider_amqstream.protocol.wire import (
     Mode,
     StreamSpec,
     crc32,
+    from_the_wire,
     int_header,
     kind_of,
 )
@@ -124,6 +125,7 @@ class ReceiverState:
     duplicates: int = 0
     written: set[int] = field(default_factory=set)
 
+    @from_the_wire
     def decide(self, headers: Mapping[str, Any], body: bytes | memoryview) -> Decision:
         """Classify one message of this stream's data queue. Raises ProtocolError on
         a message that cannot belong to the stream (wrong id, bad offsets, wrong length)."""
@@ -246,9 +248,10 @@ class ReceiverState:
         more = len(self.missing_ranges()) - 5
         return ", ".join(parts) + (f" and {more} more ranges" if more > 0 else "")
 
+    @from_the_wire
     def verify(self, actual_sha256: str) -> None:
         if not self.complete:
-            raise ProtocolError(f"stream {self.spec.stream_id}: cannot verify an incomplete stream")
+            raise LocalProtocolError(f"stream {self.spec.stream_id}: cannot verify an incomplete stream")
         if actual_sha256 != self.expected_sha256:
             raise ProtocolError(
                 f"stream {self.spec.stream_id}: SHA-256 mismatch: received {actual_sha256}, "

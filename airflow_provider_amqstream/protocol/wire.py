@@ -40,17 +40,19 @@ the broker. Everything here can be unit-tested without a network or a disk.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError, RemoteProtocolError
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
 
 PROTOCOL_VERSION = 1
 # STOMP's registered port: here, the one layer both the transport and the embedded broker
@@ -382,7 +384,7 @@ def normalise_compression(setting: str | None) -> str | None:
     if value == "none":
         return None
     if value not in COMPRESSION_SETTINGS:
-        raise ProtocolError(f"compression {setting!r} is not supported; use one of "
+        raise LocalProtocolError(f"compression {setting!r} is not supported; use one of "
                             f"{', '.join(COMPRESSION_SETTINGS)}")
     return value
 
@@ -441,23 +443,23 @@ class ChunkCodec:
         declaring 1 TiB ended in MemoryError), so the declaration is checked first.
         """
         if encoding != "zstd":
-            raise ProtocolError(f"unknown chunk encoding {encoding[:20]!r}")
+            raise RemoteProtocolError(f"unknown chunk encoding {encoding[:20]!r}")
         import zstandard
 
         data = bytes(wire)
         try:
             declared = zstandard.frame_content_size(data)
         except zstandard.ZstdError as exc:
-            raise ProtocolError(f"zstd chunk has no valid frame header: {exc}") from None
+            raise RemoteProtocolError(f"zstd chunk has no valid frame header: {exc}") from None
         if declared != length:
             what = "no content size" if declared < 0 else f"{declared} bytes"
-            raise ProtocolError(f"zstd chunk declares {what}, expected {length}")
+            raise RemoteProtocolError(f"zstd chunk declares {what}, expected {length}")
         try:
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=length)
         except zstandard.ZstdError as exc:
-            raise ProtocolError(f"zstd chunk does not decompress: {exc}") from None
+            raise RemoteProtocolError(f"zstd chunk does not decompress: {exc}") from None
         if len(out) != length:
-            raise ProtocolError(f"zstd chunk decompresses to {len(out)} bytes, expected {length}")
+            raise RemoteProtocolError(f"zstd chunk decompresses to {len(out)} bytes, expected {length}")
         return out
 
 
@@ -494,7 +496,7 @@ def control_headers(spec: StreamSpec, kind: Kind, consumer: str, next_seq: int, 
     """A receiver's message to the sender: where it stands (``next_seq``: first chunk
     it does not have on disk), and its ``token`` for this stream."""
     if kind not in CONTROL_KINDS:
-        raise ProtocolError(f"stream {spec.stream_id}: {kind.value} is not a control message")
+        raise LocalProtocolError(f"stream {spec.stream_id}: {kind.value} is not a control message")
     h = _base(spec, kind)
     del h[H_GROUP_ID]
     h.update({H_CONSUMER: consumer, H_NEXT_SEQ: str(next_seq), H_TOKEN: token})
@@ -512,7 +514,7 @@ def data_message(spec: StreamSpec, seq: int, body: bytes,
     corruption is caught before anything is decompressed."""
     offset, length = spec.chunk_span(seq)
     if len(body) != length:
-        raise ProtocolError(
+        raise LocalProtocolError(
             f"stream {spec.stream_id}: chunk {seq} at offset {offset} has {len(body)} bytes, "
             f"expected {length} (did the file change while it was being sent?)"
         )
@@ -533,6 +535,27 @@ def end_headers(spec: StreamSpec, sha256_hex: str) -> dict[str, str]:
     return h
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def from_the_wire(parse: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Mark ``parse`` as reading what a peer sent: a protocol error in it is the peer's
+    (:class:`RemoteProtocolError`), also when a check shared with our own arguments (a stream
+    id, a destination, a spec) found it."""
+
+    @functools.wraps(parse)
+    def read(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return parse(*args, **kwargs)
+        except (RemoteProtocolError, LocalProtocolError):
+            raise
+        except ProtocolError as exc:
+            raise RemoteProtocolError(str(exc)) from None
+
+    return read
+
+
 def int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,
                hi: int = 2**63 - 1) -> int:
     """The integer header ``name``, checked to be within ``lo..hi``; raises ProtocolError
@@ -546,30 +569,31 @@ def int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 
     """
     raw = headers.get(name)
     if raw is None:
-        raise ProtocolError(f"stream {stream}: header {name} is missing")
+        raise RemoteProtocolError(f"stream {stream}: header {name} is missing")
     # ASCII digits only: int() also takes "+2", " 4", "0_0" and other scripts' digits.
     if not _DIGITS.fullmatch(str(raw)):
-        raise ProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer "
+        raise RemoteProtocolError(f"stream {stream}: header {name}={str(raw)[:40]!r} is not an integer "
                             "(non-negative, ASCII digits only)")
     value = int(str(raw))
     if not lo <= value <= hi:
-        raise ProtocolError(f"stream {stream}: header {name}={value} is outside {lo}..{hi}")
+        raise RemoteProtocolError(f"stream {stream}: header {name}={value} is outside {lo}..{hi}")
     return value
 
 
 def kind_of(headers: Mapping[str, Any]) -> Kind:
     if H_TRUNCATED in headers:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"stream {str(headers.get(H_STREAM, '?'))[:MAX_STREAM_ID]}: the message's header section was too large "
             f"and was cut by the receiver ({str(headers[H_TRUNCATED])[:80]})")
     try:
         return Kind(headers.get(H_KIND))
     except ValueError:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"message is not an amqstream message ({H_KIND}={str(headers.get(H_KIND))[:20]!r})"
         ) from None
 
 
+@from_the_wire
 def parse_offer(headers: Mapping[str, Any], offered_on: Destination, *, sender: str) -> tuple[StreamSpec, str]:
     """Validate an offer; return its spec and the data queue it names.
 
@@ -664,6 +688,7 @@ def _user_id(value: Any) -> str:
     return value
 
 
+@from_the_wire
 def handshake_terms(headers: Mapping[str, Any], spec: StreamSpec, offered_on: Destination) -> tuple[str, int]:
     """The control queue and sender window a handshake offer names, validated."""
     dest = str(headers.get(H_REPLY_TO, ""))
@@ -729,14 +754,15 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
     return out
 
 
-def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str, by: str, at: str,
+def quarantined_headers(headers: Mapping[str, Any], *, cause: Outcome, reason: str, source: str, by: str, at: str,
                         sender: str) -> dict[str, str]:
     """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
     headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
     which host and when.
 
     :param headers: the message as received.
-    :param reason: why it can never succeed (cut to 2,000 characters).
+    :param cause: why, as the failure table names it (``amqs_quarantine_cause``).
+    :param reason: why it can never succeed, for people (cut to 2,000 characters).
     :param source: the destination it was taken from.
     :param by: the host that filed it.
     :param at: when, as an ISO 8601 time.
@@ -746,8 +772,8 @@ def quarantined_headers(headers: Mapping[str, Any], *, reason: str, source: str,
     """
     out = {k: str(v)[:1024] for k, v in headers.items()
            if k.startswith("amqs_") and not k.startswith("amqs_quarantine") and k != H_FIRST_SENDER}
-    out.update({H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source, H_QUARANTINED_BY: by,
-                H_QUARANTINED_AT: at})
+    out.update({H_QUARANTINE_CAUSE: cause.value, H_QUARANTINE_REASON: reason[:2000], H_QUARANTINED_FROM: source,
+                H_QUARANTINED_BY: by, H_QUARANTINED_AT: at})
     if sender:
         out[H_FIRST_SENDER] = sender
     return out

@@ -26,7 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import ConnectionLost, DestinationFull, DestinationRefused, TransportError
+from airflow_provider_amqstream.exceptions import (
+    BrokerUnreachable,
+    ConnectionLost,
+    DestinationFull,
+    DestinationRefused,
+    TransportError,
+)
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 Headers = Mapping[str, Any]
@@ -89,7 +95,8 @@ class MemoryBroker:
         try:
             return cls._brokers[name]
         except KeyError:
-            raise TransportError(f"cannot reach any broker at memory://{name} (no such in-memory broker)") from None
+            raise BrokerUnreachable(f"cannot reach any broker at memory://{name} (no such in-memory broker); "
+                                    "is it running?") from None
 
     def close(self) -> None:
         """Forget this broker: links that look for it afterwards fail to connect."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
+from airflow_provider_amqstream.exceptions import TransportError
 from airflow_provider_amqstream.triggers.pacing import Every
 
 
@@ -74,11 +74,8 @@ class StreamOfferTrigger(BaseTrigger):
                 try:
                     found = bool(await asyncio.to_thread(browser.look, self.stream_id))
                     last_error = None
-                except AccessDenied as exc:
-                    yield TriggerEvent({"status": "error", "message": f"watching {self.source} for {what}: {exc}"})
-                    return
                 except TransportError as exc:
-                    if browser.opened == 0:  # never got in (wrong address or password): say so now
+                    if not browser.transient(exc):  # refused, or never got in (wrong address or password)
                         yield TriggerEvent({"status": "error",
                                             "message": f"watching {self.source} for {what}: {exc}"})
                         return

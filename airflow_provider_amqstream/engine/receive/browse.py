@@ -26,8 +26,10 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.retry import transient
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,11 @@ class OfferBrowser:
         self.link = link
         self.opened += 1
         return link
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether another look can help after ``exc`` (transport/retry.py): a watcher, like a
+        receiver, fails at once on a broker it never reached."""
+        return transient(exc, reached=self.opened > 0, wait_at_start=False)
 
     def look(self, stream_id: str | None = None, skip: tuple[str, ...] = ()) -> list[Offer]:
         """The valid offers visible on the destination now (for ``stream_id`` only, if given;
@@ -230,7 +237,8 @@ class OfferBrowser:
                 found = junk.get(str(frame.headers.get("message-id", "")))
                 reason = found.reason if found else "not a valid offer"
                 link.send_confirmed(self.quarantine, b"", p.quarantined_headers(
-                    frame.headers, reason=f"invalid offer (seen by a watcher): {reason}", source=str(self.dest),
+                    frame.headers, cause=Outcome.INVALID, reason=f"invalid offer (seen by a watcher): {reason}",
+                    source=str(self.dest),
                     by=socket.gethostname(), at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     sender=p.sender_of(frame.headers)))
                 link.ack(frame)

@@ -47,8 +47,6 @@ from airflow_provider_amqstream.engine.receive.stream import (
     receiver_token,
 )
 from airflow_provider_amqstream.engine.records import (
-    Backoff,
-    StreamFailure,
     TransferResult,
     read_json,
     state_dir,
@@ -56,12 +54,8 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
-    AccessDenied,
-    ConnectionLost,
-    DestinationFull,
-    StreamBusy,
-    StreamElsewhere,
     StreamError,
+    StreamFailure,
     StreamNoRoom,
     StreamQuarantined,
     StreamRefused,
@@ -72,8 +66,10 @@ from airflow_provider_amqstream.exceptions import (
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import Outcome, yielded
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
@@ -150,20 +146,16 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     prune_quietly(receiver_store(sdir, opts.records_retention_days))
     batches = Batches(out, sdir, retention_days=opts.records_retention_days)
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
-    backoff = Backoff(what, params.url, opts.reconnect_timeout)
-    # A broker that refuses our sends (its memory full, so parking an offer fails) lets us
-    # connect, which resets the reconnect deadline: this one runs from the first refusal
-    # until a stream is settled.
-    full: Backoff | None = None
+    # A receiver fails at once on a broker it never reached (transport/retry.py says why).
+    reconnect = Reconnect(what, params.url, opts.reconnect_timeout, wait_at_start=False)
     wait = opts.wait_timeout
     until = None if stop_after is None else time.monotonic() + stop_after
     report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep, wanted=count,
                      stop_when=stop_when)
-    first = True
     while True:
         try:
             with open_link(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
-                backoff.reset()
+                reconnect.connected()
                 offers = Offers(link, dest, stream_id, opts)
                 session = ReceiveSession(link, dest, out, sdir, opts=opts, offers=offers, batches=batches)
                 while not report.satisfied():
@@ -174,21 +166,11 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
                         return report.results
                     wait = opts.wait_timeout
                     report.add(session.settle(offer, report.room()))
-                    full = None
+                    reconnect.progressed()
                 return report.results
-        except AccessDenied:
-            raise
-        except ConnectionLost as exc:
-            backoff.wait(exc)
-        except DestinationFull as exc:
-            # Transient: the offer we held goes back to the queue with the connection.
-            full = full or Backoff(what, params.url, opts.reconnect_timeout)
-            full.wait(exc)
         except TransportError as exc:
-            if first:
-                raise
-            backoff.wait(exc)
-        first = False
+            # The offer we held goes back to the queue with the connection.
+            reconnect.failed(exc)
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
 
@@ -308,7 +290,8 @@ class ReceiveSession:
         """
         foreign = self.offers.foreign(offer)
         if foreign is not None:
-            return [self._quarantine(offer, str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID], foreign)]
+            return [self._quarantine(offer, str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID],
+                                     Outcome.FOREIGN_PARKED, foreign)]
         if bw.is_pack(offer.headers) or (
             bw.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value
         ):
@@ -323,7 +306,7 @@ class ReceiveSession:
             try:
                 batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
             except p.ProtocolError as exc:
-                return self._quarantine(offer, sid, f"invalid batch message: {exc}")
+                return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
             manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
             self.link.ack(offer)
             self.opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
@@ -341,7 +324,7 @@ class ReceiveSession:
             terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
         except p.ProtocolError as exc:
-            return self._quarantine(offer, sid, f"invalid offer: {exc}")
+            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
         if settled is not None:
@@ -368,12 +351,12 @@ class ReceiveSession:
         filed = self._filed_before(offer, spec.stream_id)
         if filed is not None:
             # Filed by a receiver here that died before it had moved the chunks: finish.
-            return self._quarantine(offer, sid, filed["reason"], offset=filed["offset"], then=receiver.abandon,
-                                    filed=True)
+            return self._quarantine(offer, sid, filed["cause"], filed["reason"], offset=filed["offset"],
+                                    then=receiver.abandon, filed=True)
         try:
             result = receiver.run()
         except Poisoned as bad:
-            return self._quarantine(offer, sid, bad.reason, offset=bad.offset, then=receiver.abandon)
+            return self._quarantine(offer, sid, bad.cause, bad.reason, offset=bad.offset, then=receiver.abandon)
         except StreamYielded as exc:
             return self._let_go(exc, sid, receiver, offer)
         self.link.ack(offer)
@@ -397,6 +380,7 @@ class ReceiveSession:
             return self._quarantine(
                 message,
                 sid,
+                Outcome.GAVE_WAY,
                 (
                     f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
                     "the output directory's .amqstream"
@@ -404,13 +388,15 @@ class ReceiveSession:
                 offset=offset,
             )
         retry = self.offers.park(message, str(exc))
+        outcome = yielded(exc)
         failure = StreamFailure(
             sid,
             str(self.dest),
-            _yield_status(exc),
+            outcome.label,
             str(exc),
             offset,
             retry_after=retry,
+            cause=outcome.value,
         )
         log.warning(
             "%s (parked in %s for %.0fs)",
@@ -439,6 +425,7 @@ class ReceiveSession:
             return self._quarantine(
                 offer,
                 sid,
+                Outcome.MAX_BYTES,
                 f"stream {sid} is {spec.size} bytes, over this receiver's limit of {self.opts.max_bytes} (max_bytes)",
             )
         done = self._received(sid)
@@ -448,6 +435,7 @@ class ReceiveSession:
                 return self._quarantine(
                     offer,
                     sid,
+                    Outcome.ID_OF_OTHER_USER,
                     (
                         f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
                         f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
@@ -460,6 +448,7 @@ class ReceiveSession:
             return self._quarantine(
                 offer,
                 sid,
+                Outcome.REUSED_ID,
                 (
                     f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
                     f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
@@ -468,7 +457,7 @@ class ReceiveSession:
             )
         clash = _other_partial(self.sdir, spec, sender)
         if clash:
-            return self._quarantine(offer, sid, clash)
+            return self._quarantine(offer, sid, *clash)
         return None
 
     def _received(self, sid: str) -> dict[str, Any] | None:
@@ -503,7 +492,7 @@ class ReceiveSession:
         try:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
         except p.ProtocolError as exc:
-            return self._quarantine(offer, sid, f"invalid offer: {exc}")
+            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender)
         return (spec, origin) if settled is None else settled
@@ -569,9 +558,9 @@ class ReceiveSession:
             files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
                       sender=sender)
         except p.ProtocolError as exc:
-            return self._quarantine(offer, sid, str(exc))
+            return self._quarantine(offer, sid, Outcome.INVALID, str(exc))
         except Poisoned as bad:
-            return self._quarantine(offer, sid, bad.reason)
+            return self._quarantine(offer, sid, bad.cause, bad.reason)
         return None
 
     def _give_way(self, group: list[Any], exc: StreamYielded, sid: str, offer: Any) -> StreamError:
@@ -596,7 +585,7 @@ class ReceiveSession:
                 found.extend(inline.unpack(offer))
             except p.ProtocolError as exc:
                 pid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
-                outcomes.append(self._quarantine(offer, pid, f"invalid pack: {exc}"))
+                outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
         return found
 
     def _duplicate(
@@ -631,13 +620,13 @@ class ReceiveSession:
                 "bytes_transferred": 0,
                 "started_at": time.time(),
                 "finished_at": time.time(),
-                "status": "duplicate",
+                "status": Outcome.DUPLICATE.value,
             }
         )
 
-    def _quarantine(self, offer: Any, sid: str, reason: str, *, offset: int = 0,
+    def _quarantine(self, offer: Any, sid: str, cause: Outcome, reason: str, *, offset: int = 0,  # noqa: PLR0913
                     then: Callable[[], int] | None = None, filed: bool = False) -> StreamQuarantined:
-        """File the offer away with the reason (unless ``filed`` already, by a receiver here
+        """File the offer away with its cause and reason (unless ``filed`` already, by a receiver here
         that died before the end), run ``then`` (it moves the stream's chunks to the DLQ and
         says how many), acknowledge the original, report.
 
@@ -647,7 +636,8 @@ class ReceiveSession:
         than look at a stream whose chunks are half gone (it looked stalled, or taken
         elsewhere, and was parked for ever instead)."""
         qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
-        headers = p.quarantined_headers(offer.headers, reason=reason, source=str(self.dest), by=socket.gethostname(),
+        headers = p.quarantined_headers(offer.headers, cause=cause, reason=reason, source=str(self.dest),
+                                        by=socket.gethostname(),
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                         sender=self.offers.sender(inline.message_of(offer)))
         note = self._filed_note(sid)
@@ -658,13 +648,15 @@ class ReceiveSession:
         if then is not None:
             if note is not None and mid:
                 tmp = note.with_name(note.name + ".tmp")
-                tmp.write_text(json.dumps({"message_id": mid, "reason": reason, "offset": offset}))
+                tmp.write_text(json.dumps({"message_id": mid, "cause": cause.value, "reason": reason,
+                                           "offset": offset}))
                 tmp.replace(note)
             moved = then()
         inline.settle(self.link, offer)
         if note is not None:
             note.unlink(missing_ok=True)
-        failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved)
+        failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved,
+                                cause=cause.value)
         log.error("stream %s on %s quarantined to %s: %s", sid or "?", self.dest, qdest, reason)
         self.opts.emit("stream_quarantined", **failure.to_json())
         return StreamQuarantined(f"stream {sid or '?'} on {self.dest} was quarantined to {qdest}: {reason}", failure)
@@ -687,7 +679,8 @@ class ReceiveSession:
         try:
             filed = json.loads(note.read_text())
             if filed["message_id"] == str(offer.headers.get("message-id", "")):
-                return {"reason": str(filed["reason"]), "offset": int(filed["offset"])}
+                return {"cause": Outcome.parse(filed["cause"]) or Outcome.INVALID, "reason": str(filed["reason"]),
+                        "offset": int(filed["offset"])}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("stream %s: ignoring an unreadable quarantine note %s: %s", sid, note, exc)
         note.unlink(missing_ok=True)
@@ -701,7 +694,7 @@ class ReceiveSession:
         try:
             p.validate_stream_id(sid)
         except p.ProtocolError as exc:
-            self._quarantine(offer, sid[: p.MAX_STREAM_ID], f"invalid re-offer: {exc}")
+            self._quarantine(offer, sid[: p.MAX_STREAM_ID], Outcome.INVALID, f"invalid re-offer: {exc}")
             return
         def published() -> bool:
             return find_received(self.out, sid, retention_days=self.opts.records_retention_days) is not None
@@ -726,17 +719,6 @@ def _never_began(exc: StreamYielded, receiver: StreamReceiver) -> bool:
     return isinstance(exc, StreamStalled) and receiver.offset == 0 and receiver.file.last_write is None
 
 
-def _yield_status(exc: StreamYielded) -> str:
-    """A yielded stream's status in reports and metrics."""
-    if isinstance(exc, StreamStalled):
-        return "stalled"
-    if isinstance(exc, StreamBusy):
-        return "busy"
-    if isinstance(exc, StreamRefused):
-        return "refused"
-    return "elsewhere" if isinstance(exc, StreamElsewhere) else "no_room"
-
-
 def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
     """Whether an offer repeats the stream a completion record describes: the same size, chunks,
     chunk size and origin (none on both sides for a producer that sends none)."""
@@ -745,7 +727,7 @@ def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
     return str(done["origin"]) == origin
 
 
-def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
+def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> tuple[Outcome, str] | None:
     """A partial reception under this id for a different stream, or another user's: refuse
     the newcomer and leave the other's data alone."""
     try:
@@ -756,7 +738,7 @@ def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
         return None
     owner = str(data.get("sender") or "")
     if owner and owner != sender:
-        return (
+        return Outcome.PARTIAL_OF_OTHER_USER, (
             f"stream id {spec.stream_id} has a partial reception of a stream user {owner!r} sent, in {sdir}; "
             f"this offer from {sender or 'an unidentified sender'!r} was not received. Send with your own "
             "stream id."
@@ -764,7 +746,7 @@ def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> str | None:
     same = (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name)
     if same:
         return None
-    return (
+    return Outcome.PARTIAL_OF_OTHER, (
         f"stream id {spec.stream_id} has a partial reception of another stream ({data.get('name')!r}, "
         f"{data.get('size')} bytes) in {sdir}; this one ({spec.name!r}, {spec.size} bytes) reuses the id. "
         "Re-send it with a new stream id."

@@ -37,6 +37,7 @@ from airflow_provider_amqstream.exceptions import (
     StreamStalled,
 )
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
 from airflow_provider_amqstream.transport.link import Link
 
@@ -111,11 +112,12 @@ class ReceiveOptions:
 
 
 class Poisoned(Exception):
-    """Internal: the stream can never succeed. ``reason`` names what and where."""
+    """Internal: the stream can never succeed. ``reason`` names what and where, ``cause`` is
+    its row of the failure table."""
 
-    def __init__(self, reason: str, offset: int = 0) -> None:
+    def __init__(self, reason: str, offset: int = 0, *, cause: Outcome) -> None:
         super().__init__(reason)
-        self.reason, self.offset = reason, offset
+        self.reason, self.offset, self.cause = reason, offset, cause
 
 
 def consumer_name(out: Path) -> str:
@@ -164,7 +166,8 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise Poisoned(f"{what}: its directory {walked} is a symbolic link or not a directory; "
-                                   "amqstream writes only into real directories under the output directory") from None
+                                   "amqstream writes only into real directories under the output directory",
+                                   cause=Outcome.INVALID) from None
                 raise
             os.close(fd)
             fd = sub
@@ -253,7 +256,7 @@ class StreamReceiver:
             try:
                 self.file.state.verify(self.file.hasher.hexdigest())
             except p.ProtocolError as exc:
-                raise Poisoned(str(exc), self.offset) from None
+                raise Poisoned(str(exc), self.offset, cause=Outcome.CORRUPT) from None
             name = final_name(dir_fd, spec, overwrite=self.opts.overwrite)
             final = self.out.joinpath(*self.subdir, name)
             self.file.publish(dir_fd, name)
@@ -477,7 +480,7 @@ class StreamReceiver:
         if self.notes and state.next_seq == 1 and state.ahead:
             return StreamElsewhere(holders.unknown_report(self.what, self.dest, spec.stream_id, missing, kept))
         return Poisoned(f"end marker arrived but {missing} never did (consumed by another client or moved to a "
-                        "DLQ); the stream cannot be completed", self.offset)
+                        "DLQ); the stream cannot be completed", self.offset, cause=Outcome.INCOMPLETE)
 
     def _decide(self, frame: Any) -> Decision:
         """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
@@ -485,14 +488,14 @@ class StreamReceiver:
             return self.file.state.decide(frame.headers, frame.body)
         except p.ProtocolError as exc:
             self.refused.append(frame)
-            raise Poisoned(str(exc), self.offset) from None
+            raise Poisoned(str(exc), self.offset, cause=Outcome.INVALID) from None
 
     def _corrupt(self, frame: Any, d: Decision) -> None:
         """A chunk that failed its check: a live sender (handshake) is asked to resend it;
         otherwise nobody can, and the stream is poisoned (raises)."""
         if not self.reply_to:
             self.refused.append(frame)
-            raise Poisoned(d.reason, d.offset)
+            raise Poisoned(d.reason, d.offset, cause=Outcome.CORRUPT)
         # A live sender can resend it: drop this copy (to the DLQ) and ask again.
         self.rejected += 1
         log.warning("%s: %s; asking the sender to resend", self.what, d.reason)

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import (
-    Backoff,
     TransferResult,
     default_state_dir,
     open_private,
@@ -76,10 +75,7 @@ from airflow_provider_amqstream.engine.send.stream import (
     stream_origin,
 )
 from airflow_provider_amqstream.exceptions import (
-    AccessDenied,
-    BrokerUnreachable,
     ConnectionLost,
-    DestinationFull,
     StreamError,
     TransportError,
 )
@@ -88,6 +84,7 @@ from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
@@ -269,17 +266,16 @@ def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, listing:
               reconnect_timeout: float) -> None:
     """Send the batch's file list after its offers, read back from ``listing`` part by part
     (a re-run sends it again: receivers rewrite the same manifest)."""
-    backoff = Backoff(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
+    reconnect = Reconnect(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
     while True:
         try:
             with open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+                reconnect.connected()
                 for headers, body in bw.iter_batch_messages(batch_id, listing.entries(), listing.count):
                     link.send_confirmed(str(dest), body, headers)
             return
-        except AccessDenied:
-            raise
-        except (ConnectionLost, TransportError) as exc:
-            backoff.wait(exc)
+        except TransportError as exc:
+            reconnect.failed(exc)
 
 
 def _already(rec: dict[str, Any], e: Outgoing, dest: p.Destination, params: BrokerParams) -> TransferResult:
@@ -406,33 +402,21 @@ class _Ctx:
     def send_all(self, todo: _Todo, fail: Callable[..., None]) -> None:
         """Send ``todo`` over as many connections as it takes."""
         status, ledger = self.status, self.ledger
-        backoff = Backoff(f"sending {status.files_total} files to {self.dest}", self.params.url,
-                          self.options.reconnect_timeout)
-        first = stuck = True
+        reconnect = Reconnect(f"sending {status.files_total} files to {self.dest}", self.params.url,
+                              self.options.reconnect_timeout)
         while todo:
             done_before = status.files_done
             try:
                 with open_link(self.params, client_id=f"amqs-bulk-{os.getpid()}") as link:
-                    if not stuck:
-                        backoff.reset()
-                    stuck = False
+                    reconnect.connected()
                     self.run(link, todo, fail)
-            except AccessDenied:
-                raise
-            except (ConnectionLost, DestinationFull, BrokerUnreachable) as exc:
-                # A broker not up yet when the send starts is waited for the same way.
-                # A full destination is a receiver that stopped or lags: it takes messages
-                # again when it resumes, so wait for it as for a broker that went away. The
-                # broker lets us connect meanwhile, so only progress restarts the deadline.
-                stuck = isinstance(exc, DestinationFull) and status.files_done == done_before
-                ledger.flush()
-                backoff.wait(exc)
             except TransportError as exc:
-                if first:
-                    raise
+                # A full destination is a receiver that stopped or lags: it takes messages
+                # again when it resumes, so it is waited for as a broker that went away.
+                if status.files_done > done_before:
+                    reconnect.progressed()
                 ledger.flush()
-                backoff.wait(exc)
-            first = False
+                reconnect.failed(exc)
 
     def run(self, link: Link, todo: _Todo, fail: Callable[..., None]) -> None:
         """Send what is left in ``todo`` over ``link``; a lost connection puts the files

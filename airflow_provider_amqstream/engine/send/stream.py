@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import (
-    Backoff,
     Checkpoint,
     FileCheckpoint,
     TransferResult,
@@ -33,10 +32,6 @@ from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
 from airflow_provider_amqstream.exceptions import (
-    AccessDenied,
-    BrokerUnreachable,
-    ConnectionLost,
-    DestinationFull,
     StreamError,
     TransportError,
 )
@@ -44,6 +39,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import SenderState
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
+from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +169,8 @@ def send_file(
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
         attempt.run(link)
     else:
-        resumed, retries = _retry(out, attempt, Backoff(f"sending stream {sid} to {dest}", params.url,
-                                                        opts.reconnect_timeout),
+        resumed, retries = _retry(out, attempt, Reconnect(f"sending stream {sid} to {dest}", params.url,
+                                                          opts.reconnect_timeout),
                                   (opts.request_timeout, opts.discovery_window, opts.ack_timeout), rerequests)
         resumed_from = resumed if resumed is not None else resumed_from
     ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
@@ -222,7 +218,7 @@ def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: p.Destina
     return state
 
 
-def _retry(out: Outbound, attempt: _Attempt, backoff: Backoff, hs_timeouts: tuple[float, float, float],
+def _retry(out: Outbound, attempt: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, float, float],
            rerequests: list[int]) -> tuple[int | None, int]:
     """Connected attempts, each on a connection of its own, until the stream is sent; return
     the offset this run last resumed at after a lost connection (None if it never was) and
@@ -231,7 +227,7 @@ def _retry(out: Outbound, attempt: _Attempt, backoff: Backoff, hs_timeouts: tupl
     resumed_from: int | None = None
     while True:
         before = state.confirmed_seq
-        if backoff.attempts and state.confirmed_offset:
+        if reconnect.attempts and state.confirmed_offset:
             # After a lost connection the stream goes on from the broker's last confirmation:
             # that is where this run resumed, whatever offset it started at.
             resumed_from = state.confirmed_offset
@@ -240,21 +236,13 @@ def _retry(out: Outbound, attempt: _Attempt, backoff: Backoff, hs_timeouts: tupl
                 attempt.sent += send_handshake_attempt(out, hs_timeouts, rerequests)
             else:
                 attempt.run()
-            return resumed_from, backoff.attempts
-        except AccessDenied:
-            raise
+            return resumed_from, reconnect.attempts
         except TransportError as exc:
-            # A broker that is not up yet (nothing listening, or closing connections while it
-            # starts) gets the same patience as one lost mid-transfer; one that answered and
-            # refused us (a wrong password) fails at once, before anything was sent.
-            transient = isinstance(exc, (ConnectionLost, DestinationFull, BrokerUnreachable))
-            if not transient and backoff.attempts == 0 and state.confirmed_seq == 0 and not state.offer_sent:
-                raise
+            # Attempts open their own connections: the broker was reached if it took the offer.
+            reconnect.reached = reconnect.reached or state.offer_sent or state.confirmed_seq > 0
             if state.confirmed_seq > before:
-                # The deadline bounds a broker that stays away, not the transfer: a send
-                # that moved data since the last failure gets the whole timeout again.
-                backoff.reset()
-            backoff.wait(exc)
+                reconnect.progressed()
+            reconnect.failed(exc)
 
 
 def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,

@@ -15,6 +15,7 @@ from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, discard, redrive
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
@@ -41,25 +42,26 @@ def _chunks(spec: p.StreamSpec, data: bytes, user: str = "site-a") -> list[Frame
     return out
 
 
-@pytest.mark.parametrize(("reason", "cause", "redrivable"), [
-    ("stream s is 4007 bytes, over this receiver's limit of 1000 (max_bytes)", "max_bytes", True),
-    ("stream id s was already used by another stream (10 bytes, received ...)", "reused_id", True),
-    ("stream id s has a partial reception of another stream ('a', 3 bytes) in /d", "reused_id", True),
-    ("gave way 48 times without arriving (last: ...)", "no_room", True),
-    ("chunk 2 at offset 1000 failed its CRC-32 check", "corrupt", False),
-    ("end marker arrived but chunks 4-5 never did", "corrupt", False),
-    ("invalid offer: stream s: header amqs_size='x' is not an integer", "corrupt", False),
+@pytest.mark.parametrize(("written", "cause", "redrivable"), [
+    (Outcome.MAX_BYTES, "max_bytes", True),
+    (Outcome.REUSED_ID, "reused_id", True),
+    (Outcome.PARTIAL_OF_OTHER, "reused_id", True),
+    (Outcome.GAVE_WAY, "no_room", True),
+    (Outcome.CORRUPT, "corrupt", False),
+    (Outcome.INCOMPLETE, "corrupt", False),
+    (Outcome.INVALID, "corrupt", False),
 ])
-def test_a_quarantine_reason_says_whether_redrive_can_help(reason: str, cause: str, redrivable: bool) -> None:
-    c = inv.quarantine_cause({p.H_QUARANTINE_REASON: reason})
-    assert (c.cause, c.redrivable) == (cause, redrivable) and c.advice
+def test_a_quarantine_cause_says_whether_redrive_can_help(written: Outcome, cause: str, redrivable: bool) -> None:
+    # The cause a receiver wrote decides, never the reason's prose.
+    c = inv.quarantine_cause({p.H_QUARANTINE_CAUSE: written.value, p.H_QUARANTINE_REASON: "over this receiver's limit"})
+    assert (c.label, c.redrivable) == (cause, redrivable) and c.advice
 
 
 def test_inline_packed_and_handshake_streams_cannot_be_redriven() -> None:
-    over = {p.H_QUARANTINE_REASON: "over this receiver's limit"}
-    assert inv.quarantine_cause({**over, "amqs_inline": "1"}).cause == "inline"
-    assert inv.quarantine_cause({**over, p.H_KIND: "pack"}).cause == "inline"
-    assert inv.quarantine_cause({**over, p.H_MODE: "handshake"}).cause == "handshake"
+    over = {p.H_QUARANTINE_CAUSE: Outcome.MAX_BYTES.value}
+    assert inv.quarantine_cause({**over, "amqs_inline": "1"}).label == "inline"
+    assert inv.quarantine_cause({**over, p.H_KIND: "pack"}).label == "inline"
+    assert inv.quarantine_cause({**over, p.H_MODE: "handshake"}).label == "handshake"
 
 
 def test_a_complete_stream_passes_the_check_in_any_order_with_its_sha256() -> None:

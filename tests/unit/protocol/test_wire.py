@@ -460,3 +460,27 @@ def test_truncated_header_sections_are_protocol_errors() -> None:
 def test_published_names_are_never_hidden_or_dot_entries(name: str) -> None:
     safe = paths.safe_file_name(name, "sid-1")
     assert safe not in (".", "..") and not safe.startswith(".") and safe.strip() == safe
+
+
+def test_what_a_peer_sent_wrong_is_a_remote_error_and_our_own_misuse_a_local_one() -> None:
+    from airflow_provider_amqstream.exceptions import LocalProtocolError, RemoteProtocolError
+    from airflow_provider_amqstream.protocol import bulk as bw
+
+    dest = p.Destination.parse("/queue/q")
+    sp = spec()
+    offer = p.offer_headers(sp, dest, sender="a")
+    # Off the wire, whichever check finds it: the parser's own, or one shared with our arguments.
+    for bad in ({**offer, p.H_SIZE: "x"}, {**offer, p.H_STREAM: "../x"}, {**offer, p.H_KIND: "nonsense"}):
+        with pytest.raises(RemoteProtocolError):
+            p.parse_offer(bad, dest, sender="a")
+    with pytest.raises(RemoteProtocolError):
+        ReceiverState(sp).decide({**p.data_headers(sp, 1, b"x" * 1000), p.H_STREAM: "other"}, b"x" * 1000)
+    with pytest.raises(RemoteProtocolError):
+        paths.safe_subdir("/etc", "s1")
+    with pytest.raises(RemoteProtocolError):
+        bw.read_pack({p.H_KIND: "pack"}, b"junk")
+    # Our own misuse.
+    with pytest.raises(LocalProtocolError):
+        p.normalise_compression("lzma")
+    with pytest.raises(LocalProtocolError):
+        p.data_message(sp, 1, b"too short")
