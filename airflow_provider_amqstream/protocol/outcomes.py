@@ -1,5 +1,5 @@
 """Every way a receiver can settle what it is handed, in one table (docs/protocol.md, "When a
-stream fails"), the way h11's ``_state.py`` holds its transitions.
+stream fails"), the way h11 keeps its state transitions in one module.
 
 Each :class:`Outcome` says what the receiver does (:class:`Action`), the word reports show
 (``label``: a stream's ``status``, or a quarantine's ``cause`` in ``streams ls``), whether

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_provider_amqstream.exceptions import StreamBusy, StreamElsewhere, StreamNoRoom, StreamStalled
+from airflow_provider_amqstream.exceptions import (
+    StreamBusy,
+    StreamElsewhere,
+    StreamNoRoom,
+    StreamRefused,
+    StreamStalled,
+)
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Action, Outcome, yielded
 
@@ -30,7 +36,8 @@ def test_every_outcome_has_an_action_a_label_and_advice() -> None:
     assert len({o.value for o in Outcome}) == len(Outcome)
     # Only a quarantine can be redriven, and a yield's label is a stream's status.
     assert all(o.action is Action.QUARANTINE for o in Outcome if o.redrivable)
-    assert {o.label for o in Outcome if o.action is Action.YIELD} == {"stalled", "no_room", "elsewhere", "busy"}
+    yields = {o.label for o in Outcome if o.action is Action.YIELD}
+    assert yields == {"stalled", "no_room", "elsewhere", "busy", "refused"}
 
 
 def test_a_quarantine_copy_carries_its_cause_and_no_earlier_one() -> None:
@@ -44,5 +51,5 @@ def test_a_quarantine_copy_carries_its_cause_and_no_earlier_one() -> None:
 
 
 def test_each_kind_of_yield_has_its_row() -> None:
-    assert [yielded(e("x")) for e in (StreamStalled, StreamNoRoom, StreamElsewhere, StreamBusy)] == [
-        Outcome.STALLED, Outcome.NO_ROOM, Outcome.ELSEWHERE, Outcome.BUSY]
+    assert [yielded(e("x")) for e in (StreamStalled, StreamNoRoom, StreamElsewhere, StreamBusy, StreamRefused)] == [
+        Outcome.STALLED, Outcome.NO_ROOM, Outcome.ELSEWHERE, Outcome.BUSY, Outcome.REFUSED]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
     BrokerUnreachable,
@@ -128,7 +128,7 @@ def test_a_receiver_says_at_once_that_its_broker_is_unreachable_and_a_sender_wai
     started: list[Any] = []
     threading.Timer(1.0, lambda: started.append(MemoryBroker(name))).start()
     try:
-        res = send_file(params, src, "/queue/q", reconnect_timeout=30)
+        res = send_file(params, src, "/queue/q", SendOptions(reconnect_timeout=30))
         assert res.status == "complete" and res.retries >= 1 and started
         got = receive_stream(params, "/queue/q", tmp_path / "out", options=ReceiveOptions(wait_timeout=2))
         assert got is not None and (tmp_path / "out" / "f.bin").read_bytes() == src.read_bytes()
