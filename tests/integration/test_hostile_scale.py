@@ -34,7 +34,7 @@ pytestmark = pytest.mark.broker
 STALLED = [10, 100, *(int(n) for n in os.environ.get("AMQSTREAM_SCALE_STALLED", "").split(",") if n)]
 QUEUES = [f"/queue/scale.{case}" for case in
           ("noroom10", "noroom100", "noroom1000", *(f"stalled{n}" for n in STALLED), "junk1000", "watch1000", "big",
-           "trickle", "batch", "names")]
+           "trickle", "batch", "names", "halfsent")]
 
 # Per bad stream ahead: a parked or refused offer costs a confirmed send and an
 # acknowledgement (milliseconds); a stalled one costs its first look (FIRST_LOOK, or the
@@ -325,3 +325,50 @@ def test_a_handshake_stream_trickling_corrupt_chunks_ends_within_its_idle_timeou
         t.join(5)
         raw.close()
     assert took <= idle + 3, f"{took:.1f}s with idle_timeout {idle}s"
+
+
+def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_settings(
+        users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
+    """Five streams of two one-byte chunks with one chunk sent, and one trickling a byte a
+    second, ahead of a good stream, receiver at default settings (idle_timeout 120 s): each
+    brings less than ``min_rate`` and is parked after its first look (was: 605 s for the five,
+    and the trickle held the receiver for as long as it lasted)."""
+    import threading
+
+    from airflow_provider_amqstream.engine.receive.stream import DEFAULT_MIN_RATE, FIRST_LOOK
+
+    _, u = users
+    queue = "/queue/scale.halfsent"
+    dest = p.Destination.parse(queue)
+    raw = RawSender(u["mallory"])
+    stop = threading.Event()
+    t = threading.Thread()
+    try:
+        for i in range(5):
+            spec = p.StreamSpec(f"half-{i}", "half.bin", 2, 1)
+            raw.send(queue, b"", p.offer_headers(spec, dest, sender="mallory"))
+            raw.send(dest.data_queue(spec.stream_id, "mallory"), b"x", p.data_headers(spec, 1, b"x"))
+        drip = p.StreamSpec("drip-1", "drip.bin", 10_000, 1)
+        raw.send(queue, b"", p.offer_headers(drip, dest, sender="mallory"))
+
+        def trickle() -> None:
+            seq = 1
+            while not stop.wait(1.0 if seq > 1 else 0):
+                raw.send(dest.data_queue(drip.stream_id, "mallory"), b"y", p.data_headers(drip, seq, b"y"))
+                seq += 1
+
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        delay, failures = _good_stream_after(u, queue, tmp_path, "after-half.bin")
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join(10)
+        raw.close()
+    assert sorted((f.stream_id, f.status) for f in failures) == sorted(
+        [(f"half-{i}", "stalled") for i in range(5)] + [("drip-1", "stalled")])
+    assert all(f"at least {DEFAULT_MIN_RATE} bytes a second" in f.reason for f in failures), failures[0].reason
+    bound = SLACK + 6 * (FIRST_LOOK + PER_LOOK)
+    print(f"\nbehind 5 half-sent streams and a trickling one at default settings: the good stream arrived in "
+          f"{delay:.2f}s (bound {bound:.1f}s)")
+    assert delay <= bound, f"{delay:.1f}s behind 5 half-sent streams and a trickle"

@@ -136,10 +136,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     :param stop_when: asked after each offer is settled; return once it says True (a batch
         whose manifest was just written ends a drain then, not a quiet ``wait_timeout`` later).
     """
-    opts = options or ReceiveOptions()
-    if opts.records_retention_days is None and params.records_retention_days is not None:
-        # The connection's retention, unless the caller chose one.
-        opts = replace(opts, records_retention_days=params.records_retention_days)
+    opts = _connection_defaults(options or ReceiveOptions(), params)
     dest = p.Destination.parse(source)
     if stream_id:
         p.validate_stream_id(stream_id)
@@ -190,6 +187,15 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
         first = False
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
+
+
+def _connection_defaults(opts: ReceiveOptions, params: BrokerParams) -> ReceiveOptions:
+    """``opts`` with the connection's extras where the caller chose nothing."""
+    if opts.records_retention_days is None and params.records_retention_days is not None:
+        opts = replace(opts, records_retention_days=params.records_retention_days)
+    if opts.min_rate is None and params.min_rate is not None:
+        opts = replace(opts, min_rate=params.min_rate)
+    return opts
 
 
 def _deadline(wait: float | None, until: float | None) -> float | None:

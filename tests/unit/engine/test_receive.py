@@ -253,6 +253,84 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
         receive_all(broker, tmp_path / "out", reconnect_timeout=1)
 
 
+def test_a_half_sent_stream_gives_way_after_its_first_look_not_the_idle_timeout(
+        broker: MemoryBroker, tmp_path: Path) -> None:
+    """Five streams of two one-byte chunks, each with its first chunk only, ahead of a good
+    one: each is parked once its first look is spent (it brought 1 byte, far below
+    ``min_rate``), not after ``idle_timeout`` (was 605 s at the default 120 s)."""
+    for i in range(5):
+        play(broker, "mallory", p.StreamSpec(f"half-{i}", "half.bin", 2, 1), b"xy", [1], end=False)
+    good = os.urandom(3000)
+    play(broker, "alice", p.StreamSpec("good-h", "good.bin", len(good), 1000), good, [1, 2, 3])
+    t0 = time.monotonic()
+    got, failures = receive_all(broker, tmp_path / "out", idle_timeout=120, wait_timeout=1)
+    took = time.monotonic() - t0
+    assert [r.stream_id for r in got] == ["good-h"] and (tmp_path / "out" / "good.bin").read_bytes() == good
+    assert [(f.stream_id, f.status) for f in failures] == [(f"half-{i}", "stalled") for i in range(5)]
+    assert "at least 16384 bytes a second" in failures[0].reason and "at byte 1 of 2" in failures[0].reason
+    assert took < 5 * receive_module.FIRST_LOOK + 5, f"{took:.1f}s behind 5 half-sent streams"
+    assert len(broker.messages(DEST.parked_queue())) == 5
+
+
+def test_a_trickling_stream_gives_way_even_after_a_burst(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A burst buys at most the larger of the first look and a chunk's worth of time: a
+    sender that sends 5,000 bytes at once, then a new 10-byte chunk every 0.3 s (33 B/s,
+    below a ``min_rate`` of 1,000), is parked within seconds, not held while bytes come."""
+    spec = p.StreamSpec("drip-1", "drip.bin", 100_000, 10)
+    data = os.urandom(spec.size)
+    play(broker, "mallory", spec, data, list(range(1, 501)), end=False)
+    stop = threading.Event()
+
+    def drip() -> None:
+        with open_link(broker.params("mallory")) as link:
+            seq = 501
+            while not stop.wait(0.3):
+                send_stream(link.send, Q, spec, data, [seq], end=False, offer=False)
+                seq += 1
+
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StreamStalled, match=r"drip-1.*at byte \d+ of 100000"):
+            receive_stream(broker.params("rx"), Q, tmp_path / "out",
+                           options=ReceiveOptions(wait_timeout=1, idle_timeout=120, min_rate=1000))
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join(5)
+    # 5,000 bytes at 1,000 B/s would buy 5 s; banked, they buy the first look at most.
+    assert took < 2 * receive_module.FIRST_LOOK + 2, f"held {took:.1f}s"
+
+
+def test_a_sender_above_the_minimum_rate_keeps_its_receiver(broker: MemoryBroker, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 1,000 bytes every 0.5 s (2,000 B/s) against a minimum of 1,000 B/s and a
+    first look of 0.2 s: each chunk buys a second, so the gaps longer than the look do not
+    part the receiver from the stream, which arrives whole in one go."""
+    monkeypatch.setattr(receive_module, "FIRST_LOOK", 0.2)
+    spec = p.StreamSpec("steady-1", "steady.bin", 5000, 1000)
+    data = os.urandom(spec.size)
+    stop = threading.Event()
+
+    def steady() -> None:
+        with open_link(broker.params("alice")) as link:
+            for seq in range(1, spec.chunks + 1):
+                send_stream(link.send, Q, spec, data, [seq], end=seq == spec.chunks, offer=seq == 1)
+                if stop.wait(0.5):  # the sender's own pace
+                    return
+
+    t = threading.Thread(target=steady, daemon=True)
+    t.start()
+    try:
+        got = receive_stream(broker.params("rx"), Q, tmp_path / "out",
+                             options=ReceiveOptions(wait_timeout=5, idle_timeout=10, min_rate=1000))
+    finally:
+        stop.set()
+        t.join(10)
+    assert got is not None and got.resumed_from == 0 and (tmp_path / "out" / "steady.bin").read_bytes() == data
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
