@@ -144,7 +144,8 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     sdir = state_dir(out)
     inline.sweep_temporaries(sdir)
     prune_quietly(receiver_store(sdir, opts.records_retention_days))
-    batches = Batches(out, sdir, retention_days=opts.records_retention_days)
+    batches = Batches(out, sdir, retention_days=opts.records_retention_days, min_free=opts.min_free_bytes)
+    batches.load()  # what senders left is bounded before anything else takes room
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     backoff = Backoff(what, params.url, opts.reconnect_timeout)
     # A broker that refuses our sends (its memory full, so parking an offer fails) lets us
@@ -326,7 +327,10 @@ class ReceiveSession:
                 batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
             except p.ProtocolError as exc:
                 return self._quarantine(offer, sid, f"invalid batch message: {exc}")
-            manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
+            try:
+                manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
+            except StreamNoRoom as exc:
+                return self._yielded(exc, sid, 0, offer)
             self.link.ack(offer)
             self.opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
             if manifest is not None:
