@@ -41,6 +41,9 @@ FIRST_LOOK = 2.0
 # slow link (128 kbit/s) meets it; a sender that trickles below it, or stops half-way, is
 # parked after its short look instead of holding everyone behind it for idle_timeout.
 DEFAULT_MIN_RATE = 16 * 1024
+# Seconds of waiting any chunk written buys at least: a stream of tiny chunks sent at once
+# still waits for the broker's round trip per window, which is not the sender being slow.
+CHUNK_CREDIT = 0.03
 # Least seconds between two progress readings of a receive (a display throttles further).
 PROGRESS_EVERY = 0.5
 
@@ -79,8 +82,9 @@ class ReceiveOptions:
         stream offered again after its record expired is received again.
     :param min_rate: bytes a second a stream must bring to keep the receiver (None: the
         connection's ``min_rate`` extra, else :data:`DEFAULT_MIN_RATE`; 0: only
-        ``idle_timeout`` counts). Each chunk buys its size at this rate in time (at most the
-        larger of ``FIRST_LOOK`` and a chunk's worth, never more than ``idle_timeout``); a
+        ``idle_timeout`` counts). Each chunk buys its size at this rate in time the receiver
+        may wait for the stream (at most the larger of ``FIRST_LOOK`` and a chunk's worth,
+        never more than ``idle_timeout``; the receiver's own writing is not counted); a
         stream whose time runs out yields its place. Handshake streams keep ``idle_timeout``.
     """
 
@@ -226,7 +230,10 @@ class StreamReceiver:
         self.noted = 0  # notes of this stream known to be on the broker (ours included)
         self.announced = False
         self.rate = DEFAULT_MIN_RATE if opts.min_rate is None else opts.min_rate
-        self.due = 0.0  # when the stream's time runs out unless it makes progress (monotonic)
+        # Seconds the stream may still keep this receiver waiting for it; only time spent
+        # waiting on the broker counts (not our own writes and syncs: many small chunks
+        # that come as fast as we take them are not a slow sender).
+        self.credit = 0.0
 
     @property
     def offset(self) -> int:
@@ -361,15 +368,16 @@ class StreamReceiver:
         look = min(opts.idle_timeout, FIRST_LOOK)
         # Whatever waits in the broker arrives within a moment of subscribing: every run
         # starts with a short look, whatever the stream brought before.
-        self.due = time.monotonic() + look if self.rate else max(quiet_since + opts.idle_timeout,
-                                                                  time.monotonic() + look)
+        self.credit = look if self.rate else max(quiet_since + opts.idle_timeout - time.monotonic(), look)
         written = 0
         progress_since: float | None = None
         while not state.complete:
             timeout = self._timeout(quiet_since)
             busy = self.unacked or self.file.inflight
             # With work pending, a short pause means the broker is waiting for our acks.
+            began = time.monotonic()
             frame = link.get(min(timeout, 0.05) if busy else timeout, self.data_sub)
+            self.credit -= time.monotonic() - began
             if frame is None:
                 self._quiet(bool(busy), time.monotonic() - quiet_since, heard=progress_since is not None)
                 continue
@@ -436,17 +444,17 @@ class StreamReceiver:
             return opts.rerequest_after
         if self.file.state.expected_sha256:
             return opts.gap_grace
-        return max(0.0, self.due - time.monotonic())
+        return max(0.0, self.credit)
 
     def _earn(self, nbytes: int) -> None:
-        """Progress buys time: ``nbytes`` at ``min_rate``, banked at most a chunk's worth (or
-        the first look) ahead, so a burst cannot pay for a trickle long after."""
-        now, idle = time.monotonic(), self.opts.idle_timeout
+        """Progress buys waiting time: ``nbytes`` at ``min_rate``, banked at most a chunk's
+        worth (or the first look), so a burst cannot pay for a trickle long after."""
+        idle = self.opts.idle_timeout
         if not self.rate:
-            self.due = now + idle
+            self.credit = idle
             return
         cap = min(idle, max(min(idle, FIRST_LOOK), self.spec.chunk_size / self.rate))
-        self.due = min(max(self.due, now) + nbytes / self.rate, now + cap)
+        self.credit = min(max(self.credit, 0.0) + max(nbytes / self.rate, CHUNK_CREDIT), cap)
 
     def _quiet(self, busy: bool, silent: float, *, heard: bool) -> None:
         """Nothing arrived within the wait: commit what is pending, ask a live sender again,
@@ -464,7 +472,7 @@ class StreamReceiver:
             return
         if state.expected_sha256 and not self.reply_to:
             raise self._missing()
-        if not self.reply_to and time.monotonic() < self.due:
+        if not self.reply_to and self.credit > 0:
             return
         # A stream never begun gets a short look (_quiet_since): its silence is not a wait.
         head = f"nothing arrived for {silent:.0f}s"
@@ -519,7 +527,7 @@ class StreamReceiver:
         self.tell(p.Kind.REREQ, self.file.state.next_seq)
 
     def _check_progress(self, since: float) -> None:
-        late = time.monotonic() > self.due if not self.reply_to else time.monotonic() - since > self.opts.idle_timeout
+        late = self.credit <= 0 if not self.reply_to else time.monotonic() - since > self.opts.idle_timeout
         if late:
             raise StreamStalled(
                 f"{self.what}: no new data for {time.monotonic() - since:.0f}s at byte "
