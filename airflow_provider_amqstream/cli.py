@@ -259,7 +259,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
                           idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
                           max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
                           progress=_Progress("receive", not args.quiet),
-                          records_retention_days=args.records_retention_days)
+                          records_retention_days=args.records_retention_days, min_rate=args.min_rate)
     received = 0
 
     def on_result(res: Any) -> None:
@@ -378,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a stream (default 60)")
     r.add_argument("--idle-timeout", type=float, default=120.0,
                    help="seconds without a chunk before giving up on a sender (default 120)")
+    r.add_argument("--min-rate", type=float, metavar="BYTES_PER_S",
+                   help="bytes a second a stream must bring to keep this receiver; a slower or stopped one gives "
+                        "way, parked for later (default: the connection's extra min_rate, else 16384; 0: only "
+                        "--idle-timeout)")
     r.add_argument("--overwrite", action="store_true", help="replace a file of the same name")
     r.add_argument("--events", help="append JSON lines of stream_open/stream_close events to this file")
     r.add_argument("--max-bytes", type=int, help="quarantine streams larger than this many bytes")

@@ -64,6 +64,10 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                                      "they published (and senders of each stream sent). Older records are "
                                      "pruned: a stream offered again after that is received again. 0 keeps "
                                      "them for ever.", "number", 30.0, minimum=0),
+    "min_rate": _field("Minimum rate (bytes/s)", "Bytes a second a stream must bring to keep a receiver: a "
+                       "stream sent more slowly, or stopped half-way, gives way (parked, tried again later) "
+                       "instead of holding the streams behind it. 0 waits the idle timeout.", "number", 16384,
+                       minimum=0),
 }
 
 

@@ -79,6 +79,10 @@ def waiting_caps(users: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str,
             kind, pattern = parse_grant(text)
             if not pattern.endswith(".>"):
                 caps.append((kind, f"{pattern}.amqs.{owner_element(user)}.>", limit))
+                if kind == "queue":
+                    # The broker moves a quarantined stream's chunks to DLQ.<its data queue>:
+                    # as many of those, never purged while they hold chunks, as data queues.
+                    caps.append(("queue", f"DLQ.{pattern}.amqs.{owner_element(user)}.>", limit))
     return caps
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import AccessDenied
+from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -126,6 +126,11 @@ class QueueSession:
         except AccessDenied as exc:
             self.reset()
             return Browsed(queue, denied=str(exc))
+        except DestinationFull:
+            # The queue does not exist and its cap forbids making it (a stream quarantined
+            # past its sender's cap on DLQ.NAME.amqs.<sender>.>: the broker dropped its chunks).
+            self.reset()
+            return Browsed(queue, [])
         return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
 
 

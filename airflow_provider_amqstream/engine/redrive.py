@@ -69,6 +69,7 @@ from airflow_provider_amqstream.engine.queue_tools import (
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME
 from airflow_provider_amqstream.exceptions import (
     AccessDenied,
+    DestinationFull,
     DiscardRefused,
     LocalProtocolError,
     RedriveRefused,
@@ -577,7 +578,11 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
         for queue in (*stream_data_queues(dest, sid, senders), staging_queue(dest, sid), dest.control_queue(sid),
                       dest.held_queue(sid)):
-            gone = move_queue(link, queue, None, quiet=step)
+            try:
+                gone = move_queue(qs.link, queue, None, quiet=step)
+            except DestinationFull:
+                qs.reset()  # it does not exist and its sender's cap forbids making it: nothing there
+                continue
             if gone.dropped:
                 result.removed[queue] = gone.dropped
                 result.broker_bytes += gone.dropped_bytes

@@ -64,6 +64,8 @@ class BrokerParams:
     :param window: default number of chunks per confirmation window / prefetch.
     :param records_retention_days: connection extra: days receivers (and senders) keep their
         completion records, claims and "already sent" checkpoints (None: 30; 0: for ever).
+    :param min_rate: connection extra: bytes a second a stream must bring to keep a receiver
+        (None: the engine's default; 0: only the idle timeout counts).
     :param network: the broker is one of a network of brokers; a trigger watching for offers
         then also draws offers waiting at the other brokers to this one (a queue browser
         alone makes no bridge forward anything).
@@ -87,6 +89,7 @@ class BrokerParams:
     compression: str | None = normalise_compression(DEFAULT_COMPRESSION)
     network: bool = False
     records_retention_days: float | None = None
+    min_rate: float | None = None
     # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
     backend: str = "stomp"
 
@@ -166,6 +169,7 @@ class BrokerParams:
             compression=_compression(extra, at),
             network=flag("network", False),
             records_retention_days=_retention(num("records_retention_days", None, float), at),
+            min_rate=_at_least_zero("min_rate", num("min_rate", None, float), at),
         )
 
 
@@ -193,6 +197,12 @@ def _retention(days: float | None, at: str) -> float | None:
         raise ConfigurationError(f"{at}connection extra 'records_retention_days' must be 0 (keep records for ever) "
                                  f"or more days, got {days:g}")
     return days
+
+
+def _at_least_zero(name: str, value: float | None, at: str) -> float | None:
+    if value is not None and value < 0:
+        raise ConfigurationError(f"{at}connection extra {name!r} must be 0 or more, got {value:g}")
+    return value
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:

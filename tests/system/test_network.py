@@ -127,8 +127,9 @@ def test_the_link_goes_down_mid_stream_and_the_stream_completes(sites: Sites, tm
     src = make_file(tmp_path / "big.bin", 48 * 2**20 + 5, seed=2)
     out = tmp_path / "out"
     rx = sites.params(sites.b, "consumer")
+    # It waits out the outage on the stream (min_rate 0), rather than giving way after a look.
     receiving = _in_thread(lambda: receive_stream(rx, QUEUE, out, options=ReceiveOptions(
-        wait_timeout=60, idle_timeout=300, reconnect_timeout=180)))
+        wait_timeout=60, idle_timeout=300, reconnect_timeout=180, min_rate=0)))
     sending = _in_thread(lambda: send_file(sites.params(sites.a, "producer"), src, QUEUE,
                                            SendOptions(chunk_size=CHUNK, window=4), stream_id="link-1"))
     state = out / ".amqstream" / "link-1.json"
@@ -348,7 +349,7 @@ def test_the_sender_killed_at_site_a_reruns_and_site_b_gets_the_file(sites: Site
     src = make_file(tmp_path / "rerun.bin", 64 * 2**20 + 9, seed=41)
     out = tmp_path / "out"
     receiving = _in_thread(lambda: receive_stream(sites.params(sites.b, "consumer"), QUEUE, out, options=ReceiveOptions(
-        wait_timeout=120, idle_timeout=300)))
+        wait_timeout=120, idle_timeout=300, min_rate=0)))  # waits for the sender's re-run on the stream
     tx = sites.params(sites.a, "producer")
     uri = f"amqstream://producer:producer-pw@127.0.0.1:{sites.a.port}"
     state_dir = tmp_path / "send-state"

@@ -7,8 +7,12 @@ names it (``JMSXUserID``): a second user announcing the same batch id gets a bat
 own, never a share of another's, and a batch lists only streams its own sender sent.
 
 * ``.amqstream/batches/<sender>/<batch id>.<part>.json``: the parts of a batch still
-  waiting for files, at most :data:`MAX_PENDING` batches per directory (the oldest go
-  first) and none older than :data:`MAX_AGE`.
+  waiting for files. Every part a sender left is counted, with or without its batch's first
+  part: at most :data:`MAX_PENDING` batches per directory (the oldest go first), none whose
+  newest part is older than :data:`MAX_AGE`, and together at most half of the space free
+  above the reserve (``min_free_bytes``), counting their own; a part that does not fit after
+  its sender's older batches are forgotten gives way (parked, :class:`StreamNoRoom`).
+  Memory: one part's missing files per batch waited on, whatever a batch declares.
 * ``.amqstream/manifests/<sender>/<batch id>.manifest.jsonl``: written to a temporary
   file, fsynced and renamed into place, so a reader sees all of it or none. Its rows name
   files relative to the output directory.
@@ -16,19 +20,22 @@ own, never a share of another's, and a batch lists only streams its own sender s
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
+from airflow_provider_amqstream.engine.receive.partial_file import default_reserve
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
-from airflow_provider_amqstream.exceptions import StreamError
+from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 
@@ -42,6 +49,15 @@ MAX_AGE = 2 * 86400.0
 # Where the broker stamps no sender (an external broker without populateJMSXUserID).
 UNIDENTIFIED = "_unidentified"
 _PLAIN_USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_PART = re.compile(r"(.+)\.([0-9]{1,5})\.json")
+# A temporary this old was left by a writer that died (a live one renames it within moments).
+STALE_TMP = 3600.0
+
+
+def _part_of(name: str) -> tuple[str, int] | None:
+    """(batch id, part) a file in a sender's batch directory holds, None for anything else."""
+    m = _PART.fullmatch(name)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def sender_dir(sender: str) -> str:
@@ -94,68 +110,154 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
 
 
 class Batches:
-    """The batches this output directory waits on, and which of their streams are missing."""
+    """The batches this output directory waits on, and which of their streams are missing.
 
-    def __init__(self, out: Path, sdir: Path, *, retention_days: float | None = None) -> None:
+    :param out: the output directory.
+    :param sdir: its state directory.
+    :param retention_days: the directory's record retention (None: the default).
+    :param min_free: the free-space reserve (None: :func:`default_reserve`).
+    """
+
+    def __init__(self, out: Path, sdir: Path, *, retention_days: float | None = None,
+                 min_free: int | None = None) -> None:
         self.out, self.root = out, sdir / "batches"
-        self.retention_days = retention_days  # the directory's record retention (None: the default)
-        # (sender dir, batch id) -> stream ids still missing; at most MAX_PENDING entries.
-        self.missing: dict[tuple[str, str], set[str]] = {}
+        self.retention_days = retention_days
+        self.min_free = min_free
+        # (sender dir, batch id) -> (the first part with streams still missing, those
+        # streams): a part's worth at most, however many parts the batch declares.
+        self.missing: dict[tuple[str, str], tuple[int, set[str]]] = {}
+        # (sender dir, batch id) -> [newest part's mtime, bytes on disk, parts here] of every
+        # batch with any part here: at most MAX_PENDING entries.
+        self.held: dict[tuple[str, str], list[float]] = {}
         self._loaded = False
 
-    def _load(self) -> None:
+    def load(self) -> None:
+        """Count what senders left here and forget what is past the bounds (at a receiver's
+        start, so the room it frees is there before any stream); then look at each batch."""
         if self._loaded:
             return
         self._loaded = True
-        for owner, batch_id in self._prune():
-            self._check(owner, batch_id)
-
-    def _prune(self) -> list[tuple[str, str]]:
-        """The pending batches on disk, newest last, after forgetting those past the age or
-        count bound (their parts are removed)."""
-        firsts: list[tuple[float, str, str]] = []
         try:
-            owners = [d for d in self.root.iterdir() if d.is_dir()]
+            self._scan()
+        except OSError as exc:
+            log.warning("batches in %s: could not count them (%s); counted from now on", self.root, exc)
+        self._prune()
+        over = self._total() - self._budget()
+        for key in sorted(self.held, key=lambda k: self.held[k][0]):
+            if over <= 0:
+                break
+            over -= int(self.held[key][1])
+            self._drop(key, "they held more than half of the space free above the reserve")
+        for key in list(self.held):
+            self._check(*key)
+
+    def _scan(self) -> None:
+        """Every part on disk, by batch: what a sender can leave is counted whether or not
+        its batch's first part ever came."""
+        try:
+            owners = [d for d in self.root.iterdir() if d.is_dir() and not d.is_symlink()]
         except FileNotFoundError:
-            return []
+            return
+        stale = time.time() - STALE_TMP
         for d in owners:
-            for f in d.glob("*.1.json"):
+            for f in d.iterdir():
                 try:
-                    firsts.append((f.stat().st_mtime, d.name, f.name.removesuffix(".1.json")))
+                    st = f.lstat()
                 except FileNotFoundError:
                     continue
-        firsts.sort()
+                found = _part_of(f.name)
+                if found is None:
+                    if stat.S_ISREG(st.st_mode) and st.st_mtime < stale:
+                        f.unlink(missing_ok=True)  # a dead writer's temporary
+                    continue
+                h = self.held.setdefault((d.name, found[0]), [0.0, 0, 0])
+                h[0], h[1], h[2] = max(h[0], st.st_mtime), h[1] + _on_disk(st), h[2] + 1
+
+    def _prune(self) -> None:
+        """Forget the batches past the age or count bound, oldest first."""
         cutoff = time.time() - MAX_AGE
-        keep = firsts[-MAX_PENDING:]
-        for when, owner, batch_id in firsts:
-            if when < cutoff or (when, owner, batch_id) not in keep:
-                log.warning("batch %s of %s in %s: forgotten, its files did not all come (kept at most %d "
-                            "batches for at most %.0f h)", batch_id, owner, self.out, MAX_PENDING, MAX_AGE / 3600)
-                self._forget(owner, batch_id)
-        return [(o, b) for w, o, b in keep if w >= cutoff]
+        order = sorted(self.held, key=lambda k: self.held[k][0])
+        over = len(order) - MAX_PENDING
+        for n, key in enumerate(order):
+            if n < over or self.held[key][0] < cutoff:
+                self._drop(key, f"its files did not all come (kept at most {MAX_PENDING} batches for at most "
+                                f"{MAX_AGE / 3600:.0f} h)")
+
+    def _drop(self, key: tuple[str, str], why: str) -> None:
+        log.warning("batch %s of %s in %s: forgotten, %s", key[1], key[0], self.out, why)
+        self._forget(*key)
+
+    def _total(self) -> int:
+        return int(sum(h[1] for h in self.held.values()))
+
+    def _budget(self) -> int:
+        """Bytes the batches may hold: half of what is free above the reserve, counting
+        their own, so what senders list never takes the room their streams need."""
+        try:
+            st = os.statvfs(self.root.parent)
+        except OSError:
+            return 0
+        reserve = self.min_free if self.min_free is not None else default_reserve(self.root.parent)
+        return max(0, (st.f_bavail * st.f_frsize + self._total() - reserve) // 2)
+
+    def _make_room(self, key: tuple[str, str], size: int) -> str | None:
+        """Why ``size`` more bytes of ``key``'s batch do not fit once its sender's older
+        batches are forgotten (never another sender's), or None if they fit."""
+        budget = self._budget()
+        total = self._total()
+        for other in sorted((k for k in self.held if k[0] == key[0] and k != key), key=lambda k: self.held[k][0]):
+            if total + size <= budget:
+                break
+            total -= int(self.held[other][1])
+            self._drop(other, f"a newer batch of its sender needed the room ({budget} bytes for batch lists here)")
+        if total + size <= budget:
+            return None
+        return (f"its list needs {size} bytes and the batches waiting here hold {total} of the {budget} they may "
+                "(half of the space free above the reserve)")
 
     def record(self, batch_id: str, part: int, parts: int, entries: list[bw.BatchEntry],
                sender: str = "") -> Path | None:
         """Keep one part of ``sender``'s batch; return the manifest's path if the batch is
-        now complete."""
-        self._load()
+        now complete. Raises :class:`StreamNoRoom` (the part gives way) when it does not fit."""
+        self.load()
         owner = sender_dir(sender)
-        write_json(self.root / owner / f"{batch_id}.{part}.json", {
-            "batch_id": batch_id, "part": part, "parts": parts, "sender": sender,
-            "entries": [{"stream_id": e.stream_id, "bytes": e.size, "sha256": e.sha256} for e in entries]})
-        if part == 1:
-            kept = set(self._prune())
-            self.missing = {k: v for k, v in self.missing.items() if k in kept}
-        return self._check(owner, batch_id)
+        key = (owner, batch_id)
+        data = {"batch_id": batch_id, "part": part, "parts": parts, "sender": sender,
+                "entries": [{"stream_id": e.stream_id, "bytes": e.size, "sha256": e.sha256} for e in entries]}
+        path = self.root / owner / f"{batch_id}.{part}.json"
+        try:
+            old = _on_disk(path.lstat())
+        except FileNotFoundError:
+            old = -1
+        size = -(-len(json.dumps(data)) // 4096) * 4096
+        short = self._make_room(key, size - max(old, 0))
+        try:
+            if short is not None:
+                raise OSError(errno.ENOSPC, short)
+            write_json(path, data)
+            now = path.lstat()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise StreamNoRoom(f"batch {batch_id} of {sender or 'an unidentified sender'}: no room for part {part} of "
+                               f"{parts} in {self.root} ({exc.strerror}); it gives way and is tried again later. Free "
+                               "space, lower the reserve (min_free_bytes, --min-free) or receive into another "
+                               "directory.") from None
+        h = self.held.setdefault(key, [0.0, 0, 0])
+        h[0], h[1], h[2] = now.st_mtime, h[1] + _on_disk(now) - max(old, 0), h[2] + (old < 0)
+        self._prune()
+        if key not in self.held or h[2] < parts:
+            return None
+        return self._check(owner, batch_id, self.missing.get(key, (1, set()))[0])
 
     def published(self, stream_id: str) -> list[Path]:
         """A stream was published here; return the manifests this completed."""
-        self._load()
+        self.load()
         done = []
-        for key, missing in list(self.missing.items()):
+        for key, (at, missing) in list(self.missing.items()):
             missing.discard(stream_id)
             if not missing:
-                path = self._check(*key)
+                path = self._check(*key, at)
                 if path is not None:
                     done.append(path)
         return done
@@ -174,10 +276,13 @@ class Batches:
         """The batch's entries, one part read at a time (a part lists at most
         ``BATCH_PART_FILES``): a batch of a million files is never one list."""
         for k in range(1, nparts + 1):
-            data = read_json(self.root / owner / f"{batch_id}.{k}.json")
-            if data is None:
-                raise ValueError(f"part {k} of {nparts} went missing")
-            yield from data["entries"]
+            yield from self._part(owner, batch_id, k, nparts)
+
+    def _part(self, owner: str, batch_id: str, k: int, nparts: int) -> list[dict[str, Any]]:
+        data = read_json(self.root / owner / f"{batch_id}.{k}.json")
+        if data is None:
+            raise ValueError(f"part {k} of {nparts} went missing")
+        return list(data["entries"])
 
     def _with_records(self, owner: str, batch_id: str,
                       nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
@@ -198,7 +303,9 @@ class Batches:
         for e in entries:
             yield e, known.get(e["stream_id"])
 
-    def _check(self, owner: str, batch_id: str) -> Path | None:
+    def _check(self, owner: str, batch_id: str, start: int = 1) -> Path | None:
+        """Look at the batch from part ``start`` on (the parts before it were whole): note
+        the first part with streams still missing, or write the manifest if none is."""
         key = (owner, batch_id)
         try:
             first = self._head(owner, batch_id)
@@ -207,20 +314,20 @@ class Batches:
                 return None
             sender = str(first.get("sender") or "")
             nparts = int(first["parts"])
-            missing = set()
-            for e, rec in self._with_records(owner, batch_id, nparts):
-                if rec is None:
-                    missing.add(e["stream_id"])
-                    continue
-                if str(rec.get("sender") or "") != sender:
-                    log.warning("batch %s of %s lists stream %s, which %s sent: a batch lists only its own "
-                                "sender's files; the batch is dropped", batch_id, owner, e["stream_id"],
-                                rec.get("sender") or "an unidentified sender")
-                    self._forget(owner, batch_id)
+            for k in range(start, nparts + 1):
+                missing = set()
+                for e, rec in self._records_of(self._part(owner, batch_id, k, nparts)):
+                    if rec is None:
+                        missing.add(e["stream_id"])
+                    elif str(rec.get("sender") or "") != sender:
+                        log.warning("batch %s of %s lists stream %s, which %s sent: a batch lists only its own "
+                                    "sender's files; the batch is dropped", batch_id, owner, e["stream_id"],
+                                    rec.get("sender") or "an unidentified sender")
+                        self._forget(owner, batch_id)
+                        return None
+                if missing:
+                    self.missing[key] = (k, missing)
                     return None
-            if missing:
-                self.missing[key] = missing
-                return None
             self.missing.pop(key, None)
             return self._write(owner, batch_id, sender, nparts)
         except (OSError, ValueError, KeyError) as exc:
@@ -230,8 +337,11 @@ class Batches:
 
     def _forget(self, owner: str, batch_id: str) -> None:
         self.missing.pop((owner, batch_id), None)
+        self.held.pop((owner, batch_id), None)
         for f in (self.root / owner).glob(f"{batch_id}.*.json"):
-            f.unlink(missing_ok=True)
+            found = _part_of(f.name)
+            if found is not None and found[0] == batch_id:  # not batch "<id>.x"'s
+                f.unlink(missing_ok=True)
 
     def _write(self, owner: str, batch_id: str, sender: str, nparts: int) -> Path:
         """Write the manifest a row at a time, each from the stream's completion record."""
@@ -258,5 +368,11 @@ class Batches:
         os.replace(tmp, final)
         for k in range(1, nparts + 1):
             (self.root / owner / f"{batch_id}.{k}.json").unlink(missing_ok=True)
+        self.held.pop((owner, batch_id), None)
         log.info("batch %s of %s complete: %d files; manifest %s", batch_id, owner, rows, final)
         return final
+
+
+def _on_disk(st: os.stat_result) -> int:
+    """Bytes a file takes on disk (whole blocks)."""
+    return st.st_blocks * 512 if st.st_blocks else -(-st.st_size // 4096) * 4096

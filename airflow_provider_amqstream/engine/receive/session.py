@@ -133,10 +133,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     :param stop_when: asked after each offer is settled; return once it says True (a batch
         whose manifest was just written ends a drain then, not a quiet ``wait_timeout`` later).
     """
-    opts = options or ReceiveOptions()
-    if opts.records_retention_days is None and params.records_retention_days is not None:
-        # The connection's retention, unless the caller chose one.
-        opts = replace(opts, records_retention_days=params.records_retention_days)
+    opts = _connection_defaults(options or ReceiveOptions(), params)
     dest = p.Destination.parse(source)
     if stream_id:
         p.validate_stream_id(stream_id)
@@ -144,7 +141,8 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     sdir = state_dir(out)
     inline.sweep_temporaries(sdir)
     prune_quietly(receiver_store(sdir, opts.records_retention_days))
-    batches = Batches(out, sdir, retention_days=opts.records_retention_days)
+    batches = Batches(out, sdir, retention_days=opts.records_retention_days, min_free=opts.min_free_bytes)
+    batches.load()  # what senders left is bounded before anything else takes room
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
     # A receiver fails at once on a broker it never reached (transport/retry.py says why).
     reconnect = Reconnect(what, params.url, opts.reconnect_timeout, wait_at_start=False)
@@ -173,6 +171,15 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
             reconnect.failed(exc)
         # After a reconnect our own unacknowledged offer is redelivered, but not at once.
         wait = max(wait, 30.0) if wait is not None else None
+
+
+def _connection_defaults(opts: ReceiveOptions, params: BrokerParams) -> ReceiveOptions:
+    """``opts`` with the connection's extras where the caller chose nothing."""
+    if opts.records_retention_days is None and params.records_retention_days is not None:
+        opts = replace(opts, records_retention_days=params.records_retention_days)
+    if opts.min_rate is None and params.min_rate is not None:
+        opts = replace(opts, min_rate=params.min_rate)
+    return opts
 
 
 def _deadline(wait: float | None, until: float | None) -> float | None:
@@ -303,16 +310,7 @@ class ReceiveSession:
         re-offer or a batch message (nothing to receive)."""
         sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
         if offer.headers.get(p.H_KIND) == p.Kind.BATCH.value:
-            try:
-                batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
-            except p.ProtocolError as exc:
-                return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
-            manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
-            self.link.ack(offer)
-            self.opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
-            if manifest is not None:
-                self.opts.emit("batch_complete", manifest=str(manifest))
-            return None
+            return self._take_batch(offer, sid)
         if offer.headers.get(p.H_REOFFER):
             self._clear_leftovers(offer)
             return None
@@ -407,6 +405,22 @@ class ReceiveSession:
         self.opts.emit("stream_yielded", **failure.to_json())
         exc.failure = failure
         return exc
+
+    def _take_batch(self, offer: Any, sid: str) -> StreamError | None:
+        """Record one part of a batch list; a part that does not fit gives way as a stream would."""
+        try:
+            batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
+        except p.ProtocolError as exc:
+            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
+        try:
+            manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
+        except StreamNoRoom as exc:
+            return self._yielded(exc, sid, 0, offer)
+        self.link.ack(offer)
+        self.opts.emit("batch_listed", batch_id=batch_id, part=part, parts=parts, files=len(entries))
+        if manifest is not None:
+            self.opts.emit("batch_complete", manifest=str(manifest))
+        return None
 
     def _check_offer(
         self,

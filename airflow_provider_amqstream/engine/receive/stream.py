@@ -45,6 +45,13 @@ log = logging.getLogger(__name__)
 
 # Seconds a new stream's first chunk may take to arrive (bounded by idle_timeout).
 FIRST_LOOK = 2.0
+# Bytes a second a stream must bring to keep its receiver (ReceiveOptions.min_rate): a
+# slow link (128 kbit/s) meets it; a sender that trickles below it, or stops half-way, is
+# parked after its short look instead of holding everyone behind it for idle_timeout.
+DEFAULT_MIN_RATE = 16 * 1024
+# Seconds of waiting any chunk written buys at least: a stream of tiny chunks sent at once
+# still waits for the broker's round trip per window, which is not the sender being slow.
+CHUNK_CREDIT = 0.03
 # Least seconds between two progress readings of a receive (a display throttles further).
 PROGRESS_EVERY = 0.5
 
@@ -81,6 +88,12 @@ class ReceiveOptions:
     :param records_retention_days: days the output directory's completion records and claims
         are kept (None: 30; 0: for ever). Older ones are pruned as a receiver starts, and a
         stream offered again after its record expired is received again.
+    :param min_rate: bytes a second a stream must bring to keep the receiver (None: the
+        connection's ``min_rate`` extra, else :data:`DEFAULT_MIN_RATE`; 0: only
+        ``idle_timeout`` counts). Each chunk buys its size at this rate in time the receiver
+        may wait for the stream (at most the larger of ``FIRST_LOOK`` and a chunk's worth,
+        never more than ``idle_timeout``; the receiver's own writing is not counted); a
+        stream whose time runs out yields its place. Handshake streams keep ``idle_timeout``.
     """
 
     window: int = p.DEFAULT_RECEIVE_BATCH
@@ -98,10 +111,14 @@ class ReceiveOptions:
     events: EventSink | None = None
     progress: Progress | None = None
     records_retention_days: float | None = None
+    min_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.claim is not None:
             check_claim(self.claim)
+        if self.min_rate is not None and self.min_rate < 0:
+            raise ConfigurationError(f"min_rate must be 0 (idle_timeout alone) or more bytes a second, "
+                                     f"got {self.min_rate}")
         if self.records_retention_days is not None and self.records_retention_days < 0:
             raise ConfigurationError(f"records_retention_days must be 0 (keep for ever) or more days, "
                                      f"got {self.records_retention_days}")
@@ -222,6 +239,11 @@ class StreamReceiver:
         self.holder = holders.Holder.here(out, self.file.part)
         self.noted = 0  # notes of this stream known to be on the broker (ours included)
         self.announced = False
+        self.rate = DEFAULT_MIN_RATE if opts.min_rate is None else opts.min_rate
+        # Seconds the stream may still keep this receiver waiting for it; only time spent
+        # waiting on the broker counts (not our own writes and syncs: many small chunks
+        # that come as fast as we take them are not a slow sender).
+        self.credit = 0.0
 
     @property
     def offset(self) -> int:
@@ -361,13 +383,19 @@ class StreamReceiver:
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
         self.tell(p.Kind.HELLO, state.next_seq)
         quiet_since = self._quiet_since()
+        look = min(opts.idle_timeout, FIRST_LOOK)
+        # Whatever waits in the broker arrives within a moment of subscribing: every run
+        # starts with a short look, whatever the stream brought before.
+        self.credit = look if self.rate else max(quiet_since + opts.idle_timeout - time.monotonic(), look)
         written = 0
         progress_since: float | None = None
         while not state.complete:
             timeout = self._timeout(quiet_since)
             busy = self.unacked or self.file.inflight
             # With work pending, a short pause means the broker is waiting for our acks.
+            began = time.monotonic()
             frame = link.get(min(timeout, 0.05) if busy else timeout, self.data_sub)
+            self.credit -= time.monotonic() - began
             if frame is None:
                 self._quiet(bool(busy), time.monotonic() - quiet_since, heard=progress_since is not None)
                 continue
@@ -392,6 +420,7 @@ class StreamReceiver:
                 data = frame.body if d.data is None else d.data
                 self.file.write(d.seq, d.offset, data)
                 written += len(data)
+                self._earn(len(data))
             # Only the ack header is needed from here on: let the body go now rather than
             # hold a batch of megabytes until the batch is synced.
             frame.body = b""
@@ -433,10 +462,17 @@ class StreamReceiver:
             return opts.rerequest_after
         if self.file.state.expected_sha256:
             return opts.gap_grace
-        # Whatever waits in the broker arrives within a moment of subscribing, so a
-        # stream silent since before this run gets a short look, not a whole timeout.
-        left = opts.idle_timeout - (time.monotonic() - quiet_since)
-        return max(left, min(opts.idle_timeout, 2.0))
+        return max(0.0, self.credit)
+
+    def _earn(self, nbytes: int) -> None:
+        """Progress buys waiting time: ``nbytes`` at ``min_rate``, banked at most a chunk's
+        worth (or the first look), so a burst cannot pay for a trickle long after."""
+        idle = self.opts.idle_timeout
+        if not self.rate:
+            self.credit = idle
+            return
+        cap = min(idle, max(min(idle, FIRST_LOOK), self.spec.chunk_size / self.rate))
+        self.credit = min(max(self.credit, 0.0) + max(nbytes / self.rate, CHUNK_CREDIT), cap)
 
     def _quiet(self, busy: bool, silent: float, *, heard: bool) -> None:
         """Nothing arrived within the wait: commit what is pending, ask a live sender again,
@@ -454,8 +490,13 @@ class StreamReceiver:
             return
         if state.expected_sha256 and not self.reply_to:
             raise self._missing()
+        if not self.reply_to and self.credit > 0:
+            return
         # A stream never begun gets a short look (_quiet_since): its silence is not a wait.
         head = f"nothing arrived for {silent:.0f}s"
+        if self.rate and not self.reply_to:
+            head += (f" (a stream keeps a receiver only while it brings at least {self.rate:.0f} bytes a second, "
+                     "min_rate)")
         if not heard and self.file.last_write is None and not self.reply_to:
             head = f"no chunk arrived in a first look of {min(self.opts.idle_timeout, FIRST_LOOK):.1f}s"
         raise StreamStalled(
@@ -504,9 +545,10 @@ class StreamReceiver:
         self.tell(p.Kind.REREQ, self.file.state.next_seq)
 
     def _check_progress(self, since: float) -> None:
-        if time.monotonic() - since > self.opts.idle_timeout:
+        late = self.credit <= 0 if not self.reply_to else time.monotonic() - since > self.opts.idle_timeout
+        if late:
             raise StreamStalled(
-                f"{self.what}: no new data for {self.opts.idle_timeout:.0f}s at byte "
+                f"{self.what}: no new data for {time.monotonic() - since:.0f}s at byte "
                 f"{self.file.state.contiguous_bytes} of {self.spec.size} ({self.rejected} corrupt and {self.forged} "
                 "foreign chunks refused meanwhile); the partial data is kept and the stream is tried again later.")
 

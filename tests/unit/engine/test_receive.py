@@ -350,6 +350,84 @@ def test_a_fresh_offer_goes_before_a_backlog_of_parked_ones(broker: MemoryBroker
     assert len(yields) <= 8, f"{len(yields)} parked offers were looked at first"
 
 
+def test_a_half_sent_stream_gives_way_after_its_first_look_not_the_idle_timeout(
+        broker: MemoryBroker, tmp_path: Path) -> None:
+    """Five streams of two one-byte chunks, each with its first chunk only, ahead of a good
+    one: each is parked once its first look is spent (it brought 1 byte, far below
+    ``min_rate``), not after ``idle_timeout`` (was 605 s at the default 120 s)."""
+    for i in range(5):
+        play(broker, "mallory", p.StreamSpec(f"half-{i}", "half.bin", 2, 1), b"xy", [1], end=False)
+    good = os.urandom(3000)
+    play(broker, "alice", p.StreamSpec("good-h", "good.bin", len(good), 1000), good, [1, 2, 3])
+    t0 = time.monotonic()
+    got, failures = receive_all(broker, tmp_path / "out", idle_timeout=120, wait_timeout=1)
+    took = time.monotonic() - t0
+    assert [r.stream_id for r in got] == ["good-h"] and (tmp_path / "out" / "good.bin").read_bytes() == good
+    assert [(f.stream_id, f.status) for f in failures] == [(f"half-{i}", "stalled") for i in range(5)]
+    assert "at least 16384 bytes a second" in failures[0].reason and "at byte 1 of 2" in failures[0].reason
+    assert took < 5 * receive_module.FIRST_LOOK + 5, f"{took:.1f}s behind 5 half-sent streams"
+    assert len(broker.messages(DEST.parked_queue())) == 5
+
+
+def test_a_trickling_stream_gives_way_even_after_a_burst(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A burst buys at most the larger of the first look and a chunk's worth of time: a
+    sender that sends 5,000 bytes at once, then a new 10-byte chunk every 0.3 s (33 B/s,
+    below a ``min_rate`` of 1,000), is parked within seconds, not held while bytes come."""
+    spec = p.StreamSpec("drip-1", "drip.bin", 100_000, 10)
+    data = os.urandom(spec.size)
+    play(broker, "mallory", spec, data, list(range(1, 501)), end=False)
+    stop = threading.Event()
+
+    def drip() -> None:
+        with open_link(broker.params("mallory")) as link:
+            seq = 501
+            while not stop.wait(0.3):
+                send_stream(link.send, Q, spec, data, [seq], end=False, offer=False)
+                seq += 1
+
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StreamStalled, match=r"drip-1.*at byte \d+ of 100000"):
+            receive_stream(broker.params("rx"), Q, tmp_path / "out",
+                           options=ReceiveOptions(wait_timeout=1, idle_timeout=120, min_rate=1000))
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join(5)
+    # 5,000 bytes at 1,000 B/s would buy 5 s; banked, they buy the first look at most.
+    assert took < 2 * receive_module.FIRST_LOOK + 2, f"held {took:.1f}s"
+
+
+def test_a_sender_above_the_minimum_rate_keeps_its_receiver(broker: MemoryBroker, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 1,000 bytes every 0.5 s (2,000 B/s) against a minimum of 1,000 B/s and a
+    first look of 0.2 s: each chunk buys a second, so the gaps longer than the look do not
+    part the receiver from the stream, which arrives whole in one go."""
+    monkeypatch.setattr(receive_module, "FIRST_LOOK", 0.2)
+    spec = p.StreamSpec("steady-1", "steady.bin", 5000, 1000)
+    data = os.urandom(spec.size)
+    stop = threading.Event()
+
+    def steady() -> None:
+        with open_link(broker.params("alice")) as link:
+            for seq in range(1, spec.chunks + 1):
+                send_stream(link.send, Q, spec, data, [seq], end=seq == spec.chunks, offer=seq == 1)
+                if stop.wait(0.5):  # the sender's own pace
+                    return
+
+    t = threading.Thread(target=steady, daemon=True)
+    t.start()
+    try:
+        got = receive_stream(broker.params("rx"), Q, tmp_path / "out",
+                             options=ReceiveOptions(wait_timeout=5, idle_timeout=10, min_rate=1000))
+    finally:
+        stop.set()
+        t.join(10)
+    assert got is not None and got.resumed_from == 0 and (tmp_path / "out" / "steady.bin").read_bytes() == data
+
+
 def test_a_stream_that_never_sent_a_chunk_keeps_nothing(broker: MemoryBroker, tmp_path: Path) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-1", "gone.bin", 10**9, 2**20), DEST, sender="mallory"))
@@ -455,6 +533,134 @@ def _batch(broker: MemoryBroker, user: str, batch_id: str, results: list[tuple[s
     with open_link(broker.params(user)) as link:
         for headers, body in bw.batch_messages(batch_id, entries):
             link.send(Q, body, headers)
+
+
+def _part(batch_id: str, part: int, parts: int, files: int, tag: str = "f") -> tuple[dict[str, str], bytes]:
+    """Part ``part`` of ``parts`` of a batch listing ``files`` files nobody sent."""
+    entries = [{"stream_id": f"{tag}-{batch_id}-{part}-{i}", "dir": "", "name": "x.bin", "bytes": 1,
+                "sha256": "0" * 64} for i in range(files)]
+    [(headers, body)] = bw.batch_messages(batch_id, entries)
+    return {**headers, bw.H_PART: str(part), bw.H_PARTS: str(parts)}, body
+
+
+def _held(out: Path) -> tuple[set[str], int]:
+    """The batch ids with a part kept in ``out``, and the bytes they take on disk."""
+    files = [f for f in (out / ".amqstream" / "batches").rglob("*.json")]
+    return {f.name.rsplit(".", 2)[0] for f in files}, sum(f.stat().st_blocks * 512 for f in files)
+
+
+def test_batch_parts_without_their_first_part_are_counted_and_pruned(broker: MemoryBroker, tmp_path: Path) -> None:
+    """A sender leaves part 2 of 100 batches whose first part never comes: they count against
+    ``MAX_PENDING`` like any batch (they were never counted, nor pruned); a part older than
+    ``MAX_AGE`` is forgotten as a receiver starts; forgetting batch ``x`` leaves ``x.1``'s parts."""
+    from airflow_provider_amqstream.engine.receive import manifest
+
+    out = tmp_path / "out"
+    with open_link(broker.params("mallory")) as link:
+        for n in range(100):
+            link.send(Q, *_part(f"orphan-{n:03d}", 2, 3, 2)[::-1])
+    got, failures = receive_all(broker, out)
+    assert got == [] and failures == []
+    held, _ = _held(out)
+    assert len(held) == manifest.MAX_PENDING and "orphan-099" in held and "orphan-000" not in held
+    old = time.time() - manifest.MAX_AGE - 60
+    for f in (out / ".amqstream" / "batches" / "mallory").glob("orphan-099.*"):
+        os.utime(f, (old, old))
+    with open_link(broker.params("mallory")) as link:
+        link.send(Q, *_part("x", 2, 2, 1)[::-1])
+        link.send(Q, *_part("x.1", 2, 2, 1)[::-1])
+        for n in range(manifest.MAX_PENDING - 1):
+            link.send(Q, *_part(f"later-{n:03d}", 2, 3, 1)[::-1])
+    receive_all(broker, out)
+    held, _ = _held(out)
+    assert "orphan-099" not in held, "a part past MAX_AGE is forgotten"
+    assert "x.1" in held and "x" not in held and len(held) == manifest.MAX_PENDING
+
+
+def test_batch_parts_take_at_most_half_the_room_above_the_reserve(broker: MemoryBroker, tmp_path: Path) -> None:
+    """Ten parts of one batch, each listing 1,999 files, into a 4 MiB filesystem: they stop
+    at half of the room above the reserve (the rest give way, parked, as files without room
+    do), the good stream behind them arrives, and a receiver started again with less room
+    than they hold forgets them and runs."""
+    import shutil
+    import subprocess
+
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True,
+                         timeout=30)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}); run as root")
+    try:
+        out = mnt / "out"
+        good = os.urandom(3000)
+        with open_link(broker.params("mallory")) as link:
+            for k in range(2, 12):
+                link.send(Q, *_part("wide-1", k, 40, 1999)[::-1])
+        play(broker, "alice", p.StreamSpec("good-w", "good.bin", len(good), 1000), good, [1, 2, 3])
+        got, failures = receive_all(broker, out, yield_backoff=600)
+        assert [r.stream_id for r in got] == ["good-w"] and (out / "good.bin").read_bytes() == good
+        assert failures and {(f.stream_id, f.status) for f in failures} == {("wide-1", "no_room")}
+        assert "no room for part" in failures[0].reason and "mallory" in failures[0].reason
+        kept = list((out / ".amqstream" / "batches").rglob("*.json"))
+        _, size = _held(out)
+        assert kept and len(kept) + len(failures) == 10
+        assert size <= (4 * 2**20 - 4 * 2**20 // 50) // 2, size
+        assert len(broker.messages(DEST.parked_queue())) == len(failures)
+        # Started again with less room than the parts hold: they are forgotten, it runs.
+        again, failures = receive_all(broker, out, min_free_bytes=shutil.disk_usage(out).free, yield_backoff=600)
+        assert again == [] and failures == [] and _held(out) == (set(), 0)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True, timeout=30)
+
+
+def test_a_batch_is_checked_a_part_at_a_time(tmp_path: Path) -> None:
+    """A batch of 12 parts of 2,000 files, none received: what the receiver keeps while it
+    waits is the first part's missing files, not the batch's 24,000 (the whole batch's ids
+    were 143.7 MiB of RSS at 250 parts, 467 MiB at 1,000); the traced peak stays that of a
+    part or two."""
+    import gc
+    import tracemalloc
+
+    from airflow_provider_amqstream.engine.receive.manifest import Batches
+    from airflow_provider_amqstream.engine.records import state_dir
+
+    out = tmp_path / "out"
+    batches = Batches(out, state_dir(out))
+    batches.load()
+    parts = 12
+    sent = [_part("huge-1", k, parts, bw.BATCH_PART_FILES) for k in range(1, parts + 1)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        while sent:
+            batch_id, part, nparts, entries = bw.parse_batch(*sent.pop(0))
+            assert batches.record(batch_id, part, nparts, entries, "mallory") is None
+            del entries
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    [(at, missing)] = batches.missing.values()
+    assert at == 1 and len(missing) == bw.BATCH_PART_FILES
+    print(f"\nrecording a batch of {parts} parts x {bw.BATCH_PART_FILES} files: traced peak {peak / 2**20:.1f} MiB")
+    assert peak < 5 * 2**20, f"{peak / 2**20:.1f} MiB"
+
+
+def test_a_batch_announced_before_its_files_completes_part_by_part(broker: MemoryBroker, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of two files each, sent before the files: the receiver waits on one part at a
+    time and writes the manifest once the last file arrives."""
+    monkeypatch.setattr(bw, "BATCH_PART_FILES", 2)
+    files = {f"p-{i}": os.urandom(100 + i) for i in range(5)}
+    _batch(broker, "alice", "parts-1", [(sid, len(d), hashlib.sha256(d).hexdigest()) for sid, d in files.items()])
+    for sid, data in files.items():
+        play(broker, "alice", p.StreamSpec(sid, f"{sid}.bin", len(data), 1000), data, [1])
+    out = tmp_path / "out"
+    got, failures = receive_all(broker, out)
+    assert len(got) == 5 and failures == []
+    manifest = find_manifest(out, "parts-1", "alice")
+    assert manifest is not None and len(manifest.read_text().splitlines()) == 5
+    assert _held(out) == (set(), 0)
 
 
 def test_batches_belong_to_their_sender(broker: MemoryBroker, tmp_path: Path) -> None:
