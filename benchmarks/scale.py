@@ -34,14 +34,15 @@ from benchmarks.common import ROOT, installed_command, log, scratch_broker
 PER_DIR = 1000
 
 
-def make_tree(root: Path, count: int, seed: int = 7) -> int:
-    """``count`` files of 512 B to 4 KiB under ``root``, ``PER_DIR`` to a directory; returns their bytes."""
+def make_tree(root: Path, count: int, seed: int = 7, per_dir: int = PER_DIR) -> int:
+    """``count`` files of 512 B to 4 KiB under ``root``, ``per_dir`` to a directory (0: all in
+    one); returns their bytes."""
     rng = random.Random(seed)
     total = 0
     block = os.urandom(4096 + 65536)
     for i in range(count):
-        d = root / f"d{i // PER_DIR:04d}"
-        if i % PER_DIR == 0:
+        d = root / f"d{i // (per_dir or count):04d}"
+        if i % (per_dir or count) == 0:
             d.mkdir(parents=True, exist_ok=True)
         size = rng.randint(512, 4096)
         off = rng.randrange(65536)
@@ -168,7 +169,7 @@ def one_run(n: int, src: Path, out: Path, env: dict[str, str], tag: str, *, seed
 
 
 def run_scale(counts: list[int], work: Path, uri: str, *, records: int = 0, code: Path | None = None,
-              warm_files: int = 2000) -> list[dict[str, Any]]:
+              warm_files: int = 2000, per_dir: int = PER_DIR) -> list[dict[str, Any]]:
     """Rows for each count (and one into ``records`` existing records when given)."""
     env = {**os.environ, "AIRFLOW_CONN_AMQSTREAM_DEFAULT": uri, "AMQSTREAM_STATE_DIR": str(work / "state"),
            # Measure the package of this checkout (or --code), not whichever one is installed.
@@ -183,7 +184,7 @@ def run_scale(counts: list[int], work: Path, uri: str, *, records: int = 0, code
     for n in counts:
         src = work / f"src-{n}"
         log(f"scale: making {n} files of 512 B to 4 KiB")
-        make_tree(src, n)
+        make_tree(src, n, per_dir=per_dir)
         log(f"scale: {n} files, one send and one receive")
         row = one_run(n, src, work / f"out-{n}", env, str(n))
         log(f"scale: {json.dumps(row)}")
@@ -280,12 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="scratch space (default a temp dir)")
     ap.add_argument("--code", help="measure the package in this directory (an older checkout) instead of this one")
     ap.add_argument("--warm-files", type=int, default=2000, help="files through the fresh broker first, unmeasured")
+    ap.add_argument("--per-dir", type=int, default=PER_DIR, help="files to a directory (0: all in one)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--docs", help="put the rows in the Scale section of this benchmarks.md")
     args = ap.parse_args(argv)
     with scratch_broker(args.workdir, "amqs-scale-") as (work, uri):
         rows = run_scale(parse_counts(args.scale), work, uri, records=args.records,
-                         code=Path(args.code).resolve() if args.code else None, warm_files=args.warm_files)
+                         code=Path(args.code).resolve() if args.code else None, warm_files=args.warm_files,
+                         per_dir=args.per_dir)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

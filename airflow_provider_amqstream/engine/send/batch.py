@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,33 +139,83 @@ class BatchFile:
     real: Path | None = None
 
 
+# Names a directory walk sorts at once. A directory's files are read in runs of this many, in
+# the order the file system lists them, each run sorted: a directory of 300,000 files held all
+# its names (a sender's peak RSS went 29 -> 50 MiB from 1,000 to 100,000 files). A directory
+# of at most this many entries comes out in name order; a larger one in an order that is the
+# same on every walk of it while it is unchanged (resumes go by stream id, not position).
+WALK_RUN = 4096
+
+
+def _files(d: Path, rel: str) -> Generator[tuple[Path, str, bool], None, list[str] | None]:
+    """The regular files in ``d`` (with ``rel``, and whether each is a link), one sorted run at
+    a time; returns its subdirectories' names, or None if there are more than a run of them.
+    The directory entry says what each is (no stat of its own, but for a link)."""
+    dirs: list[str] | None = []
+    run: list[tuple[str, bool]] = []
+    with os.scandir(d) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                if dirs is not None:
+                    dirs.append(e.name)
+                    dirs = dirs if len(dirs) <= WALK_RUN else None
+            elif e.is_file():
+                run.append((e.name, e.is_symlink()))
+                if len(run) == WALK_RUN:
+                    run.sort()
+                    yield from ((d / name, rel, link) for name, link in run)
+                    run = []
+        run.sort()
+        yield from ((d / name, rel, link) for name, link in run)
+    return dirs
+
+
+def _subdirs(d: Path, names: list[str] | None) -> Iterator[str]:
+    """``names`` sorted; None: ``d``'s subdirectories read in sorted runs (the directory stays
+    open while the walk is under it: only for one of more than a run of subdirectories)."""
+    if names is not None:
+        yield from sorted(names)
+        return
+    run: list[str] = []
+    with os.scandir(d) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                run.append(e.name)
+                if len(run) == WALK_RUN:
+                    yield from sorted(run)
+                    run = []
+        yield from sorted(run)
+
+
 def _tree(top: Path) -> Iterator[tuple[Path, str, bool]]:
     """Every regular file under ``top`` in a stable order, with its directory relative to ``top``
-    and whether it is a link (to a regular file).
+    and whether it is a link (to a regular file): a directory's files, then its subdirectories,
+    depth first, each in sorted runs of :data:`WALK_RUN`.
 
-    Walked one directory at a time (each sorted): what it holds is one directory's names and
-    the path to it, never the whole tree."""
-    stack = [(top, "")]
-
-    while stack:
-        d, rel = stack.pop()
+    What it holds is a run of names for each directory on the path down, never one
+    directory's names nor the whole tree."""
+    # Each directory on the path down, with what is left of its subdirectories.
+    stack: list[tuple[Path, str, Iterator[str]]] = []
+    d: Path | None = top
+    rel = ""
+    while d is not None:
         try:
-            with os.scandir(d) as it:
-                # The directory entry says what each is (no stat of its own, but for a link).
-                entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink() and e.is_file())
-                                 for e in it if e.is_dir(follow_symlinks=False) or e.is_file())
+            names = yield from _files(d, rel)
+            stack.append((d, rel, _subdirs(d, names)))
         except OSError as exc:
             log.warning("%s: not read (%s); its files are not sent", d, exc.strerror or exc)
-            continue
-        subdirs = []
-        for name, is_dir, is_link in entries:
-            if is_dir:
-                subdirs.append(name)
-                continue
-            yield d / name, rel, is_link
-        # Depth first, in name order (as os.walk with sorted names gave).
-        for name in reversed(subdirs):
-            stack.append((d / name, f"{rel}/{name}" if rel else name))
+        d = None
+        while stack and d is None:
+            parent, prel, subdirs = stack[-1]
+            try:
+                name = next(subdirs, None)
+            except OSError as exc:
+                log.warning("%s: not read (%s); its files are not sent", parent, exc.strerror or exc)
+                name = None
+            if name is None:
+                stack.pop()
+            else:
+                d, rel = parent / name, f"{prel}/{name}" if prel else name
 
 
 class FileSet:
