@@ -87,17 +87,11 @@ def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
 
     found = list(args.source or [])
     if not found:
-        fields = None
-        if args.conn and ("://" in args.conn or args.conn.lstrip().startswith("{")):
-            fields = connection.parse_connection(args.conn, "", "--conn")
-        else:
-            conn_id = args.conn or connection.DEFAULT_CONN_ID
-            fields = connection.from_env(conn_id)
-            if fields is None:
-                from airflow_provider_amqstream.cli import _setup_logging
+        fields, _ = connection.lookup(args.conn)
+        if "airflow" in sys.modules:
+            from airflow_provider_amqstream.cli import _setup_logging
 
-                fields = connection.from_metadata_db(conn_id)
-                _setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
+            _setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
         found = extra_list(fields.extra, "destinations") if fields else []
     if not found:
         raise ConfigurationError("name the destination with --from /queue/NAME (or list them in the connection's "

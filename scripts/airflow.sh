@@ -71,9 +71,6 @@ case "$EXECUTOR" in
 esac
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
-# The streams page (Browse > ActiveMQ streams) is a provider plugin: Airflow reads those only
-# with provider discovery at start-up.
-export AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS="${AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS:-False}"
 export AIRFLOW__API__HOST="$HOST"
 export AIRFLOW__API__PORT="$API_PORT"
 # Tasks reach the API through base_url: left at its default (port 8080) every task of a
