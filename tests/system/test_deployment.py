@@ -378,6 +378,18 @@ def test_another_shell_gets_the_deployment_from_env_sh(deployment: Deployment) -
     print(f"\namqstream test-connection from another shell: {took:.2f}s")
 
 
+def test_another_shell_lists_every_example_destination_without_naming_one(deployment: Deployment) -> None:
+    """The deployment's amqstream_default names the examples' destinations (its extra), so
+    `streams ls` without --from shows each of them."""
+    d = deployment
+    shell = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    script = f"source {d.home / 'env.sh'} && amqstream streams ls --json --rate-window 0"
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=shell, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert [json.loads(line)["destination"] for line in run.stdout.splitlines()] == [
+        f"{QUEUE}{q}" for q in (".one", ".bulk", ".sites", ".events")]
+
+
 def _secrets(d: Deployment) -> list[str]:
     broker = json.loads((d.home / "broker" / "credentials.json").read_text())["password"]
     return [broker, d.password]
