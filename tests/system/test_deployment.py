@@ -470,6 +470,8 @@ FIELDS = {  # label: what the form must show in the field (defaults), or None
     "Failover brokers": "", "TLS": None, "CA file": "", "Client certificate": "", "Client key": "",
     "Check hostname": None, "Heart-beat (ms)": "10000", "Chunk size (bytes)": "1048576", "Compression": None,
     "Window (chunks)": "16", "Connect timeout (s)": "15", "Receipt timeout (s)": "60",
+    "Network of brokers": None, "Virtual host": None, "Destinations": None, "Receivers' directories": None,
+    "Quarantine queue": None,
 }
 # Screenshots are test artifacts: kept after the run in build/ui-screenshots (or the directory
 # this variable names; docs/ to refresh the ones the README shows).
