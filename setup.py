@@ -1,10 +1,12 @@
-"""Build-time metadata that pyproject.toml cannot hold: the documentation URL.
+"""Build-time setting pyproject.toml cannot hold: where setuptools writes its egg-info.
 
-Airflow's Providers page links a provider's name to the ``Documentation`` project URL of its
-distribution (and, without one, to an apache.org page that does not exist for this
-provider). The project has no public home, so the URL is the README of the checkout the
-package is built from, as a ``file:`` URL: right for the editable install ``make`` makes.
-pyproject.toml's ``[project.urls]`` takes only absolute URLs with a host, fixed in the file.
+Left alone, an editable install writes ``airflow_provider_amqstream.egg-info`` into the
+checkout. Wherever the checkout is on ``sys.path`` (``python -m`` or ``-c`` run from it, the
+tests' ``PYTHONPATH``), Python then finds the distribution twice, with its ``airflow.plugins``
+entry point twice: Airflow reports the second as "Plugin 'amqstream_streams' already
+registered", and the Task SDK (1.3.2) stops reading plugins at that name, so every plugin
+after it, OpenLineage's listener among them, is missing from task processes: no task events.
+Under ``build/`` (not on any path) it is found once.
 """
 
 from __future__ import annotations
@@ -13,4 +15,6 @@ from pathlib import Path
 
 from setuptools import setup
 
-setup(project_urls={"Documentation": (Path(__file__).resolve().parent / "README.md").as_uri()})
+BUILD = Path(__file__).resolve().parent / "build"
+BUILD.mkdir(exist_ok=True)
+setup(options={"egg_info": {"egg_base": str(BUILD)}})

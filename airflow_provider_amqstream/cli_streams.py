@@ -84,15 +84,9 @@ def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
 
     found = list(args.source or [])
     if not found:
-        fields = None
-        if args.conn and ("://" in args.conn or args.conn.lstrip().startswith("{")):
-            fields = connection.parse_connection(args.conn, "", "--conn")
-        else:
-            conn_id = args.conn or connection.DEFAULT_CONN_ID
-            fields = connection.from_env(conn_id)
-            if fields is None:
-                fields = connection.from_metadata_db(conn_id)
-                setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
+        fields, _ = connection.lookup(args.conn)
+        if "airflow" in sys.modules:
+            setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
         found = extra_list(fields.extra, "destinations") if fields else []
     if not found:
         raise ConfigurationError("name the destination with --from /queue/NAME (or list them in the connection's "

@@ -9,13 +9,21 @@ name it). The API server reaches a worker's log server at the host name the work
 recorded, so every component records :func:`hostname` (``[core] hostname_callable``).
 
     python -m airflow_provider_amqstream.local_deployment serve-logs --port PORT [--host 127.0.0.1]
+
+The deployment's ``amqstream_default`` also names the examples' destinations (its
+``destinations`` extra), so that the streams page and ``amqstream streams ls`` show them
+without one typed in:
+
+    amqstream broker uri | python -m airflow_provider_amqstream.local_deployment default-conn --queue QUEUE
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,9 +37,67 @@ SQLITE_CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": 60}
 
 
 def hostname() -> str:
-    """The host name every component of a loopback-only deployment records: the address its
-    log server listens on (``AIRFLOW__CORE__HOSTNAME_CALLABLE``)."""
-    return LOOPBACK
+    """The host name a component of a loopback-only deployment records
+    (``AIRFLOW__CORE__HOSTNAME_CALLABLE``): ``AMQSTREAM_HOSTNAME`` where set (each Celery worker
+    its own name, so the UI tells them apart), else the address the log server listens on."""
+    return os.environ.get("AMQSTREAM_HOSTNAME") or LOOPBACK
+
+
+def _loopback_task_handler() -> type:
+    from airflow.utils.log.file_task_handler import FileTaskHandler
+
+    class LoopbackTaskHandler(FileTaskHandler):
+        """Airflow's file task handler, fetching a worker's served log from the one log server
+        on 127.0.0.1 whatever host name the worker recorded (``worker1`` resolves nowhere)."""
+
+        def _get_log_retrieval_url(self, ti: Any, log_relative_path: str, log_type: Any = None) -> Any:
+            url, rel = super()._get_log_retrieval_url(ti, log_relative_path, log_type)
+            if url:
+                parts = urlsplit(url)
+                url = urlunsplit(parts._replace(netloc=f"{LOOPBACK}:{parts.port}"))
+            return url, rel
+
+    return LoopbackTaskHandler
+
+
+def _logging_config() -> dict[str, Any]:
+    import copy
+
+    from airflow.config_templates.airflow_local_settings import DEFAULT_LOGGING_CONFIG
+
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["handlers"]["task"]["class"] = f"{__name__}.LoopbackTaskHandler"
+    return config
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first use (``[logging] logging_config_class`` names LOGGING_CONFIG): importing
+    # Airflow's logging here would cost every user of this module (the SQLite connect
+    # arguments above are read while Airflow configures itself).
+    if name == "LOGGING_CONFIG":
+        value: Any = _logging_config()
+    elif name == "LoopbackTaskHandler":
+        value = _loopback_task_handler()
+    else:
+        raise AttributeError(name)
+    globals()[name] = value
+    return value
+
+
+# The destinations of the example DAGs (dags/examples), after their common prefix.
+EXAMPLE_QUEUES = (".one", ".bulk", ".sites", ".events")
+
+
+def with_destinations(uri: str, destinations: list[str]) -> str:
+    """``uri`` with a ``destinations`` query parameter (the connection's extra) naming these.
+
+    :param uri: the connection URI (``amqstream broker uri``).
+    :param destinations: ``/queue/NAME`` each.
+    """
+    parts = urlsplit(uri)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "destinations"]
+    query.append(("destinations", ",".join(destinations)))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/,")))
 
 
 def serve_logs(port: int, host: str = LOOPBACK) -> None:
@@ -57,8 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     logs = sub.add_parser("serve-logs", help="serve task and trigger logs to the API server on one address")
     logs.add_argument("--port", type=int, required=True)
     logs.add_argument("--host", default=LOOPBACK)
+    conn = sub.add_parser("default-conn", help="the connection URI on stdin, with the examples' destinations")
+    conn.add_argument("--queue", required=True, help="the examples' queue prefix (AMQSTREAM_QUEUE)")
     args = ap.parse_args(argv)
-    serve_logs(args.port, args.host)
+    if args.command == "default-conn":
+        # On stdin, not the command line: the URI holds the broker's password.
+        print(with_destinations(sys.stdin.read().strip(), [args.queue + q for q in EXAMPLE_QUEUES]))
+    else:
+        serve_logs(args.port, args.host)
     return 0
 
 

@@ -60,6 +60,18 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "receipt_timeout": _field("Receipt timeout (s)", "Seconds to wait for the broker to confirm a stored "
                               "message before the connection is treated as lost.", "number", 60.0,
                               exclusiveMinimum=0),
+    "network": _field("Network of brokers", "The broker is one of a network of brokers: a trigger watching for "
+                      "offers also draws those waiting at the other brokers to this one.", "boolean", False),
+    "vhost": _field("Virtual host", "The STOMP host header, if the broker wants one other than the broker's "
+                    "host name.", "string"),
+    # What the streams page and `amqstream streams ls` show (hooks/streams.py reads them).
+    "destinations": _field("Destinations", "Destinations the streams page and `amqstream streams ls` show, "
+                           "comma-separated, e.g. /queue/orders,/queue/invoices.", "string"),
+    "out_dirs": _field("Receivers' directories", "Receivers' output directories this machine can read, "
+                       "comma-separated, for the streams in progress and incomplete batches, e.g. "
+                       "/data/landing/orders.", "string"),
+    "quarantine": _field("Quarantine queue", "The quarantine queue the receivers were given, if not "
+                         "/queue/DLQ.<name> for each destination.", "string"),
     "records_retention_days": _field("Records retention (days)", "Days receivers keep the record of each stream "
                                      "they published (and senders of each stream sent). Older records are "
                                      "pruned: a stream offered again after that is received again. 0 keeps "
@@ -98,12 +110,10 @@ def get_provider_info() -> dict[str, Any]:
         # Needs apache-airflow-providers-common-messaging (extra "messaging"); without it
         # Airflow logs the feature as unavailable and skips it.
         "queues": ["airflow_provider_amqstream.queues.amqstream.AmqStreamMessageQueueProvider"],
-        # The page of the streams. Airflow loads provider plugins from here only with
-        # [core] lazy_discover_providers off (`make airflow` sets it). Not an airflow.plugins
-        # entry point: loaded that way into every process, it silenced OpenLineage's task
-        # events under dag.test() here (tests/system/test_lineage_spark.py), cause not found.
-        "plugins": [{"name": "amqstream_streams",
-                     "plugin-class": "airflow_provider_amqstream.plugins.streams.AmqStreamPlugin"}],
+        # No "plugins" here: the streams page is the airflow.plugins entry point (pyproject.toml),
+        # which Airflow loads in either [core] lazy_discover_providers setting. Named here too, it
+        # would be found twice with that setting off, and a name found twice is an import error
+        # (and, in Task SDK 1.3.2, drops every plugin after it in task processes).
         "connection-types": [{
             "hook-class-name": "airflow_provider_amqstream.hooks.amqstream.AmqStreamHook",
             "hook-name": "ActiveMQ Stream (STOMP)",

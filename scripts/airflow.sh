@@ -71,9 +71,6 @@ case "$EXECUTOR" in
 esac
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
-# The streams page (Browse > ActiveMQ streams) is a provider plugin: Airflow reads those only
-# with provider discovery at start-up.
-export AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS="${AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS:-False}"
 export AIRFLOW__API__HOST="$HOST"
 export AIRFLOW__API__PORT="$API_PORT"
 # Tasks reach the API through base_url: left at its default (port 8080) every task of a
@@ -89,6 +86,9 @@ export AIRFLOW__CORE__TEST_CONNECTION="${AIRFLOW__CORE__TEST_CONNECTION:-Enabled
 export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT="$LOG_PORT"
 export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT="$LOG_PORT"
 export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-airflow_provider_amqstream.local_deployment.hostname}"
+# Celery workers record their own names (local_deployment.hostname); the API server's task log
+# handler fetches what they serve from the one log server on 127.0.0.1 all the same.
+export AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS="${AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS:-airflow_provider_amqstream.local_deployment.LOGGING_CONFIG}"
 export AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST="$HOST"
 # The metadata database is one SQLite file every component writes (unless the user names
 # another database): wait up to a minute for its lock, not sqlite3's 5 s (see local_deployment.py).
@@ -188,7 +188,9 @@ else
     say "the broker did not start:" >&2; cat "$DIR/logs/broker-start.log" >&2; exit 1; }
   started_broker=1
 fi
-AIRFLOW_CONN_AMQSTREAM_DEFAULT="$(amqstream broker uri)"
+# With the examples' destinations in its extra: the streams page and `amqstream streams ls` show them.
+AIRFLOW_CONN_AMQSTREAM_DEFAULT="$(amqstream broker uri | python -m airflow_provider_amqstream.local_deployment \
+  default-conn --queue "${AMQSTREAM_QUEUE:-/queue/amqstream.examples}")"
 export AIRFLOW_CONN_AMQSTREAM_DEFAULT
 
 start() {

@@ -59,7 +59,10 @@ start_workers() {
   for i in $(seq 1 "$n"); do
     wdir="$DIR/workers/worker$i"
     mkdir -p "$wdir/tmp" "$wdir/send-state"
+    # AMQSTREAM_HOSTNAME: the host name its task instances record (local_deployment.hostname),
+    # so the UI tells the workers apart; their served logs are still fetched from 127.0.0.1.
     start "worker$i" env TMPDIR="$wdir/tmp" AMQSTREAM_STATE_DIR="$wdir/send-state" AMQSTREAM_WORKER_DIR="$wdir" \
+      AMQSTREAM_HOSTNAME="worker$i" \
       airflow celery worker --celery-hostname "worker$i" --queues "default,worker$i" --skip-serve-logs \
       --concurrency "${AMQSTREAM_CELERY_CONCURRENCY:-2}"
     WORKERS+=("worker$i")

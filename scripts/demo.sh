@@ -37,7 +37,11 @@ trap cleanup EXIT
 AIRFLOW_CONN_AMQSTREAM_DEFAULT="$(amqstream broker uri)"
 export AIRFLOW_CONN_AMQSTREAM_DEFAULT
 
-airflow db migrate >/dev/null
+# The metadata database holds the connections Airflow saves (passwords too): its owner's only,
+# as in scripts/airflow.sh, and an earlier run's file is made so as well.
+mkdir -p "$AIRFLOW_HOME" && chmod 700 "$AIRFLOW_HOME"
+(umask 077 && airflow db migrate >/dev/null)
+if [ -f "$AIRFLOW_HOME/airflow.db" ]; then chmod 600 "$AIRFLOW_HOME/airflow.db"; fi
 rm -f "$AMQSTREAM_REPORT_FILE"
 echo "demo: running DAG amqstream_one_file with airflow dags test (broker $(amqstream broker status | cut -d, -f2), Spark local[*])"
 airflow dags test amqstream_one_file -c "{\"path\": \"$AMQSTREAM_DEMO_FILE\"}" > "$OUT/dags-test.log" 2>&1 || {

@@ -45,6 +45,10 @@ if ! compgen -G "$WHEELS/pyspark-$PYSPARK-*.whl" >/dev/null; then
   mv "$tmp"/pyspark-*.whl "$WHEELS/" && rmdir "$tmp"
 fi
 UV=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --find-links "$WHEELS")
+# An egg-info an older setup.py left in the checkout makes the package found twice wherever the
+# checkout is on sys.path, and with it the streams page's plugin entry point (setup.py says what
+# that costs); setup.py now writes it under build/.
+rm -rf ./*.egg-info
 "${UV[@]}" -e ".[dev,bench,spark,celery]" "pyspark==$PYSPARK"
 # The Spark provider pulls pyspark-client, which shares ~700 files with pyspark; if it was
 # installed over pyspark, reinstall pyspark so `import pyspark` and its jars agree again.

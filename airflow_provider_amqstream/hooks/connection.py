@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,6 +247,18 @@ def parse_connection(value: str, conn_id: str, where: str = "connection") -> Con
     return parse_uri(value, conn_id, where)
 
 
+def _airflow_config(env: Mapping[str, str]) -> tuple[Path, configparser.ConfigParser]:
+    """AIRFLOW_HOME and airflow.cfg as Airflow would find them, read without importing it."""
+    home = Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
+    cfg = Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg").expanduser()
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(cfg)
+    except configparser.Error as exc:
+        raise ConfigurationError(f"{cfg}: cannot be read as Airflow's configuration ({exc})") from None
+    return home, parser
+
+
 def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The custom secrets backend Airflow is configured with (``[secrets] backend`` or
     ``[workers] secrets_backend``), read cheaply from the environment and airflow.cfg.
@@ -257,18 +270,45 @@ def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | No
     for var in ("AIRFLOW__SECRETS__BACKEND", "AIRFLOW__WORKERS__SECRETS_BACKEND"):
         if env.get(var, "").strip():
             return env[var].strip()
-    home = Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
-    cfg = Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg").expanduser()
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    try:
-        parser.read(cfg)
-    except configparser.Error as exc:
-        raise ConfigurationError(f"{cfg}: cannot be read as Airflow's configuration ({exc})") from None
+    _, parser = _airflow_config(env)
     for section, key in (("secrets", "backend"), ("workers", "secrets_backend")):
         value = parser.get(section, key, fallback="").strip()
         if value:
             return value
     return None
+
+
+def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Airflow's own lookup could find a connection here: a custom secrets backend, a
+    metadata database named in the environment or airflow.cfg, or the default SQLite file.
+
+    Without any of them, importing Airflow (seconds) to ask it can only end in "not found".
+    """
+    env = os.environ if environ is None else environ
+    if custom_secrets_backend(env):
+        return True
+    keys = ("sql_alchemy_conn", "sql_alchemy_conn_cmd", "sql_alchemy_conn_secret")
+    if any(env.get(f"AIRFLOW__{section}__{key}".upper(), "").strip() for section in ("database", "core")
+           for key in keys):
+        return True
+    home, parser = _airflow_config(env)
+    if any(parser.get(section, key, fallback="").strip() for section in ("database", "core") for key in keys):
+        return True
+    return (home / "airflow.db").is_file()
+
+
+def local_deployments(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The env.sh files of local deployments (``make airflow``) found from here: the one
+    ``AMQSTREAM_AIRFLOW_DIR`` names, ``./airflow-local`` and the checkout's."""
+    env = os.environ if environ is None else environ
+    dirs = [Path(env["AMQSTREAM_AIRFLOW_DIR"])] if env.get("AMQSTREAM_AIRFLOW_DIR") else []
+    dirs += [Path.cwd() / "airflow-local", Path(__file__).resolve().parents[2] / "airflow-local"]
+    found: list[Path] = []
+    for d in dirs:
+        env_sh = (d / "env.sh").expanduser().absolute()
+        if env_sh.is_file() and env_sh not in found:
+            found.append(env_sh)
+    return found
 
 
 def from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> ConnFields | None:
@@ -319,8 +359,11 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
     metadata database), as ``airflow connections get`` does; None if it is not defined.
 
     Imports Airflow: about 2 s and tens of MiB. Only for a connection no variable defines
-    (``make airflow`` writes an env file that defines the deployment's).
+    (``make airflow`` writes an env file that defines the deployment's), and only where Airflow
+    has somewhere to look (:func:`airflow_may_know`).
     """
+    if "airflow" not in sys.modules and not airflow_may_know():
+        return None
     with settings_not_flagged_as_secrets():
         from airflow.exceptions import AirflowNotFoundException
         from airflow.models.connection import Connection
@@ -364,34 +407,49 @@ def embedded_params() -> BrokerParams | None:
 
 def not_found_message(conn_id: str) -> str:
     """What a user can do about a connection that is nowhere."""
+    deployed = "".join(f" A local deployment (make airflow) defines its connections for another shell: "
+                       f"`source {env_sh}`, then run this again." for env_sh in local_deployments()[:1])
     return (f"no connection {conn_id!r}: neither ${env_var_name(conn_id)} nor Airflow's metadata database "
-            f"defines it. Set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
+            f"defines it.{deployed} Or set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
             f"`airflow connections add {conn_id} --conn-uri 'amqstream://USER:PASSWORD@HOST:61613'` "
             "(or add it in the UI, type amqstream), or pass --conn with the URI itself")
 
 
-def resolve(conn: str | None) -> tuple[BrokerParams, str]:
-    """Broker settings for the CLI's ``--conn`` and where they came from.
+def lookup(conn: str | None) -> tuple[ConnFields | None, str]:
+    """The fields of the connection the CLI's ``--conn`` names, and where they came from.
 
-    ``conn`` is a URI, a JSON connection, a connection id, or None for ``amqstream_default``. A connection
-    id is looked up in ``AIRFLOW_CONN_<ID>`` first, and through Airflow's own lookup
-    (secrets backends, metadata database) if no variable is set or a custom secrets
-    backend is configured; a missing ``amqstream_default`` falls back to the
-    embedded broker. Raises :class:`ConnectionNotFound` saying what to set.
+    ``conn`` is a URI, a JSON connection, a connection id, or None for ``amqstream_default``. A
+    connection id is looked up in ``AIRFLOW_CONN_<ID>`` first, and through Airflow's own lookup
+    (secrets backends, metadata database) if no variable is set or a custom secrets backend is
+    configured. None (and "") when nothing defines it.
 
     :param conn: the ``--conn`` argument.
     """
     if conn and ("://" in conn or conn.lstrip().startswith("{")):
         # JSON too: read as a connection id it would be quoted back, password and all, in
         # the "no connection" error.
-        return parse_connection(conn, "", "--conn").broker_params(), "--conn"
+        return parse_connection(conn, "", "--conn"), "--conn"
     conn_id = conn or DEFAULT_CONN_ID
     fields = from_env(conn_id)
     if fields is not None:
-        return fields.broker_params(), f"${env_var_name(conn_id)}"
+        return fields, f"${env_var_name(conn_id)}"
     fields = from_metadata_db(conn_id)
     if fields is not None:
-        return fields.broker_params(), f"connection {conn_id!r} through Airflow's lookup"
+        return fields, f"connection {conn_id!r} through Airflow's lookup"
+    return None, ""
+
+
+def resolve(conn: str | None) -> tuple[BrokerParams, str]:
+    """Broker settings for the CLI's ``--conn`` and where they came from: :func:`lookup`, and
+    for a missing ``amqstream_default`` the embedded broker. Raises :class:`ConnectionNotFound`
+    saying what to set.
+
+    :param conn: the ``--conn`` argument.
+    """
+    fields, source = lookup(conn)
+    if fields is not None:
+        return fields.broker_params(), source
+    conn_id = conn or DEFAULT_CONN_ID
     if conn_id == DEFAULT_CONN_ID:
         embedded = embedded_params()
         if embedded is not None:

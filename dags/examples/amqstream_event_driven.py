@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 from example_support import PARQUET, QUEUE, README, RECEIVED
 
 from airflow_provider_amqstream.operators.outlets import (
@@ -59,7 +60,7 @@ destination (`amqstream://<broker>:<port>{INCOMING}`) and produces
 
 **Run it:** send a file to `{INCOMING}`, e.g. `amqstream send data.csv --to {INCOMING}
 --mode atomic`; a run starts within seconds. Triggered by hand, it receives the streams
-named in `stream_ids`. Connections: `amqstream_default`, `spark_default`.
+named in `stream_ids` (at least one: a run with none fails). Connections: `amqstream_default`, `spark_default`.
 
 Provider documentation: `{README}`.
 """
@@ -85,6 +86,12 @@ with DAG(
                for events in (triggering_asset_events or {}).values() for event in events
                if isinstance((event.extra or {}).get("payload"), dict) and "stream_id" in event.extra["payload"]]
         ids += list((params or {}).get("stream_ids") or [])
+        if not ids:
+            # Without an id every task below is skipped and the run is green, having received
+            # nothing: a run started by hand with an empty list is a mistake to say, not to hide.
+            raise AirflowFailException(f"this run names no stream: triggered by hand, list the ids of streams "
+                                       f"waiting on {INCOMING} in 'Stream ids' (`amqstream streams ls --from "
+                                       f"{INCOMING}` shows them)")
         return list(dict.fromkeys(ids))
 
     # Mapped tasks are built only when they run: their assets are declared here so the DAG

@@ -40,3 +40,21 @@ def test_a_connection_saved_from_the_form_is_read_without_a_masking_warning(airf
         assert "ok: connected to" in run.stdout
         assert "Skipping masking" not in run.stdout + run.stderr, run.stdout + run.stderr
         print(f"\n{conn_id}: test-connection through the metadata database in {took:.1f}s")
+
+
+def test_the_form_has_fields_for_what_the_streams_page_and_the_network_read() -> None:
+    """Airflow's own ProvidersManager (what the UI's form is built from) gives the amqstream form
+    a field for each extra a user had to type as JSON: the destinations, receivers' directories
+    and quarantine the streams page and `streams ls` read, and the network settings."""
+    import subprocess
+    import sys
+
+    probe = ("import json; from airflow.providers_manager import ProvidersManager; "
+             "w = ProvidersManager().connection_form_widgets; "
+             "print(json.dumps({k: v.field for k, v in w.items() if k.startswith('extra__amqstream__')}))")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    fields = json.loads(run.stdout.strip().splitlines()[-1])
+    for name in ("destinations", "out_dirs", "quarantine", "network", "vhost", "hosts", "tls"):
+        assert f"extra__amqstream__{name}" in fields, sorted(fields)
+    assert "/queue/" in json.dumps(fields["extra__amqstream__destinations"]), fields["extra__amqstream__destinations"]

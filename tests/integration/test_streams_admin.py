@@ -167,6 +167,20 @@ def test_ls_shows_every_state_of_a_destination(scene: Scene, uri: str, params: B
                                                                  .parked_queue())) == 1
 
 
+def test_ls_without_from_lists_every_destination_the_connection_names(scene: Scene, params: BrokerParams) -> None:
+    """No --conn and no --from: amqstream_default's 'destinations' extra (as the local
+    deployment and the connection form fill it) names what ls shows, each in turn."""
+    (host, port), = params.hosts
+    conn = json.dumps({"conn_type": "amqstream", "host": host, "port": port, "login": params.login,
+                       "password": params.password, "extra": {"destinations": f"{scene.queue},{scene.queue}.empty"}})
+    proc = cli("streams", "ls", "--json", env={"AIRFLOW_CONN_AMQSTREAM_DEFAULT": conn})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    views = [json.loads(line) for line in out.splitlines()]
+    assert [v["destination"] for v in views] == [scene.queue, scene.queue + ".empty"]
+    assert _ids(views[0]["offered"]) == {"wait-1"} and views[1]["offered"] == []
+
+
 def test_show_one_stream_both_sides(scene: Scene, uri: str, params: BrokerParams) -> None:
     code, out, err = _run("streams", "show", "parked-1", "--conn", uri, "--from", scene.queue, "--out-dir",
                           str(scene.out), "--json")

@@ -121,6 +121,11 @@ def test_one_file_example_runs_on_the_celery_workers(deployment: Deployment) -> 
     # workload's end just after the task reported its state to the API).
     wait_for(lambda: _workloads_done(d) - before >= len(tasks), 60,
              f"the workers to log {len(tasks)} finished workloads", interval=0.5)
+    # Each task instance records the worker that ran it (the UI's Hostname column), not the
+    # 127.0.0.1 every one recorded before; its log still reads through the API.
+    assert {t["hostname"] for t in tasks} <= {"worker1", "worker2", "worker3"}, [t["hostname"] for t in tasks]
+    log = d.log("amqstream_one_file", run_id, "send", 1)
+    assert "Could not read" not in log and "amqstream" in log, log[-2000:]
 
 
 def _durable(out_dir: Path, sid: str) -> int:

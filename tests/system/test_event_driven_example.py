@@ -82,3 +82,15 @@ def test_run_takes_the_stream_ids_of_its_triggering_events() -> None:
                                              event({"stream_id": "a-1"}), event("not a dict"), event({})]}
     assert pick(triggering_asset_events=events, params={"stream_ids": []}) == ["a-1", "b-2"]
     assert pick(triggering_asset_events={}, params={"stream_ids": ["c-3"]}) == ["c-3"]
+
+
+def test_a_run_that_names_no_stream_fails_saying_what_to_give() -> None:
+    """Triggered by hand with 'Stream ids' left empty, the run used to skip every task and go
+    green having received nothing: it fails, naming the parameter and the queue."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException
+
+    dag = DagBag(dag_folder=EXAMPLES / "amqstream_event_driven.py").dags["amqstream_event_driven"]
+    pick = dag.get_task("offered_streams").python_callable
+    with pytest.raises(AirflowFailException, match=r"'Stream ids'.*/queue/amqstream\.examples\.events"):
+        pick(triggering_asset_events={}, params={"stream_ids": []})

@@ -103,9 +103,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory, broker: Any, silent: SilentB
             "extra": {"destinations": "/queue/slow"}}),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
     }
-    # The page is a provider plugin, which Airflow reads only with provider discovery at
-    # start-up (scripts/airflow.sh sets it too).
-    env["AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS"] = "False"
     d = Deployment(home, dags, env)
     try:
         # The deployment starts while the scene is set.

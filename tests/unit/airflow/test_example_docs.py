@@ -4,7 +4,6 @@ exists. The deployment test reads the same through the REST API of a running Air
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,19 +33,20 @@ def test_every_example_has_a_description_docs_and_described_params() -> None:
     assert dags["amqstream_event_driven"].params.get_param("stream_ids").schema["type"] == "array"
 
 
-def test_the_provider_documentation_url_exists(tmp_path: Path) -> None:
-    """The Documentation project URL the package is built with (what Airflow's Providers page
-    links to; without one it links to an apache.org page that does not exist)."""
-    import subprocess
-    import sys
+def test_the_provider_documentation_url_is_the_projects_web_address() -> None:
+    """The Documentation project URL (what Airflow's Providers page links the provider to;
+    without one it links to an apache.org page that does not exist) is a web address a
+    browser opens from the page, not a file: path, and the installed package carries it."""
+    from importlib.metadata import distribution
 
-    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT, check=True,
-                   capture_output=True, timeout=120)
-    [pkg_info] = tmp_path.glob("*.egg-info/PKG-INFO")
-    urls = dict(line.split(": ", 1)[1].split(", ", 1) for line in pkg_info.read_text().splitlines()
-                if line.startswith("Project-URL: "))
-    parts = urlsplit(urls["Documentation"])
-    assert parts.scheme == "file" and Path(parts.path) == ROOT / "README.md" and Path(parts.path).is_file(), urls
+    import tomllib
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urlsplit(urls["Homepage"]).scheme == "https", urls
+    assert urls["Documentation"].startswith(urls["Homepage"]), urls
+    installed = dict(u.split(", ", 1) for u in distribution("airflow-provider-amqstream").metadata.get_all(
+        "Project-URL") or [])
+    assert installed.get("Documentation") == urls["Documentation"], "reinstall: make setup"
 
 
 def test_every_example_spark_application_is_named_alike() -> None:
