@@ -1,6 +1,6 @@
 """Build-time setting pyproject.toml cannot hold: where setuptools writes its egg-info.
 
-Left alone, an editable install writes ``airflow_provider_amqstream.egg-info`` into the
+Left alone, an editable install writes the package's egg-info directory into the
 checkout. Wherever the checkout is on ``sys.path`` (``python -m`` or ``-c`` run from it, the
 tests' ``PYTHONPATH``), Python then finds the distribution twice, with its ``airflow.plugins``
 entry point twice: Airflow reports the second as "Plugin 'amqstream_streams' already
