@@ -204,7 +204,7 @@ def _received(d: Deployment, run_id: str) -> None:
 
 def test_the_examples_assets_and_their_events_through_the_api(deployment: Deployment) -> None:
     """Example 1 as a user browses its assets: the destination the send produced
-    (``amqstream://`` + the connection's broker), the landing directory the receive produced
+    (``amqstream://`` + the connection's id), the landing directory the receive produced
     (no host, one asset however many files) and the Parquet directory Spark produced, each
     with one event from this run."""
     d = deployment
@@ -212,9 +212,8 @@ def test_the_examples_assets_and_their_events_through_the_api(deployment: Deploy
     run_id = d.trigger("amqstream_one_file", conf)
     _received(d, run_id)
     sent = d.xcom("amqstream_one_file", run_id, "send")
-    broker = _broker_uri(d).split("@")[-1]  # 127.0.0.1:PORT
     examples = d.home / "examples"
-    want = {f"amqstream://{broker}{QUEUE}.one": "send", f"file://{examples / 'received' / 'one'}": "receive",
+    want = {f"amqstream://amqstream_default{QUEUE}.one": "send", f"file://{examples / 'received' / 'one'}": "receive",
             f"file://{examples / 'parquet' / 'one'}": "to_parquet"}
     for uri, task in want.items():
         if task == "to_parquet":
@@ -640,17 +639,23 @@ def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment
 
 def test_the_assets_page_shows_the_examples_assets(page: Any, deployment: Deployment, tmp_path: Path) -> None:
     """The Assets page, as a user browses it after example 1 ran: the destination, the
-    landing directory and the Parquet directory, with their last events."""
+    landing directory and the Parquet directory, with their last events; and the landing
+    directory's page, whose graph links the send, the destination, the receive, the directory
+    and the Spark task."""
     d, pg = deployment, page
     run_id = d.trigger("amqstream_one_file", {"path": str(d.home / "assets-ui.csv"), "rows": 500})
     _received(d, run_id)  # the Parquet asset is declared in the DAG: listed before Spark runs
     examples = d.home / "examples"
-    uris = [f"amqstream://{_broker_uri(d).split('@')[-1]}{QUEUE}.one", f"file://{examples / 'received' / 'one'}",
+    uris = [f"amqstream://amqstream_default{QUEUE}.one", f"file://{examples / 'received' / 'one'}",
             f"file://{examples / 'parquet' / 'one'}"]
-    for uri in uris:
-        _asset(d, uri)
+    assets = [_asset(d, uri) for uri in uris]
     pg.goto(d.base + "/assets")
     for uri in uris:
         pg.get_by_text(uri, exact=True).first.wait_for()
     _settled(pg)
     _shot(pg, tmp_path, "ui-assets.png")
+    pg.goto(f"{d.base}/assets/{assets[1]['id']}")
+    for label in ("send", "receive", "to_parquet", uris[0]):
+        pg.get_by_text(label, exact=True).first.wait_for()
+    _settled(pg)
+    _shot(pg, tmp_path, "ui-asset-graph.png")
