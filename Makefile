@@ -18,7 +18,8 @@ demo-sites: setup
 	VENV="$(VENV)" bash scripts/demo_sites.sh
 
 # exec: make forwards SIGTERM only to the process it started, which must be the script
-# (a shell in between would die and leave the deployment running).
+# (a shell in between would die and leave the deployment running). A SIGINT or SIGHUP to make
+# alone is not forwarded (make waits for the script): the script watches make's signal state.
 airflow: setup
 	VENV="$(VENV)" exec bash scripts/airflow.sh
 

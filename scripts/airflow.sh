@@ -4,18 +4,20 @@
 # `triggerer` (LocalExecutor on SQLite, which Airflow 3.3 accepts) and a log server, each in a
 # session of its own. It prints the UI address, the admin login and the line that gives
 # another shell this deployment's connections. Ctrl-C, SIGTERM (to this script, or to the
-# `make airflow` that runs it), SIGHUP (the terminal closed) or the death of the process that
-# started it stops every process it started (by session, so LocalExecutor workers, tasks and
-# spark-submit go too) and the broker if it started it. Everything lives in one directory,
-# kept between runs, readable by its owner only (it holds passwords). Everything it starts
-# listens on 127.0.0.1 only: the API, the broker, the log server, Spark's driver.
+# `make airflow` that runs it), SIGINT or SIGHUP to make's pid alone, SIGHUP (the terminal
+# closed) or the death of the process that started it stops every process it started (by
+# session, so LocalExecutor workers, tasks and spark-submit go too) and the broker if it
+# started it, and exits 0. Everything lives in one directory, kept between runs, readable by
+# its owner only (it holds passwords). Everything it starts listens on 127.0.0.1 only: the
+# API, the broker, the log server, Spark's driver.
 #
 # Settings (environment):
 #   AMQSTREAM_AIRFLOW_DIR    the deployment's directory (default ./airflow-local): airflow/
 #                            (AIRFLOW_HOME), broker/, examples/ (the examples' files), logs/,
 #                            env.sh (the connections, for another shell)
 #   AMQSTREAM_AIRFLOW_PORT   the UI and API port on 127.0.0.1 (default 8080, else a free one)
-#   AMQSTREAM_BROKER_PORT    the broker's STOMP port (default: a free one)
+#   AMQSTREAM_BROKER_PORT    the broker's STOMP port (default: the last run's while it is free,
+#                            else a free one)
 #   AMQSTREAM_DAGS_FOLDER    the DAGs (default dags/examples)
 #   AIRFLOW__CORE__PARALLELISM  task slots (default 4: the machine this was tuned on has 2 cores)
 #   AMQSTREAM_EXECUTOR       local (default: LocalExecutor) or celery: CeleryExecutor with Redis
@@ -167,15 +169,29 @@ stop_all() {
   rm -f "$DIR/pids"
   say "stopped"
 }
-trap 'stop_all; exit 130' INT
-trap 'stop_all; exit 143' TERM
-trap 'stop_all; exit 129' HUP
+# A stop asked for (Ctrl-C, SIGTERM, SIGHUP) is no failure: exit 0, so `make` prints no
+# "Error 130" after it.
+trap 'stop_all; exit 0' INT TERM HUP
 trap 'stop_all' EXIT
 # Whoever started this may die without a signal to it (`make` killed with SIGKILL, a CI job
-# cancelled): then this is an orphan, and stops everything as for SIGTERM.
+# cancelled): then this is an orphan, and stops everything as for SIGTERM. And a SIGINT or
+# SIGHUP to `make`'s pid alone reaches only make, which then waits for this script for ever:
+# make's handler sets the signal back to its default before it waits, so the watcher sees the
+# signal leave make's caught set (/proc/PID/status SigCgt) and stops everything too.
 parent=$PPID
+caught() {  # the SIGHUP, SIGINT and SIGTERM bits of process $1's caught set ("" if it is gone)
+  local m; m="$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null)" || true
+  if [ -n "$m" ]; then echo $(( 0x$m & 0x4003 )); fi
+}
+watch_make=""; [ "$(cat "/proc/$parent/comm" 2>/dev/null)" = make ] && watch_make="$(caught "$parent")"
 ( trap - INT TERM HUP EXIT  # the watcher only watches: the stop is the script's own
-  while [ "$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')" = "$parent" ]; do sleep 2; done
+  set +e
+  while [ "$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')" = "$parent" ]; do
+    if [ -n "$watch_make" ] && [ "$(caught "$parent")" != "$watch_make" ]; then
+      echo "airflow.sh: make (pid $parent) was told to stop"; break
+    fi
+    sleep 2
+  done
   kill -TERM $$ 2>/dev/null ) &
 watcher=$!
 
@@ -183,7 +199,13 @@ watcher=$!
 if amqstream broker status >/dev/null 2>&1; then
   say "using the broker already running in $AMQSTREAM_BROKER_DIR"
 else
-  BROKER_PORT="${AMQSTREAM_BROKER_PORT:-$(free_port)}"
+  # The port of the last run while it is free: connections saved against it keep working.
+  BROKER_PORT="${AMQSTREAM_BROKER_PORT:-$(cat "$AMQSTREAM_BROKER_DIR/broker.port" 2>/dev/null || true)}"
+  if [ -z "$BROKER_PORT" ] || { [ -z "${AMQSTREAM_BROKER_PORT:-}" ] && port_busy "$BROKER_PORT"; }; then
+    [ -n "$BROKER_PORT" ] && say "the broker's port of the last run ($BROKER_PORT) is in use; taking another"
+    BROKER_PORT="$(free_port)"
+  fi
+  say "starting the broker on $HOST:$BROKER_PORT"
   amqstream broker start --port "$BROKER_PORT" >"$DIR/logs/broker-start.log" 2>&1 || {
     say "the broker did not start:" >&2; cat "$DIR/logs/broker-start.log" >&2; exit 1; }
   started_broker=1
@@ -227,6 +249,7 @@ ENV_FILE="$DIR/env.sh"
 } >"$ENV_FILE"
 chmod 600 "$ENV_FILE"
 
+say "preparing the metadata database (airflow db migrate)"
 airflow db migrate >"$DIR/logs/db-migrate.log" 2>&1 || {
   say "airflow db migrate failed:" >&2; tail -30 "$DIR/logs/db-migrate.log" >&2; exit 1; }
 
@@ -237,13 +260,19 @@ start triggerer airflow triggerer --skip-serve-logs
 start log-server python -m airflow_provider_amqstream.local_deployment serve-logs --host "$HOST" --port "$LOG_PORT"
 [ "$EXECUTOR" = celery ] && start_workers
 
+say "started ${NAMES[*]}; waiting for the API at $AIRFLOW__API__BASE_URL"
 # Ready when the API answers healthy; the admin password exists from then on.
 PASSWORDS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
 if ! python - "$AIRFLOW__API__BASE_URL" "$PASSWORDS" "$DIR/pids" <<'PY'
 import json, os, sys, time, urllib.request
 base, passwords, pids = sys.argv[1:]
-deadline = time.monotonic() + float(os.environ.get("AMQSTREAM_AIRFLOW_START_TIMEOUT", "180"))
+start = time.monotonic()
+deadline = start + float(os.environ.get("AMQSTREAM_AIRFLOW_START_TIMEOUT", "180"))
+said = start
 while time.monotonic() < deadline:
+    if time.monotonic() - said >= 10:
+        said = time.monotonic()
+        print(f"airflow.sh: still waiting for the API ({said - start:.0f} s)", flush=True)
     for line in open(pids):
         name, pid = line.split()
         if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":

@@ -4,6 +4,7 @@
 set -euo pipefail
 VENV="${1:-.venv}"
 cd "$(dirname "$0")/.."
+source scripts/progress.sh
 
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
@@ -19,12 +20,13 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  step setup "apt-get update" $SUDO apt-get update -qq
+  step setup "apt-get install ${need_apt[*]}" env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+    "${need_apt[@]}" >/dev/null
 fi
 
 PY="${PYTHON:-python3}"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+[ -x "$VENV/bin/python" ] || step setup "creating the venv $VENV" "$PY" -m venv "$VENV"
 # uv resolves and installs the ~200 packages in about 55 s where pip took about 120 s (warm
 # caches both; docs/decisions/test-suite-time.md), and its resolution is consistent where pip's
 # was not (celery 5.6 with kombu 5.7). uv itself comes from PyPI, into the venv.
@@ -41,7 +43,8 @@ WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/amqstream-wheels"
 if ! compgen -G "$WHEELS/pyspark-$PYSPARK-*.whl" >/dev/null; then
   mkdir -p "$WHEELS"
   tmp=$(mktemp -d "$WHEELS/.build-XXXXXX")
-  "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps "pyspark==$PYSPARK" -w "$tmp"
+  step setup "building the pyspark $PYSPARK wheel (once per machine, into $WHEELS)" \
+    "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps "pyspark==$PYSPARK" -w "$tmp"
   mv "$tmp"/pyspark-*.whl "$WHEELS/" && rmdir "$tmp"
 fi
 UV=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --find-links "$WHEELS")
@@ -49,11 +52,13 @@ UV=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python"
 # checkout is on sys.path, and with it the streams page's plugin entry point (setup.py says what
 # that costs); setup.py now writes it under build/.
 rm -rf ./*.egg-info
-"${UV[@]}" -e ".[dev,bench,spark,celery]" "pyspark==$PYSPARK"
+step setup "installing the package, Airflow, Spark and the test tools into $VENV (about 1-2 min the first time)" \
+  "${UV[@]}" -e ".[dev,bench,spark,celery]" "pyspark==$PYSPARK"
 # The Spark provider pulls pyspark-client, which shares ~700 files with pyspark; if it was
 # installed over pyspark, reinstall pyspark so `import pyspark` and its jars agree again.
 if ! "$VENV/bin/python" -c "import pyspark, sys; sys.exit(pyspark.__version__ != '$PYSPARK')" 2>/dev/null; then
-  "${UV[@]}" --reinstall-package pyspark --no-deps "pyspark==$PYSPARK"
+  step setup "reinstalling pyspark $PYSPARK over pyspark-client" "${UV[@]}" --reinstall-package pyspark --no-deps \
+    "pyspark==$PYSPARK"
 fi
 "$VENV/bin/python" -c 'import pyspark, airflow, stomp; print(f"setup: airflow {airflow.__version__}, pyspark {pyspark.__version__}, stomp.py {stomp.__version__}")'
 touch "$VENV/.installed"

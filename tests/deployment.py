@@ -36,6 +36,7 @@ class Deployment:
 
     def __init__(self, home: Path, dags: Path, env: dict[str, str] | None = None) -> None:
         self.home = home
+        self.dags = dags
         self.airflow_home = home / "airflow"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -1,44 +1,54 @@
-"""The ``amqstream://`` asset URI: a destination on a broker, as an Airflow asset.
+"""The ``amqstream://`` asset URI: a destination, as an Airflow asset.
 
-``amqstream://<broker host>:<port>/queue/<name>`` (or ``/topic/<name>``). The normaliser
-lower-cases the host, adds the default STOMP port, checks the destination the same way
-the protocol does, and drops what does not identify it (user, query, fragment). The
-same string is the OpenLineage dataset of a destination (namespace and name), so an
-asset and a lineage dataset name the same thing.
+``amqstream://<connection id>/queue/<name>`` (or ``/topic/<name>``): the destination on the
+broker(s) of that Airflow connection. This is the form the operators declare, when the DAG is
+parsed (no connection is read then), so the asset graph links a send to its receives and both
+to their runs; and it stays the same asset when the broker moves, restarts on another port or
+gains a failover peer: the connection says where the broker is, the asset what it holds.
+``amqstream://<broker host>:<port>/queue/<name>`` (a port written) names a broker by its
+address instead, for an asset declared by hand with no connection. The normaliser lower-cases
+a host (never a connection id), checks the destination the same way the protocol does, and
+drops what does not identify it (user, query, fragment).
+
+OpenLineage names the physical place: namespace ``amqstream://<first broker host>:<port>``
+(read from the connection when the event is made), name ``/queue/NAME``; an asset of a
+connection converts to that same dataset.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, urlsplit
 
-from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.exceptions import AmqStreamError, ProtocolError
 from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT, Destination
 
 SCHEME = "amqstream"
+log = logging.getLogger(__name__)
 
 
 def sanitize_uri(uri: SplitResult) -> SplitResult:
     """Normalise an ``amqstream://`` asset URI; raise ValueError naming what is wrong."""
-    if not uri.hostname:
-        raise ValueError(f"{uri.geturl()}: an amqstream asset URI needs the broker host, "
-                         "e.g. amqstream://mq.example.com:61613/queue/incoming")
+    where = uri.netloc.rpartition("@")[2]
+    if not where or where.startswith(":"):
+        raise ValueError(f"{uri.geturl()}: an amqstream asset URI needs the connection id (or the broker's "
+                         "host:port), e.g. amqstream://amqstream_default/queue/incoming")
     try:
-        port = uri.port or DEFAULT_PORT
+        port = uri.port
     except ValueError as exc:
         raise ValueError(f"{uri.geturl()}: {exc}") from None
     try:
         dest = Destination.parse(uri.path)
     except ProtocolError as exc:
         raise ValueError(f"{uri.geturl()}: the path must be /queue/NAME or /topic/NAME ({exc})") from None
-    host = uri.hostname.lower()
-    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    netloc = authority(uri.hostname or "", port).partition("://")[2] if port else where
     return SplitResult(SCHEME, netloc, str(dest), "", "")
 
 
 def authority(host: str, port: int = DEFAULT_PORT) -> str:
-    """``amqstream://host:port`` as assets and lineage name a broker: the host lower-cased
-    (an IPv6 address in brackets), the port always written.
+    """``amqstream://host:port`` as lineage names a broker: the host lower-cased (an IPv6
+    address in brackets), the port always written.
 
     :param host: the broker's host name or address.
     :param port: its STOMP port.
@@ -47,30 +57,42 @@ def authority(host: str, port: int = DEFAULT_PORT) -> str:
     return f"{SCHEME}://[{host}]:{port}" if ":" in host else f"{SCHEME}://{host}:{port}"
 
 
-def destination_uri(host: str, port: int, destination: str) -> str:
-    """The asset URI of ``destination`` on the broker at ``host:port``, normalised as
+def destination_uri(conn_id: str, destination: str) -> str:
+    """The asset URI of ``destination`` on the broker of connection ``conn_id``, normalised as
     :func:`sanitize_uri` would (so it is the URI Airflow stores).
 
-    :param host: the broker's host (the first of a failover list: where senders and
-        receivers of the destination meet).
-    :param port: its STOMP port.
+    :param conn_id: the ``amqstream`` connection id.
     :param destination: ``/queue/NAME`` or ``/topic/NAME``.
     """
-    return f"{authority(host, port)}{Destination.parse(destination)}"
+    return f"{SCHEME}://{conn_id}{Destination.parse(destination)}"
 
 
-def create_asset(*, host: str, destination: str, port: int = DEFAULT_PORT, **kwargs: Any) -> Any:
-    """An ``Asset`` for ``destination`` on the broker at ``host:port``."""
+def create_asset(*, destination: str, conn_id: str | None = None, host: str | None = None, port: int = DEFAULT_PORT,
+                 **kwargs: Any) -> Any:
+    """An ``Asset`` for ``destination`` on the broker of connection ``conn_id`` (or, with no
+    connection, of the broker at ``host:port``)."""
     from airflow.sdk import Asset
 
-    return Asset(uri=destination_uri(host, port, destination), **kwargs)
+    if conn_id:
+        return Asset(uri=destination_uri(conn_id, destination), **kwargs)
+    if not host:
+        raise ValueError(f"create_asset({destination!r}): name the connection (conn_id) or the broker (host)")
+    return Asset(uri=f"{authority(host, port)}{Destination.parse(destination)}", **kwargs)
 
 
 def convert_asset_to_openlineage(asset: Any, lineage_context: Any) -> Any:
-    """The OpenLineage dataset of an ``amqstream://`` asset (namespace ``amqstream://host:port``)."""
-    from urllib.parse import urlsplit
-
+    """The OpenLineage dataset of an ``amqstream://`` asset: namespace
+    ``amqstream://host:port`` of the broker (a connection's first), name the destination."""
     from openlineage.client.event_v2 import Dataset
 
     parts = urlsplit(asset.uri)
-    return Dataset(namespace=f"{parts.scheme}://{parts.netloc}", name=parts.path)
+    namespace = f"{parts.scheme}://{parts.netloc}"
+    if parts.port is None:
+        from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+
+        try:
+            host, port = AmqStreamHook(parts.netloc).broker_params().hosts[0]
+            namespace = authority(host, port)
+        except AmqStreamError as exc:  # lineage must not fail a task: the connection's name stands in
+            log.warning("%s: lineage names the broker by its connection (%s)", asset.uri, exc)
+    return Dataset(namespace=namespace, name=parts.path)

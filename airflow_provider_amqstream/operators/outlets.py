@@ -1,17 +1,23 @@
 """Assets as a user browses them: the destination a send produces and a receive consumes,
-the landing directory a receive produces, the Parquet a Spark hand-off writes.
+the landing directory a receive produces (and Spark consumes), the Parquet a Spark hand-off
+writes. Each is one asset, declared when the DAG is parsed, so Airflow's asset graph draws
+send -> destination -> receive -> landing directory -> Spark -> Parquet and the asset pages
+list their producing and consuming tasks.
 
-- A destination is ``amqstream://<broker host>:<port>/queue/NAME``. The broker is the
-  connection's, known only when the task runs (hooks never read it at parse time), so the
-  sending task declares an ``AssetAlias`` (:func:`destination_alias`) as its outlet and,
-  once its files are confirmed, attaches the event to the destination's asset; the
-  receiving task declares the same alias as its inlet.
+- A destination is ``amqstream://<connection id>/queue/NAME``
+  (:mod:`~airflow_provider_amqstream.assets.amqstream`): nameable at parse time, and the same
+  asset whatever port or host the connection's broker has today.
 - A landing directory is ``file:///abs/out_dir`` (:mod:`~airflow_provider_amqstream.assets.files`),
   one asset per directory (a templated one is its static root: ``{{ ds }}`` subdirectories
-  are where a run's files went, said in the extra). It is also attached through an alias,
-  because only real arrivals make an event: a receive that got nothing, or only repeats of
-  streams published before (status ``duplicate``), emits none, which a static outlet cannot
-  do (Airflow records an event for every static outlet of a successful task).
+  are where a run's files went, said in the extra).
+- Only a real arrival makes an event: a send of nothing, or a receive that got only repeats
+  of streams published before (status ``duplicate``), emits none. Airflow records an event
+  for every static outlet of a task that succeeds, from the task's ``outlets`` when it ends,
+  so such a run takes its asset out of them (:func:`emit`).
+- What no DAG can name before it runs goes through an ``AssetAlias``, resolved at run time,
+  which Airflow 3.3 draws as an alias with no producing or consuming task: a templated
+  destination (alias per task), a wholly templated ``out_dir`` (``{{ params.out_dir }}``) and
+  a user's ``file_asset_alias``.
 - The extra of an event is bounded: counts and bytes, the manifest's path, at most
   :data:`MAX_IDS` stream ids; never a list per file.
 
@@ -32,68 +38,66 @@ from airflow_provider_amqstream.assets.files import absolute, dir_uri, static_ro
 MAX_IDS = 10
 
 
-def destination_alias_name(conn_id: str, destination: str, task_id: str) -> str:
-    """The alias of a destination's asset: the same for every task that sends to it or
-    receives from it through that connection (a templated destination: per task).
+def templated(value: str) -> bool:
+    """Whether ``value`` holds a Jinja template."""
+    return "{{" in value or "{%" in value
+
+
+def destination_asset(conn_id: str, destination: str) -> Any:
+    """The ``Asset`` of ``destination`` through connection ``conn_id``
+    (``amqstream://<conn id>/queue/NAME``), e.g. for a DAG scheduled on it.
 
     :param conn_id: the ``amqstream`` connection id.
-    :param destination: ``/queue/NAME`` as written in the DAG (unrendered).
-    :param task_id: the task, for a templated destination.
-    """
-    if "{{" in destination or "{%" in destination:
-        return f"amqstream:{conn_id}:task:{task_id}"
-    return f"amqstream:{conn_id}:{destination}"
-
-
-def destination_alias(conn_id: str, destination: str, task_id: str = "") -> Any:
-    """The ``AssetAlias`` a send declares as outlet and a receive as inlet (see
-    :func:`destination_alias_name`)."""
-    from airflow.sdk import AssetAlias
-
-    return AssetAlias(name=destination_alias_name(conn_id, destination, task_id))
-
-
-def landing_alias_name(out_dir: str, task: Any = None) -> str:
-    """The alias of a landing directory's asset: named by the directory's static root, or
-    by the task when the whole directory is templated.
-
-    :param out_dir: the receive's ``out_dir`` as written in the DAG (unrendered).
-    :param task: the receiving task (for a wholly templated ``out_dir``).
-    """
-    root = static_root(out_dir)
-    if root:
-        return f"amqstream:landing:{root}"
-    return f"amqstream:landing:task:{getattr(task, 'dag_id', None) or ''}.{getattr(task, 'task_id', '')}"
-
-
-def alias_outlet(name: str) -> Any:
-    """An ``AssetAlias`` of this name."""
-    from airflow.sdk import AssetAlias
-
-    return AssetAlias(name=name)
-
-
-def with_alias(ports: Any, alias: Any) -> list[Any]:
-    """``ports`` (a task's inlets or outlets) with ``alias`` added once: a mapped task's
-    ``partial(outlets=...)`` declares it for the DAG, and its ``__init__`` runs again when
-    the task runs."""
-    ports = list(ports or [])
-    if not any(getattr(p, "name", None) == alias.name and type(p) is type(alias) for p in ports):
-        ports.append(alias)
-    return ports
-
-
-def parquet_asset(output_dir: str) -> Any:
-    """The ``Asset`` of a Spark hand-off's output: ``file://`` + the static root of
-    ``output_dir`` (the datasets of every stream, or of every batch, under it); None when
-    the whole directory is templated (no asset can be declared before it is rendered).
-
-    :param output_dir: the operator's ``output_dir`` as written in the DAG.
+    :param destination: ``/queue/NAME`` as written in the DAG.
     """
     from airflow.sdk import Asset
 
-    root = static_root(output_dir)
+    return Asset(uri=destination_uri(conn_id, destination))
+
+
+def destination_port(conn_id: str, destination: str, task_id: str) -> Any:
+    """What a send declares as outlet and a receive as inlet for its destination: its
+    ``Asset``, or for a templated destination an ``AssetAlias`` of the task."""
+    from airflow.sdk import AssetAlias
+
+    if templated(destination):
+        return AssetAlias(name=f"amqstream:{conn_id}:task:{task_id}")
+    return destination_asset(conn_id, destination)
+
+
+def directory_asset(path_template: str) -> Any:
+    """The ``Asset`` of a directory: ``file://`` + the static root of ``path_template`` (a
+    landing directory, the datasets of every stream under a Parquet directory); None when the
+    whole directory is templated (no asset can be named before it is rendered).
+
+    :param path_template: the directory as written in the DAG.
+    """
+    from airflow.sdk import Asset
+
+    root = static_root(path_template)
     return Asset(uri=dir_uri(root)) if root else None
+
+
+def landing_port(out_dir: str, task: Any, alias: str | None = None) -> Any:
+    """What a receive declares as outlet for its landing directory: its ``Asset``, or an
+    ``AssetAlias`` (``alias``, else one per task when ``out_dir`` is wholly templated)."""
+    from airflow.sdk import AssetAlias
+
+    asset = None if alias else directory_asset(out_dir)
+    if asset is not None:
+        return asset
+    return AssetAlias(name=alias or f"amqstream:landing:task:{getattr(task, 'dag_id', None) or ''}."
+                                    f"{getattr(task, 'task_id', '')}")
+
+
+def with_port(ports: Any, port: Any) -> list[Any]:
+    """``ports`` (a task's inlets or outlets) with ``port`` (an asset or alias) added once: a
+    mapped task's ``partial(outlets=...)`` declares it for the DAG, and its ``__init__`` runs
+    again when the task runs."""
+    ports = list(ports or [])
+    if port not in ports:
+        ports.append(port)
+    return ports
 
 
 @dataclass
@@ -147,67 +151,57 @@ class Arrivals:
         return extra
 
 
-def emit(context: Any, alias_name: str, uri: str, extra: dict[str, Any], log: logging.Logger) -> bool:
-    """Attach one event for the asset ``uri``, with ``extra``, to the task's outlet alias
-    ``alias_name``; False (logged) where the context has no outlet events (a task run
-    outside Airflow's task runner).
+def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | None, log: logging.Logger) -> bool:
+    """The event of the asset ``uri`` with ``extra``, through the task's outlet ``port`` (the
+    asset itself, or an alias); ``extra`` None: no event, the asset taken out of the task's
+    outlets (Airflow would record one for it). False (logged) when no event was made.
 
     :param context: the task's context.
-    :param alias_name: an ``AssetAlias`` the task declared as outlet.
-    :param uri: the asset's URI.
-    :param extra: the event's extra (small: see :class:`Arrivals`).
+    :param task: the task (its ``outlets``).
+    :param port: an ``Asset`` or ``AssetAlias`` the task declared as outlet.
+    :param uri: the asset's URI (for an alias: the asset it resolves to now).
+    :param extra: the event's extra (small: see :class:`Arrivals`); None: nothing to announce.
     :param log: the task's logger.
     """
     from airflow.sdk import Asset
 
+    if extra is None:
+        task.outlets = [o for o in task.outlets if o != port]
+        return False
     events = context.get("outlet_events") if hasattr(context, "get") else None
     if events is None:
-        log.warning("no outlet events in this context: the asset event for %s (alias %s) was not emitted",
-                    uri, alias_name)
+        log.warning("no outlet events in this context: the asset event for %s was not emitted", uri)
         return False
-    events[alias_outlet(alias_name)].add(Asset(uri=uri), extra=extra)
+    if isinstance(port, Asset):
+        events[port].extra = extra
+    else:
+        events[port].add(Asset(uri=uri), extra=extra)
     log.info("asset event for %s: %s", uri, _brief(extra))
     return True
 
 
-def emit_landing(context: Any, alias_name: str, root: str, arrivals: Arrivals, log: logging.Logger, *,
+def emit_landing(context: Any, task: Any, port: Any, arrivals: Arrivals, log: logging.Logger, *, root: str,
                  out_dir: str, manifest: str | None = None, batch_id: str | None = None) -> bool:
     """The landing directory's event, when anything arrived (nothing, or only repeats:
     no event, logged).
 
     :param context: the task's context.
-    :param alias_name: the task's landing alias (:func:`landing_alias_name`, or the user's).
-    :param root: the asset's directory: the static root of the task's ``out_dir`` template
-        (:func:`~airflow_provider_amqstream.assets.files.static_root`, taken before rendering);
-        ``""`` (all of it templated): the rendered ``out_dir``.
+    :param task: the receiving task.
+    :param port: its landing outlet (:func:`landing_port`).
     :param arrivals: what arrived.
+    :param root: for an alias, the asset's directory: the static root of the task's ``out_dir``
+        template (taken before rendering); ``""`` (all of it templated): the rendered ``out_dir``.
     :param log: the task's logger.
     :param out_dir: the rendered ``out_dir``, where this run's files went.
     :param manifest: the batch's manifest, if one was written.
     :param batch_id: the batch waited for, if any.
     """
-    uri = dir_uri(root or out_dir)
+    uri = getattr(port, "uri", None) or dir_uri(root or out_dir)
     if not arrivals.files:
         log.info("no asset event for %s: nothing new arrived (%d repeats of streams received before)",
                  uri, arrivals.duplicates)
-        return False
-    return emit(context, alias_name, uri, arrivals.extra(out_dir, manifest=manifest, batch_id=batch_id),
-                log)
-
-
-def emit_destination(context: Any, alias_name: str, destination: str, extra: dict[str, Any],
-                     log: logging.Logger, *, host: str, port: int) -> bool:
-    """The destination's event (``amqstream://host:port/queue/NAME``) after a send.
-
-    :param context: the task's context.
-    :param alias_name: the task's destination alias (:func:`destination_alias_name`).
-    :param destination: the rendered destination.
-    :param extra: what was sent (small).
-    :param log: the task's logger.
-    :param host: the connection's (first) broker host.
-    :param port: its port.
-    """
-    return emit(context, alias_name, destination_uri(host, port, destination), extra, log)
+        return emit(context, task, port, uri, None, log)
+    return emit(context, task, port, uri, arrivals.extra(out_dir, manifest=manifest, batch_id=batch_id), log)
 
 
 def sent_extra(result: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -24,11 +24,10 @@ from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import (
     Arrivals,
-    alias_outlet,
-    destination_alias,
+    destination_port,
     emit_landing,
-    landing_alias_name,
-    with_alias,
+    landing_port,
+    with_port,
 )
 from airflow_provider_amqstream.operators.progress import LogProgress
 from airflow_provider_amqstream.operators.xcom import MAX_XCOM_FILES, iter_result_files, listed
@@ -52,7 +51,7 @@ class ReceivingTask:
     min_free_bytes: int | None
     records_retention_days: float | None
     file_asset_alias: str | None
-    landing_alias: str
+    landing_port: Any
     landing_root: str
     task_id: str
     log: logging.Logger
@@ -63,19 +62,19 @@ class ReceivingTask:
                                 idle_timeout: float, overwrite: bool, max_bytes: int | None, quarantine: str | None,
                                 min_free_bytes: int | None, records_retention_days: float | None,
                                 file_asset_alias: str | None) -> None:
-        """Keep the receive arguments and declare the task's assets: the destination's alias
-        as inlet, its landing directory's alias as outlet (``landing_alias``, with
-        ``landing_root`` taken before ``out_dir`` is rendered in place, for
-        :func:`emit_landing`). Called in the task's ``__init__``, after ``BaseOperator``'s.
+        """Keep the receive arguments and declare the task's assets: the destination as
+        inlet, its landing directory as outlet (``landing_port``, named before ``out_dir`` is
+        rendered in place, for :func:`emit_landing`). Called in the task's ``__init__``, after
+        ``BaseOperator``'s.
 
         The arguments are the task's own, documented there.
         """
         self.records_retention_days = records_retention_days
         self.file_asset_alias = file_asset_alias
-        self.landing_alias = file_asset_alias or landing_alias_name(out_dir, self)
+        self.landing_port = landing_port(out_dir, self, file_asset_alias)
         self.landing_root = static_root(out_dir)
-        self.outlets = with_alias(self.outlets, alias_outlet(self.landing_alias))
-        self.inlets = with_alias(self.inlets, destination_alias(amqstream_conn_id, source, self.task_id))
+        self.outlets = with_port(self.outlets, self.landing_port)
+        self.inlets = with_port(self.inlets, destination_port(amqstream_conn_id, source, self.task_id))
         self.source, self.out_dir, self.amqstream_conn_id = source, out_dir, amqstream_conn_id
         self.window, self.idle_timeout, self.overwrite, self.max_bytes = window, idle_timeout, overwrite, max_bytes
         self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
@@ -150,13 +149,13 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
         (default: the connection's extra ``records_retention_days``, else 30; 0: for ever).
         Older ones are pruned as receiving starts; a stream offered again after its record
         expired is received again.
-    :param file_asset_alias: name of the ``AssetAlias`` the landing directory's events go
-        through (default ``amqstream:landing:<out_dir>``).
+    :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
+        to go through instead of its asset (resolved at run time: Airflow draws no link).
 
-    Assets: the destination's ``AssetAlias`` (``amqstream:<conn id>:<source>``, which the
-    sending task's ``amqstream://host:port/queue/NAME`` event goes through) is an inlet; the
-    landing directory ``file://<out_dir>`` (a templated one: its part before the first
-    template) is the outlet, with one event per run that received anything new (extra: the
+    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is an inlet (the asset a
+    send to it through the same connection produces); the landing directory
+    ``file://<out_dir>`` (a templated one: its part before the first template) is the outlet,
+    with one event per run that received anything new (extra: the
     rendered ``out_dir``, files, bytes, the manifest, the first stream ids). A run that
     received nothing, or only repeats of streams published before, emits none.
     """
@@ -205,8 +204,9 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
                   "manifest": str(drained.manifest) if drained.manifest else None,
                   "count": drained.count, "bytes": drained.bytes}
         # Counted a stream at a time: past MAX_XCOM_FILES the list file is read as it goes.
-        emit_landing(context, self.landing_alias, self.landing_root, Arrivals.of(iter_result_files(result)),
-                     self.log, out_dir=self.out_dir, manifest=result["manifest"], batch_id=self.batch_id)
+        emit_landing(context, self, self.landing_port, Arrivals.of(iter_result_files(result)),
+                     self.log, root=self.landing_root, out_dir=self.out_dir, manifest=result["manifest"],
+                     batch_id=self.batch_id)
         self._amqstream_result = result
         return self._amqstream_result
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -10,8 +12,9 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_amqstream.operators.outlets import parquet_asset, with_alias
+from airflow_provider_amqstream.operators.outlets import directory_asset, with_port
 
 # Every Spark application the operators below start is named so: one scheme in every example
 # and in a cluster's UI (SparkSubmitOperator's own default is "arrow-spark"). Templated.
@@ -20,6 +23,13 @@ APP_NAME = "amqstream:{{ dag.dag_id }}.{{ task.task_id }}"
 # Lines spark-submit prints that no configuration turns off and that say nothing about the
 # job: the JVM announces the incubator module Spark 4 adds to every driver.
 SUBMIT_NOISE = ("WARNING: Using incubator modules:",)
+
+
+# The job's last line on a data error (spark/stream_to_parquet.py, DATA_ERROR_MARK): the input's
+# content cannot be converted, and a retry would read the same bytes.
+DATA_ERROR_MARK = "stream_to_parquet: data error: "
+# A driver line of the shipped log4j2 layout: "26/11/28 04:34:39 ERROR Utils: ...".
+SPARK_LEVEL = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (ERROR|WARN) ")
 
 
 def stream_to_parquet_job() -> str:
@@ -96,16 +106,25 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
         kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
         super().__init__(**kwargs)
         self.parquet_dir = parquet_dir
-        self.parquet_asset = parquet_asset(parquet_dir) if parquet_dir is not None else None
+        self.parquet_asset = directory_asset(parquet_dir) if parquet_dir is not None else None
         if self.parquet_asset is not None:
-            self.outlets = with_alias(self.outlets, self.parquet_asset)
+            self.outlets = with_port(self.outlets, self.parquet_asset)
 
     def _arg(self, flag: str) -> str | None:
         args = list(self.application_args or [])
         return str(args[args.index(flag) + 1]) if flag in args[:-1] else None
 
     def execute(self, context: Any) -> None:
-        super().execute(context)
+        self._data_error: str | None = None
+        try:
+            super().execute(context)
+        except AirflowException:
+            if self._data_error is None:
+                raise
+            # The same file fails the same way on every try: fail once, naming it and why
+            # (spark-submit's command line and output tail, in the chained error, say less).
+            raise AirflowFailException(f"{self._data_error} (a data error: not retried; fix or resend the "
+                                       "file, then clear this task)") from None
         if self.parquet_asset is not None and hasattr(context, "get") and context.get("outlet_events") is not None:
             context["outlet_events"][self.parquet_asset].extra = parquet_extra(self._arg("--output"))
 
@@ -114,8 +133,22 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
         # The hook logs every output line as it reads it (_process_spark_submit_log, which
         # also extracts driver and application ids): filtering what it reads keeps all that.
         process = hook._process_spark_submit_log
-        hook._process_spark_submit_log = lambda itr: process(without_noise(itr))  # type: ignore[method-assign]
+        hook._process_spark_submit_log = lambda itr: process(self._by_level(without_noise(itr)))  # type: ignore[method-assign]
         return hook
+
+    def _by_level(self, lines: Iterator[Any]) -> Iterator[Any]:
+        """Spark's ERROR and WARN lines, and the job's data error, logged at their own level
+        (the hook logs every line at INFO); the rest passed on to the hook."""
+        for line in lines:
+            text = str(line).rstrip("\n")
+            level = SPARK_LEVEL.match(text)
+            if text.startswith(DATA_ERROR_MARK):
+                self._data_error = text
+                self.log.error("%s", text)
+            elif level:
+                self.log.log(logging.ERROR if level.group(1) == "ERROR" else logging.WARNING, "%s", text)
+            else:
+                yield line
 
 
 class StreamToParquetOperator(QuietSparkSubmitOperator):

@@ -11,6 +11,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import metrics
+from airflow_provider_amqstream.assets.amqstream import destination_uri
 from airflow_provider_amqstream.hooks.amqstream import (
     COMPRESSION_SETTINGS,
     MAX_CHUNK_SIZE,
@@ -21,7 +22,7 @@ from airflow_provider_amqstream.hooks.amqstream import (
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
-from airflow_provider_amqstream.operators.outlets import destination_alias, emit_destination, sent_extra, with_alias
+from airflow_provider_amqstream.operators.outlets import destination_port, emit, sent_extra, with_port
 from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
 from airflow_provider_amqstream.operators.xcom import listed
 
@@ -67,11 +68,10 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
 
-    Assets: the destination, ``amqstream://<broker host>:<port>/queue/NAME`` (the connection's
-    first broker, read when the task runs), is produced through the ``AssetAlias``
-    ``amqstream:<conn id>:<destination>`` this task declares as its outlet (receivers declare
-    it as their inlet): one event per successful send of at least one file (extra: stream id,
-    bytes, SHA-256; for many files the batch id and counts).
+    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is this task's outlet
+    (receivers of it through the same connection declare it as their inlet): one event per
+    successful send of at least one file (extra: stream id, bytes, SHA-256; for many files the
+    batch id and counts). A templated destination goes through an ``AssetAlias`` of the task.
     """
 
     template_fields: Sequence[str] = ("path", "destination", "stream_id", "name")
@@ -99,9 +99,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         self.mode = mode
         self.reconnect_timeout = reconnect_timeout
         self.progress_interval = progress_interval
-        alias = destination_alias(amqstream_conn_id, destination, self.task_id)
-        self.destination_alias = alias.name
-        self.outlets = with_alias(self.outlets, alias)
+        self.destination_port = destination_port(amqstream_conn_id, destination, self.task_id)
+        self.outlets = with_port(self.outlets, self.destination_port)
 
     def execute(self, context: Any) -> dict[str, Any]:
         hook = AmqStreamHook(self.amqstream_conn_id)
@@ -112,10 +111,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                               checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
         one = names_one_file(self.path)
         result = self._execute_one(hook, options) if one else self._execute_many(context, hook, options)
-        extra = sent_extra(result)
-        if extra is not None:
-            host, port = hook.broker_params().hosts[0]
-            emit_destination(context, self.destination_alias, self.destination, extra, self.log, host=host, port=port)
+        emit(context, self, self.destination_port, destination_uri(self.amqstream_conn_id, self.destination),
+             sent_extra(result), self.log)
         return result
 
     def _execute_one(self, hook: AmqStreamHook, options: SendOptions) -> dict[str, Any]:

@@ -7,7 +7,7 @@ Usage (event-driven scheduling, one asset event per offered stream)::
 
     trigger = MessageQueueTrigger(scheme="amqstream", destination="/queue/incoming",
                                   amqstream_conn_id="amqstream_default")
-    incoming = Asset("amqstream://broker/queue/incoming",
+    incoming = Asset("amqstream://amqstream_default/queue/incoming",
                      watchers=[AssetWatcher(name="incoming_streams", trigger=trigger)])
 
 The keyword arguments are those of

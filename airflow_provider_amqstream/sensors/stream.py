@@ -58,13 +58,13 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
-    :param file_asset_alias: name of the ``AssetAlias`` the landing directory's events go
-        through (default ``amqstream:landing:<out_dir>``).
+    :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
+        to go through instead of its asset (resolved at run time: Airflow draws no link).
 
-    Assets: the destination's ``AssetAlias`` (``amqstream:<conn id>:<source>``, through which
-    the sender's ``amqstream://host:port/queue/NAME`` event goes) is an inlet; the landing
-    directory ``file://<out_dir>`` (a templated one: its part before the first template) is
-    the outlet, with one event per stream that arrived (extra: stream id, path, bytes,
+    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is an inlet (the asset a
+    send to it through the same connection produces); the landing directory
+    ``file://<out_dir>`` (a templated one: its part before the first template) is the outlet,
+    with one event per stream that arrived (extra: stream id, path, bytes,
     SHA-256, and the files of its pack). A stream received before (a re-run for the same
     ``stream_id``, a repeat) emits none.
 
@@ -166,9 +166,9 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         # A stream this task instance took (now, or in a try that did not report success)
         # arrived for it; one found received before by anyone else is no arrival.
         ours = done is None or not self.stream_id or self.claimed_by(hook, claim, done.stream_id)
-        emit_landing(context, self.landing_alias, self.landing_root,
+        emit_landing(context, self, self.landing_port,
                      Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)), self.log,
-                     out_dir=self.out_dir)
+                     root=self.landing_root, out_dir=self.out_dir)
         if len(got) > 1:
             report_pack(got[1:], context.get("ti"), self.log)
         return got[0]

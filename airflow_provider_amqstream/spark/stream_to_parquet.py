@@ -12,7 +12,10 @@ receiver's ``<batch id>.manifest.jsonl``, or a directory of them) every file it 
 converted in this one application, each to DIR/<its path without extension>, and
 DIR/_amqstream_batch_summary.json lists them all. The input is read once and never cached
 (a file larger than the driver's memory converts as well as a small one). Spark itself logs
-warnings only. Exits 2 with a clear message on unreadable input.
+warnings only. Exits 2 with a clear message on unreadable input, and 3 when the input's
+content cannot be converted (a CSV cut mid-line, a corrupt Parquet file): a data error, which
+a retry would meet again. Either is said in one last line, ``stream_to_parquet: error: ...``
+or ``stream_to_parquet: data error: FILE: [CONDITION] ...``, naming the file and Spark's cause.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
+DATA_ERROR_EXIT = 3
+DATA_ERROR_MARK = "stream_to_parquet: data error: "
+# Spark's error conditions that say the input's bytes cannot be read as its format; SQLSTATE
+# class 22 (data exception) says the same of the rest.
+DATA_CONDITIONS = ("MALFORMED_", "CANNOT_PARSE_", "CANNOT_READ_FILE_FOOTER", "INVALID_BYTES", "CORRUPTED_")
+MAX_CAUSE = 400
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
            ".parquet": "parquet", ".pq": "parquet"}
@@ -45,6 +55,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def fail(msg: str) -> None:
     print(f"stream_to_parquet: error: {msg}", file=sys.stderr)
     sys.exit(2)
+
+
+def _causes(exc: BaseException) -> list[str]:
+    """The first line of each cause of a Spark failure, outermost first: the Java cause chain
+    of a Py4JJavaError, else the exception's own message."""
+    java = getattr(exc, "java_exception", None)
+    out = []
+    for _ in range(32):  # a cause chain is short; a cycle must not hang the job
+        if java is None:
+            break
+        out.append(str(java.toString()).splitlines()[0])
+        java = java.getCause()
+    return out or [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
+
+
+def _data_cause(causes: list[str]) -> str | None:
+    """The innermost cause naming a data condition (``[MALFORMED_CSV_RECORD] ...``), or None."""
+    for cause in reversed(causes):
+        condition = cause.partition("[")[2].partition("]")[0]
+        if condition.startswith(DATA_CONDITIONS) or "SQLSTATE: 22" in cause:
+            return cause.split(": ", 1)[-1] if cause.startswith(("org.", "java.")) else cause
+    return None
+
+
+def spark_failure(src: Path, fmt: str, exc: BaseException) -> None:
+    """Exit naming ``src`` and Spark's cause: 3 (a data error) when the cause is the
+    content, else 2."""
+    causes = _causes(exc)
+    data = _data_cause(causes)
+    if data is not None:
+        print(f"{DATA_ERROR_MARK}{src}: {data[:MAX_CAUSE]}", file=sys.stderr, flush=True)
+        sys.exit(DATA_ERROR_EXIT)
+    fail(f"cannot convert {src} as {fmt}: {causes[-1][:MAX_CAUSE]}")
 
 
 def _format_of(src: Path, fmt: str) -> str:
@@ -92,6 +135,7 @@ def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
 
 
 def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Namespace, sha256: str) -> dict:
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
@@ -120,8 +164,8 @@ def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Na
             writer = writer.partitionBy(*parts)
         writer.parquet(str(output))
         rows = spark.read.parquet(str(output)).count()  # type: ignore[attr-defined]
-    except PySparkException as exc:
-        fail(f"cannot convert {src} as {fmt}: {str(exc).splitlines()[0]}")
+    except (PySparkException, Py4JJavaError) as exc:
+        spark_failure(src, fmt, exc)
     size = sum(f.stat().st_size for f in output.rglob("*.parquet"))
     summary = {"input": str(src), "output": str(output), "format": fmt, "rows": rows, "columns": columns,
                "input_bytes": src.stat().st_size, "parquet_bytes": size, "partition_by": parts,

@@ -15,6 +15,7 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 from example_support import LANDING, PARQUET, QUEUE, README, RECEIVED, write_sample_csv
 
+from airflow_provider_amqstream.operators.outlets import directory_asset
 from airflow_provider_amqstream.operators.receive import ReceiveStreamsOperator
 from airflow_provider_amqstream.operators.spark import manifest_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
@@ -42,10 +43,10 @@ Each day lands in its own subdirectory (`out_dir` templated with `{RUN_DAY}`), s
 rarely meet; a file received under a name received before that day keeps both: the later one
 gets its stream id in its name, and the manifest says where each landed.
 
-**Assets:** `send` produces `amqstream://<broker>:<port>{QUEUE}.bulk` (the connection's broker,
-read when it runs), which `receive` consumes; `receive` produces `file://{RECEIVED / "bulk"}`
-(one event per run that brought files: the day's directory, files, bytes, manifest);
-`to_parquet` produces `file://{PARQUET / "bulk"}`.
+**Assets:** `send` produces `amqstream://amqstream_default{QUEUE}.bulk` (the destination on the
+connection's broker), which `receive` consumes; `receive` produces `file://{RECEIVED / "bulk"}`
+(one event per run that brought files: the day's directory, files, bytes, manifest), which
+`to_parquet` consumes; `to_parquet` produces `file://{PARQUET / "bulk"}`.
 
 **Run it:** scheduled hourly (and on unpausing); drop files into the landing directory.
 Connections: `amqstream_default`, `spark_default`.
@@ -90,7 +91,8 @@ with DAG(
     # One Spark application converts every file the manifest lists.
     to_parquet = manifest_to_parquet_operator(
         task_id="to_parquet", manifest="{{ ti.xcom_pull(task_ids='receive')['manifest'] }}",
-        output_dir=f"{PARQUET}/bulk/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}", partition_by="region")
+        output_dir=f"{PARQUET}/bulk/{{{{ run_id | replace(':', '_') | replace('+', '_') }}}}", partition_by="region",
+        inlets=[directory_asset(str(RECEIVED / "bulk"))])
 
     @task
     def archive(sent: dict, run_id: str | None = None) -> int:

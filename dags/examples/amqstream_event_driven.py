@@ -12,16 +12,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
+from airflow.sdk import DAG, AssetWatcher, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 from example_support import PARQUET, QUEUE, README, RECEIVED
 
-from airflow_provider_amqstream.operators.outlets import (
-    alias_outlet,
-    destination_alias,
-    landing_alias_name,
-    parquet_asset,
-)
+from airflow_provider_amqstream.assets.amqstream import create_asset
+from airflow_provider_amqstream.operators.outlets import destination_asset, directory_asset
 from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, stream_to_parquet_job
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -37,15 +33,16 @@ except ImportError:  # the same trigger, named directly
 
     watch = StreamOfferedTrigger(destination=INCOMING, amqstream_conn_id="amqstream_default", poll_interval=5.0)
 
-incoming_streams = Asset(name="amqstream_incoming_streams",
-                         watchers=[AssetWatcher(name="amqstream_offers", trigger=watch)])
+# The destination's own asset (the one a send to it produces, the receive consumes), watched.
+incoming_streams = create_asset(conn_id="amqstream_default", destination=INCOMING,
+                                watchers=[AssetWatcher(name="amqstream_offers", trigger=watch)])
 
 DOC = f"""
 ### A run per offered stream
 
-No schedule and no polling sensor: the asset `amqstream_incoming_streams` has a watcher that
-runs the amqstream trigger in the triggerer. It only looks at `{INCOMING}` and fires one
-asset event per stream offered there; each event starts a run.
+No schedule and no polling sensor: the queue's asset, `amqstream://amqstream_default{INCOMING}`,
+has a watcher that runs the amqstream trigger in the triggerer. It only looks at the queue
+and fires one asset event per stream offered there; each event starts a run.
 
 | task | what it does |
 |---|---|
@@ -53,10 +50,9 @@ asset event per stream offered there; each event starts a run.
 | `receive` | one `StreamCompleteSensor` per stream id: exactly that stream, into `{RECEIVED / "events"}` |
 | `to_parquet` | one Spark application per stream: `{PARQUET}/events/<stream id>` |
 
-**Assets:** the watched `amqstream_incoming_streams` starts the runs; `receive` consumes the
-destination (`amqstream://<broker>:<port>{INCOMING}`) and produces
-`file://{RECEIVED / "events"}`, an event per stream that arrived; `to_parquet` produces
-`file://{PARQUET / "events"}`.
+**Assets:** the watched `amqstream://amqstream_default{INCOMING}` starts the runs, and
+`receive` consumes it; `receive` produces `file://{RECEIVED / "events"}`, an event per stream
+that arrived, which `to_parquet` consumes; `to_parquet` produces `file://{PARQUET / "events"}`.
 
 **Run it:** send a file to `{INCOMING}`, e.g. `amqstream send data.csv --to {INCOMING}
 --mode atomic`; a run starts within seconds. Triggered by hand, it receives the streams
@@ -98,8 +94,8 @@ with DAG(
     # shows them (the operators add the same ones when they run).
     received = StreamCompleteSensor.partial(
         task_id="receive", source=INCOMING, out_dir=str(RECEIVED / "events"), poke_interval=5, timeout=3600,
-        inlets=[destination_alias("amqstream_default", INCOMING)],
-        outlets=[alias_outlet(landing_alias_name(str(RECEIVED / "events")))],
+        inlets=[destination_asset("amqstream_default", INCOMING)],
+        outlets=[directory_asset(str(RECEIVED / "events"))],
     ).expand(stream_id=offered_streams())
 
     @task
@@ -110,5 +106,5 @@ with DAG(
     StreamToParquetOperator.partial(
         task_id="to_parquet", sensor_task_id="receive", application=stream_to_parquet_job(),
         conn_id="spark_default", max_active_tis_per_dagrun=1, parquet_dir=f"{PARQUET}/events",
-        outlets=[parquet_asset(f"{PARQUET}/events")],
+        inlets=[directory_asset(str(RECEIVED / "events"))], outlets=[directory_asset(f"{PARQUET}/events")],
     ).expand(application_args=spark_args.expand(result=received.output))

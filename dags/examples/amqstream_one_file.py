@@ -10,6 +10,7 @@ from pathlib import Path
 from airflow.sdk import DAG, Param, task
 from example_support import DEMO_FILE, PARQUET, QUEUE, README, RECEIVED, write_sample_csv
 
+from airflow_provider_amqstream.operators.outlets import directory_asset
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
@@ -29,10 +30,10 @@ Parquet with Spark, and checks that Spark read as many rows as the file has.
 | `to_parquet` | Spark (`spark_default`) writes `{PARQUET / "one"}/<stream id>` |
 | `check` | compares row counts and checksums; its XCom is the run's report |
 
-**Assets:** `send` produces `amqstream://<broker>:<port>{QUEUE}.one` (the connection's
-broker, read when it runs), which `receive` consumes; `receive` produces
+**Assets:** `send` produces `amqstream://amqstream_default{QUEUE}.one` (the destination on
+the connection's broker), which `receive` consumes; `receive` produces
 `file://{RECEIVED / "one"}` (an event per stream that arrived: stream id, path, bytes,
-SHA-256); `to_parquet` produces `file://{PARQUET / "one"}`.
+SHA-256), which `to_parquet` consumes; `to_parquet` produces `file://{PARQUET / "one"}`.
 
 **Run it:** not scheduled; trigger it, with a `path` to a CSV of your own or the default (a
 sample is written there). Connections: `amqstream_default` and `spark_default`.
@@ -74,7 +75,8 @@ with DAG(
                                    stream_id=stream_id, overwrite=True, poke_interval=5, timeout=3600)
 
     to_parquet = stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
-                                            output_dir=str(PARQUET / "one"), partition_by="region")
+                                            output_dir=str(PARQUET / "one"), partition_by="region",
+                                            inlets=[directory_asset(str(RECEIVED / "one"))])
 
     @task
     def check(received: dict, ti=None) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 from example_support import BASE, QUEUE, README, SITE_A_CONN, write_sample_csv
 
-from airflow_provider_amqstream.operators.outlets import destination_alias
+from airflow_provider_amqstream.operators.outlets import destination_asset
 from airflow_provider_amqstream.operators.stream import SendStreamOperator
 
 OUTBOX = BASE / "site-a" / "outbox"
@@ -28,8 +28,9 @@ example always has something to send.
 Its consumer is `amqstream_site_b_consumer`; the two may run on different machines, each
 with its own broker (`make demo-sites` bridges two). Connection: `{SITE_A_CONN}`.
 
-**Assets:** each `send` produces `amqstream://<broker>:<port>{QUEUE}.sites`, which site B's
-`receive` consumes.
+**Assets:** each `send` produces `amqstream://{SITE_A_CONN}{QUEUE}.sites`, which site B's
+`receive` consumes (through the same connection id: with a broker per site, each site's
+connection names its own broker and the two assets are apart).
 
 **Run it:** scheduled every 30 minutes; put files into the outbox.
 
@@ -66,10 +67,10 @@ with DAG(
             shutil.move(str(src), dest)
         return str(dest)
 
-    # A mapped task is built only when it runs: its outlet (the destination's alias) is
+    # A mapped task is built only when it runs: its outlet (the destination's asset) is
     # declared here so the DAG shows it.
     sent = SendStreamOperator.partial(task_id="send", destination=QUEUE + ".sites", mode="atomic",
                                       amqstream_conn_id=SITE_A_CONN,
-                                      outlets=[destination_alias(SITE_A_CONN, QUEUE + ".sites")],
+                                      outlets=[destination_asset(SITE_A_CONN, QUEUE + ".sites")],
                                       ).expand(path=outbox_files())
     archive.expand(result=sent.output)

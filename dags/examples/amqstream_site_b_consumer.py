@@ -10,6 +10,7 @@ from datetime import timedelta
 from airflow.sdk import DAG
 from example_support import PARQUET, QUEUE, README, RECEIVED, SITE_B_CONN
 
+from airflow_provider_amqstream.operators.outlets import directory_asset
 from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -24,9 +25,9 @@ stream id added.
 
 Its producer is `amqstream_site_a_producer`. Connection: `{SITE_B_CONN}`, `spark_default`.
 
-**Assets:** `receive` consumes `amqstream://<broker>:<port>{QUEUE}.sites` (what site A's
+**Assets:** `receive` consumes `amqstream://{SITE_B_CONN}{QUEUE}.sites` (what site A's
 `send` produces) and produces `file://{RECEIVED / "site-b"}`, an event per stream that
-arrived; `to_parquet` produces `file://{PARQUET / "site-b"}`.
+arrived, which `to_parquet` consumes; `to_parquet` produces `file://{PARQUET / "site-b"}`.
 
 **Run it:** scheduled every 5 minutes (one run at a time); each run takes one stream.
 
@@ -47,4 +48,5 @@ with DAG(
                                    amqstream_conn_id=SITE_B_CONN, deferrable=True, poke_interval=10,
                                    timeout=4 * 3600)
     receive >> stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive",
-                                          output_dir=str(PARQUET / "site-b"))
+                                          output_dir=str(PARQUET / "site-b"),
+                                          inlets=[directory_asset(str(RECEIVED / "site-b"))])

@@ -18,10 +18,12 @@ from tests.integration.test_airflow import _load
 
 
 def test_sanitize_uri_normalises_and_names_what_is_wrong() -> None:
-    ok = sanitize_uri(urlsplit("amqstream://user@MQ.Example.com/queue/incoming?x=1#f"))
-    assert ok.geturl() == "amqstream://mq.example.com:61613/queue/incoming"
-    assert sanitize_uri(urlsplit("amqstream://h:61614/topic/t.1")).geturl() == "amqstream://h:61614/topic/t.1"
-    for bad, why in (("amqstream:///queue/x", "broker host"), ("amqstream://h/incoming", "/queue/NAME"),
+    # No port: a connection id, kept as written (Airflow's connection ids are case-sensitive).
+    ok = sanitize_uri(urlsplit("amqstream://user@amqstream_Prod/queue/incoming?x=1#f"))
+    assert ok.geturl() == "amqstream://amqstream_Prod/queue/incoming"
+    # A port: a broker's address, its host lower-cased.
+    assert sanitize_uri(urlsplit("amqstream://H:61614/topic/t.1")).geturl() == "amqstream://h:61614/topic/t.1"
+    for bad, why in (("amqstream:///queue/x", "connection id"), ("amqstream://h/incoming", "/queue/NAME"),
                      ("amqstream://h/queue/a b", "/queue/NAME"), ("amqstream://h:99999/queue/x", "out of range")):
         with pytest.raises(ValueError, match=why):
             sanitize_uri(urlsplit(bad))
@@ -30,7 +32,9 @@ def test_sanitize_uri_normalises_and_names_what_is_wrong() -> None:
 def test_airflow_normalises_amqstream_assets_with_our_handler() -> None:
     from airflow.sdk import Asset
 
-    assert Asset("amqstream://MQ1.example.com/queue/in").uri == "amqstream://mq1.example.com:61613/queue/in"
+    assert Asset("amqstream://amqstream_default/queue/in").uri == "amqstream://amqstream_default/queue/in"
+    assert create_asset(conn_id="amqstream_default", destination="/queue/in").uri == \
+        "amqstream://amqstream_default/queue/in"
     made = create_asset(host="mq1.example.com", destination="/queue/in")
     assert made.uri == "amqstream://mq1.example.com:61613/queue/in"
     ds = convert_asset_to_openlineage(made, None)
@@ -132,16 +136,16 @@ def test_a_sensor_that_takes_a_pack_reports_every_file_of_it(airflow_db: Path, p
 def test_send_produces_the_destination_and_a_repeat_produces_nothing(airflow_db: Path, params: BrokerParams,
                                                                      uri: str, queue_name: str, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A send emits ``amqstream://<the connection's broker>/queue/NAME``, its receive the
+    """A send emits ``amqstream://<its connection id>/queue/NAME``, its receive the
     landing directory; the same stream sent again is received as a repeat and emits nothing,
-    and the destination's asset and lineage dataset name the same thing."""
+    and the destination's asset and lineage dataset name the same thing (the broker the
+    connection names)."""
     from airflow_provider_amqstream.operators.lineage import destination_dataset, file_dataset
 
     monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
     src = make_file(tmp_path / "sales.csv", 30_000)
     out = tmp_path / "out"
-    host, port = params.hosts[0]
-    dest = f"amqstream://{host.lower()}:{port}{queue_name}"
+    dest = f"amqstream://amqstream_default{queue_name}"
     conf = {"queue": queue_name, "path": str(src), "out_dir": str(out), "stream_id": "dest-1"}
     dr = _load(ROOT / "tests" / "dags", "amqs_test_send_receive_assets").test(run_conf=conf)
     assert dr.state == "success"

@@ -205,7 +205,7 @@ def _received(d: Deployment, run_id: str) -> None:
 
 def test_the_examples_assets_and_their_events_through_the_api(deployment: Deployment) -> None:
     """Example 1 as a user browses its assets: the destination the send produced
-    (``amqstream://`` + the connection's broker), the landing directory the receive produced
+    (``amqstream://`` + the connection's id), the landing directory the receive produced
     (no host, one asset however many files) and the Parquet directory Spark produced, each
     with one event from this run."""
     d = deployment
@@ -213,9 +213,8 @@ def test_the_examples_assets_and_their_events_through_the_api(deployment: Deploy
     run_id = d.trigger("amqstream_one_file", conf)
     _received(d, run_id)
     sent = d.xcom("amqstream_one_file", run_id, "send")
-    broker = _broker_uri(d).split("@")[-1]  # 127.0.0.1:PORT
     examples = d.home / "examples"
-    want = {f"amqstream://{broker}{QUEUE}.one": "send", f"file://{examples / 'received' / 'one'}": "receive",
+    want = {f"amqstream://amqstream_default{QUEUE}.one": "send", f"file://{examples / 'received' / 'one'}": "receive",
             f"file://{examples / 'parquet' / 'one'}": "to_parquet"}
     for uri, task in want.items():
         if task == "to_parquet":
@@ -652,17 +651,31 @@ def test_dag_docs_and_parameter_help_in_the_ui(page: Any, deployment: Deployment
 
 def test_the_assets_page_shows_the_examples_assets(page: Any, deployment: Deployment, tmp_path: Path) -> None:
     """The Assets page, as a user browses it after example 1 ran: the destination, the
-    landing directory and the Parquet directory, with their last events."""
+    landing directory and the Parquet directory, with their last events; and the landing
+    directory's page, whose graph links the send, the destination, the receive, the directory
+    and the Spark task."""
     d, pg = deployment, page
     run_id = d.trigger("amqstream_one_file", {"path": str(d.home / "assets-ui.csv"), "rows": 500})
     _received(d, run_id)  # the Parquet asset is declared in the DAG: listed before Spark runs
     examples = d.home / "examples"
-    uris = [f"amqstream://{_broker_uri(d).split('@')[-1]}{QUEUE}.one", f"file://{examples / 'received' / 'one'}",
+    uris = [f"amqstream://amqstream_default{QUEUE}.one", f"file://{examples / 'received' / 'one'}",
             f"file://{examples / 'parquet' / 'one'}"]
-    for uri in uris:
-        _asset(d, uri)
+    assets = [_asset(d, uri) for uri in uris]
     pg.goto(d.base + "/assets")
     for uri in uris:
         pg.get_by_text(uri, exact=True).first.wait_for()
     _settled(pg)
     _shot(pg, tmp_path, "ui-assets.png")
+    # The landing directory's page: one producing task (receive), one consuming (to_parquet);
+    # its graph links the DAG to the destination, the directory and the Parquet.
+    pg.goto(f"{d.base}/assets/{assets[1]['id']}")
+    pg.get_by_text("Producing Tasks").wait_for()
+    assert pg.get_by_text("1 Task", exact=True).count() == 2
+    for label in (uris[0], uris[2], "amqstream_one_file"):  # the DAG and the assets it links
+        pg.get_by_text(label, exact=True).first.wait_for()
+    _settled(pg)
+    _shot(pg, tmp_path, "ui-asset-graph.png")
+    pg.get_by_role("button", name="Task Dependencies").click()
+    pg.wait_for_load_state("networkidle")
+    _settled(pg)
+    _shot(pg, tmp_path, "ui-asset-graph-tasks.png")

@@ -58,3 +58,55 @@ def test_a_signal_to_the_whole_group_while_it_starts_stops_everything(small_depl
     d.wait_stopped(90, "SIGTERM to make's process group during start-up")
     assert "airflow.sh: stopping api-server scheduler dag-processor triggerer log-server" in d.text(), d.text()
     assert "airflow.sh: stopped the broker" in d.text(), d.text()[-2000:]
+
+
+def _assets(d: Deployment) -> dict[str, tuple[list[str], list[str]]]:
+    """uri -> (producing tasks, consuming tasks) of every asset the API lists."""
+    return {a["uri"]: (sorted(f"{t['dag_id']}.{t['task_id']}" for t in a["producing_tasks"]),
+                       sorted(f"{t['dag_id']}.{t['task_id']}" for t in a["consuming_tasks"]))
+            for a in d.api("GET", "/assets", params={"limit": 1000})["assets"]}
+
+
+def _linked(d: Deployment, want: dict[str, tuple[list[str], list[str]]]) -> dict[str, tuple[list[str], list[str]]]:
+    """Every asset, once those of ``want`` have the tasks it says (the DAG processor parses first)."""
+    def ready() -> dict[str, tuple[list[str], list[str]]] | None:
+        got = _assets(d)
+        return got if all(got.get(u) == w for u, w in want.items()) else None
+
+    return wait_for(ready, 180, f"the assets, with producing and consuming tasks, in /api/v2/assets: {want}",
+                    interval=2)
+
+
+def test_sigint_to_make_alone_stops_everything_and_a_restart_keeps_the_assets(small_deployment: Deployment) -> None:
+    """A SIGINT to make's pid alone (``kill -INT <make>``: make keeps it to itself and waits
+    for the script) stops the deployment, with no "Error" from make. Started again on the same
+    directory, the broker has its port back and the API lists the very same assets: the
+    destination, produced by ``send`` and consumed by ``receive``, and the landing directory,
+    produced by ``receive`` and consumed by ``to_parquet`` (declared by the DAG: no run needed)."""
+    d = small_deployment
+    d.wait_ready()
+    examples = d.home / "examples"
+    want = {"amqstream://amqstream_default/queue/amqstream.examples.one":
+            (["amqstream_one_file.send"], ["amqstream_one_file.receive"]),
+            f"file://{(examples / 'received' / 'one').resolve()}":
+            (["amqstream_one_file.receive"], ["amqstream_one_file.to_parquet"]),
+            f"file://{(examples / 'parquet' / 'one').resolve()}": (["amqstream_one_file.to_parquet"], [])}
+    before = _linked(d, want)
+    port = (d.home / "broker" / "broker.port").read_text()
+
+    os.kill(d.proc.pid, signal.SIGINT)  # to make alone, not to its group
+    d.proc.wait(120)
+    d.wait_stopped(90, "SIGINT to make's pid")
+    assert "was told to stop" in d.text() and "Error" not in d.text(), d.text()[-2000:]
+    # The script exits 0; make then ends by the signal it was sent (it re-raises it).
+    assert d.proc.returncode == -signal.SIGINT, d.proc.returncode
+
+    again = Deployment(d.home, d.dags)
+    try:
+        again.wait_ready()
+        assert (d.home / "broker" / "broker.port").read_text() == port
+        after = _linked(again, want)
+        assert after == before, (before, after)
+    finally:
+        again.stop()
+    again.wait_all_exited(60, "SIGTERM to the restarted make")

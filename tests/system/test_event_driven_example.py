@@ -94,3 +94,43 @@ def test_a_run_that_names_no_stream_fails_saying_what_to_give() -> None:
     pick = dag.get_task("offered_streams").python_callable
     with pytest.raises(AirflowFailException, match=r"'Stream ids'.*/queue/amqstream\.examples\.events"):
         pick(triggering_asset_events={}, params={"stream_ids": []})
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_malformed_csv_fails_its_spark_task_once_naming_the_cause(airflow_db: Path, params: BrokerParams, uri: str,
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    """A CSV cut mid-line: Spark cannot read it, and no retry would read other bytes. Its
+    Spark task fails on its first try (the DAG allows two retries), and the task's last log
+    line names the file and Spark's cause; Spark's own lines come one to an event, no stack
+    traces."""
+    import example_support
+
+    monkeypatch.setenv("AIRFLOW_CONN_AMQSTREAM_DEFAULT", uri)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[1]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+    queue = f"/queue/evt.{tmp_path.name}"
+    for name in ("RECEIVED", "PARQUET"):
+        monkeypatch.setattr(example_support, name, tmp_path / name.lower())
+    monkeypatch.setattr(example_support, "QUEUE", queue)
+    whole = example_support.write_sample_csv(tmp_path / "whole.csv", rows=300).read_bytes()
+    cut = whole.index(b"\n", len(whole) // 2) + 12  # the next row cut after its first fields
+    src = tmp_path / "cut.csv"
+    src.write_bytes(whole[:cut])
+    send_file(params, src, queue + ".events", SendOptions(mode="atomic"), stream_id="cut-1")
+    capfd.readouterr()
+    dr = _load(EXAMPLES, "amqstream_event_driven").test(run_conf={"stream_ids": ["cut-1"]})
+    out = capfd.readouterr()
+    log = (out.out + out.err).splitlines()
+    assert dr.state == "failed"
+    ti = dr.get_task_instance("to_parquet", map_index=0)
+    assert (ti.state, ti.try_number) == ("failed", 1), (ti.state, ti.try_number)
+    received = tmp_path / "received" / "events" / "cut.csv"
+    lines = [line for line in log if "MALFORMED_CSV_RECORD" in line]
+    assert lines and str(received) in lines[-1], "\n".join(log[-40:])
+    # The failure is the task's last word: nothing of the task's after the line naming it
+    # but Airflow's own closing (its exception's record and state change).
+    tail = log[log.index(lines[-1]):]
+    print("\n".join(tail))
+    assert not [line for line in log if line.lstrip().startswith("at org.apache.spark")], "a Java stack trace"

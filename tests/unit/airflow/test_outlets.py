@@ -1,5 +1,5 @@
 """The assets the operators declare and emit, on the in-memory broker: the destination a send
-produces (its URI from the connection, read when the task runs), the landing directory a
+produces (named by its connection id, declared when the DAG is parsed), the landing directory a
 receive produces (one event per run that brought something new; none for repeats or for
 nothing), the Parquet directory of the Spark hand-off, and bounded extras. No broker, no
 Airflow database: the task's ``outlet_events`` are Airflow's own accessors."""
@@ -18,10 +18,10 @@ from airflow_provider_amqstream.assets.amqstream import destination_uri
 from airflow_provider_amqstream.assets.files import dir_uri, static_root
 from airflow_provider_amqstream.engine import SendOptions
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.operators.outlets import MAX_IDS, Arrivals, landing_alias_name
+from airflow_provider_amqstream.operators.outlets import MAX_IDS, Arrivals
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
-HOST = "MQ-Unit-Assets"  # a broker host as a connection may spell it: assets lower-case it
+HOST = "MQ-Unit-Assets"  # the broker, which no asset names: they name the connection
 PORT = 61700
 Q = "/queue/assets.unit"
 
@@ -41,23 +41,24 @@ def _context(task: Any) -> dict[str, Any]:
     return {"ti": None, "task": task, "outlet_events": OutletEventAccessors()}
 
 
-def _events(context: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(alias, asset URI, extra) of every event the task attached to an alias."""
-    return [(e.source_alias_name, e.dest_asset_key.uri, e.extra)
-            for acc in context["outlet_events"]._dict.values() for e in acc.asset_alias_events]
-
-
-def _port_names(ports: list[Any]) -> list[tuple[str, str]]:
-    return [(type(p).__name__, p.name) for p in ports]
-
-
-def test_uris_name_the_broker_and_the_directory_without_the_machine() -> None:
+def _events(context: dict[str, Any], task: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """(alias or "", asset URI, extra) of every event Airflow would record for the task when it
+    succeeds: one per asset left in its outlets (with the extra it set), one per alias event."""
     from airflow.sdk import Asset
 
-    uri = destination_uri("MQ1.Example.com", 61613, "/queue/in")
-    assert uri == "amqstream://mq1.example.com:61613/queue/in"
+    accessors = context["outlet_events"]
+    static = [("", o.uri, accessors[o].extra) for o in task.outlets if isinstance(o, Asset)]
+    return static + [(e.source_alias_name, e.dest_asset_key.uri, e.extra)
+                     for acc in accessors._dict.values() for e in acc.asset_alias_events]
+
+
+def test_uris_name_the_connection_and_the_directory_without_the_machine() -> None:
+    from airflow.sdk import Asset
+
+    uri = destination_uri("amqstream_Prod", "/queue/in")
+    assert uri == "amqstream://amqstream_Prod/queue/in"  # a connection id is case-sensitive
     assert Asset(uri=uri).uri == uri  # what Airflow stores: already normalised
-    assert destination_uri("::1", 61614, "/topic/t") == "amqstream://[::1]:61614/topic/t"
+    assert Asset(uri="amqstream://MQ1.Example.com:61614/topic/t").uri == "amqstream://mq1.example.com:61614/topic/t"
     assert dir_uri("/data/in") == "file:///data/in"
     assert Asset(uri=dir_uri("/data/in")).uri == "file:///data/in"
     assert static_root("/data/in/{{ ds }}") == "/data/in"
@@ -88,24 +89,24 @@ def test_send_then_receive_emit_the_destination_and_the_landing_directory(broker
     src = tmp_path / "sales.csv"
     src.write_bytes(b"a,b\n1,2\n" * 500)
     send = SendStreamOperator(task_id="send", path=str(src), destination=Q, stream_id="asset-1")
-    alias = f"amqstream:amqstream_default:{Q}"
-    assert _port_names(send.outlets) == [("AssetAlias", alias)]  # declared, nothing resolved yet
+    dest = f"amqstream://amqstream_default{Q}"
+    assert [o.uri for o in send.outlets] == [dest]  # declared when the DAG is parsed
     ctx = _context(send)
     sent = send.execute(ctx)
-    [(name, uri, extra)] = _events(ctx)
-    assert (name, uri) == (alias, f"amqstream://{HOST.lower()}:{PORT}{Q}")
+    [(name, uri, extra)] = _events(ctx, send)
+    assert (name, uri) == ("", dest)
     assert extra["stream_id"] == "asset-1" and extra["sha256"] == sent["sha256"] and extra["bytes"] == sent["bytes"]
 
     template = str(tmp_path / "in") + "/{{ ds }}"
     recv = ReceiveStreamsOperator(task_id="receive", source=Q, out_dir=template, wait_timeout=0.5)
-    assert _port_names(recv.inlets) == [("AssetAlias", alias)]
-    assert _port_names(recv.outlets) == [("AssetAlias", landing_alias_name(template))]
+    landing = f"file://{(tmp_path / 'in').resolve()}"
+    assert [i.uri for i in recv.inlets] == [dest] and [o.uri for o in recv.outlets] == [landing]
     recv.out_dir = str(tmp_path / "in" / "2026-11-26")  # as Airflow renders it
     ctx = _context(recv)
     got = recv.execute(ctx)
     assert got["count"] == 1
-    [(name, uri, extra)] = _events(ctx)
-    assert (name, uri) == (f"amqstream:landing:{tmp_path / 'in'}", f"file://{(tmp_path / 'in').resolve()}")
+    [(name, uri, extra)] = _events(ctx, recv)
+    assert (name, uri) == ("", landing)
     assert extra["out_dir"] == str((tmp_path / "in" / "2026-11-26").resolve())
     assert (extra["files"], extra["bytes"], extra["stream_id"]) == (1, src.stat().st_size, "asset-1")
 
@@ -121,7 +122,7 @@ def test_a_receive_of_nothing_or_of_repeats_emits_no_event(broker: MemoryBroker,
     def receive() -> tuple[dict[str, Any], list[Any]]:
         op = ReceiveStreamsOperator(task_id="receive", source=Q, out_dir=out, wait_timeout=0.5)
         ctx = _context(op)
-        return op.execute(ctx), _events(ctx)
+        return op.execute(ctx), _events(ctx, op)
 
     nothing, events = receive()  # nothing offered
     assert (nothing["files"], nothing["failed"], nothing["manifest"], nothing["count"], events) == ([], [], None, 0, [])
@@ -150,7 +151,7 @@ def test_the_sensor_announces_its_stream_once(broker: MemoryBroker, tmp_path: Pa
         sensor = StreamCompleteSensor(task_id="receive", source=Q, out_dir=out, stream_id="sensed-1", offer_wait=0.5)
         ctx = _context(sensor)
         assert sensor.poke(ctx).is_done
-        return _events(ctx)
+        return _events(ctx, sensor)
 
     [(_, uri, extra)] = poke()
     assert uri == f"file://{Path(out).resolve()}" and extra["stream_id"] == "sensed-1" and extra["files"] == 1
@@ -198,11 +199,13 @@ def test_every_example_declares_its_assets() -> None:
     queue, received, parquet = example_support.QUEUE, example_support.RECEIVED, example_support.PARQUET
     for dag_id, suffix in (("amqstream_one_file", ".one"), ("amqstream_bulk_landing", ".bulk"),
                            ("amqstream_site_a_producer", ".sites")):
-        assert seen[f"{dag_id}.send"][1] == [f"amqstream:amqstream_default:{queue}{suffix}"], dag_id
+        assert seen[f"{dag_id}.send"][1] == [f"amqstream://amqstream_default{queue}{suffix}"], dag_id
     for dag_id, suffix, landing in (("amqstream_one_file", ".one", "one"), ("amqstream_bulk_landing", ".bulk", "bulk"),
                                     ("amqstream_site_b_consumer", ".sites", "site-b"),
                                     ("amqstream_event_driven", ".events", "events")):
         ins, outs = seen[f"{dag_id}.receive"]
-        assert ins == [f"amqstream:amqstream_default:{queue}{suffix}"], dag_id
-        assert outs == [f"amqstream:landing:{received / landing}"], dag_id
-        assert seen[f"{dag_id}.to_parquet"][1] == [f"file://{(parquet / landing).resolve()}"], dag_id
+        assert ins == [f"amqstream://amqstream_default{queue}{suffix}"], dag_id
+        assert outs == [f"file://{(received / landing).resolve()}"], dag_id
+        # Spark consumes the landing directory and produces its Parquet directory.
+        assert seen[f"{dag_id}.to_parquet"] == ([f"file://{(received / landing).resolve()}"],
+                                                [f"file://{(parquet / landing).resolve()}"]), dag_id
