@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from example_support import PARQUET, QUEUE, README, RECEIVED
 
 from airflow_provider_amqstream.assets.amqstream import create_asset
-from airflow_provider_amqstream.operators.outlets import destination_asset, directory_asset
+from airflow_provider_amqstream.operators.outlets import directory_asset
 from airflow_provider_amqstream.operators.spark import StreamToParquetOperator, stream_to_parquet_job
 from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
 
@@ -94,7 +94,9 @@ with DAG(
     # shows them (the operators add the same ones when they run).
     received = StreamCompleteSensor.partial(
         task_id="receive", source=INCOMING, out_dir=str(RECEIVED / "events"), poke_interval=5, timeout=3600,
-        inlets=[destination_asset("amqstream_default", INCOMING)],
+        # The watched asset itself, watcher and all: Airflow keeps one definition per asset, the
+        # last it collects, and a copy without the watcher here left the queue unwatched.
+        inlets=[incoming_streams],
         outlets=[directory_asset(str(RECEIVED / "events"))],
     ).expand(stream_id=offered_streams())
 

@@ -438,8 +438,10 @@ def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_
         if t.is_alive():
             t.join(10)
         raw.close()
-    assert sorted((f.stream_id, f.status) for f in failures) == sorted(
-        [(f"half-{i}", "stalled") for i in range(5)] + [("drip-1", "stalled")])
+    # Fair share serves alice's stream after one of mallory's has had its look (not after all
+    # six): each one looked at before it gave way for its rate, none held the receiver longer.
+    ahead = {(f"half-{i}", "stalled") for i in range(5)} | {("drip-1", "stalled")}
+    assert failures and {(f.stream_id, f.status) for f in failures} <= ahead, failures
     assert all(f"at least {DEFAULT_MIN_RATE} bytes a second" in f.reason for f in failures), failures[0].reason
     bound = SLACK + 6 * (FIRST_LOOK + PER_LOOK)
     print(f"\nbehind 5 half-sent streams and a trickling one at default settings: the good stream arrived in "
