@@ -39,10 +39,10 @@ from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed,
 from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many
 from airflow_provider_amqstream.engine.receive.holders import Holder
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
-from airflow_provider_amqstream.exceptions import LocalProtocolError, StreamError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.protocol.outcomes import Outcome
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
 from airflow_provider_amqstream.protocol.state import ReceiverState
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -113,7 +113,7 @@ def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
         return Outcome.INLINE
     if headers.get(p.H_MODE) == p.Mode.HANDSHAKE.value:
         return Outcome.HANDSHAKE
-    return Outcome.parse(headers.get(p.H_QUARANTINE_CAUSE)) or Outcome.INVALID
+    return Outcome.parse(headers.get(H_QUARANTINE_CAUSE)) or Outcome.INVALID
 
 
 # --------------------------------------------------------------------------- views
@@ -308,7 +308,7 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
         if bw.is_pack(headers):
             try:
                 members = bw.read_pack(headers, frame.body or b"")
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 out.append(({**headers, "_invalid": str(exc)}, frame))
                 continue
             for member, _ in members:
@@ -335,7 +335,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
             try:
                 batch_id, part, parts, entries = bw.parse_batch(h, frame.body or b"")
                 batches.append(BatchAnnounced(batch_id, part, parts, len(entries), sender, at))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 streams.append(Offered(sid, kind="invalid", sender=sender, offered_at=at, note=str(exc)))
             continue
         entry = Offered(sid, name=str(h.get(p.H_NAME, ""))[:255], size=_int(h.get(p.H_SIZE)),
@@ -346,7 +346,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
         else:
             try:
                 p.parse_offer(h, dest, sender=sender)
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 entry.kind, entry.note = "invalid", str(exc)
             else:
                 if h.get(p.H_REOFFER) == "1":
@@ -452,7 +452,7 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
         try:
             p.validate_stream_id(sid)
             st = os.stat(sdir / name, follow_symlinks=False)
-        except (p.ProtocolError, OSError):
+        except (ProtocolError, OSError):
             continue
         entry = InProgress(sid, str(out_dir), last_progress_at=st.st_mtime)
         try:
@@ -464,7 +464,7 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
             try:
                 rs = ReceiverState.from_json(state)
                 entry.name, entry.size, entry.durable_bytes = rs.spec.name, rs.spec.size, rs.received_bytes
-            except (p.ProtocolError, KeyError, TypeError, ValueError) as exc:
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
                 log.warning("stream %s in %s: resume state not understood (%s)", sid, out_dir, exc)
             entry.sender = str(state.get("sender") or "")
             if isinstance(state.get("started_at"), (int, float)):
@@ -489,7 +489,7 @@ def progress_marks(entries: Iterable[InProgress]) -> dict[str, tuple[int, float]
 def _valid_id(sid: str) -> bool:
     try:
         p.validate_stream_id(sid)
-    except p.ProtocolError:
+    except ProtocolError:
         return False
     return True
 
@@ -512,7 +512,8 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
             try:
                 head = read_json(first) or {}
                 parts = int(head.get("parts", 1))
-                seen, listed = [], []
+                seen: list[int] = []
+                listed: list[str] = []
                 for k in range(1, min(parts, bw.MAX_BATCH_PARTS) + 1):
                     part = head if k == 1 else read_json(owner / f"{batch_id}.{k}.json")
                     if part is not None:

@@ -181,7 +181,7 @@ def take_matching(link: Link, queue: str, match: Callable[[Any], bool], *, selec
     """
     # Prefetch above one: the found messages stay held (unacknowledged) while we look on.
     sub = link.subscribe(queue, prefetch=BROWSE_LIMIT, selector=selector)
-    found = []
+    found: list[Any] = []
     while (frame := link.get(quiet if not found else min(quiet, 0.3), sub)) is not None:
         if match(frame):
             found.append(frame)

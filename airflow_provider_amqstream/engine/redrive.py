@@ -72,13 +72,14 @@ from airflow_provider_amqstream.exceptions import (
     DestinationFull,
     DiscardRefused,
     LocalProtocolError,
+    ProtocolError,
     RedriveRefused,
     RemoteProtocolError,
     StreamError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.link import Link
+from airflow_provider_amqstream.transport.link import Link, Message
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class ChunkCheck:
                 self._end(h)
             else:
                 raise RemoteProtocolError(f"a message that is not one of its chunks ({p.H_KIND}={str(kind)[:20]!r})")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._problem(str(exc))
         return {H_REDRIVE_SENDER: stamp} if stamp else {}
 
@@ -381,7 +382,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             first = p.sender_of(copy.headers, parked=True)
             try:
                 spec, data_q = p.parse_offer(offer, dest, sender=first)
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 raise RedriveRefused(f"{where} cannot be redriven: its offer is invalid ({exc})") from None
             dlq_q = dlq_data_queue(data_q)
             _require_read(qs, (dlq_q, data_q))
@@ -475,7 +476,7 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
     their senders, and those of the offers seen, which name its data queues."""
     link = qs.link
 
-    def is_offer(frame: Any) -> bool:
+    def is_offer(frame: Message) -> bool:
         return frame.headers.get(p.H_STREAM) == sid and frame.headers.get(p.H_KIND) == p.Kind.OFFER.value
 
     offers, sub = take_matching(link, str(dest), is_offer, selector=f"{p.H_KIND} = 'offer' AND {_offer_selector(sid)}",

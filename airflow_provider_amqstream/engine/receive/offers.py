@@ -76,7 +76,7 @@ _MAX_STALLED = 4096
 
 def backoff_for(yields: int, first: float) -> float:
     """Seconds a stream is parked after its ``yields``-th yield (1 for the first)."""
-    return min(max(1.0, first) * 2 ** min(max(yields, 1) - 1, 20), MAX_YIELD_BACKOFF)
+    return min(max(1.0, first) * 2.0 ** min(max(yields, 1) - 1, 20), MAX_YIELD_BACKOFF)
 
 
 class Offers:

@@ -54,6 +54,7 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
+    ProtocolError,
     StreamError,
     StreamFailure,
     StreamNoRoom,
@@ -321,7 +322,7 @@ class ReceiveSession:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
             terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
@@ -410,7 +411,7 @@ class ReceiveSession:
         """Record one part of a batch list; a part that does not fit gives way as a stream would."""
         try:
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
         try:
             manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
@@ -492,7 +493,7 @@ class ReceiveSession:
         for sid in ids:
             try:
                 valid.add(p.validate_stream_id(sid))
-            except p.ProtocolError:
+            except ProtocolError:
                 continue
         try:
             found = find_received_many(self.out, valid, retention_days=self.opts.records_retention_days)
@@ -505,7 +506,7 @@ class ReceiveSession:
         sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
         try:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender)
@@ -571,7 +572,7 @@ class ReceiveSession:
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
             files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
                       sender=sender)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, str(exc))
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.cause, bad.reason)
@@ -597,7 +598,7 @@ class ReceiveSession:
                 continue
             try:
                 found.extend(inline.unpack(offer))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 pid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
         return found
@@ -680,7 +681,7 @@ class ReceiveSession:
         cannot name a file."""
         try:
             p.validate_stream_id(sid)
-        except p.ProtocolError:
+        except ProtocolError:
             return None
         return self.sdir / f"{sid}.quarantined"
 
@@ -707,7 +708,7 @@ class ReceiveSession:
         sid = str(offer.headers.get(p.H_STREAM, ""))
         try:
             p.validate_stream_id(sid)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._quarantine(offer, sid[: p.MAX_STREAM_ID], Outcome.INVALID, f"invalid re-offer: {exc}")
             return
         def published() -> bool:

@@ -76,6 +76,7 @@ from airflow_provider_amqstream.engine.send.stream import (
 )
 from airflow_provider_amqstream.exceptions import (
     ConnectionLost,
+    ProtocolError,
     StreamError,
     TransportError,
 )
@@ -231,7 +232,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
             identity = _file_identity(bf.path, st_, bf.real)
             sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}", key)  # as default_stream_id
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
         yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
@@ -439,7 +440,7 @@ class _Ctx:
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
                     sent = self._send_small(link, e, seal) if small else self._send_large(link, e)
-                except (OSError, StreamError, p.ProtocolError) as exc:
+                except (OSError, StreamError, ProtocolError) as exc:
                     todo.popleft()
                     fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
                     if flight.files and flight.files[-1][0] is None:
@@ -475,7 +476,7 @@ class _Ctx:
         e = todo[0]
         try:
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             todo.popleft()
             fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
         else:

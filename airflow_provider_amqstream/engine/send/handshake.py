@@ -17,7 +17,7 @@ from typing import Any
 from airflow_provider_amqstream.engine.records import hash_prefix
 from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.outbound import Outbound
-from airflow_provider_amqstream.exceptions import StreamError
+from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -38,7 +38,7 @@ def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], 
         state.sha256 = hasher.hexdigest()
         out.save()
     with open_link(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
-        attempt = _HandshakeAttempt(out, link)
+        attempt = _HandshakeAttempt(out, link, state.sha256)
         try:
             attempt.offer()
             attempt.gather(*timeouts[:2])
@@ -55,8 +55,8 @@ class _HandshakeAttempt:
     """One connection's worth of a handshake-mode send: offer, gather receivers, then send
     each of them what it still misses, paced by their acknowledgements."""
 
-    def __init__(self, out: Outbound, link: Link) -> None:
-        self.out, self.link = out, link
+    def __init__(self, out: Outbound, link: Link, sha256: str) -> None:
+        self.out, self.link, self.sha256 = out, link, sha256
         self.spec, self.sid = out.state.spec, out.state.spec.stream_id
         self.control_q = out.dest.control_queue(self.sid)
         self.hs = HandshakeSender(self.spec, out.window, point_to_point=out.dest.kind == "queue")
@@ -88,7 +88,7 @@ class _HandshakeAttempt:
         nobody but our receivers can stop, rewind or finish this sender."""
         try:
             return self.hs.on_control(frame.headers, now=time.monotonic()) is not None
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             log.warning("stream %s: ignored a control message on %s: %s", self.sid, self.control_q, exc)
             return False
 
@@ -139,7 +139,7 @@ class _HandshakeAttempt:
         spec, data_q = self.spec, self.out.dest.data_queue(self.sid, self.out.params.user)
         try:
             seq = self.hs.next_chunk()
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             raise StreamError(f"{exc}; a receiver of {self.out.dest} keeps rewinding (see its log)") from None
         if seq is not None:
             chunk = reader.at(seq)
@@ -147,6 +147,6 @@ class _HandshakeAttempt:
             self.sent += chunk.length
             return True
         if self.hs.take_end():
-            self.link.send(data_q, b"", p.end_headers(spec, self.out.state.sha256))
+            self.link.send(data_q, b"", p.end_headers(spec, self.sha256))
             return True
         return False
