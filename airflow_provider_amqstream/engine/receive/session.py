@@ -538,7 +538,7 @@ class ReceiveSession:
             # What the group publishes is recorded now: later offers look it up again.
             self._known = None
             for offer, result in files.commit():
-                inline.settle(self.link, offer)
+                inline.settle(self.offers.ack, offer)
                 # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
                 self.opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path),
                                destination=str(self.dest), bytes=result.bytes,
@@ -553,7 +553,7 @@ class ReceiveSession:
             checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
             if isinstance(checked, tuple):  # not published after all: back to the tail
                 message = inline.message_of(offer)
-                if not inline.is_settled(message):
+                if not self.offers.settled(message):
                     self.offers.requeue(message)
                 continue
             outcomes.append(checked)
@@ -584,7 +584,7 @@ class ReceiveSession:
         held = inline.message_of(offer)
         outcome = self._yielded(exc, sid, 0, held)
         for message in group:
-            if message is not held and not inline.is_settled(message):
+            if message is not held and not self.offers.settled(message):
                 self.offers.requeue(message)
         return outcome
 
@@ -620,7 +620,7 @@ class ReceiveSession:
                 )
         elif not bw.is_inline(offer.headers):
             drain_queue(self.link, data_q, ack=True)
-        inline.settle(self.link, offer)
+        inline.settle(self.offers.ack, offer)
         self.opts.emit("duplicate_offer", stream_id=spec.stream_id)
         log.info(
             "stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
@@ -667,7 +667,7 @@ class ReceiveSession:
                                            "offset": offset}))
                 tmp.replace(note)
             moved = then()
-        inline.settle(self.link, offer)
+        inline.settle(self.offers.ack, offer)
         if note is not None:
             note.unlink(missing_ok=True)
         failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved,
