@@ -162,12 +162,12 @@ class Offers:
     def _fresh(self, timeout: float) -> Any:
         """The next offer on the queue of offers within ``timeout``, or None: it ran dry, which
         ends the round."""
-        subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
-        offer = self.link.get_any(timeout, subs)  # type: ignore[arg-type]
+        subs = tuple(sub for sub in (self.inline_sub, self.sub) if sub)
+        offer = self.link.get_any(timeout, subs)
         if offer is None and self.stalled and timeout < _DRY:
             # Right after an acknowledgement the next offer is still on its way (prefetch 1),
             # and the broker pages a backlog in from disk: dry only if none comes for a while.
-            offer = self.link.get_any(_DRY - timeout, subs)  # type: ignore[arg-type]
+            offer = self.link.get_any(_DRY - timeout, subs)
         self.main_idle = offer is None
         if offer is None:
             self.stalled.clear()
