@@ -310,7 +310,7 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
         for section, queue in queues.items():
             browsed = qs.browse(queue, keep_body=_keep_pack_or_batch)
             if browsed.denied:
-                inv.denied[section] = _denied_text(browsed.denied, queue, section)
+                inv.denied[section] = _denied_text(params, queue, section)
                 continue
             inv.truncated[section] = browsed.truncated
             if section == "offered":
@@ -333,10 +333,9 @@ _NEEDS = {"offered": "read on the destination (a receiver's right)",
           "quarantined": "read on the quarantine queue (on the embedded broker, the administrator's only)"}
 
 
-def _denied_text(error: str, queue: str, section: str) -> str:
-    # The transport's text names broker, user and the refused queue; what to grant differs here.
-    m = re.search(r"refused user (\S+):", error)
-    who = m.group(1) if m else "this user"
-    return f"the broker refused {who} a look at {queue}: browsing needs {_NEEDS.get(section, 'read')}"
+def _denied_text(params: BrokerParams, queue: str, section: str) -> str:
+    # The transport's refusal says what to grant for a transfer; a look needs other rights.
+    who = params.login or "(anonymous)"
+    return f"the broker refused {who} a look at {queue} ({params.url}): browsing needs {_NEEDS.get(section, 'read')}"
 
 
