@@ -15,6 +15,7 @@ import hmac
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
@@ -206,6 +207,14 @@ class Seal:
         salt = os.urandom(SALT)
         pt = bytes([_ENCODINGS.index(encoding)]) + body
         return salt + ChaCha20Poly1305(self.key).encrypt(_nonce(seq, salt), pt, self._ad(seq, last))
+
+    def sealer(self, chunks: int) -> Callable[[int, bytes, str | None], bytes]:
+        """Seals chunk ``seq`` of a stream of ``chunks`` (for wire.data_message)."""
+        return lambda seq, body, encoding: self.chunk(seq, seq == chunks, body, encoding)
+
+    def opener(self, chunks: int) -> Callable[[int, bytes | memoryview], tuple[bytes, str | None]]:
+        """Opens chunk ``seq`` of a stream of ``chunks`` (for state.ReceiverState)."""
+        return lambda seq, wire: self.open_chunk(seq, seq == chunks, wire)
 
     def open_chunk(self, seq: int, last: bool, wire: bytes | memoryview) -> tuple[bytes, str | None]:
         """Chunk ``seq``'s body and encoding; :class:`SealBroken` if it was not sealed as
