@@ -104,9 +104,11 @@ def _unb32(text: str) -> bytes:
     if not text or any(c not in _B32 for c in text):
         return b""
     try:
-        return base64.b32decode(text.upper() + "=" * (-len(text) % 8))
+        raw = base64.b32decode(text.upper() + "=" * (-len(text) % 8))
     except ValueError:
         return b""
+    # Only the canonical spelling: the last character's spare bits would let a typo there pass.
+    return raw if _b32(raw) == text else b""
 
 
 def recipient_of(public: bytes) -> str:
