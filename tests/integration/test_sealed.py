@@ -21,7 +21,7 @@ from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, make_file, running_broker
+from tests.helpers import RawSender, Receiver, browse, cli, make_file, running_broker, sha256_file
 
 pytestmark = pytest.mark.broker
 
@@ -147,3 +147,18 @@ def test_sealing_required_quarantines_an_unsealed_stream_and_takes_the_next_seal
     got, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],), seal_required=True)
     assert [f.cause for f in failed] == ["unsealed"] and not (tmp_path / "out" / "plain.bin").exists()
     assert [r.sha256 for r in got] == [sent.sha256]
+
+
+def test_pub_sub_fan_out_to_two_key_holders_each_with_its_own_key(params: BrokerParams, tmp_path: Path) -> None:
+    topic = f"/topic/t.sealed.{os.getpid()}"
+    keys = [tmp_path / "a.key", tmp_path / "b.key"]
+    recipients = tuple(new_key_file(k).recipient for k in keys)
+    src = make_file(tmp_path / "f.bin", 300_000)
+    receivers = [Receiver(params, topic, tmp_path / f"out{i}", keys=(str(k),)) for i, k in enumerate(keys)]
+    for rx in receivers:
+        assert rx.waiting.wait(30)
+    sent = send_file(params, src, topic, SendOptions(mode="handshake", chunk_size=64 * 1024, window=8,
+                                                     seal_to=recipients))
+    for rx in receivers:
+        got = rx.finish()
+        assert got.name == "f.bin" and got.sha256 == sent.sha256 == sha256_file(Path(got.path or ""))

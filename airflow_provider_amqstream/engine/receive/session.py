@@ -536,6 +536,9 @@ class ReceiveSession:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
         except p.ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
+        if self.opts.seal_required:  # sealed files never travel inline
+            return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} travelled inline, unsealed, and "
+                                    "this receiver requires sealed streams (seal: required); nothing was received")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender)
         return (spec, origin) if settled is None else settled

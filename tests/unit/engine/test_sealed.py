@@ -198,3 +198,16 @@ def test_many_small_sealed_files_go_as_sealed_streams(broker: MemoryBroker, tmp_
     for _ in files:
         _receive(broker, tmp_path / "out", keys=(key[0],))
     assert sorted(f.name for f in (tmp_path / "out").iterdir() if f.is_file()) == ["f0.csv", "f1.csv", "f2.csv"]
+
+
+def test_sealing_required_quarantines_small_files_sent_inline_and_in_packs(broker: MemoryBroker, tmp_path: Path,
+                                                                            key: tuple[str, str]) -> None:
+    files = [_file(tmp_path, f"p{i}.csv", 300)[0] for i in range(3)]
+    send_files(broker.params("alice"), files, Q, SendOptions(pack=True))
+    failures: list[Any] = []
+    from airflow_provider_amqstream.engine import receive_streams
+
+    got = receive_streams(broker.params("rx"), Q, tmp_path / "out", on_failure=failures.append,
+                          options=ReceiveOptions(**FAST, keys=(key[0],), seal_required=True))
+    assert got == [] and [f.cause for f in failures] == ["unsealed"] * 3
+    assert not any(f.name.endswith(".csv") for f in (tmp_path / "out").iterdir())
