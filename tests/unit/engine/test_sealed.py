@@ -211,3 +211,25 @@ def test_sealing_required_quarantines_small_files_sent_inline_and_in_packs(broke
                           options=ReceiveOptions(**FAST, keys=(key[0],), seal_required=True))
     assert got == [] and [f.cause for f in failures] == ["unsealed"] * 3
     assert not any(f.name.endswith(".csv") for f in (tmp_path / "out").iterdir())
+
+
+def test_both_ends_resume_a_sealed_stream(broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.exceptions import StreamStalled
+
+    src, data = _file(tmp_path, size=20_000)
+
+    def stop(done: int, total: int) -> None:
+        if done >= 8000:
+            raise _Stop
+
+    opts = SendOptions(chunk_size=1000, window=2, seal_to=(key[1],))
+    with pytest.raises(_Stop):
+        send_file(broker.params("alice"), src, Q, SendOptions(**{**opts.__dict__, "progress": stop}))
+    # The receiver takes what is there, then gives way with its partial data kept.
+    with pytest.raises(StreamStalled, match=r"at byte [1-9][0-9]* of"):
+        _receive(broker, tmp_path / "out", keys=(key[0],), yield_backoff=600)
+    res = send_file(broker.params("alice"), src, Q, opts)
+    got = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id=res.stream_id,
+                         options=ReceiveOptions(**FAST, keys=(key[0],)))
+    assert got.resumed_from >= 8000 and got.sha256 == res.sha256
+    assert (tmp_path / "out" / src.name).read_bytes() == data
