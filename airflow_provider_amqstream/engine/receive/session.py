@@ -681,7 +681,7 @@ class ReceiveSession:
         offer's message id) tells whoever takes that offer next to finish the move rather
         than look at a stream whose chunks are half gone (it looked stalled, or taken
         elsewhere, and was parked for ever instead)."""
-        qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
+        qdest = self.dest.quarantine_queue(self.opts.quarantine)
         headers = p.quarantined_headers(offer.headers, cause=cause, reason=reason, source=str(self.dest),
                                         by=socket.gethostname(),
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
