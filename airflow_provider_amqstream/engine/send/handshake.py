@@ -18,7 +18,6 @@ from airflow_provider_amqstream.engine.records import hash_prefix
 from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.outbound import Outbound
 from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
-from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.transport.link import Link, open_link
 
@@ -38,7 +37,7 @@ def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], 
         state.sha256 = hasher.hexdigest()
         out.save()
     with open_link(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
-        attempt = _HandshakeAttempt(out, link, state.sha256)
+        attempt = _HandshakeAttempt(out, link)
         try:
             attempt.offer()
             attempt.gather(*timeouts[:2])
@@ -55,8 +54,8 @@ class _HandshakeAttempt:
     """One connection's worth of a handshake-mode send: offer, gather receivers, then send
     each of them what it still misses, paced by their acknowledgements."""
 
-    def __init__(self, out: Outbound, link: Link, sha256: str) -> None:
-        self.out, self.link, self.sha256 = out, link, sha256
+    def __init__(self, out: Outbound, link: Link) -> None:
+        self.out, self.link = out, link
         self.spec, self.sid = out.state.spec, out.state.spec.stream_id
         self.control_q = out.dest.control_queue(self.sid)
         self.hs = HandshakeSender(self.spec, out.window, point_to_point=out.dest.kind == "queue")
@@ -78,8 +77,7 @@ class _HandshakeAttempt:
                             self.sid, forged, self.control_q)
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
         if out.dest.kind == "topic" or not out.state.offer_sent:
-            link.send_confirmed(str(out.dest), b"", p.offer_headers(self.spec, out.dest, out.window,
-                                                                     sender=out.params.user, origin=out.origin))
+            link.send_confirmed(str(out.dest), b"", out.offer(out.window, subdir=""))
             out.state.offer_sent = True
             out.save()
 
@@ -114,7 +112,7 @@ class _HandshakeAttempt:
         """Send chunks and the end marker until every receiver is done."""
         hs, link, spec = self.hs, self.link, self.spec
         with open(self.out.src, "rb") as fh:
-            reader = ChunkReader(fh, spec, self.out.codec)
+            reader = ChunkReader(fh, spec, self.out.codec, seal=self.out.seal)
             heard = time.monotonic()
             while not hs.all_done:
                 while (frame := link.get(0)) is not None:
@@ -136,7 +134,7 @@ class _HandshakeAttempt:
 
     def _send_next(self, reader: ChunkReader) -> bool:
         """Send the next chunk or the end marker a receiver needs; False if none is due."""
-        spec, data_q = self.spec, self.out.dest.data_queue(self.sid, self.out.params.user)
+        data_q = self.out.dest.data_queue(self.sid, self.out.params.user)
         try:
             seq = self.hs.next_chunk()
         except ProtocolError as exc:
@@ -147,6 +145,6 @@ class _HandshakeAttempt:
             self.sent += chunk.length
             return True
         if self.hs.take_end():
-            self.link.send(data_q, b"", p.end_headers(spec, self.sha256))
+            self.link.send(data_q, b"", self.out.end())
             return True
         return False
