@@ -233,3 +233,16 @@ def test_both_ends_resume_a_sealed_stream(broker: MemoryBroker, tmp_path: Path, 
                          options=ReceiveOptions(**FAST, keys=(key[0],)))
     assert got.resumed_from >= 8000 and got.sha256 == res.sha256
     assert (tmp_path / "out" / src.name).read_bytes() == data
+
+
+def test_a_stream_quarantined_for_want_of_a_key_is_redriven_to_the_key_holder(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine.redrive import redrive
+
+    src, data = _file(tmp_path)
+    res = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+    with pytest.raises(StreamQuarantined, match="does not hold"):
+        _receive(broker, tmp_path / "out")
+    redrive(broker.params("admin"), Q, res.stream_id, quiet=0.05)
+    got = _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert got.name == src.name and (tmp_path / "out" / src.name).read_bytes() == data
