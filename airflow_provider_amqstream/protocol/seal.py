@@ -16,7 +16,7 @@ import json
 import os
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -160,7 +160,7 @@ class Seal:
     :param header: the offer's ``amqs_seal`` value (stanzas and sealed header).
     """
 
-    key: bytes
+    key: bytes = field(repr=False)
     stream_id: str
     header: str
 

@@ -115,3 +115,9 @@ def test_recipients_are_bounded() -> None:
         _seal("x", *[ALICE] * (s.MAX_RECIPIENTS + 1))
     with pytest.raises(ConfigurationError, match="recipients"):
         s.Seal.create("x", [], name="n", size=1, chunk_size=1)
+
+
+def test_no_key_material_in_a_repr() -> None:
+    sealed = _seal()
+    assert sealed.key.hex() not in repr(sealed) and str(sealed.key) not in repr(sealed)
+    assert ALICE.to_text().splitlines()[1] not in repr(ALICE)
