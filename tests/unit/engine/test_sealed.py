@@ -192,7 +192,7 @@ def test_an_interrupted_sealed_send_resumes_under_the_same_key(
 def test_many_small_sealed_files_go_as_sealed_streams(broker: MemoryBroker, tmp_path: Path,
                                                       key: tuple[str, str]) -> None:
     files = [_file(tmp_path, f"f{i}.csv", 300)[0] for i in range(3)]
-    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],)))
+    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), manifest=True))
     assert len(sent.results) == 3 and not sent.failures
     assert all(seal.H_SEAL in h and MARKER not in b for h, b in broker.messages(Q))
     for _ in files:
