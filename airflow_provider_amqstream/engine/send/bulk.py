@@ -77,6 +77,7 @@ from airflow_provider_amqstream.engine.send.stream import (
 )
 from airflow_provider_amqstream.exceptions import (
     ConnectionLost,
+    ProtocolError,
     StreamError,
     TransportError,
 )
@@ -240,7 +241,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             identity = _file_identity(bf.path, st_, bf.real)
             stem = SEALED_NAME if sealed else bf.path.name
             sid = p.derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
         yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
@@ -449,7 +450,7 @@ class _Ctx:
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
                     sent = self._send_small(link, e, seal) if small else self._send_large(link, e)
-                except (OSError, StreamError, p.ProtocolError) as exc:
+                except (OSError, StreamError, ProtocolError) as exc:
                     todo.popleft()
                     fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
                     if flight.files and flight.files[-1][0] is None:
@@ -485,7 +486,7 @@ class _Ctx:
         e = todo[0]
         try:
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             todo.popleft()
             fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
         else:
