@@ -291,12 +291,16 @@ def records_in(out: Path) -> int:
     from airflow_provider_amqstream.engine import store as st
 
     ids = set()
-    for seg in (out / ".amqstream" / st.STORE_DIR_NAME).glob("*/*/*.log"):
+    root = out / ".amqstream" / st.STORE_DIR_NAME
+    for seg in [*root.glob("*/*/*.log"), *root.glob(f"{st.PAST}/*/*{st.SORTED}")]:
         try:
             data = seg.read_bytes()
         except FileNotFoundError:
             continue
         for line in data.split(b"\n"):
+            if seg.suffix == st.SORTED:  # a merged line has its day after its key
+                head, _, rest = line.partition(b"\t")
+                line = head + b"\t" + rest.partition(b"\t")[2]
             rec = st.decode(line)
             if rec is not None and rec[0].startswith(st.DONE):
                 ids.add(rec[0])
