@@ -23,7 +23,10 @@ lists it). Re-stamping must not launder another user's chunks into the stream, s
 refuses chunks from more than one sender. The original sender travels in
 ``amqs_redrive_sender`` for people and logs, and is believed only where only
 administrators write (the ``DLQ.`` queues), so that a second redrive of the same stream
-still compares the original stamps (docs/security.md).
+still compares the original stamps (docs/security.md). Every receiving user may write the
+quarantine queue, and a copy's ``amqs_first_sender`` names whose chunks redrive takes: a copy
+is believed only when the broker stamped it with the redriving user or a user named in
+``receivers`` (``--receiver``), else the redrive is refused naming who filed it.
 
 **Discard** removes a stream's messages everywhere on its destination: offers, parked and
 quarantine copies, chunks (data queue, its DLQ, the staging queue), handshake control
@@ -284,14 +287,36 @@ class RedriveResult:
         return asdict(self)
 
 
-def _quarantine_copies(link: Link, qq: str, dest: p.Destination, sid: str, *,
+def _quarantine_copies(link: Link, qq: str, dest: p.Destination, sid: str, *, user: str,
                        quiet: float) -> tuple[list[Any], str | None]:
     def ours(frame: Any) -> bool:
         h = frame.headers
         return h.get(p.H_STREAM) == sid and str(h.get(p.H_QUARANTINED_FROM) or str(dest)) == str(dest)
 
     return take_matching(link, qq, ours, selector=_offer_selector(sid), sweep=True, quiet=quiet,
-                         stamp=lambda f: {H_QUARANTINED_USER: quarantined_by_user(f.headers)})
+                         stamp=lambda f: {H_QUARANTINED_USER: quarantined_by_user(f.headers, sweeper=user)})
+
+
+def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: p.Destination,
+                     qq: str) -> list[Any]:
+    """The quarantine copies filed by a ``trusted`` user. Every receiving user may write the
+    quarantine queue, and a copy's ``amqs_first_sender`` names whose data queue redrive takes
+    chunks from: one filed by anyone else is never believed (as a receiver believes a parked
+    copy only under its own stamp).
+
+    :param user: the redriving user (whose sweeps keep who filed a copy).
+    """
+    filers = [quarantined_by_user(f.headers, sweeper=user) for f in copies]
+    mine = [f for f, who in zip(copies, filers, strict=True) if who in trusted]
+    if mine:
+        return mine
+    raise RedriveRefused(
+        f"stream {sid} on {dest}: its quarantine copy on {qq} was filed by "
+        f"{', '.join(sorted({w or 'an unidentified user' for w in filers}))}, not by a receiver redrive believes "
+        f"({', '.join(sorted(u for u in trusted if u)) or 'none'}). Any receiving user may write that queue, so the "
+        f"sender the copy names ({p.sender_of(copies[0].headers, parked=True) or 'none'}) proves nothing. Nothing "
+        "was moved: if that user is one of your receivers, redrive with `--receiver USER`; otherwise discard it "
+        f"(`amqstream streams discard {sid} --from {dest}`).")
 
 
 def _offer_headers(copy: Any) -> dict[str, str]:
@@ -332,7 +357,7 @@ def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str |
 
 
 def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantine: str | None = None,
-            quiet: float = 1.0, browse_limit: int = BROWSE_LIMIT) -> RedriveResult:
+            quiet: float = 1.0, browse_limit: int = BROWSE_LIMIT, receivers: Iterable[str] = ()) -> RedriveResult:
     """Put quarantined stream ``stream_id`` back on ``destination`` if it can arrive (see the
     module doc); raise :class:`RedriveRefused` saying why not.
 
@@ -347,6 +372,8 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     :param quarantine: the quarantine queue its receiver was given, if not ``DLQ.<name>``.
     :param quiet: seconds without a message that mean a queue has no more of the stream.
     :param browse_limit: how many messages a browser sees at most on this broker.
+    :param receivers: users besides the redriving one whose quarantine copies are believed
+        (the users your receivers connect as); a copy filed by anyone else is refused.
     """
     t0 = time.monotonic()
     sid = p.validate_stream_id(stream_id)
@@ -366,12 +393,13 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
                 f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
-        copies, sub = _quarantine_copies(link, qq, dest, sid, quiet=quiet)
+        copies, sub = _quarantine_copies(link, qq, dest, sid, user=params.user, quiet=quiet)
         if not copies:
             raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
                               "lists the quarantined streams (give --quarantine if its receiver used another "
                               "queue).")
         try:
+            copies = _believed_copies(copies, {params.user, *receivers}, user=params.user, sid=sid, dest=dest, qq=qq)
             copy = max(copies, key=lambda f: str(f.headers.get(p.H_QUARANTINED_AT, "")))
             cause = quarantine_cause(copy.headers)
             if not cause.redrivable:
@@ -507,7 +535,7 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
 
 
 def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: DiscardResult, *, quarantine: bool,
-                 quiet: float) -> set[str]:
+                 quiet: float, user: str) -> set[str]:
     """Remove the stream's copies on its parked or quarantine queue (swept: their order means
     nothing; a quarantine copy passed to the tail keeps who filed it). Returns their first
     senders, which name its data queues."""
@@ -515,7 +543,7 @@ def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: 
         h = frame.headers
         return h.get(p.H_STREAM) == sid and (not quarantine or str(h.get(p.H_QUARANTINED_FROM) or dest) == str(dest))
 
-    stamp = (lambda f: {H_QUARANTINED_USER: quarantined_by_user(f.headers)}) if quarantine else None
+    stamp = (lambda f: {H_QUARANTINED_USER: quarantined_by_user(f.headers, sweeper=user)}) if quarantine else None
     frames, sub = take_matching(link, queue, ours, selector=_offer_selector(sid), sweep=True, quiet=quiet, stamp=stamp)
     for frame in frames:
         result.broker_bytes += len(frame.body or b"")
@@ -574,8 +602,9 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                            dest.control_queue(sid)))
         senders = _take_offers(qs, dest, sid, result, step)
         link = qs.link
-        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step)
-        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
+        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step,
+                                user=params.user)
+        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step, user=params.user)
         for queue in (*stream_data_queues(dest, sid, senders), staging_queue(dest, sid), dest.control_queue(sid),
                       dest.held_queue(sid)):
             try:

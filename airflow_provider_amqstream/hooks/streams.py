@@ -92,8 +92,11 @@ class AmqStreamAdminHook(AmqStreamHook):
                                  quarantine=quarantine or self.quarantine())
 
     def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> actions.RedriveResult:
-        """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`."""
-        return actions.redrive(self.broker_params(), destination, stream_id, quarantine=quarantine or self.quarantine())
+        """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`. The
+        quarantine copies believed are the connection user's and those of the users its ``receivers`` extra names."""
+        fields = self.conn_fields()
+        return actions.redrive(self.broker_params(), destination, stream_id, quarantine=quarantine or self.quarantine(),
+                               receivers=extra_list(fields.extra, "receivers") if fields else [])
 
     def discard(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
                 quarantine: str | None = None) -> actions.DiscardResult:
