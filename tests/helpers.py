@@ -285,6 +285,22 @@ def old_gen_mib(pid: int) -> float:
     return float(dict(zip(head.split(), values.split(), strict=True))["OU"]) / 1024
 
 
+# What the old generation of a test broker (-Xmx512M) may hold after a full collection at the
+# end of a hostile test: a fresh one holds about 13 MiB; the cap on each user's destinations
+# (~14 KiB each) and the 128 MiB memoryUsage bound what an attack may add.
+OLD_GEN_BOUND_MIB = 96.0
+
+
+def assert_old_gen_bounded(broker: EmbeddedBroker, what: str, bound: float = OLD_GEN_BOUND_MIB) -> float:
+    """Assert ``broker``'s old generation after a full collection is under ``bound`` MiB once
+    ``what`` is done; return it (for the test's printout)."""
+    pid = broker.running_pid()
+    assert pid, f"broker of {broker.data_dir} is not running after {what}"
+    used = old_gen_mib(pid)
+    assert used <= bound, f"broker's old generation {used:.0f} MiB after {what} (bound {bound:.0f} MiB)"
+    return used
+
+
 def records_in(out: Path) -> int:
     """How many completion records ``out`` holds (each stream published once is one), by
     reading every file of its record store: for tests, never on a receiver's path."""

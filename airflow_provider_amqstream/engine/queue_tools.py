@@ -53,12 +53,14 @@ class Browsed:
     :param truncated: the broker may hold more than it showed (as many as a browser sees at
         most were shown, or a selector was applied to only the first page).
     :param denied: the broker refused this user the queue (the text says so); nothing seen.
+    :param full: the queue does not exist and its owner's cap forbids making it (the text says so).
     """
 
     queue: str
     frames: list[Any] = field(default_factory=list)
     truncated: bool = False
     denied: str = ""
+    full: str = ""
 
 
 class QueueSession:
@@ -126,11 +128,11 @@ class QueueSession:
         except AccessDenied as exc:
             self.reset()
             return Browsed(queue, denied=str(exc))
-        except DestinationFull:
+        except DestinationFull as exc:
             # The queue does not exist and its cap forbids making it (a stream quarantined
             # past its sender's cap on DLQ.NAME.amqs.<sender>.>: the broker dropped its chunks).
             self.reset()
-            return Browsed(queue, [])
+            return Browsed(queue, [], full=str(exc))
         return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
 
 

@@ -81,6 +81,7 @@ from airflow_provider_amqstream.exceptions import (
 )
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import cap_refusal
 from airflow_provider_amqstream.transport.link import Link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -340,6 +341,8 @@ def _require_read(qs: QueueSession, queues: Iterable[str]) -> None:
         if browsed.denied:
             raise AccessDenied(f"{browsed.denied} Nothing was changed: this needs read and write on {queue} (on the "
                                "embedded broker, the administrator's rights).")
+        if browsed.full:
+            raise cap_refusal(qs.params, browsed.full)
 
 
 def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str | None:
