@@ -33,7 +33,7 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, params_as, play, running_broker, wait_for
+from tests.helpers import RawSender, assert_old_gen_bounded, browse, cli, params_as, play, running_broker, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -392,3 +392,4 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
     assert not browse(admin, dest.data_queue("pay-1", admin.user))
     # The copy stays for an administrator to look at (and discard).
     assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(p.H_STREAM) == "pay-1"]
+    assert_old_gen_bounded(acl_broker, "a forged quarantine copy")
