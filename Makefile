@@ -4,9 +4,14 @@
 # second time: the venv is rebuilt only when pyproject.toml changes.
 VENV ?= .venv
 STAMP := $(VENV)/.installed
+# The broker's store plugin (broker/java/), rebuilt when its source changes (scripts/broker_jar.sh).
+JAR := airflow_provider_amqstream/broker/java/amqstream-broker.jar
 
 .PHONY: setup demo demo-sites test bench lint clean airflow airflow-celery
-setup: $(STAMP)
+setup: $(STAMP) $(JAR)
+
+$(JAR): $(wildcard airflow_provider_amqstream/broker/java/src/org/amqstream/broker/*.java) scripts/broker_jar.sh
+	bash scripts/broker_jar.sh
 
 $(STAMP): pyproject.toml setup.py scripts/setup.sh
 	bash scripts/setup.sh "$(VENV)"

@@ -80,9 +80,9 @@ def add_parser(sub: Any, conn_help: str) -> None:
 # --------------------------------------------------------------------------- helpers
 def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
     """``--from``, else the connection's ``destinations`` extra; exactly one if ``one``."""
-    from airflow_provider_amqstream.engine.inventory import extra_list
     from airflow_provider_amqstream.exceptions import ConfigurationError
     from airflow_provider_amqstream.hooks import connection
+    from airflow_provider_amqstream.hooks.connection import extra_list
     from airflow_provider_amqstream.protocol.wire import Destination
 
     found = list(args.source or [])
@@ -194,7 +194,7 @@ def render_inventory(inv: Any) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import inventory
+    from airflow_provider_amqstream.engine import inventory, partials
 
     params = _params(args)
     for destination in _destinations(args, one=False):
@@ -202,9 +202,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
                                        browse_limit=args.browse_limit)
         if args.rate_window > 0 and any(e.receiving_now for e in inv.in_progress):
             # A second look at the receivers' directories: bytes made durable meanwhile.
-            marks = inventory.progress_marks(inv.in_progress)
+            marks = partials.progress_marks(inv.in_progress)
             time.sleep(args.rate_window)
-            inv.in_progress = [e for d in args.out_dir for e in inventory.partial_streams(d, previous=marks)]
+            inv.in_progress = [e for d in args.out_dir for e in partials.partial_streams(d, previous=marks)]
         if args.json:
             _print_json(inv.to_json())
         else:
@@ -214,7 +214,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- show
 def render_report(rep: Any) -> str:
-    """One stream's report (``engine.inventory.StreamReport``) as text for people."""
+    """One stream's report (``engine.show.StreamReport``) as text for people."""
     lines = [f"stream {rep.stream_id} on {rep.destination} ({rep.broker})"]
     now = time.time()
     for o in rep.offered:
@@ -257,10 +257,10 @@ def render_report(rep: Any) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import inventory
+    from airflow_provider_amqstream.engine import show
 
     params = _params(args)
-    rep = inventory.show_stream(params, _destinations(args, one=True)[0], args.stream_id, out_dirs=args.out_dir,
+    rep = show.show_stream(params, _destinations(args, one=True)[0], args.stream_id, out_dirs=args.out_dir,
                                 quarantine=args.quarantine, browse_limit=args.browse_limit)
     if args.json:
         _print_json(rep.to_json())
@@ -288,13 +288,13 @@ def cmd_redrive(args: argparse.Namespace) -> int:
 
 
 def cmd_discard(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import inventory, redrive
+    from airflow_provider_amqstream.engine import discard, show
     from airflow_provider_amqstream.exceptions import ConfigurationError
 
     params = _params(args)
     destination = _destinations(args, one=True)[0]
     if not args.yes:
-        rep = inventory.show_stream(params, destination, args.stream_id, out_dirs=args.out_dir,
+        rep = show.show_stream(params, destination, args.stream_id, out_dirs=args.out_dir,
                                     quarantine=args.quarantine, browse_limit=args.browse_limit)
         print(render_report(rep), file=sys.stderr)
         if not sys.stdin.isatty():
@@ -306,7 +306,7 @@ def cmd_discard(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing discarded", file=sys.stderr)
             return 1
-    res = redrive.discard(params, destination, args.stream_id, out_dirs=args.out_dir, quarantine=args.quarantine,
+    res = discard.discard(params, destination, args.stream_id, out_dirs=args.out_dir, quarantine=args.quarantine,
                           browse_limit=args.browse_limit)
     if args.json:
         _print_json(res.to_json())

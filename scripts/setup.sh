@@ -25,6 +25,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     "${need_apt[@]}" >/dev/null
 fi
 
+# The broker's store plugin (needs javac: installs default-jdk-headless if missing).
+bash scripts/broker_jar.sh
+
 PY="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || step setup "creating the venv $VENV" "$PY" -m venv "$VENV"
 # uv resolves and installs the ~200 packages in about 55 s where pip took about 120 s (warm

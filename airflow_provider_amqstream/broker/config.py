@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker.auth import USER_NAME, auth_plugins, parse_grant, waiting_caps, xml_attr
 from airflow_provider_amqstream.broker.network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
-from airflow_provider_amqstream.broker.process import keytool_binary
+from airflow_provider_amqstream.broker.process import broker_jar, keytool_binary
 from airflow_provider_amqstream.exceptions import BrokerError
 
 DEFAULT_USER = "amqstream"
@@ -226,9 +226,11 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
                    f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=9437184'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
+    store_xml = ('      <bean xmlns="http://www.springframework.org/schema/beans" '
+                 'class="org.amqstream.broker.SizedStorePlugin"/>') if broker_jar() else ""
     xml = template.safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
-        store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml,
+        store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml, store_plugin=store_xml,
         bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS, waiting_caps=caps_xml,
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
         network_connectors=connectors_xml(network, f"amqstream-{port}", *(bridge or (None, None)), xml_attr),

@@ -8,6 +8,7 @@ logs for error messages.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from airflow_provider_amqstream.exceptions import BrokerError
+
+log = logging.getLogger(__name__)
 
 JAVA_OPENS = [
     "--add-reads=java.xml=java.logging",
@@ -39,6 +42,17 @@ JAVA_OPENS = [
 # Java code (TLS ciphers, many small messages) runs less optimised; docs/decisions/broker-tuning.md.
 # $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4).
 JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
+
+
+# Our store plugin (java/, built by scripts/broker_jar.sh, named in the configuration by
+# config.py): KahaDB marshals a large message into one buffer of its size. Without the jar the
+# broker runs as ActiveMQ ships, with the same journal format (docs/decisions/broker-copies.md).
+BROKER_JAR = Path(__file__).with_name("java") / "amqstream-broker.jar"
+
+
+def broker_jar() -> Path | None:
+    """Our broker extensions' jar, if it was built."""
+    return BROKER_JAR if BROKER_JAR.is_file() else None
 
 
 def activemq_home() -> Path:
@@ -80,6 +94,11 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
     :param heap_mb: the JVM's maximum heap in MiB.
     """
     data = data_dir / "data"
+    jar = broker_jar()
+    if jar is None:
+        log.info("%s is missing (`make setup` builds it): the broker at %s marshals its store as ActiveMQ ships",
+                 BROKER_JAR, data_dir)
+    classpath = f"{conf}:{jar}" if jar else str(conf)
     return [
         java, f"-Xmx{heap_mb}M", f"-Xms{min(heap_mb, 256)}M",
         "-XX:+ExitOnOutOfMemoryError",
@@ -87,7 +106,7 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
         *JAVA_OPENS,
         *shlex.split(os.environ.get("AMQSTREAM_BROKER_JAVA_OPTS", "")),
         f"-Djava.io.tmpdir={data_dir / 'tmp'}",
-        f"-Dactivemq.classpath={conf}",
+        f"-Dactivemq.classpath={classpath}",
         f"-Dactivemq.home={home}", f"-Dactivemq.base={data_dir}",
         f"-Dactivemq.conf={conf}", f"-Dactivemq.data={data}",
         f"-Dlog4j.configuration=file:{conf / 'log4j.properties'}",

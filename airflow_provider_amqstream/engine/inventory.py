@@ -32,88 +32,19 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream.engine.partials import BatchProgress, InProgress, batch_progress, partial_streams
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed, QueueSession
-from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many
-from airflow_provider_amqstream.engine.receive.holders import Holder
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
-from airflow_provider_amqstream.exceptions import LocalProtocolError, StreamError
+from airflow_provider_amqstream.exceptions import LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.protocol.outcomes import Outcome
-from airflow_provider_amqstream.protocol.state import ReceiverState
+from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
 
-# Headers the views and actions add (docs/protocol.md, "Streams an operator acts on").
-# Who a quarantine copy was filed by, kept when a sweep re-sends the copy (and so re-stamps
-# it): believed on quarantine queues only, which only receivers and administrators write.
-H_QUARANTINED_USER = "amqs_quarantined_user"
-# On a redriven stream's offer and chunks: who redrove it, when, and who had sent it (the
-# stamp its chunks carried). Information for people; no receiver reads them as identity.
-H_REDRIVEN_BY = "amqs_redriven_by"
-H_REDRIVEN_AT = "amqs_redriven_at"
-H_REDRIVE_SENDER = "amqs_redrive_sender"
 
-
-def quarantine_queue(dest: p.Destination, quarantine: str | None = None) -> str:
-    """Where a receiver files the streams of ``dest`` that can never succeed: ``quarantine``
-    if one was named (``--quarantine``), else ``/queue/DLQ.<name>``."""
-    if quarantine:
-        return str(p.Destination.parse(quarantine))
-    return f"/queue/DLQ.{dest.name}"
-
-
-def dlq_data_queue(data_q: str) -> str:
-    """Where the broker moves the refused chunks of a stream: ``DLQ.`` + its data queue
-    (``data_q``, as :meth:`~airflow_provider_amqstream.protocol.wire.Destination.data_queue`
-    names it)."""
-    return "/queue/DLQ." + data_q.split("/", 2)[2]
-
-
-def stream_data_queues(dest: p.Destination, stream_id: str, senders: Iterable[str]) -> list[str]:
-    """Every queue that may hold chunks of ``stream_id``: its data queue under each sender it
-    is known by (data queues are named after their sender) and the DLQ of each."""
-    return [q for s in sorted(set(senders)) for q in (dest.data_queue(stream_id, s), dlq_data_queue(
-        dest.data_queue(stream_id, s)))]
-
-
-def staging_queue(dest: p.Destination, stream_id: str) -> str:
-    """Where ``redrive`` gathers a stream's chunks while it checks them (under ``DLQ.``, which
-    only administrators read: nothing else takes them from there)."""
-    return f"/queue/DLQ.{dest.name}.amqs_redrive.{p.validate_stream_id(stream_id)}"
-
-
-def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
-    """A connection extra holding a list: a JSON list, or a comma-separated string.
-
-    :param extra: the connection's extra, decoded.
-    :param key: the extra's name.
-    """
-    value = extra.get(key)
-    if value in (None, ""):
-        return []
-    items = value if isinstance(value, list) else str(value).split(",")
-    return [str(v).strip() for v in items if str(v).strip()]
-
-
-# --------------------------------------------------------------------------- quarantine causes
-def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
-    """Why a stream was quarantined, from the quarantine copy of its offer: the cause its
-    receiver wrote (``amqs_quarantine_cause``), unless the copy cannot give the stream back
-    (an inline file or a pack keeps no body, a handshake stream needs its live sender).
-    A copy without a cause this table knows counts as a bad stream.
-
-    :param headers: the copy's headers as the broker delivered them.
-    """
-    if bw.is_pack(headers) or headers.get(bw.H_INLINE) == "1":
-        return Outcome.INLINE
-    if headers.get(p.H_MODE) == p.Mode.HANDSHAKE.value:
-        return Outcome.HANDSHAKE
-    return Outcome.parse(headers.get(p.H_QUARANTINE_CAUSE)) or Outcome.INVALID
 
 
 # --------------------------------------------------------------------------- views
@@ -206,55 +137,6 @@ class Quarantined:
     redrivable: bool = False
     advice: str = ""
     redriven_by: str = ""
-
-
-@dataclass
-class InProgress:
-    """A stream partly received into an output directory.
-
-    :param durable_bytes: bytes on disk and recorded (a resumed reception starts there).
-    :param receiving_now: a receiver holds the partial file open (its lock), or None where
-        this cannot be told.
-    :param last_progress_at: when the partial file last grew (epoch seconds).
-    :param since: when its reception began (epoch seconds; None for partial data older than
-        this record).
-    :param rate: bytes per second between two looks, when there were two.
-    :param sender: who sent it, as the broker stamped it.
-    """
-
-    stream_id: str
-    out_dir: str
-    name: str = ""
-    size: int | None = None
-    durable_bytes: int = 0
-    receiving_now: bool | None = None
-    last_progress_at: float | None = None
-    since: float | None = None
-    rate: float | None = None
-    sender: str = ""
-
-    @property
-    def percent(self) -> float | None:
-        return 100.0 * self.durable_bytes / self.size if self.size else None
-
-
-@dataclass
-class BatchProgress:
-    """A batch an output directory waits on: its files in, of those announced.
-
-    :param files_announced: files listed in the parts that arrived (all of them once
-        ``parts_seen == parts``).
-    :param files_in: of those, files published here by the same sender.
-    """
-
-    batch_id: str
-    sender: str
-    out_dir: str
-    parts_seen: int
-    parts: int
-    files_announced: int
-    files_in: int
-    since: float | None = None
 
 
 @dataclass
@@ -374,18 +256,6 @@ def parked_streams(browsed: Browsed, dest: p.Destination) -> list[Parked]:
     return out
 
 
-def quarantined_by_user(headers: Mapping[str, Any], *, sweeper: str = "") -> str:
-    """The user who filed a quarantine copy: the broker's stamp, or the header a sweep keeps
-    when the stamp is ``sweeper``'s (only a copy that user re-sent; anyone may write the header).
-
-    :param headers: the copy's headers as delivered.
-    :param sweeper: the user whose sweeps (redrive, discard) re-send copies.
-    """
-    stamp = p.sender_of(headers)
-    return p.sender_of({p.H_USER_ID: headers.get(H_QUARANTINED_USER)}) or stamp \
-        if sweeper and stamp == sweeper else stamp
-
-
 def quarantined_streams(browsed: Browsed, dest: p.Destination, viewer: str = "") -> list[Quarantined]:
     """What a browse of the quarantine queue shows, for ``dest`` (a named quarantine queue
     may serve several destinations).
@@ -416,130 +286,6 @@ def _keep_pack_or_batch(frame: Any) -> bool:
     return frame.headers.get(p.H_KIND) in (p.Kind.PACK.value, p.Kind.BATCH.value)
 
 
-# --------------------------------------------------------------------------- receiver side
-def held_inodes() -> set[tuple[int, int, int]] | None:
-    """(major, minor, inode) of every file some process holds a lock on (``/proc/locks``),
-    or None where the kernel does not say. Reading it takes no lock: a receiver trying its
-    own lock at that moment is never disturbed."""
-    try:
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    held = set()
-    for line in text.splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a blocked waiter has "->" first)
-        if parts and parts[1] == "->":
-            parts = parts[1:]
-        if len(parts) < 6:
-            continue
-        try:
-            major, minor, inode = parts[5].split(":")
-            held.add((int(major, 16), int(minor, 16), int(inode)))
-        except ValueError:
-            continue
-    return held
-
-
-def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, tuple[int, float]] | None = None,
-                    ) -> list[InProgress]:
-    """The streams partly received into ``out_dir``, from its state directory, read only.
-
-    :param out_dir: a receiver's output directory.
-    :param previous: an earlier look's ``{stream id: (durable bytes, monotonic time)}``, to
-        measure a rate (see :func:`progress_marks`).
-    """
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    try:
-        names = sorted(e.name for e in os.scandir(sdir) if e.name.endswith(".part"))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    held = held_inodes()
-    out = []
-    for name in names:
-        sid = name[: -len(".part")]
-        try:
-            p.validate_stream_id(sid)
-            st = os.stat(sdir / name, follow_symlinks=False)
-        except (p.ProtocolError, OSError):
-            continue
-        entry = InProgress(sid, str(out_dir), last_progress_at=st.st_mtime)
-        try:
-            state = read_json(sdir / f"{sid}.json")
-        except (OSError, ValueError) as exc:
-            log.warning("stream %s in %s: resume state unreadable (%s)", sid, out_dir, exc)
-            state = None
-        if state is not None:
-            try:
-                rs = ReceiverState.from_json(state)
-                entry.name, entry.size, entry.durable_bytes = rs.spec.name, rs.spec.size, rs.received_bytes
-            except (p.ProtocolError, KeyError, TypeError, ValueError) as exc:
-                log.warning("stream %s in %s: resume state not understood (%s)", sid, out_dir, exc)
-            entry.sender = str(state.get("sender") or "")
-            if isinstance(state.get("started_at"), (int, float)):
-                entry.since = float(state["started_at"])
-        if held is not None:
-            entry.receiving_now = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
-        if previous and sid in previous:
-            before, when = previous[sid]
-            dt = time.monotonic() - when
-            if dt > 0 and entry.durable_bytes >= before:
-                entry.rate = (entry.durable_bytes - before) / dt
-        out.append(entry)
-    return out
-
-
-def progress_marks(entries: Iterable[InProgress]) -> dict[str, tuple[int, float]]:
-    """``previous`` for the next :func:`partial_streams`: where each stream stands now."""
-    now = time.monotonic()
-    return {e.stream_id: (e.durable_bytes, now) for e in entries}
-
-
-def _valid_id(sid: str) -> bool:
-    try:
-        p.validate_stream_id(sid)
-    except p.ProtocolError:
-        return False
-    return True
-
-
-def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
-    """The batches ``out_dir`` waits on: parts that arrived, files listed, files in.
-
-    :param out_dir: a receiver's output directory.
-    """
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    root = sdir / "batches"
-    out: list[BatchProgress] = []
-    try:
-        owners = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
-    except (FileNotFoundError, NotADirectoryError):
-        return out
-    for owner in owners:
-        for first in sorted(owner.glob("*.1.json")):
-            batch_id = first.name[: -len(".1.json")]
-            try:
-                head = read_json(first) or {}
-                parts = int(head.get("parts", 1))
-                seen, listed = [], []
-                for k in range(1, min(parts, bw.MAX_BATCH_PARTS) + 1):
-                    part = head if k == 1 else read_json(owner / f"{batch_id}.{k}.json")
-                    if part is not None:
-                        seen.append(k)
-                        listed.extend(str(e.get("stream_id", "")) for e in part.get("entries", []))
-                sender = str(head.get("sender") or "")
-                try:
-                    known = find_received_many(out_dir, [sid for sid in listed if _valid_id(sid)])
-                except (StreamError, OSError, ValueError):
-                    known = {}
-                files_in = sum(str(rec.get("sender") or "") == sender for rec in known.values())
-                out.append(BatchProgress(batch_id, sender, str(out_dir), len(seen), parts, len(listed), files_in,
-                                         first.stat().st_mtime))
-            except (OSError, ValueError, TypeError, AttributeError) as exc:
-                log.warning("batch %s in %s: its recorded parts are unreadable (%s)", batch_id, owner, exc)
-    return out
-
-
 # --------------------------------------------------------------------------- the whole picture
 def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable[str | os.PathLike[str]] = (),
                    quarantine: str | None = None, browse_limit: int = BROWSE_LIMIT,
@@ -560,13 +306,13 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
         raise LocalProtocolError(f"{destination}: streams are kept on queues only (a topic's streams go to every "
                          "subscriber as they are sent and wait nowhere): give /queue/NAME")
     inv = Inventory(str(dest), params.url, time.time(), browse_limit=browse_limit)
-    queues = {"offered": str(dest), "parked": dest.parked_queue(), "quarantined": quarantine_queue(dest, quarantine)}
+    queues = {"offered": str(dest), "parked": dest.parked_queue(), "quarantined": dest.quarantine_queue(quarantine)}
     inv.queues = dict(queues)
     with QueueSession(params, browse_limit=browse_limit) as qs:
         for section, queue in queues.items():
             browsed = qs.browse(queue, keep_body=_keep_pack_or_batch)
             if browsed.denied:
-                inv.denied[section] = _denied_text(browsed.denied, queue, section)
+                inv.denied[section] = _denied_text(params, queue, section)
                 continue
             inv.truncated[section] = browsed.truncated
             if section == "offered":
@@ -589,117 +335,9 @@ _NEEDS = {"offered": "read on the destination (a receiver's right)",
           "quarantined": "read on the quarantine queue (on the embedded broker, the administrator's only)"}
 
 
-def _denied_text(error: str, queue: str, section: str) -> str:
-    # The transport's text names broker, user and the refused queue; what to grant differs here.
-    m = re.search(r"refused user (\S+):", error)
-    who = m.group(1) if m else "this user"
-    return f"the broker refused {who} a look at {queue}: browsing needs {_NEEDS.get(section, 'read')}"
+def _denied_text(params: BrokerParams, queue: str, section: str) -> str:
+    # The transport's refusal says what to grant for a transfer; a look needs other rights.
+    who = params.login or "(anonymous)"
+    return f"the broker refused {who} a look at {queue} ({params.url}): browsing needs {_NEEDS.get(section, 'read')}"
 
 
-# --------------------------------------------------------------------------- one stream
-@dataclass
-class QueueProbe:
-    """What the broker shows of one of a stream's queues: its end marker, if it is among
-    the first messages, and who sent that (without reading any chunk)."""
-
-    queue: str
-    end_marker: bool = False
-    sender: str = ""
-    denied: str = ""
-
-
-@dataclass
-class StreamReport:
-    """Everything known about one stream, both sides (``amqstream streams show``)."""
-
-    stream_id: str
-    destination: str
-    broker: str
-    offered: list[Offered] = field(default_factory=list)
-    parked: list[Parked] = field(default_factory=list)
-    quarantined: list[Quarantined] = field(default_factory=list)
-    in_progress: list[InProgress] = field(default_factory=list)
-    received: list[dict[str, Any]] = field(default_factory=list)
-    in_batches: list[dict[str, Any]] = field(default_factory=list)
-    queues: list[QueueProbe] = field(default_factory=list)
-    # Receivers' notes of where they hold its partial data (host, out_dir, part, since):
-    # directories on other machines that --out-dir cannot reach (engine/receive/holders.py).
-    held: list[dict[str, Any]] = field(default_factory=list)
-    truncated: dict[str, bool] = field(default_factory=dict)
-    denied: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def found(self) -> bool:
-        return bool(self.offered or self.parked or self.quarantined or self.in_progress or self.received or self.held
-                    or any(q.end_marker for q in self.queues))
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _probe(qs: QueueSession, queue: str) -> QueueProbe:
-    # A selector for the end marker: the broker sends only that message (empty body).
-    b = qs.browse(queue, selector=f"{p.H_KIND} = '{p.Kind.END.value}'")
-    if b.denied:
-        return QueueProbe(queue, denied=b.denied)
-    end = b.frames[0] if b.frames else None
-    return QueueProbe(queue, end_marker=end is not None, sender=p.sender_of(end.headers) if end else "")
-
-
-def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
-                out_dirs: Iterable[str | os.PathLike[str]] = (), quarantine: str | None = None,
-                browse_limit: int = BROWSE_LIMIT) -> StreamReport:
-    """Everything known about ``stream_id`` on ``destination``: its offer, parked and
-    quarantine copies, whether its data queues hold an end marker, and in each receiver's
-    directory given its partial data, completion record and the batches listing it.
-
-    :param params: the broker and user.
-    :param destination: ``/queue/NAME``.
-    :param stream_id: the stream.
-    :param out_dirs: receivers' output directories.
-    :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
-    :param browse_limit: how many messages a browser sees at most on this broker.
-    """
-    sid = p.validate_stream_id(stream_id)
-    out_dirs = list(out_dirs)
-    inv = take_inventory(params, destination, out_dirs=out_dirs, quarantine=quarantine, browse_limit=browse_limit)
-    dest = p.Destination.parse(destination)
-    rep = StreamReport(sid, inv.destination, inv.broker, truncated=inv.truncated, denied=inv.denied)
-    rep.offered = [o for o in inv.offered if o.stream_id == sid or o.pack == sid]
-    rep.parked = [o for o in inv.parked if o.stream_id == sid or o.pack == sid]
-    rep.quarantined = [q for q in inv.quarantined if q.stream_id == sid]
-    rep.in_progress = [e for e in inv.in_progress if e.stream_id == sid]
-    senders = ({o.sender for o in rep.offered} | {o.first_sender for o in rep.parked}
-               | {q.sender for q in rep.quarantined} | {e.sender for e in rep.in_progress})
-    queues = stream_data_queues(dest, sid, senders)
-    with QueueSession(params, browse_limit=browse_limit) as qs:
-        rep.queues = [_probe(qs, q) for q in (*queues, staging_queue(dest, sid))]
-        notes = qs.browse(dest.held_queue(sid))
-        if notes.denied:
-            rep.denied[dest.held_queue(sid)] = notes.denied
-        rep.held = [asdict(h) for f in notes.frames if (h := Holder.from_headers(f.headers)) is not None]
-    for out_dir in out_dirs:
-        sdir = Path(out_dir) / STATE_DIR_NAME
-        try:
-            done = find_received(out_dir, sid)
-        except (StreamError, OSError, ValueError) as exc:
-            done = {"error": f"completion record unreadable: {exc}"}
-        if done is not None:
-            rep.received.append({"out_dir": str(out_dir), **done})
-        for batch in _batches_listing(sdir, sid):
-            rep.in_batches.append({"out_dir": str(out_dir), **batch})
-    return rep
-
-
-def _batches_listing(sdir: Path, stream_id: str) -> list[dict[str, Any]]:
-    """The waiting batches in a state directory whose parts list ``stream_id``."""
-    found = []
-    for part in sorted((sdir / "batches").glob("*/*.json")):
-        try:
-            data = read_json(part) or {}
-        except (OSError, ValueError):
-            continue
-        if any(e.get("stream_id") == stream_id for e in data.get("entries", [])):
-            found.append({"batch_id": data.get("batch_id"), "part": data.get("part"), "parts": data.get("parts"),
-                          "sender": data.get("sender")})
-    return found

@@ -16,19 +16,21 @@ What the broker lets a STOMP client do, and what that costs:
   copy (a receipt per window): a crash in between leaves a copy too many, never none.
   The broker stamps the copy with the moving user (``JMSXUserID``).
 
-Everything here is a building block of ``inventory.py`` (read only) and ``redrive.py``.
+Everything here is a building block of the ``streams`` views (read only) and actions.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull
+from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import cap_refusal
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -134,6 +136,18 @@ class QueueSession:
             self.reset()
             return Browsed(queue, [], full=str(exc))
         return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
+
+    def require_read(self, queues: Iterable[str]) -> None:
+        """Fail before anything moves if the user may not read one of ``queues`` (a browse needs
+        read): a refusal half-way would leave an action half done. A selector that matches
+        nothing: no message comes back."""
+        for queue in queues:
+            browsed = self.browse(queue, selector=f"{p.H_KIND} = '-'")
+            if browsed.denied:
+                raise AccessDenied(f"{browsed.denied} Nothing was changed: this needs read and write on {queue} "
+                                   "(on the embedded broker, the administrator's rights).")
+            if browsed.full:
+                raise cap_refusal(self.params, browsed.full)
 
 
 def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
@@ -271,3 +285,29 @@ def move_queue(link: Link, source: str, target: str | None, *,
     finally:
         link.unsubscribe(sub)
     return out
+
+
+def take_copies(link: Link, queue: str, dest: p.Destination, stream_id: str, *, quarantine: bool,
+                quiet: float, user: str = "") -> tuple[list[Any], str | None]:
+    """Take every copy of ``stream_id``'s offer off a parked or quarantine queue (swept:
+    their order means nothing); on a quarantine queue, only copies filed from ``dest``, and
+    a copy passed to the tail keeps who filed it. Returns the copies, unacknowledged, and
+    the subscription holding them (see :func:`take_matching`).
+
+    :param link: the link to take them with.
+    :param queue: the parked or quarantine queue.
+    :param dest: the destination the stream was offered on.
+    :param stream_id: the stream.
+    :param quarantine: ``queue`` is a quarantine queue.
+    :param quiet: seconds without a message that mean the queue has no more copies.
+    :param user: the sweeping user (a copy it re-sent keeps who filed it; another's header is not believed).
+    """
+    def ours(frame: Any) -> bool:
+        h = frame.headers
+        return h.get(p.H_STREAM) == stream_id and (
+            not quarantine or str(h.get(p.H_QUARANTINED_FROM) or dest) == str(dest))
+
+    stamp = ((lambda f: {qr.H_QUARANTINED_USER: qr.quarantined_by_user(f.headers, sweeper=user)})
+             if quarantine else None)
+    return take_matching(link, queue, ours, selector=qr.copies_selector(stream_id), sweep=True, quiet=quiet,
+                         stamp=stamp)

@@ -1,5 +1,4 @@
-"""Acting on a stream that is stuck: ``redrive`` a quarantined one whose cause was fixed,
-``discard`` one that can never arrive.
+"""``redrive``: a quarantined stream whose cause was fixed goes back on its destination.
 
 **Redrive** (docs/protocol.md, "Streams an operator acts on") puts a quarantined stream
 back on its destination, intact, after proving it can arrive: its quarantine cause lies
@@ -28,52 +27,28 @@ quarantine queue, and a copy's ``amqs_first_sender`` names whose chunks redrive 
 is believed only when the broker stamped it with the redriving user or a user named in
 ``receivers`` (``--receiver``), else the redrive is refused naming who filed it.
 
-**Discard** removes a stream's messages everywhere on its destination: offers, parked and
-quarantine copies, chunks (data queue, its DLQ, the staging queue), handshake control
-messages, and, in the receivers' directories given, its partial data. A stream whose offer
-a receiver holds right now is refused: its chunks are in use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.inventory import (
-    H_QUARANTINED_USER,
-    H_REDRIVE_SENDER,
-    H_REDRIVEN_AT,
-    H_REDRIVEN_BY,
-    dlq_data_queue,
-    held_inodes,
-    offered_streams,
-    parked_streams,
-    quarantine_cause,
-    quarantine_queue,
-    quarantined_by_user,
-    staging_queue,
-    stream_data_queues,
-)
+from airflow_provider_amqstream.engine.inventory import offered_streams, parked_streams
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
     QueueSession,
     copy_headers,
     move_queue,
-    take_matching,
+    take_copies,
 )
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME
 from airflow_provider_amqstream.exceptions import (
-    AccessDenied,
-    DestinationFull,
-    DiscardRefused,
     LocalProtocolError,
     RedriveRefused,
     RemoteProtocolError,
@@ -81,8 +56,14 @@ from airflow_provider_amqstream.exceptions import (
 )
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.errors import cap_refusal
-from airflow_provider_amqstream.transport.link import Link
+from airflow_provider_amqstream.protocol.quarantine import (
+    H_QUARANTINED_USER,
+    H_REDRIVE_SENDER,
+    H_REDRIVEN_AT,
+    H_REDRIVEN_BY,
+    quarantine_cause,
+    quarantined_by_user,
+)
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -90,10 +71,6 @@ log = logging.getLogger(__name__)
 # Out-of-order chunks kept to hash the file in order while its chunks are gathered; past
 # this the SHA-256 is left to the receiver (which always checks it).
 HASH_REORDER_BYTES = 32 * 2**20
-
-
-def _offer_selector(sid: str) -> str:
-    return f"{p.H_STREAM} = '{p.validate_stream_id(sid)}'"
 
 
 def _ranges(seqs: list[int]) -> str:
@@ -288,14 +265,30 @@ class RedriveResult:
         return asdict(self)
 
 
-def _quarantine_copies(link: Link, qq: str, dest: p.Destination, sid: str, *, user: str,
-                       quiet: float) -> tuple[list[Any], str | None]:
-    def ours(frame: Any) -> bool:
-        h = frame.headers
-        return h.get(p.H_STREAM) == sid and str(h.get(p.H_QUARANTINED_FROM) or str(dest)) == str(dest)
+def _offer_headers(copy: Any) -> dict[str, str]:
+    """A quarantine copy's headers as a fresh offer: without what the quarantine and earlier
+    yields added."""
+    h = copy_headers(copy)
+    for k in list(h):
+        if k.startswith(("amqs_quarantine", "amqs_redrive")) or k in (
+                p.H_NOT_BEFORE, p.H_YIELDS, p.H_YIELD_REASON, p.H_FIRST_SENDER, H_QUARANTINED_USER, H_REDRIVEN_BY,
+                H_REDRIVEN_AT, p.H_REOFFER):
+            h.pop(k)
+    return h
 
-    return take_matching(link, qq, ours, selector=_offer_selector(sid), sweep=True, quiet=quiet,
-                         stamp=lambda f: {H_QUARANTINED_USER: quarantined_by_user(f.headers, sweeper=user)})
+
+def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str | None:
+    """An offer or parked copy of ``sid`` on the destination: another stream under the same id
+    (or the same one sent again), whose chunks share the data queue."""
+    for queue, read in ((str(dest), lambda b: offered_streams(b, dest)[0]),
+                        (dest.parked_queue(), lambda b: parked_streams(b, dest))):
+        browsed = qs.browse(queue, keep_body=lambda f: bw.is_pack(f.headers))
+        if browsed.denied:
+            raise StreamError(browsed.denied)
+        for entry in read(browsed):
+            if entry.stream_id == sid:
+                return queue
+    return None
 
 
 def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: p.Destination,
@@ -318,45 +311,6 @@ def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: st
         f"sender the copy names ({p.sender_of(copies[0].headers, parked=True) or 'none'}) proves nothing. Nothing "
         "was moved: if that user is one of your receivers, redrive with `--receiver USER`; otherwise discard it "
         f"(`amqstream streams discard {sid} --from {dest}`).")
-
-
-def _offer_headers(copy: Any) -> dict[str, str]:
-    """A quarantine copy's headers as a fresh offer: without what the quarantine and earlier
-    yields added."""
-    h = copy_headers(copy)
-    for k in list(h):
-        if k.startswith(("amqs_quarantine", "amqs_redrive")) or k in (
-                p.H_NOT_BEFORE, p.H_YIELDS, p.H_YIELD_REASON, p.H_FIRST_SENDER, H_QUARANTINED_USER, H_REDRIVEN_BY,
-                H_REDRIVEN_AT, p.H_REOFFER):
-            h.pop(k)
-    return h
-
-
-def _require_read(qs: QueueSession, queues: Iterable[str]) -> None:
-    """Fail before anything moves if the user may not read one of ``queues`` (a browse needs
-    read): a refusal half-way would leave an action half done. A selector that matches
-    nothing: no message comes back."""
-    for queue in queues:
-        browsed = qs.browse(queue, selector=f"{p.H_KIND} = '-'")
-        if browsed.denied:
-            raise AccessDenied(f"{browsed.denied} Nothing was changed: this needs read and write on {queue} (on the "
-                               "embedded broker, the administrator's rights).")
-        if browsed.full:
-            raise cap_refusal(qs.params, browsed.full)
-
-
-def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str | None:
-    """An offer or parked copy of ``sid`` on the destination: another stream under the same id
-    (or the same one sent again), whose chunks share the data queue."""
-    for queue, read in ((str(dest), lambda b: offered_streams(b, dest)[0]),
-                        (dest.parked_queue(), lambda b: parked_streams(b, dest))):
-        browsed = qs.browse(queue, keep_body=lambda f: bw.is_pack(f.headers))
-        if browsed.denied:
-            raise StreamError(browsed.denied)
-        for entry in read(browsed):
-            if entry.stream_id == sid:
-                return queue
-    return None
 
 
 def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantine: str | None = None,
@@ -383,12 +337,12 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     dest = p.Destination.parse(destination)
     if dest.kind != "queue":
         raise LocalProtocolError(f"{destination}: only streams of queues are quarantined; give /queue/NAME")
-    qq = quarantine_queue(dest, quarantine)
+    qq = dest.quarantine_queue(quarantine)
     # The redriving user offers it again, so its chunks go to that user's data queue.
-    stage_q, target_q = staging_queue(dest, sid), dest.data_queue(sid, params.user)
+    stage_q, target_q = dest.staging_queue(sid), dest.data_queue(sid, params.user)
     where = f"stream {sid} on {dest}"
     with QueueSession(params, client_id="amqstream-redrive", browse_limit=browse_limit) as qs:
-        _require_read(qs, (qq, stage_q, target_q))
+        qs.require_read((qq, stage_q, target_q))
         busy = _waiting_elsewhere(qs, dest, sid)
         if busy:
             raise RedriveRefused(
@@ -396,7 +350,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
                 f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
-        copies, sub = _quarantine_copies(link, qq, dest, sid, user=params.user, quiet=quiet)
+        copies, sub = take_copies(link, qq, dest, sid, quarantine=True, quiet=quiet, user=params.user)
         if not copies:
             raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
                               "lists the quarantined streams (give --quarantine if its receiver used another "
@@ -414,8 +368,8 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 spec, data_q = p.parse_offer(offer, dest, sender=first)
             except p.ProtocolError as exc:
                 raise RedriveRefused(f"{where} cannot be redriven: its offer is invalid ({exc})") from None
-            dlq_q = dlq_data_queue(data_q)
-            _require_read(qs, (dlq_q, data_q))
+            dlq_q = p.dead_letter_queue(data_q)
+            qs.require_read((dlq_q, data_q))
             # A redrive interrupted after gathering left the chunks in the staging queue: they
             # go back where checked chunks wait, then everything is gathered again.
             recovered = move_queue(link, stage_q, dlq_q, quiet=quiet).messages
@@ -446,179 +400,3 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
              moved.bytes, sender_before or "an unidentified sender")
     return RedriveResult(sid, str(dest), cause.label, spec.chunks, moved.bytes, moved.dropped, sender_before, user,
                          check.sha256_checked, recovered, time.monotonic() - t0)
-
-
-# --------------------------------------------------------------------------- discard
-@dataclass
-class DiscardResult:
-    """What a discard removed.
-
-    :param removed: per queue, messages removed.
-    :param broker_bytes: bytes of message bodies removed from the broker.
-    :param local: partial files removed from receivers' directories.
-    :param local_bytes: disk space those took.
-    :param notes: what was left, and why.
-    """
-
-    stream_id: str
-    destination: str
-    removed: dict[str, int] = field(default_factory=dict)
-    broker_bytes: int = 0
-    local: list[str] = field(default_factory=list)
-    local_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def bytes_freed(self) -> int:
-        return self.broker_bytes + self.local_bytes
-
-    @property
-    def messages(self) -> int:
-        return sum(self.removed.values())
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "bytes_freed": self.bytes_freed, "messages": self.messages}
-
-
-def _partial_files(out_dir: str | os.PathLike[str], sid: str) -> list[Path]:
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    return [f for f in (sdir / f"{sid}.part", sdir / f"{sid}.json", sdir / f"{sid}.reoffered") if os.path.lexists(f)]
-
-
-def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
-    """Refuse (nothing removed) while a receiver holds the stream's partial file in one of
-    ``out_dirs`` (its lock, read from ``/proc/locks``: looking takes no lock)."""
-    held = held_inodes() or set()
-    for out_dir in out_dirs:
-        part = Path(out_dir) / STATE_DIR_NAME / f"{sid}.part"
-        try:
-            st = os.stat(part, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held:
-            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds {part}); "
-                             "nothing was removed. Stop that receiver, or wait for the stream to yield.")
-
-
-def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
-    """Remove the stream's fresh offers on the destination, with a selector only (a sweep
-    would re-send the others with our stamp); refuse while a receiver holds one. Returns
-    their senders, and those of the offers seen, which name its data queues."""
-    link = qs.link
-
-    def is_offer(frame: Any) -> bool:
-        return frame.headers.get(p.H_STREAM) == sid and frame.headers.get(p.H_KIND) == p.Kind.OFFER.value
-
-    offers, sub = take_matching(link, str(dest), is_offer, selector=f"{p.H_KIND} = 'offer' AND {_offer_selector(sid)}",
-                                sweep=False, quiet=quiet)
-    try:
-        # A browser also sees the offers receivers hold: more of ours than we took are held.
-        browsed = qs.browse(str(dest), keep_body=lambda f: bw.is_pack(f.headers))
-        seen = offered_streams(browsed, dest)[0]
-        if len([o for o in seen if o.stream_id == sid and o.pack is None]) > len(offers):
-            raise DiscardRefused(f"stream {sid} on {dest}: a receiver holds its offer right now, so its chunks are in "
-                             "use; nothing was removed. Stop that receiver, or wait for the stream to finish or yield.")
-        for o in seen:
-            if o.stream_id == sid and o.pack:
-                result.notes.append(f"it also travels in pack {o.pack} on {dest} with other files: the pack was left "
-                                    "alone (taking it would take them too)")
-        for frame in offers:
-            result.broker_bytes += len(frame.body or b"")
-            link.ack(frame)
-        if offers:
-            result.removed[str(dest)] = len(offers)
-        if browsed.truncated and not offers:
-            result.notes.append(f"{dest} holds more offers than a consumer with a selector sees: an offer of it "
-                                "further back, if any, was not reached (run discard again once receivers took "
-                                "the ones ahead)")
-        return {p.sender_of(f.headers) for f in offers} | {o.sender for o in seen if o.stream_id == sid}
-    finally:
-        if sub is not None:
-            link.unsubscribe(sub)  # what was not acknowledged goes back
-
-
-def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: DiscardResult, *, quarantine: bool,
-                 quiet: float, user: str) -> set[str]:
-    """Remove the stream's copies on its parked or quarantine queue (swept: their order means
-    nothing; a quarantine copy passed to the tail keeps who filed it). Returns their first
-    senders, which name its data queues."""
-    def ours(frame: Any) -> bool:
-        h = frame.headers
-        return h.get(p.H_STREAM) == sid and (not quarantine or str(h.get(p.H_QUARANTINED_FROM) or dest) == str(dest))
-
-    stamp = (lambda f: {H_QUARANTINED_USER: quarantined_by_user(f.headers, sweeper=user)}) if quarantine else None
-    frames, sub = take_matching(link, queue, ours, selector=_offer_selector(sid), sweep=True, quiet=quiet, stamp=stamp)
-    for frame in frames:
-        result.broker_bytes += len(frame.body or b"")
-        link.ack(frame)
-    if frames:
-        result.removed[queue] = len(frames)
-    if sub is not None:
-        link.unsubscribe(sub)
-    return {p.sender_of(f.headers, parked=True) for f in frames}
-
-
-def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
-    for out_dir in out_dirs:
-        for f in _partial_files(out_dir, sid):
-            try:
-                st = os.stat(f, follow_symlinks=False)
-                f.unlink()
-            except FileNotFoundError:
-                continue
-            result.local.append(str(f))
-            result.local_bytes += st.st_blocks * 512
-
-
-def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantine: str | None = None,
-            out_dirs: Iterable[str | os.PathLike[str]] = (), quiet: float = 1.0,
-            browse_limit: int = BROWSE_LIMIT) -> DiscardResult:
-    """Remove every message of ``stream_id`` on ``destination`` and its partial data in
-    ``out_dirs`` (see the module doc). A published file and its completion record are never
-    touched. Raises :class:`DiscardRefused` (removing nothing) while a receiver holds its offer
-    or its partial file.
-
-    Needs read on each of the destination's queues involved (the embedded broker: the
-    administrator).
-
-    :param params: the broker and user.
-    :param destination: ``/queue/NAME``.
-    :param stream_id: the stream.
-    :param quarantine: the quarantine queue its receiver was given, if not ``DLQ.<name>``.
-    :param out_dirs: receivers' output directories whose partial data of it goes too.
-    :param quiet: seconds without a message that mean a queue has no more of the stream.
-    :param browse_limit: how many messages a browser sees at most on this broker.
-    """
-    sid = p.validate_stream_id(stream_id)
-    dest = p.Destination.parse(destination)
-    if dest.kind != "queue":
-        raise LocalProtocolError(f"{destination}: streams wait on queues only; give /queue/NAME")
-    dirs = [str(d) for d in out_dirs]
-    result = DiscardResult(sid, str(dest))
-    where = f"stream {sid} on {dest}"
-    _check_not_receiving(dirs, sid, where)
-    qq = quarantine_queue(dest, quarantine)
-    step = min(quiet, 0.5)
-    with QueueSession(params, client_id="amqstream-discard", browse_limit=browse_limit) as qs:
-        _require_read(qs, (qq, dest.parked_queue(), dlq_data_queue(dest.data_queue(sid, params.user)),
-                           staging_queue(dest, sid),
-                           dest.control_queue(sid)))
-        senders = _take_offers(qs, dest, sid, result, step)
-        link = qs.link
-        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step,
-                                user=params.user)
-        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step, user=params.user)
-        for queue in (*stream_data_queues(dest, sid, senders), staging_queue(dest, sid), dest.control_queue(sid),
-                      dest.held_queue(sid)):
-            try:
-                gone = move_queue(qs.link, queue, None, quiet=step)
-            except DestinationFull:
-                qs.reset()  # it does not exist and its sender's cap forbids making it: nothing there
-                continue
-            if gone.dropped:
-                result.removed[queue] = gone.dropped
-                result.broker_bytes += gone.dropped_bytes
-    _remove_partials(dirs, sid, result)
-    log.info("%s discarded: %d messages (%d bytes) from the broker, %d local files (%d bytes)", where,
-             result.messages, result.broker_bytes, len(result.local), result.local_bytes)
-    return result

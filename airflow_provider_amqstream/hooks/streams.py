@@ -19,10 +19,12 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 
+from airflow_provider_amqstream.engine import discard as discarding
 from airflow_provider_amqstream.engine import inventory as views
-from airflow_provider_amqstream.engine import redrive as actions
-from airflow_provider_amqstream.engine.inventory import extra_list
+from airflow_provider_amqstream.engine import redrive as redriving
+from airflow_provider_amqstream.engine.show import StreamReport, show_stream
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
+from airflow_provider_amqstream.hooks.connection import extra_list
 from airflow_provider_amqstream.protocol.wire import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -65,6 +67,11 @@ class AmqStreamAdminHook(AmqStreamHook):
         fields = self.conn_fields()
         return [os.path.expanduser(d) for d in extra_list(fields.extra, "out_dirs")] if fields else []
 
+    def receivers(self) -> list[str]:
+        """The users the connection's ``receivers`` extra names: receivers whose quarantine copies redrive believes."""
+        fields = self.conn_fields()
+        return extra_list(fields.extra, "receivers") if fields else []
+
     def quarantine(self) -> str | None:
         """The quarantine queue the connection's ``quarantine`` extra names, if any."""
         fields = self.conn_fields()
@@ -85,22 +92,21 @@ class AmqStreamAdminHook(AmqStreamHook):
                                     quarantine=quarantine or self.quarantine(), previous=previous)
 
     def show(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
-             quarantine: str | None = None) -> views.StreamReport:
-        """Everything known about one stream; see :func:`~airflow_provider_amqstream.engine.inventory.show_stream`."""
+             quarantine: str | None = None) -> StreamReport:
+        """Everything known about one stream; see :func:`~airflow_provider_amqstream.engine.show.show_stream`."""
         dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
-        return views.show_stream(self.broker_params(), destination, stream_id, out_dirs=dirs,
+        return show_stream(self.broker_params(), destination, stream_id, out_dirs=dirs,
                                  quarantine=quarantine or self.quarantine())
 
-    def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> actions.RedriveResult:
+    def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> redriving.RedriveResult:
         """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`. The
         quarantine copies believed are the connection user's and those of the users its ``receivers`` extra names."""
-        fields = self.conn_fields()
-        return actions.redrive(self.broker_params(), destination, stream_id, quarantine=quarantine or self.quarantine(),
-                               receivers=extra_list(fields.extra, "receivers") if fields else [])
+        return redriving.redrive(self.broker_params(), destination, stream_id,
+                                 quarantine=quarantine or self.quarantine(), receivers=self.receivers())
 
     def discard(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
-                quarantine: str | None = None) -> actions.DiscardResult:
-        """Remove a stream everywhere; see :func:`~airflow_provider_amqstream.engine.redrive.discard`."""
+                quarantine: str | None = None) -> discarding.DiscardResult:
+        """Remove a stream everywhere; see :func:`~airflow_provider_amqstream.engine.discard.discard`."""
         dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
-        return actions.discard(self.broker_params(), destination, stream_id, out_dirs=dirs,
+        return discarding.discard(self.broker_params(), destination, stream_id, out_dirs=dirs,
                                quarantine=quarantine or self.quarantine())

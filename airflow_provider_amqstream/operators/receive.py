@@ -50,6 +50,7 @@ class ReceivingTask:
     quarantine: str | None
     min_free_bytes: int | None
     records_retention_days: float | None
+    keys: tuple[str, ...] = ()
     file_asset_alias: str | None
     landing_port: Any
     landing_root: str
@@ -104,7 +105,7 @@ class ReceivingTask:
                               idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
                               quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
                               events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"),
-                              records_retention_days=self.records_retention_days)
+                              records_retention_days=self.records_retention_days, keys=self.keys)
 
 
 class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
@@ -141,6 +142,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     :param idle_timeout: seconds without a chunk before a sender is presumed gone.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: quarantine streams larger than this.
+    :param keys: key files sealed streams are opened with (default the connection's ``keys`` extra).
     :param quarantine: where streams that can never succeed go (templated; default
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
@@ -170,8 +172,10 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  file_asset_alias: str | None = None, quarantine: str | None = None,
                  min_free_bytes: int | None = None, batch_sender: str | None = None,
-                 records_retention_days: float | None = None, **kwargs: Any) -> None:
+                 records_retention_days: float | None = None, keys: list[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.keys = tuple(keys or ())
         self._keep_receive_arguments(
             source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
             idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,

@@ -207,7 +207,7 @@ async def inventory(request: Request, conn_id: str, destination: str) -> Any:
     key = (conn_id, destination)
 
     def look() -> Any:
-        from airflow_provider_amqstream.engine.inventory import progress_marks
+        from airflow_provider_amqstream.engine.partials import progress_marks
 
         with _MARKS_LOCK:
             previous = _MARKS.get(key)

@@ -46,7 +46,7 @@ import hmac
 import math
 import re
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ParamSpec, TypeVar
@@ -284,11 +284,37 @@ class Destination:
         wildcards match prefixes only) can let senders read it without reading data."""
         return f"/queue/{self.name}.amqs_ctl.{validate_stream_id(stream_id)}"
 
+    def quarantine_queue(self, quarantine: str | None = None) -> str:
+        """Where receivers file the streams of this destination that can never succeed:
+        ``quarantine`` if one was named (``--quarantine``), else the broker's dead-letter
+        queue of the destination itself (``/queue/DLQ.NAME``).
+
+        :param quarantine: the quarantine queue receivers were given, if any.
+        """
+        return str(Destination.parse(quarantine)) if quarantine else dead_letter_queue(str(self))
+
+    def staging_queue(self, stream_id: str) -> str:
+        """Where ``redrive`` gathers a stream's chunks while it checks them (under ``DLQ.``,
+        which only administrators read: nothing else takes them from there)."""
+        return f"/queue/DLQ.{self.name}.amqs_redrive.{validate_stream_id(stream_id)}"
+
+    def stream_queues(self, stream_id: str, senders: Iterable[str]) -> list[str]:
+        """Every queue that may hold chunks of ``stream_id``: its data queue under each sender
+        it is known by (data queues are named after their sender) and the dead letters of each."""
+        return [q for s in sorted(set(senders))
+                for q in (self.data_queue(stream_id, s), dead_letter_queue(self.data_queue(stream_id, s)))]
+
     def held_queue(self, stream_id: str) -> str:
         """Where receivers note that they hold a stream's partial data (queues only; one
         note per receiving directory, removed when the stream is published or quarantined).
         Its own name element: receivers write it, senders need not see it."""
         return f"/queue/{self.name}.amqs_held.{validate_stream_id(stream_id)}"
+
+
+def dead_letter_queue(queue: str) -> str:
+    """Where the broker moves what is refused on ``queue`` (a ``/queue/NAME`` string): its
+    own ``DLQ.NAME`` (the shipped broker's per-destination dead-letter strategy)."""
+    return "/queue/DLQ." + queue.split("/", 2)[2]
 
 
 # --------------------------------------------------------------------------- stream
@@ -508,10 +534,11 @@ def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[s
     return data_message(spec, seq, bytes(body))[0]
 
 
-def data_message(spec: StreamSpec, seq: int, body: bytes,
-                 codec: ChunkCodec | None = None) -> tuple[dict[str, str], bytes]:
+def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
+                 seal: Callable[[int, bytes, str | None], bytes] | None = None) -> tuple[dict[str, str], bytes]:
     """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
-    corruption is caught before anything is decompressed."""
+    corruption is caught before anything is decompressed (or opened). ``seal`` (seal.py's
+    ``Seal.sealer``) seals the encoded body, its encoding inside."""
     offset, length = spec.chunk_span(seq)
     if len(body) != length:
         raise LocalProtocolError(
@@ -519,6 +546,8 @@ def data_message(spec: StreamSpec, seq: int, body: bytes,
             f"expected {length} (did the file change while it was being sent?)"
         )
     wire, encoding = codec.encode(body) if codec else (body, None)
+    if seal is not None:
+        wire, encoding = seal(seq, wire, encoding), None
     h = _base(spec, Kind.DATA)
     h.update({H_SEQ: str(seq), H_GROUP_SEQ: str(seq), H_OFFSET: str(offset),
               H_CRC: str(crc32(wire))})

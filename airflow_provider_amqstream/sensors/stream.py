@@ -47,6 +47,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         the try fails and a retry resumes.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: refuse streams larger than this.
+    :param keys: key files sealed streams are opened with (default the connection's ``keys`` extra).
     :param quarantine: where streams that can never succeed go (templated; default
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
@@ -84,8 +85,9 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  offer_wait: float = 5.0, file_asset_alias: str | None = None, quarantine: str | None = None,
                  min_free_bytes: int | None = None, records_retention_days: float | None = None,
-                 **kwargs: Any) -> None:
+                 keys: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.keys = tuple(keys or ())
         self._keep_receive_arguments(
             source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
             idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,

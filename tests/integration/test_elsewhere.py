@@ -23,9 +23,9 @@ from airflow_provider_amqstream.engine import (
     receive_streams,
     send_file,
 )
-from airflow_provider_amqstream.engine.inventory import show_stream
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
+from airflow_provider_amqstream.engine.show import show_stream
 from airflow_provider_amqstream.exceptions import StreamElsewhere
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.session import StompLink

@@ -15,9 +15,10 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, StreamFailure, receive_streams, send_file
-from airflow_provider_amqstream.engine.inventory import dlq_data_queue, take_inventory
+from airflow_provider_amqstream.engine.discard import discard
+from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.queue_tools import QueueSession
-from airflow_provider_amqstream.engine.redrive import discard, redrive
+from airflow_provider_amqstream.engine.redrive import redrive
 from airflow_provider_amqstream.exceptions import DestinationFull
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -81,7 +82,7 @@ def test_quarantine_destinations_are_capped_per_user(capped: EmbeddedBroker, tmp
     # the cap (a browse of a queue the cap forbids making shows nothing).
     def dlq_of(i: int) -> int:
         with QueueSession(admin) as qs:
-            return len(qs.browse(dlq_data_queue(DEST.data_queue(f"bad-{i:03d}", "mallory"))).frames)
+            return len(qs.browse(p.dead_letter_queue(DEST.data_queue(f"bad-{i:03d}", "mallory"))).frames)
 
     held = [dlq_of(i) for i in range(2 * CAP)]
     assert held == [2] * CAP + [0] * CAP, held

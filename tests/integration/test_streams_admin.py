@@ -26,10 +26,12 @@ import stomp
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamQuarantined, StreamStalled, receive_stream
 from airflow_provider_amqstream.engine import inventory as inv
+from airflow_provider_amqstream.engine.discard import discard
 from airflow_provider_amqstream.engine.queue_tools import H_SWEEP, QueueSession, move_queue, take_matching
 from airflow_provider_amqstream.engine.receive.session import receive_streams
-from airflow_provider_amqstream.engine.redrive import RedriveRefused, discard, redrive
+from airflow_provider_amqstream.engine.redrive import RedriveRefused, redrive
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -205,7 +207,7 @@ def test_show_one_stream_both_sides(scene: Scene, uri: str, params: BrokerParams
 def _queues_of(q: str, sid: str, sender: str) -> list[str]:
     dest = p.Destination.parse(q)
     data_q = dest.data_queue(sid, sender)
-    return [data_q, inv.dlq_data_queue(data_q), inv.staging_queue(dest, sid)]
+    return [data_q, p.dead_letter_queue(data_q), dest.staging_queue(sid)]
 
 
 def test_redrive_after_max_bytes_then_the_stream_arrives_byte_exact(scene: Scene, uri: str, params: BrokerParams,
@@ -219,9 +221,9 @@ def test_redrive_after_max_bytes_then_the_stream_arrives_byte_exact(scene: Scene
     # Its offer is back without the quarantine's headers; no copy is left in the quarantine.
     offers = [f for f in browse(params, scene.queue) if f.headers.get(p.H_STREAM) == "big-1"]
     assert len(offers) == 1 and not any(k.startswith("amqs_quarantine") for k in offers[0].headers)
-    assert offers[0].headers[inv.H_REDRIVE_SENDER] == params.login
+    assert offers[0].headers[qr.H_REDRIVE_SENDER] == params.login
     assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "big-1"]
-    assert not browse(params, inv.staging_queue(dest, "big-1"))
+    assert not browse(params, dest.staging_queue("big-1"))
     # With a higher limit it arrives, byte for byte, recorded as the redriving user's.
     got = receive_stream(params, scene.queue, tmp_path / "again", stream_id="big-1",
                          options=ReceiveOptions(wait_timeout=10, max_bytes=10 * CHUNK))
@@ -244,10 +246,10 @@ def test_redrive_refuses_what_can_never_arrive(scene: Scene, uri: str, params: B
     assert not [f for f in browse(params, scene.queue) if f.headers.get(p.H_STREAM) == "cut-1"]
     assert [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "cut-1"]
     assert not browse(params, dest.data_queue("cut-1", params.user)) and not browse(params,
-                                                                                   inv.staging_queue(dest, "cut-1"))
-    kept = browse(params, inv.dlq_data_queue(dest.data_queue("cut-1", params.user)))
+                                                                                   dest.staging_queue("cut-1"))
+    kept = browse(params, p.dead_letter_queue(dest.data_queue("cut-1", params.user)))
     assert sorted(int(f.headers[p.H_SEQ]) for f in kept) == [1, 2, 3]
-    assert all(f.headers[inv.H_REDRIVE_SENDER] == params.login for f in kept)
+    assert all(f.headers[qr.H_REDRIVE_SENDER] == params.login for f in kept)
 
 
 def test_discard_leaves_nothing_behind(scene: Scene, uri: str, params: BrokerParams, held: Path) -> None:
@@ -263,7 +265,7 @@ def test_discard_leaves_nothing_behind(scene: Scene, uri: str, params: BrokerPar
     code, out, err = _run("streams", "discard", "bad-1", "--yes", "--conn", uri, "--from", scene.queue, "--json")
     assert code == 0, err
     res = json.loads(out)
-    bad_dlq = inv.dlq_data_queue(dest.data_queue("bad-1", params.user))
+    bad_dlq = p.dead_letter_queue(dest.data_queue("bad-1", params.user))
     assert res["removed"] == {f"/queue/DLQ.{dest.name}": 1, bad_dlq: 4}, res
     assert res["broker_bytes"] == 3 * CHUNK and res["bytes_freed"] == 3 * CHUNK
     for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}",
@@ -309,7 +311,7 @@ def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams
     with QueueSession(params) as qs:
         found, sub = take_matching(qs.link, qq, lambda f: f.headers.get(p.H_STREAM) == "deep-17",
                                    selector=f"{p.H_STREAM} = 'none'", sweep=True,
-                                   stamp=lambda f: {inv.H_QUARANTINED_USER: inv.quarantined_by_user(f.headers)})
+                                   stamp=lambda f: {qr.H_QUARANTINED_USER: qr.quarantined_by_user(f.headers)})
         assert [f.headers[p.H_STREAM] for f in found] == ["deep-17"]
         for frame in found:
             qs.link.ack(frame)
@@ -317,7 +319,7 @@ def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams
         left: list[dict[str, Any]] = []
         gone = move_queue(qs.link, qq, None, decide=lambda f: left.append(dict(f.headers)))
     assert gone.dropped == 18 and sorted(h[p.H_STREAM] for h in left) == sorted(f"deep-{n}" for n in (*range(17), 18))
-    assert all(h.get(H_SWEEP) and h[inv.H_QUARANTINED_USER] == params.login for h in left)
+    assert all(h.get(H_SWEEP) and h[qr.H_QUARANTINED_USER] == params.login for h in left)
     assert all(h[p.H_QUARANTINED_BY] == "host-x" for h in left)
 
 
@@ -380,7 +382,7 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
     conn.send("/queue/DLQ.landing", b"", headers={
         **keep, p.H_NAME: "payroll.csv", p.H_FIRST_SENDER: "producer", H_QUARANTINE_CAUSE: "max_bytes",
         p.H_QUARANTINE_REASON: "over max_bytes", p.H_QUARANTINED_FROM: str(dest),
-        p.H_QUARANTINED_AT: "2026-11-28T09:00:00+00:00", inv.H_QUARANTINED_USER: "admin", "persistent": "true"})
+        p.H_QUARANTINED_AT: "2026-11-28T09:00:00+00:00", qr.H_QUARANTINED_USER: "admin", "persistent": "true"})
     conn.disconnect(receipt="bye")
     data_q = dest.data_queue("pay-1", "producer")
     with pytest.raises(RedriveRefused) as refused:

@@ -30,7 +30,6 @@ import httpx
 import pytest
 
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
-from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.deployment import Deployment
@@ -279,4 +278,4 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
     assert res is not None and Path(res.path).read_bytes() == scene.data["big-1"] and res.sender == params.login
     dest = p.Destination.parse(scene.queue)
     assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "bad-1"]
-    assert not browse(params, inv.dlq_data_queue(dest.data_queue("bad-1", params.user)))
+    assert not browse(params, p.dead_letter_queue(dest.data_queue("bad-1", params.user)))

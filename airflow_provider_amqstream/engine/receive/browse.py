@@ -108,7 +108,7 @@ class OfferBrowser:
         self.browse_timeout = browse_timeout
         self.link: Link | None = None
         self.opened = 0  # sessions opened so far: one, unless the broker went away
-        self.quarantine = quarantine or f"/queue/DLQ.{self.dest.name}"
+        self.quarantine = self.dest.quarantine_queue(quarantine)
         self.quarantined = 0  # junk messages filed away so far
         self._bad_seen: set[str] = set()
         self._junk: list[_Junk] = []

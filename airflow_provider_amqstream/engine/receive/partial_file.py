@@ -361,3 +361,32 @@ def collision_name(name: str, stream_id: str) -> str:
     room = _NAME_MAX - len(tail.encode("utf-8", "surrogatepass"))
     cut = stem.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore") or "_"
     return cut + tail
+
+
+def held_inodes() -> set[tuple[int, int, int]] | None:
+    """(major, minor, inode) of every file some process holds a lock on (``/proc/locks``),
+    or None where the kernel does not say. Reading it takes no lock: a receiver trying its
+    own lock at that moment is never disturbed."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    held = set()
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a blocked waiter has "->" first)
+        if parts and parts[1] == "->":
+            parts = parts[1:]
+        if len(parts) < 6:
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            held.add((int(major, 16), int(minor, 16), int(inode)))
+        except ValueError:
+            continue
+    return held
+
+
+def locked_now(st: os.stat_result, held: set[tuple[int, int, int]]) -> bool:
+    """Whether the file ``st`` describes is among ``held`` (:func:`held_inodes`)."""
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held

@@ -64,7 +64,7 @@ from airflow_provider_amqstream.exceptions import (
     TransportError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
-from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import paths, seal
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome, yielded
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -179,6 +179,8 @@ def _connection_defaults(opts: ReceiveOptions, params: BrokerParams) -> ReceiveO
         opts = replace(opts, records_retention_days=params.records_retention_days)
     if opts.min_rate is None and params.min_rate is not None:
         opts = replace(opts, min_rate=params.min_rate)
+    if (not opts.keys and params.keys) or (params.seal_required and not opts.seal_required):
+        opts = replace(opts, keys=opts.keys or params.keys, seal_required=opts.seal_required or params.seal_required)
     return opts
 
 
@@ -321,8 +323,13 @@ class ReceiveSession:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
             terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+            opened = self._unseal(offer, spec, data_q)
         except p.ProtocolError as exc:
-            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
+            cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
+            return self._quarantine(offer, sid, cause, f"invalid offer: {exc}")
+        if isinstance(opened, StreamError):
+            return opened
+        sealed, spec = opened
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
         if settled is not None:
@@ -345,6 +352,7 @@ class ReceiveSession:
             handshake=terms,
             subdir=subdir,
             sender=sender,
+            seal=sealed,
         )
         filed = self._filed_before(offer, spec.stream_id)
         if filed is not None:
@@ -359,6 +367,27 @@ class ReceiveSession:
             return self._let_go(exc, sid, receiver, offer)
         self.link.ack(offer)
         return result
+
+    def _unseal(self, offer: Any, spec: p.StreamSpec,
+                data_q: str) -> tuple[seal.Seal | None, p.StreamSpec] | StreamError:
+        """A sealed offer's seal and its spec under the real name; the quarantine of one this
+        receiver holds no key for, or of an unsealed one where sealing is required."""
+        sid, header = spec.stream_id, offer.headers.get(seal.H_SEAL)
+        if not header:
+            if self.opts.seal_required:
+                return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} ({data_q}) is not sealed, and "
+                                        "this receiver requires sealed streams (seal: required); nothing was received")
+            return None, spec
+        opened = seal.Seal.open(str(header), list(self.opts.identities), stream_id=sid, size=spec.size,
+                                chunk_size=spec.chunk_size)
+        if opened is None:
+            held = ", ".join(i.source for i in self.opts.identities) or "none"
+            return self._quarantine(offer, sid, Outcome.NO_KEY, f"stream {sid} ({data_q}) is sealed for keys this "
+                                    f"receiver does not hold (its key files: {held}); nothing was received")
+        name = opened[1]
+        if not name or len(name.encode("utf-8", "surrogatepass")) > p.MAX_NAME_BYTES:
+            raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {p.MAX_NAME_BYTES} bytes")
+        return opened[0], replace(spec, name=name)
 
     def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Any) -> StreamError:
         """A stream being received gave way: leave its data queue, keep only its data on disk,
@@ -507,6 +536,9 @@ class ReceiveSession:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
         except p.ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
+        if self.opts.seal_required:  # sealed files never travel inline
+            return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} travelled inline, unsealed, and "
+                                    "this receiver requires sealed streams (seal: required); nothing was received")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender)
         return (spec, origin) if settled is None else settled
@@ -649,7 +681,7 @@ class ReceiveSession:
         offer's message id) tells whoever takes that offer next to finish the move rather
         than look at a stream whose chunks are half gone (it looked stalled, or taken
         elsewhere, and was parked for ever instead)."""
-        qdest = self.opts.quarantine or f"/queue/DLQ.{self.dest.name}"
+        qdest = self.dest.quarantine_queue(self.opts.quarantine)
         headers = p.quarantined_headers(offer.headers, cause=cause, reason=reason, source=str(self.dest),
                                         by=socket.gethostname(),
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

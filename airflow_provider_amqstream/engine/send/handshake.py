@@ -78,8 +78,7 @@ class _HandshakeAttempt:
                             self.sid, forged, self.control_q)
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
         if out.dest.kind == "topic" or not out.state.offer_sent:
-            link.send_confirmed(str(out.dest), b"", p.offer_headers(self.spec, out.dest, out.window,
-                                                                     sender=out.params.user, origin=out.origin))
+            link.send_confirmed(str(out.dest), b"", out.offer(out.window, subdir=""))
             out.state.offer_sent = True
             out.save()
 
@@ -114,7 +113,7 @@ class _HandshakeAttempt:
         """Send chunks and the end marker until every receiver is done."""
         hs, link, spec = self.hs, self.link, self.spec
         with open(self.out.src, "rb") as fh:
-            reader = ChunkReader(fh, spec, self.out.codec)
+            reader = ChunkReader(fh, spec, self.out.codec, seal=self.out.seal)
             heard = time.monotonic()
             while not hs.all_done:
                 while (frame := link.get(0)) is not None:
@@ -136,7 +135,7 @@ class _HandshakeAttempt:
 
     def _send_next(self, reader: ChunkReader) -> bool:
         """Send the next chunk or the end marker a receiver needs; False if none is due."""
-        spec, data_q = self.spec, self.out.dest.data_queue(self.sid, self.out.params.user)
+        data_q = self.out.dest.data_queue(self.sid, self.out.params.user)
         try:
             seq = self.hs.next_chunk()
         except p.ProtocolError as exc:
@@ -147,6 +146,6 @@ class _HandshakeAttempt:
             self.sent += chunk.length
             return True
         if self.hs.take_end():
-            self.link.send(data_q, b"", p.end_headers(spec, self.out.state.sha256))
+            self.link.send(data_q, b"", self.out.end())
             return True
         return False

@@ -12,8 +12,11 @@ import pytest
 
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
 from airflow_provider_amqstream.engine import inventory as inv
-from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, discard, redrive
+from airflow_provider_amqstream.engine.discard import discard
+from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, redrive
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
+from airflow_provider_amqstream.hooks.connection import extra_list
+from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import open_link
@@ -53,15 +56,15 @@ def _chunks(spec: p.StreamSpec, data: bytes, user: str = "site-a") -> list[Frame
 ])
 def test_a_quarantine_cause_says_whether_redrive_can_help(written: Outcome, cause: str, redrivable: bool) -> None:
     # The cause a receiver wrote decides, never the reason's prose.
-    c = inv.quarantine_cause({p.H_QUARANTINE_CAUSE: written.value, p.H_QUARANTINE_REASON: "over this receiver's limit"})
+    c = qr.quarantine_cause({p.H_QUARANTINE_CAUSE: written.value, p.H_QUARANTINE_REASON: "over this receiver's limit"})
     assert (c.label, c.redrivable) == (cause, redrivable) and c.advice
 
 
 def test_inline_packed_and_handshake_streams_cannot_be_redriven() -> None:
     over = {p.H_QUARANTINE_CAUSE: Outcome.MAX_BYTES.value}
-    assert inv.quarantine_cause({**over, "amqs_inline": "1"}).label == "inline"
-    assert inv.quarantine_cause({**over, p.H_KIND: "pack"}).label == "inline"
-    assert inv.quarantine_cause({**over, p.H_MODE: "handshake"}).label == "handshake"
+    assert qr.quarantine_cause({**over, "amqs_inline": "1"}).label == "inline"
+    assert qr.quarantine_cause({**over, p.H_KIND: "pack"}).label == "inline"
+    assert qr.quarantine_cause({**over, p.H_MODE: "handshake"}).label == "handshake"
 
 
 def test_a_complete_stream_passes_the_check_in_any_order_with_its_sha256() -> None:
@@ -69,7 +72,7 @@ def test_a_complete_stream_passes_the_check_in_any_order_with_its_sha256() -> No
     check = ChunkCheck(spec, "site-a")
     frames = _chunks(spec, data)
     for f in [frames[2], frames[0], frames[4], frames[1], frames[3], frames[5], frames[1]]:  # one repeat
-        assert check.take(f, trust_redrive_header=False) == {inv.H_REDRIVE_SENDER: "site-a"}
+        assert check.take(f, trust_redrive_header=False) == {qr.H_REDRIVE_SENDER: "site-a"}
     assert check.verdict() == [] and check.sha256_checked and check.duplicates == 1 and check.sender == "site-a"
     # The final move forwards each chunk once.
     assert [check.forward(f) is not None for f in [frames[1], frames[1]]] == [True, False]
@@ -103,7 +106,7 @@ def test_the_check_names_what_cannot_arrive() -> None:
 
 def test_an_earlier_redrives_record_of_the_sender_is_believed_on_dlq_queues_only() -> None:
     spec, data = p.StreamSpec("s", "s.bin", 1000, 1000), _data(1000)
-    frames = [Frame({**f.headers, p.H_USER_ID: "admin", inv.H_REDRIVE_SENDER: "site-a"}, f.body)
+    frames = [Frame({**f.headers, p.H_USER_ID: "admin", qr.H_REDRIVE_SENDER: "site-a"}, f.body)
               for f in _chunks(spec, data)]
     trusted = ChunkCheck(spec, "site-a")
     for f in frames:
@@ -116,9 +119,9 @@ def test_an_earlier_redrives_record_of_the_sender_is_believed_on_dlq_queues_only
 
 
 def test_extra_lists_take_a_list_or_commas() -> None:
-    assert inv.extra_list({"destinations": "/queue/a, /queue/b,"}, "destinations") == ["/queue/a", "/queue/b"]
-    assert inv.extra_list({"destinations": ["/queue/a"]}, "destinations") == ["/queue/a"]
-    assert inv.extra_list({}, "destinations") == []
+    assert extra_list({"destinations": "/queue/a, /queue/b,"}, "destinations") == ["/queue/a", "/queue/b"]
+    assert extra_list({"destinations": ["/queue/a"]}, "destinations") == ["/queue/a"]
+    assert extra_list({}, "destinations") == []
 
 
 def _play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs: list[int], end: bool = True) -> None:
@@ -165,5 +168,5 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
         receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
     with pytest.raises(RedriveRefused, match="chunks 3 of 3 are missing"):
         redrive(broker.params("admin"), Q, "cut", quiet=0.05, receivers=["spark"])
-    filed = broker.messages(inv.dlq_data_queue(DEST.data_queue("cut", "site-a")))
+    filed = broker.messages(p.dead_letter_queue(DEST.data_queue("cut", "site-a")))
     assert sorted(h[p.H_SEQ] for h, _ in filed) == ["1", "2"]
