@@ -141,11 +141,11 @@ def cmd_users(args: argparse.Namespace) -> int:
     if not args.name:
         raise ValueError(f"users {args.action}: name the user")
     if args.action == "add":
-        info = broker.add_user(args.name, send=args.send, receive=args.receive, max_waiting=args.max_waiting)
+        added = broker.add_user(args.name, send=args.send, receive=args.receive, max_waiting=args.max_waiting)
         print(f"user {args.name} may send to {', '.join(args.send) or 'nothing'} and receive from "
               f"{', '.join(args.receive) or 'nothing'}; its connection (password shown once, kept in "
               f"{broker.users_file}):")
-        print(f"  {info.tls_uri or info.uri}")
+        print(f"  {added.tls_uri or added.uri}")
     elif not broker.remove_user(args.name):
         raise ValueError(f"no user {args.name!r} in {broker.users_file}")
     else:
@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     # Ours say what failed and what to do; OSError is the file system's (a path that is
     # not there). Anything else is a bug, shown with its traceback.
     except (AmqStreamError, OSError) as exc:

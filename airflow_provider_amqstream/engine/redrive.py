@@ -50,6 +50,7 @@ from airflow_provider_amqstream.engine.queue_tools import (
 )
 from airflow_provider_amqstream.exceptions import (
     LocalProtocolError,
+    ProtocolError,
     RedriveRefused,
     RemoteProtocolError,
     StreamError,
@@ -64,6 +65,7 @@ from airflow_provider_amqstream.protocol.quarantine import (
     quarantine_cause,
     quarantined_by_user,
 )
+from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -90,10 +92,11 @@ class ChunkCheck:
 
     :param spec: the stream, from its offer.
     :param offer_sender: who offered it, where the quarantine copy says (``amqs_first_sender``).
+    :param sealed: a sealed stream: without its key only the CRC-32s and the count can be checked.
     """
 
-    def __init__(self, spec: p.StreamSpec, offer_sender: str = "") -> None:
-        self.spec, self.offer_sender = spec, offer_sender
+    def __init__(self, spec: p.StreamSpec, offer_sender: str = "", *, sealed: bool = False) -> None:
+        self.spec, self.offer_sender, self.sealed = spec, offer_sender, sealed
         self.seen: dict[int, int] = {}
         self.end_sha: str | None = None
         self.senders: set[str] = set()
@@ -105,7 +108,7 @@ class ChunkCheck:
         self._next = 1
         self._held: dict[int, bytes] = {}
         self._held_bytes = 0
-        self.hashing = True
+        self.hashing = not sealed
         self._forwarded: set[tuple[str, int, int]] = set()
 
     def _problem(self, text: str) -> None:
@@ -138,7 +141,7 @@ class ChunkCheck:
                 self._end(h)
             else:
                 raise RemoteProtocolError(f"a message that is not one of its chunks ({p.H_KIND}={str(kind)[:20]!r})")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._problem(str(exc))
         return {H_REDRIVE_SENDER: stamp} if stamp else {}
 
@@ -154,8 +157,8 @@ class ChunkCheck:
         if p.crc32(body) != crc:
             raise RemoteProtocolError(f"chunk {seq} fails its CRC-32 check (corrupt)")
         encoding = h.get(p.H_ENCODING)
-        data = p.ChunkCodec.decode(str(encoding), body, length) if encoding else body
-        if len(data) != length:
+        data = p.ChunkCodec.decode(str(encoding), body, length) if encoding and not self.sealed else body
+        if len(data) != length and not self.sealed:
             raise RemoteProtocolError(f"chunk {seq} has {len(data)} bytes, not {length}")
         if seq in self.seen:
             if self.seen[seq] != crc:
@@ -366,14 +369,14 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             first = p.sender_of(copy.headers, parked=True)
             try:
                 spec, data_q = p.parse_offer(offer, dest, sender=first)
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 raise RedriveRefused(f"{where} cannot be redriven: its offer is invalid ({exc})") from None
             dlq_q = p.dead_letter_queue(data_q)
             qs.require_read((dlq_q, data_q))
             # A redrive interrupted after gathering left the chunks in the staging queue: they
             # go back where checked chunks wait, then everything is gathered again.
             recovered = move_queue(link, stage_q, dlq_q, quiet=quiet).messages
-            check = ChunkCheck(spec, first)
+            check = ChunkCheck(spec, first, sealed=bool(offer.get(H_SEAL)))
             move_queue(link, dlq_q, stage_q, quiet=quiet, decide=lambda f: check.take(f, trust_redrive_header=True))
             move_queue(link, data_q, stage_q, quiet=quiet, decide=lambda f: check.take(f, trust_redrive_header=False))
             problems = check.verdict()

@@ -109,6 +109,7 @@ class AmqStreamHook(BaseHook):
     def _resolve(self) -> None:
         # Every source goes through connection.py's one parser and one reading of the fields,
         # so a URI, a variable and a stored connection cannot disagree about TLS.
+        fields: connection.ConnFields | None
         if self.uri:
             fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
         else:

@@ -5,9 +5,8 @@ receive gave up on (FailureReport)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
@@ -29,8 +28,11 @@ from airflow_provider_amqstream.operators.outlets import (
     landing_port,
     with_port,
 )
-from airflow_provider_amqstream.operators.progress import LogProgress
+from airflow_provider_amqstream.operators.progress import LogProgress, TaskLog
 from airflow_provider_amqstream.operators.xcom import MAX_XCOM_FILES, iter_result_files, listed
+
+if TYPE_CHECKING:
+    from airflow.sdk.types import Logger
 
 
 class ReceivingTask:
@@ -55,7 +57,7 @@ class ReceivingTask:
     landing_port: Any
     landing_root: str
     task_id: str
-    log: logging.Logger
+    log: Logger
     inlets: Any
     outlets: Any
 
@@ -203,13 +205,13 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
         self.log.info("received %d streams (%d bytes) from %s into %s%s; each listed in %s", drained.count,
                       drained.bytes, self.source, self.out_dir,
                       f"; manifest {drained.manifest}" if drained.manifest else "", drained.files_list)
+        manifest = str(drained.manifest) if drained.manifest else None
         result = {"files": files, "files_listed": len(files) == drained.count, "files_list": str(drained.files_list),
-                  "failed": failed.streams, "failed_count": failed.count,
-                  "manifest": str(drained.manifest) if drained.manifest else None,
+                  "failed": failed.streams, "failed_count": failed.count, "manifest": manifest,
                   "count": drained.count, "bytes": drained.bytes}
         # Counted a stream at a time: past MAX_XCOM_FILES the list file is read as it goes.
         emit_landing(context, self, self.landing_port, Arrivals.of(iter_result_files(result)),
-                     self.log, root=self.landing_root, out_dir=self.out_dir, manifest=result["manifest"],
+                     self.log, root=self.landing_root, out_dir=self.out_dir, manifest=manifest,
                      batch_id=self.batch_id)
         self._amqstream_result = result
         return self._amqstream_result
@@ -222,7 +224,7 @@ class FailureReport:
     :param log: the task's logger.
     """
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: TaskLog) -> None:
         self.log = log
         self.streams: list[dict[str, Any]] = []  # the first MAX_XCOM_FILES
         self.count = 0

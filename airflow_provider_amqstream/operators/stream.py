@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from airflow_provider_amqstream.hooks.amqstream import (
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import destination_port, emit, sent_extra, with_port
-from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
+from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress, TaskLog
 from airflow_provider_amqstream.operators.xcom import listed
 
 
@@ -209,7 +208,7 @@ def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
         f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
 
 
-def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: logging.Logger) -> dict[str, Any]:
+def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: TaskLog) -> dict[str, Any]:
     """Log what a many-file send did and return its XCom ``{"files", "failed", "totals",
     "files_listed", "files_list"}``: ``files`` lists every file up to ``MAX_XCOM_FILES``
     (1,000) and is empty past that (``files_listed`` false; ``files_list``, a JSON-lines file

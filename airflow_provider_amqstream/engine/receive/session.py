@@ -54,6 +54,7 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
+    ProtocolError,
     StreamError,
     StreamFailure,
     StreamNoRoom,
@@ -324,7 +325,7 @@ class ReceiveSession:
             terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
             opened = self._unseal(offer, spec, data_q)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
             return self._quarantine(offer, sid, cause, f"invalid offer: {exc}")
         if isinstance(opened, StreamError):
@@ -439,7 +440,7 @@ class ReceiveSession:
         """Record one part of a batch list; a part that does not fit gives way as a stream would."""
         try:
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
         try:
             manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
@@ -521,7 +522,7 @@ class ReceiveSession:
         for sid in ids:
             try:
                 valid.add(p.validate_stream_id(sid))
-            except p.ProtocolError:
+            except ProtocolError:
                 continue
         try:
             found = find_received_many(self.out, valid, retention_days=self.opts.records_retention_days)
@@ -534,7 +535,7 @@ class ReceiveSession:
         sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
         try:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
         if self.opts.seal_required:  # sealed files never travel inline
             return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} travelled inline, unsealed, and "
@@ -569,7 +570,7 @@ class ReceiveSession:
             # What the group publishes is recorded now: later offers look it up again.
             self._known = None
             for offer, result in files.commit():
-                inline.settle(self.link, offer)
+                inline.settle(self.offers.ack, offer)
                 # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
                 self.opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path),
                                destination=str(self.dest), bytes=result.bytes,
@@ -584,7 +585,7 @@ class ReceiveSession:
             checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
             if isinstance(checked, tuple):  # not published after all: back to the tail
                 message = inline.message_of(offer)
-                if not inline.is_settled(message):
+                if not self.offers.settled(message):
                     self.offers.requeue(message)
                 continue
             outcomes.append(checked)
@@ -603,7 +604,7 @@ class ReceiveSession:
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
             files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
                       sender=sender)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, str(exc))
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.cause, bad.reason)
@@ -615,7 +616,7 @@ class ReceiveSession:
         held = inline.message_of(offer)
         outcome = self._yielded(exc, sid, 0, held)
         for message in group:
-            if message is not held and not inline.is_settled(message):
+            if message is not held and not self.offers.settled(message):
                 self.offers.requeue(message)
         return outcome
 
@@ -629,7 +630,7 @@ class ReceiveSession:
                 continue
             try:
                 found.extend(inline.unpack(offer))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 pid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
         return found
@@ -651,7 +652,7 @@ class ReceiveSession:
                 )
         elif not bw.is_inline(offer.headers):
             drain_queue(self.link, data_q, ack=True)
-        inline.settle(self.link, offer)
+        inline.settle(self.offers.ack, offer)
         self.opts.emit("duplicate_offer", stream_id=spec.stream_id)
         log.info(
             "stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
@@ -698,7 +699,7 @@ class ReceiveSession:
                                            "offset": offset}))
                 tmp.replace(note)
             moved = then()
-        inline.settle(self.link, offer)
+        inline.settle(self.offers.ack, offer)
         if note is not None:
             note.unlink(missing_ok=True)
         failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved,
@@ -712,7 +713,7 @@ class ReceiveSession:
         cannot name a file."""
         try:
             p.validate_stream_id(sid)
-        except p.ProtocolError:
+        except ProtocolError:
             return None
         return self.sdir / f"{sid}.quarantined"
 
@@ -739,7 +740,7 @@ class ReceiveSession:
         sid = str(offer.headers.get(p.H_STREAM, ""))
         try:
             p.validate_stream_id(sid)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._quarantine(offer, sid[: p.MAX_STREAM_ID], Outcome.INVALID, f"invalid re-offer: {exc}")
             return
         def published() -> bool:

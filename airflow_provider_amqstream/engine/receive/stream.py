@@ -32,6 +32,7 @@ from airflow_provider_amqstream.engine.records import TransferResult, open_priva
 from airflow_provider_amqstream.exceptions import (
     ConfigurationError,
     DestinationRefused,
+    ProtocolError,
     StreamElsewhere,
     StreamError,
     StreamRefused,
@@ -292,7 +293,7 @@ class StreamReceiver:
             try:
                 actual = self.file.hasher.hexdigest()
                 self.file.state.verify(self.seal.digest(actual) if self.seal is not None else actual)
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 raise Poisoned(str(exc), self.offset, cause=Outcome.CORRUPT) from None
             name = final_name(dir_fd, spec, overwrite=self.opts.overwrite)
             final = self.out.joinpath(*self.subdir, name)
@@ -542,7 +543,7 @@ class StreamReceiver:
         """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
         try:
             return self.file.state.decide(frame.headers, frame.body)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self.refused.append(frame)
             raise Poisoned(str(exc), self.offset, cause=Outcome.INVALID) from None
 

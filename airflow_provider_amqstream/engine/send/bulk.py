@@ -76,8 +76,8 @@ from airflow_provider_amqstream.engine.send.stream import (
     stream_origin,
 )
 from airflow_provider_amqstream.exceptions import (
-    ConfigurationError,
     ConnectionLost,
+    ProtocolError,
     StreamError,
     TransportError,
 )
@@ -163,8 +163,8 @@ def send_files(
     # Sealed: every file goes through the chunked path (no inline offers, packs or manifests yet).
     sealed = bool(seal_recipients(opts, params))
     if sealed and opts.manifest:
-        raise ConfigurationError(f"{dest}: a batch manifest lists names and SHA-256 in clear; sealed sends "
-                                 "(seal_to) do not announce one yet: send without manifest")
+        log.warning("%s: no batch manifest for a sealed send: it would list names and SHA-256 in clear", dest)
+        opts = dataclasses.replace(opts, manifest=False)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
     survey = _survey(files, dest, key, fail if opts.fail_fast else None, sealed=sealed)
@@ -241,7 +241,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             identity = _file_identity(bf.path, st_, bf.real)
             stem = SEALED_NAME if sealed else bf.path.name
             sid = p.derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
         yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
@@ -450,7 +450,7 @@ class _Ctx:
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
                     sent = self._send_small(link, e, seal) if small else self._send_large(link, e)
-                except (OSError, StreamError, p.ProtocolError) as exc:
+                except (OSError, StreamError, ProtocolError) as exc:
                     todo.popleft()
                     fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
                     if flight.files and flight.files[-1][0] is None:
@@ -486,7 +486,7 @@ class _Ctx:
         e = todo[0]
         try:
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             todo.popleft()
             fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any, BinaryIO, NamedTuple
 
 from airflow_provider_amqstream.protocol import wire as p
@@ -54,7 +54,7 @@ class ChunkReader:
         headers, wire = p.data_message(self.spec, seq, body, self.codec, self.sealer)
         return Chunk(seq, headers, wire, len(body))
 
-    def ahead(self, first: int) -> Iterator[Chunk]:
+    def ahead(self, first: int) -> Generator[Chunk, None, None]:
         """Chunks ``first`` to the last, in order, each prepared on a worker thread while the
         one before it goes out: hashlib, zstd and the CRC release the GIL, so that work (zstd
         alone is ~5 CPU-s per GiB of CSV) runs beside the socket writes instead of before

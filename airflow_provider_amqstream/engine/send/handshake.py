@@ -17,8 +17,7 @@ from typing import Any
 from airflow_provider_amqstream.engine.records import hash_prefix
 from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.outbound import Outbound
-from airflow_provider_amqstream.exceptions import StreamError
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.transport.link import Link, open_link
 
@@ -87,7 +86,7 @@ class _HandshakeAttempt:
         nobody but our receivers can stop, rewind or finish this sender."""
         try:
             return self.hs.on_control(frame.headers, now=time.monotonic()) is not None
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             log.warning("stream %s: ignored a control message on %s: %s", self.sid, self.control_q, exc)
             return False
 
@@ -138,7 +137,7 @@ class _HandshakeAttempt:
         data_q = self.out.dest.data_queue(self.sid, self.out.params.user)
         try:
             seq = self.hs.next_chunk()
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             raise StreamError(f"{exc}; a receiver of {self.out.dest} keeps rewinding (see its log)") from None
         if seq is not None:
             chunk = reader.at(seq)
