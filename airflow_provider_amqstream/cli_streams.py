@@ -63,6 +63,9 @@ def add_parser(sub: Any, conn_help: str) -> None:
     rd = ss.add_parser("redrive", help="put a quarantined stream back once its cause is fixed (over max_bytes, a "
                        "reused id, no room), after checking its chunks are complete")
     rd.add_argument("stream_id", metavar="ID")
+    rd.add_argument("--receiver", action="append", default=[], metavar="USER",
+                    help="a user your receivers connect as, whose quarantine copies are believed besides your own "
+                         "(repeatable; a copy filed by another user is refused)")
     common(rd, out_dir=False)
     rd.set_defaults(func=cmd_redrive)
 
@@ -272,7 +275,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
 
     params = _params(args)
     res = redrive.redrive(params, _destinations(args, one=True)[0], args.stream_id, quarantine=args.quarantine,
-                          browse_limit=args.browse_limit)
+                          browse_limit=args.browse_limit, receivers=args.receiver)
     if args.json:
         _print_json(res.to_json())
         return 0

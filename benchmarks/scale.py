@@ -13,6 +13,12 @@ records (written beforehand by :func:`seed_records`).
 
 The goal it checks: peak RSS flat in N (300,000 within 10 % of 1,000, both ends), and files/s
 at 100,000 not below 1,000.
+
+``--records M --records-days D --rounds R`` compares instead: M completion records spread over
+the D days before today (as a receiver writing every day would leave them, merged as its start
+merges past days), and R rounds of the smallest count received into that directory and into
+an empty one, alternating which goes first (the machine may be shared). It reports each pair's
+ratio of receive files/s and of receiver CPU-seconds per file; the goal is within 2x.
 """
 
 from __future__ import annotations
@@ -52,6 +58,68 @@ def make_tree(root: Path, count: int, seed: int = 7, per_dir: int = PER_DIR) -> 
         total += size
     os.sync()
     return total
+
+
+def seed_past_records(out_dir: Path, count: int, days: int, *, merge: bool = True) -> tuple[float, float]:
+    """Put ``count`` completion records in ``out_dir``'s store, an equal share on each of the
+    ``days`` days before today, then merge them as a receiver's start does; returns the
+    seconds each step took."""
+    from airflow_provider_amqstream.engine import store as st
+    from airflow_provider_amqstream.engine.receive.claims import pack_done
+    from airflow_provider_amqstream.engine.records import TransferResult, state_dir
+
+    t0 = time.monotonic()
+    root = st.store_path(state_dir(out_dir))
+    now = time.time()
+    per_day = -(-count // days)
+    for d in range(days):
+        store = st.RecordStore(root, clock=lambda d=d: now - (d + 1) * st.DAY)
+        for lo in range(d * per_day, min(count, (d + 1) * per_day), 10_000):
+            hi = min(count, (d + 1) * per_day, lo + 10_000)
+            store.put_many([(st.DONE, f"seed-{i:08d}", pack_done(TransferResult(
+                f"seed-{i:08d}", "/queue/seed", f"seed{i}.bin", 1024, 1, "0" * 64, 0.001, "atomic",
+                path=str(out_dir / f"seed{i}.bin"), finished_at=now), str(out_dir))) for i in range(lo, hi)],
+                sync=False)
+        store.close()
+    os.sync()
+    t1 = time.monotonic()
+    if merge:
+        st.prune_quietly(st.RecordStore(root))
+    return t1 - t0, time.monotonic() - t1
+
+
+def compare_records(n: int, records: int, days: int, rounds: int, work: Path, uri: str, *,  # noqa: PLR0913
+                    code: Path | None = None) -> list[dict[str, Any]]:
+    """``rounds`` pairs of runs of ``n`` files: into a directory holding ``records`` records
+    over ``days`` past days and into an empty one, alternating which goes first. ``code``: an
+    older checkout's package runs the transfers (the records are then left unmerged)."""
+    env = {**os.environ, "AIRFLOW_CONN_AMQSTREAM_DEFAULT": uri, "PYTHONPATH": str(code or ROOT)}
+    src = work / "src"
+    make_tree(src, n)
+    seeded = work / "out-seeded"
+    log(f"scale: writing {records} completion records over {days} past days into {seeded}")
+    seed_s, merge_s = seed_past_records(seeded, records, days, merge=code is None)
+    log(f"scale: written in {seed_s:.0f}s, merged in {merge_s:.0f}s")
+    one_run(n, src, work / "warm-out", {**env, "AMQSTREAM_STATE_DIR": str(work / "state-warm")}, "warm")
+    rows = []
+    for r in range(rounds):
+        pair = {}
+        for kind in (("none", "seeded") if r % 2 else ("seeded", "none")):
+            out = seeded if kind == "seeded" else work / f"out-none-{r}"
+            run_env = {**env, "AMQSTREAM_STATE_DIR": str(work / f"state-{kind}-{r}")}
+            pair[kind] = one_run(n, src, out, run_env, f"{kind}-{r}", seeded=records if kind == "seeded" else 0)
+            for e in os.scandir(out):  # the files received go; the records stay
+                if e.name != ".amqstream":
+                    shutil.rmtree(e.path) if e.is_dir(follow_symlinks=False) else os.unlink(e.path)
+        row = {"round": r, "files": n, "records": records, "days": days,
+               "none_files_per_s": pair["none"]["recv_files_per_s"],
+               "seeded_files_per_s": pair["seeded"]["recv_files_per_s"],
+               "none_cpu_s": pair["none"]["recv_cpu_s"], "seeded_cpu_s": pair["seeded"]["recv_cpu_s"],
+               "files_per_s_ratio": round(pair["none"]["recv_files_per_s"] / pair["seeded"]["recv_files_per_s"], 2),
+               "cpu_ratio": round(pair["seeded"]["recv_cpu_s"] / max(pair["none"]["recv_cpu_s"], 1e-3), 2)}
+        log(f"scale: {json.dumps(row)}")
+        rows.append(row)
+    return rows
 
 
 def seed_records(out_dir: Path, count: int) -> float:
@@ -163,7 +231,8 @@ def one_run(n: int, src: Path, out: Path, env: dict[str, str], tag: str, *, seed
     return {"files": n, "seeded_records": seeded, "seconds": round(secs, 2),
             "send_files_per_s": tx.totals.get("files_per_second"),
             "recv_files_per_s": round(n / recv_secs, 1), "send_rss_kib": tx.probe.get("peak_rss_kib"),
-            "recv_rss_kib": rx.probe.get("peak_rss_kib"), "records_files": rec["files"] - before["files"],
+            "recv_rss_kib": rx.probe.get("peak_rss_kib"), "recv_cpu_s": rx.probe.get("cpu_seconds"),
+            "records_files": rec["files"] - before["files"],
             "records_bytes": rec["bytes"] - before["bytes"],
             "records_disk_bytes": rec["disk_bytes"] - before["disk_bytes"]}
 
@@ -278,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="1000,10000,100000,300000", help="comma list of file counts")
     ap.add_argument("--records", type=int, default=0,
                     help="also receive the smallest count into a directory already holding this many records")
+    ap.add_argument("--records-days", type=int, default=30,
+                    help="with --rounds: spread the records over this many past days")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="compare: this many alternating pairs of runs with and without --records records")
     ap.add_argument("--workdir", help="scratch space (default a temp dir)")
     ap.add_argument("--code", help="measure the package in this directory (an older checkout) instead of this one")
     ap.add_argument("--warm-files", type=int, default=2000, help="files through the fresh broker first, unmeasured")
@@ -285,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--docs", help="put the rows in the Scale section of this benchmarks.md")
     args = ap.parse_args(argv)
+    if args.rounds:
+        with scratch_broker(args.workdir, "amqs-scale-") as (work, uri):
+            rows = compare_records(min(parse_counts(args.scale)), args.records, args.records_days, args.rounds,
+                                   work, uri, code=Path(args.code).resolve() if args.code else None)
+        print(json.dumps(rows, indent=1))
+        return 0
     with scratch_broker(args.workdir, "amqs-scale-") as (work, uri):
         rows = run_scale(parse_counts(args.scale), work, uri, records=args.records,
                          code=Path(args.code).resolve() if args.code else None, warm_files=args.warm_files,

@@ -285,18 +285,38 @@ def old_gen_mib(pid: int) -> float:
     return float(dict(zip(head.split(), values.split(), strict=True))["OU"]) / 1024
 
 
+# What the old generation of a test broker (-Xmx512M) may hold after a full collection at the
+# end of a hostile test: a fresh one holds about 13 MiB; the cap on each user's destinations
+# (~14 KiB each) and the 128 MiB memoryUsage bound what an attack may add.
+OLD_GEN_BOUND_MIB = 96.0
+
+
+def assert_old_gen_bounded(broker: EmbeddedBroker, what: str, bound: float = OLD_GEN_BOUND_MIB) -> float:
+    """Assert ``broker``'s old generation after a full collection is under ``bound`` MiB once
+    ``what`` is done; return it (for the test's printout)."""
+    pid = broker.running_pid()
+    assert pid, f"broker of {broker.data_dir} is not running after {what}"
+    used = old_gen_mib(pid)
+    assert used <= bound, f"broker's old generation {used:.0f} MiB after {what} (bound {bound:.0f} MiB)"
+    return used
+
+
 def records_in(out: Path) -> int:
     """How many completion records ``out`` holds (each stream published once is one), by
     reading every file of its record store: for tests, never on a receiver's path."""
     from airflow_provider_amqstream.engine import store as st
 
     ids = set()
-    for seg in (out / ".amqstream" / st.STORE_DIR_NAME).glob("*/*/*.log"):
+    root = out / ".amqstream" / st.STORE_DIR_NAME
+    for seg in [*root.glob("*/*/*.log"), *root.glob(f"{st.PAST}/*/*{st.SORTED}")]:
         try:
             data = seg.read_bytes()
         except FileNotFoundError:
             continue
         for line in data.split(b"\n"):
+            if seg.suffix == st.SORTED:  # a merged line has its day after its key
+                head, _, rest = line.partition(b"\t")
+                line = head + b"\t" + rest.partition(b"\t")[2]
             rec = st.decode(line)
             if rec is not None and rec[0].startswith(st.DONE):
                 ids.add(rec[0])

@@ -124,10 +124,10 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
 
 
 def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: DiscardResult, *, quarantine: bool,
-                 quiet: float) -> set[str]:
+                 quiet: float, user: str) -> set[str]:
     """Remove the stream's copies on its parked or quarantine queue. Returns their first
     senders, which name its data queues."""
-    frames, sub = take_copies(link, queue, dest, sid, quarantine=quarantine, quiet=quiet)
+    frames, sub = take_copies(link, queue, dest, sid, quarantine=quarantine, quiet=quiet, user=user)
     for frame in frames:
         result.broker_bytes += len(frame.body or b"")
         link.ack(frame)
@@ -185,8 +185,9 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                            dest.control_queue(sid)))
         senders = _take_offers(qs, dest, sid, result, step)
         link = qs.link
-        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step)
-        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step)
+        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step,
+                                user=params.user)
+        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step, user=params.user)
         for queue in (*dest.stream_queues(sid, senders), dest.staging_queue(sid), dest.control_queue(sid),
                       dest.held_queue(sid)):
             try:

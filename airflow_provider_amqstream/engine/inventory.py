@@ -256,12 +256,13 @@ def parked_streams(browsed: Browsed, dest: p.Destination) -> list[Parked]:
     return out
 
 
-def quarantined_streams(browsed: Browsed, dest: p.Destination) -> list[Quarantined]:
+def quarantined_streams(browsed: Browsed, dest: p.Destination, viewer: str = "") -> list[Quarantined]:
     """What a browse of the quarantine queue shows, for ``dest`` (a named quarantine queue
     may serve several destinations).
 
     :param browsed: the browse of the quarantine queue.
     :param dest: the destination.
+    :param viewer: the user looking (whose sweeps kept who filed a copy).
     """
     out = []
     for frame in browsed.frames:
@@ -274,7 +275,8 @@ def quarantined_streams(browsed: Browsed, dest: p.Destination) -> list[Quarantin
             str(h.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID], name=str(h.get(p.H_NAME, ""))[:255],
             size=_int(h.get(p.H_SIZE)), reason=str(h.get(p.H_QUARANTINE_REASON, ""))[:2000],
             quarantined_from=source, by_host=str(h.get(p.H_QUARANTINED_BY, ""))[:255],
-            by_user=quarantined_by_user(h), at=str(h.get(p.H_QUARANTINED_AT, ""))[:40], cause=cause.label,
+            by_user=quarantined_by_user(h, sweeper=viewer), at=str(h.get(p.H_QUARANTINED_AT, ""))[:40],
+            cause=cause.label,
             redrivable=cause.redrivable, advice=cause.advice, redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256],
             sender=p.sender_of(h, parked=True)))
     return out
@@ -318,7 +320,7 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
             elif section == "parked":
                 inv.parked = parked_streams(browsed, dest)
             else:
-                inv.quarantined = quarantined_streams(browsed, dest)
+                inv.quarantined = quarantined_streams(browsed, dest, params.user)
     for out_dir in out_dirs:
         inv.in_progress.extend(partial_streams(out_dir, previous=previous))
         inv.batches.extend(batch_progress(out_dir))

@@ -30,6 +30,7 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.errors import cap_refusal
 from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -54,12 +55,14 @@ class Browsed:
     :param truncated: the broker may hold more than it showed (as many as a browser sees at
         most were shown, or a selector was applied to only the first page).
     :param denied: the broker refused this user the queue (the text says so); nothing seen.
+    :param full: the queue does not exist and its owner's cap forbids making it (the text says so).
     """
 
     queue: str
     frames: list[Any] = field(default_factory=list)
     truncated: bool = False
     denied: str = ""
+    full: str = ""
 
 
 class QueueSession:
@@ -127,11 +130,11 @@ class QueueSession:
         except AccessDenied as exc:
             self.reset()
             return Browsed(queue, denied=str(exc))
-        except DestinationFull:
+        except DestinationFull as exc:
             # The queue does not exist and its cap forbids making it (a stream quarantined
             # past its sender's cap on DLQ.NAME.amqs.<sender>.>: the broker dropped its chunks).
             self.reset()
-            return Browsed(queue, [])
+            return Browsed(queue, [], full=str(exc))
         return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
 
     def require_read(self, queues: Iterable[str]) -> None:
@@ -143,6 +146,8 @@ class QueueSession:
             if browsed.denied:
                 raise AccessDenied(f"{browsed.denied} Nothing was changed: this needs read and write on {queue} "
                                    "(on the embedded broker, the administrator's rights).")
+            if browsed.full:
+                raise cap_refusal(self.params, browsed.full)
 
 
 def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
@@ -283,7 +288,7 @@ def move_queue(link: Link, source: str, target: str | None, *,
 
 
 def take_copies(link: Link, queue: str, dest: p.Destination, stream_id: str, *, quarantine: bool,
-                quiet: float) -> tuple[list[Any], str | None]:
+                quiet: float, user: str = "") -> tuple[list[Any], str | None]:
     """Take every copy of ``stream_id``'s offer off a parked or quarantine queue (swept:
     their order means nothing); on a quarantine queue, only copies filed from ``dest``, and
     a copy passed to the tail keeps who filed it. Returns the copies, unacknowledged, and
@@ -295,12 +300,14 @@ def take_copies(link: Link, queue: str, dest: p.Destination, stream_id: str, *, 
     :param stream_id: the stream.
     :param quarantine: ``queue`` is a quarantine queue.
     :param quiet: seconds without a message that mean the queue has no more copies.
+    :param user: the sweeping user (a copy it re-sent keeps who filed it; another's header is not believed).
     """
     def ours(frame: Any) -> bool:
         h = frame.headers
         return h.get(p.H_STREAM) == stream_id and (
             not quarantine or str(h.get(p.H_QUARANTINED_FROM) or dest) == str(dest))
 
-    stamp = (lambda f: {qr.H_QUARANTINED_USER: qr.quarantined_by_user(f.headers)}) if quarantine else None
+    stamp = ((lambda f: {qr.H_QUARANTINED_USER: qr.quarantined_by_user(f.headers, sweeper=user)})
+             if quarantine else None)
     return take_matching(link, queue, ours, selector=qr.copies_selector(stream_id), sweep=True, quiet=quiet,
                          stamp=stamp)

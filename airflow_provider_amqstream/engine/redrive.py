@@ -22,7 +22,10 @@ lists it). Re-stamping must not launder another user's chunks into the stream, s
 refuses chunks from more than one sender. The original sender travels in
 ``amqs_redrive_sender`` for people and logs, and is believed only where only
 administrators write (the ``DLQ.`` queues), so that a second redrive of the same stream
-still compares the original stamps (docs/security.md).
+still compares the original stamps (docs/security.md). Every receiving user may write the
+quarantine queue, and a copy's ``amqs_first_sender`` names whose chunks redrive takes: a copy
+is believed only when the broker stamped it with the redriving user or a user named in
+``receivers`` (``--receiver``), else the redrive is refused naming who filed it.
 
 """
 
@@ -32,6 +35,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -59,6 +63,7 @@ from airflow_provider_amqstream.protocol.quarantine import (
     H_REDRIVEN_AT,
     H_REDRIVEN_BY,
     quarantine_cause,
+    quarantined_by_user,
 )
 from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -289,8 +294,30 @@ def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str |
     return None
 
 
+def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: p.Destination,
+                     qq: str) -> list[Any]:
+    """The quarantine copies filed by a ``trusted`` user. Every receiving user may write the
+    quarantine queue, and a copy's ``amqs_first_sender`` names whose data queue redrive takes
+    chunks from: one filed by anyone else is never believed (as a receiver believes a parked
+    copy only under its own stamp).
+
+    :param user: the redriving user (whose sweeps keep who filed a copy).
+    """
+    filers = [quarantined_by_user(f.headers, sweeper=user) for f in copies]
+    mine = [f for f, who in zip(copies, filers, strict=True) if who in trusted]
+    if mine:
+        return mine
+    raise RedriveRefused(
+        f"stream {sid} on {dest}: its quarantine copy on {qq} was filed by "
+        f"{', '.join(sorted({w or 'an unidentified user' for w in filers}))}, not by a receiver redrive believes "
+        f"({', '.join(sorted(u for u in trusted if u)) or 'none'}). Any receiving user may write that queue, so the "
+        f"sender the copy names ({p.sender_of(copies[0].headers, parked=True) or 'none'}) proves nothing. Nothing "
+        "was moved: if that user is one of your receivers, redrive with `--receiver USER`; otherwise discard it "
+        f"(`amqstream streams discard {sid} --from {dest}`).")
+
+
 def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantine: str | None = None,
-            quiet: float = 1.0, browse_limit: int = BROWSE_LIMIT) -> RedriveResult:
+            quiet: float = 1.0, browse_limit: int = BROWSE_LIMIT, receivers: Iterable[str] = ()) -> RedriveResult:
     """Put quarantined stream ``stream_id`` back on ``destination`` if it can arrive (see the
     module doc); raise :class:`RedriveRefused` saying why not.
 
@@ -305,6 +332,8 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     :param quarantine: the quarantine queue its receiver was given, if not ``DLQ.<name>``.
     :param quiet: seconds without a message that mean a queue has no more of the stream.
     :param browse_limit: how many messages a browser sees at most on this broker.
+    :param receivers: users besides the redriving one whose quarantine copies are believed
+        (the users your receivers connect as); a copy filed by anyone else is refused.
     """
     t0 = time.monotonic()
     sid = p.validate_stream_id(stream_id)
@@ -324,12 +353,13 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
                 f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
-        copies, sub = take_copies(link, qq, dest, sid, quarantine=True, quiet=quiet)
+        copies, sub = take_copies(link, qq, dest, sid, quarantine=True, quiet=quiet, user=params.user)
         if not copies:
             raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
                               "lists the quarantined streams (give --quarantine if its receiver used another "
                               "queue).")
         try:
+            copies = _believed_copies(copies, {params.user, *receivers}, user=params.user, sid=sid, dest=dest, qq=qq)
             copy = max(copies, key=lambda f: str(f.headers.get(p.H_QUARANTINED_AT, "")))
             cause = quarantine_cause(copy.headers)
             if not cause.redrivable:

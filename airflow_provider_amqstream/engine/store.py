@@ -23,6 +23,18 @@ than append after a torn line. A look-up searches each file of its bucket for
 ``\\n<kind><key>\\t`` with ``mmap.find`` (C speed, no parsing of other records, nothing copied
 into the process): memory is flat in the number of records.
 
+**Compaction.** A day that ended :data:`COMPACT_AFTER` ago is no longer written; :meth:`RecordStore.compact` (run by
+:func:`prune_quietly`: a receiver's start, a sender's first use, a long receive once a day)
+merges its buckets into ``records/past/<bb>/<oldest day>-<random>.sorted``, one file per bucket for every
+past day kept: the same lines, intact ones only, each with its day after its key
+(``<kind><key>\t<YYYYMMDD>\t<JSON>\t<CRC-32>\n``), sorted by kind and key, duplicates and
+expired days dropped. A look-up bisects that one file (O(log n)) instead of reading a file per
+day: its cost no longer grows with the days or records kept. The merge streams the old file
+(memory: one bucket of the days merged), writes a temporary name, fsyncs, renames; only then
+are its inputs removed (a log only if it did not grow meanwhile), so a crash or a second
+compactor at any point leaves every record in some file (at worst twice: the next merge drops
+the copy).
+
 Sizes: a completion record is ~170 bytes; a day holds at most :data:`BUCKETS` directories
 and (writers that day) x :data:`BUCKETS` files, so the store is bounded by about 170 bytes a
 record plus a filesystem block per (day, bucket, writer). See docs/decisions/records-store.md.
@@ -30,7 +42,10 @@ record plus a filesystem block per (day, bucket, writer). See docs/decisions/rec
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import heapq
+import itertools
 import json
 import logging
 import mmap
@@ -64,6 +79,12 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 DONE = "d"  # a receiver published a stream: key = stream id
 CLAIM = "c"  # a receiving task took a stream: key = the claim label, value = [stream id, at]
 SENT = "s"  # a sender's checkpoint of a stream the broker confirmed whole: key = checkpoint name
+
+# A day is compacted this long after it ended (UTC): a put that chose its day before midnight
+# has long been written, and hosts sharing the store over NFS may disagree on the time by a bit.
+COMPACT_AFTER = 3600
+SORTED = ".sorted"
+PAST = "past"  # the merged past days, beside the day directories
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -118,6 +139,67 @@ def _day(t: float) -> str:
     return time.strftime("%Y%m%d", time.gmtime(t))
 
 
+def _merge_key(line: bytes) -> tuple[bytes, bytes]:
+    # By head (kind and key) first: a key may hold bytes below the tab that follows it.
+    head, _, rest = line.partition(b"\t")
+    return head, rest
+
+
+def _first_at_least(data: Any, target: bytes) -> int:
+    """Offset of the first line of sorted ``data`` whose head (kind and key) is not below
+    ``target`` (``len(data)`` if none). Every line start below ``lo`` has a smaller head; the
+    line at ``hi`` (if any) has not."""
+    lo, hi = 0, len(data)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        nl = data.rfind(b"\n", lo, mid)
+        start = lo if nl < 0 else nl + 1
+        stop = data.find(b"\n", start)
+        if stop < 0:
+            return hi  # only a torn tail is left (a renamed file has none): the end
+        if data[start:stop].partition(b"\t")[0] < target:
+            lo = stop + 1
+        else:
+            hi = start
+    return lo
+
+
+def _past_lines(path: str, cutoff: bytes) -> Iterator[bytes]:
+    """The lines of a merged file (without newlines) of days kept; nothing if it went."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, "rb") as fh:
+        for line in fh:
+            if line.endswith(b"\n") and line.split(b"\t", 2)[1] >= cutoff:
+                yield line[:-1]
+
+
+def _read_logs(logs: list[tuple[str, str]]) -> tuple[list[bytes], list[tuple[str, int]]]:
+    """The intact lines of ``logs`` ((day, path) pairs) tagged with their day and sorted, and
+    each log read with its size then."""
+    fresh: list[bytes] = []
+    read: list[tuple[str, int]] = []
+    for day, path in logs:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            continue  # merged by another compactor meanwhile
+        read.append((path, len(data)))
+        tag = b"\t" + day.encode() + b"\t"
+        # The last piece has no newline (empty, or a torn tail).
+        fresh.extend(line.replace(b"\t", tag, 1) for line in data.split(b"\n")[:-1] if decode(line) is not None)
+    fresh.sort(key=_merge_key)
+    return fresh, read
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
 class RecordStore:
     """Append-only, bucketed, day-partitioned records; see the module's docstring.
 
@@ -138,6 +220,7 @@ class RecordStore:
         self._fds: dict[str, int] = {}
         self._fd_day = ""
         self._pid = os.getpid()
+        self._next_prune = float("inf")  # set by the first prune (the receiver's start)
 
     # -- writing ----------------------------------------------------------------
 
@@ -160,6 +243,8 @@ class RecordStore:
         with self._lock:
             for b, lines in by_bucket.items():
                 self._append(day, b, b"".join(lines), sync)
+        if self.clock() >= self._next_prune:
+            prune_quietly(self)
 
     def _append(self, day: str, b: str, data: bytes, sync: bool) -> None:
         if os.getpid() != self._pid:
@@ -227,6 +312,8 @@ class RecordStore:
         for day in self._days():
             for path in self._bucket_files(day, b):
                 yield from self._scan(path, needle, head)
+        for path in self._past_files(b):
+            yield from self._search(path, head)
 
     def get_many(self, kind: str, keys: Iterable[str]) -> dict[str, Any]:
         """The newest record of each of ``keys`` that has one: each bucket file is read once
@@ -244,6 +331,12 @@ class RecordStore:
             for b, heads in by_bucket.items():
                 for path in self._bucket_files(day, b):
                     self._scan_many(path, heads, found)
+        for b, heads in by_bucket.items():
+            for path in self._past_files(b):
+                for h in heads:
+                    key = h[1:].decode()
+                    if key not in found:
+                        found.update((key, v) for v in itertools.islice(self._search(path, h.decode()), 1))
         return found
 
     def _bucket_files(self, day: str, b: str) -> list[str]:
@@ -254,6 +347,14 @@ class RecordStore:
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [f"{bdir}/{name}" for name in names if name.endswith(".log")]
+
+    def _past_files(self, b: str) -> list[str]:
+        """The merged files of bucket ``b`` (one, or more after a crash or two compactors)."""
+        pdir = f"{self.root}/{PAST}/{b}"
+        try:
+            return [f"{pdir}/{name}" for name in sorted(os.listdir(pdir)) if name.endswith(SORTED)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _scan_many(self, path: str, heads: set[bytes], found: dict[str, Any]) -> None:
         try:
@@ -268,6 +369,39 @@ class RecordStore:
                 rec = decode(line)
                 if rec is not None:
                     found[rec[0][1:]] = rec[1]
+
+    def _search(self, path: str, head: str) -> Iterator[Any]:
+        """The values of ``head``'s lines of days kept in a merged file, newest day first,
+        found by bisection."""
+        try:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        except FileNotFoundError:
+            return  # merged into another meanwhile: that one is listed next time
+        found: list[tuple[bytes, Any]] = []
+        cutoff = self._cutoff().encode()
+        try:
+            size = os.fstat(fd).st_size
+            if not size:
+                return
+            with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
+                target = head.encode()
+                at = _first_at_least(data, target)
+                while at < size:
+                    stop = data.find(b"\n", at)
+                    if stop < 0:
+                        break
+                    line_head, _, rest = data[at:stop].partition(b"\t")
+                    if line_head != target:
+                        break
+                    day, _, body = rest.partition(b"\t")
+                    rec = decode(line_head + b"\t" + body) if day >= cutoff else None
+                    if rec is not None:
+                        found.append((day, rec[1]))
+                    at = stop + 1
+        finally:
+            os.close(fd)
+        found.sort(key=lambda dv: dv[0], reverse=True)
+        yield from (v for _, v in found)
 
     def _scan(self, path: str, needle: bytes, head: str) -> Iterator[Any]:
         """The values of ``head``'s lines in one file. The file is mapped, not read: no copy
@@ -321,8 +455,9 @@ class RecordStore:
         """Remove the days older than the retention; return how many. Safe to run in several
         processes at once: a day is first renamed to a name of this process's own (atomic,
         also on NFS), so exactly one of them removes it and look-ups stop seeing it at once."""
-        if self.retention <= 0:
-            return 0
+        return self._expire() if self.retention > 0 else 0
+
+    def _expire(self) -> int:
         cutoff = self._cutoff()
         try:
             entries = os.listdir(self.root)
@@ -349,6 +484,65 @@ class RecordStore:
             log.info("records in %s: pruned %d day(s) older than %g days", self.root, removed,
                      self.retention / DAY)
         return removed
+
+    def compact(self) -> int:
+        """Merge the days kept that ended :data:`COMPACT_AFTER` ago into the merged file of
+        each bucket (see the module's docstring); return how many buckets were merged."""
+        last = _day(self.clock() - DAY - COMPACT_AFTER)
+        days = [d for d in self._days() if d <= last]
+        merged = sum(self._compact_bucket(f"{i:02x}", days) for i in range(BUCKETS))
+        for day in days:
+            for i in range(BUCKETS):
+                with contextlib.suppress(OSError):
+                    os.rmdir(f"{self.root}/{day}/{i:02x}")  # empty once merged; a late log keeps it
+            with contextlib.suppress(OSError):
+                os.rmdir(f"{self.root}/{day}")
+        if merged:
+            log.info("records in %s: merged %d bucket(s) of %d past day(s)", self.root, merged, len(days))
+        return merged
+
+    def _compact_bucket(self, b: str, days: list[str]) -> int:
+        pdir = f"{self.root}/{PAST}/{b}"
+        try:
+            names = os.listdir(pdir)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            # Left by a compactor that died (one still at work is younger than this).
+            with contextlib.suppress(OSError):
+                if name.endswith(".tmp") and os.lstat(f"{pdir}/{name}").st_mtime < self.clock() - COMPACT_AFTER:
+                    os.unlink(f"{pdir}/{name}")
+        olds = [f"{pdir}/{n}" for n in sorted(names) if n.endswith(SORTED)]
+        logs = [(day, path) for day in days for path in self._bucket_files(day, b)]
+        cutoff = self._cutoff().encode()
+        # A merged file is named by the oldest day it holds: one holding expired days is rewritten.
+        if not logs and len(olds) <= 1 and all(os.path.basename(p)[:8].encode() >= cutoff for p in olds):
+            return 0
+        fresh, read = _read_logs(logs)
+        os.makedirs(pdir, exist_ok=True)
+        tmp = f"{pdir}/.{secrets.token_hex(8)}.tmp"
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), "wb") as out:
+                prev, oldest = b"", b"99999999"
+                for line in heapq.merge(fresh, *(_past_lines(p, cutoff) for p in olds), key=_merge_key):
+                    if line != prev:  # copies of a line (a crash, two compactors) sort next to each other
+                        out.write(line + b"\n")
+                        prev, oldest = line, min(oldest, line.split(b"\t", 2)[1])
+                out.flush()
+                os.fsync(out.fileno())
+            os.rename(tmp, f"{pdir}/{oldest.decode()}-{secrets.token_hex(8)}{SORTED}")
+            _fsync_dir(pdir)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        for path in olds:
+            _unlink_quietly(path)
+        for path, size in read:
+            with contextlib.suppress(FileNotFoundError):
+                # A log written to after we read it keeps its new lines for the next merge.
+                if os.lstat(path).st_size == size:
+                    os.unlink(path)
+        return 1
 
     def disk_usage(self) -> tuple[int, int]:
         """(bytes allocated on disk, files) of the whole store: for measurements."""
@@ -386,12 +580,17 @@ def open_store(root: str | os.PathLike[str], retention_days: float | None = None
 
 
 def prune_quietly(store: RecordStore) -> int:
-    """:meth:`RecordStore.prune`, a failure logged (expired records stay until the next run)
-    rather than stopping a transfer."""
+    """:meth:`RecordStore.prune` and :meth:`RecordStore.compact`, a failure logged (expired or
+    unmerged records stay until the next run) rather than stopping a transfer."""
+    # The next run when the newest past day may be merged (a long receive runs it from put).
+    store._next_prune = (store.clock() // DAY + 1) * DAY + COMPACT_AFTER
     try:
-        return store.prune()
+        removed = store.prune()
+        store.compact()
+        return removed
     except OSError as exc:
-        log.warning("records in %s: pruning failed (%s); expired records stay until the next run", store.root, exc)
+        log.warning("records in %s: pruning failed (%s); expired or unmerged records stay until the next run",
+                    store.root, exc)
         return 0
 
 

@@ -66,6 +66,11 @@ class AmqStreamAdminHook(AmqStreamHook):
         fields = self.conn_fields()
         return [os.path.expanduser(d) for d in extra_list(fields.extra, "out_dirs")] if fields else []
 
+    def receivers(self) -> list[str]:
+        """The users the connection's ``receivers`` extra names: receivers whose quarantine copies redrive believes."""
+        fields = self.conn_fields()
+        return extra_list(fields.extra, "receivers") if fields else []
+
     def quarantine(self) -> str | None:
         """The quarantine queue the connection's ``quarantine`` extra names, if any."""
         fields = self.conn_fields()
@@ -93,9 +98,10 @@ class AmqStreamAdminHook(AmqStreamHook):
                                  quarantine=quarantine or self.quarantine())
 
     def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> redriving.RedriveResult:
-        """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`."""
+        """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`. The
+        quarantine copies believed are the connection user's and those of the users its ``receivers`` extra names."""
         return redriving.redrive(self.broker_params(), destination, stream_id,
-                                 quarantine=quarantine or self.quarantine())
+                                 quarantine=quarantine or self.quarantine(), receivers=self.receivers())
 
     def discard(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
                 quarantine: str | None = None) -> discarding.DiscardResult:

@@ -38,9 +38,16 @@ def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
     return Outcome.parse(headers.get(H_QUARANTINE_CAUSE)) or Outcome.INVALID
 
 
-def quarantined_by_user(headers: Mapping[str, Any]) -> str:
-    """The user who filed a quarantine copy: the header a sweep keeps, else the broker's stamp."""
-    return p.sender_of({p.H_USER_ID: headers.get(H_QUARANTINED_USER) or headers.get(p.H_USER_ID)})
+def quarantined_by_user(headers: Mapping[str, Any], *, sweeper: str = "") -> str:
+    """The user who filed a quarantine copy: the broker's stamp, or the header a sweep keeps
+    when the stamp is ``sweeper``'s (only a copy that user re-sent; anyone may write the header).
+
+    :param headers: the copy's headers as delivered.
+    :param sweeper: the user whose sweeps (redrive, discard) re-send copies.
+    """
+    stamp = p.sender_of(headers)
+    return p.sender_of({p.H_USER_ID: headers.get(H_QUARANTINED_USER)}) or stamp \
+        if sweeper and stamp == sweeper else stamp
 
 
 def copies_selector(stream_id: str) -> str:

@@ -40,6 +40,7 @@ from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
 from tests.helpers import (
     StompFrames,
+    assert_old_gen_bounded,
     browse,
     free_port,
     make_file,
@@ -144,6 +145,7 @@ def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
     assert not list(out.rglob("*.manifest.jsonl"))
     assert find_received(out, "payroll-1") is None, "recorded as received"
     assert browse(params_as(ident_broker, "reader"), dest.parked_queue()) == []
+    assert_old_gen_bounded(ident_broker, "forged parked copies")
 
 
 def test_a_pack_member_cannot_name_its_own_sender() -> None:

@@ -33,7 +33,15 @@ from airflow_provider_amqstream.engine.receive.stream import FIRST_LOOK
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, make_file, old_gen_mib, running_broker, sha256_file
+from tests.helpers import (
+    RawSender,
+    assert_old_gen_bounded,
+    browse,
+    make_file,
+    old_gen_mib,
+    running_broker,
+    sha256_file,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -371,7 +379,8 @@ def test_a_sender_at_its_data_queue_cap_fails_its_own_offer_never_the_receiver(
     parked = browse(u["rx"], dest.parked_queue())
     assert [f.headers[p.H_STREAM] for f in parked] == ["over-00000"]
     assert parked[0].headers[p.H_FIRST_SENDER] == "capped" and "'capped'" in parked[0].headers[p.H_YIELD_REASON]
-    print(f"\nbehind an offer of a user at its cap of {CAP} data queues: the good stream arrived in {delay:.2f}s")
+    print(f"\nbehind an offer of a user at its cap of {CAP} data queues: the good stream arrived in {delay:.2f}s; "
+          f"broker old generation {assert_old_gen_bounded(users[0], 'a sender at its cap'):.0f} MiB")
 
 
 @pytest.mark.parametrize("n", STALLED)
@@ -397,7 +406,8 @@ def test_a_users_stalled_backlog_costs_another_users_next_stream_one_look(
     again, failures = _good_stream_after(u, queue, tmp_path, "second.bin")
     assert failures == [] and again <= SLACK + SWEEP_PAUSE + PER_REFUSED * n, again
     print(f"\nbehind {n} offers of a user who sends nothing (default idle_timeout): alice's stream {delay:.2f}s "
-          f"({len(looked)} looks, {n - len(looked)} parked unseen), her next {again:.2f}s")
+          f"({len(looked)} looks, {n - len(looked)} parked unseen), her next {again:.2f}s; broker old generation "
+          f"{assert_old_gen_bounded(users[0], f'{n} stalled offers'):.0f} MiB")
 
 
 def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_settings(
@@ -447,6 +457,7 @@ def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_
     print(f"\nbehind 5 half-sent streams and a trickling one at default settings: the good stream arrived in "
           f"{delay:.2f}s (bound {bound:.1f}s)")
     assert delay <= bound, f"{delay:.1f}s behind 5 half-sent streams and a trickle"
+    assert_old_gen_bounded(users[0], "half-sent and trickling streams")
 
 
 def _orphan_part(batch_id: str, part: int, parts: int) -> tuple[dict[str, str], bytes]:
@@ -527,6 +538,7 @@ def test_batch_parts_a_sender_leaves_are_bounded_on_a_small_disk_and_every_start
         print(f"\n200 batch parts without their first ({sent / 2**20:.1f} MiB sent) on a 64 MiB filesystem: "
               f"{kept / 2**20:.1f} MiB kept, {len(failures)} parked, the good stream in {delay:.1f}s; a start on a "
               f"disk filled with {n} more parts freed it to {shutil.disk_usage(mnt).free / 2**20:.1f} MiB and received")
+        assert_old_gen_bounded(users[0], "200 orphan batch parts")
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True, timeout=30)
 
@@ -562,3 +574,4 @@ def test_a_receivers_memory_does_not_grow_with_the_batch_a_sender_declares(
     print(f"\nreceiver peak RSS behind a batch of {BATCH_PARTS} parts x {bw.BATCH_PART_FILES} files: "
           f"{peak_mib:.1f} MiB")
     assert peak_mib <= BATCH_RSS_MIB, f"{peak_mib:.0f} MiB"
+    assert_old_gen_bounded(b, f"a batch of {BATCH_PARTS} parts")

@@ -18,9 +18,19 @@ from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, Strea
 from airflow_provider_amqstream.engine.discard import discard
 from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.queue_tools import QueueSession
+from airflow_provider_amqstream.engine.redrive import redrive
+from airflow_provider_amqstream.exceptions import DestinationFull
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, make_file, params_as, running_broker, sha256_file, wait_for
+from tests.helpers import (
+    RawSender,
+    assert_old_gen_bounded,
+    make_file,
+    params_as,
+    running_broker,
+    sha256_file,
+    wait_for,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -91,3 +101,40 @@ def test_quarantine_destinations_are_capped_per_user(capped: EmbeddedBroker, tmp
     assert dlq_of(0) == 0
     left = take_inventory(admin, QUEUE, out_dirs=[tmp_path / "out"])
     assert len(left.quarantined) == 2 * CAP - 2
+
+
+def test_a_redrive_past_the_senders_quarantine_cap_says_so(capped: EmbeddedBroker, tmp_path: Path) -> None:
+    """mallory's CAP corrupt streams hold her CAP quarantine destinations; her next stream is
+    quarantined over max_bytes, and the administrator's redrive of it needs one more: refused,
+    in words that name the quarantine destinations and mallory (not a "data queue" of the
+    administrator's) and say what to do."""
+    u = {n: params_as(capped, n) for n in ("mallory", "rx")}
+    admin = params_as(capped, None)
+    log = capped.data_dir / "data" / "broker.log"
+    _bad_streams(u["mallory"], range(CAP))
+    failures: list[StreamFailure] = []
+    receive_streams(u["rx"], QUEUE, tmp_path / "out", on_failure=failures.append,
+                    options=ReceiveOptions(wait_timeout=3))
+    assert [f.status for f in failures] == ["quarantined"] * CAP
+    # Her data queues are dropped a minute after they emptied; then she may send again.
+    wait_for(lambda: sum(".amqs.mallory.bad-" in line and "Inactive for longer than" in line and "DLQ." not in line
+                         for line in log.read_text(errors="replace").splitlines()) >= CAP, 180,
+             "the broker to drop mallory's emptied data queues", interval=2)
+    raw = RawSender(u["mallory"])
+    spec = p.StreamSpec("big-1", "big.bin", 2000, 1000)
+    raw.send(QUEUE, b"", p.offer_headers(spec, DEST, sender="mallory"))
+    for seq in (1, 2):
+        raw.send(DEST.data_queue("big-1", "mallory"), b"b" * 1000, p.data_headers(spec, seq, b"b" * 1000))
+    raw.close()
+    failures.clear()
+    receive_streams(u["rx"], QUEUE, tmp_path / "out", on_failure=failures.append,
+                    options=ReceiveOptions(wait_timeout=3, max_bytes=10))
+    assert [(f.stream_id, f.status) for f in failures] == [("big-1", "quarantined")]
+    with pytest.raises(DestinationFull) as full:
+        redrive(admin, QUEUE, "big-1", quiet=0.5, receivers=["rx"])
+    text = str(full.value)
+    assert "data queue" not in text and f"quarantine destination for {QUEUE}" in text, text
+    assert f"{CAP} quarantined streams of sender mallory" in text and "streams discard ID --from" in text, text
+    assert "users add mallory" in text and "--max-waiting" in text, text
+    print(f"\nredrive past mallory's quarantine cap of {CAP}: {text}\nbroker old generation "
+          f"{assert_old_gen_bounded(capped, 'filling a quarantine cap'):.0f} MiB")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stomp
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, StreamQuarantined, StreamStalled, receive_stream
@@ -32,8 +33,9 @@ from airflow_provider_amqstream.engine.redrive import RedriveRefused, redrive
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
 from airflow_provider_amqstream.transport.params import BrokerParams
-from tests.helpers import RawSender, browse, cli, params_as, play, running_broker
+from tests.helpers import RawSender, assert_old_gen_bounded, browse, cli, params_as, play, running_broker, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -353,3 +355,43 @@ def test_users_without_the_rights_are_refused_clearly(acl_broker: EmbeddedBroker
     producer = acl_broker.info(user="producer").uri
     code, out, err = _run("streams", "ls", "--conn", producer, "--from", "/queue/landing", "--json")
     assert code == 0 and set(json.loads(out)["denied"]) == {"offered", "parked", "quarantined"}, (out, err)
+
+
+def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: EmbeddedBroker) -> None:
+    """consumer may only receive from /queue/landing, which lets it write the quarantine queue:
+    it takes producer's offer and files a copy naming producer as the sender, under a name of
+    its choosing and a cause redrive accepts. The administrator's redrive refuses it, naming
+    consumer, and nothing moves: producer's chunks stay, nothing is offered in anyone's name."""
+    admin, consumer = params_as(acl_broker, None), params_as(acl_broker, "consumer")
+    producer = params_as(acl_broker, "producer")
+    dest = p.Destination.parse("/queue/landing")
+    spec = _spec("pay-1", 2500)
+    play(producer, str(dest), spec, _data(2500, 3), [1, 2, 3])
+    # consumer takes the offer off the destination (a receiver may) and forges the copy.
+    conn = stomp.Connection12([consumer.hosts[0]], auto_decode=False)
+    got: list[Any] = []
+    listener = stomp.ConnectionListener()
+    listener.on_message = got.append  # type: ignore[method-assign]
+    conn.set_listener("", listener)
+    conn.connect(consumer.login, consumer.password, wait=True)
+    conn.subscribe(str(dest), id="1", ack="client-individual")
+    offer = wait_for(lambda: next((f for f in got if f.headers.get(p.H_STREAM) == "pay-1"), None), 30,
+                     "producer's offer")
+    conn.ack(offer.headers["ack"])
+    keep = {k: v for k, v in offer.headers.items() if k.startswith("amqs_")}
+    conn.send("/queue/DLQ.landing", b"", headers={
+        **keep, p.H_NAME: "payroll.csv", p.H_FIRST_SENDER: "producer", H_QUARANTINE_CAUSE: "max_bytes",
+        p.H_QUARANTINE_REASON: "over max_bytes", p.H_QUARANTINED_FROM: str(dest),
+        p.H_QUARANTINED_AT: "2026-11-28T09:00:00+00:00", qr.H_QUARANTINED_USER: "admin", "persistent": "true"})
+    conn.disconnect(receipt="bye")
+    data_q = dest.data_queue("pay-1", "producer")
+    with pytest.raises(RedriveRefused) as refused:
+        redrive(admin, str(dest), "pay-1", quiet=0.5)
+    text = str(refused.value)
+    assert "filed by consumer" in text and "producer" in text and "--receiver" in text and "pay-1" in text, text
+    assert len(browse(admin, data_q)) == 4, "producer's chunks and end marker stay where they were"
+    assert not [f for f in browse(admin, str(dest)) if f.headers.get(p.H_STREAM) == "pay-1"], "nothing offered"
+    assert not browse(admin, dest.data_queue("pay-1", admin.user))
+    # The copy stays for an administrator to look at (and discard).
+    assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(p.H_STREAM) == "pay-1"]
+    assert_old_gen_bounded(acl_broker, "a forged quarantine copy")

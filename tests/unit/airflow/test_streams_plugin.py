@@ -53,6 +53,9 @@ def client(broker: MemoryBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         def out_dirs(self) -> list[str]:
             return [str(tmp_path / "in")]
 
+        def receivers(self) -> list[str]:
+            return ["spark"]  # the user its receivers connect as
+
         def quarantine(self) -> str | None:
             return None
 

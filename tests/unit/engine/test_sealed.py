@@ -243,6 +243,6 @@ def test_a_stream_quarantined_for_want_of_a_key_is_redriven_to_the_key_holder(
     res = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)))
     with pytest.raises(StreamQuarantined, match="does not hold"):
         _receive(broker, tmp_path / "out")
-    redrive(broker.params("admin"), Q, res.stream_id, quiet=0.05)
+    redrive(broker.params("admin"), Q, res.stream_id, quiet=0.05, receivers=["rx"])
     got = _receive(broker, tmp_path / "out", keys=(key[0],))
     assert got.name == src.name and (tmp_path / "out" / src.name).read_bytes() == data

@@ -212,3 +212,155 @@ def test_many_keys_are_found_in_one_pass(tmp_path: Path) -> None:
     got = s.get_many(st.DONE, [f"k-{i}" for i in range(300)] + ["absent"])
     assert set(got) == {f"k-{i}" for i in range(300) if i % 2 == 0 or i % 3 == 0}
     assert got["k-6"] == ["new", 6] and got["k-3"] == ["old", 3], "the newest day wins"
+
+
+def _past_days(root: Path, clock: Clock, days: int, per_day: int) -> RecordStoreAndKeys:
+    s = st.RecordStore(root, clock=clock)
+    keys = []
+    now = clock.t
+    for d in range(days, 0, -1):
+        clock.t = now - d * DAY
+        batch = [f"d{d}-{i}" for i in range(per_day)]
+        s.put_many([(st.DONE, k, [k, d]) for k in batch], sync=False)
+        keys += batch
+    clock.t = now
+    s.close()
+    return s, keys
+
+
+RecordStoreAndKeys = tuple[st.RecordStore, list[str]]
+
+
+def test_past_days_merge_into_one_sorted_file_per_bucket_found_by_bisection(tmp_path: Path) -> None:
+    clock = Clock(1_790_000_000.0)
+    s, keys = _past_days(tmp_path / "records", clock, 5, 400)
+    s.put(st.DONE, "today-1", ["today-1", 0])
+    s.put(st.DONE, "d2-7", ["d2-7", "again today"])
+    assert st.prune_quietly(s) == 0
+    root = tmp_path / "records"
+    assert sorted(p.name for p in root.iterdir()) == [time.strftime("%Y%m%d", time.gmtime(clock.t)), "past"]
+    assert len(list(root.glob("past/*/*.sorted"))) == st.BUCKETS and not list(root.glob("past/**/*.tmp"))
+    for f in root.glob("past/*/*.sorted"):
+        heads = [line.split(b"\t")[0] for line in f.read_bytes().splitlines()]
+        assert heads == sorted(heads)
+    assert all(s.get(st.DONE, k) == [k, int(k[1])] for k in keys[::37])
+    assert s.get(st.DONE, "today-1") == ["today-1", 0] and s.get(st.DONE, "absent") is None
+    assert list(s.get_all(st.DONE, "d2-7")) == [["d2-7", "again today"], ["d2-7", 2]], "newest first"
+    got = s.get_many(st.DONE, [*keys[:50], "today-1", "absent"])
+    assert set(got) == {*keys[:50], "today-1"} and got["d5-3"] == ["d5-3", 5]
+    # A look-up of a merged day opens one file, however many days and records there are.
+    opened: list[str] = []
+    real = os.open
+
+    def spy(path: str, *args: int) -> int:
+        opened.append(str(path))
+        return real(path, *args)
+
+    os.open = spy  # type: ignore[assignment]
+    try:
+        assert s.get(st.DONE, "d4-99") == ["d4-99", 4]
+    finally:
+        os.open = real  # type: ignore[assignment]
+    assert len([p for p in opened if "/past/" in p]) == 1, opened
+
+
+def test_a_day_is_merged_only_an_hour_after_it_ended(tmp_path: Path) -> None:
+    midnight = 1_790_035_200.0  # 00:00 UTC
+    clock = Clock(midnight + 30 * 60)
+    s, _ = _past_days(tmp_path / "records", clock, 1, 10)
+    assert s.compact() == 0 and not (tmp_path / "records" / "past").exists()
+    clock.t = midnight + st.COMPACT_AFTER + 1
+    buckets = len(list((tmp_path / "records").glob("*/*")))
+    assert s.compact() == buckets > 0 and not list((tmp_path / "records").glob("*/*/*.log"))
+    assert s.get(st.DONE, "d1-3") == ["d1-3", 1]
+
+
+def test_merged_records_past_the_retention_are_ignored_then_dropped(tmp_path: Path) -> None:
+    clock = Clock(1_790_000_000.0)
+    root = tmp_path / "records"
+    s, _ = _past_days(root, clock, 3, 50)
+    st.prune_quietly(s)
+    size = sum(f.stat().st_size for f in root.glob("past/*/*.sorted"))
+    later = st.RecordStore(root, retention_days=2.5, clock=clock)
+    assert later.get(st.DONE, "d3-1") is None and later.get(st.DONE, "d2-1") == ["d2-1", 2]
+    later.put(st.DONE, "x", ["x"])
+    clock.t += 2 * DAY  # a new past day to merge: the merge drops the expired ones
+    st.prune_quietly(later)
+    assert later.get(st.DONE, "d2-1") is None and later.get(st.DONE, "x") == ["x"]
+    assert sum(f.stat().st_size for f in root.glob("past/*/*.sorted")) < size / 2
+
+
+def test_a_crash_during_a_merge_loses_no_record_and_the_next_merge_cleans_up(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(1_790_000_000.0)
+    root = tmp_path / "records"
+    s, keys = _past_days(root, clock, 2, 200)
+    # A torn tail (a crash while writing) is never merged.
+    log_file = next(root.glob("*/00/*.log"))
+    with open(log_file, "ab") as fh:
+        fh.write(b"dtorn\t[1]")
+    # Killed after the merged file is in place, before the inputs are removed: every record twice.
+    real_unlink = os.unlink
+
+    def die(path: str, *a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "unlink", die)
+    with pytest.raises(KeyboardInterrupt):
+        s.compact()
+    # Killed while writing the temporary file: a .tmp left, an hour later removed.
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    real_rename = os.rename
+    monkeypatch.setattr(os, "rename", die)
+    with pytest.raises(KeyboardInterrupt):
+        s.compact()
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert all(s.get(st.DONE, k) == [k, int(k[1])] for k in keys)
+    clock.t += st.COMPACT_AFTER + 60
+    s.compact()
+    assert not list(root.glob("past/*/*.tmp")) and not list(root.glob("*/*/*.log"))
+    assert all(len(list(s.get_all(st.DONE, k))) == 1 for k in keys), "the copies are merged away"
+    assert s.get(st.DONE, "torn") is None
+    lines = sum(len(f.read_bytes().splitlines()) for f in root.glob("past/*/*.sorted"))
+    assert lines == len(keys)
+
+
+def test_a_log_written_to_during_a_merge_keeps_its_new_record(tmp_path: Path) -> None:
+    clock = Clock(1_790_000_000.0)
+    root = tmp_path / "records"
+    s, _ = _past_days(root, clock, 1, 20)
+    late = st.RecordStore(root, clock=Clock(clock.t - DAY))
+    late.put(st.DONE, "late-0", ["late-0"])
+    real_rename = os.rename
+
+    def rename_then_write(src: str, dst: str) -> None:
+        real_rename(src, dst)
+        if "late-1" not in str(list(late.get_all(st.DONE, "late-1"))):
+            late.put(st.DONE, "late-1", ["late-1"])  # a writer whose clock is a day behind
+
+    os.rename = rename_then_write  # type: ignore[assignment]
+    try:
+        s.compact()
+    finally:
+        os.rename = real_rename  # type: ignore[assignment]
+    assert s.get(st.DONE, "late-0") == ["late-0"] and s.get(st.DONE, "late-1") == ["late-1"]
+    s.compact()
+    assert s.get(st.DONE, "late-1") == ["late-1"]
+
+
+def test_memory_stays_flat_merging_and_looking_up(tmp_path: Path) -> None:
+    clock = Clock(1_790_000_000.0)
+    s, keys = _past_days(tmp_path / "records", clock, 4, 25_000)
+    tracemalloc.start()
+    try:
+        s.compact()
+        _, peak_merge = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for k in keys[::997]:
+            assert s.get(st.DONE, k) is not None
+        _, peak_read = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 100,000 records (~3 MB); a merge holds one bucket of the days merged (1/32), a look-up a line.
+    assert peak_merge < 1_500_000, peak_merge
+    assert peak_read < 200_000, peak_read

@@ -142,7 +142,9 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
         receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
     seen = inv.take_inventory(broker.params("admin"), Q, out_dirs=[tmp_path / "in"])
     assert [(q.stream_id, q.cause, q.by_user) for q in seen.quarantined] == [("big", "max_bytes", "spark")]
-    res = redrive(broker.params("admin"), Q, "big", quiet=0.05)
+    with pytest.raises(RedriveRefused, match="filed by spark"):
+        redrive(broker.params("admin"), Q, "big", quiet=0.05)
+    res = redrive(broker.params("admin"), Q, "big", quiet=0.05, receivers=["spark"])
     assert (res.chunks, res.bytes, res.sender_before, res.redriven_by) == (4, 3500, "site-a", "admin")
     got = receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST))
     assert got is not None and Path(got.path).read_bytes() == data and got.sender == "admin"
@@ -165,6 +167,6 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
     with pytest.raises(StreamQuarantined):
         receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
     with pytest.raises(RedriveRefused, match="chunks 3 of 3 are missing"):
-        redrive(broker.params("admin"), Q, "cut", quiet=0.05)
+        redrive(broker.params("admin"), Q, "cut", quiet=0.05, receivers=["spark"])
     filed = broker.messages(p.dead_letter_queue(DEST.data_queue("cut", "site-a")))
     assert sorted(h[p.H_SEQ] for h, _ in filed) == ["1", "2"]

@@ -262,3 +262,19 @@ def test_a_body_buffer_is_reused_only_once_nobody_holds_it() -> None:
     # The first frame, still held, kept its bytes; the dropped ones shared one buffer.
     assert bytes(kept[0].body) == bodies[0]
     assert len({id(b) for b in t._amqs_bodies}) == len(t._amqs_bodies) == 2
+
+
+def test_the_cap_on_a_senders_quarantine_destinations_is_said_as_such() -> None:
+    from airflow_provider_amqstream.exceptions import DestinationFull
+    from airflow_provider_amqstream.transport.errors import reported
+
+    params = params_from_uri("stomp://admin:pw@127.0.0.1:61613")
+    text = str(reported(params, ["The maxmimum number of destinations allowed (3) for the policy "
+                                 "queue://DLQ.qcap.a.amqs.mallory.> has already been reached."]))
+    assert "quarantine destination for /queue/qcap.a" in text and "data queue" not in text, text
+    assert "3 quarantined streams of sender mallory" in text and "streams discard ID --from /queue/qcap.a" in text
+    assert "users add mallory" in text and "refused user admin" in text
+    exc = reported(params, ["The maxmimum number of destinations allowed (5) for the policy queue://in.amqs.bob.> "
+                            "has already been reached."])
+    assert isinstance(exc, DestinationFull)
+    assert "a new data queue: 5 of its streams already wait on /queue/in" in str(exc)
