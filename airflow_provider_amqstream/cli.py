@@ -141,11 +141,11 @@ def cmd_users(args: argparse.Namespace) -> int:
     if not args.name:
         raise ValueError(f"users {args.action}: name the user")
     if args.action == "add":
-        info = broker.add_user(args.name, send=args.send, receive=args.receive, max_waiting=args.max_waiting)
+        added = broker.add_user(args.name, send=args.send, receive=args.receive, max_waiting=args.max_waiting)
         print(f"user {args.name} may send to {', '.join(args.send) or 'nothing'} and receive from "
               f"{', '.join(args.receive) or 'nothing'}; its connection (password shown once, kept in "
               f"{broker.users_file}):")
-        print(f"  {info.tls_uri or info.uri}")
+        print(f"  {added.tls_uri or added.uri}")
     elif not broker.remove_user(args.name):
         raise ValueError(f"no user {args.name!r} in {broker.users_file}")
     else:
@@ -187,12 +187,23 @@ class _BatchProgress:
         sys.stderr.flush()
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    from airflow_provider_amqstream.engine import keys
+
+    ident = keys.new_key_file(args.keyfile) if args.action == "new" else keys.read_key_file(args.keyfile)
+    if args.action == "new":
+        print(f"wrote {args.keyfile} (readable by you only); senders seal to its recipient:", file=sys.stderr)
+    print(ident.recipient)
+    return 0
+
+
 def cmd_send(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.engine import SendOptions
 
     single = len(args.path) == 1 and not args.recursive and os.path.isfile(args.path[0])
     options = SendOptions(chunk_size=args.chunk_size, window=args.window, mode=args.mode, restart=args.restart,
                           compression=args.compress, fail_fast=args.fail_fast, pack=args.pack,
+                          seal_to=tuple(args.seal_to or ()),
                           manifest=args.manifest if args.manifest is not None else args.recursive,
                           progress=_Progress(f"send {os.path.basename(args.path[0])}", not args.quiet) if single
                           else None)
@@ -259,7 +270,8 @@ def cmd_receive(args: argparse.Namespace) -> int:
                           idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
                           max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
                           progress=_Progress("receive", not args.quiet),
-                          records_retention_days=args.records_retention_days, min_rate=args.min_rate)
+                          records_retention_days=args.records_retention_days, min_rate=args.min_rate,
+                          keys=tuple(args.key or ()))
     received = 0
 
     def on_result(res: Any) -> None:
@@ -363,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: compress chunks that shrink to half or less (CSV, JSON) and stop trying on "
                         "data that does not; zstd: try every chunk; none: send chunks as they are (default: "
                         "the connection's compression extra, else auto)")
+    s.add_argument("--seal-to", action="append", metavar="RECIPIENT",
+                   help="seal every stream for this recipient (amqs1..., from `amqstream keys show`); repeat for "
+                        "several receivers (default: the connection's extra seal_to)")
     common(s)
     s.set_defaults(func=cmd_send)
 
@@ -393,8 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="days --out-dir keeps its completion records (default: the connection's extra "
                         "records_retention_days, else 30; 0 keeps them for ever); a stream offered again after "
                         "its record expired is received again")
+    r.add_argument("--key", action="append", metavar="KEYFILE",
+                   help="a key file to open sealed streams with; repeat for several (key rotation) (default: the "
+                        "connection's extra keys)")
     common(r)
     r.set_defaults(func=cmd_receive)
+
+    k = sub.add_parser("keys", help="key files for sealed streams")
+    k.add_argument("action", choices=["new", "show"],
+                   help="new: write a new private key (mode 0600); show: print its recipient again")
+    k.add_argument("keyfile", help="the private key file")
+    k.set_defaults(func=cmd_keys)
 
     t = sub.add_parser("test-connection", help="connect and prove a round trip")
     t.add_argument("--conn", help=CONN_HELP)
@@ -411,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     # Ours say what failed and what to do; OSError is the file system's (a path that is
     # not there). Anything else is a bug, shown with its traceback.
     except (AmqStreamError, OSError) as exc:

@@ -76,6 +76,19 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                                      "they published (and senders of each stream sent). Older records are "
                                      "pruned: a stream offered again after that is received again. 0 keeps "
                                      "them for ever.", "number", 30.0, minimum=0),
+    # Sealed streams (docs/protocol.md, "Sealed streams").
+    "seal_to": _field("Seal to (recipients)", "Senders seal every stream for these recipients, comma-separated "
+                      "amqs1... strings as `amqstream keys show KEYFILE` prints them: the broker then holds nothing "
+                      "readable of a file.", "string"),
+    "keys": _field("Key files", "Receivers open sealed streams with these private key files, comma-separated "
+                   "paths (several for key rotation), e.g. /etc/amqstream/landing.key.", "string"),
+    "seal": {
+        "label": "Sealing",
+        "description": "required: senders refuse to send without a recipient, receivers quarantine unsealed "
+                       "streams.",
+        "schema": {"type": ["string", "null"], "enum": [None, "required"], "default": None,
+                   "values_display": {"null": "optional", "required": "required"}},
+    },
     "min_rate": _field("Minimum rate (bytes/s)", "Bytes a second a stream must bring to keep a receiver: a "
                        "stream sent more slowly, or stopped half-way, gives way (parked, tried again later) "
                        "instead of holding the streams behind it. 0 waits the idle timeout.", "number", 16384,

@@ -25,7 +25,7 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
 "$VENV/bin/python" scripts/import_cycles.py
-"$VENV/bin/mypy"  # protocol/ and transport/ ([tool.mypy] in pyproject.toml)
+"$VENV/bin/mypy"  # the whole package, strict ([tool.mypy] in pyproject.toml)
 if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi

@@ -143,8 +143,8 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
         advisories = entries[ADVISORY_TOPICS]
         for name in users:
             advisories["admin"].add(f"amqs-user-{name}")
-    for (kind, pattern), rights in sorted(entries.items()):
-        attrs = " ".join(f'{r}="{xml_attr(",".join(sorted(rights[r] | {ADMIN_GROUP})))}"'
+    for (kind, pattern), groups in sorted(entries.items()):
+        attrs = " ".join(f'{r}="{xml_attr(",".join(sorted(groups[r] | {ADMIN_GROUP})))}"'
                          for r in ("read", "write", "admin"))
         acl.append(f'              <authorizationEntry {kind}="{xml_attr(pattern)}" {attrs}/>')
     nl = "\n"

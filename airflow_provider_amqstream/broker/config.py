@@ -201,6 +201,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     created = False
     auth_xml = caps_xml = ""
     bridge = bridge_credentials(network.bridge_secret) if network.active and network.bridge_secret else None
+    bridge_user, bridge_password = bridge or (None, None)
     pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
     text = (pkg / "activemq.xml.tmpl").read_text()
     template = string.Template(text)
@@ -233,7 +234,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml, store_plugin=store_xml,
         bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS, waiting_caps=caps_xml,
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
-        network_connectors=connectors_xml(network, f"amqstream-{port}", *(bridge or (None, None)), xml_attr),
+        network_connectors=connectors_xml(network, f"amqstream-{port}", bridge_user, bridge_password, xml_attr),
     )
     target = conf / "activemq.xml"
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -24,7 +24,7 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from airflow_provider_amqstream.broker.config import (
@@ -50,6 +50,8 @@ from airflow_provider_amqstream.broker.process import (
 )
 from airflow_provider_amqstream.exceptions import BrokerError
 from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT
+
+_D = TypeVar("_D", int, None)
 
 
 def default_data_dir() -> Path:
@@ -118,7 +120,7 @@ class EmbeddedBroker:
         # one holding the KahaDB lock serves, the other waits to take over.
         self.store_dir = Path(store_dir) if store_dir else self.data_dir / "data" / "kahadb"
 
-    def _remembered(self, name: str, default: int | None) -> int | None:
+    def _remembered(self, name: str, default: _D) -> int | _D:
         try:
             return int((self.data_dir / name).read_text().strip())
         except (OSError, ValueError):

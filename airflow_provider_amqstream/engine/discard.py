@@ -29,7 +29,7 @@ from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefuse
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.link import Link
+from airflow_provider_amqstream.transport.link import Link, Message
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
     their senders, and those of the offers seen, which name its data queues."""
     link = qs.link
 
-    def is_offer(frame: Any) -> bool:
+    def is_offer(frame: Message) -> bool:
         return frame.headers.get(p.H_STREAM) == sid and frame.headers.get(p.H_KIND) == p.Kind.OFFER.value
 
     offers, sub = take_matching(link, str(dest), is_offer, sweep=False, quiet=quiet,

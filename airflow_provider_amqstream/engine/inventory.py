@@ -36,7 +36,7 @@ from typing import Any
 
 from airflow_provider_amqstream.engine.partials import BatchProgress, InProgress, batch_progress, partial_streams
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed, QueueSession
-from airflow_provider_amqstream.exceptions import LocalProtocolError
+from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
@@ -190,7 +190,7 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
         if bw.is_pack(headers):
             try:
                 members = bw.read_pack(headers, frame.body or b"")
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 out.append(({**headers, "_invalid": str(exc)}, frame))
                 continue
             for member, _ in members:
@@ -217,7 +217,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
             try:
                 batch_id, part, parts, entries = bw.parse_batch(h, frame.body or b"")
                 batches.append(BatchAnnounced(batch_id, part, parts, len(entries), sender, at))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 streams.append(Offered(sid, kind="invalid", sender=sender, offered_at=at, note=str(exc)))
             continue
         entry = Offered(sid, name=str(h.get(p.H_NAME, ""))[:255], size=_int(h.get(p.H_SIZE)),
@@ -228,7 +228,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
         else:
             try:
                 p.parse_offer(h, dest, sender=sender)
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 entry.kind, entry.note = "invalid", str(exc)
             else:
                 if h.get(p.H_REOFFER) == "1":

@@ -16,7 +16,7 @@ from pathlib import Path
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
 from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
-from airflow_provider_amqstream.exceptions import StreamError
+from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import ReceiverState
@@ -93,7 +93,7 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
         try:
             p.validate_stream_id(sid)
             st = os.stat(sdir / name, follow_symlinks=False)
-        except (p.ProtocolError, OSError):
+        except (ProtocolError, OSError):
             continue
         entry = InProgress(sid, str(out_dir), last_progress_at=st.st_mtime)
         try:
@@ -105,7 +105,7 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
             try:
                 rs = ReceiverState.from_json(state)
                 entry.name, entry.size, entry.durable_bytes = rs.spec.name, rs.spec.size, rs.received_bytes
-            except (p.ProtocolError, KeyError, TypeError, ValueError) as exc:
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
                 log.warning("stream %s in %s: resume state not understood (%s)", sid, out_dir, exc)
             entry.sender = str(state.get("sender") or "")
             if isinstance(state.get("started_at"), (int, float)):
@@ -130,7 +130,7 @@ def progress_marks(entries: Iterable[InProgress]) -> dict[str, tuple[int, float]
 def _valid_id(sid: str) -> bool:
     try:
         p.validate_stream_id(sid)
-    except p.ProtocolError:
+    except ProtocolError:
         return False
     return True
 
@@ -153,7 +153,8 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
             try:
                 head = read_json(first) or {}
                 parts = int(head.get("parts", 1))
-                seen, listed = [], []
+                seen: list[int] = []
+                listed: list[str] = []
                 for k in range(1, min(parts, bw.MAX_BATCH_PARTS) + 1):
                     part = head if k == 1 else read_json(owner / f"{batch_id}.{k}.json")
                     if part is not None:

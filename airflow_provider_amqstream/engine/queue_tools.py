@@ -30,7 +30,7 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.link import Link, open_link
+from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -170,9 +170,9 @@ def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
     return h
 
 
-def take_matching(link: Link, queue: str, match: Callable[[Any], bool], *, selector: str,
+def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, selector: str,
                   sweep: bool, quiet: float = 1.0,
-                  stamp: Callable[[Any], dict[str, str]] | None = None) -> tuple[list[Any], str | None]:
+                  stamp: Callable[[Message], dict[str, str]] | None = None) -> tuple[list[Message], str | None]:
     """The messages on ``queue`` that ``match``, delivered to ``link`` and held
     unacknowledged, and the subscription holding them: the caller acknowledges them, or
     unsubscribes (or closes) to send them back to the queue.
@@ -192,7 +192,7 @@ def take_matching(link: Link, queue: str, match: Callable[[Any], bool], *, selec
     """
     # Prefetch above one: the found messages stay held (unacknowledged) while we look on.
     sub = link.subscribe(queue, prefetch=BROWSE_LIMIT, selector=selector)
-    found = []
+    found: list[Message] = []
     while (frame := link.get(quiet if not found else min(quiet, 0.3), sub)) is not None:
         if match(frame):
             found.append(frame)

@@ -117,7 +117,8 @@ class FileCheckpoint:
             self._store().put(SENT, self.path.name, data)
             unlink_missing_ok(self.path)
         else:
-            write_json(self.path, data)
+            # Private: a sealed stream's checkpoint holds its key until the stream is sent.
+            write_json(self.path, data, mode=0o600)
 
 
 _PRUNED_SENDER_DIRS: set[str] = set()

@@ -46,6 +46,7 @@ from airflow_provider_amqstream.engine.queue_tools import (
 )
 from airflow_provider_amqstream.exceptions import (
     LocalProtocolError,
+    ProtocolError,
     RedriveRefused,
     RemoteProtocolError,
     StreamError,
@@ -133,7 +134,7 @@ class ChunkCheck:
                 self._end(h)
             else:
                 raise RemoteProtocolError(f"a message that is not one of its chunks ({p.H_KIND}={str(kind)[:20]!r})")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._problem(str(exc))
         return {H_REDRIVE_SENDER: stamp} if stamp else {}
 
@@ -336,7 +337,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             first = p.sender_of(copy.headers, parked=True)
             try:
                 spec, data_q = p.parse_offer(offer, dest, sender=first)
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 raise RedriveRefused(f"{where} cannot be redriven: its offer is invalid ({exc})") from None
             dlq_q = p.dead_letter_queue(data_q)
             qs.require_read((dlq_q, data_q))

@@ -46,6 +46,7 @@ from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
 from airflow_provider_amqstream.hooks import connection
+from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -64,6 +65,8 @@ ENCODINGS = p.ENCODINGS
 COMPRESSION_SETTINGS = p.COMPRESSION_SETTINGS
 MAX_CHUNK_SIZE = p.MAX_CHUNK_SIZE
 MODES = tuple(m.value for m in p.Mode)
+# Checks a recipient string (the operators' seal_to) without the engine.
+parse_recipient = seal.parse_recipient
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ class AmqStreamHook(BaseHook):
     def _resolve(self) -> None:
         # Every source goes through connection.py's one parser and one reading of the fields,
         # so a URI, a variable and a stored connection cannot disagree about TLS.
+        fields: connection.ConnFields | None
         if self.uri:
             fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
         else:
@@ -159,14 +163,15 @@ class AmqStreamHook(BaseHook):
         """``stream_id`` if valid, or ProtocolError saying what is wrong."""
         return p.validate_stream_id(stream_id)
 
-    def default_stream_id(self, path: str | os.PathLike[str], destination: str) -> str:
+    def default_stream_id(self, path: str | os.PathLike[str], destination: str, *, sealed: bool = False) -> str:
         """The stream id a file gets by default: the same for a re-run, so it resumes, and
         keyed by this connection's secret, so another user cannot offer it first.
 
         :param path: the file.
         :param destination: where it goes.
+        :param sealed: the stream is sealed: the id shows nothing of the file's name.
         """
-        return default_stream_id(path, destination, key=id_key(self.broker_params()))
+        return default_stream_id(path, destination, key=id_key(self.broker_params()), sealed=sealed)
 
     def derive_batch_id(self, run: str) -> str:
         """A many-file send's batch id for ``run`` (what identifies the send, the same for every

@@ -365,8 +365,8 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
     if "airflow" not in sys.modules and not airflow_may_know():
         return None
     with settings_not_flagged_as_secrets():
-        from airflow.exceptions import AirflowNotFoundException
         from airflow.models.connection import Connection
+        from airflow.sdk.exceptions import AirflowNotFoundException
 
         try:
             # The core lookup: environment, configured secrets backends, then the metadata

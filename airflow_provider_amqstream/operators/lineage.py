@@ -46,18 +46,19 @@ def destination_namespace(params: BrokerParams) -> str:
 def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None, role: str,
              file_count: int = 1) -> Any:
     from openlineage.client.event_v2 import InputDataset, OutputDataset
+    from openlineage.client.generated.base import DatasetFacet, InputDatasetFacet, OutputDatasetFacet
     from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
     from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
     from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 
-    facets = {"version": DatasetVersionDatasetFacet(datasetVersion=sha256)} if sha256 else {}
+    facets: dict[str, DatasetFacet] = {"version": DatasetVersionDatasetFacet(datasetVersion=sha256)} if sha256 else {}
     if role == "input":
-        stats = {} if size is None else {
+        inputs: dict[str, InputDatasetFacet] = {} if size is None else {
             "inputStatistics": InputStatisticsInputDatasetFacet(size=size, fileCount=file_count)}
-        return InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=stats)
-    stats = {} if size is None else {
+        return InputDataset(namespace=namespace, name=name, facets=facets, inputFacets=inputs)
+    outputs: dict[str, OutputDatasetFacet] = {} if size is None else {
         "outputStatistics": OutputStatisticsOutputDatasetFacet(size=size, fileCount=file_count)}
-    return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=stats)
+    return OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=outputs)
 
 
 def file_dataset(path: str, *, role: str, size: int | None = None, sha256: str | None = None) -> Any:

@@ -27,13 +27,15 @@ so what they keep does not grow with the number of files.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_amqstream.assets.amqstream import destination_uri
 from airflow_provider_amqstream.assets.files import absolute, dir_uri, static_root
+
+if TYPE_CHECKING:
+    from airflow_provider_amqstream.operators.progress import TaskLog
 
 MAX_IDS = 10
 
@@ -94,10 +96,10 @@ def with_port(ports: Any, port: Any) -> list[Any]:
     """``ports`` (a task's inlets or outlets) with ``port`` (an asset or alias) added once: a
     mapped task's ``partial(outlets=...)`` declares it for the DAG, and its ``__init__`` runs
     again when the task runs."""
-    ports = list(ports or [])
-    if port not in ports:
-        ports.append(port)
-    return ports
+    out: list[Any] = list(ports or [])
+    if port not in out:
+        out.append(port)
+    return out
 
 
 @dataclass
@@ -151,7 +153,7 @@ class Arrivals:
         return extra
 
 
-def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | None, log: logging.Logger) -> bool:
+def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | None, log: TaskLog) -> bool:
     """The event of the asset ``uri`` with ``extra``, through the task's outlet ``port`` (the
     asset itself, or an alias); ``extra`` None: no event, the asset taken out of the task's
     outlets (Airflow would record one for it). False (logged) when no event was made.
@@ -180,7 +182,7 @@ def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | N
     return True
 
 
-def emit_landing(context: Any, task: Any, port: Any, arrivals: Arrivals, log: logging.Logger, *, root: str,
+def emit_landing(context: Any, task: Any, port: Any, arrivals: Arrivals, log: TaskLog, *, root: str,
                  out_dir: str, manifest: str | None = None, batch_id: str | None = None) -> bool:
     """The landing directory's event, when anything arrived (nothing, or only repeats:
     no event, logged).

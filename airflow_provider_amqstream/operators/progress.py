@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
-import logging
 import time
+from typing import Any, Protocol
 
 from airflow_provider_amqstream.hooks.amqstream import BatchStatus, ProgressMeter, RecentRate
+
+
+class TaskLog(Protocol):
+    """What the operators write to: a task's logger, Airflow's structlog one in a task (its
+    ``log`` property) or a ``logging.Logger``."""
+
+    def info(self, msg: Any, /, *args: Any) -> object: ...
+
+    def warning(self, msg: Any, /, *args: Any) -> object: ...
 
 
 class LogProgress:
@@ -17,7 +26,7 @@ class LogProgress:
     :param interval: seconds between lines before the last.
     """
 
-    def __init__(self, log: logging.Logger, label: str, interval: float = 10.0) -> None:
+    def __init__(self, log: TaskLog, label: str, interval: float = 10.0) -> None:
         self.log, self.label = log, label
         self.meter = ProgressMeter(interval)
 
@@ -39,7 +48,7 @@ class BatchLogProgress:
     :param interval: seconds between lines before the last.
     """
 
-    def __init__(self, log: logging.Logger, label: str, interval: float = 10.0) -> None:
+    def __init__(self, log: TaskLog, label: str, interval: float = 10.0) -> None:
         self.log, self.label, self.interval = log, label, interval
         self.last = 0.0
         self.rate = RecentRate()

@@ -5,9 +5,8 @@ receive gave up on (FailureReport)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
@@ -29,8 +28,11 @@ from airflow_provider_amqstream.operators.outlets import (
     landing_port,
     with_port,
 )
-from airflow_provider_amqstream.operators.progress import LogProgress
+from airflow_provider_amqstream.operators.progress import LogProgress, TaskLog
 from airflow_provider_amqstream.operators.xcom import MAX_XCOM_FILES, iter_result_files, listed
+
+if TYPE_CHECKING:
+    from airflow.sdk.types import Logger
 
 
 class ReceivingTask:
@@ -50,11 +52,12 @@ class ReceivingTask:
     quarantine: str | None
     min_free_bytes: int | None
     records_retention_days: float | None
+    keys: tuple[str, ...] = ()
     file_asset_alias: str | None
     landing_port: Any
     landing_root: str
     task_id: str
-    log: logging.Logger
+    log: Logger
     inlets: Any
     outlets: Any
 
@@ -104,7 +107,7 @@ class ReceivingTask:
                               idle_timeout=self.idle_timeout, overwrite=self.overwrite, max_bytes=self.max_bytes,
                               quarantine=self.quarantine, min_free_bytes=self.min_free_bytes, claim=claim,
                               events=on_event, progress=LogProgress(self.log, f"receive from {self.source}"),
-                              records_retention_days=self.records_retention_days)
+                              records_retention_days=self.records_retention_days, keys=self.keys)
 
 
 class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
@@ -141,6 +144,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     :param idle_timeout: seconds without a chunk before a sender is presumed gone.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: quarantine streams larger than this.
+    :param keys: key files sealed streams are opened with (default the connection's ``keys`` extra).
     :param quarantine: where streams that can never succeed go (templated; default
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
@@ -170,8 +174,10 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
                  idle_timeout: float = 120.0, overwrite: bool = False, max_bytes: int | None = None,
                  file_asset_alias: str | None = None, quarantine: str | None = None,
                  min_free_bytes: int | None = None, batch_sender: str | None = None,
-                 records_retention_days: float | None = None, **kwargs: Any) -> None:
+                 records_retention_days: float | None = None, keys: list[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.keys = tuple(keys or ())
         self._keep_receive_arguments(
             source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
             idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
@@ -199,13 +205,13 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
         self.log.info("received %d streams (%d bytes) from %s into %s%s; each listed in %s", drained.count,
                       drained.bytes, self.source, self.out_dir,
                       f"; manifest {drained.manifest}" if drained.manifest else "", drained.files_list)
+        manifest = str(drained.manifest) if drained.manifest else None
         result = {"files": files, "files_listed": len(files) == drained.count, "files_list": str(drained.files_list),
-                  "failed": failed.streams, "failed_count": failed.count,
-                  "manifest": str(drained.manifest) if drained.manifest else None,
+                  "failed": failed.streams, "failed_count": failed.count, "manifest": manifest,
                   "count": drained.count, "bytes": drained.bytes}
         # Counted a stream at a time: past MAX_XCOM_FILES the list file is read as it goes.
         emit_landing(context, self, self.landing_port, Arrivals.of(iter_result_files(result)),
-                     self.log, root=self.landing_root, out_dir=self.out_dir, manifest=result["manifest"],
+                     self.log, root=self.landing_root, out_dir=self.out_dir, manifest=manifest,
                      batch_id=self.batch_id)
         self._amqstream_result = result
         return self._amqstream_result
@@ -218,7 +224,7 @@ class FailureReport:
     :param log: the task's logger.
     """
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: TaskLog) -> None:
         self.log = log
         self.streams: list[dict[str, Any]] = []  # the first MAX_XCOM_FILES
         self.count = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,11 +18,12 @@ from airflow_provider_amqstream.hooks.amqstream import (
     AmqStreamHook,
     BulkResult,
     SendOptions,
+    parse_recipient,
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import destination_port, emit, sent_extra, with_port
-from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress
+from airflow_provider_amqstream.operators.progress import BatchLogProgress, LogProgress, TaskLog
 from airflow_provider_amqstream.operators.xcom import listed
 
 
@@ -64,6 +64,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     :param compression: ``"auto"`` compresses chunks that shrink to half or less (CSV, JSON) and
         stops trying on data that does not; ``"zstd"`` tries every chunk; ``"none"`` sends chunks
         as they are. Default the connection's ``compression`` extra, else none.
+    :param seal_to: recipients (``amqs1...``, from ``amqstream keys show``) every file is sealed for:
+        the broker then holds nothing readable of it. Default the connection's ``seal_to`` extra.
     :param reconnect_timeout: seconds to keep trying to reach a lost broker, or one that is not up
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
@@ -83,11 +85,15 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                  stream_id: str | None = None, name: str | None = None,
                  amqstream_conn_id: str = AmqStreamHook.default_conn_name, chunk_size: int | None = None,
                  window: int | None = None, mode: str = "stream", compression: str | None = None,
-                 reconnect_timeout: float = 120.0,
+                 reconnect_timeout: float = 120.0, seal_to: list[str] | None = None,
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_send_arguments(self.task_id, mode=mode, chunk_size=chunk_size, window=window, compression=compression)
         self.compression = compression
+        # Checked here, at parse time: a typo fails the DAG, not a run.
+        self.seal_to = tuple(seal_to or ())
+        for recipient in self.seal_to:
+            parse_recipient(recipient)
         self.path = path
         self.recursive, self.fail_fast, self.manifest, self.pack = recursive, fail_fast, manifest, pack
         self.destination = destination
@@ -107,7 +113,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         params = hook.broker_params()
         options = SendOptions(chunk_size=self.chunk_size, window=self.window, mode=self.mode,
                               compression=self.compression, reconnect_timeout=self.reconnect_timeout,
-                              fail_fast=self.fail_fast, manifest=self.manifest, pack=self.pack,
+                              fail_fast=self.fail_fast, manifest=self.manifest, pack=self.pack, seal_to=self.seal_to,
                               checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
         one = names_one_file(self.path)
         result = self._execute_one(hook, options) if one else self._execute_many(context, hook, options)
@@ -120,7 +126,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
         AmqStreamHook.check_destination(self.destination)
-        stream_id = self.stream_id or hook.default_stream_id(src, self.destination)
+        stream_id = self.stream_id or hook.default_stream_id(
+            src, self.destination, sealed=bool(options.seal_to or hook.broker_params().seal_to))
         progress = LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval)
         result = hook.send_file(src, self.destination, options=replace(options, progress=progress),
                                 stream_id=stream_id, name=self.name)
@@ -201,7 +208,7 @@ def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
         f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
 
 
-def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: logging.Logger) -> dict[str, Any]:
+def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: TaskLog) -> dict[str, Any]:
     """Log what a many-file send did and return its XCom ``{"files", "failed", "totals",
     "files_listed", "files_list"}``: ``files`` lists every file up to ``MAX_XCOM_FILES``
     (1,000) and is empty past that (``files_listed`` false; ``files_list``, a JSON-lines file

@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from airflow.sdk.plugins_manager import AirflowPlugin
 from fastapi import Body, FastAPI, HTTPException, Request
@@ -99,7 +99,11 @@ async def _user(request: Request) -> Any:
     return await get_user(request, None, creds)
 
 
-def _may(user: Any, conn_id: str, method: str) -> bool:
+# Reading a connection's streams is GET on it, acting on them PUT (Airflow's ResourceMethod).
+_Method = Literal["GET", "PUT"]
+
+
+def _may(user: Any, conn_id: str, method: _Method) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import ConnectionDetails
 
@@ -107,7 +111,7 @@ def _may(user: Any, conn_id: str, method: str) -> bool:
                                                             user=user))
 
 
-async def _allowed(request: Request, conn_id: str, method: str) -> Any:
+async def _allowed(request: Request, conn_id: str, method: _Method) -> Any:
     user = await _user(request)
     if not _may(user, conn_id, method):
         what = "read" if method == "GET" else "edit"

@@ -75,6 +75,14 @@ class Outcome(Enum):
     FOREIGN_PARKED = ("foreign_parked", Q, "foreign_parked", False,
                       "another user put it on the parked queue, where only a receiver's own parked copies are "
                       "believed: nothing to do; run the receivers of a destination as one user")
+    SEAL_BROKEN = ("seal_broken", Q, "corrupt", False,
+                   "a sealed chunk or header does not open (altered, truncated, reordered or moved from another "
+                   "stream): discard it and have the sender send it again")
+    NO_KEY = ("no_key", Q, "no_key", True,
+              "sealed for keys this receiver lacks: give it the recipient's key file (keys), then redrive")
+    UNSEALED = ("unsealed", Q, "unsealed", True,
+                "the connection requires sealed streams (seal: required) and this one is not: the sender must "
+                "seal it (seal_to), or redrive it to a receiver that does not require sealing")
     # What a quarantine copy cannot give back, whatever its cause: redrive is refused.
     INLINE = ("inline", Q, "inline", False,
               "the file travelled in its offer (or pack), and the quarantine copy keeps only the headers: the sender "

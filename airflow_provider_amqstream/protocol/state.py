@@ -10,12 +10,14 @@ format they read is in ``wire.py``; this module does no I/O either.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
+from airflow_provider_amqstream.protocol.outcomes import Outcome
+from airflow_provider_amqstream.protocol.seal import SealBroken
 from airflow_provider_amqstream.protocol.wire import (
     H_CHUNKS,
     H_CRC,
@@ -106,6 +108,7 @@ class Decision:
     offset: int = 0
     reason: str = ""
     data: bytes | memoryview | None = None  # the chunk's bytes to write (decompressed)
+    cause: Outcome = Outcome.CORRUPT  # what a CORRUPT verdict quarantines the stream as
 
 
 @dataclass
@@ -124,6 +127,9 @@ class ReceiverState:
     expected_sha256: str | None = None
     duplicates: int = 0
     written: set[int] = field(default_factory=set)
+    # A sealed stream's chunk opener (seal.Seal.opener); never saved: the key comes from the offer.
+    opener: Callable[[int, bytes | memoryview], tuple[bytes, str | None]] | None = field(
+        default=None, compare=False, repr=False)
 
     @from_the_wire
     def decide(self, headers: Mapping[str, Any], body: bytes | memoryview) -> Decision:
@@ -157,7 +163,16 @@ class ReceiverState:
         if crc32(body) != crc:
             return Decision(Verdict.CORRUPT, seq, offset,
                             f"chunk {seq} at offset {offset} failed its CRC-32 check")
-        encoding = headers.get(H_ENCODING)
+        return self._opened(seq, offset, length, headers.get(H_ENCODING), body)
+
+    def _opened(self, seq: int, offset: int, length: int, encoding: Any, body: bytes | memoryview) -> Decision:
+        """A chunk that passed its CRC: opened (sealed stream), decoded, its length checked."""
+        if self.opener is not None:
+            try:
+                body, encoding = self.opener(seq, body)
+            except SealBroken as exc:
+                return Decision(Verdict.CORRUPT, seq, offset, f"chunk {seq} at offset {offset}: {exc}",
+                                cause=Outcome.SEAL_BROKEN)
         if encoding:
             try:
                 body = ChunkCodec.decode(str(encoding), body, length)

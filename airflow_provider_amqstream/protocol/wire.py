@@ -534,10 +534,11 @@ def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[s
     return data_message(spec, seq, bytes(body))[0]
 
 
-def data_message(spec: StreamSpec, seq: int, body: bytes,
-                 codec: ChunkCodec | None = None) -> tuple[dict[str, str], bytes]:
+def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
+                 seal: Callable[[int, bytes, str | None], bytes] | None = None) -> tuple[dict[str, str], bytes]:
     """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
-    corruption is caught before anything is decompressed."""
+    corruption is caught before anything is decompressed (or opened). ``seal`` (seal.py's
+    ``Seal.sealer``) seals the encoded body, its encoding inside."""
     offset, length = spec.chunk_span(seq)
     if len(body) != length:
         raise LocalProtocolError(
@@ -545,6 +546,8 @@ def data_message(spec: StreamSpec, seq: int, body: bytes,
             f"expected {length} (did the file change while it was being sent?)"
         )
     wire, encoding = codec.encode(body) if codec else (body, None)
+    if seal is not None:
+        wire, encoding = seal(seq, wire, encoding), None
     h = _base(spec, Kind.DATA)
     h.update({H_SEQ: str(seq), H_GROUP_SEQ: str(seq), H_OFFSET: str(offset),
               H_CRC: str(crc32(wire))})

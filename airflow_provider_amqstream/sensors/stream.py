@@ -8,7 +8,6 @@ still wait (:func:`timeout_left`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,6 +20,7 @@ from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferRe
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import Arrivals, emit_landing
+from airflow_provider_amqstream.operators.progress import TaskLog
 from airflow_provider_amqstream.operators.receive import FailureReport, ReceivingTask
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
@@ -47,6 +47,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         the try fails and a retry resumes.
     :param overwrite: replace an existing file of the same name.
     :param max_bytes: refuse streams larger than this.
+    :param keys: key files sealed streams are opened with (default the connection's ``keys`` extra).
     :param quarantine: where streams that can never succeed go (templated; default
         ``/queue/DLQ.<name>``).
     :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
@@ -84,8 +85,9 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  offer_wait: float = 5.0, file_asset_alias: str | None = None, quarantine: str | None = None,
                  min_free_bytes: int | None = None, records_retention_days: float | None = None,
-                 **kwargs: Any) -> None:
+                 keys: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.keys = tuple(keys or ())
         self._keep_receive_arguments(
             source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
             idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
@@ -253,7 +255,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         return result
 
 
-def report_pack(others: list[TransferResult], ti: Any, log: logging.Logger) -> None:
+def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
     """Report the other files of the pack a sensor's stream came in (a many-file send packs
     small files): on disk and recorded like that stream, so they are reported, as XCom
     ``also_received``, not left for nobody to find.
@@ -275,11 +277,11 @@ def timeout_left(timeout: timedelta | float | None, context: Any) -> float | Non
     :param timeout: the sensor's ``timeout``.
     :param context: the task's execution context (its ``ti.start_date``).
     """
-    timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    timeout = float(timeout) if isinstance(timeout, (int, float)) else None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    left = float(seconds) if isinstance(seconds, (int, float)) else None
     # The sensor's timeout counts from the start of this try, not from each deferral:
     # a sensor woken for a stream another receiver took must not wait afresh.
     started = getattr(context.get("ti"), "start_date", None) if hasattr(context, "get") else None
-    if timeout is not None and started is not None:
-        timeout = max(timeout - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)
-    return timeout
+    if left is not None and started is not None:
+        left = max(left - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)
+    return left

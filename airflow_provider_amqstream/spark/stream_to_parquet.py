@@ -27,6 +27,10 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DATA_ERROR_EXIT = 3
 DATA_ERROR_MARK = "stream_to_parquet: data error: "
@@ -52,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def fail(msg: str) -> None:
+def fail(msg: str) -> NoReturn:
     print(f"stream_to_parquet: error: {msg}", file=sys.stderr)
     sys.exit(2)
 
@@ -79,7 +83,7 @@ def _data_cause(causes: list[str]) -> str | None:
     return None
 
 
-def spark_failure(src: Path, fmt: str, exc: BaseException) -> None:
+def spark_failure(src: Path, fmt: str, exc: BaseException) -> NoReturn:
     """Exit naming ``src`` and Spark's cause: 3 (a data error) when the cause is the
     content, else 2."""
     causes = _causes(exc)
@@ -107,7 +111,7 @@ def _root_of(manifest: Path) -> Path:
     return manifest.parent
 
 
-def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
+def _manifest_files(arg: str) -> list[tuple[Path, dict[str, Any]]]:
     """(file, manifest row) for every row of the manifest(s); paths are relative to the
     receiver's output directory (see ``_root_of``)."""
     where = Path(arg)
@@ -134,13 +138,14 @@ def _manifest_files(arg: str) -> list[tuple[Path, dict]]:
     return out
 
 
-def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Namespace, sha256: str) -> dict:
+def _convert(spark: SparkSession, src: Path, fmt: str, output: Path, args: argparse.Namespace,
+             sha256: str) -> dict[str, Any]:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
     try:
-        reader = spark.read  # type: ignore[attr-defined]
+        reader = spark.read
         if fmt == "csv":
             sep = "\t" if src.suffix.lower() == ".tsv" else ","
             df = reader.options(header=True, inferSchema=True, sep=sep, mode="FAILFAST").csv(str(src))
@@ -163,7 +168,7 @@ def _convert(spark: object, src: Path, fmt: str, output: Path, args: argparse.Na
         if parts:
             writer = writer.partitionBy(*parts)
         writer.parquet(str(output))
-        rows = spark.read.parquet(str(output)).count()  # type: ignore[attr-defined]
+        rows = spark.read.parquet(str(output)).count()
     except (PySparkException, Py4JJavaError) as exc:
         spark_failure(src, fmt, exc)
     size = sum(f.stat().st_size for f in output.rglob("*.parquet"))

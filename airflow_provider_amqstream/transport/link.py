@@ -63,15 +63,15 @@ class Link(Protocol):
     def unsubscribe(self, sub_id: str) -> None:
         """Leave; what was not acknowledged goes back to the destination."""
 
-    def ack(self, frame: Any) -> None: ...
+    def ack(self, frame: Message) -> None: ...
 
-    def nack(self, frame: Any) -> None:
+    def nack(self, frame: Message) -> None:
         """Refuse a message: the broker moves it to its dead-letter queue."""
 
-    def get(self, timeout: float, subscription: str | None = None) -> Any:
+    def get(self, timeout: float, subscription: str | None = None) -> Message | None:
         """The next message (of ``subscription`` only, if given), or None after ``timeout``."""
 
-    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Any:
+    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Message | None:
         """The next message of any of ``subscriptions``, or None after ``timeout``."""
 
 

@@ -308,10 +308,10 @@ class MemoryLink:
         with broker.cond:
             broker._settle(self, frame.headers["ack"], refuse=True)
 
-    def get(self, timeout: float, subscription: str | None = None) -> Any:
+    def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
         return self._take(timeout, None if subscription is None else (subscription,))
 
-    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Any:
+    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Frame | None:
         return self._take(timeout, subscriptions)
 
     def _take(self, timeout: float, subs: tuple[str, ...] | None) -> Frame | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, ProtocolError
+from airflow_provider_amqstream.protocol.seal import parse_recipient
 from airflow_provider_amqstream.protocol.wire import DEFAULT_COMPRESSION, DEFAULT_PORT, normalise_compression
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -66,6 +67,10 @@ class BrokerParams:
         completion records, claims and "already sent" checkpoints (None: 30; 0: for ever).
     :param min_rate: connection extra: bytes a second a stream must bring to keep a receiver
         (None: the engine's default; 0: only the idle timeout counts).
+    :param keys: connection extra ``keys``: key files a receiver opens sealed streams with.
+    :param seal_to: connection extra ``seal_to``: recipients a sender seals every stream to.
+    :param seal_required: connection extra ``seal: required``: senders refuse to send unsealed,
+        receivers quarantine unsealed streams.
     :param network: the broker is one of a network of brokers; a trigger watching for offers
         then also draws offers waiting at the other brokers to this one (a queue browser
         alone makes no bridge forward anything).
@@ -90,6 +95,9 @@ class BrokerParams:
     network: bool = False
     records_retention_days: float | None = None
     min_rate: float | None = None
+    keys: tuple[str, ...] = ()
+    seal_to: tuple[str, ...] = ()
+    seal_required: bool = False
     # Which link the engine gets (transport/link.py): "stomp", or "memory" in unit tests.
     backend: str = "stomp"
 
@@ -170,9 +178,34 @@ class BrokerParams:
             network=flag("network", False),
             records_retention_days=_retention(num("records_retention_days", None, float), at),
             min_rate=_at_least_zero("min_rate", num("min_rate", None, float), at),
+            keys=words(extra.get("keys")), seal_to=_recipients(extra.get("seal_to"), at),
+            seal_required=_seal_policy(extra.get("seal"), at),
         )
 
 
+
+
+def words(value: Any) -> tuple[str, ...]:
+    """A list extra (``keys``, ``seal_to``): a JSON list, or one string split at commas and spaces."""
+    items = value if isinstance(value, (list, tuple)) else str(value or "").replace(",", " ").split()
+    return tuple(str(v).strip() for v in items if str(v).strip())
+
+
+def _recipients(value: Any, at: str) -> tuple[str, ...]:
+    found = words(value)
+    try:
+        for text in found:
+            parse_recipient(text)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{at}connection extra 'seal_to': {exc}") from None
+    return found
+
+
+def _seal_policy(value: Any, at: str) -> bool:
+    text = str(value or "").strip().lower()
+    if text not in ("", "required", "optional"):
+        raise ConfigurationError(f"{at}connection extra 'seal' must be 'required' or 'optional', got {text[:20]!r}")
+    return text == "required"
 
 
 def _compression(extra: Mapping[str, Any], at: str) -> str | None:

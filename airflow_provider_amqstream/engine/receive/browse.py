@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_provider_amqstream.exceptions import AccessDenied, TransportError
+from airflow_provider_amqstream.exceptions import AccessDenied, ProtocolError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome
@@ -201,7 +201,7 @@ class OfferBrowser:
             if frame.headers.get(p.H_KIND) == p.Kind.BATCH.value:
                 try:  # a batch's file list is for its receivers; only a broken one is junk
                     bw.parse_batch(frame.headers, frame.body or b"")
-                except p.ProtocolError as exc:
+                except ProtocolError as exc:
                     self._report_bad(frame.headers, exc, junk=not parked)
                 continue
             if bw.is_pack(frame.headers):
@@ -209,7 +209,7 @@ class OfferBrowser:
                 continue
             try:
                 offers.append(parse_visible_offer(frame.headers, self.dest, parked=parked))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 self._report_bad(frame.headers, exc, junk=not parked)
         link.unsubscribe(sub)
         return offers
@@ -274,19 +274,19 @@ class OfferBrowser:
         found = []
         try:
             members = bw.read_pack(frame.headers, frame.body or b"")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._report_bad(frame.headers, exc, junk=junk)
             return []
         for headers, _ in members:
             try:
                 # Who sent it and when are the broker's word about the pack, not its index's.
                 found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 self._report_bad({**headers, "message-id": f"{frame.headers.get('message-id', '')}/"
                                   f"{headers.get(p.H_STREAM, '')}"}, exc)
         return found
 
-    def _report_bad(self, headers: Mapping[str, Any], exc: p.ProtocolError, *, junk: bool = False) -> None:
+    def _report_bad(self, headers: Mapping[str, Any], exc: ProtocolError, *, junk: bool = False) -> None:
         key = str(headers.get("message-id", ""))[:200]
         if junk and self._may_take and _MESSAGE_ID.fullmatch(key):
             self._junk.append(_Junk(key, str(exc)))

@@ -97,26 +97,14 @@ def unpack(message: Any) -> list[PackMember]:
     return [PackMember(headers, body, pack) for headers, body in members]
 
 
-def settle(link: Any, offer: Any) -> None:
-    """Acknowledge an offer that is settled; a pack member's pack once all its members are."""
+def settle(ack: Callable[[Any], None], offer: Any) -> None:
+    """Acknowledge (``ack``) an offer that is settled; a pack member's pack once all its members are."""
     if not isinstance(offer, PackMember):
-        link.ack(offer)
-        mark_settled(offer)
+        ack(offer)
         return
     offer.pack.left -= 1
     if offer.pack.left == 0:
-        link.ack(offer.pack.message)
-        mark_settled(offer.pack.message)
-
-
-def mark_settled(message: Any) -> None:
-    """Note that ``message`` (an offer or a pack as received) was acknowledged, so a group
-    cut short by a yield gives back only what it still holds."""
-    message.amqs_settled = True
-
-
-def is_settled(message: Any) -> bool:
-    return bool(getattr(message, "amqs_settled", False))
+        ack(offer.pack.message)
 
 
 def message_of(offer: Any) -> Any:

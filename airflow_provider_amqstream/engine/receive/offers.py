@@ -76,7 +76,7 @@ _MAX_STALLED = 4096
 
 def backoff_for(yields: int, first: float) -> float:
     """Seconds a stream is parked after its ``yields``-th yield (1 for the first)."""
-    return min(max(1.0, first) * 2 ** min(max(yields, 1) - 1, 20), MAX_YIELD_BACKOFF)
+    return min(max(1.0, first) * 2.0 ** min(max(yields, 1) - 1, 20), MAX_YIELD_BACKOFF)
 
 
 class Offers:
@@ -113,6 +113,9 @@ class Offers:
         self.me = link.params.user
         # The users whose stream never began in this round (module doc, "Fair share per sender").
         self.stalled: set[str] = set()
+        # The delivery handles (``ack`` ids) of the inline group being received that are not
+        # acknowledged yet: what a group cut short by a yield still has to give back.
+        self.unsettled: set[str] = set()
 
     def _selector(self, inline_only: bool) -> str:
         if self.stream_id:
@@ -159,12 +162,12 @@ class Offers:
     def _fresh(self, timeout: float) -> Any:
         """The next offer on the queue of offers within ``timeout``, or None: it ran dry, which
         ends the round."""
-        subs = (self.inline_sub, self.sub) if self.inline_sub else (self.sub,)
-        offer = self.link.get_any(timeout, subs)  # type: ignore[arg-type]
+        subs = tuple(sub for sub in (self.inline_sub, self.sub) if sub)
+        offer = self.link.get_any(timeout, subs)
         if offer is None and self.stalled and timeout < _DRY:
             # Right after an acknowledgement the next offer is still on its way (prefetch 1),
             # and the broker pages a backlog in from disk: dry only if none comes for a while.
-            offer = self.link.get_any(_DRY - timeout, subs)  # type: ignore[arg-type]
+            offer = self.link.get_any(_DRY - timeout, subs)
         self.main_idle = offer is None
         if offer is None:
             self.stalled.clear()
@@ -175,8 +178,7 @@ class Offers:
         never began in this round (its offer then waits its turn parked, unseen); else "". Never on
         a topic, where nothing can be parked: each subscriber has its own copy to look at."""
         sender = self.sender(offer)
-        if self.stream_id or self.parked_sub is None or getattr(offer, "amqs_parked", False) \
-                or sender not in self.stalled:
+        if self.stream_id or self.parked_sub is None or self._parked(offer) or sender not in self.stalled:
             return ""
         return sender
 
@@ -202,7 +204,6 @@ class Offers:
             if offer is None:
                 break
             step = _SWEEP_STEP
-            offer.amqs_parked = True
             until = p.parked_until(offer.headers)
             if self.stream_id or until <= time.time() or self.foreign(offer):
                 self.next_sweep = time.monotonic() + (0.0 if self.main_idle else SWEEP_PAUSE)
@@ -222,9 +223,16 @@ class Offers:
     def sender(self, offer: Any) -> str:
         """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`); of a
         parked copy, the first sender it names only if we parked it ("" otherwise)."""
-        if not getattr(offer, "amqs_parked", False):
+        if not self._parked(offer):
             return p.sender_of(offer.headers)
         return p.sender_of(offer.headers, parked=True) if self._ours(offer) else ""
+
+    def _parked(self, offer: Any) -> bool:
+        """Whether ``offer`` was handed over by the parked queue's subscription (the broker
+        names the subscription of each delivery; a pack's member, whose headers are the
+        sender's, never was)."""
+        return (self.parked_sub is not None and not isinstance(offer, inline.PackMember)
+                and offer.headers.get("subscription") == self.parked_sub)
 
     def _ours(self, offer: Any) -> bool:
         return bool(self.me) and p.sender_of(offer.headers) == self.me
@@ -233,7 +241,7 @@ class Offers:
         """Why ``offer``, taken from the parked queue, was not parked by this receiver's user
         and is not received (None: it was, or it is no parked copy, or the broker stamps
         nobody, so that nothing tells)."""
-        if not getattr(offer, "amqs_parked", False) or self._ours(offer):
+        if not self._parked(offer) or self._ours(offer):
             return None
         stamp = p.sender_of(offer.headers)
         if not stamp:
@@ -250,8 +258,7 @@ class Offers:
         headers = p.parked_headers(message.headers, sender=self.sender(message), not_before=not_before,
                                    reason=reason)
         self.link.send_confirmed(self.dest.parked_queue(), bytes(message.body or b""), headers)
-        self.link.ack(message)
-        inline.mark_settled(message)
+        self.ack(message)
 
     def park(self, message: Any, reason: str) -> float:
         """Give way: park ``message`` for its next back-off; return the back-off. On a topic
@@ -260,8 +267,7 @@ class Offers:
         yields = p.yields_of(message.headers) + 1
         backoff = backoff_for(yields, self.opts.yield_backoff)
         if self.dest.kind != "queue":
-            self.link.ack(message)
-            inline.mark_settled(message)
+            self.ack(message)
             return backoff
         self.requeue(message, not_before=time.time() + backoff, reason=reason)
         return backoff
@@ -278,7 +284,17 @@ class Offers:
             group.append(more)
             size += len(more.body or b"")
             files += inline.files_in(more)
+        self.unsettled = {str(m.headers["ack"]) for m in group}
         return group
+
+    def ack(self, message: Any) -> None:
+        """Acknowledge ``message``, an offer or a pack as received."""
+        self.link.ack(message)
+        self.unsettled.discard(str(message.headers["ack"]))
+
+    def settled(self, message: Any) -> bool:
+        """Whether ``message`` of the inline group being received was acknowledged."""
+        return str(message.headers["ack"]) not in self.unsettled
 
     def close(self) -> None:
         """Leave the subscriptions; the broker requeues what we hold unacknowledged."""

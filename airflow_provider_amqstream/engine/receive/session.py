@@ -54,6 +54,7 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
+    ProtocolError,
     StreamError,
     StreamFailure,
     StreamNoRoom,
@@ -64,7 +65,7 @@ from airflow_provider_amqstream.exceptions import (
     TransportError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
-from airflow_provider_amqstream.protocol import paths
+from airflow_provider_amqstream.protocol import paths, seal
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome, yielded
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -179,6 +180,8 @@ def _connection_defaults(opts: ReceiveOptions, params: BrokerParams) -> ReceiveO
         opts = replace(opts, records_retention_days=params.records_retention_days)
     if opts.min_rate is None and params.min_rate is not None:
         opts = replace(opts, min_rate=params.min_rate)
+    if (not opts.keys and params.keys) or (params.seal_required and not opts.seal_required):
+        opts = replace(opts, keys=opts.keys or params.keys, seal_required=opts.seal_required or params.seal_required)
     return opts
 
 
@@ -321,8 +324,13 @@ class ReceiveSession:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
             terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
-        except p.ProtocolError as exc:
-            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
+            opened = self._unseal(offer, spec, data_q)
+        except ProtocolError as exc:
+            cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
+            return self._quarantine(offer, sid, cause, f"invalid offer: {exc}")
+        if isinstance(opened, StreamError):
+            return opened
+        sealed, spec = opened
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
         if settled is not None:
@@ -345,6 +353,7 @@ class ReceiveSession:
             handshake=terms,
             subdir=subdir,
             sender=sender,
+            seal=sealed,
         )
         filed = self._filed_before(offer, spec.stream_id)
         if filed is not None:
@@ -359,6 +368,27 @@ class ReceiveSession:
             return self._let_go(exc, sid, receiver, offer)
         self.link.ack(offer)
         return result
+
+    def _unseal(self, offer: Any, spec: p.StreamSpec,
+                data_q: str) -> tuple[seal.Seal | None, p.StreamSpec] | StreamError:
+        """A sealed offer's seal and its spec under the real name; the quarantine of one this
+        receiver holds no key for, or of an unsealed one where sealing is required."""
+        sid, header = spec.stream_id, offer.headers.get(seal.H_SEAL)
+        if not header:
+            if self.opts.seal_required:
+                return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} ({data_q}) is not sealed, and "
+                                        "this receiver requires sealed streams (seal: required); nothing was received")
+            return None, spec
+        opened = seal.Seal.open(str(header), list(self.opts.identities), stream_id=sid, size=spec.size,
+                                chunk_size=spec.chunk_size)
+        if opened is None:
+            held = ", ".join(i.source for i in self.opts.identities) or "none"
+            return self._quarantine(offer, sid, Outcome.NO_KEY, f"stream {sid} ({data_q}) is sealed for keys this "
+                                    f"receiver does not hold (its key files: {held}); nothing was received")
+        name = opened[1]
+        if not name or len(name.encode("utf-8", "surrogatepass")) > p.MAX_NAME_BYTES:
+            raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {p.MAX_NAME_BYTES} bytes")
+        return opened[0], replace(spec, name=name)
 
     def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Any) -> StreamError:
         """A stream being received gave way: leave its data queue, keep only its data on disk,
@@ -410,7 +440,7 @@ class ReceiveSession:
         """Record one part of a batch list; a part that does not fit gives way as a stream would."""
         try:
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
         try:
             manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
@@ -492,7 +522,7 @@ class ReceiveSession:
         for sid in ids:
             try:
                 valid.add(p.validate_stream_id(sid))
-            except p.ProtocolError:
+            except ProtocolError:
                 continue
         try:
             found = find_received_many(self.out, valid, retention_days=self.opts.records_retention_days)
@@ -505,8 +535,11 @@ class ReceiveSession:
         sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
         try:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
+        if self.opts.seal_required:  # sealed files never travel inline
+            return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} travelled inline, unsealed, and "
+                                    "this receiver requires sealed streams (seal: required); nothing was received")
         origin = p.offer_origin(offer.headers)
         settled = self._check_offer(offer, spec, data_q, origin, sender)
         return (spec, origin) if settled is None else settled
@@ -537,7 +570,7 @@ class ReceiveSession:
             # What the group publishes is recorded now: later offers look it up again.
             self._known = None
             for offer, result in files.commit():
-                inline.settle(self.link, offer)
+                inline.settle(self.offers.ack, offer)
                 # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
                 self.opts.emit("stream_close", stream_id=result.stream_id, path=str(result.path),
                                destination=str(self.dest), bytes=result.bytes,
@@ -552,7 +585,7 @@ class ReceiveSession:
             checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
             if isinstance(checked, tuple):  # not published after all: back to the tail
                 message = inline.message_of(offer)
-                if not inline.is_settled(message):
+                if not self.offers.settled(message):
                     self.offers.requeue(message)
                 continue
             outcomes.append(checked)
@@ -571,7 +604,7 @@ class ReceiveSession:
             subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
             files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
                       sender=sender)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, str(exc))
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.cause, bad.reason)
@@ -583,7 +616,7 @@ class ReceiveSession:
         held = inline.message_of(offer)
         outcome = self._yielded(exc, sid, 0, held)
         for message in group:
-            if message is not held and not inline.is_settled(message):
+            if message is not held and not self.offers.settled(message):
                 self.offers.requeue(message)
         return outcome
 
@@ -597,7 +630,7 @@ class ReceiveSession:
                 continue
             try:
                 found.extend(inline.unpack(offer))
-            except p.ProtocolError as exc:
+            except ProtocolError as exc:
                 pid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
         return found
@@ -619,7 +652,7 @@ class ReceiveSession:
                 )
         elif not bw.is_inline(offer.headers):
             drain_queue(self.link, data_q, ack=True)
-        inline.settle(self.link, offer)
+        inline.settle(self.offers.ack, offer)
         self.opts.emit("duplicate_offer", stream_id=spec.stream_id)
         log.info(
             "stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
@@ -666,7 +699,7 @@ class ReceiveSession:
                                            "offset": offset}))
                 tmp.replace(note)
             moved = then()
-        inline.settle(self.link, offer)
+        inline.settle(self.offers.ack, offer)
         if note is not None:
             note.unlink(missing_ok=True)
         failure = StreamFailure(sid or "?", str(self.dest), "quarantined", reason, offset, qdest, moved,
@@ -680,7 +713,7 @@ class ReceiveSession:
         cannot name a file."""
         try:
             p.validate_stream_id(sid)
-        except p.ProtocolError:
+        except ProtocolError:
             return None
         return self.sdir / f"{sid}.quarantined"
 
@@ -707,7 +740,7 @@ class ReceiveSession:
         sid = str(offer.headers.get(p.H_STREAM, ""))
         try:
             p.validate_stream_id(sid)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self._quarantine(offer, sid[: p.MAX_STREAM_ID], Outcome.INVALID, f"invalid re-offer: {exc}")
             return
         def published() -> bool:

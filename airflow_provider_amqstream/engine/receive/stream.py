@@ -20,10 +20,11 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream.engine.keys import read_key_file
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.claims import check_claim, done_records
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
@@ -31,11 +32,13 @@ from airflow_provider_amqstream.engine.records import TransferResult, open_priva
 from airflow_provider_amqstream.exceptions import (
     ConfigurationError,
     DestinationRefused,
+    ProtocolError,
     StreamElsewhere,
     StreamError,
     StreamRefused,
     StreamStalled,
 )
+from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
@@ -94,6 +97,10 @@ class ReceiveOptions:
         may wait for the stream (at most the larger of ``FIRST_LOOK`` and a chunk's worth,
         never more than ``idle_timeout``; the receiver's own writing is not counted); a
         stream whose time runs out yields its place. Handshake streams keep ``idle_timeout``.
+    :param keys: key files sealed streams are opened with (empty: the connection's ``keys``);
+        a sealed stream none of them opens is quarantined (``no_key``).
+    :param seal_required: quarantine unsealed streams (``unsealed``); also the connection's
+        extra ``seal: required``.
     """
 
     window: int = p.DEFAULT_RECEIVE_BATCH
@@ -112,8 +119,13 @@ class ReceiveOptions:
     progress: Progress | None = None
     records_retention_days: float | None = None
     min_rate: float | None = None
+    keys: tuple[str, ...] = ()
+    seal_required: bool = False
+    identities: tuple[seal.Identity, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Read once, here: a missing or malformed key file fails the receive before it takes anything.
+        self.identities = tuple(read_key_file(k) for k in self.keys)
         if self.claim is not None:
             check_claim(self.claim)
         if self.min_rate is not None and self.min_rate < 0:
@@ -207,9 +219,10 @@ class StreamReceiver:
     # handshake/origin/sender keywords belongs with it.
     def __init__(self, link: Link, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
-                 handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "") -> None:
+                 handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "",
+                 seal: seal.Seal | None = None) -> None:
         self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
-        self.origin, self.subdir = origin, subdir
+        self.origin, self.subdir, self.seal = origin, subdir, seal
         self.sdir = sdir
         # Handshake mode: where to tell the sender our position, and how often. The sender
         # stops a window ahead of us, so acknowledge every half window to keep it busy.
@@ -268,6 +281,8 @@ class StreamReceiver:
                 raise StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others,
                                                                data_q=self.data_q))
             self.file.open(min_free)
+            if self.seal is not None:
+                self.file.state.opener = self.seal.opener(spec.chunks)
             self._note_holding()
             resumed_from = self.file.state.contiguous_bytes
             opts.emit("stream_open", stream_id=spec.stream_id, resumed_from=resumed_from)
@@ -276,8 +291,9 @@ class StreamReceiver:
             finally:
                 self._settle_quietly()
             try:
-                self.file.state.verify(self.file.hasher.hexdigest())
-            except p.ProtocolError as exc:
+                actual = self.file.hasher.hexdigest()
+                self.file.state.verify(self.seal.digest(actual) if self.seal is not None else actual)
+            except ProtocolError as exc:
                 raise Poisoned(str(exc), self.offset, cause=Outcome.CORRUPT) from None
             name = final_name(dir_fd, spec, overwrite=self.opts.overwrite)
             final = self.out.joinpath(*self.subdir, name)
@@ -527,7 +543,7 @@ class StreamReceiver:
         """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
         try:
             return self.file.state.decide(frame.headers, frame.body)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             self.refused.append(frame)
             raise Poisoned(str(exc), self.offset, cause=Outcome.INVALID) from None
 
@@ -536,7 +552,7 @@ class StreamReceiver:
         otherwise nobody can, and the stream is poisoned (raises)."""
         if not self.reply_to:
             self.refused.append(frame)
-            raise Poisoned(d.reason, d.offset, cause=Outcome.CORRUPT)
+            raise Poisoned(d.reason, d.offset, cause=d.cause)
         # A live sender can resend it: drop this copy (to the DLQ) and ask again.
         self.rejected += 1
         log.warning("%s: %s; asking the sender to resend", self.what, d.reason)

@@ -71,17 +71,21 @@ from airflow_provider_amqstream.engine.send.stream import (
     _file_identity,
     checkpoint_name,
     id_key,
+    seal_recipients,
     send_file,
     stream_origin,
 )
 from airflow_provider_amqstream.exceptions import (
+    ConfigurationError,
     ConnectionLost,
+    ProtocolError,
     StreamError,
     TransportError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.seal import SEALED_NAME
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import Reconnect
@@ -157,9 +161,14 @@ def send_files(
         if opts.fail_fast:
             raise StreamError(f"{path}: {error}")
 
+    # Sealed: every file goes through the chunked path (no inline offers, packs or manifests yet).
+    sealed = bool(seal_recipients(opts, params))
+    if sealed and opts.manifest:
+        raise ConfigurationError(f"{dest}: a batch manifest lists names and SHA-256 in clear; sealed sends "
+                                 "(seal_to) do not announce one yet: send without manifest")
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
-    survey = _survey(files, dest, key, fail if opts.fail_fast else None)
+    survey = _survey(files, dest, key, fail if opts.fail_fast else None, sealed=sealed)
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
     p.validate_stream_id(batch_id)
@@ -170,10 +179,11 @@ def send_files(
     listing = _FilesList(default_state_dir() / f"files-{batch_id}@{broker_key}.jsonl")
     status = BatchStatus(survey.count, survey.bytes)
     ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
-               status=status, tally=tally, listing=listing, progress=progress, on_result=on_result)
+               status=status, tally=tally, listing=listing, progress=progress, on_result=on_result,
+               sealed=sealed)
     done = {} if opts.restart else ledger.load()
     seeded = set() if opts.restart else set(opts.ledger_seed)
-    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, key, fail), done, seeded))
+    todo = _Todo(ctx.skip_sent(_outgoing(files, dest, key, fail, sealed=sealed), done, seeded))
     try:
         ctx.send_all(todo, fail)
     finally:
@@ -200,7 +210,7 @@ class _Survey:
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination,
-            key: bytes, fail_fast: Callable[..., None] | None) -> _Survey:
+            key: bytes, fail_fast: Callable[..., None] | None, *, sealed: bool) -> _Survey:
     """Count the files a send will send. Each failing one is reported by the sending pass;
     with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
     the send before anything is sent."""
@@ -210,7 +220,7 @@ def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destina
         if fail_fast is not None:
             fail_fast(path, error, sid)
 
-    for e in _outgoing(files, dest, key, fail):
+    for e in _outgoing(files, dest, key, fail, sealed=sealed):
         out.count += 1
         out.bytes += e.size
         out.ids = (out.ids + int.from_bytes(hashlib.sha256(e.stream_id.encode()).digest()[:16], "big")) % (1 << 128)
@@ -218,7 +228,7 @@ def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destina
 
 
 def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination,
-              key: bytes, fail: Callable[..., None]) -> Iterator[Outgoing]:
+              key: bytes, fail: Callable[..., None], *, sealed: bool = False) -> Iterator[Outgoing]:
     """The files to send, one at a time; those that cannot be sent go to ``fail``. A file is
     named once (see ``FileSet``), so its stream id is too."""
     for item in files:
@@ -230,8 +240,9 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             subdir = bf.subdir
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
             identity = _file_identity(bf.path, st_, bf.real)
-            sid = p.derive_stream_id(bf.path.name, f"{identity}|{dest}", key)  # as default_stream_id
-        except (OSError, StreamError, p.ProtocolError) as exc:
+            stem = SEALED_NAME if sealed else bf.path.name
+            sid = p.derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
+        except (OSError, StreamError, ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
         yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
@@ -387,6 +398,7 @@ class _Ctx:
     sent_any: bool = False
     last_progress: float = 0.0
     restarted: set[str] = field(default_factory=set)
+    sealed: bool = False
 
     def skip_sent(self, entries: Iterable[Outgoing], done: dict[str, dict[str, Any]],
                   seeded: set[str]) -> Iterator[Outgoing]:
@@ -439,7 +451,7 @@ class _Ctx:
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:
                     sent = self._send_small(link, e, seal) if small else self._send_large(link, e)
-                except (OSError, StreamError, p.ProtocolError) as exc:
+                except (OSError, StreamError, ProtocolError) as exc:
                     todo.popleft()
                     fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
                     if flight.files and flight.files[-1][0] is None:
@@ -475,7 +487,7 @@ class _Ctx:
         e = todo[0]
         try:
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
-        except (OSError, StreamError, p.ProtocolError) as exc:
+        except (OSError, StreamError, ProtocolError) as exc:
             todo.popleft()
             fail(e.src, str(getattr(exc, "strerror", None) or exc), e.stream_id)
         else:
@@ -490,11 +502,11 @@ class _Ctx:
 
     def _small(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one window: sent back to back, confirmed with others."""
-        return e.size <= self.window * self.chunk
+        return not self.sealed and e.size <= self.window * self.chunk
 
     def _one_chunk(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
-        return e.size <= self.chunk
+        return not self.sealed and e.size <= self.chunk
 
     def _send_pack(self, link: Link, pack: Pack, flight: _InFlight) -> None:
         """Send ``pack``; its files wait in ``flight`` for its receipt."""

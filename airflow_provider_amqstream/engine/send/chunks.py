@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any, BinaryIO, NamedTuple
 
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.seal import Seal
 
 
 class Chunk(NamedTuple):
@@ -29,17 +30,20 @@ class ChunkReader:
     :param spec: the stream the chunks belong to.
     :param codec: the chunk encoding.
     :param hasher: a hashlib object the chunks read in order are added to (None: no hash).
+    :param seal: a sealed stream's seal (each encoded chunk sealed under it).
     """
 
-    def __init__(self, fh: BinaryIO, spec: p.StreamSpec, codec: p.ChunkCodec, hasher: Any = None) -> None:
+    def __init__(self, fh: BinaryIO, spec: p.StreamSpec, codec: p.ChunkCodec, hasher: Any = None,
+                 seal: Seal | None = None) -> None:
         self.fh, self.spec, self.codec, self.hasher = fh, spec, codec, hasher
+        self.sealer = seal.sealer(spec.chunks) if seal is not None else None
 
     def next(self, seq: int) -> Chunk:
         """Chunk ``seq``, read from where the file stands (the caller keeps the order)."""
         body = self.fh.read(self.spec.chunk_span(seq)[1])
         if self.hasher is not None:
             self.hasher.update(body)
-        headers, wire = p.data_message(self.spec, seq, body, self.codec)
+        headers, wire = p.data_message(self.spec, seq, body, self.codec, self.sealer)
         return Chunk(seq, headers, wire, len(body))
 
     def at(self, seq: int) -> Chunk:
@@ -47,10 +51,10 @@ class ChunkReader:
         not hashed, and the file's position is left alone."""
         offset, length = self.spec.chunk_span(seq)
         body = os.pread(self.fh.fileno(), length, offset)
-        headers, wire = p.data_message(self.spec, seq, body, self.codec)
+        headers, wire = p.data_message(self.spec, seq, body, self.codec, self.sealer)
         return Chunk(seq, headers, wire, len(body))
 
-    def ahead(self, first: int) -> Iterator[Chunk]:
+    def ahead(self, first: int) -> Generator[Chunk, None, None]:
         """Chunks ``first`` to the last, in order, each prepared on a worker thread while the
         one before it goes out: hashlib, zstd and the CRC release the GIL, so that work (zstd
         alone is ~5 CPU-s per GiB of CSV) runs beside the socket writes instead of before

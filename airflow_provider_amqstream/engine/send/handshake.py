@@ -17,8 +17,7 @@ from typing import Any
 from airflow_provider_amqstream.engine.records import hash_prefix
 from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.outbound import Outbound
-from airflow_provider_amqstream.exceptions import StreamError
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.transport.link import Link, open_link
 
@@ -78,8 +77,7 @@ class _HandshakeAttempt:
                             self.sid, forged, self.control_q)
         # A topic keeps no offer for subscribers that come later: offer on every attempt.
         if out.dest.kind == "topic" or not out.state.offer_sent:
-            link.send_confirmed(str(out.dest), b"", p.offer_headers(self.spec, out.dest, out.window,
-                                                                     sender=out.params.user, origin=out.origin))
+            link.send_confirmed(str(out.dest), b"", out.offer(out.window, subdir=""))
             out.state.offer_sent = True
             out.save()
 
@@ -88,7 +86,7 @@ class _HandshakeAttempt:
         nobody but our receivers can stop, rewind or finish this sender."""
         try:
             return self.hs.on_control(frame.headers, now=time.monotonic()) is not None
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             log.warning("stream %s: ignored a control message on %s: %s", self.sid, self.control_q, exc)
             return False
 
@@ -114,7 +112,7 @@ class _HandshakeAttempt:
         """Send chunks and the end marker until every receiver is done."""
         hs, link, spec = self.hs, self.link, self.spec
         with open(self.out.src, "rb") as fh:
-            reader = ChunkReader(fh, spec, self.out.codec)
+            reader = ChunkReader(fh, spec, self.out.codec, seal=self.out.seal)
             heard = time.monotonic()
             while not hs.all_done:
                 while (frame := link.get(0)) is not None:
@@ -136,10 +134,10 @@ class _HandshakeAttempt:
 
     def _send_next(self, reader: ChunkReader) -> bool:
         """Send the next chunk or the end marker a receiver needs; False if none is due."""
-        spec, data_q = self.spec, self.out.dest.data_queue(self.sid, self.out.params.user)
+        data_q = self.out.dest.data_queue(self.sid, self.out.params.user)
         try:
             seq = self.hs.next_chunk()
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             raise StreamError(f"{exc}; a receiver of {self.out.dest} keeps rewinding (see its log)") from None
         if seq is not None:
             chunk = reader.at(seq)
@@ -147,6 +145,6 @@ class _HandshakeAttempt:
             self.sent += chunk.length
             return True
         if self.hs.take_end():
-            self.link.send(data_q, b"", p.end_headers(spec, self.out.state.sha256))
+            self.link.send(data_q, b"", self.out.end())
             return True
         return False

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream.engine import keys
 from airflow_provider_amqstream.engine.records import (
     Checkpoint,
     FileCheckpoint,
@@ -32,9 +33,11 @@ from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
 from airflow_provider_amqstream.exceptions import (
+    ConfigurationError,
     StreamError,
     TransportError,
 )
+from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import SenderState
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -82,6 +85,8 @@ class SendOptions:
     :param ledger_flush: many files: called with every confirmed stream id after each ledger write.
     :param ledger_seed: many files: stream ids known confirmed from elsewhere (a retry on
         another worker).
+    :param seal_to: recipients (``amqs1...``) to seal every stream to (empty: the connection's
+        ``seal_to``); a sealed stream's chunks, name and SHA-256 are readable by their key holders only.
     """
 
     chunk_size: int | None = None
@@ -100,6 +105,7 @@ class SendOptions:
     checkpoint_for: Callable[[str], Checkpoint] | None = None
     ledger_flush: Callable[[list[str]], None] | None = None
     ledger_seed: Iterable[str] = ()
+    seal_to: tuple[str, ...] = ()
 
 
 def send_file(
@@ -138,7 +144,9 @@ def send_file(
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
     identity = _file_identity(src, st_)
-    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params))
+    recipients = seal_recipients(opts, params)
+    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params),
+                                                                              sealed=bool(recipients))
     window = _check_window(_first(opts.window, params.window, p.DEFAULT_WINDOW), kind)
     codec = p.ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
@@ -148,8 +156,13 @@ def send_file(
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
     chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
-    spec = p.StreamSpec(sid, name or src.name, st_.st_size, chunk_size, kind)
-    extra = {"broker": params.url, "login": params.user}
+    real_name = name or src.name
+    spec = p.StreamSpec(sid, seal.SEALED_NAME if recipients else real_name, st_.st_size, chunk_size, kind)
+    sealed = _stream_seal(loaded if state is not None else None, recipients, spec, real_name)
+    extra: dict[str, Any] = {"broker": params.url, "login": params.user}
+    if sealed is not None:
+        # Kept (0600, in the state dir) until the stream is sent: a resumed send seals under the same key.
+        extra.update(seal_key=sealed.key.hex(), seal_header=sealed.header)
     state = _resume_state(state, spec, dest, identity, ckpt, extra)
     resumed_from = state.confirmed_offset
     if state.done:
@@ -160,7 +173,8 @@ def send_file(
     def save(final: bool = False) -> None:
         ckpt.save({**state.to_json(), **extra}, final=final)
 
-    out = Outbound(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir)
+    out = Outbound(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
+                   sealed)
     attempt = _Attempt(out)
     rerequests = [0]
     retries = 0
@@ -173,11 +187,35 @@ def send_file(
                                                           opts.reconnect_timeout),
                                   (opts.request_timeout, opts.discovery_window, opts.ack_timeout), rerequests)
         resumed_from = resumed if resumed is not None else resumed_from
-    ckpt.save({**state.to_json(), **extra, "sent_at": time.time()}, final=True)
-    return TransferResult(spec.stream_id, str(dest), spec.name, spec.size, spec.chunks, state.sha256 or "",
+    ckpt.save({**state.to_json(), **extra, "seal_key": None, "sent_at": time.time()}, final=True)
+    return TransferResult(spec.stream_id, str(dest), real_name, spec.size, spec.chunks, state.sha256 or "",
                           time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
                           time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=out.origin,
                           broker=params.url, retries=retries)
+
+
+def seal_recipients(opts: SendOptions, params: BrokerParams) -> list[bytes]:
+    """The public keys a send seals to, checked before anything is sent; refused when the
+    connection requires sealing and names none."""
+    recipients = keys.recipients(opts.seal_to or params.seal_to)
+    if params.seal_required and not recipients:
+        raise ConfigurationError(f"the connection to {params.url} requires sealed streams (extra seal: required): "
+                                 "give recipients (seal_to, `--seal-to`), as `amqstream keys show KEYFILE` prints them")
+    return recipients
+
+
+def _stream_seal(loaded: dict[str, Any] | None, recipients: list[bytes], spec: p.StreamSpec,
+                 name: str) -> seal.Seal | None:
+    """A sealed stream's seal: the interrupted run's (its receivers hold its offer), else a new one."""
+    if loaded is not None and bool(loaded.get("seal_header")) != bool(recipients):
+        raise StreamError(f"stream {spec.stream_id}: an interrupted transfer with this id was "
+                          f"{'' if recipients else 'not '}sealed; pass restart=True (--restart) to send it again "
+                          "from the start, or use a new stream id")
+    if not recipients:
+        return None
+    if loaded is not None and loaded.get("seal_key"):
+        return seal.Seal(bytes.fromhex(str(loaded["seal_key"])), spec.stream_id, str(loaded["seal_header"]))
+    return seal.Seal.create(spec.stream_id, recipients, name=name, size=spec.size, chunk_size=spec.chunk_size)
 
 
 def _regular_file(src: Path) -> os.stat_result:
@@ -281,7 +319,7 @@ def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
 
 
 def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destination,
-                      st_: os.stat_result | None = None, *, key: bytes = b"") -> str:
+                      st_: os.stat_result | None = None, *, key: bytes = b"", sealed: bool = False) -> str:
     """The stream id a send gets when none is given: the same file (path, size, mtime) to
     the same destination always gets the same id, so a re-run finds its checkpoint; the
     same file to another destination is another stream.
@@ -291,10 +329,12 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destina
     :param st_: the file's stat result, if the caller has it.
     :param key: the connection's ``id_key``: without it the id is predictable by anyone who
         knows the file, and so can be offered first by another user.
+    :param sealed: the stream is sealed: its id shows no part of the file's name.
     """
     src = Path(path)
     identity = _file_identity(src, st_ or src.stat())
-    return p.derive_stream_id(src.name, f"{identity}|{p.Destination.parse(str(destination))}", key)
+    dest = p.Destination.parse(str(destination))
+    return p.derive_stream_id(seal.SEALED_NAME if sealed else src.name, f"{identity}|{dest}", key)
 
 
 @functools.lru_cache(maxsize=16)
@@ -340,8 +380,7 @@ class _Attempt:
         self.sent = 0
 
     def _offer(self, **kw: Any) -> dict[str, str]:
-        return p.offer_headers(self.state.spec, self.dest, sender=self.params.user, origin=self.origin,
-                               subdir=self.subdir, **kw)
+        return self.out.offer(**kw)
 
     def run(self, shared: Link | None = None) -> None:
         """One connected attempt (over ``shared`` if given); adds the bytes it sent to ``self.sent``."""
@@ -357,7 +396,7 @@ class _Attempt:
         state, spec, data_q = self.state, self.state.spec, self.data_q
         # Two windows in flight: the broker stores one while we send the next.
         pending: collections.deque[tuple[str, int]] = collections.deque()
-        chunks = ChunkReader(fh, spec, self.codec, hasher).ahead(state.confirmed_seq + 1)
+        chunks = ChunkReader(fh, spec, self.codec, hasher, self.out.seal).ahead(state.confirmed_seq + 1)
         with contextlib.closing(chunks):
             for chunk in chunks:
                 seq = chunk.seq
@@ -391,7 +430,7 @@ class _Attempt:
                                   "stream is incomplete. Re-send with restart=True once it is stable.")
         if not state.end_sent:
             state.sha256 = hasher.hexdigest()
-            link.send_confirmed(data_q, b"", p.end_headers(spec, state.sha256))
+            link.send_confirmed(data_q, b"", self.out.end())
             state.end_sent = True
             self.save()
         if not state.offer_sent:

@@ -172,3 +172,22 @@ def test_a_custom_secrets_backend_is_asked_first_as_airflow_does(monkeypatch: py
     cfg.write_text("[core]\nload_examples = False\n")
     monkeypatch.setenv("AIRFLOW__WORKERS__SECRETS_BACKEND", "other.Backend")
     assert c.from_env("amqs_shadowed") is None
+
+
+def test_seal_extras_are_parsed_once_and_a_bad_recipient_names_the_connection(tmp_path: Path) -> None:
+    from airflow_provider_amqstream.cli import main
+    from airflow_provider_amqstream.exceptions import ConfigurationError
+
+    key = tmp_path / "rx.key"
+    assert main(["keys", "new", str(key)]) == 0
+    from airflow_provider_amqstream.engine.keys import read_key_file
+
+    rcpt = read_key_file(key).recipient
+    params = BrokerParams.from_parts("h", None, None, None, {"seal_to": f"{rcpt}, {rcpt}", "keys": [str(key)],
+                                                              "seal": "required"}, where="conn x")
+    assert params.seal_to == (rcpt, rcpt) and params.keys == (str(key),) and params.seal_required
+    assert not BrokerParams.from_parts("h", None, None, None, {}).seal_required
+    with pytest.raises(ConfigurationError, match="conn x.*seal_to.*recipient"):
+        BrokerParams.from_parts("h", None, None, None, {"seal_to": rcpt[:-1]}, where="conn x")
+    with pytest.raises(ConfigurationError, match="'seal' must be"):
+        BrokerParams.from_parts("h", None, None, None, {"seal": "yes"}, where="conn x")

@@ -1,0 +1,252 @@
+"""Sealed streams: a file the broker carries but cannot read (docs/protocol.md, "Sealed streams").
+
+Pure (no I/O): key pairs and recipient strings, the per-stream key wrapped for each recipient
+(age's X25519 stanza: ephemeral X25519, HKDF-SHA256, ChaCha20-Poly1305), the sealed header
+that carries the file's real name, and each chunk sealed under the stream key with associated
+data binding stream id, chunk index and whether it is the last. The engine reads and writes key
+files (see the engine's keys module); the offer shows only what routing needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
+
+# On a sealed offer: the wrapped keys and the sealed header (see Seal.header_value).
+H_SEAL = "amqs_seal"
+# The name a sealed offer shows: the real one is inside the seal.
+SEALED_NAME = "sealed"
+RECIPIENT_PREFIX = "amqs1"
+KEY_PREFIX = "AMQS-SECRET-KEY-1"
+SEAL_VERSION = 1
+# A chunk's seal: 4 random bytes (the nonce's tail), then ciphertext and tag; the plaintext
+# starts with one byte naming the chunk's encoding.
+SALT = 4
+TAG = 16
+OVERHEAD = SALT + 1 + TAG
+# Five stanzas and a 255-byte name keep amqs_seal under the 1,024 characters a quarantine copy keeps
+# of each header, so a stream quarantined for want of a key can be redriven.
+MAX_RECIPIENTS = 5
+_STANZA = 32 + 32 + TAG  # ephemeral public key, wrapped stream key and its tag
+_ENCODINGS = (None, "zstd")
+_B32 = "abcdefghijklmnopqrstuvwxyz234567"
+
+
+class SealBroken(RemoteProtocolError):
+    """A sealed message does not open: tampered, truncated, reordered, replayed or moved
+    between streams, or sealed for another key."""
+
+
+# --------------------------------------------------------------------------- keys
+def _b32(data: bytes) -> str:
+    return base64.b32encode(data).decode().rstrip("=").lower()
+
+
+def _check(data: bytes) -> bytes:
+    return hashlib.sha256(b"amqs-recipient|" + data).digest()[:4]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A receiver's private key. ``source`` names where it came from (a file), never its bytes."""
+
+    private: X25519PrivateKey
+    source: str = ""
+
+    @classmethod
+    def generate(cls) -> Identity:
+        return cls(X25519PrivateKey.generate())
+
+    @property
+    def public(self) -> bytes:
+        return self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    @property
+    def recipient(self) -> str:
+        """The string a sender seals to (``amqs1`` + base32 of the public key and a checksum)."""
+        return recipient_of(self.public)
+
+    def to_text(self) -> str:
+        """The key file's content: a comment naming the recipient, then the secret line."""
+        raw = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                         serialization.NoEncryption())
+        return f"# recipient: {self.recipient}\n{KEY_PREFIX}-{_b32(raw + _check(raw))}\n"
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Identity:
+        """The key in a key file's ``text``; ``source`` (the file) is named on any error."""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        raw = b""
+        if len(lines) == 1 and lines[0].startswith(KEY_PREFIX + "-"):
+            raw = _unb32(lines[0][len(KEY_PREFIX) + 1:])
+        if len(raw) != 36 or not hmac.compare_digest(_check(raw[:32]), raw[32:]):
+            raise ConfigurationError(f"{source} is not an amqstream key file (expected one line {KEY_PREFIX}-..., "
+                                     "as `amqstream keys new` writes it); is it the right file, complete?")
+        return cls(X25519PrivateKey.from_private_bytes(raw[:32]), source)
+
+
+def _unb32(text: str) -> bytes:
+    text = text.strip().lower()
+    if not text or any(c not in _B32 for c in text):
+        return b""
+    try:
+        raw = base64.b32decode(text.upper() + "=" * (-len(text) % 8))
+    except ValueError:
+        return b""
+    # Only the canonical spelling: the last character's spare bits would let a typo there pass.
+    return raw if _b32(raw) == text else b""
+
+
+def recipient_of(public: bytes) -> str:
+    return RECIPIENT_PREFIX + _b32(public + _check(public))
+
+
+def parse_recipient(text: str) -> bytes:
+    """The X25519 public key a recipient string names; a typo fails its checksum."""
+    raw = _unb32(text[len(RECIPIENT_PREFIX):]) if text.strip().lower().startswith(RECIPIENT_PREFIX) else b""
+    if len(raw) != 36 or not hmac.compare_digest(_check(raw[:32]), raw[32:]):
+        raise ConfigurationError(f"recipient {text[:80]!r} is not valid: expected {RECIPIENT_PREFIX} and 58 more "
+                                 "characters as `amqstream keys show KEYFILE` prints them (a typo fails its checksum)")
+    return raw[:32]
+
+
+# --------------------------------------------------------------------------- wrapping
+def _wrap_key(shared: bytes, eph: bytes, public: bytes) -> bytes:
+    return HKDF(hashes.SHA256(), 32, eph + public, b"amqstream seal v1 X25519").derive(shared)
+
+
+def wrap(stream_key: bytes, public: bytes) -> bytes:
+    """One stanza: ``stream_key`` wrapped for the holder of ``public``'s private key."""
+    eph = X25519PrivateKey.generate()
+    eph_pub = eph.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    kek = _wrap_key(eph.exchange(X25519PublicKey.from_public_bytes(public)), eph_pub, public)
+    return eph_pub + ChaCha20Poly1305(kek).encrypt(bytes(12), stream_key, None)
+
+
+def unwrap(stanza: bytes, identity: Identity) -> bytes | None:
+    """The stream key if ``stanza`` was wrapped for ``identity``, else None."""
+    eph_pub = stanza[:32]
+    try:
+        shared = identity.private.exchange(X25519PublicKey.from_public_bytes(eph_pub))
+        kek = _wrap_key(shared, eph_pub, identity.public)
+        return ChaCha20Poly1305(kek).decrypt(bytes(12), stanza[32:], None)
+    except (InvalidTag, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- the seal
+@dataclass(frozen=True)
+class Seal:
+    """One stream's key and what its offer carries about it.
+
+    :param key: the random 32-byte stream key.
+    :param stream_id: the stream it is bound to.
+    :param header: the offer's ``amqs_seal`` value (stanzas and sealed header).
+    """
+
+    key: bytes
+    stream_id: str
+    header: str
+
+    @classmethod
+    def create(cls, stream_id: str, recipients: list[bytes], *, name: str, size: int, chunk_size: int) -> Seal:
+        """A new stream key wrapped for each recipient, with ``name`` sealed in the header,
+        bound to the stream's id, size and chunk size (which the offer shows in clear)."""
+        if not 1 <= len(recipients) <= MAX_RECIPIENTS:
+            raise ConfigurationError(f"stream {stream_id}: seal to 1 to {MAX_RECIPIENTS} recipients, "
+                                     f"got {len(recipients)}")
+        key = os.urandom(32)
+        sealed = ChaCha20Poly1305(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
+                                               _header_ad(stream_id, size, chunk_size))
+        blob = bytes([SEAL_VERSION, len(recipients)]) + b"".join(wrap(key, r) for r in recipients) + sealed
+        return cls(key, stream_id, base64.urlsafe_b64encode(blob).decode().rstrip("="))
+
+    @classmethod
+    def open(cls, header: str, identities: list[Identity], *, stream_id: str, size: int,
+             chunk_size: int) -> tuple[Seal, str] | None:
+        """The seal and the real file name, or None when no identity holds a key for it.
+        Raises :class:`SealBroken` on a header that is malformed or was altered."""
+        try:
+            blob = base64.urlsafe_b64decode(header + "=" * (-len(header) % 4))
+        except ValueError:
+            raise SealBroken(f"stream {stream_id}: {H_SEAL} is not base64") from None
+        if len(blob) < 2 or blob[0] != SEAL_VERSION or not 1 <= blob[1] <= MAX_RECIPIENTS:
+            raise SealBroken(f"stream {stream_id}: {H_SEAL} is not a version {SEAL_VERSION} seal")
+        end = 2 + blob[1] * _STANZA
+        if len(blob) < end + TAG:
+            raise SealBroken(f"stream {stream_id}: {H_SEAL} is cut short")
+        key = next((k for i in range(blob[1]) for ident in identities
+                    if (k := unwrap(blob[2 + i * _STANZA:2 + (i + 1) * _STANZA], ident)) is not None), None)
+        if key is None:
+            return None
+        try:
+            meta = json.loads(ChaCha20Poly1305(key).decrypt(bytes(12), blob[end:],
+                                                            _header_ad(stream_id, size, chunk_size)))
+            name = meta["name"]
+        except (InvalidTag, ValueError, KeyError, TypeError):
+            raise SealBroken(f"stream {stream_id}: the sealed header does not open (altered, or moved from "
+                             "another stream)") from None
+        if not isinstance(name, str):
+            raise SealBroken(f"stream {stream_id}: the sealed header names no file")
+        return cls(key, stream_id, header), name
+
+    def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> bytes:
+        """Chunk ``seq``'s wire body: ``body`` (encoded as ``encoding``) sealed."""
+        salt = os.urandom(SALT)
+        pt = bytes([_ENCODINGS.index(encoding)]) + body
+        return salt + ChaCha20Poly1305(self.key).encrypt(_nonce(seq, salt), pt, self._ad(seq, last))
+
+    def sealer(self, chunks: int) -> Callable[[int, bytes, str | None], bytes]:
+        """Seals chunk ``seq`` of a stream of ``chunks`` (for wire.data_message)."""
+        return lambda seq, body, encoding: self.chunk(seq, seq == chunks, body, encoding)
+
+    def opener(self, chunks: int) -> Callable[[int, bytes | memoryview], tuple[bytes, str | None]]:
+        """Opens chunk ``seq`` of a stream of ``chunks`` (for state.ReceiverState)."""
+        return lambda seq, wire: self.open_chunk(seq, seq == chunks, wire)
+
+    def open_chunk(self, seq: int, last: bool, wire: bytes | memoryview) -> tuple[bytes, str | None]:
+        """Chunk ``seq``'s body and encoding; :class:`SealBroken` if it was not sealed as
+        chunk ``seq`` (last or not) of this stream, or was altered."""
+        data = bytes(wire)
+        if len(data) < OVERHEAD:
+            raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} is {len(data)} bytes, too short")
+        try:
+            pt = ChaCha20Poly1305(self.key).decrypt(_nonce(seq, data[:SALT]), data[SALT:], self._ad(seq, last))
+        except InvalidTag:
+            raise SealBroken(f"stream {self.stream_id}: chunk {seq} does not open under the stream's seal "
+                             "(altered, truncated, reordered or from another stream)") from None
+        if pt[0] >= len(_ENCODINGS):
+            raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} names an unknown encoding")
+        return pt[1:], _ENCODINGS[pt[0]]
+
+    def digest(self, sha256_hex: str) -> str:
+        """What the end marker carries for the file's SHA-256: an HMAC of it under the stream
+        key, which only a key holder can compute or check (the broker cannot confirm a guess)."""
+        return hmac.new(self.key, b"amqs-sha256|" + sha256_hex.encode(), hashlib.sha256).hexdigest()
+
+    def _ad(self, seq: int, last: bool) -> bytes:
+        return b"amqs-chunk|" + self.stream_id.encode() + struct.pack(">QB", seq, int(last))
+
+
+def _nonce(seq: int, salt: bytes) -> bytes:
+    # The index in the nonce keeps chunks apart; the random tail keeps a chunk sealed again on
+    # resume (perhaps encoded otherwise) from reusing a nonce under the same key.
+    return struct.pack(">Q", seq) + salt
+
+
+def _header_ad(stream_id: str, size: int, chunk_size: int) -> bytes:
+    return b"amqs-header|" + stream_id.encode() + struct.pack(">QQ", size, chunk_size)

@@ -1,0 +1,164 @@
+"""Sealed streams against a real ActiveMQ: the broker's store holds no readable byte of a
+sealed file, the key holder receives it byte-exact, and every bad case (no key, a tampered
+chunk from a send-only user, a malformed recipient) is refused with its cause while the next
+good stream still arrives."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file
+from airflow_provider_amqstream.engine.keys import new_key_file
+from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import seal
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.params import BrokerParams
+from tests.helpers import RawSender, Receiver, browse, cli, make_file, running_broker, sha256_file
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """This module's own broker (its store is searched whole), with a send-only user ``rt``."""
+    yield from running_broker(tmp_path_factory.mktemp("sealed") / "broker", {"rt": {"send": ["/queue/rt.>"]}})
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    return f"/queue/rt.{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]}"
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> tuple[str, str]:
+    path = tmp_path / "rx.key"
+    return str(path), new_key_file(path).recipient
+
+
+def _receive(params: BrokerParams, queue: str, out: Path, count: int, **opts: Any) -> tuple[list[Any], list[Any]]:
+    got: list[Any] = []
+    failed: list[Any] = []
+    receive_streams(params, queue, out, count=count, on_result=got.append, on_failure=failed.append,
+                    options=ReceiveOptions(wait_timeout=20, idle_timeout=10, **opts))
+    return got, failed
+
+
+def _in_store(broker: EmbeddedBroker, needle: bytes) -> list[str]:
+    """Every file under the broker's directory (KahaDB journal and index, logs) holding ``needle``."""
+    found = []
+    for root, _, files in os.walk(broker.data_dir):
+        for name in files:
+            path = Path(root) / name
+            try:
+                if needle in path.read_bytes():
+                    found.append(str(path))
+            except OSError:
+                continue
+    return found
+
+
+def test_the_broker_store_holds_the_unsealed_marker_and_never_the_sealed_one(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+    # Two markers, each repeated in a file of random bytes; compression off so an unsealed
+    # marker reaches the store as it is (the test must be able to fail).
+    plain_marker, sealed_marker = os.urandom(12).hex().encode(), os.urandom(12).hex().encode()
+
+    def marked(name: str, marker: bytes) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"".join(os.urandom(4000) + marker for _ in range(20)))
+        return path
+
+    plain, secret = marked("plain.csv", plain_marker), marked("secret-payroll.csv", sealed_marker)
+    none = SendOptions(chunk_size=16_384, compression="none")
+    send_file(params, plain, queue_name, none)
+    send_file(params, secret, queue_name, dataclasses.replace(none, seal_to=(key[1],)))
+    assert _in_store(broker, plain_marker), "the unsealed marker must be in the store, or this test proves nothing"
+    assert _in_store(broker, sealed_marker) == [] and _in_store(broker, b"secret-payroll") == []
+    # A receiver without the key takes the plain file and quarantines the sealed one (no_key): its
+    # quarantine copy in the DLQ holds nothing readable either.
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    got, failed = _receive(params, queue_name, tmp_path / "nokey", 2, keys=(str(other),))
+    assert [r.name for r in got] == ["plain.csv"]
+    assert [f.cause for f in failed] == ["no_key"] and not (tmp_path / "nokey" / "secret-payroll.csv").exists()
+    assert _in_store(broker, sealed_marker) == [] and _in_store(broker, b"secret-payroll") == []
+    # The key holder gets the next sealed stream byte-exact, under its real name.
+    again = marked("again.csv", sealed_marker)
+    sent = send_file(params, again, queue_name, dataclasses.replace(none, seal_to=(key[1],)))
+    got, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],))
+    assert failed == [] and [r.name for r in got] == ["again.csv"] and got[0].sha256 == sent.sha256
+    assert (tmp_path / "out" / "again.csv").read_bytes() == again.read_bytes()
+    assert _in_store(broker, sealed_marker) == []
+
+
+def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_stream_arrives(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+    rt = dataclasses.replace(params_from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
+    data = os.urandom(3000)
+    spec = p.StreamSpec("hostile-sealed-1", seal.SEALED_NAME, len(data), 1000)
+    sealed = seal.Seal.create(spec.stream_id, [seal.parse_recipient(key[1])], name="x.bin", size=spec.size,
+                              chunk_size=spec.chunk_size)
+    dest = p.Destination.parse(queue_name)
+    raw = RawSender(rt)
+    raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender="rt"), seal.H_SEAL: sealed.header})
+    for seq in (1, 2, 3):
+        off, n = spec.chunk_span(seq)
+        headers, wire = p.data_message(spec, seq, data[off:off + n], None, sealed.sealer(spec.chunks))
+        if seq == 2:  # a flipped byte with a CRC to match: only the seal can tell
+            wire = wire[:9] + bytes([wire[9] ^ 1]) + wire[10:]
+            headers[p.H_CRC] = str(p.crc32(wire))
+        raw.send(dest.data_queue(spec.stream_id, "rt"), wire, headers)
+    raw.send(dest.data_queue(spec.stream_id, "rt"), b"", p.end_headers(spec, sealed.digest("0" * 64)))
+    raw.close()
+    good = make_file(tmp_path / "good.bin", 5000)
+    sent = send_file(rt, good, queue_name, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+    got, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],))
+    assert [f.cause for f in failed] == ["seal_broken"] and "does not open" in failed[0].reason
+    assert not (tmp_path / "out" / "x.bin").exists()
+    assert [r.sha256 for r in got] == [sent.sha256]
+    assert (tmp_path / "out" / "good.bin").read_bytes() == good.read_bytes()
+
+
+def test_a_malformed_recipient_is_refused_before_anything_is_sent(
+        broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+        key: tuple[str, str]) -> None:
+    src = make_file(tmp_path / "f.bin", 3000)
+    typo = key[1][:-1] + ("a" if key[1][-1] != "a" else "b")
+    proc = cli("send", str(src), "--to", queue_name, "--seal-to", typo, "--conn", uri)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "recipient" in err and "checksum" in err
+    assert browse(params, queue_name, timeout=2) == []
+
+
+def test_sealing_required_quarantines_an_unsealed_stream_and_takes_the_next_sealed_one(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+    plain = make_file(tmp_path / "plain.bin", 3000)
+    good = make_file(tmp_path / "good.bin", 3000, seed=1)
+    send_file(params, plain, queue_name, SendOptions(chunk_size=1000))
+    sent = send_file(params, good, queue_name, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+    got, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],), seal_required=True)
+    assert [f.cause for f in failed] == ["unsealed"] and not (tmp_path / "out" / "plain.bin").exists()
+    assert [r.sha256 for r in got] == [sent.sha256]
+
+
+def test_pub_sub_fan_out_to_two_key_holders_each_with_its_own_key(params: BrokerParams, tmp_path: Path) -> None:
+    topic = f"/topic/t.sealed.{os.getpid()}"
+    keys = [tmp_path / "a.key", tmp_path / "b.key"]
+    recipients = tuple(new_key_file(k).recipient for k in keys)
+    src = make_file(tmp_path / "f.bin", 300_000)
+    receivers = [Receiver(params, topic, tmp_path / f"out{i}", keys=(str(k),)) for i, k in enumerate(keys)]
+    for rx in receivers:
+        assert rx.waiting.wait(30)
+    sent = send_file(params, src, topic, SendOptions(mode="handshake", chunk_size=64 * 1024, window=8,
+                                                     seal_to=recipients))
+    for rx in receivers:
+        got = rx.finish()
+        assert got.name == "f.bin" and got.sha256 == sent.sha256 == sha256_file(Path(got.path or ""))

@@ -1,0 +1,235 @@
+"""Sealed streams through the engine on the in-memory broker: what waits on the broker is
+unreadable, the key holder gets the file byte-exact under its real name, and every bad
+case is quarantined with its cause and nothing published."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file, send_files
+from airflow_provider_amqstream.engine.keys import new_key_file
+from airflow_provider_amqstream.exceptions import ConfigurationError, StreamQuarantined
+from airflow_provider_amqstream.protocol import seal
+from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
+from airflow_provider_amqstream.transport.memory import MemoryBroker, _name
+
+Q = "/queue/landing"
+DEST = p.Destination.parse(Q)
+FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
+MARKER = b"TOP-SECRET-MARKER-7f3a"
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> tuple[str, str]:
+    path = tmp_path / "keys" / "rx.key"
+    path.parent.mkdir()
+    return str(path), new_key_file(path).recipient
+
+
+def _file(tmp_path: Path, name: str = "payroll 2026.csv", size: int = 6000) -> tuple[Path, bytes]:
+    data = (MARKER + b",1,2,3\n") * (size // 29) + os.urandom(7)
+    src = tmp_path / "src" / name
+    src.parent.mkdir(exist_ok=True)
+    src.write_bytes(data)
+    return src, data
+
+
+def _on_broker(broker: MemoryBroker, sid: str, sender: str = "alice") -> list[tuple[dict[str, Any], bytes]]:
+    return broker.messages(Q) + broker.messages(DEST.data_queue(sid, sender))
+
+
+def _receive(broker: MemoryBroker, out: Path, **opts: Any) -> Any:
+    return receive_stream(broker.params("rx"), Q, out, options=ReceiveOptions(**{**FAST, **opts}))
+
+
+def test_the_broker_holds_nothing_readable_and_the_key_holder_gets_it_whole(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    src, data = _file(tmp_path)
+    res = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+    waiting = _on_broker(broker, res.stream_id)
+    assert len(waiting) == 1 + res.chunks + 1 and res.chunks == 6
+    for headers, body in waiting:
+        assert MARKER not in body and "payroll" not in str(headers) and p.H_ENCODING not in headers
+        assert headers.get(p.H_SHA256) != res.sha256
+    assert "payroll" not in res.stream_id and res.name == "payroll 2026.csv"
+    got = _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert got.name == "payroll 2026.csv" and got.sha256 == res.sha256
+    assert (tmp_path / "out" / "payroll 2026.csv").read_bytes() == data
+
+
+def test_a_receiver_without_the_key_quarantines_it_and_publishes_nothing(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    src, _ = _file(tmp_path)
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    res = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+    with pytest.raises(StreamQuarantined, match="sealed for keys this receiver does not hold"):
+        _receive(broker, tmp_path / "out", keys=(str(other),))
+    [(filed, _)] = broker.messages(f"/queue/DLQ.{DEST.name}")
+    assert filed[H_QUARANTINE_CAUSE] == "no_key"
+    assert [f for f in (tmp_path / "out").iterdir() if not f.name.startswith(".")] == []
+    # Its chunks wait for a receiver with the key (no_key is redrivable).
+    assert len(broker.messages(DEST.data_queue(res.stream_id, "alice"))) == res.chunks + 1
+
+
+def _tampered(broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], change: Any) -> tuple[Path, str]:
+    src, _ = _file(tmp_path)
+    res = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+    q = DEST.data_queue(res.stream_id, "alice")
+    chunks = broker.messages(q)
+    broker.queues.pop(_name(q))
+    with broker_link(broker) as link:
+        for headers, body in change(chunks):
+            link.send(q, body, {**headers, p.H_CRC: str(p.crc32(body))} if p.H_SEQ in headers else headers)
+    return src, res.stream_id
+
+
+def broker_link(broker: MemoryBroker) -> Any:
+    from airflow_provider_amqstream.transport.link import open_link
+
+    return open_link(broker.params("alice"))
+
+
+def _flip(chunks: list[tuple[dict[str, Any], bytes]]) -> list[tuple[dict[str, Any], bytes]]:
+    h, b = chunks[2]
+    return chunks[:2] + [(h, b[:10] + bytes([b[10] ^ 1]) + b[11:])] + chunks[3:]
+
+
+def _swap(chunks: list[tuple[dict[str, Any], bytes]]) -> list[tuple[dict[str, Any], bytes]]:
+    (h1, b1), (h2, b2) = chunks[1], chunks[2]
+    return [chunks[0], (h1, b2), (h2, b1), *chunks[3:]]
+
+
+def _truncate(chunks: list[tuple[dict[str, Any], bytes]]) -> list[tuple[dict[str, Any], bytes]]:
+    # Drop the last chunk and pass chunk 5 off as the end (as an attacker would have to: the offer counts 6).
+    h5, b5 = chunks[4]
+    return [*chunks[:4], (h5, b5), ({**chunks[5][0]}, b5), chunks[6]]
+
+
+@pytest.mark.parametrize("change", [_flip, _swap, _truncate], ids=["tampered", "reordered", "truncated"])
+def test_a_chunk_altered_on_the_broker_quarantines_the_stream_as_seal_broken(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], change: Any) -> None:
+    _tampered(broker, tmp_path, key, change)
+    with pytest.raises(StreamQuarantined, match="does not open"):
+        _receive(broker, tmp_path / "out", keys=(key[0],))
+    [(filed, _)] = broker.messages(f"/queue/DLQ.{DEST.name}")
+    assert filed[H_QUARANTINE_CAUSE] == "seal_broken"
+    assert not (tmp_path / "out" / "payroll 2026.csv").exists()
+
+
+def test_a_chunk_transplanted_from_another_stream_does_not_open(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    a, _ = _file(tmp_path, "a.csv")
+    b, _ = _file(tmp_path, "b.csv")
+    opts = SendOptions(chunk_size=1000, seal_to=(key[1],))
+    ra = send_file(broker.params("alice"), a, Q, opts)
+    rb = send_file(broker.params("alice"), b, Q, opts)
+    qa, qb = DEST.data_queue(ra.stream_id, "alice"), DEST.data_queue(rb.stream_id, "alice")
+    foreign = broker.messages(qb)[1][1]
+    chunks = broker.messages(qa)
+    broker.queues.pop(_name(qa))
+    with broker_link(broker) as link:
+        for i, (h, body) in enumerate(chunks):
+            body = foreign if i == 1 else body
+            link.send(qa, body, {**h, p.H_CRC: str(p.crc32(body))} if p.H_SEQ in h else h)
+    with pytest.raises(StreamQuarantined, match="does not open"):
+        _receive(broker, tmp_path / "out", keys=(key[0],))
+    # The next stream (b) still arrives.
+    got = _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert got.name == "b.csv" and (tmp_path / "out" / "b.csv").read_bytes() == b.read_bytes()
+
+
+def test_sealing_required_refuses_an_unsealed_send_and_quarantines_an_unsealed_stream(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    src, _ = _file(tmp_path)
+    with pytest.raises(ConfigurationError, match="requires sealed streams"):
+        send_file(broker.params("alice", seal_required=True), src, Q)
+    assert broker.messages(Q) == []
+    send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000))
+    with pytest.raises(StreamQuarantined, match="not sealed"):
+        _receive(broker, tmp_path / "out", keys=(key[0],), seal_required=True)
+    [(filed, _)] = broker.messages(f"/queue/DLQ.{DEST.name}")
+    assert filed[H_QUARANTINE_CAUSE] == "unsealed"
+
+
+def test_a_malformed_recipient_is_refused_before_anything_is_sent(broker: MemoryBroker, tmp_path: Path,
+                                                                  key: tuple[str, str]) -> None:
+    src, _ = _file(tmp_path)
+    typo = key[1][:-1] + ("a" if key[1][-1] != "a" else "b")
+    for send in (lambda: send_file(broker.params("alice"), src, Q, SendOptions(seal_to=(typo,))),
+                 lambda: send_files(broker.params("alice"), [src], Q, SendOptions(seal_to=(typo,)))):
+        with pytest.raises(ConfigurationError, match="recipient"):
+            send()
+    assert broker.messages(Q) == []
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_an_interrupted_sealed_send_resumes_under_the_same_key(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    src, data = _file(tmp_path, size=20_000)
+
+    def stop(done: int, total: int) -> None:
+        if 0 < done < total:
+            raise _Stop
+
+    opts = SendOptions(chunk_size=1000, window=2, seal_to=(key[1],))
+    with pytest.raises(_Stop):
+        send_file(broker.params("alice"), src, Q, SendOptions(**{**opts.__dict__, "progress": stop}))
+    res = send_file(broker.params("alice"), src, Q, opts)
+    assert res.resumed_from > 0
+    got = _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert got.sha256 == res.sha256 and (tmp_path / "out" / src.name).read_bytes() == data
+
+
+def test_many_small_sealed_files_go_as_sealed_streams(broker: MemoryBroker, tmp_path: Path,
+                                                      key: tuple[str, str]) -> None:
+    files = [_file(tmp_path, f"f{i}.csv", 300)[0] for i in range(3)]
+    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],)))
+    assert len(sent.results) == 3 and not sent.failures
+    assert all(seal.H_SEAL in h and MARKER not in b for h, b in broker.messages(Q))
+    for _ in files:
+        _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert sorted(f.name for f in (tmp_path / "out").iterdir() if f.is_file()) == ["f0.csv", "f1.csv", "f2.csv"]
+
+
+def test_sealing_required_quarantines_small_files_sent_inline_and_in_packs(broker: MemoryBroker, tmp_path: Path,
+                                                                            key: tuple[str, str]) -> None:
+    files = [_file(tmp_path, f"p{i}.csv", 300)[0] for i in range(3)]
+    send_files(broker.params("alice"), files, Q, SendOptions(pack=True))
+    failures: list[Any] = []
+    from airflow_provider_amqstream.engine import receive_streams
+
+    got = receive_streams(broker.params("rx"), Q, tmp_path / "out", on_failure=failures.append,
+                          options=ReceiveOptions(**FAST, keys=(key[0],), seal_required=True))
+    assert got == [] and [f.cause for f in failures] == ["unsealed"] * 3
+    assert not any(f.name.endswith(".csv") for f in (tmp_path / "out").iterdir())
+
+
+def test_both_ends_resume_a_sealed_stream(broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.exceptions import StreamStalled
+
+    src, data = _file(tmp_path, size=20_000)
+
+    def stop(done: int, total: int) -> None:
+        if done >= 8000:
+            raise _Stop
+
+    opts = SendOptions(chunk_size=1000, window=2, seal_to=(key[1],))
+    with pytest.raises(_Stop):
+        send_file(broker.params("alice"), src, Q, SendOptions(**{**opts.__dict__, "progress": stop}))
+    # The receiver takes what is there, then gives way with its partial data kept.
+    with pytest.raises(StreamStalled, match=r"at byte [1-9][0-9]* of"):
+        _receive(broker, tmp_path / "out", keys=(key[0],), yield_backoff=600)
+    res = send_file(broker.params("alice"), src, Q, opts)
+    got = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id=res.stream_id,
+                         options=ReceiveOptions(**FAST, keys=(key[0],)))
+    assert got.resumed_from >= 8000 and got.sha256 == res.sha256
+    assert (tmp_path / "out" / src.name).read_bytes() == data

@@ -1,0 +1,110 @@
+"""The seal alone: keys, recipients, wrapping, and chunks that open only where they were sealed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_amqstream.exceptions import ConfigurationError
+from airflow_provider_amqstream.protocol import seal as s
+
+ALICE, BOB, EVE = s.Identity.generate(), s.Identity.generate(), s.Identity.generate()
+
+
+def _seal(sid: str = "sid-1", *who: s.Identity) -> s.Seal:
+    return s.Seal.create(sid, [s.parse_recipient(i.recipient) for i in (who or (ALICE,))],
+                         name="secret report.csv", size=10, chunk_size=4)
+
+
+def test_a_key_file_round_trips_and_names_its_recipient() -> None:
+    text = ALICE.to_text()
+    again = s.Identity.parse(text, "/k/alice.key")
+    assert again.recipient == ALICE.recipient and again.source == "/k/alice.key"
+    assert ALICE.recipient in text.splitlines()[0]
+
+
+@pytest.mark.parametrize("text", ["", "hello", s.KEY_PREFIX + "-aaaa", BOB.to_text().replace("a", "b", 1)[:-3]])
+def test_a_malformed_key_file_is_named_and_its_bytes_never_shown(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="/k/bad.key") as exc:
+        s.Identity.parse(text, "/k/bad.key")
+    assert text.strip().splitlines()[-1:] == [] or text.strip().splitlines()[-1] not in str(exc.value)
+
+
+def test_a_recipient_with_a_typo_fails_its_checksum() -> None:
+    good = ALICE.recipient
+    assert s.parse_recipient(good) == ALICE.public
+    i = len(good) // 2
+    typo = good[:i] + ("a" if good[i] != "a" else "b") + good[i + 1:]
+    last = good[:-1] + next(c for c in "abcdefghijklmnopqrstuvwxyz234567" if c != good[-1])
+    for bad in (typo, last, good[:-1], "amqs1", "age1xyz", good + "a"):
+        with pytest.raises(ConfigurationError, match="recipient"):
+            s.parse_recipient(bad)
+
+
+def test_only_a_recipient_opens_the_stream_and_learns_the_name() -> None:
+    sealed = _seal("sid-1", ALICE, BOB)
+    for who in (ALICE, BOB):
+        opened = s.Seal.open(sealed.header, [EVE, who], stream_id="sid-1", size=10, chunk_size=4)
+        assert opened is not None and opened[0].key == sealed.key and opened[1] == "secret report.csv"
+    assert s.Seal.open(sealed.header, [EVE], stream_id="sid-1", size=10, chunk_size=4) is None
+    assert "secret" not in sealed.header
+
+
+@pytest.mark.parametrize("where", [{"stream_id": "sid-2"}, {"size": 11}, {"chunk_size": 5}])
+def test_a_header_moved_to_another_stream_or_spec_does_not_open(where: dict[str, object]) -> None:
+    sealed = _seal()
+    kw: dict[str, object] = {"stream_id": "sid-1", "size": 10, "chunk_size": 4, **where}
+    with pytest.raises(s.SealBroken):
+        s.Seal.open(sealed.header, [ALICE], **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("header", ["!!!", "AQ", "Ag", "AQE"])
+def test_a_malformed_header_is_broken_not_a_crash(header: str) -> None:
+    with pytest.raises(s.SealBroken):
+        s.Seal.open(header, [ALICE], stream_id="x", size=1, chunk_size=1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(body=st.binary(max_size=300), seq=st.integers(1, 2**40), last=st.booleans(),
+       enc=st.sampled_from([None, "zstd"]))
+def test_a_chunk_opens_where_it_was_sealed_and_nowhere_else(body: bytes, seq: int, last: bool,
+                                                            enc: str | None) -> None:
+    sealed, other = _seal("a"), _seal("b")
+    wire = sealed.chunk(seq, last, body, enc)
+    assert sealed.open_chunk(seq, last, wire) == (body, enc)
+    assert body == b"" or body not in wire or len(body) < 4
+    for bad in (lambda: sealed.open_chunk(seq + 1, last, wire),  # reordered
+                lambda: sealed.open_chunk(seq, not last, wire),  # a middle chunk passed off as the last
+                lambda: other.open_chunk(seq, last, wire),  # transplanted
+                lambda: sealed.open_chunk(seq, last, wire[:-1]),  # truncated
+                lambda: sealed.open_chunk(seq, last, wire[:5] + bytes([wire[5] ^ 1]) + wire[6:])):  # tampered
+        with pytest.raises(s.SealBroken):
+            bad()
+
+
+def test_a_stream_cut_before_its_last_chunk_is_caught() -> None:
+    sealed = _seal()
+    middle = sealed.chunk(2, False, b"abcd", None)
+    # The broker drops chunk 3 and relabels chunk 2 as the last: its seal says otherwise.
+    with pytest.raises(s.SealBroken):
+        sealed.open_chunk(2, True, middle)
+
+
+def test_the_same_chunk_sealed_twice_uses_two_nonces() -> None:
+    sealed = _seal()
+    a, b = sealed.chunk(1, False, b"same", None), sealed.chunk(1, False, b"same", None)
+    assert a != b and sealed.open_chunk(1, False, a) == sealed.open_chunk(1, False, b)
+
+
+def test_the_digest_needs_the_key() -> None:
+    a, b = _seal(), _seal()
+    sha = "0" * 64
+    assert a.digest(sha) != b.digest(sha) and len(a.digest(sha)) == 64 and a.digest(sha) != a.digest("1" * 64)
+
+
+def test_recipients_are_bounded() -> None:
+    with pytest.raises(ConfigurationError, match="recipients"):
+        _seal("x", *[ALICE] * (s.MAX_RECIPIENTS + 1))
+    with pytest.raises(ConfigurationError, match="recipients"):
+        s.Seal.create("x", [], name="n", size=1, chunk_size=1)
