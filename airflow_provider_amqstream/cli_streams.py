@@ -79,8 +79,8 @@ def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
     """``--from``, else the connection's ``destinations`` extra; exactly one if ``one``."""
     from airflow_provider_amqstream.exceptions import ConfigurationError
     from airflow_provider_amqstream.hooks import connection
-    from airflow_provider_amqstream.hooks.connection import extra_list
     from airflow_provider_amqstream.protocol.wire import Destination
+    from airflow_provider_amqstream.transport.params import extra_list
 
     found = list(args.source or [])
     if not found:

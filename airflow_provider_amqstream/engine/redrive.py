@@ -60,6 +60,7 @@ from airflow_provider_amqstream.protocol.quarantine import (
     H_REDRIVEN_BY,
     quarantine_cause,
 )
+from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,11 @@ class ChunkCheck:
 
     :param spec: the stream, from its offer.
     :param offer_sender: who offered it, where the quarantine copy says (``amqs_first_sender``).
+    :param sealed: a sealed stream: without its key only the CRC-32s and the count can be checked.
     """
 
-    def __init__(self, spec: p.StreamSpec, offer_sender: str = "") -> None:
-        self.spec, self.offer_sender = spec, offer_sender
+    def __init__(self, spec: p.StreamSpec, offer_sender: str = "", *, sealed: bool = False) -> None:
+        self.spec, self.offer_sender, self.sealed = spec, offer_sender, sealed
         self.seen: dict[int, int] = {}
         self.end_sha: str | None = None
         self.senders: set[str] = set()
@@ -101,7 +103,7 @@ class ChunkCheck:
         self._next = 1
         self._held: dict[int, bytes] = {}
         self._held_bytes = 0
-        self.hashing = True
+        self.hashing = not sealed
         self._forwarded: set[tuple[str, int, int]] = set()
 
     def _problem(self, text: str) -> None:
@@ -150,8 +152,8 @@ class ChunkCheck:
         if p.crc32(body) != crc:
             raise RemoteProtocolError(f"chunk {seq} fails its CRC-32 check (corrupt)")
         encoding = h.get(p.H_ENCODING)
-        data = p.ChunkCodec.decode(str(encoding), body, length) if encoding else body
-        if len(data) != length:
+        data = p.ChunkCodec.decode(str(encoding), body, length) if encoding and not self.sealed else body
+        if len(data) != length and not self.sealed:
             raise RemoteProtocolError(f"chunk {seq} has {len(data)} bytes, not {length}")
         if seq in self.seen:
             if self.seen[seq] != crc:
@@ -344,7 +346,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             # A redrive interrupted after gathering left the chunks in the staging queue: they
             # go back where checked chunks wait, then everything is gathered again.
             recovered = move_queue(link, stage_q, dlq_q, quiet=quiet).messages
-            check = ChunkCheck(spec, first)
+            check = ChunkCheck(spec, first, sealed=bool(offer.get(H_SEAL)))
             move_queue(link, dlq_q, stage_q, quiet=quiet, decide=lambda f: check.take(f, trust_redrive_header=True))
             move_queue(link, data_q, stage_q, quiet=quiet, decide=lambda f: check.take(f, trust_redrive_header=False))
             problems = check.verdict()

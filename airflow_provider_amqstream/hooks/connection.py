@@ -456,15 +456,3 @@ def resolve(conn: str | None) -> tuple[BrokerParams, str]:
             return embedded, f"the embedded broker (no connection {conn_id!r})"
     raise ConnectionNotFound(not_found_message(conn_id))
 
-
-def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
-    """A connection extra holding a list: a JSON list, or a comma-separated string.
-
-    :param extra: the connection's extra, decoded.
-    :param key: the extra's name.
-    """
-    value = extra.get(key)
-    if value in (None, ""):
-        return []
-    items = value if isinstance(value, list) else str(value).split(",")
-    return [str(v).strip() for v in items if str(v).strip()]

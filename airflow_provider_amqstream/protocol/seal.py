@@ -15,8 +15,9 @@ import hmac
 import json
 import os
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -33,16 +34,17 @@ SEALED_NAME = "sealed"
 RECIPIENT_PREFIX = "amqs1"
 KEY_PREFIX = "AMQS-SECRET-KEY-1"
 SEAL_VERSION = 1
-# A chunk's seal: 4 random bytes (the nonce's tail), then ciphertext and tag; the plaintext
-# starts with one byte naming the chunk's encoding.
+# On a sealed chunk: the nonce's random tail, 8 hex digits. The body is ciphertext and tag only, so
+# sealing copies nothing more (a prefix in the body cost a copy of every chunk on each end).
+H_NONCE = "amqs_seal_nonce"
+# wire.H_ENCODING (seal.py stays below wire.py): bound into each chunk's seal.
+H_ENCODING = "amqs_encoding"
 SALT = 4
 TAG = 16
-OVERHEAD = SALT + 1 + TAG
 # Five stanzas and a 255-byte name keep amqs_seal under the 1,024 characters a quarantine copy keeps
 # of each header, so a stream quarantined for want of a key can be redriven.
 MAX_RECIPIENTS = 5
 _STANZA = 32 + 32 + TAG  # ephemeral public key, wrapped stream key and its tag
-_ENCODINGS = (None, "zstd")
 _B32 = "abcdefghijklmnopqrstuvwxyz234567"
 
 
@@ -158,7 +160,7 @@ class Seal:
     :param header: the offer's ``amqs_seal`` value (stanzas and sealed header).
     """
 
-    key: bytes
+    key: bytes = field(repr=False)
     stream_id: str
     header: str
 
@@ -204,42 +206,42 @@ class Seal:
             raise SealBroken(f"stream {stream_id}: the sealed header names no file")
         return cls(key, stream_id, header), name
 
-    def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> bytes:
-        """Chunk ``seq``'s wire body: ``body`` (encoded as ``encoding``) sealed."""
+    def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        """Chunk ``seq``'s wire body (``body``, encoded as ``encoding``, sealed) and its nonce header."""
         salt = os.urandom(SALT)
-        pt = bytes([_ENCODINGS.index(encoding)]) + body
-        return salt + ChaCha20Poly1305(self.key).encrypt(_nonce(seq, salt), pt, self._ad(seq, last))
+        sealed = ChaCha20Poly1305(self.key).encrypt(_nonce(seq, salt), body, self._ad(seq, last, encoding))
+        return sealed, {H_NONCE: salt.hex()}
 
-    def sealer(self, chunks: int) -> Callable[[int, bytes, str | None], bytes]:
+    def sealer(self, chunks: int) -> Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]]:
         """Seals chunk ``seq`` of a stream of ``chunks`` (for wire.data_message)."""
         return lambda seq, body, encoding: self.chunk(seq, seq == chunks, body, encoding)
 
-    def opener(self, chunks: int) -> Callable[[int, bytes | memoryview], tuple[bytes, str | None]]:
-        """Opens chunk ``seq`` of a stream of ``chunks`` (for state.ReceiverState)."""
-        return lambda seq, wire: self.open_chunk(seq, seq == chunks, wire)
+    def opener(self, chunks: int) -> Callable[[int, bytes | memoryview, Mapping[str, Any]], bytes]:
+        """Opens chunk ``seq`` of a stream of ``chunks`` from body and headers (for state.ReceiverState)."""
+        return lambda seq, wire, headers: self.open_chunk(seq, seq == chunks, wire, headers)
 
-    def open_chunk(self, seq: int, last: bool, wire: bytes | memoryview) -> tuple[bytes, str | None]:
-        """Chunk ``seq``'s body and encoding; :class:`SealBroken` if it was not sealed as
-        chunk ``seq`` (last or not) of this stream, or was altered."""
-        data = bytes(wire)
-        if len(data) < OVERHEAD:
-            raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} is {len(data)} bytes, too short")
+    def open_chunk(self, seq: int, last: bool, wire: bytes | memoryview, headers: Mapping[str, Any]) -> bytes:
+        """Chunk ``seq``'s body, still encoded as its ``amqs_encoding`` header says (which the seal
+        covers); :class:`SealBroken` if it was not sealed as chunk ``seq`` (last or not) of this
+        stream with that encoding, or was altered."""
+        salt = str(headers.get(H_NONCE) or "")
+        if len(salt) != 2 * SALT or any(c not in "0123456789abcdef" for c in salt) or len(wire) < TAG:
+            raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} has no valid {H_NONCE} or is too short")
         try:
-            pt = ChaCha20Poly1305(self.key).decrypt(_nonce(seq, data[:SALT]), data[SALT:], self._ad(seq, last))
+            return ChaCha20Poly1305(self.key).decrypt(_nonce(seq, bytes.fromhex(salt)), wire,
+                                                      self._ad(seq, last, headers.get(H_ENCODING)))
         except InvalidTag:
             raise SealBroken(f"stream {self.stream_id}: chunk {seq} does not open under the stream's seal "
                              "(altered, truncated, reordered or from another stream)") from None
-        if pt[0] >= len(_ENCODINGS):
-            raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} names an unknown encoding")
-        return pt[1:], _ENCODINGS[pt[0]]
 
     def digest(self, sha256_hex: str) -> str:
         """What the end marker carries for the file's SHA-256: an HMAC of it under the stream
         key, which only a key holder can compute or check (the broker cannot confirm a guess)."""
         return hmac.new(self.key, b"amqs-sha256|" + sha256_hex.encode(), hashlib.sha256).hexdigest()
 
-    def _ad(self, seq: int, last: bool) -> bytes:
-        return b"amqs-chunk|" + self.stream_id.encode() + struct.pack(">QB", seq, int(last))
+    def _ad(self, seq: int, last: bool, encoding: Any) -> bytes:
+        enc = str(encoding or "").encode("utf-8", "surrogatepass")[:64]
+        return b"amqs-chunk|" + self.stream_id.encode() + struct.pack(">QB", seq, int(last)) + b"|" + enc
 
 
 def _nonce(seq: int, salt: bytes) -> bytes:

@@ -128,7 +128,7 @@ class ReceiverState:
     duplicates: int = 0
     written: set[int] = field(default_factory=set)
     # A sealed stream's chunk opener (seal.Seal.opener); never saved: the key comes from the offer.
-    opener: Callable[[int, bytes | memoryview], tuple[bytes, str | None]] | None = field(
+    opener: Callable[[int, bytes | memoryview, Mapping[str, Any]], bytes] | None = field(
         default=None, compare=False, repr=False)
 
     @from_the_wire
@@ -163,13 +163,15 @@ class ReceiverState:
         if crc32(body) != crc:
             return Decision(Verdict.CORRUPT, seq, offset,
                             f"chunk {seq} at offset {offset} failed its CRC-32 check")
-        return self._opened(seq, offset, length, headers.get(H_ENCODING), body)
+        return self._opened(seq, offset, length, headers, body)
 
-    def _opened(self, seq: int, offset: int, length: int, encoding: Any, body: bytes | memoryview) -> Decision:
+    def _opened(self, seq: int, offset: int, length: int, headers: Mapping[str, Any],
+                body: bytes | memoryview) -> Decision:
         """A chunk that passed its CRC: opened (sealed stream), decoded, its length checked."""
+        encoding = headers.get(H_ENCODING)
         if self.opener is not None:
             try:
-                body, encoding = self.opener(seq, body)
+                body = self.opener(seq, body, headers)
             except SealBroken as exc:
                 return Decision(Verdict.CORRUPT, seq, offset, f"chunk {seq} at offset {offset}: {exc}",
                                 cause=Outcome.SEAL_BROKEN)

@@ -535,10 +535,11 @@ def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[s
 
 
 def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
-                 seal: Callable[[int, bytes, str | None], bytes] | None = None) -> tuple[dict[str, str], bytes]:
+                 seal: Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]] | None = None,
+                 ) -> tuple[dict[str, str], bytes]:
     """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
     corruption is caught before anything is decompressed (or opened). ``seal`` (seal.py's
-    ``Seal.sealer``) seals the encoded body, its encoding inside."""
+    ``Seal.sealer``) seals the encoded body, binding its encoding, and adds its nonce header."""
     offset, length = spec.chunk_span(seq)
     if len(body) != length:
         raise LocalProtocolError(
@@ -546,9 +547,11 @@ def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | No
             f"expected {length} (did the file change while it was being sent?)"
         )
     wire, encoding = codec.encode(body) if codec else (body, None)
+    sealed: dict[str, str] = {}
     if seal is not None:
-        wire, encoding = seal(seq, wire, encoding), None
+        wire, sealed = seal(seq, wire, encoding)
     h = _base(spec, Kind.DATA)
+    h.update(sealed)
     h.update({H_SEQ: str(seq), H_GROUP_SEQ: str(seq), H_OFFSET: str(offset),
               H_CRC: str(crc32(wire))})
     if encoding:

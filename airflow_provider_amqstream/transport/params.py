@@ -178,27 +178,33 @@ class BrokerParams:
             network=flag("network", False),
             records_retention_days=_retention(num("records_retention_days", None, float), at),
             min_rate=_at_least_zero("min_rate", num("min_rate", None, float), at),
-            keys=words(extra.get("keys")), seal_to=_recipients(extra.get("seal_to"), at),
+            keys=tuple(extra_list(extra, "keys")), seal_to=_recipients(extra_list(extra, "seal_to"), at),
             seal_required=_seal_policy(extra.get("seal"), at),
         )
 
 
 
 
-def words(value: Any) -> tuple[str, ...]:
-    """A list extra (``keys``, ``seal_to``): a JSON list, or one string split at commas and spaces."""
-    items = value if isinstance(value, (list, tuple)) else str(value or "").replace(",", " ").split()
-    return tuple(str(v).strip() for v in items if str(v).strip())
+def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
+    """A connection extra holding a list: a JSON list, or a comma-separated string.
+
+    :param extra: the connection's extra, decoded.
+    :param key: the extra's name.
+    """
+    value = extra.get(key)
+    if value in (None, ""):
+        return []
+    items = value if isinstance(value, list) else str(value).split(",")
+    return [str(v).strip() for v in items if str(v).strip()]
 
 
-def _recipients(value: Any, at: str) -> tuple[str, ...]:
-    found = words(value)
+def _recipients(found: list[str], at: str) -> tuple[str, ...]:
     try:
         for text in found:
             parse_recipient(text)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{at}connection extra 'seal_to': {exc}") from None
-    return found
+    return tuple(found)
 
 
 def _seal_policy(value: Any, at: str) -> bool:

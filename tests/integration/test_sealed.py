@@ -113,7 +113,7 @@ def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_s
         off, n = spec.chunk_span(seq)
         headers, wire = p.data_message(spec, seq, data[off:off + n], None, sealed.sealer(spec.chunks))
         if seq == 2:  # a flipped byte with a CRC to match: only the seal can tell
-            wire = wire[:9] + bytes([wire[9] ^ 1]) + wire[10:]
+            wire = wire[:5] + bytes([wire[5] ^ 1]) + wire[6:]
             headers[p.H_CRC] = str(p.crc32(wire))
         raw.send(dest.data_queue(spec.stream_id, "rt"), wire, headers)
     raw.send(dest.data_queue(spec.stream_id, "rt"), b"", p.end_headers(spec, sealed.digest("0" * 64)))

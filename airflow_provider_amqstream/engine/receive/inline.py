@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import done_records
 from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
@@ -49,6 +48,7 @@ from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.transport.link import Message
 
 # A group is bounded in files (offers held unacknowledged, each with its file open until the
 # group's flush) and in bytes held in memory. A receiver that falls behind finds all it was
@@ -73,7 +73,7 @@ MARK = "user.amqstream.stream"
 
 
 class _Pack:
-    def __init__(self, message: Any, members: int) -> None:
+    def __init__(self, message: Message, members: int) -> None:
         self.message, self.left = message, members
 
 
@@ -90,14 +90,14 @@ class PackMember:
         return str(self.pack.message.headers.get(p.H_STREAM, ""))
 
 
-def unpack(message: Any) -> list[PackMember]:
+def unpack(message: Message) -> list[PackMember]:
     """The members of a pack message; raises ProtocolError for a malformed pack."""
     members = bw.read_pack(message.headers, message.body or b"")
     pack = _Pack(message, len(members))
     return [PackMember(headers, body, pack) for headers, body in members]
 
 
-def settle(ack: Callable[[Any], None], offer: Any) -> None:
+def settle(ack: Callable[[Message], None], offer: Message) -> None:
     """Acknowledge (``ack``) an offer that is settled; a pack member's pack once all its members are."""
     if not isinstance(offer, PackMember):
         ack(offer)
@@ -107,12 +107,12 @@ def settle(ack: Callable[[Any], None], offer: Any) -> None:
         ack(offer.pack.message)
 
 
-def message_of(offer: Any) -> Any:
+def message_of(offer: Message) -> Message:
     """The message that carries ``offer``: its pack for a pack member, else itself."""
     return offer.pack.message if isinstance(offer, PackMember) else offer
 
 
-def files_in(message: Any) -> int:
+def files_in(message: Message) -> int:
     """How many files a message carries for a group's count: a pack's members, or one."""
     raw = str(message.headers.get(bw.H_PACK_FILES, "1")) if bw.is_pack(message.headers) else "1"
     return min(int(raw), bw.MAX_PACK_FILES) if raw.isdigit() and 0 < len(raw) < 4 else 1
@@ -167,7 +167,7 @@ def sweep_temporaries(sdir: Path) -> int:
 
 @dataclass
 class _Item:
-    offer: Any
+    offer: Message
     spec: p.StreamSpec
     origin: str
     subdir: tuple[str, ...]
@@ -241,7 +241,7 @@ class InlineGroup:
     def holds(self, stream_id: str) -> bool:
         return stream_id in self.ids
 
-    def add(self, offer: Any, spec: p.StreamSpec, data: bytes, *, sha256: str, origin: str,
+    def add(self, offer: Message, spec: p.StreamSpec, data: bytes, *, sha256: str, origin: str,
             subdir: tuple[str, ...], sender: str = "") -> None:
         """Write one verified file under a temporary name. Raises :class:`StreamNoRoom` if
         it would cross the free-space reserve (nothing written), :class:`Poisoned` for a
@@ -274,7 +274,7 @@ class InlineGroup:
             raise self._disk_error(exc, what, "writing") from exc
         self.room.take(spec.size)
 
-    def commit(self) -> list[tuple[Any, TransferResult]]:
+    def commit(self) -> list[tuple[Message, TransferResult]]:
         """Make every file durable, publish it, record it; return (offer, result) pairs whose
         offers the caller acknowledges. On a disk error nothing is recorded (the offers
         come back) and the error names the group's first stream."""

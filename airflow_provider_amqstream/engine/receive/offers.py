@@ -45,13 +45,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
 
 from airflow_provider_amqstream.engine.receive import inline
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.transport.link import Link
+from airflow_provider_amqstream.transport.link import Link, Message
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ class Offers:
         self.inline_sub: str | None = None
         self.parked_sub: str | None = None
         # The parked offer a sweep stopped at: ours (prefetch 1) until the next sweep.
-        self.held: Any = None
+        self.held: Message | None = None
         self.next_sweep = 0.0
         # Whether the queue of offers had nothing for us last time: parked streams whose
         # time has come are then taken back to back, else one per SWEEP_PAUSE, so a backlog
@@ -136,7 +135,7 @@ class Offers:
                                                   selector=p.offer_selector(self.stream_id) if self.stream_id else None)
         self.opts.emit("waiting", source=str(self.dest))
 
-    def next(self, deadline: float | None) -> Any:
+    def next(self, deadline: float | None) -> Message | None:
         """The next offer to take, or None at ``deadline`` (monotonic)."""
         if self.sub is None:
             self._subscribe()
@@ -159,7 +158,7 @@ class Offers:
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 
-    def _fresh(self, timeout: float) -> Any:
+    def _fresh(self, timeout: float) -> Message | None:
         """The next offer on the queue of offers within ``timeout``, or None: it ran dry, which
         ends the round."""
         subs = tuple(sub for sub in (self.inline_sub, self.sub) if sub)
@@ -173,7 +172,7 @@ class Offers:
             self.stalled.clear()
         return offer
 
-    def stalled_in_round(self, offer: Any) -> str:
+    def stalled_in_round(self, offer: Message) -> str:
         """The sender of ``offer``, fresh from the queue of offers, if a stream of theirs
         never began in this round (its offer then waits its turn parked, unseen); else "". Never on
         a topic, where nothing can be parked: each subscriber has its own copy to look at."""
@@ -182,7 +181,7 @@ class Offers:
             return ""
         return sender
 
-    def note_stalled(self, offer: Any) -> None:
+    def note_stalled(self, offer: Message) -> None:
         """A stream of the sender of ``offer`` never began (or its data queue was refused):
         its further fresh offers in this round are parked without a look."""
         sender = self.sender(offer)
@@ -192,7 +191,7 @@ class Offers:
             self.stalled.clear()
         self.stalled.add(sender)
 
-    def _sweep(self) -> Any:
+    def _sweep(self) -> Message | None:
         """Take the first parked offer whose time has come, passing the others to the tail
         of the parked queue; None after a whole round without one (or an empty queue)."""
         began = time.monotonic()
@@ -220,24 +219,24 @@ class Offers:
         self.next_sweep = time.monotonic() + min(max(SWEEP_PAUSE, took), max(0.0, due - time.time()))
         return None
 
-    def sender(self, offer: Any) -> str:
+    def sender(self, offer: Message) -> str:
         """Who offered ``offer``, as the broker says (see :func:`protocol.sender_of`); of a
         parked copy, the first sender it names only if we parked it ("" otherwise)."""
         if not self._parked(offer):
             return p.sender_of(offer.headers)
         return p.sender_of(offer.headers, parked=True) if self._ours(offer) else ""
 
-    def _parked(self, offer: Any) -> bool:
+    def _parked(self, offer: Message) -> bool:
         """Whether ``offer`` was handed over by the parked queue's subscription (the broker
         names the subscription of each delivery; a pack's member, whose headers are the
         sender's, never was)."""
         return (self.parked_sub is not None and not isinstance(offer, inline.PackMember)
                 and offer.headers.get("subscription") == self.parked_sub)
 
-    def _ours(self, offer: Any) -> bool:
+    def _ours(self, offer: Message) -> bool:
         return bool(self.me) and p.sender_of(offer.headers) == self.me
 
-    def foreign(self, offer: Any) -> str | None:
+    def foreign(self, offer: Message) -> str | None:
         """Why ``offer``, taken from the parked queue, was not parked by this receiver's user
         and is not received (None: it was, or it is no parked copy, or the broker stamps
         nobody, so that nothing tells)."""
@@ -250,7 +249,7 @@ class Offers:
                 f"{self.me or '(anonymous)'!r}: any receiving user may write that queue, so only the copies a "
                 "receiver's own user parked are believed there (run the receivers of a destination as one user)")
 
-    def requeue(self, message: Any, *, not_before: float | None = None, reason: str = "") -> None:
+    def requeue(self, message: Message, *, not_before: float | None = None, reason: str = "") -> None:
         """Put ``message`` (an offer or a pack) at the tail of the parked queue, then
         acknowledge it: confirmed first, so a crash between the two leaves a copy too many
         (taken as a repeat), never none. Without ``not_before`` it keeps the time it has
@@ -260,7 +259,7 @@ class Offers:
         self.link.send_confirmed(self.dest.parked_queue(), bytes(message.body or b""), headers)
         self.ack(message)
 
-    def park(self, message: Any, reason: str) -> float:
+    def park(self, message: Message, reason: str) -> float:
         """Give way: park ``message`` for its next back-off; return the back-off. On a topic
         there is nowhere to park: the offer is dropped for this subscriber (a re-run of its
         sender offers it again)."""
@@ -272,7 +271,7 @@ class Offers:
         self.requeue(message, not_before=time.time() + backoff, reason=reason)
         return backoff
 
-    def gather_inline(self, first: Any, room: int | None) -> list[Any]:
+    def gather_inline(self, first: Message, room: int | None) -> list[Message]:
         """``first`` and the inline offers already delivered after it, up to a group (and
         ``room``: a receiver asked for N streams takes no more)."""
         group, size, files = [first], len(first.body or b""), inline.files_in(first)
@@ -287,12 +286,12 @@ class Offers:
         self.unsettled = {str(m.headers["ack"]) for m in group}
         return group
 
-    def ack(self, message: Any) -> None:
+    def ack(self, message: Message) -> None:
         """Acknowledge ``message``, an offer or a pack as received."""
         self.link.ack(message)
         self.unsettled.discard(str(message.headers["ack"]))
 
-    def settled(self, message: Any) -> bool:
+    def settled(self, message: Message) -> bool:
         """Whether ``message`` of the inline group being received was acknowledged."""
         return str(message.headers["ack"]) not in self.unsettled
 

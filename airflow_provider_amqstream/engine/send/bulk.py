@@ -76,7 +76,6 @@ from airflow_provider_amqstream.engine.send.stream import (
     stream_origin,
 )
 from airflow_provider_amqstream.exceptions import (
-    ConfigurationError,
     ConnectionLost,
     ProtocolError,
     StreamError,
@@ -164,8 +163,8 @@ def send_files(
     # Sealed: every file goes through the chunked path (no inline offers, packs or manifests yet).
     sealed = bool(seal_recipients(opts, params))
     if sealed and opts.manifest:
-        raise ConfigurationError(f"{dest}: a batch manifest lists names and SHA-256 in clear; sealed sends "
-                                 "(seal_to) do not announce one yet: send without manifest")
+        log.warning("%s: no batch manifest for a sealed send: it would list names and SHA-256 in clear", dest)
+        opts = dataclasses.replace(opts, manifest=False)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
     survey = _survey(files, dest, key, fail if opts.fail_fast else None, sealed=sealed)

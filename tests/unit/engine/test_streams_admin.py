@@ -15,12 +15,12 @@ from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.engine.discard import discard
 from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, redrive
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
-from airflow_provider_amqstream.hooks.connection import extra_list
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
+from airflow_provider_amqstream.transport.params import extra_list
 
 Q = "/queue/landing"
 DEST = p.Destination.parse(Q)

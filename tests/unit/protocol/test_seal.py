@@ -71,30 +71,37 @@ def test_a_malformed_header_is_broken_not_a_crash(header: str) -> None:
 def test_a_chunk_opens_where_it_was_sealed_and_nowhere_else(body: bytes, seq: int, last: bool,
                                                             enc: str | None) -> None:
     sealed, other = _seal("a"), _seal("b")
-    wire = sealed.chunk(seq, last, body, enc)
-    assert sealed.open_chunk(seq, last, wire) == (body, enc)
-    assert body == b"" or body not in wire or len(body) < 4
-    for bad in (lambda: sealed.open_chunk(seq + 1, last, wire),  # reordered
-                lambda: sealed.open_chunk(seq, not last, wire),  # a middle chunk passed off as the last
-                lambda: other.open_chunk(seq, last, wire),  # transplanted
-                lambda: sealed.open_chunk(seq, last, wire[:-1]),  # truncated
-                lambda: sealed.open_chunk(seq, last, wire[:5] + bytes([wire[5] ^ 1]) + wire[6:])):  # tampered
+    wire, h = sealed.chunk(seq, last, body, enc)
+    headers = {**h, **({s.H_ENCODING: enc} if enc else {})}
+    assert sealed.open_chunk(seq, last, wire, headers) == body
+    assert len(body) < 4 or body not in wire
+    flipped = bytes([wire[0] ^ 1]) + wire[1:]
+    other_salt = {**headers, s.H_NONCE: f"{int(h[s.H_NONCE], 16) ^ 1:08x}"}
+    recoded = {**h, s.H_ENCODING: "zstd"} if not enc else h
+    for bad in (lambda: sealed.open_chunk(seq + 1, last, wire, headers),  # reordered
+                lambda: sealed.open_chunk(seq, not last, wire, headers),  # a middle chunk passed off as the last
+                lambda: other.open_chunk(seq, last, wire, headers),  # transplanted
+                lambda: sealed.open_chunk(seq, last, wire[:-1], headers),  # truncated
+                lambda: sealed.open_chunk(seq, last, flipped, headers),  # tampered
+                lambda: sealed.open_chunk(seq, last, wire, other_salt),  # its nonce changed
+                lambda: sealed.open_chunk(seq, last, wire, recoded),  # its encoding header changed
+                lambda: sealed.open_chunk(seq, last, wire, {})):  # no nonce
         with pytest.raises(s.SealBroken):
             bad()
 
 
 def test_a_stream_cut_before_its_last_chunk_is_caught() -> None:
     sealed = _seal()
-    middle = sealed.chunk(2, False, b"abcd", None)
+    middle, h = sealed.chunk(2, False, b"abcd", None)
     # The broker drops chunk 3 and relabels chunk 2 as the last: its seal says otherwise.
     with pytest.raises(s.SealBroken):
-        sealed.open_chunk(2, True, middle)
+        sealed.open_chunk(2, True, middle, h)
 
 
 def test_the_same_chunk_sealed_twice_uses_two_nonces() -> None:
     sealed = _seal()
-    a, b = sealed.chunk(1, False, b"same", None), sealed.chunk(1, False, b"same", None)
-    assert a != b and sealed.open_chunk(1, False, a) == sealed.open_chunk(1, False, b)
+    (a, ha), (b, hb) = sealed.chunk(1, False, b"same", None), sealed.chunk(1, False, b"same", None)
+    assert a != b and ha != hb and sealed.open_chunk(1, False, a, ha) == sealed.open_chunk(1, False, b, hb)
 
 
 def test_the_digest_needs_the_key() -> None:
@@ -108,3 +115,9 @@ def test_recipients_are_bounded() -> None:
         _seal("x", *[ALICE] * (s.MAX_RECIPIENTS + 1))
     with pytest.raises(ConfigurationError, match="recipients"):
         s.Seal.create("x", [], name="n", size=1, chunk_size=1)
+
+
+def test_no_key_material_in_a_repr() -> None:
+    sealed = _seal()
+    assert sealed.key.hex() not in repr(sealed) and str(sealed.key) not in repr(sealed)
+    assert ALICE.to_text().splitlines()[1] not in repr(ALICE)
