@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="several files: announce the batch so receivers write <batch id>.manifest.jsonl once all "
                         "its files are in (default: on with --recursive)")
     s.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
-                   help="several files: send files of one chunk or less up to 32 to a message (default on; "
+                   help="several files: send files of one chunk or less up to 64 to a message (default on; "
                         "--no-pack for receivers that do not read packs (Java), or that take each stream by id into "
                         "its own directory: they would receive the whole pack)")
     s.add_argument("--to", required=True, help="destination, e.g. /queue/landing")

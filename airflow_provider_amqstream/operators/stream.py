@@ -49,7 +49,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     :param manifest: many files: announce the batch so the receiving side writes
         ``<batch id>.manifest.jsonl`` once all of them are in (default on); the batch id is
         in ``totals["batch_id"]``.
-    :param pack: many files: send files of one chunk or less up to 32 to a broker message
+    :param pack: many files: send files of one chunk or less up to 64 to a broker message
         (default on, several times faster for small files). Turn off when each file is
         received by its stream id into a directory of its own (a sensor asking for one
         packed stream receives its whole pack) or by receivers that do not read packs (Java).

@@ -26,7 +26,7 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 # chunk's default, the size of the largest inline offer: what a stopped receiver can hold of
 # a queue's memory limit is counted in messages (engine/receive/inline.py, PREFETCH); 2 MiB packs
 # filled it and senders to the queue failed after a 30 s flow-control wait.
-PACK_FILES = 32
+PACK_FILES = bw.MAX_PACK_FILES
 PACK_BYTES = 2**20
 PACK_INDEX_BYTES = 64 * 1024
 
