@@ -17,13 +17,12 @@ import os
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
 
@@ -62,6 +61,20 @@ def _check(data: bytes) -> bytes:
     return hashlib.sha256(b"amqs-recipient|" + data).digest()[:4]
 
 
+# `cryptography` is imported where it is used, never at module import: its OpenSSL bindings
+# cost every process about 7 MiB of RSS, and an unsealed transfer needs none of it.
+def _aead(key: bytes) -> ChaCha20Poly1305:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    return ChaCha20Poly1305(key)
+
+
+def _raw_public(private: X25519PrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 @dataclass(frozen=True)
 class Identity:
     """A receiver's private key. ``source`` names where it came from (a file), never its bytes."""
@@ -71,11 +84,13 @@ class Identity:
 
     @classmethod
     def generate(cls) -> Identity:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         return cls(X25519PrivateKey.generate())
 
     @property
     def public(self) -> bytes:
-        return self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return _raw_public(self.private)
 
     @property
     def recipient(self) -> str:
@@ -84,6 +99,8 @@ class Identity:
 
     def to_text(self) -> str:
         """The key file's content: a comment naming the recipient, then the secret line."""
+        from cryptography.hazmat.primitives import serialization
+
         raw = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                          serialization.NoEncryption())
         return f"# recipient: {self.recipient}\n{KEY_PREFIX}-{_b32(raw + _check(raw))}\n"
@@ -98,6 +115,8 @@ class Identity:
         if len(raw) != 36 or not hmac.compare_digest(_check(raw[:32]), raw[32:]):
             raise ConfigurationError(f"{source} is not an amqstream key file (expected one line {KEY_PREFIX}-..., "
                                      "as `amqstream keys new` writes it); is it the right file, complete?")
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         return cls(X25519PrivateKey.from_private_bytes(raw[:32]), source)
 
 
@@ -128,24 +147,32 @@ def parse_recipient(text: str) -> bytes:
 
 # --------------------------------------------------------------------------- wrapping
 def _wrap_key(shared: bytes, eph: bytes, public: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(hashes.SHA256(), 32, eph + public, b"amqstream seal v1 X25519").derive(shared)
 
 
 def wrap(stream_key: bytes, public: bytes) -> bytes:
     """One stanza: ``stream_key`` wrapped for the holder of ``public``'s private key."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
     eph = X25519PrivateKey.generate()
-    eph_pub = eph.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    eph_pub = _raw_public(eph)
     kek = _wrap_key(eph.exchange(X25519PublicKey.from_public_bytes(public)), eph_pub, public)
-    return eph_pub + ChaCha20Poly1305(kek).encrypt(bytes(12), stream_key, None)
+    return eph_pub + _aead(kek).encrypt(bytes(12), stream_key, None)
 
 
 def unwrap(stanza: bytes, identity: Identity) -> bytes | None:
     """The stream key if ``stanza`` was wrapped for ``identity``, else None."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
     eph_pub = stanza[:32]
     try:
         shared = identity.private.exchange(X25519PublicKey.from_public_bytes(eph_pub))
         kek = _wrap_key(shared, eph_pub, identity.public)
-        return ChaCha20Poly1305(kek).decrypt(bytes(12), stanza[32:], None)
+        return _aead(kek).decrypt(bytes(12), stanza[32:], None)
     except (InvalidTag, ValueError):
         return None
 
@@ -172,8 +199,8 @@ class Seal:
             raise ConfigurationError(f"stream {stream_id}: seal to 1 to {MAX_RECIPIENTS} recipients, "
                                      f"got {len(recipients)}")
         key = os.urandom(32)
-        sealed = ChaCha20Poly1305(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
-                                               _header_ad(stream_id, size, chunk_size))
+        sealed = _aead(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
+                                    _header_ad(stream_id, size, chunk_size))
         blob = bytes([SEAL_VERSION, len(recipients)]) + b"".join(wrap(key, r) for r in recipients) + sealed
         return cls(key, stream_id, base64.urlsafe_b64encode(blob).decode().rstrip("="))
 
@@ -195,9 +222,10 @@ class Seal:
                     if (k := unwrap(blob[2 + i * _STANZA:2 + (i + 1) * _STANZA], ident)) is not None), None)
         if key is None:
             return None
+        from cryptography.exceptions import InvalidTag
+
         try:
-            meta = json.loads(ChaCha20Poly1305(key).decrypt(bytes(12), blob[end:],
-                                                            _header_ad(stream_id, size, chunk_size)))
+            meta = json.loads(_aead(key).decrypt(bytes(12), blob[end:], _header_ad(stream_id, size, chunk_size)))
             name = meta["name"]
         except (InvalidTag, ValueError, KeyError, TypeError):
             raise SealBroken(f"stream {stream_id}: the sealed header does not open (altered, or moved from "
@@ -209,7 +237,7 @@ class Seal:
     def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> tuple[bytes, dict[str, str]]:
         """Chunk ``seq``'s wire body (``body``, encoded as ``encoding``, sealed) and its nonce header."""
         salt = os.urandom(SALT)
-        sealed = ChaCha20Poly1305(self.key).encrypt(_nonce(seq, salt), body, self._ad(seq, last, encoding))
+        sealed = self._cipher.encrypt(_nonce(seq, salt), body, self._ad(seq, last, encoding))
         return sealed, {H_NONCE: salt.hex()}
 
     def sealer(self, chunks: int) -> Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]]:
@@ -227,12 +255,19 @@ class Seal:
         salt = str(headers.get(H_NONCE) or "")
         if len(salt) != 2 * SALT or any(c not in "0123456789abcdef" for c in salt) or len(wire) < TAG:
             raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} has no valid {H_NONCE} or is too short")
+        from cryptography.exceptions import InvalidTag
+
         try:
-            return ChaCha20Poly1305(self.key).decrypt(_nonce(seq, bytes.fromhex(salt)), wire,
-                                                      self._ad(seq, last, headers.get(H_ENCODING)))
+            return self._cipher.decrypt(_nonce(seq, bytes.fromhex(salt)), wire,
+                                        self._ad(seq, last, headers.get(H_ENCODING)))
         except InvalidTag:
             raise SealBroken(f"stream {self.stream_id}: chunk {seq} does not open under the stream's seal "
                              "(altered, truncated, reordered or from another stream)") from None
+
+    @cached_property
+    def _cipher(self) -> ChaCha20Poly1305:
+        # One cipher object for the stream, not one per chunk.
+        return _aead(self.key)
 
     def digest(self, sha256_hex: str) -> str:
         """What the end marker carries for the file's SHA-256: an HMAC of it under the stream

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,3 +124,13 @@ def test_no_key_material_in_a_repr() -> None:
     sealed = _seal()
     assert sealed.key.hex() not in repr(sealed) and str(sealed.key) not in repr(sealed)
     assert ALICE.to_text().splitlines()[1] not in repr(ALICE)
+
+
+def test_an_unsealed_process_never_imports_cryptography() -> None:
+    """Its OpenSSL bindings cost about 7 MiB of RSS: the engine and the command line load it
+    only once a stream is sealed or opened (Airflow itself loads it for its connections)."""
+    code = ("import sys, airflow_provider_amqstream.cli, airflow_provider_amqstream.engine.send.bulk, "
+            "airflow_provider_amqstream.engine.receive.session; print('cryptography' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "False"
