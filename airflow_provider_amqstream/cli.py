@@ -22,6 +22,7 @@ from airflow_provider_amqstream import __version__
 from airflow_provider_amqstream.cli_common import CONN_HELP, setup_logging
 from airflow_provider_amqstream.cli_common import broker_params as _params
 from airflow_provider_amqstream.exceptions import AmqStreamError
+from airflow_provider_amqstream.protocol.headers import DEFAULT_RECEIVE_BATCH
 
 # The choices of ``send --mode``, here so that building the parser imports nothing;
 # tests check them against protocol.Mode.
@@ -245,7 +246,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 def cmd_receive(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams
-    from airflow_provider_amqstream.protocol.wire import DEFAULT_RECEIVE_BATCH
+
 
     params = _params(args)
     events = None

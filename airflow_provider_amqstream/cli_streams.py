@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow_provider_amqstream.cli_common import broker_params as _params
 from airflow_provider_amqstream.cli_common import setup_logging
+from airflow_provider_amqstream.protocol.names import Destination
 
 NOT_FOUND = 3
 
@@ -82,7 +83,6 @@ def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
     """``--from``, else the connection's ``destinations`` extra; exactly one if ``one``."""
     from airflow_provider_amqstream.exceptions import ConfigurationError
     from airflow_provider_amqstream.hooks import connection
-    from airflow_provider_amqstream.protocol.wire import Destination
     from airflow_provider_amqstream.transport.params import extra_list
 
     found = list(args.source or [])

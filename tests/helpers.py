@@ -25,6 +25,7 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +201,7 @@ def send_stream(  # noqa: PLR0913
     :param tamper: ``tamper(seq, headers, body)`` returns the chunk to send instead.
     :param offer: send the offer first.
     """
-    dest = p.Destination.parse(queue)
+    dest = Destination.parse(queue)
     user = send.__self__.params.user  # type: ignore[attr-defined]  # a RawSender's or a link's
     if offer:
         send(str(dest), b"", p.offer_headers(spec, dest, sender=user))

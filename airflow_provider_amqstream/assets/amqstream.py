@@ -22,7 +22,8 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from airflow_provider_amqstream.exceptions import AmqStreamError, ProtocolError
-from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT, Destination
+from airflow_provider_amqstream.protocol.headers import DEFAULT_PORT
+from airflow_provider_amqstream.protocol.names import Destination
 
 SCHEME = "amqstream"
 log = logging.getLogger(__name__)

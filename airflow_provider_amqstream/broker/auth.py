@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker.network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
 from airflow_provider_amqstream.exceptions import BrokerError, ProtocolError
-from airflow_provider_amqstream.protocol.wire import Destination, owner_element
+from airflow_provider_amqstream.protocol.names import Destination, owner_element
 
 
 def xml_attr(value: str) -> str:

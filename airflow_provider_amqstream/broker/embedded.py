@@ -49,7 +49,7 @@ from airflow_provider_amqstream.broker.process import (
     wait_ready,
 )
 from airflow_provider_amqstream.exceptions import BrokerError
-from airflow_provider_amqstream.protocol.wire import DEFAULT_PORT
+from airflow_provider_amqstream.protocol.headers import DEFAULT_PORT
 
 _D = TypeVar("_D", int, None)
 

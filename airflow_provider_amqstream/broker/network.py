@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import NetworkError, ProtocolError
-from airflow_provider_amqstream.protocol.wire import Destination
+from airflow_provider_amqstream.protocol.names import Destination
 
 BRIDGE_GROUP = "amqs-bridge"
 # Every advisory topic. Only the bridge (and the administrator) may read or write them.

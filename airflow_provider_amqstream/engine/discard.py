@@ -27,8 +27,10 @@ from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, 
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME
 from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefused, LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
 from airflow_provider_amqstream.transport.link import Link, Message
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -86,17 +88,17 @@ def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
                              "nothing was removed. Stop that receiver, or wait for the stream to yield.")
 
 
-def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
+def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
     """Remove the stream's fresh offers on the destination, with a selector only (a sweep
     would re-send the others with our stamp); refuse while a receiver holds one. Returns
     their senders, and those of the offers seen, which name its data queues."""
     link = qs.link
 
     def is_offer(frame: Message) -> bool:
-        return frame.headers.get(p.H_STREAM) == sid and frame.headers.get(p.H_KIND) == p.Kind.OFFER.value
+        return frame.headers.get(hdr.H_STREAM) == sid and frame.headers.get(hdr.H_KIND) == hdr.Kind.OFFER.value
 
     offers, sub = take_matching(link, str(dest), is_offer, sweep=False, quiet=quiet,
-                                selector=f"{p.H_KIND} = 'offer' AND {qr.copies_selector(sid)}")
+                                selector=f"{hdr.H_KIND} = 'offer' AND {qr.copies_selector(sid)}")
     try:
         # A browser also sees the offers receivers hold: more of ours than we took are held.
         browsed = qs.browse(str(dest), keep_body=lambda f: bw.is_pack(f.headers))
@@ -123,7 +125,7 @@ def _take_offers(qs: QueueSession, dest: p.Destination, sid: str, result: Discar
             link.unsubscribe(sub)  # what was not acknowledged goes back
 
 
-def _take_copies(link: Link, queue: str, sid: str, dest: p.Destination, result: DiscardResult, *, quarantine: bool,
+def _take_copies(link: Link, queue: str, sid: str, dest: Destination, result: DiscardResult, *, quarantine: bool,
                  quiet: float, user: str) -> set[str]:
     """Remove the stream's copies on its parked or quarantine queue. Returns their first
     senders, which name its data queues."""
@@ -169,8 +171,8 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     :param quiet: seconds without a message that mean a queue has no more of the stream.
     :param browse_limit: how many messages a browser sees at most on this broker.
     """
-    sid = p.validate_stream_id(stream_id)
-    dest = p.Destination.parse(destination)
+    sid = validate_stream_id(stream_id)
+    dest = Destination.parse(destination)
     if dest.kind != "queue":
         raise LocalProtocolError(f"{destination}: streams wait on queues only; give /queue/NAME")
     dirs = [str(d) for d in out_dirs]
@@ -180,7 +182,7 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     qq = dest.quarantine_queue(quarantine)
     step = min(quiet, 0.5)
     with QueueSession(params, client_id="amqstream-discard", browse_limit=browse_limit) as qs:
-        qs.require_read((qq, dest.parked_queue(), p.dead_letter_queue(dest.data_queue(sid, params.user)),
+        qs.require_read((qq, dest.parked_queue(), dead_letter_queue(dest.data_queue(sid, params.user)),
                            dest.staging_queue(sid),
                            dest.control_queue(sid)))
         senders = _take_offers(qs, dest, sid, result, step)

@@ -38,7 +38,9 @@ from airflow_provider_amqstream.engine.partials import BatchProgress, InProgress
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, Browsed, QueueSession
 from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -194,13 +196,13 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
                 out.append(({**headers, "_invalid": str(exc)}, frame))
                 continue
             for member, _ in members:
-                out.append(({**headers, **member, "_pack": str(headers.get(p.H_STREAM, ""))}, frame))
+                out.append(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame))
             continue
         out.append((headers, frame))
     return out
 
 
-def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered], list[BatchAnnounced]]:
+def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered], list[BatchAnnounced]]:
     """What a browse of the queue of offers shows: streams and batch lists.
 
     :param browsed: the browse of ``/queue/NAME`` (bodies kept for packs and batches).
@@ -209,19 +211,19 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
     streams: list[Offered] = []
     batches: list[BatchAnnounced] = []
     for h, frame in _offers(browsed.frames):
-        sid = str(h.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID]
+        sid = str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID]
         sender = p.sender_of(frame.headers)
         at = _stamp_time(frame.headers)
-        kind = h.get(p.H_KIND)
-        if kind == p.Kind.BATCH.value:
+        kind = h.get(hdr.H_KIND)
+        if kind == hdr.Kind.BATCH.value:
             try:
                 batch_id, part, parts, entries = bw.parse_batch(h, frame.body or b"")
                 batches.append(BatchAnnounced(batch_id, part, parts, len(entries), sender, at))
             except ProtocolError as exc:
                 streams.append(Offered(sid, kind="invalid", sender=sender, offered_at=at, note=str(exc)))
             continue
-        entry = Offered(sid, name=str(h.get(p.H_NAME, ""))[:255], size=_int(h.get(p.H_SIZE)),
-                        chunks=_int(h.get(p.H_CHUNKS)), mode=str(h.get(p.H_MODE, "")), sender=sender,
+        entry = Offered(sid, name=str(h.get(hdr.H_NAME, ""))[:255], size=_int(h.get(hdr.H_SIZE)),
+                        chunks=_int(h.get(hdr.H_CHUNKS)), mode=str(h.get(hdr.H_MODE, "")), sender=sender,
                         offered_at=at, pack=h.get("_pack"), redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256])
         if "_invalid" in h:
             entry.kind, entry.note = "invalid", f"invalid pack: {h['_invalid']}"
@@ -231,7 +233,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
             except ProtocolError as exc:
                 entry.kind, entry.note = "invalid", str(exc)
             else:
-                if h.get(p.H_REOFFER) == "1":
+                if h.get(hdr.H_REOFFER) == "1":
                     entry.kind = "re-offer"
                 elif h.get(bw.H_INLINE) == "1":
                     entry.kind = "inline"
@@ -239,7 +241,7 @@ def offered_streams(browsed: Browsed, dest: p.Destination) -> tuple[list[Offered
     return streams, batches
 
 
-def parked_streams(browsed: Browsed, dest: p.Destination) -> list[Parked]:
+def parked_streams(browsed: Browsed, dest: Destination) -> list[Parked]:
     """What a browse of the parked queue shows.
 
     :param browsed: the browse of ``/queue/NAME.amqs_parked`` (bodies kept for packs).
@@ -248,15 +250,15 @@ def parked_streams(browsed: Browsed, dest: p.Destination) -> list[Parked]:
     out = []
     for h, frame in _offers(browsed.frames):
         out.append(Parked(
-            str(h.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID], name=str(h.get(p.H_NAME, ""))[:255],
-            size=_int(h.get(p.H_SIZE)), first_sender=p.sender_of(frame.headers, parked=True),
+            str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID], name=str(h.get(hdr.H_NAME, ""))[:255],
+            size=_int(h.get(hdr.H_SIZE)), first_sender=p.sender_of(frame.headers, parked=True),
             not_before=p.parked_until(frame.headers) or None, yields=p.yields_of(frame.headers),
-            reason=str(frame.headers.get(p.H_YIELD_REASON, ""))[:500], parked_at=_stamp_time(frame.headers),
+            reason=str(frame.headers.get(hdr.H_YIELD_REASON, ""))[:500], parked_at=_stamp_time(frame.headers),
             pack=h.get("_pack")))
     return out
 
 
-def quarantined_streams(browsed: Browsed, dest: p.Destination, viewer: str = "") -> list[Quarantined]:
+def quarantined_streams(browsed: Browsed, dest: Destination, viewer: str = "") -> list[Quarantined]:
     """What a browse of the quarantine queue shows, for ``dest`` (a named quarantine queue
     may serve several destinations).
 
@@ -267,15 +269,15 @@ def quarantined_streams(browsed: Browsed, dest: p.Destination, viewer: str = "")
     out = []
     for frame in browsed.frames:
         h = frame.headers
-        source = str(h.get(p.H_QUARANTINED_FROM, ""))
+        source = str(h.get(hdr.H_QUARANTINED_FROM, ""))
         if source and source != str(dest):
             continue
         cause = quarantine_cause(h)
         out.append(Quarantined(
-            str(h.get(p.H_STREAM, ""))[:p.MAX_STREAM_ID], name=str(h.get(p.H_NAME, ""))[:255],
-            size=_int(h.get(p.H_SIZE)), reason=str(h.get(p.H_QUARANTINE_REASON, ""))[:2000],
-            quarantined_from=source, by_host=str(h.get(p.H_QUARANTINED_BY, ""))[:255],
-            by_user=quarantined_by_user(h, sweeper=viewer), at=str(h.get(p.H_QUARANTINED_AT, ""))[:40],
+            str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID], name=str(h.get(hdr.H_NAME, ""))[:255],
+            size=_int(h.get(hdr.H_SIZE)), reason=str(h.get(hdr.H_QUARANTINE_REASON, ""))[:2000],
+            quarantined_from=source, by_host=str(h.get(hdr.H_QUARANTINED_BY, ""))[:255],
+            by_user=quarantined_by_user(h, sweeper=viewer), at=str(h.get(hdr.H_QUARANTINED_AT, ""))[:40],
             cause=cause.label,
             redrivable=cause.redrivable, advice=cause.advice, redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256],
             sender=p.sender_of(h, parked=True)))
@@ -283,7 +285,7 @@ def quarantined_streams(browsed: Browsed, dest: p.Destination, viewer: str = "")
 
 
 def _keep_pack_or_batch(frame: Any) -> bool:
-    return frame.headers.get(p.H_KIND) in (p.Kind.PACK.value, p.Kind.BATCH.value)
+    return frame.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value, hdr.Kind.BATCH.value)
 
 
 # --------------------------------------------------------------------------- the whole picture
@@ -301,7 +303,7 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
     :param browse_limit: how many messages a browser sees at most on this broker.
     :param previous: an earlier look's :func:`progress_marks`, for rates.
     """
-    dest = p.Destination.parse(destination)
+    dest = Destination.parse(destination)
     if dest.kind != "queue":
         raise LocalProtocolError(f"{destination}: streams are kept on queues only (a topic's streams go to every "
                          "subscriber as they are sent and wait nowhere): give /queue/NAME")

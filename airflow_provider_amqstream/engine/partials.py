@@ -18,7 +18,7 @@ from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, 
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
 from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import validate_stream_id
 from airflow_provider_amqstream.protocol.state import ReceiverState
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
     for name in names:
         sid = name[: -len(".part")]
         try:
-            p.validate_stream_id(sid)
+            validate_stream_id(sid)
             st = os.stat(sdir / name, follow_symlinks=False)
         except (ProtocolError, OSError):
             continue
@@ -129,7 +129,7 @@ def progress_marks(entries: Iterable[InProgress]) -> dict[str, tuple[int, float]
 
 def _valid_id(sid: str) -> bool:
     try:
-        p.validate_stream_id(sid)
+        validate_stream_id(sid)
     except ProtocolError:
         return False
     return True

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.errors import cap_refusal
 from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -142,7 +143,7 @@ class QueueSession:
         read): a refusal half-way would leave an action half done. A selector that matches
         nothing: no message comes back."""
         for queue in queues:
-            browsed = self.browse(queue, selector=f"{p.H_KIND} = '-'")
+            browsed = self.browse(queue, selector=f"{hdr.H_KIND} = '-'")
             if browsed.denied:
                 raise AccessDenied(f"{browsed.denied} Nothing was changed: this needs read and write on {queue} "
                                    "(on the embedded broker, the administrator's rights).")
@@ -160,13 +161,13 @@ def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
     """
     h = {k: str(v) for k, v in frame.headers.items() if k.startswith("amqs_")}
     h.pop(H_SWEEP, None)
-    kind = h.get(p.H_KIND)
-    if kind in (p.Kind.DATA.value, p.Kind.END.value, p.Kind.OFFER.value) and h.get(p.H_STREAM):
-        h[p.H_GROUP_ID] = h[p.H_STREAM]
-        if kind == p.Kind.DATA.value and h.get(p.H_SEQ):
-            h[p.H_GROUP_SEQ] = h[p.H_SEQ]
-        elif kind == p.Kind.END.value:
-            h[p.H_GROUP_SEQ] = "-1"
+    kind = h.get(hdr.H_KIND)
+    if kind in (hdr.Kind.DATA.value, hdr.Kind.END.value, hdr.Kind.OFFER.value) and h.get(hdr.H_STREAM):
+        h[hdr.H_GROUP_ID] = h[hdr.H_STREAM]
+        if kind == hdr.Kind.DATA.value and h.get(hdr.H_SEQ):
+            h[hdr.H_GROUP_SEQ] = h[hdr.H_SEQ]
+        elif kind == hdr.Kind.END.value:
+            h[hdr.H_GROUP_SEQ] = "-1"
     for k, v in extra.items():
         if v:
             h[k] = v
@@ -287,7 +288,7 @@ def move_queue(link: Link, source: str, target: str | None, *,
     return out
 
 
-def take_copies(link: Link, queue: str, dest: p.Destination, stream_id: str, *, quarantine: bool,
+def take_copies(link: Link, queue: str, dest: Destination, stream_id: str, *, quarantine: bool,
                 quiet: float, user: str = "") -> tuple[list[Any], str | None]:
     """Take every copy of ``stream_id``'s offer off a parked or quarantine queue (swept:
     their order means nothing); on a quarantine queue, only copies filed from ``dest``, and
@@ -304,8 +305,8 @@ def take_copies(link: Link, queue: str, dest: p.Destination, stream_id: str, *, 
     """
     def ours(frame: Any) -> bool:
         h = frame.headers
-        return h.get(p.H_STREAM) == stream_id and (
-            not quarantine or str(h.get(p.H_QUARANTINED_FROM) or dest) == str(dest))
+        return h.get(hdr.H_STREAM) == stream_id and (
+            not quarantine or str(h.get(hdr.H_QUARANTINED_FROM) or dest) == str(dest))
 
     stamp = ((lambda f: {qr.H_QUARANTINED_USER: qr.quarantined_by_user(f.headers, sweeper=user)})
              if quarantine else None)

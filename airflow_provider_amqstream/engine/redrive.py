@@ -56,7 +56,10 @@ from airflow_provider_amqstream.exceptions import (
     StreamError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
 from airflow_provider_amqstream.protocol.quarantine import (
     H_QUARANTINED_USER,
     H_REDRIVE_SENDER,
@@ -125,39 +128,39 @@ class ChunkCheck:
         h = frame.headers
         stamp = p.sender_of(h)
         if trust_redrive_header and h.get(H_REDRIVE_SENDER):
-            stamp = p.sender_of({p.H_USER_ID: h.get(H_REDRIVE_SENDER)})
+            stamp = p.sender_of({hdr.H_USER_ID: h.get(H_REDRIVE_SENDER)})
         self.senders.add(stamp)
         self.messages += 1
         body = bytes(frame.body or b"")
         self.bytes += len(body)
         sid = self.spec.stream_id
-        kind = h.get(p.H_KIND)
+        kind = h.get(hdr.H_KIND)
         try:
-            if h.get(p.H_STREAM) != sid:
-                raise RemoteProtocolError(f"a message of stream {str(h.get(p.H_STREAM))[:40]!r} is on its queue")
-            if kind == p.Kind.DATA.value:
+            if h.get(hdr.H_STREAM) != sid:
+                raise RemoteProtocolError(f"a message of stream {str(h.get(hdr.H_STREAM))[:40]!r} is on its queue")
+            if kind == hdr.Kind.DATA.value:
                 self._data(h, body)
-            elif kind == p.Kind.END.value:
+            elif kind == hdr.Kind.END.value:
                 self._end(h)
             else:
-                raise RemoteProtocolError(f"a message that is not one of its chunks ({p.H_KIND}={str(kind)[:20]!r})")
+                raise RemoteProtocolError(f"a message that is not one of its chunks ({hdr.H_KIND}={str(kind)[:20]!r})")
         except ProtocolError as exc:
             self._problem(str(exc))
         return {H_REDRIVE_SENDER: stamp} if stamp else {}
 
     def _data(self, h: Any, body: bytes) -> None:
         spec, sid = self.spec, self.spec.stream_id
-        seq = p.int_header(h, p.H_SEQ, sid, lo=1, hi=max(1, spec.chunks))
+        seq = p.int_header(h, hdr.H_SEQ, sid, lo=1, hi=max(1, spec.chunks))
         if spec.chunks == 0:
             raise RemoteProtocolError(f"chunk {seq} of an empty stream")
         offset, length = spec.chunk_span(seq)
-        if p.int_header(h, p.H_OFFSET, sid) != offset:
-            raise RemoteProtocolError(f"chunk {seq}: offset {h.get(p.H_OFFSET)} is not {offset}")
-        crc = p.int_header(h, p.H_CRC, sid, hi=0xFFFFFFFF)
-        if p.crc32(body) != crc:
+        if p.int_header(h, hdr.H_OFFSET, sid) != offset:
+            raise RemoteProtocolError(f"chunk {seq}: offset {h.get(hdr.H_OFFSET)} is not {offset}")
+        crc = p.int_header(h, hdr.H_CRC, sid, hi=0xFFFFFFFF)
+        if crc32(body) != crc:
             raise RemoteProtocolError(f"chunk {seq} fails its CRC-32 check (corrupt)")
-        encoding = h.get(p.H_ENCODING)
-        data = p.ChunkCodec.decode(str(encoding), body, length) if encoding and not self.sealed else body
+        encoding = h.get(hdr.H_ENCODING)
+        data = ChunkCodec.decode(str(encoding), body, length) if encoding and not self.sealed else body
         if len(data) != length and not self.sealed:
             raise RemoteProtocolError(f"chunk {seq} has {len(data)} bytes, not {length}")
         if seq in self.seen:
@@ -188,10 +191,10 @@ class ChunkCheck:
 
     def _end(self, h: Any) -> None:
         spec, sid = self.spec, self.spec.stream_id
-        if p.int_header(h, p.H_SIZE, sid) != spec.size or p.int_header(h, p.H_CHUNKS, sid) != spec.chunks:
-            raise RemoteProtocolError(f"its end marker says {h.get(p.H_SIZE)} bytes in {h.get(p.H_CHUNKS)} chunks, "
+        if p.int_header(h, hdr.H_SIZE, sid) != spec.size or p.int_header(h, hdr.H_CHUNKS, sid) != spec.chunks:
+            raise RemoteProtocolError(f"its end marker says {h.get(hdr.H_SIZE)} bytes in {h.get(hdr.H_CHUNKS)} chunks, "
                                   f"the offer {spec.size} in {spec.chunks}")
-        sha = str(h.get(p.H_SHA256, ""))
+        sha = str(h.get(hdr.H_SHA256, ""))
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise RemoteProtocolError("its end marker has no valid SHA-256")
         if self.end_sha is not None and self.end_sha != sha:
@@ -234,7 +237,7 @@ class ChunkCheck:
         """For the final move: the first copy of each chunk and of the end marker goes on
         (with its staged headers); exact repeats stay behind (None)."""
         h = frame.headers
-        key = (str(h.get(p.H_KIND)), int(h.get(p.H_SEQ) or 0), int(h.get(p.H_CRC) or 0))
+        key = (str(h.get(hdr.H_KIND)), int(h.get(hdr.H_SEQ) or 0), int(h.get(hdr.H_CRC) or 0))
         if key in self._forwarded:
             return None
         self._forwarded.add(key)
@@ -274,13 +277,14 @@ def _offer_headers(copy: Any) -> dict[str, str]:
     h = copy_headers(copy)
     for k in list(h):
         if k.startswith(("amqs_quarantine", "amqs_redrive")) or k in (
-                p.H_NOT_BEFORE, p.H_YIELDS, p.H_YIELD_REASON, p.H_FIRST_SENDER, H_QUARANTINED_USER, H_REDRIVEN_BY,
-                H_REDRIVEN_AT, p.H_REOFFER):
+                hdr.H_NOT_BEFORE, hdr.H_YIELDS, hdr.H_YIELD_REASON, hdr.H_FIRST_SENDER, H_QUARANTINED_USER,
+                H_REDRIVEN_BY,
+                H_REDRIVEN_AT, hdr.H_REOFFER):
             h.pop(k)
     return h
 
 
-def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str | None:
+def _waiting_elsewhere(qs: QueueSession, dest: Destination, sid: str) -> str | None:
     """An offer or parked copy of ``sid`` on the destination: another stream under the same id
     (or the same one sent again), whose chunks share the data queue."""
     for queue, read in ((str(dest), lambda b: offered_streams(b, dest)[0]),
@@ -294,7 +298,7 @@ def _waiting_elsewhere(qs: QueueSession, dest: p.Destination, sid: str) -> str |
     return None
 
 
-def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: p.Destination,
+def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: Destination,
                      qq: str) -> list[Any]:
     """The quarantine copies filed by a ``trusted`` user. Every receiving user may write the
     quarantine queue, and a copy's ``amqs_first_sender`` names whose data queue redrive takes
@@ -336,8 +340,8 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         (the users your receivers connect as); a copy filed by anyone else is refused.
     """
     t0 = time.monotonic()
-    sid = p.validate_stream_id(stream_id)
-    dest = p.Destination.parse(destination)
+    sid = validate_stream_id(stream_id)
+    dest = Destination.parse(destination)
     if dest.kind != "queue":
         raise LocalProtocolError(f"{destination}: only streams of queues are quarantined; give /queue/NAME")
     qq = dest.quarantine_queue(quarantine)
@@ -360,18 +364,18 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                               "queue).")
         try:
             copies = _believed_copies(copies, {params.user, *receivers}, user=params.user, sid=sid, dest=dest, qq=qq)
-            copy = max(copies, key=lambda f: str(f.headers.get(p.H_QUARANTINED_AT, "")))
+            copy = max(copies, key=lambda f: str(f.headers.get(hdr.H_QUARANTINED_AT, "")))
             cause = quarantine_cause(copy.headers)
             if not cause.redrivable:
                 raise RedriveRefused(f"{where} cannot be redriven: {cause.advice}. Quarantined because: "
-                                     f"{str(copy.headers.get(p.H_QUARANTINE_REASON, ''))[:500]}")
+                                     f"{str(copy.headers.get(hdr.H_QUARANTINE_REASON, ''))[:500]}")
             offer = _offer_headers(copy)
             first = p.sender_of(copy.headers, parked=True)
             try:
                 spec, data_q = p.parse_offer(offer, dest, sender=first)
             except ProtocolError as exc:
                 raise RedriveRefused(f"{where} cannot be redriven: its offer is invalid ({exc})") from None
-            dlq_q = p.dead_letter_queue(data_q)
+            dlq_q = dead_letter_queue(data_q)
             qs.require_read((dlq_q, data_q))
             # A redrive interrupted after gathering left the chunks in the staging queue: they
             # go back where checked chunks wait, then everything is gathered again.
@@ -392,7 +396,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             marks = {H_REDRIVEN_BY: user, H_REDRIVEN_AT: at}
             moved = move_queue(link, stage_q, target_q, quiet=quiet,
                                decide=lambda f: None if check.forward(f) is None else marks)
-            link.send_confirmed(str(dest), b"", {**offer, p.H_DATA_DEST: target_q, **marks,
+            link.send_confirmed(str(dest), b"", {**offer, hdr.H_DATA_DEST: target_q, **marks,
                                                  H_REDRIVE_SENDER: sender_before})
             for frame in copies:
                 link.ack(frame)

@@ -19,7 +19,9 @@ from airflow_provider_amqstream.engine.receive.claims import find_received
 from airflow_provider_amqstream.engine.receive.holders import Holder
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
 from airflow_provider_amqstream.exceptions import StreamError
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 
@@ -65,7 +67,7 @@ class StreamReport:
 
 def _probe(qs: QueueSession, queue: str) -> QueueProbe:
     # A selector for the end marker: the broker sends only that message (empty body).
-    b = qs.browse(queue, selector=f"{p.H_KIND} = '{p.Kind.END.value}'")
+    b = qs.browse(queue, selector=f"{hdr.H_KIND} = '{hdr.Kind.END.value}'")
     if b.denied:
         return QueueProbe(queue, denied=b.denied)
     end = b.frames[0] if b.frames else None
@@ -86,10 +88,10 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
     :param browse_limit: how many messages a browser sees at most on this broker.
     """
-    sid = p.validate_stream_id(stream_id)
+    sid = validate_stream_id(stream_id)
     out_dirs = list(out_dirs)
     inv = take_inventory(params, destination, out_dirs=out_dirs, quarantine=quarantine, browse_limit=browse_limit)
-    dest = p.Destination.parse(destination)
+    dest = Destination.parse(destination)
     rep = StreamReport(sid, inv.destination, inv.broker, truncated=inv.truncated, denied=inv.denied)
     rep.offered = [o for o in inv.offered if o.stream_id == sid or o.pack == sid]
     rep.parked = [o for o in inv.parked if o.stream_id == sid or o.pack == sid]

@@ -46,8 +46,10 @@ from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
 from airflow_provider_amqstream.hooks import connection
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import COMPRESSION_SETTINGS, ENCODINGS
+from airflow_provider_amqstream.protocol.names import Destination, keyed_digest, validate_stream_id
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -60,11 +62,11 @@ __all__ = [
     "SendOptions", "StreamFailure",
     "TransferResult", "checkpoint_name", "default_state_dir",
 ]
-DEFAULT_RECEIVE_BATCH = p.DEFAULT_RECEIVE_BATCH
-ENCODINGS = p.ENCODINGS
-COMPRESSION_SETTINGS = p.COMPRESSION_SETTINGS
-MAX_CHUNK_SIZE = p.MAX_CHUNK_SIZE
-MODES = tuple(m.value for m in p.Mode)
+DEFAULT_RECEIVE_BATCH = hdr.DEFAULT_RECEIVE_BATCH
+ENCODINGS = ENCODINGS
+COMPRESSION_SETTINGS = COMPRESSION_SETTINGS
+MAX_CHUNK_SIZE = hdr.MAX_CHUNK_SIZE
+MODES = tuple(m.value for m in hdr.Mode)
 # Checks a recipient string (the operators' seal_to) without the engine.
 parse_recipient = seal.parse_recipient
 
@@ -156,12 +158,12 @@ class AmqStreamHook(BaseHook):
     @staticmethod
     def check_destination(text: str) -> str:
         """``text`` as ``/queue/NAME`` or ``/topic/NAME``, or ProtocolError saying what is wrong."""
-        return str(p.Destination.parse(text))
+        return str(Destination.parse(text))
 
     @staticmethod
     def check_stream_id(stream_id: str) -> str:
         """``stream_id`` if valid, or ProtocolError saying what is wrong."""
-        return p.validate_stream_id(stream_id)
+        return validate_stream_id(stream_id)
 
     def default_stream_id(self, path: str | os.PathLike[str], destination: str, *, sealed: bool = False) -> str:
         """The stream id a file gets by default: the same for a re-run, so it resumes, and
@@ -179,7 +181,7 @@ class AmqStreamHook(BaseHook):
 
         :param run: the text that identifies the send, e.g. dag, task, run and map index.
         """
-        return "af-" + p.keyed_digest(run, id_key(self.broker_params()))[:24]
+        return "af-" + keyed_digest(run, id_key(self.broker_params()))[:24]
 
     @staticmethod
     def collect_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:

@@ -24,7 +24,7 @@ from airflow_provider_amqstream.engine import inventory as views
 from airflow_provider_amqstream.engine import redrive as redriving
 from airflow_provider_amqstream.engine.show import StreamReport, show_stream
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
-from airflow_provider_amqstream.protocol.wire import Destination
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams, extra_list
 
 log = logging.getLogger(__name__)

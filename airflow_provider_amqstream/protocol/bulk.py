@@ -9,7 +9,7 @@ is. After a batch's offers, the sender lists its files in *batch* messages
 (:func:`batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
 manifest.
 
-Pure, no I/O: it builds on ``wire.py`` (header names, StreamSpec, offers) and is read
+Pure, no I/O: it builds on ``wire.py`` (StreamSpec, offers) and ``headers.py``, and is read
 by the engine (``engine/send/small_files.py``, ``engine/send/bulk.py``, ``engine/receive/inline.py``). The
 wire format is in ``docs/protocol.md``.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
-from airflow_provider_amqstream.protocol.paths import safe_subdir
-from airflow_provider_amqstream.protocol.wire import (
+from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.headers import (
     H_CRC,
     H_ENCODING,
     H_KIND,
@@ -36,18 +36,12 @@ from airflow_provider_amqstream.protocol.wire import (
     H_VERSION,
     MAX_STREAM_ID,
     PROTOCOL_VERSION,
-    ChunkCodec,
-    Destination,
     Kind,
     Mode,
-    StreamSpec,
-    crc32,
-    from_the_wire,
-    int_header,
-    kind_of,
-    offer_headers,
-    validate_stream_id,
 )
+from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
+from airflow_provider_amqstream.protocol.paths import safe_subdir
+from airflow_provider_amqstream.protocol.wire import StreamSpec, from_the_wire, int_header, kind_of, offer_headers
 
 # "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
 H_INLINE = "amqs_inline"
@@ -57,7 +51,7 @@ H_PART = "amqs_part"
 H_PARTS = "amqs_parts"
 # A pack (several small files in one message): how many, the length of its JSON index at
 # the start of the body, and in the index each member's wire length. Its members' stream
-# ids (H_PACK_IDS) are in wire.py, where offer_selector reads them.
+# ids (H_PACK_IDS) are in headers.py, as wire.py's offer_selector reads them.
 H_PACK_FILES = "amqs_pack_files"
 H_PACK_INDEX = "amqs_pack_index"
 H_PACK_LEN = "amqs_pack_len"

@@ -17,18 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import ProtocolError, RemoteProtocolError
-from airflow_provider_amqstream.protocol.wire import (
-    CONTROL_KINDS,
-    H_CONSUMER,
-    H_NEXT_SEQ,
-    H_STREAM,
-    H_TOKEN,
-    Kind,
-    StreamSpec,
-    from_the_wire,
-    int_header,
-    kind_of,
-)
+from airflow_provider_amqstream.protocol.headers import CONTROL_KINDS, H_CONSUMER, H_NEXT_SEQ, H_STREAM, H_TOKEN, Kind
+from airflow_provider_amqstream.protocol.wire import StreamSpec, from_the_wire, int_header, kind_of
 
 
 @dataclass(frozen=True)

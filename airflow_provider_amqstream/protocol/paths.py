@@ -1,7 +1,7 @@
 """Names off the wire made into safe local paths: an offer's file name (``amqs_name``) and
 subdirectory (``amqs_dir``) become a path that cannot leave the receiver's output directory.
 
-Pure, no I/O, like ``wire.py`` (whose header names and ProtocolError it uses). The
+Pure, no I/O, like the rest of ``protocol/``. The
 rules are in ``docs/protocol.md``, "File names" and "The output directory".
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from airflow_provider_amqstream.exceptions import ProtocolError
-from airflow_provider_amqstream.protocol.wire import H_DIR, from_the_wire
+from airflow_provider_amqstream.protocol.headers import H_DIR
+from airflow_provider_amqstream.protocol.wire import from_the_wire
 
 MAX_DIR_BYTES = 1024
 MAX_DIR_DEPTH = 16

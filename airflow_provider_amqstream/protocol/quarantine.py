@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import validate_stream_id
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
 
 # Who a quarantine copy was filed by, kept when a sweep re-sends the copy (and so re-stamps
@@ -33,7 +35,7 @@ def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
     """
     if bw.is_pack(headers) or headers.get(bw.H_INLINE) == "1":
         return Outcome.INLINE
-    if headers.get(p.H_MODE) == p.Mode.HANDSHAKE.value:
+    if headers.get(hdr.H_MODE) == hdr.Mode.HANDSHAKE.value:
         return Outcome.HANDSHAKE
     return Outcome.parse(headers.get(H_QUARANTINE_CAUSE)) or Outcome.INVALID
 
@@ -46,10 +48,10 @@ def quarantined_by_user(headers: Mapping[str, Any], *, sweeper: str = "") -> str
     :param sweeper: the user whose sweeps (redrive, discard) re-send copies.
     """
     stamp = p.sender_of(headers)
-    return p.sender_of({p.H_USER_ID: headers.get(H_QUARANTINED_USER)}) or stamp \
+    return p.sender_of({hdr.H_USER_ID: headers.get(H_QUARANTINED_USER)}) or stamp \
         if sweeper and stamp == sweeper else stamp
 
 
 def copies_selector(stream_id: str) -> str:
     """The selector for every copy of one stream's offer (parked or quarantined)."""
-    return f"{p.H_STREAM} = '{p.validate_stream_id(stream_id)}'"
+    return f"{hdr.H_STREAM} = '{validate_stream_id(stream_id)}'"

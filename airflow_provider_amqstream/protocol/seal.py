@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
+from airflow_provider_amqstream.protocol.headers import H_ENCODING
 
 # On a sealed offer: the wrapped keys and the sealed header (see Seal.header_value).
 H_SEAL = "amqs_seal"
@@ -36,8 +37,6 @@ SEAL_VERSION = 1
 # On a sealed chunk: the nonce's random tail, 8 hex digits. The body is ciphertext and tag only, so
 # sealing copies nothing more (a prefix in the body cost a copy of every chunk on each end).
 H_NONCE = "amqs_seal_nonce"
-# wire.H_ENCODING (seal.py stays below wire.py): bound into each chunk's seal.
-H_ENCODING = "amqs_encoding"
 SALT = 4
 TAG = 16
 # Five stanzas and a 255-byte name keep amqs_seal under the 1,024 characters a quarantine copy keeps

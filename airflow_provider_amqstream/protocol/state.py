@@ -4,7 +4,7 @@ The sender's :class:`SenderState` is its checkpoint: the chunks the broker has c
 The receiver's :class:`ReceiverState` decides what to do with each message of a
 stream's data queue (:meth:`ReceiverState.decide`) and tracks which chunks are on disk;
 both are saved as JSON so a re-run of either end continues where it stopped. The wire
-format they read is in ``wire.py``; this module does no I/O either.
+format they read is in ``wire.py`` and ``codec.py``; this module does no I/O either.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from enum import Enum
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
-from airflow_provider_amqstream.protocol.outcomes import Outcome
-from airflow_provider_amqstream.protocol.seal import SealBroken
-from airflow_provider_amqstream.protocol.wire import (
+from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.headers import (
     H_CHUNKS,
     H_CRC,
     H_ENCODING,
@@ -30,15 +29,12 @@ from airflow_provider_amqstream.protocol.wire import (
     MAX_AHEAD,
     MAX_STREAM_ID,
     PROTOCOL_VERSION,
-    ChunkCodec,
     Kind,
     Mode,
-    StreamSpec,
-    crc32,
-    from_the_wire,
-    int_header,
-    kind_of,
 )
+from airflow_provider_amqstream.protocol.outcomes import Outcome
+from airflow_provider_amqstream.protocol.seal import SealBroken
+from airflow_provider_amqstream.protocol.wire import StreamSpec, from_the_wire, int_header, kind_of
 
 
 # --------------------------------------------------------------------------- sender

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, ProtocolError
+from airflow_provider_amqstream.protocol.codec import DEFAULT_COMPRESSION, normalise_compression
+from airflow_provider_amqstream.protocol.headers import DEFAULT_PORT
 from airflow_provider_amqstream.protocol.seal import parse_recipient
-from airflow_provider_amqstream.protocol.wire import DEFAULT_COMPRESSION, DEFAULT_PORT, normalise_compression
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})

@@ -19,7 +19,9 @@ from airflow_provider_amqstream.broker.auth import acl_entries
 from airflow_provider_amqstream.broker.embedded import BrokerError, EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import AccessDenied, DestinationFull, StreamError
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import Receiver, cli, free_port, make_file, params_as, running_broker, sha256_file, wait_for
 
@@ -110,10 +112,10 @@ def test_outside_the_grant_is_refused_clearly(acl_broker: EmbeddedBroker, tmp_pa
 def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
     """A producer's offer that names a data queue elsewhere (one the consumer may read)
     is refused by the receiver rather than followed."""
-    spec = p.StreamSpec("evil-1", "x.bin", 10, 10, p.Mode.STREAM)
-    landing = p.Destination.parse("/queue/landing")
+    spec = p.StreamSpec("evil-1", "x.bin", 10, 10, hdr.Mode.STREAM)
+    landing = Destination.parse("/queue/landing")
     headers = p.offer_headers(spec, landing, sender="producer") | {
-        p.H_DATA_DEST: "/queue/landing.amqs.producer.other-stream"}
+        hdr.H_DATA_DEST: "/queue/landing.amqs.producer.other-stream"}
     with StompLink(params_as(acl_broker, "producer")) as link:
         link.send_confirmed("/queue/landing", b"", headers)
     with pytest.raises(StreamError, match="not this stream's queue"):
@@ -124,7 +126,7 @@ def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBro
     with StompLink(params_as(acl_broker, None)) as admin:
         admin.subscribe("/queue/DLQ.landing", prefetch=1)
         dead = admin.get(30)
-        assert dead is not None and dead.headers.get(p.H_STREAM) == "evil-1"
+        assert dead is not None and dead.headers.get(hdr.H_STREAM) == "evil-1"
         admin.ack(dead)
         admin.subscribe("/queue/landing", browser=True)
         end = admin.get(30)
@@ -136,7 +138,7 @@ def test_a_sender_writes_only_its_own_data_queues_and_only_so_many(acl_broker: E
     """A send-only user, with raw stomp.py: another user's data queue is refused by the
     broker; its own are capped (5 here), so it cannot make the broker keep a queue for every
     message it leaves behind. Others send meanwhile; it sends again once its queues go."""
-    landing = p.Destination.parse("/queue/landing")
+    landing = Destination.parse("/queue/landing")
     with StompLink(params_as(acl_broker, "spammer")) as link, pytest.raises(AccessDenied, match="spammer"):
         link.send_confirmed(landing.data_queue("theirs-1", "producer"), b"x", {})
     spam = [landing.data_queue(f"spam-{i}", "spammer") for i in range(6)]

@@ -34,7 +34,9 @@ from airflow_provider_amqstream.engine.receive.claims import find_received
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.exceptions import AccessDenied
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
@@ -95,20 +97,20 @@ def test_sender_of_reads_the_broker_stamp_and_nothing_else() -> None:
     # What a sender chooses is not identity, however it is named.
     assert p.sender_of({"amqs_sender": "alice", "amqs_user": "alice", "login": "alice"}) == ""
     # Not something a broker stamps: unknown, not cut down to look like another user.
-    for value in ("", "al\x00ice", "alice\n", "a" * (p.MAX_USER_ID + 1), 7, None):
+    for value in ("", "al\x00ice", "alice\n", "a" * (hdr.MAX_USER_ID + 1), 7, None):
         assert p.sender_of({"JMSXUserID": value}) == "", repr(value)
-    assert p.sender_of({"JMSXUserID": "a" * p.MAX_USER_ID}) == "a" * p.MAX_USER_ID
+    assert p.sender_of({"JMSXUserID": "a" * hdr.MAX_USER_ID}) == "a" * hdr.MAX_USER_ID
 
 
 def test_only_a_parked_offer_names_a_first_sender() -> None:
     """An offer a receiver parked (in the parked queue only receivers may write) is stamped
     with the receiver; it names the first sender, believed only for the parked queue."""
-    parked = {"JMSXUserID": "reader", p.H_FIRST_SENDER: "alice"}
+    parked = {"JMSXUserID": "reader", hdr.H_FIRST_SENDER: "alice"}
     assert p.sender_of(parked, parked=True) == "alice"
     assert p.sender_of(parked) == "reader"
     # A sender writing the header on the queue of offers gains nothing: the stamp is its own.
-    assert p.sender_of({"JMSXUserID": "bob", p.H_FIRST_SENDER: "alice"}) == "bob"
-    assert p.sender_of({"JMSXUserID": "reader", p.H_FIRST_SENDER: "al\x07ice"}, parked=True) == ""
+    assert p.sender_of({"JMSXUserID": "bob", hdr.H_FIRST_SENDER: "alice"}) == "bob"
+    assert p.sender_of({"JMSXUserID": "reader", hdr.H_FIRST_SENDER: "al\x07ice"}, parked=True) == ""
 
 
 def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
@@ -119,10 +121,10 @@ def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
     parked: both are quarantined naming who parked them, nothing is published or recorded
     as alice's, and alice's own stream arrives. Before, the forger's bytes were published as
     ``payroll.csv``, recorded as alice's, with a manifest in alice's ``manifests/``."""
-    dest = p.Destination.parse(QUEUE)
+    dest = Destination.parse(QUEUE)
     forger = params_as(ident_broker, "forger")
     body = b"name,salary\nforger,1000000\n"
-    spec = p.StreamSpec("payroll-1", "payroll.csv", len(body), 1024 * 1024, p.Mode.ATOMIC)
+    spec = p.StreamSpec("payroll-1", "payroll.csv", len(body), 1024 * 1024, hdr.Mode.ATOMIC)
     inline, wire = bw.inline_offer(spec, dest, body, hashlib.sha256(body).hexdigest(), sender="alice")
     entry = {"stream_id": "payroll-1", "dir": "", "name": "payroll.csv", "bytes": len(body),
              "sha256": hashlib.sha256(body).hexdigest()}
@@ -150,7 +152,7 @@ def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
 
 def test_a_pack_member_cannot_name_its_own_sender() -> None:
     """A pack's members are headers its sender wrote; the sender of each is the pack's stamp."""
-    dest = p.Destination.parse(QUEUE)
+    dest = Destination.parse(QUEUE)
     member = {**p.offer_headers(p.StreamSpec("m-1", "m.bin", 10, 10), dest, sender="bob"), "JMSXUserID": "alice",
               "timestamp": "1"}
     offer = parse_visible_offer(member, dest, stamped={"JMSXUserID": "bob", "timestamp": "1795000000000"})
@@ -158,7 +160,7 @@ def test_a_pack_member_cannot_name_its_own_sender() -> None:
     unstamped = parse_visible_offer(member, dest, stamped={"message-id": "ID:1"})
     assert (unstamped.sender, unstamped.offered_at) == (None, None)
     # Nor can a member name a first sender for a pack the receiver put back.
-    claims = {**member, p.H_FIRST_SENDER: "alice", p.H_DATA_DEST: dest.data_queue("m-1", "reader")}
+    claims = {**member, hdr.H_FIRST_SENDER: "alice", hdr.H_DATA_DEST: dest.data_queue("m-1", "reader")}
     requeued = parse_visible_offer(claims, dest, stamped={"JMSXUserID": "reader"})
     assert requeued.sender == "reader"
 
@@ -177,7 +179,7 @@ def test_a_send_only_user_cannot_forge_its_identity(ident_broker: EmbeddedBroker
     """alice writes ``JMSXUserID: admin`` (and, once, bob's name) on her SEND frames; the
     broker delivers each as alice's. The administrator's own message says who it is."""
     alice = params_as(ident_broker, "alice")
-    offer_like = {p.H_KIND: "note"}
+    offer_like = {hdr.H_KIND: "note"}
     _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "admin"}, b"one")
     _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "bob", "amqs_sender": "bob"}, b"two")
     _raw_send(params_as(ident_broker, None), QUEUE, offer_like, b"three")
@@ -250,11 +252,11 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     packed = send_files(bob, [make_file(tmp_path / "small" / f"b{i}.bin", 2000 + i, seed=10 + i) for i in range(2)],
                         QUEUE).results
     # bob's offer claiming to be alice's, in every header a sender writes.
-    dest = p.Destination.parse(QUEUE)
-    forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest, sender="bob")
-    _raw_send(bob, QUEUE, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice", p.H_FIRST_SENDER: "alice"})
+    dest = Destination.parse(QUEUE)
+    forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, hdr.Mode.ATOMIC), dest, sender="bob")
+    _raw_send(bob, QUEUE, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice", hdr.H_FIRST_SENDER: "alice"})
     # Naming alice's data queue as well makes it an invalid offer, which fires nothing.
-    _raw_send(bob, QUEUE, p.offer_headers(p.StreamSpec("bob-in-alice", "f.bin", 10, 10, p.Mode.ATOMIC), dest,
+    _raw_send(bob, QUEUE, p.offer_headers(p.StreamSpec("bob-in-alice", "f.bin", 10, 10, hdr.Mode.ATOMIC), dest,
                                           sender="alice"))
     assert sum(bw.is_pack(f.headers) for f in browse(params_as(ident_broker, None), QUEUE)) == 1, \
         "bob's files not packed"
@@ -266,8 +268,9 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     assert senders == {by_alice.stream_id: "alice", packed[0].stream_id: "bob", packed[1].stream_id: "bob",
                        "bob-as-alice": "bob"}
     [filed] = wait_for(lambda: [f for f in browse(params_as(ident_broker, None), f"/queue/DLQ.{dest.name}")
-                                if f.headers.get(p.H_STREAM) == "bob-in-alice"], 30, "the watcher to file bob-in-alice")
-    assert "for its sender 'bob'" in filed.headers[p.H_QUARANTINE_REASON]
+                                if f.headers.get(hdr.H_STREAM) == "bob-in-alice"], 30,
+                    "the watcher to file bob-in-alice")
+    assert "for its sender 'bob'" in filed.headers[hdr.H_QUARANTINE_REASON]
 
 
 def test_the_trigger_says_once_when_the_broker_stamps_no_sender(monkeypatch: pytest.MonkeyPatch,

@@ -24,6 +24,7 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, StreamFailure, receive_streams, send_file
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import RawSender, make_file, old_gen_mib, running_broker, sha256_file
@@ -68,7 +69,7 @@ def test_backlogs_nobody_consumes_do_not_stop_other_queues(
     again and again (a send to the parked queue each time)."""
     broker, u = users
     heap_before = old_gen_mib(broker.running_pid() or 0)
-    dest = p.Destination.parse(QUEUE)
+    dest = Destination.parse(QUEUE)
     for sid in ("junk-1", "junk-2"):
         _backlog(u["mallory"], dest.data_queue(sid, "mallory"), BACKLOG_MIB)
     raw = RawSender(u["mallory"])

@@ -17,7 +17,7 @@ from airflow_provider_amqstream.broker.auth import MAX_WAITING
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
 from airflow_provider_amqstream.exceptions import DestinationFull
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import make_file, old_gen_mib, params_as, running_broker, sha256_file, wait_for
 
@@ -39,7 +39,7 @@ def test_data_queues_a_user_leaves_behind_are_capped(broker_of_its_own: Embedded
     arrives."""
     broker = broker_of_its_own
     eve, mallory, rx = (params_as(broker, name) for name in ("eve", "mallory", "rx"))
-    dest = p.Destination.parse(QUEUE)
+    dest = Destination.parse(QUEUE)
     heap_before = old_gen_mib(broker.running_pid() or 0)
     with StompLink(eve) as link:
         for i in range(MAX_WAITING):
@@ -67,7 +67,7 @@ def test_emptied_data_queues_leave_the_broker_heap(broker_of_its_own: EmbeddedBr
     broker = broker_of_its_own
     u = {name: params_as(broker, name) for name in ("mallory", "rx")}
     n = 1500
-    dest = p.Destination.parse(QUEUE)
+    dest = Destination.parse(QUEUE)
     queues = [dest.data_queue(f"done-{i:05d}", "mallory") for i in range(n)]
     heap_before = old_gen_mib(broker.running_pid() or 0)
     with StompLink(u["mallory"]) as link:

@@ -26,7 +26,9 @@ from airflow_provider_amqstream.engine import (
     send_files,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import HeldProxy, cli, make_file, peak_rss_kib_of, sha256_file, wait_for
 from tests.integration.test_queue_liveness import RawSender
@@ -93,14 +95,14 @@ def test_a_failed_file_does_not_stop_the_others_unless_fail_fast(params: BrokerP
 ])
 def test_hostile_relative_paths_are_quarantined_and_the_next_stream_arrives(
         params: BrokerParams, tmp_path: Path, queue_name: str, subdir: str, why: str) -> None:
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     data = b"hostile" * 100
-    spec = p.StreamSpec("hostile-1", "f.bin", len(data), 1024, p.Mode.ATOMIC)
+    spec = p.StreamSpec("hostile-1", "f.bin", len(data), 1024, hdr.Mode.ATOMIC)
     raw = RawSender(params)
     raw.send(dest.data_queue(spec.stream_id, params.user), data, p.data_headers(spec, 1, data))
     import hashlib
     raw.send(dest.data_queue(spec.stream_id, params.user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
-    raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=params.user), p.H_DIR: subdir})
+    raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=params.user), hdr.H_DIR: subdir})
     raw.close()
     good = make_file(tmp_path / "good.bin", 5000)
     send_files(params, [BatchFile(good, "ok/sub")], queue_name)
@@ -216,7 +218,7 @@ def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerPa
                                                                queue_name: str) -> None:
     """The batch message can be taken before its streams are published (another receiver
     held them): the manifest appears when the last listed stream is published."""
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     f = make_file(tmp_path / "a.bin", 3000)
     entry = {"stream_id": "late-a", "dir": "x", "name": "a.bin", "bytes": 3000, "sha256": sha256_file(f)}
     raw = RawSender(params)
@@ -243,9 +245,9 @@ def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerPa
 ])
 def test_hostile_batch_messages_are_quarantined(params: BrokerParams, tmp_path: Path, queue_name: str,
                                                 body: bytes, why: str) -> None:
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     raw = RawSender(params)
-    raw.send(str(dest), body, {p.H_VERSION: "1", p.H_KIND: "batch", p.H_STREAM: "bad-b", bw.H_BATCH: "bad-b",
+    raw.send(str(dest), body, {hdr.H_VERSION: "1", hdr.H_KIND: "batch", hdr.H_STREAM: "bad-b", bw.H_BATCH: "bad-b",
                                bw.H_PART: "1", bw.H_PARTS: "1"})
     raw.close()
     good = make_file(tmp_path / "good.bin", 2000)

@@ -17,7 +17,7 @@ import pytest
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.cli import MODES, _print_result
 from airflow_provider_amqstream.engine import SendOptions, TransferResult, send_file
-from airflow_provider_amqstream.protocol.wire import Mode
+from airflow_provider_amqstream.protocol.headers import Mode
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import HeldProxy, cli, make_file, read_json, sha256_file, wait_for
 

@@ -27,14 +27,15 @@ from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.engine.show import show_stream
 from airflow_provider_amqstream.exceptions import StreamElsewhere
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol import headers as hdr
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import browse, make_file, params_as, running_broker, sha256_file
 
 pytestmark = pytest.mark.broker
 
 Q = "/queue/moved"
-DEST = p.Destination.parse(Q)
+DEST = Destination.parse(Q)
 CHUNK = 64 * 1024
 OPTS = {"wait_timeout": 10, "idle_timeout": 10, "gap_grace": 2, "window": 4}
 
@@ -92,7 +93,8 @@ def test_a_retry_elsewhere_leaves_the_chunks_and_the_first_worker_finishes(acl_b
     _send_half_then_all(acl_broker, src, sid)
     _receive_and_die(acl_broker, worker1, sid, 8)
     [note] = browse(params_as(acl_broker, None), DEST.held_queue(sid), 2)
-    assert note.headers[p.H_HELD_DIR] == str(worker1.resolve()) and note.headers[p.H_HELD_HOST] == socket.gethostname()
+    assert note.headers[hdr.H_HELD_DIR] == str(worker1.resolve())
+    assert note.headers[hdr.H_HELD_HOST] == socket.gethostname()
     sha = _finish(acl_broker, src, sid)
 
     with pytest.raises(StreamElsewhere) as err:

@@ -25,7 +25,9 @@ from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, recei
 from airflow_provider_amqstream.engine.receive import browse as offers_mod
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import StreamStalled
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, owner_element
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
@@ -244,24 +246,24 @@ def test_hostile_offers_are_skipped_and_reported_once(broker: EmbeddedBroker, co
                                                       caplog: pytest.LogCaptureFixture) -> None:
     """An authorized sender offers the worst values with raw stomp.py; only the good offer fires."""
     info = broker.info()
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     good = p.offer_headers(p.StreamSpec("good-1", "ok.csv", 10, 10), dest, sender=params.user)
 
     def bad(**changes: str) -> dict[str, str]:
         h = dict(good, **changes)
-        if p.H_DATA_DEST not in changes:  # keep the data queue consistent, so only the change is wrong
-            h[p.H_DATA_DEST] = f"{queue_name}.amqs.{p.owner_element(params.user)}.{h[p.H_STREAM]}"
+        if hdr.H_DATA_DEST not in changes:  # keep the data queue consistent, so only the change is wrong
+            h[hdr.H_DATA_DEST] = f"{queue_name}.amqs.{owner_element(params.user)}.{h[hdr.H_STREAM]}"
         return h
 
     hostile = [
-        bad(**{p.H_STREAM: "../../etc"}),
-        bad(**{p.H_STREAM: "x" * 5000}),
-        bad(**{p.H_STREAM: "big-name", p.H_NAME: "n" * 9000}),
-        bad(**{p.H_STREAM: "neg", p.H_SIZE: "-1"}),
-        bad(**{p.H_STREAM: "huge", p.H_SIZE: "9" * 400}),
-        bad(**{p.H_STREAM: "forged", p.H_DATA_DEST: "/queue/elsewhere"}),
-        bad(**{p.H_STREAM: "v9", p.H_VERSION: "9"}),
-        bad(**{p.H_STREAM: "re-1", p.H_REOFFER: "1"}),  # valid, but nobody starts from a re-offer
+        bad(**{hdr.H_STREAM: "../../etc"}),
+        bad(**{hdr.H_STREAM: "x" * 5000}),
+        bad(**{hdr.H_STREAM: "big-name", hdr.H_NAME: "n" * 9000}),
+        bad(**{hdr.H_STREAM: "neg", hdr.H_SIZE: "-1"}),
+        bad(**{hdr.H_STREAM: "huge", hdr.H_SIZE: "9" * 400}),
+        bad(**{hdr.H_STREAM: "forged", hdr.H_DATA_DEST: "/queue/elsewhere"}),
+        bad(**{hdr.H_STREAM: "v9", hdr.H_VERSION: "9"}),
+        bad(**{hdr.H_STREAM: "re-1", hdr.H_REOFFER: "1"}),  # valid, but nobody starts from a re-offer
     ]
     for h in hostile:
         _raw_send(info, queue_name, h)
@@ -286,8 +288,8 @@ def test_hostile_offers_are_skipped_and_reported_once(broker: EmbeddedBroker, co
     warnings = [r for r in caplog.records if "quarantined to" in r.getMessage()]
     assert len(warnings) == 7, [r.getMessage()[:120] for r in warnings]
     filed = browse(params, f"/queue/DLQ.{dest.name}")
-    assert len(filed) == 7 and all(f.headers[p.H_QUARANTINED_FROM] == queue_name for f in filed)
-    assert sorted(f.headers[p.H_STREAM] for f in browse(params, queue_name)) == ["good-1", "re-1"]
+    assert len(filed) == 7 and all(f.headers[hdr.H_QUARANTINED_FROM] == queue_name for f in filed)
+    assert sorted(f.headers[hdr.H_STREAM] for f in browse(params, queue_name)) == ["good-1", "re-1"]
 
 
 @pytest.mark.broker
@@ -348,8 +350,8 @@ def test_a_deferred_sensor_is_not_woken_for_a_stream_that_yielded_its_place(
         receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=5, idle_timeout=1,
                                                                        yield_backoff=600))
     assert browse(params, queue_name) == []
-    [parked] = browse(params, p.Destination.parse(queue_name).parked_queue())
-    assert p.parked_until(parked.headers) > time.time() + 500 and parked.headers[p.H_YIELDS] == "1"
+    [parked] = browse(params, Destination.parse(queue_name).parked_queue())
+    assert p.parked_until(parked.headers) > time.time() + 500 and parked.headers[hdr.H_YIELDS] == "1"
     trig = StreamOfferTrigger(source=queue_name, amqstream_conn_id=conn, poll_interval=0.2, timeout=3)
     events: list[Any] = []
     asyncio.run(_collect(trig.run(), events, lambda: bool(events), 60))

@@ -15,7 +15,9 @@ import pytest
 
 from airflow_provider_amqstream.engine import SendOptions, TransferResult, send_file
 from airflow_provider_amqstream.exceptions import StreamError
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import HeldProxy, Receiver, cli, cli_json, make_file, read_json, sha256_file, wait_for
@@ -70,7 +72,7 @@ def test_lost_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, queue_n
     def lossy_send(self: StompLink, destination: str, body: bytes, headers: dict[str, str],
                    **kw: Any) -> str | None:
         # The first copy of chunk 5 never reaches the broker, as on a lossy path.
-        if headers.get(p.H_KIND) == "data" and headers.get(p.H_SEQ) == "5" and not dropped:
+        if headers.get(hdr.H_KIND) == "data" and headers.get(hdr.H_SEQ) == "5" and not dropped:
             dropped.append(destination)
             return None
         return real_send(self, destination, body, headers, **kw)
@@ -88,8 +90,8 @@ def test_lost_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, queue_n
 def test_corrupted_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
     src = make_file(tmp_path / "f.bin", 10 * 4096)
     data = src.read_bytes()
-    spec = p.StreamSpec("bad-1", src.name, len(data), 4096, p.Mode.HANDSHAKE)
-    dest = p.Destination.parse(queue_name)
+    spec = p.StreamSpec("bad-1", src.name, len(data), 4096, hdr.Mode.HANDSHAKE)
+    dest = Destination.parse(queue_name)
     with StompLink(params) as link:  # a corrupted copy of chunk 3 waits ahead of the real one
         body = data[8192:12288]
         # Its first byte flipped: b"X" in its place left it intact whenever the random byte was "X".

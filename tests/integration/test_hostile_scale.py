@@ -31,7 +31,9 @@ from airflow_provider_amqstream.engine import (
 from airflow_provider_amqstream.engine.receive.offers import SWEEP_PAUSE
 from airflow_provider_amqstream.engine.receive.stream import FIRST_LOOK
 from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import (
     RawSender,
@@ -87,7 +89,7 @@ def users(three: EmbeddedBroker) -> tuple[EmbeddedBroker, dict[str, BrokerParams
 
 
 def _offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str) -> None:
-    dest = p.Destination.parse(queue)
+    dest = Destination.parse(queue)
     raw = RawSender(params)
     try:
         for i in range(n):
@@ -135,7 +137,7 @@ def test_a_good_stream_passes_any_number_of_offers_too_large_for_the_disk(
     # All of them are still there, parked, for an operator (the broker shows a browser 16);
     # the queue of offers itself is clean.
     assert browse(u["rx"], queue) == []
-    head = browse(u["rx"], p.Destination.parse(queue).parked_queue())
+    head = browse(u["rx"], Destination.parse(queue).parked_queue())
     assert len(head) == min(n, 16) and all(p.parked_until(f.headers) > time.time() + 60 for f in head)
     heap_after = old_gen_mib(pid)
     print(f"\nbehind {n} offers of 1 TiB: first good stream {delay:.2f}s, second {again:.2f}s; broker old "
@@ -173,11 +175,11 @@ def test_a_good_stream_passes_a_thousand_junk_messages(
     _, u = users
     queue = "/queue/scale.junk1000"
     raw = RawSender(u["mallory"])
-    shapes = [{}, {p.H_KIND: "data"}, {p.H_KIND: "offer", "amqs_inline": "2"}, {p.H_KIND: "nonsense" * 100},
-              {p.H_KIND: "batch"}]
+    shapes = [{}, {hdr.H_KIND: "data"}, {hdr.H_KIND: "offer", "amqs_inline": "2"}, {hdr.H_KIND: "nonsense" * 100},
+              {hdr.H_KIND: "batch"}]
     try:
         for i in range(1000):
-            raw.send(queue, b"x" * (i % 7), {**shapes[i % len(shapes)], p.H_STREAM: f"junk-{i}"})
+            raw.send(queue, b"x" * (i % 7), {**shapes[i % len(shapes)], hdr.H_STREAM: f"junk-{i}"})
     finally:
         raw.close()
     delay, failures = _good_stream_after(u, queue, tmp_path, "good.bin")
@@ -201,11 +203,11 @@ def test_a_watcher_sees_a_stream_behind_a_thousand_junk_messages(
     b, u = users
     queue = "/queue/scale.watch1000"
     raw = RawSender(u["mallory"])
-    shapes = [{}, {p.H_KIND: "data"}, {p.H_KIND: "offer"}, {p.H_KIND: "nonsense" * 100},
-              {p.H_KIND: "batch"}, {p.H_KIND: "pack"}]
+    shapes = [{}, {hdr.H_KIND: "data"}, {hdr.H_KIND: "offer"}, {hdr.H_KIND: "nonsense" * 100},
+              {hdr.H_KIND: "batch"}, {hdr.H_KIND: "pack"}]
     try:
         for i in range(1000):
-            raw.send(queue, b"x" * (i % 7), {**shapes[i % len(shapes)], p.H_STREAM: f"junk-{i}"})
+            raw.send(queue, b"x" * (i % 7), {**shapes[i % len(shapes)], hdr.H_STREAM: f"junk-{i}"})
     finally:
         raw.close()
     src = make_file(tmp_path / "seen.bin", 200_000, seed=3)
@@ -225,7 +227,7 @@ def test_a_watcher_sees_a_stream_behind_a_thousand_junk_messages(
     delay = time.monotonic() - t0
     assert (event["stream_id"], event["sender"]) == (sent.stream_id, "alice")
     with StompLink(params_from_uri(b.info().uri)) as admin:  # a browser would see one page only
-        filed = drain_queue(admin, f"/queue/DLQ.{p.Destination.parse(queue).name}", ack=True, quiet=2, limit=120)
+        filed = drain_queue(admin, f"/queue/DLQ.{Destination.parse(queue).name}", ack=True, quiet=2, limit=120)
     assert filed == 1000
     got = receive_stream(u["rx"], queue, tmp_path / "out", stream_id=sent.stream_id,
                          options=ReceiveOptions(wait_timeout=30))
@@ -245,15 +247,15 @@ def test_what_a_receiver_holds_is_bounded_by_frames_not_by_what_senders_declare(
 
     b, u = users
     queue = "/queue/scale.big"
-    dest = p.Destination.parse(queue)
-    frame = p.MAX_CHUNK_SIZE
+    dest = Destination.parse(queue)
+    frame = hdr.MAX_CHUNK_SIZE
     rx = cli_probed("receive", "--from", queue, "--out-dir", str(tmp_path / "out"), "--conn", b.info(user="rx").uri,
                     "--count", "1", "--wait", "600", "--json", "-q")
     raw = RawSender(u["mallory"])
     try:
         zeros = bytes(frame)
         for i in range(2 * PREFETCH):  # more than the broker may hand over at once
-            kind = {p.H_KIND: "pack", p.H_STREAM: f"fatpack-{i}"} if i % 2 else {
+            kind = {hdr.H_KIND: "pack", hdr.H_STREAM: f"fatpack-{i}"} if i % 2 else {
                 **p.offer_headers(p.StreamSpec(f"fat-{i}", "fat.bin", frame, frame), dest, sender="mallory"),
                 "amqs_inline": "1"}
             raw.send(queue, zeros, kind)
@@ -327,8 +329,8 @@ def test_a_handshake_stream_trickling_corrupt_chunks_ends_within_its_idle_timeou
 
     _, u = users
     queue = "/queue/scale.trickle"
-    dest = p.Destination.parse(queue)
-    spec = p.StreamSpec("trickle-1", "t.bin", 100_000, 1000, p.Mode.HANDSHAKE)
+    dest = Destination.parse(queue)
+    spec = p.StreamSpec("trickle-1", "t.bin", 100_000, 1000, hdr.Mode.HANDSHAKE)
     raw = RawSender(u["mallory"])
     raw.send(queue, b"", p.offer_headers(spec, dest, window=8, sender="mallory"))
     stop = threading.Event()
@@ -363,7 +365,7 @@ def test_a_sender_at_its_data_queue_cap_fails_its_own_offer_never_the_receiver(
     ``reconnect_timeout`` (120 s) blaming its own user, and the good stream never arrived."""
     _, u = users
     queue = "/queue/scale.capped"
-    dest = p.Destination.parse(queue)
+    dest = Destination.parse(queue)
     raw = RawSender(u["capped"])
     try:
         for i in range(CAP):
@@ -377,8 +379,8 @@ def test_a_sender_at_its_data_queue_cap_fails_its_own_offer_never_the_receiver(
     assert "'capped'" in reason and "rx" not in reason, reason
     assert delay <= SLACK + PER_REFUSED, f"{delay:.1f}s behind one offer whose data queue the broker refused"
     parked = browse(u["rx"], dest.parked_queue())
-    assert [f.headers[p.H_STREAM] for f in parked] == ["over-00000"]
-    assert parked[0].headers[p.H_FIRST_SENDER] == "capped" and "'capped'" in parked[0].headers[p.H_YIELD_REASON]
+    assert [f.headers[hdr.H_STREAM] for f in parked] == ["over-00000"]
+    assert parked[0].headers[hdr.H_FIRST_SENDER] == "capped" and "'capped'" in parked[0].headers[hdr.H_YIELD_REASON]
     print(f"\nbehind an offer of a user at its cap of {CAP} data queues: the good stream arrived in {delay:.2f}s; "
           f"broker old generation {assert_old_gen_bounded(users[0], 'a sender at its cap'):.0f} MiB")
 
@@ -422,7 +424,7 @@ def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_
 
     _, u = users
     queue = "/queue/scale.halfsent"
-    dest = p.Destination.parse(queue)
+    dest = Destination.parse(queue)
     raw = RawSender(u["mallory"])
     stop = threading.Event()
     t = threading.Thread()
@@ -466,7 +468,7 @@ def _orphan_part(batch_id: str, part: int, parts: int) -> tuple[dict[str, str], 
     from airflow_provider_amqstream.protocol import bulk as bw
 
     tag = f"{batch_id}-{part}-"
-    entries = [{"stream_id": f"{tag}{i:05d}".ljust(p.MAX_STREAM_ID, "x"), "dir": "", "name": "x", "bytes": 1,
+    entries = [{"stream_id": f"{tag}{i:05d}".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "", "name": "x", "bytes": 1,
                 "sha256": "0" * 64} for i in range(1999)]
     [(headers, body)] = bw.batch_messages(batch_id, entries)
     return {**headers, bw.H_PART: str(part), bw.H_PARTS: str(parts)}, body
@@ -559,7 +561,7 @@ def test_a_receivers_memory_does_not_grow_with_the_batch_a_sender_declares(
     raw = RawSender(u["mallory"])
     try:
         for k in range(1, BATCH_PARTS + 1):
-            entries = [{"stream_id": f"never-{k}-{i}-".ljust(p.MAX_STREAM_ID, "x"), "dir": "", "name": f"f{i}.csv",
+            entries = [{"stream_id": f"never-{k}-{i}-".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "", "name": f"f{i}.csv",
                         "bytes": i, "sha256": f"{i:064x}"} for i in range(bw.BATCH_PART_FILES)]
             [(headers, body)] = bw.batch_messages("huge-1", entries)
             raw.send(queue, body, {**headers, bw.H_PART: str(k), bw.H_PARTS: str(BATCH_PARTS)})

@@ -24,7 +24,10 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file, send_files
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import crc32
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import RawSender, browse, cli, make_file, play, running_broker, sha256_file
@@ -64,7 +67,7 @@ def _receive_after(params: BrokerParams, queue: str, tmp_path: Path) -> tuple[li
 
 
 def _raw_offer(sender: BrokerParams, queue: str, **changes: str) -> None:
-    dest = p.Destination.parse(queue)
+    dest = Destination.parse(queue)
     spec = p.StreamSpec("hostile-1", "f.bin", 3000, 1000)
     raw = RawSender(sender)
     raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=sender.user), **changes})
@@ -89,14 +92,14 @@ def test_an_offer_with_a_200_kib_header_section_is_refused_not_looped_on(
     assert "header section was too large" in lines[0]["reason"]
     assert lines[1]["sha256"] == sent.sha256 == sha256_file(tmp_path / "out" / "good.bin")
     assert time.monotonic() - t0 < 60
-    [filed] = browse(params, "/queue/DLQ." + p.Destination.parse(queue_name).name)
-    assert p.H_QUARANTINE_REASON in filed.headers
+    [filed] = browse(params, "/queue/DLQ." + Destination.parse(queue_name).name)
+    assert hdr.H_QUARANTINE_REASON in filed.headers
 
 
 @pytest.mark.parametrize("changes", [
-    {p.H_SIZE: "+3000"}, {p.H_SIZE: " 3000"}, {p.H_SIZE: "3_000"}, {p.H_SIZE: "\u0663\u0660\u0660\u0660"},
-    {p.H_CHUNK_SIZE: "1e3"}, {p.H_STREAM: "hostile-1\n"}, {p.H_STREAM: "../../etc"}, {p.H_NAME: "x" * 300},
-    {p.H_VERSION: "2"}, {p.H_MODE: "stream\n"},
+    {hdr.H_SIZE: "+3000"}, {hdr.H_SIZE: " 3000"}, {hdr.H_SIZE: "3_000"}, {hdr.H_SIZE: "\u0663\u0660\u0660\u0660"},
+    {hdr.H_CHUNK_SIZE: "1e3"}, {hdr.H_STREAM: "hostile-1\n"}, {hdr.H_STREAM: "../../etc"}, {hdr.H_NAME: "x" * 300},
+    {hdr.H_VERSION: "2"}, {hdr.H_MODE: "stream\n"},
 ], ids=lambda c: "-".join(f"{k}={v[:12]!r}" for k, v in c.items()))
 def test_malformed_offers_are_quarantined_and_the_next_stream_arrives(
         params: BrokerParams, sender: BrokerParams, tmp_path: Path, queue_name: str, changes: dict[str, str]) -> None:
@@ -122,14 +125,14 @@ def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
             return headers, body
         if case.startswith("bomb"):
             wire = _bomb(2**40) if case == "bomb-1tib" else zstandard.ZstdCompressor().compress(b"\0" * 65536)
-            return {**headers, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(wire))}, wire
+            return {**headers, hdr.H_ENCODING: "zstd", hdr.H_CRC: str(crc32(wire))}, wire
         if case == "far-ahead":
             far = spec.chunks  # the last of 2048 two-byte chunks, 2047 past the gap
             off, n = spec.chunk_span(far)
             return p.data_headers(spec, far, data[off:off + n]), data[off:off + n]
         if case == "cut-headers":
             return {**headers, **{f"pad{i}": "y" * 10_000 for i in range(12)}}, body
-        return {**headers, p.H_CRC: "9" * 20}, body
+        return {**headers, hdr.H_CRC: "9" * 20}, body
 
     play(sender, queue_name, spec, data, [1], end=False, tamper=tamper)
     got, failed, sha = _receive_after(params, queue_name, tmp_path)
@@ -207,8 +210,8 @@ def test_a_hostile_pack_is_quarantined_whole_and_the_next_stream_arrives(
     assert browse(params, queue_name) == []
 
 
-def _member(dest: p.Destination, sid: str, name: str, data: bytes, user: str) -> tuple[dict[str, str], bytes]:
-    spec = p.StreamSpec(sid, name, len(data), 4096, p.Mode.ATOMIC)
+def _member(dest: Destination, sid: str, name: str, data: bytes, user: str) -> tuple[dict[str, str], bytes]:
+    spec = p.StreamSpec(sid, name, len(data), 4096, hdr.Mode.ATOMIC)
     return bw.inline_offer(spec, dest, data, hashlib.sha256(data).hexdigest(), sender=user)
 
 
@@ -219,16 +222,16 @@ def test_a_bad_member_fails_alone_and_its_pack_mates_arrive(
     for a name, made safe; for a repeated id, reported as the duplicate it is), the others
     of its pack are published byte-exact, the pack is acknowledged, and the next good
     stream arrives."""
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     data = [make_file(tmp_path / f"m{i}.bin", 2000 + i, seed=i).read_bytes() for i in range(3)]
     members = [_member(dest, f"pm-{case}-{i}", f"m{i}.bin", d, sender.user) for i, d in enumerate(data)]
     h, w = members[1]
     if case == "sha-mismatch":
-        members[1] = ({**h, p.H_SHA256: "0" * 64}, w)
+        members[1] = ({**h, hdr.H_SHA256: "0" * 64}, w)
     elif case == "zstd-bomb":
-        members[1] = ({**h, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(_bomb(2**40)))}, _bomb(2**40))
+        members[1] = ({**h, hdr.H_ENCODING: "zstd", hdr.H_CRC: str(crc32(_bomb(2**40)))}, _bomb(2**40))
     elif case == "data-queue-elsewhere":
-        members[1] = ({**h, p.H_DATA_DEST: "/queue/rt.other.amqs.x"}, w)
+        members[1] = ({**h, hdr.H_DATA_DEST: "/queue/rt.other.amqs.x"}, w)
     elif case == "dotdot-name":
         members[1] = _member(dest, f"pm-{case}-1", "..", data[1], sender.user)
     else:

@@ -15,22 +15,26 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, TransferResult, receive_streams, send_files
+from airflow_provider_amqstream.exceptions import ProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import HeldProxy, RawSender, browse, cli, cli_json, make_file, records_in, sha256_file, wait_for
 
-DEST = p.Destination.parse("/queue/inline.unit")
+DEST = Destination.parse("/queue/inline.unit")
 BODY = hashlib.sha256(b"inline").digest() * 100  # 3200 bytes, compressible
 SHA = hashlib.sha256(BODY).hexdigest()
 
 
-def _spec(size: int = len(BODY), chunk: int = 4096, mode: p.Mode = p.Mode.ATOMIC) -> p.StreamSpec:
+def _spec(size: int = len(BODY), chunk: int = 4096, mode: hdr.Mode = hdr.Mode.ATOMIC) -> p.StreamSpec:
     return p.StreamSpec("in-1", "f.bin", size, chunk, mode)
 
 
-@pytest.mark.parametrize("codec", [None, p.ChunkCodec("zstd")])
-def test_an_inline_offer_carries_the_file_and_is_read_back_exactly(codec: p.ChunkCodec | None) -> None:
+@pytest.mark.parametrize("codec", [None, ChunkCodec("zstd")])
+def test_an_inline_offer_carries_the_file_and_is_read_back_exactly(codec: ChunkCodec | None) -> None:
     headers, wire = bw.inline_offer(_spec(), DEST, BODY, SHA, sender="ann", codec=codec)
     assert bw.is_inline(headers) and (len(wire) < len(BODY)) == (codec is not None)
     spec, _ = p.parse_offer(headers, DEST, sender="ann")
@@ -41,11 +45,11 @@ def test_an_inline_offer_carries_the_file_and_is_read_back_exactly(codec: p.Chun
 
 
 def test_only_one_chunk_outside_handshake_mode_travels_inline() -> None:
-    with pytest.raises(p.ProtocolError, match="one chunk"):
+    with pytest.raises(ProtocolError, match="one chunk"):
         bw.inline_offer(_spec(chunk=1000), DEST, BODY, SHA, sender="ann")
-    with pytest.raises(p.ProtocolError, match="one chunk"):
-        bw.inline_offer(_spec(mode=p.Mode.HANDSHAKE), DEST, BODY, SHA, sender="ann")
-    with pytest.raises(p.ProtocolError, match="did the file change"):
+    with pytest.raises(ProtocolError, match="one chunk"):
+        bw.inline_offer(_spec(mode=hdr.Mode.HANDSHAKE), DEST, BODY, SHA, sender="ann")
+    with pytest.raises(ProtocolError, match="did the file change"):
         bw.inline_offer(_spec(), DEST, BODY[:-1], SHA, sender="ann")
 
 
@@ -57,23 +61,23 @@ def _bomb() -> bytes:
 
 
 HOSTILE: dict[str, Any] = {
-    "bad-crc": lambda h, w: ({**h, p.H_CRC: str((int(h[p.H_CRC]) + 1) % 2**32)}, w),
-    "sha-mismatch": lambda h, w: ({**h, p.H_SHA256: "0" * 64}, w),
-    "no-sha": lambda h, w: ({k: v for k, v in h.items() if k != p.H_SHA256}, w),
-    "short-body": lambda h, w: ({**h, p.H_CRC: str(p.crc32(w[:-1]))}, w[:-1]),
-    "zstd-bomb": lambda h, w: ({**h, p.H_ENCODING: "zstd", p.H_CRC: str(p.crc32(_bomb()))}, _bomb()),
-    "unknown-encoding": lambda h, w: ({**h, p.H_ENCODING: "lz4"}, w),
+    "bad-crc": lambda h, w: ({**h, hdr.H_CRC: str((int(h[hdr.H_CRC]) + 1) % 2**32)}, w),
+    "sha-mismatch": lambda h, w: ({**h, hdr.H_SHA256: "0" * 64}, w),
+    "no-sha": lambda h, w: ({k: v for k, v in h.items() if k != hdr.H_SHA256}, w),
+    "short-body": lambda h, w: ({**h, hdr.H_CRC: str(crc32(w[:-1]))}, w[:-1]),
+    "zstd-bomb": lambda h, w: ({**h, hdr.H_ENCODING: "zstd", hdr.H_CRC: str(crc32(_bomb()))}, _bomb()),
+    "unknown-encoding": lambda h, w: ({**h, hdr.H_ENCODING: "lz4"}, w),
     "inline-value": lambda h, w: ({**h, bw.H_INLINE: "yes"}, w),
-    "two-chunks": lambda h, w: ({**h, p.H_CHUNK_SIZE: "1000", p.H_CHUNKS: "4"}, w),
-    "handshake": lambda h, w: ({**h, p.H_MODE: "handshake", p.H_REPLY_TO: DEST.control_queue("in-1"),
-                                p.H_WINDOW: "4"}, w),
+    "two-chunks": lambda h, w: ({**h, hdr.H_CHUNK_SIZE: "1000", hdr.H_CHUNKS: "4"}, w),
+    "handshake": lambda h, w: ({**h, hdr.H_MODE: "handshake", hdr.H_REPLY_TO: DEST.control_queue("in-1"),
+                                hdr.H_WINDOW: "4"}, w),
 }
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_inline_offers_are_refused(case: str) -> None:
     headers, wire = HOSTILE[case](*bw.inline_offer(_spec(), DEST, BODY, SHA, sender="ann"))
-    with pytest.raises(p.ProtocolError):
+    with pytest.raises(ProtocolError):
         spec, _ = p.parse_offer(headers, DEST, sender="ann")
         bw.read_inline(headers, wire, spec)
 
@@ -82,12 +86,12 @@ def test_hostile_inline_offers_are_refused(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_inline_offer_is_quarantined_and_the_next_files_arrive(
         params: BrokerParams, tmp_path: Path, queue_name: str, case: str) -> None:
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     sid = f"hx-{case}"
-    spec = p.StreamSpec(sid, "bad.bin", len(BODY), 4096, p.Mode.ATOMIC)
+    spec = p.StreamSpec(sid, "bad.bin", len(BODY), 4096, hdr.Mode.ATOMIC)
     headers, wire = HOSTILE[case](*bw.inline_offer(spec, dest, BODY, SHA, sender=params.user))
     if case == "handshake":
-        headers[p.H_REPLY_TO] = dest.control_queue(sid)
+        headers[hdr.H_REPLY_TO] = dest.control_queue(sid)
     raw = RawSender(params)
     raw.send(queue_name, wire, headers)
     raw.close()
@@ -104,7 +108,7 @@ def test_a_hostile_inline_offer_is_quarantined_and_the_next_files_arrive(
     [f] = failures
     assert f.status == "quarantined" and f.stream_id == sid, f
     [filed] = browse(params, "/queue/DLQ." + dest.name)
-    assert filed.headers[p.H_STREAM] == sid and filed.headers[p.H_QUARANTINE_REASON]
+    assert filed.headers[hdr.H_STREAM] == sid and filed.headers[hdr.H_QUARANTINE_REASON]
     assert not (out / "bad.bin").exists()
     assert not list((out / ".amqstream").glob("*.inline")), "a temporary file was left behind"
 

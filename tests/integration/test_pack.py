@@ -19,20 +19,24 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream, receive_streams, send_files
+from airflow_provider_amqstream.exceptions import ProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import browse, make_file, sha256_file
 
-DEST = p.Destination.parse("/queue/pack.unit")
+DEST = Destination.parse("/queue/pack.unit")
 
 
-def _members(n: int = 3, codec: p.ChunkCodec | None = None) -> list[tuple[dict[str, str], bytes, bytes]]:
+def _members(n: int = 3, codec: ChunkCodec | None = None) -> list[tuple[dict[str, str], bytes, bytes]]:
     out = []
     for i in range(n):
         data = hashlib.sha256(str(i).encode()).digest() * (10 * i)  # the first one is empty
-        spec = p.StreamSpec(f"m_{i}", f"f{i}.csv", len(data), 4096, p.Mode.ATOMIC)
+        spec = p.StreamSpec(f"m_{i}", f"f{i}.csv", len(data), 4096, hdr.Mode.ATOMIC)
         headers, wire = bw.inline_offer(spec, DEST, data, hashlib.sha256(data).hexdigest(), sender="ann", codec=codec,
                                        subdir="a/b" if i == 1 else "")
         out.append((headers, wire, data))
@@ -43,22 +47,22 @@ def _pack(n: int = 3) -> tuple[dict[str, str], bytes]:
     return bw.pack_message([(h, w) for h, w, _ in _members(n)])
 
 
-@pytest.mark.parametrize("codec", [None, p.ChunkCodec("zstd")])
-def test_a_pack_carries_each_member_exactly(codec: p.ChunkCodec | None) -> None:
+@pytest.mark.parametrize("codec", [None, ChunkCodec("zstd")])
+def test_a_pack_carries_each_member_exactly(codec: ChunkCodec | None) -> None:
     members = _members(codec=codec)
     headers, body = bw.pack_message([(h, w) for h, w, _ in members])
-    assert headers[p.H_PACK_IDS] == "|m_0|m_1|m_2|" and bw.is_pack(headers) and bw.is_inline(headers)
+    assert headers[hdr.H_PACK_IDS] == "|m_0|m_1|m_2|" and bw.is_pack(headers) and bw.is_inline(headers)
     got = bw.read_pack(headers, body)
-    assert [h[p.H_STREAM] for h, _ in got] == ["m_0", "m_1", "m_2"]
+    assert [h[hdr.H_STREAM] for h, _ in got] == ["m_0", "m_1", "m_2"]
     for (mh, mw), (_, _, data) in zip(got, members, strict=True):
-        assert p.H_GROUP_ID not in mh, "a JMS property inside a pack means nothing"
+        assert hdr.H_GROUP_ID not in mh, "a JMS property inside a pack means nothing"
         spec, _ = p.parse_offer(mh, DEST, sender="ann")
         assert bw.read_inline(mh, mw, spec) == data
-    assert paths.safe_subdir(got[1][0].get(p.H_DIR), "m_1") == ("a", "b")
+    assert paths.safe_subdir(got[1][0].get(hdr.H_DIR), "m_1") == ("a", "b")
 
 
 def _recrc(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
-    return {**h, p.H_CRC: str(p.crc32(b))}, b
+    return {**h, hdr.H_CRC: str(crc32(b))}, b
 
 
 def _reindex(h: dict[str, str], b: bytes, change: Callable[[list[Any]], Any]) -> tuple[dict[str, str], bytes]:
@@ -71,14 +75,14 @@ def _many(h: dict[str, str], b: bytes) -> tuple[dict[str, str], bytes]:
     members = [(mh, mw) for mh, mw, _ in _members(1)] * (bw.MAX_PACK_FILES + 1)
     index = json.dumps([{**mh, bw.H_PACK_LEN: str(len(mw))} for mh, mw in members]).encode()
     return _recrc({**h, bw.H_PACK_FILES: str(len(members)), bw.H_PACK_INDEX: str(len(index)),
-                   p.H_PACK_IDS: "|" + "|".join(mh[p.H_STREAM] for mh, _ in members) + "|"},
+                   hdr.H_PACK_IDS: "|" + "|".join(mh[hdr.H_STREAM] for mh, _ in members) + "|"},
                   index + b"".join(mw for _, mw in members))
 
 
 # Each breaks one rule of the pack itself; the CRC is made right again where the change
 # is in the body, so the check that must catch it is reached.
 HOSTILE_PACKS: dict[str, Callable[[dict[str, str], bytes], tuple[dict[str, str], bytes]]] = {
-    "bad-crc": lambda h, b: ({**h, p.H_CRC: str((int(h[p.H_CRC]) + 1) % 2**32)}, b),
+    "bad-crc": lambda h, b: ({**h, hdr.H_CRC: str((int(h[hdr.H_CRC]) + 1) % 2**32)}, b),
     "index-past-body": lambda h, b: ({**h, bw.H_PACK_INDEX: str(len(b) + 1)}, b),
     "index-not-json": lambda h, b: _recrc(h, b"\xff" * int(h[bw.H_PACK_INDEX]) + b[int(h[bw.H_PACK_INDEX]):]),
     "index-deep-nesting": lambda h, b: _recrc({**h, bw.H_PACK_INDEX: "200000"}, b"[" * 200_000 + b),
@@ -89,25 +93,25 @@ HOSTILE_PACKS: dict[str, Callable[[dict[str, str], bytes], tuple[dict[str, str],
     "trailing-bytes": lambda h, b: _recrc(h, b + b"x"),
     "member-len-past-body": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], bw.H_PACK_LEN: "99999"}]),
     "member-len-signed": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], bw.H_PACK_LEN: "+1"}]),
-    "member-not-offer": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_KIND: "data"}]),
+    "member-not-offer": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], hdr.H_KIND: "data"}]),
     "member-not-inline": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], bw.H_INLINE: "0"}]),
-    "member-non-string": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], p.H_SIZE: 3}]),
+    "member-non-string": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], hdr.H_SIZE: 3}]),
     "member-jms-header": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], {**ix[2], "JMSXUserID": "admin"}]),
     "member-many-headers": lambda h, b: _reindex(
         h, b, lambda ix: [*ix[:2], {**ix[2], **{f"amqs_x{i}": "" for i in range(40)}}]),
     "member-a-list": lambda h, b: _reindex(h, b, lambda ix: [*ix[:2], [ix[2]]]),
-    "ids-list-another": lambda h, b: ({**h, p.H_PACK_IDS: "|m_0|m_1|victim|"}, b),
-    "ids-missing": lambda h, b: ({k: v for k, v in h.items() if k != p.H_PACK_IDS}, b),
-    "version-2": lambda h, b: ({**h, p.H_VERSION: "2"}, b),
+    "ids-list-another": lambda h, b: ({**h, hdr.H_PACK_IDS: "|m_0|m_1|victim|"}, b),
+    "ids-missing": lambda h, b: ({k: v for k, v in h.items() if k != hdr.H_PACK_IDS}, b),
+    "version-2": lambda h, b: ({**h, hdr.H_VERSION: "2"}, b),
     "no-inline": lambda h, b: ({k: v for k, v in h.items() if k != bw.H_INLINE}, b),
-    "bad-pack-id": lambda h, b: ({**h, p.H_STREAM: "../pk"}, b),
+    "bad-pack-id": lambda h, b: ({**h, hdr.H_STREAM: "../pk"}, b),
 }
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_PACKS))
 def test_a_malformed_pack_is_refused_whole(case: str) -> None:
     headers, body = HOSTILE_PACKS[case](*_pack())
-    with pytest.raises(p.ProtocolError, match="pack"):
+    with pytest.raises(ProtocolError, match="pack"):
         bw.read_pack(headers, body)
 
 
@@ -115,7 +119,7 @@ def test_a_pack_member_selector_matches_only_that_id() -> None:
     sel = p.offer_selector("a_b")
     # '_' is LIKE's any-character: escaped, "a-b" no longer matches "a_b".
     assert "'%|a!_b|%' ESCAPE '!'" in sel and "amqs_kind = 'pack'" in sel
-    with pytest.raises(p.ProtocolError):
+    with pytest.raises(ProtocolError):
         p.offer_selector("x' OR '1'='1")
 
 
@@ -128,7 +132,7 @@ def test_a_stream_asked_for_by_id_comes_with_its_pack(params: BrokerParams, tmp_
     files = _small_files(tmp_path)
     sent = send_files(params, files, queue_name)
     [pack] = browse(params, queue_name)
-    assert pack.headers[p.H_KIND] == "pack" and pack.headers[bw.H_PACK_FILES] == "5"
+    assert pack.headers[hdr.H_KIND] == "pack" and pack.headers[bw.H_PACK_FILES] == "5"
     wanted = sent.results[2]
     got = receive_stream(params, queue_name, tmp_path / "out", stream_id=wanted.stream_id,
                          options=ReceiveOptions(wait_timeout=15))
@@ -170,8 +174,8 @@ def test_a_packed_stream_without_room_yields_its_pack_once(params: BrokerParams,
                                                                          yield_backoff=8), on_failure=failures.append)
     assert got == [] and [f.status for f in failures] == ["no_room"]
     assert browse(params, queue_name) == []
-    [parked] = browse(params, p.Destination.parse(queue_name).parked_queue())
-    assert parked.headers[p.H_STREAM] == pack.headers[p.H_STREAM] and parked.body == pack.body
+    [parked] = browse(params, Destination.parse(queue_name).parked_queue())
+    assert parked.headers[hdr.H_STREAM] == pack.headers[hdr.H_STREAM] and parked.body == pack.body
     due = p.parked_until(parked.headers)
     assert due > time.time() + 4, "the pack must be parked, not handed out again"
     # Parked for everyone: a receiver with room passes it until its time, then takes it.

@@ -21,6 +21,7 @@ from airflow_provider_amqstream.engine.queue_tools import QueueSession
 from airflow_provider_amqstream.engine.redrive import redrive
 from airflow_provider_amqstream.exceptions import DestinationFull
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import (
     RawSender,
@@ -35,7 +36,7 @@ from tests.helpers import (
 pytestmark = pytest.mark.broker
 
 QUEUE = "/queue/qcap.a"
-DEST = p.Destination.parse(QUEUE)
+DEST = Destination.parse(QUEUE)
 CAP = 3
 
 
@@ -82,7 +83,7 @@ def test_quarantine_destinations_are_capped_per_user(capped: EmbeddedBroker, tmp
     # the cap (a browse of a queue the cap forbids making shows nothing).
     def dlq_of(i: int) -> int:
         with QueueSession(admin) as qs:
-            return len(qs.browse(p.dead_letter_queue(DEST.data_queue(f"bad-{i:03d}", "mallory"))).frames)
+            return len(qs.browse(dead_letter_queue(DEST.data_queue(f"bad-{i:03d}", "mallory"))).frames)
 
     held = [dlq_of(i) for i in range(2 * CAP)]
     assert held == [2] * CAP + [0] * CAP, held

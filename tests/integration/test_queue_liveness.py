@@ -29,7 +29,9 @@ from airflow_provider_amqstream.engine import (
 )
 from airflow_provider_amqstream.engine.receive.stream import consumer_name
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled, TransportError
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import ROOT, RawSender, browse, cli, make_file, play, send_stream, sha256_file, wait_for
 
@@ -37,7 +39,7 @@ pytestmark = pytest.mark.broker
 
 
 def dlq(params: BrokerParams, queue: str) -> list[Any]:
-    return browse(params, "/queue/DLQ." + p.Destination.parse(queue).name)
+    return browse(params, "/queue/DLQ." + Destination.parse(queue).name)
 
 
 def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
@@ -76,13 +78,13 @@ def test_poisoned_and_abandoned_streams_do_not_hold_up_twenty_good_ones(
     assert "poison-1" in stderr and "gone-1" in stderr
     # Poisoned: filed with the reason, no partial data. Abandoned: partial data kept for a resume.
     [filed] = dlq(params, queue_name)
-    assert filed.headers[p.H_STREAM] == "poison-1" and "CRC-32" in filed.headers[p.H_QUARANTINE_REASON]
+    assert filed.headers[hdr.H_STREAM] == "poison-1" and "CRC-32" in filed.headers[hdr.H_QUARANTINE_REASON]
     assert not list((out / ".amqstream").glob("poison-1.*"))
     assert (out / ".amqstream" / "gone-1.part").exists() and (out / ".amqstream" / "gone-1.json").exists()
     # The stalled stream's offer was parked for its turn.
     assert browse(params, queue_name) == []
-    [parked] = browse(params, p.Destination.parse(queue_name).parked_queue())
-    assert parked.headers[p.H_STREAM] == "gone-1" and p.parked_until(parked.headers) > time.time() + 50
+    [parked] = browse(params, Destination.parse(queue_name).parked_queue())
+    assert parked.headers[hdr.H_STREAM] == "gone-1" and p.parked_until(parked.headers) > time.time() + 50
     # The promise: the good streams wait for the abandoned one no longer than idle_timeout.
     # The slack covers the process start (the CLI's import) and the poisoned stream's quarantine.
     last = max(r["finished_at"] for r in done) - started
@@ -132,7 +134,7 @@ def test_a_stalled_stream_gets_its_turn_back_and_completes(params: BrokerParams,
     play_rest.close()
     got = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.resumed_from == 2000 and (out / "late.bin").read_bytes() == data
-    assert browse(params, queue_name) == browse(params, p.Destination.parse(queue_name).parked_queue()) == []
+    assert browse(params, queue_name) == browse(params, Destination.parse(queue_name).parked_queue()) == []
 
 
 @pytest.mark.parametrize("case", ["bad-offset", "wrong-sha", "unknown-kind", "past-the-end"])
@@ -143,11 +145,11 @@ def test_protocol_violations_are_quarantined_and_the_next_stream_arrives(
 
     def tamper(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
         if seq == 3 and case == "bad-offset":
-            headers[p.H_OFFSET] = "0"
+            headers[hdr.H_OFFSET] = "0"
         if seq == 3 and case == "unknown-kind":
-            headers[p.H_KIND] = "offer"
+            headers[hdr.H_KIND] = "offer"
         if seq == 3 and case == "past-the-end":
-            headers[p.H_SEQ] = "9"
+            headers[hdr.H_SEQ] = "9"
         return headers, body
 
     play(params, queue_name, spec, data, list(range(1, 6)), tamper=tamper,
@@ -162,7 +164,7 @@ def test_protocol_violations_are_quarantined_and_the_next_stream_arrives(
     [f] = failures
     assert f.status == "quarantined" and f.stream_id == spec.stream_id and f.quarantine.startswith("/queue/DLQ.")
     [filed] = dlq(params, queue_name)
-    assert filed.headers[p.H_STREAM] == spec.stream_id and filed.headers[p.H_QUARANTINE_REASON]
+    assert filed.headers[hdr.H_STREAM] == spec.stream_id and filed.headers[hdr.H_QUARANTINE_REASON]
     assert not (tmp_path / "out" / "f.bin").exists()
     assert not list((tmp_path / "out" / ".amqstream").glob(f"{spec.stream_id}.*"))
 
@@ -198,14 +200,14 @@ def test_a_reused_stream_id_is_refused_loudly_and_a_repeat_is_a_duplicate(
         receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert sha256_file(out / "report.csv") == sent.sha256  # the first file is untouched
     [filed] = dlq(params, queue_name)
-    assert filed.headers[p.H_ORIGIN] and "already used" in filed.headers[p.H_QUARANTINE_REASON]
+    assert filed.headers[hdr.H_ORIGIN] and "already used" in filed.headers[hdr.H_QUARANTINE_REASON]
     # The same stream again is a duplicate: acknowledged, drained, reported, nothing written.
     os.utime(first, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns))
     send_file(params, first, queue_name, SendOptions(chunk_size=1000, restart=True), stream_id="daily-report")
     again = receive_stream(params, queue_name, out, options=ReceiveOptions(wait_timeout=10))
     assert again is not None and again.status == "duplicate" and again.bytes_transferred == 0
     assert sorted(x.name for x in out.iterdir()) == [".amqstream", "report.csv"]
-    assert browse(params, p.Destination.parse(queue_name).data_queue("daily-report", params.user)) == []
+    assert browse(params, Destination.parse(queue_name).data_queue("daily-report", params.user)) == []
 
 
 def test_already_sent_is_per_broker_and_proves_the_credentials(
@@ -281,14 +283,14 @@ def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: Broke
     """A peer who may write control messages (any receiver may) sends a forged ``done`` and
     ``hello next_seq=1`` again and again. The sender neither stops early nor rewinds for it."""
     src = make_file(tmp_path / "f.bin", 64 * 16 * 1024)
-    dest = p.Destination.parse(queue_name)
-    spec = p.StreamSpec("hs-guard", "f.bin", src.stat().st_size, 16 * 1024, p.Mode.HANDSHAKE)
+    dest = Destination.parse(queue_name)
+    spec = p.StreamSpec("hs-guard", "f.bin", src.stat().st_size, 16 * 1024, hdr.Mode.HANDSHAKE)
     ctl = dest.control_queue("hs-guard")
     impostor = RawSender(params)
     token = "e" * 32
     for _ in range(3):  # queued before the sender even subscribes: it reads these first
-        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.DONE, "evil:1", spec.chunks + 1, token))
-        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.HELLO, "evil:2", 1, token))
+        impostor.send(ctl, b"", p.control_headers(spec, hdr.Kind.DONE, "evil:1", spec.chunks + 1, token))
+        impostor.send(ctl, b"", p.control_headers(spec, hdr.Kind.HELLO, "evil:2", 1, token))
     out = tmp_path / "out"
     box: dict[str, Any] = {}
     opened = threading.Event()
@@ -306,8 +308,8 @@ def test_handshake_sender_ignores_an_impostor_on_the_control_queue(params: Broke
     # the real receiver is bound first: its first batch is on disk.
     wait_for(lambda: (out / ".amqstream" / "hs-guard.json").exists(), 60, "the first batch on disk")
     while tx.is_alive():  # keep forging while the transfer runs
-        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.HELLO, "evil:2", 1, token))
-        impostor.send(ctl, b"", p.control_headers(spec, p.Kind.DONE, consumer_name(out), spec.chunks + 1, token))
+        impostor.send(ctl, b"", p.control_headers(spec, hdr.Kind.HELLO, "evil:2", 1, token))
+        impostor.send(ctl, b"", p.control_headers(spec, hdr.Kind.DONE, consumer_name(out), spec.chunks + 1, token))
         tx.join(0.05)
     impostor.close()
     rx.join(60)
@@ -340,4 +342,4 @@ def test_sensor_reports_a_poisoned_stream_and_receives_the_good_one(
     assert "SHA-256 mismatch" in failure["reason"]
     # Filed where the sensor was told to put streams that can never succeed.
     [filed] = browse(params, queue_name + ".bad")
-    assert filed.headers[p.H_STREAM] == "sensor-poison" and p.H_QUARANTINE_REASON in filed.headers
+    assert filed.headers[hdr.H_STREAM] == "sensor-poison" and hdr.H_QUARANTINE_REASON in filed.headers

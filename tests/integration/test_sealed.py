@@ -18,8 +18,11 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file
 from airflow_provider_amqstream.engine.keys import new_key_file
 from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import crc32
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import RawSender, Receiver, browse, cli, make_file, running_broker, sha256_file
 
@@ -106,7 +109,7 @@ def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_s
     spec = p.StreamSpec("hostile-sealed-1", seal.SEALED_NAME, len(data), 1000)
     sealed = seal.Seal.create(spec.stream_id, [seal.parse_recipient(key[1])], name="x.bin", size=spec.size,
                               chunk_size=spec.chunk_size)
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     raw = RawSender(rt)
     raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender="rt"), seal.H_SEAL: sealed.header})
     for seq in (1, 2, 3):
@@ -114,7 +117,7 @@ def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_s
         headers, wire = p.data_message(spec, seq, data[off:off + n], None, sealed.sealer(spec.chunks))
         if seq == 2:  # a flipped byte with a CRC to match: only the seal can tell
             wire = wire[:5] + bytes([wire[5] ^ 1]) + wire[6:]
-            headers[p.H_CRC] = str(p.crc32(wire))
+            headers[hdr.H_CRC] = str(crc32(wire))
         raw.send(dest.data_queue(spec.stream_id, "rt"), wire, headers)
     raw.send(dest.data_queue(spec.stream_id, "rt"), b"", p.end_headers(spec, sealed.digest("0" * 64)))
     raw.close()

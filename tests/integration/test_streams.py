@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file
-from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined
+from airflow_provider_amqstream.exceptions import ProtocolError, StreamError, StreamQuarantined
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import browse, cli, cli_json, make_file, send_stream, sha256_file
@@ -44,8 +46,8 @@ def test_non_ascii_file_name(params: BrokerParams, tmp_path: Path, queue_name: s
 
 def test_atomic_mode_hides_stream_until_complete(params: BrokerParams, tmp_path: Path, queue_name: str) -> None:
     src = make_file(tmp_path / "f.bin", 50_000)
-    spec = p.StreamSpec("atomic-1", "f.bin", src.stat().st_size, 10_000, p.Mode.ATOMIC)
-    dest = p.Destination.parse(queue_name)
+    spec = p.StreamSpec("atomic-1", "f.bin", src.stat().st_size, 10_000, hdr.Mode.ATOMIC)
+    dest = Destination.parse(queue_name)
     # A producer that stored some chunks and died: nothing is offered.
     with StompLink(params) as link:
         data = src.read_bytes()
@@ -104,7 +106,7 @@ def test_corrupted_chunk_detected_never_published(params: BrokerParams, tmp_path
     # Quarantined: no partial data left, the offer filed with its reason, the queue moves on.
     assert not list((tmp_path / "out" / ".amqstream").glob("crc-1.*"))
     [filed] = browse(params, "/queue/DLQ." + queue_name.split("/")[-1])
-    assert filed.headers[p.H_STREAM] == "crc-1" and "CRC-32" in filed.headers[p.H_QUARANTINE_REASON]
+    assert filed.headers[hdr.H_STREAM] == "crc-1" and "CRC-32" in filed.headers[hdr.H_QUARANTINE_REASON]
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10))
     assert got is not None and got.sha256 == sent.sha256
 
@@ -112,10 +114,10 @@ def test_corrupted_chunk_detected_never_published(params: BrokerParams, tmp_path
 def test_send_rejects_bad_input_clearly(params: BrokerParams, tmp_path: Path) -> None:
     with pytest.raises(StreamError, match="cannot read .*missing.bin"):
         send_file(params, tmp_path / "missing.bin", "/queue/x")
-    with pytest.raises(p.ProtocolError, match="destination"):
+    with pytest.raises(ProtocolError, match="destination"):
         send_file(params, make_file(tmp_path / "f", 10), "/queue/bad name")
-    for bad in (0, -1, p.MAX_CHUNK_SIZE + 1):
-        with pytest.raises(p.ProtocolError, match=f"chunk size {bad} is outside"):
+    for bad in (0, -1, hdr.MAX_CHUNK_SIZE + 1):
+        with pytest.raises(ProtocolError, match=f"chunk size {bad} is outside"):
             send_file(params, make_file(tmp_path / "f", 10), "/queue/x", SendOptions(chunk_size=bad))
     with pytest.raises(StreamError, match="window must be at least 1"):
         send_file(params, make_file(tmp_path / "f", 10), "/queue/x", SendOptions(window=0))
@@ -168,8 +170,9 @@ def test_compressed_csv_round_trip(params: BrokerParams, tmp_path: Path, queue_n
     src = write_sample_csv(tmp_path / "sales.csv", rows=60_000)
     sent = send_file(params, src, queue_name, SendOptions(compression="zstd", chunk_size=256 * 1024))
     # Compressed on the wire, not silently sent as it is: the chunks say zstd and are smaller.
-    chunks = browse(params, p.Destination.parse(queue_name).data_queue(sent.stream_id, params.user))
-    assert chunks and all(c.headers.get(p.H_ENCODING) == "zstd" for c in chunks if c.headers.get(p.H_KIND) == "data")
+    chunks = browse(params, Destination.parse(queue_name).data_queue(sent.stream_id, params.user))
+    assert chunks and all(c.headers.get(hdr.H_ENCODING) == "zstd"
+                          for c in chunks if c.headers.get(hdr.H_KIND) == "data")
     assert sum(len(c.body) for c in chunks) < 0.6 * min(src.stat().st_size, len(chunks) * 256 * 1024)
     got = receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10, idle_timeout=10))
     assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
@@ -193,7 +196,7 @@ def test_repeats_after_publication_are_cleared(params: BrokerParams, tmp_path: P
     assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(
         wait_timeout=3, events=lambda kind, data: events.append(f"{kind}:{data.get('messages', '')}"))) is None
     assert "leftovers_cleared:3" in events
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     with StompLink(params) as link:
         for q in (queue_name, dest.data_queue("rep-1", params.user)):
             link._live().subscribe(q, id=q, ack="auto", headers={"browser": "true"})

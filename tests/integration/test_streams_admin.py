@@ -31,8 +31,10 @@ from airflow_provider_amqstream.engine.queue_tools import H_SWEEP, QueueSession,
 from airflow_provider_amqstream.engine.receive.session import receive_streams
 from airflow_provider_amqstream.engine.redrive import RedriveRefused, redrive
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.helpers import RawSender, assert_old_gen_bounded, browse, cli, params_as, play, running_broker, wait_for
@@ -167,7 +169,7 @@ def test_ls_shows_every_state_of_a_destination(scene: Scene, uri: str, params: B
     for expected in ("offered, not yet received (1):", "wait-1", "yielding (parked) (1):", "quarantined (3):",
                      "[max_bytes]", "redrive: yes", "receiving now", "batch-7", "1 of 2 files in"):
         assert expected in text, text
-    assert len(browse(params, scene.queue)) == 1 and len(browse(params, p.Destination.parse(scene.queue)
+    assert len(browse(params, scene.queue)) == 1 and len(browse(params, Destination.parse(scene.queue)
                                                                  .parked_queue())) == 1
 
 
@@ -205,24 +207,24 @@ def test_show_one_stream_both_sides(scene: Scene, uri: str, params: BrokerParams
 
 
 def _queues_of(q: str, sid: str, sender: str) -> list[str]:
-    dest = p.Destination.parse(q)
+    dest = Destination.parse(q)
     data_q = dest.data_queue(sid, sender)
-    return [data_q, p.dead_letter_queue(data_q), dest.staging_queue(sid)]
+    return [data_q, dead_letter_queue(data_q), dest.staging_queue(sid)]
 
 
 def test_redrive_after_max_bytes_then_the_stream_arrives_byte_exact(scene: Scene, uri: str, params: BrokerParams,
                                                                    tmp_path: Path) -> None:
-    dest = p.Destination.parse(scene.queue)
+    dest = Destination.parse(scene.queue)
     code, out, err = _run("streams", "redrive", "big-1", "--conn", uri, "--from", scene.queue, "--json")
     assert code == 0, err
     res = json.loads(out)
     assert res["chunks"] == 5 and res["bytes"] == 4 * CHUNK + 7 and res["sha256_checked"]
     assert res["sender_before"] == params.login and res["redriven_by"] == params.login
     # Its offer is back without the quarantine's headers; no copy is left in the quarantine.
-    offers = [f for f in browse(params, scene.queue) if f.headers.get(p.H_STREAM) == "big-1"]
+    offers = [f for f in browse(params, scene.queue) if f.headers.get(hdr.H_STREAM) == "big-1"]
     assert len(offers) == 1 and not any(k.startswith("amqs_quarantine") for k in offers[0].headers)
     assert offers[0].headers[qr.H_REDRIVE_SENDER] == params.login
-    assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "big-1"]
+    assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(hdr.H_STREAM) == "big-1"]
     assert not browse(params, dest.staging_queue("big-1"))
     # With a higher limit it arrives, byte for byte, recorded as the redriving user's.
     got = receive_stream(params, scene.queue, tmp_path / "again", stream_id="big-1",
@@ -234,72 +236,72 @@ def test_redrive_after_max_bytes_then_the_stream_arrives_byte_exact(scene: Scene
 
 
 def test_redrive_refuses_what_can_never_arrive(scene: Scene, uri: str, params: BrokerParams) -> None:
-    dest = p.Destination.parse(scene.queue)
+    dest = Destination.parse(scene.queue)
     # Corrupt: refused at its cause, nothing moved.
     code, _, err = _run("streams", "redrive", "bad-1", "--conn", uri, "--from", scene.queue)
     assert code == 1 and "bad-1" in err and "cannot be redriven" in err and "corrupt" in err, err
-    assert [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "bad-1"]
+    assert [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(hdr.H_STREAM) == "bad-1"]
     # Over max_bytes but incomplete: refused after the check, naming what is missing; its offer
     # stays quarantined and its chunks are filed with the broker's DLQ of its data queue.
     code, _, err = _run("streams", "redrive", "cut-1", "--conn", uri, "--from", scene.queue)
     assert code == 1 and "chunks 4-5 of 5 are missing" in err and "end marker is missing" in err, err
-    assert not [f for f in browse(params, scene.queue) if f.headers.get(p.H_STREAM) == "cut-1"]
-    assert [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "cut-1"]
+    assert not [f for f in browse(params, scene.queue) if f.headers.get(hdr.H_STREAM) == "cut-1"]
+    assert [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(hdr.H_STREAM) == "cut-1"]
     assert not browse(params, dest.data_queue("cut-1", params.user)) and not browse(params,
                                                                                    dest.staging_queue("cut-1"))
-    kept = browse(params, p.dead_letter_queue(dest.data_queue("cut-1", params.user)))
-    assert sorted(int(f.headers[p.H_SEQ]) for f in kept) == [1, 2, 3]
+    kept = browse(params, dead_letter_queue(dest.data_queue("cut-1", params.user)))
+    assert sorted(int(f.headers[hdr.H_SEQ]) for f in kept) == [1, 2, 3]
     assert all(f.headers[qr.H_REDRIVE_SENDER] == params.login for f in kept)
 
 
 def test_discard_leaves_nothing_behind(scene: Scene, uri: str, params: BrokerParams, held: Path) -> None:
-    dest = p.Destination.parse(scene.queue)
+    dest = Destination.parse(scene.queue)
     # Held by a receiver: refused, nothing removed.
     code, _, err = _run("streams", "discard", "parked-1", "--yes", "--conn", uri, "--from", scene.queue,
                         "--out-dir", str(scene.out))
     assert code == 1 and "being received" in err and held.exists(), err
-    assert [f for f in browse(params, dest.parked_queue()) if f.headers.get(p.H_STREAM) == "parked-1"]
+    assert [f for f in browse(params, dest.parked_queue()) if f.headers.get(hdr.H_STREAM) == "parked-1"]
     # Without a terminal and without --yes: asks, so refuses.
     code, _, err = _run("streams", "discard", "bad-1", "--conn", uri, "--from", scene.queue)
     assert code == 1 and "--yes" in err, err
     code, out, err = _run("streams", "discard", "bad-1", "--yes", "--conn", uri, "--from", scene.queue, "--json")
     assert code == 0, err
     res = json.loads(out)
-    bad_dlq = p.dead_letter_queue(dest.data_queue("bad-1", params.user))
+    bad_dlq = dead_letter_queue(dest.data_queue("bad-1", params.user))
     assert res["removed"] == {f"/queue/DLQ.{dest.name}": 1, bad_dlq: 4}, res
     assert res["broker_bytes"] == 3 * CHUNK and res["bytes_freed"] == 3 * CHUNK
     for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}",
                   *_queues_of(scene.queue, "bad-1", params.user)):
-        assert not [f for f in browse(params, queue) if f.headers.get(p.H_STREAM) == "bad-1"], queue
+        assert not [f for f in browse(params, queue) if f.headers.get(hdr.H_STREAM) == "bad-1"], queue
 
 
 def test_discard_a_parked_stream_and_its_partial_data(scene: Scene, uri: str, params: BrokerParams) -> None:
-    dest = p.Destination.parse(scene.queue)
+    dest = Destination.parse(scene.queue)
     code, text, err = _run("streams", "discard", "parked-1", "--yes", "--conn", uri, "--from", scene.queue,
                            "--out-dir", str(scene.out))
     assert code == 0, err
     assert "discarded stream parked-1" in text and "freed" in text, text
     for queue in (scene.queue, dest.parked_queue(), f"/queue/DLQ.{dest.name}",
                   *_queues_of(scene.queue, "parked-1", params.user)):
-        assert not [f for f in browse(params, queue) if f.headers.get(p.H_STREAM) == "parked-1"], queue
+        assert not [f for f in browse(params, queue) if f.headers.get(hdr.H_STREAM) == "parked-1"], queue
     assert not list((scene.out / ".amqstream").glob("parked-1.*"))
     # The others are untouched.
-    assert {f.headers[p.H_STREAM] for f in browse(params, f"/queue/DLQ.{dest.name}")} == {"big-1", "bad-1", "cut-1"}
-    assert [f.headers[p.H_STREAM] for f in browse(params, scene.queue)] == ["wait-1"]
+    assert {f.headers[hdr.H_STREAM] for f in browse(params, f"/queue/DLQ.{dest.name}")} == {"big-1", "bad-1", "cut-1"}
+    assert [f.headers[hdr.H_STREAM] for f in browse(params, scene.queue)] == ["wait-1"]
 
 
 def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams, queue_name: str) -> None:
     """20 quarantine copies: the last ones are past the first page. Discard and redrive find
     them; a sweep passes the others to the tail, each once, with who filed it."""
-    dest = p.Destination.parse(queue_name)
+    dest = Destination.parse(queue_name)
     qq = f"/queue/DLQ.{dest.name}"
     raw = RawSender(params)
     for n in range(20):
         spec = _spec(f"deep-{n}", 10)
         raw.send(qq, b"", {**p.offer_headers(spec, dest, sender=params.user),
-                           p.H_QUARANTINE_REASON: "chunk 1 failed its CRC-32 check",
-                           p.H_QUARANTINED_FROM: str(dest), p.H_QUARANTINED_BY: "host-x",
-                           p.H_QUARANTINED_AT: f"2026-11-25T10:00:{n:02d}+00:00"})
+                           hdr.H_QUARANTINE_REASON: "chunk 1 failed its CRC-32 check",
+                           hdr.H_QUARANTINED_FROM: str(dest), hdr.H_QUARANTINED_BY: "host-x",
+                           hdr.H_QUARANTINED_AT: f"2026-11-25T10:00:{n:02d}+00:00"})
     raw.close()
     seen = inv.take_inventory(params, queue_name)
     assert len(seen.quarantined) == 16 and seen.truncated["quarantined"]
@@ -309,18 +311,18 @@ def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams
     # The sweep itself, whatever the broker's paging lets a selector see: one that matches
     # nothing makes it rotate the queue.
     with QueueSession(params) as qs:
-        found, sub = take_matching(qs.link, qq, lambda f: f.headers.get(p.H_STREAM) == "deep-17",
-                                   selector=f"{p.H_STREAM} = 'none'", sweep=True,
+        found, sub = take_matching(qs.link, qq, lambda f: f.headers.get(hdr.H_STREAM) == "deep-17",
+                                   selector=f"{hdr.H_STREAM} = 'none'", sweep=True,
                                    stamp=lambda f: {qr.H_QUARANTINED_USER: qr.quarantined_by_user(f.headers)})
-        assert [f.headers[p.H_STREAM] for f in found] == ["deep-17"]
+        assert [f.headers[hdr.H_STREAM] for f in found] == ["deep-17"]
         for frame in found:
             qs.link.ack(frame)
         qs.link.unsubscribe(sub)
         left: list[dict[str, Any]] = []
         gone = move_queue(qs.link, qq, None, decide=lambda f: left.append(dict(f.headers)))
-    assert gone.dropped == 18 and sorted(h[p.H_STREAM] for h in left) == sorted(f"deep-{n}" for n in (*range(17), 18))
+    assert gone.dropped == 18 and sorted(h[hdr.H_STREAM] for h in left) == sorted(f"deep-{n}" for n in (*range(17), 18))
     assert all(h.get(H_SWEEP) and h[qr.H_QUARANTINED_USER] == params.login for h in left)
-    assert all(h[p.H_QUARANTINED_BY] == "host-x" for h in left)
+    assert all(h[hdr.H_QUARANTINED_BY] == "host-x" for h in left)
 
 
 @pytest.fixture(scope="module")
@@ -349,8 +351,8 @@ def test_users_without_the_rights_are_refused_clearly(acl_broker: EmbeddedBroker
     assert code == 1 and "refused user consumer" in err and "not authorized" in err, err
     code, _, err = _run("streams", "discard", "s-1", "--yes", "--conn", consumer, "--from", "/queue/landing")
     assert code == 1 and "refused user consumer" in err, err
-    assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(p.H_STREAM) == "s-1"]
-    assert len(browse(admin, p.Destination.parse("/queue/landing").data_queue("s-1", admin.user))) == 4
+    assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(hdr.H_STREAM) == "s-1"]
+    assert len(browse(admin, Destination.parse("/queue/landing").data_queue("s-1", admin.user))) == 4
     # A sender may look at nothing of the kind.
     producer = acl_broker.info(user="producer").uri
     code, out, err = _run("streams", "ls", "--conn", producer, "--from", "/queue/landing", "--json")
@@ -364,7 +366,7 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
     consumer, and nothing moves: producer's chunks stay, nothing is offered in anyone's name."""
     admin, consumer = params_as(acl_broker, None), params_as(acl_broker, "consumer")
     producer = params_as(acl_broker, "producer")
-    dest = p.Destination.parse("/queue/landing")
+    dest = Destination.parse("/queue/landing")
     spec = _spec("pay-1", 2500)
     play(producer, str(dest), spec, _data(2500, 3), [1, 2, 3])
     # consumer takes the offer off the destination (a receiver may) and forges the copy.
@@ -375,14 +377,14 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
     conn.set_listener("", listener)
     conn.connect(consumer.login, consumer.password, wait=True)
     conn.subscribe(str(dest), id="1", ack="client-individual")
-    offer = wait_for(lambda: next((f for f in got if f.headers.get(p.H_STREAM) == "pay-1"), None), 30,
+    offer = wait_for(lambda: next((f for f in got if f.headers.get(hdr.H_STREAM) == "pay-1"), None), 30,
                      "producer's offer")
     conn.ack(offer.headers["ack"])
     keep = {k: v for k, v in offer.headers.items() if k.startswith("amqs_")}
     conn.send("/queue/DLQ.landing", b"", headers={
-        **keep, p.H_NAME: "payroll.csv", p.H_FIRST_SENDER: "producer", H_QUARANTINE_CAUSE: "max_bytes",
-        p.H_QUARANTINE_REASON: "over max_bytes", p.H_QUARANTINED_FROM: str(dest),
-        p.H_QUARANTINED_AT: "2026-11-28T09:00:00+00:00", qr.H_QUARANTINED_USER: "admin", "persistent": "true"})
+        **keep, hdr.H_NAME: "payroll.csv", hdr.H_FIRST_SENDER: "producer", H_QUARANTINE_CAUSE: "max_bytes",
+        hdr.H_QUARANTINE_REASON: "over max_bytes", hdr.H_QUARANTINED_FROM: str(dest),
+        hdr.H_QUARANTINED_AT: "2026-11-28T09:00:00+00:00", qr.H_QUARANTINED_USER: "admin", "persistent": "true"})
     conn.disconnect(receipt="bye")
     data_q = dest.data_queue("pay-1", "producer")
     with pytest.raises(RedriveRefused) as refused:
@@ -390,8 +392,8 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
     text = str(refused.value)
     assert "filed by consumer" in text and "producer" in text and "--receiver" in text and "pay-1" in text, text
     assert len(browse(admin, data_q)) == 4, "producer's chunks and end marker stay where they were"
-    assert not [f for f in browse(admin, str(dest)) if f.headers.get(p.H_STREAM) == "pay-1"], "nothing offered"
+    assert not [f for f in browse(admin, str(dest)) if f.headers.get(hdr.H_STREAM) == "pay-1"], "nothing offered"
     assert not browse(admin, dest.data_queue("pay-1", admin.user))
     # The copy stays for an administrator to look at (and discard).
-    assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(p.H_STREAM) == "pay-1"]
+    assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(hdr.H_STREAM) == "pay-1"]
     assert_old_gen_bounded(acl_broker, "a forged quarantine copy")

@@ -9,7 +9,8 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.hooks.connection import params_from_uri
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol import headers as hdr
+from airflow_provider_amqstream.protocol.names import Destination
 from benchmarks.common import make_csv
 from tests.helpers import browse, cli_json, cli_probed, make_file, sha256_file
 
@@ -53,9 +54,9 @@ def test_a_compressed_backlog_does_not_wait_for_a_receiver(private_broker: Embed
     uri = private_broker.info().uri
     [sent] = cli_json(cli_probed("send", str(src), "--to", queue_name, "--conn", uri, "--json", "-q"), timeout=300)
     assert sent["bytes"] == 768 * 2**20 and sent["chunks"] == 768
-    data_q = p.Destination.parse(queue_name).data_queue(sent["stream_id"], params_from_uri(uri).user)
+    data_q = Destination.parse(queue_name).data_queue(sent["stream_id"], params_from_uri(uri).user)
     first = browse(params_from_uri(uri), data_q)[:4]
-    assert first and all(f.headers.get(p.H_ENCODING) == "zstd" for f in first), [f.headers for f in first]
+    assert first and all(f.headers.get(hdr.H_ENCODING) == "zstd" for f in first), [f.headers for f in first]
     assert all(len(f.body) < 2**19 for f in first), [len(f.body) for f in first]
     out = tmp_path / "out"
     receiver = cli_probed("receive", "--from", queue_name, "--out-dir", str(out), "--conn", uri, "--json", "-q",

@@ -32,7 +32,9 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.session import StompLink
 from tests.helpers import ROOT, RawSender, browse, cli, free_port, make_file, old_gen_mib, play, sha256_file, wait_for
@@ -63,7 +65,7 @@ def _hostile_streams(params: BrokerParams, tmp_path: Path) -> tuple[list[str], l
         play(params, QUEUE, p.StreamSpec(sid, f"{sid}.bin", len(data), 4000), data, list(range(1, 11)), tamper=flip)
     for sid in abandoned:
         play(params, QUEUE, p.StreamSpec(sid, f"{sid}.bin", len(data), 4000), data, [1, 2], end=False)
-    dest = p.Destination.parse(QUEUE)
+    dest = Destination.parse(QUEUE)
     raw = RawSender(params)
     for i in range(STALLED):
         raw.send(QUEUE, b"", p.offer_headers(p.StreamSpec(f"stalled-{i}", "s.bin", 10**6, 2**20), dest,
@@ -224,7 +226,7 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
         seen: list[list[str]] = [[]]
 
         def all_taken() -> bool:
-            seen[0] = sorted(f"{f.headers[p.H_STREAM]}{'(re)' if f.headers.get(p.H_REOFFER) else ''}"
+            seen[0] = sorted(f"{f.headers[hdr.H_STREAM]}{'(re)' if f.headers.get(hdr.H_REOFFER) else ''}"
                              for f in browse(params, QUEUE))
             return seen[0] == []
 
@@ -256,12 +258,12 @@ def test_soak(tmp_path: Path) -> None:  # noqa: C901
 
         heap_after = wait_for(heap_back, 180, "the broker's old generation to come back once the last minute's data "
                               "queues are purged", interval=10)
-        dest = p.Destination.parse(QUEUE)
+        dest = Destination.parse(QUEUE)
         leftovers = [f.stem for f in files if not _browse_empty(params, dest.data_queue(f.stem, params.user))]
         assert not leftovers, f"chunks left in the broker for {leftovers[:5]}"
         filed = browse(params, "/queue/DLQ.soak")
-        assert sorted(f.headers[p.H_STREAM] for f in filed) == poisoned
-        assert all("CRC-32" in f.headers[p.H_QUARANTINE_REASON] for f in filed)
+        assert sorted(f.headers[hdr.H_STREAM] for f in filed) == poisoned
+        assert all("CRC-32" in f.headers[hdr.H_QUARANTINE_REASON] for f in filed)
         assert all((out / ".amqstream" / f"{sid}.part").exists() for sid in abandoned)
         summary.update(poisoned=len(poisoned), abandoned=len(abandoned), stalled=STALLED, too_large=TOO_LARGE,
                        old_gen_mib=[round(heap_before), round(heap_after)], old_gen_samples=heap)

@@ -30,7 +30,9 @@ import httpx
 import pytest
 
 from airflow_provider_amqstream.engine import ReceiveOptions, TransferResult, receive_stream
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue
 from airflow_provider_amqstream.transport.params import BrokerParams
 from tests.deployment import Deployment
 from tests.helpers import ROOT, RawSender, browse
@@ -183,7 +185,7 @@ def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.
     """A slow sender, one chunk every 0.25 s as on a slow line (a minute for all 240), until
     the page has been looked at (``looked``); the rest then goes at full speed."""
     spec = p.StreamSpec("live-1", "live.bin", len(data), LIVE_CHUNK)
-    dest = p.Destination.parse(queue)
+    dest = Destination.parse(queue)
     raw = RawSender(params)
     raw.send(str(dest), b"", p.offer_headers(spec, dest, sender=params.user))
     for seq in range(1, spec.chunks + 1):
@@ -276,6 +278,6 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
     res = receive_stream(params, scene.queue, tmp_path / "again", stream_id="big-1",
                          options=ReceiveOptions(wait_timeout=30, max_bytes=1 << 20))
     assert res is not None and Path(res.path).read_bytes() == scene.data["big-1"] and res.sender == params.login
-    dest = p.Destination.parse(scene.queue)
-    assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(p.H_STREAM) == "bad-1"]
-    assert not browse(params, p.dead_letter_queue(dest.data_queue("bad-1", params.user)))
+    dest = Destination.parse(scene.queue)
+    assert not [f for f in browse(params, f"/queue/DLQ.{dest.name}") if f.headers.get(hdr.H_STREAM) == "bad-1"]
+    assert not browse(params, dead_letter_queue(dest.data_queue("bad-1", params.user)))

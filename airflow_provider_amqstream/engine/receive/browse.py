@@ -25,7 +25,9 @@ from typing import Any
 
 from airflow_provider_amqstream.exceptions import AccessDenied, ProtocolError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -34,7 +36,7 @@ from airflow_provider_amqstream.transport.retry import transient
 log = logging.getLogger(__name__)
 
 # The longest sender an event reports (protocol.sender_of decides what a sender is).
-MAX_SENDER = p.MAX_USER_ID
+MAX_SENDER = hdr.MAX_USER_ID
 
 # The message ids a broker gives (ActiveMQ: ID:host-port-time-n:n:n:n:n) and nothing that
 # could end a quoted selector literal: a junk message is only taken by an id of this shape.
@@ -69,7 +71,7 @@ class Offer:
                 "offered_at": self.offered_at}
 
 
-def parse_visible_offer(headers: Mapping[str, Any], dest: p.Destination,
+def parse_visible_offer(headers: Mapping[str, Any], dest: Destination,
                         stamped: Mapping[str, Any] | None = None, *, parked: bool = False) -> Offer:
     """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one.
 
@@ -102,7 +104,7 @@ class OfferBrowser:
     def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0,
                  quarantine: str | None = None) -> None:
         self.params = params
-        self.dest = p.Destination.parse(source)
+        self.dest = Destination.parse(source)
         if self.dest.kind != "queue":
             raise ValueError(f"{source}: only a queue can be watched for offers (a topic keeps no backlog to browse)")
         self.browse_timeout = browse_timeout
@@ -194,11 +196,11 @@ class OfferBrowser:
                 continue
             if frame.headers.get("browser") == "end":
                 break
-            if frame.headers.get(p.H_REOFFER):
+            if frame.headers.get(hdr.H_REOFFER):
                 continue  # nobody starts a reception from a re-offer: not an arrival
             if parked and p.sender_of(frame.headers) not in ("", self.params.user):
                 continue  # parked by another user: a receiver files it away (receive/offers.py)
-            if frame.headers.get(p.H_KIND) == p.Kind.BATCH.value:
+            if frame.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
                 try:  # a batch's file list is for its receivers; only a broken one is junk
                     bw.parse_batch(frame.headers, frame.body or b"")
                 except ProtocolError as exc:
@@ -283,7 +285,7 @@ class OfferBrowser:
                 found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))
             except ProtocolError as exc:
                 self._report_bad({**headers, "message-id": f"{frame.headers.get('message-id', '')}/"
-                                  f"{headers.get(p.H_STREAM, '')}"}, exc)
+                                  f"{headers.get(hdr.H_STREAM, '')}"}, exc)
         return found
 
     def _report_bad(self, headers: Mapping[str, Any], exc: ProtocolError, *, junk: bool = False) -> None:

@@ -33,7 +33,8 @@ from typing import Any
 from airflow_provider_amqstream.engine import store as st
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, TransferResult
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamError
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol import headers as hdr
+from airflow_provider_amqstream.protocol.names import validate_stream_id
 
 # A claim is a label we wrote ourselves; a bound keeps a misused one from filling records.
 MAX_CLAIM_LENGTH = 1024
@@ -69,7 +70,7 @@ def _hex(b64: str) -> str:
 
 
 _QUEUE = "/queue/"
-_MODES = {m.value[0]: m.value for m in p.Mode}
+_MODES = {m.value[0]: m.value for m in hdr.Mode}
 
 
 def pack_done(result: TransferResult, out: str) -> list[Any]:
@@ -85,7 +86,7 @@ def pack_done(result: TransferResult, out: str) -> list[Any]:
         rel = ""
     name = "" if os.path.basename(path) == result.name else result.name
     dest = result.destination.removeprefix(_QUEUE)
-    chunk_size = 0 if result.chunk_size == p.DEFAULT_CHUNK_SIZE else result.chunk_size
+    chunk_size = 0 if result.chunk_size == hdr.DEFAULT_CHUNK_SIZE else result.chunk_size
     value = [rel, _b64(result.sha256), result.bytes, result.chunks, chunk_size,
              _b64(result.origin), result.sender, int(result.finished_at), dest, result.mode[:1], name]
     return value[:-1] if not name else value
@@ -103,7 +104,7 @@ def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[s
     return {"stream_id": sid, "destination": dest if dest.startswith("/") else _QUEUE + dest,
             "name": name or os.path.basename(path), "bytes": size, "chunks": chunks, "sha256": _hex(sha),
             "seconds": 0.0, "mode": _MODES.get(mode, mode), "path": path, "started_at": at, "finished_at": at,
-            "status": "complete", "chunk_size": chunk_size or p.DEFAULT_CHUNK_SIZE, "origin": _hex(origin),
+            "status": "complete", "chunk_size": chunk_size or hdr.DEFAULT_CHUNK_SIZE, "origin": _hex(origin),
             "sender": sender}
 
 
@@ -151,7 +152,7 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
     :param stream_id: the stream.
     :param retention_days: the directory's retention (None: the default).
     """
-    p.validate_stream_id(stream_id)
+    validate_stream_id(stream_id)
     sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
         value = receiver_store(sdir, retention_days).get(st.DONE, stream_id)
@@ -170,7 +171,7 @@ def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str
     :param stream_ids: the streams.
     :param retention_days: the directory's retention (None: the default).
     """
-    ids = [p.validate_stream_id(sid) for sid in stream_ids]
+    ids = [validate_stream_id(sid) for sid in stream_ids]
     sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
         values = receiver_store(sdir, retention_days).get_many(st.DONE, ids)

@@ -6,7 +6,7 @@ so once it has taken some, they are on that directory's disk and nowhere else. I
 and a retry runs on another machine (Airflow's CeleryExecutor or Kubernetes: another
 worker, another disk), the retry finds the offer but not the partial data: the first chunks
 were consumed and cannot come again. Before it takes any chunk, a receiver therefore leaves
-a note on :meth:`~airflow_provider_amqstream.protocol.wire.Destination.held_queue` naming
+a note on :meth:`~airflow_provider_amqstream.protocol.names.Destination.held_queue` naming
 its host, output directory and partial file. A receiver that has none of a stream's data
 looks there first: a note from elsewhere means the stream's remaining chunks belong with
 that data, so it leaves them on the broker, yields its place and says where the data is
@@ -28,7 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol import headers as hdr
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import Link
 
 log = logging.getLogger(__name__)
@@ -62,20 +63,20 @@ class Holder:
         return (self.host, self.out_dir) == (other.host, other.out_dir)
 
     def headers(self, stream_id: str) -> dict[str, str]:
-        return {p.H_KIND: "held", p.H_STREAM: stream_id, p.H_HELD_HOST: self.host[:MAX_VALUE],
-                p.H_HELD_DIR: self.out_dir[:MAX_VALUE], p.H_HELD_PART: self.part[:MAX_VALUE],
-                p.H_HELD_SINCE: f"{self.since:.0f}"}
+        return {hdr.H_KIND: "held", hdr.H_STREAM: stream_id, hdr.H_HELD_HOST: self.host[:MAX_VALUE],
+                hdr.H_HELD_DIR: self.out_dir[:MAX_VALUE], hdr.H_HELD_PART: self.part[:MAX_VALUE],
+                hdr.H_HELD_SINCE: f"{self.since:.0f}"}
 
     @classmethod
     def from_headers(cls, headers: Any) -> Holder | None:
-        host, out_dir = str(headers.get(p.H_HELD_HOST, "")), str(headers.get(p.H_HELD_DIR, ""))
+        host, out_dir = str(headers.get(hdr.H_HELD_HOST, "")), str(headers.get(hdr.H_HELD_DIR, ""))
         if not host or not out_dir:
             return None
         try:
-            since = float(str(headers.get(p.H_HELD_SINCE, "0")))
+            since = float(str(headers.get(hdr.H_HELD_SINCE, "0")))
         except ValueError:
             since = 0.0
-        return cls(host[:MAX_VALUE], out_dir[:MAX_VALUE], str(headers.get(p.H_HELD_PART, ""))[:MAX_VALUE], since)
+        return cls(host[:MAX_VALUE], out_dir[:MAX_VALUE], str(headers.get(hdr.H_HELD_PART, ""))[:MAX_VALUE], since)
 
     def describe(self) -> str:
         when = datetime.fromtimestamp(self.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if self.since \
@@ -83,7 +84,7 @@ class Holder:
         return f"host {self.host}, directory {self.out_dir} (partial file {self.part}, since {when})"
 
 
-def look(link: Link, dest: p.Destination, stream_id: str, *, timeout: float = 30.0) -> list[Holder]:
+def look(link: Link, dest: Destination, stream_id: str, *, timeout: float = 30.0) -> list[Holder]:
     """The notes left for ``stream_id`` (a queue browser: nothing is consumed)."""
     sub = link.subscribe(dest.held_queue(stream_id), browser=True, prefetch=16)
     found: list[Holder] = []
@@ -93,19 +94,19 @@ def look(link: Link, dest: p.Destination, stream_id: str, *, timeout: float = 30
             frame = link.get(left, sub)
             if frame is None or frame.headers.get("browser") == "end":
                 break
-            if frame.headers.get(p.H_STREAM) == stream_id and (holder := Holder.from_headers(frame.headers)):
+            if frame.headers.get(hdr.H_STREAM) == stream_id and (holder := Holder.from_headers(frame.headers)):
                 found.append(holder)
     finally:
         link.unsubscribe(sub)
     return found
 
 
-def announce(link: Link, dest: p.Destination, stream_id: str, holder: Holder) -> None:
+def announce(link: Link, dest: Destination, stream_id: str, holder: Holder) -> None:
     """Leave a note (persistent, confirmed by the broker) that ``holder`` takes ``stream_id``."""
     link.send_confirmed(dest.held_queue(stream_id), b"", holder.headers(stream_id))
 
 
-def release(link: Link, dest: p.Destination, stream_id: str, *, only: Holder | None = None, known: int = 1,
+def release(link: Link, dest: Destination, stream_id: str, *, only: Holder | None = None, known: int = 1,
             quiet: float = 0.0, limit: float = 5.0) -> int:
     """Remove the notes of ``stream_id``: every one (the stream was published or quarantined,
     so no partial data of it is worth keeping anywhere), or ``only`` that holder's (it kept
@@ -134,7 +135,7 @@ def release(link: Link, dest: p.Destination, stream_id: str, *, only: Holder | N
     return removed
 
 
-def elsewhere_report(what: str, dest: p.Destination, stream_id: str, out: Path, others: list[Holder], *,
+def elsewhere_report(what: str, dest: Destination, stream_id: str, out: Path, others: list[Holder], *,
                      data_q: str, missing: str = "", kept: str = "") -> str:
     """Why a receiver without some of a stream's chunks gives way, where those chunks are
     and how to finish: receive where they are, or (if they are lost) send the file again.
@@ -162,7 +163,7 @@ def elsewhere_report(what: str, dest: p.Destination, stream_id: str, out: Path, 
             "Nothing was dead-lettered.")
 
 
-def unknown_report(what: str, dest: p.Destination, stream_id: str, missing: str, kept: str) -> str:
+def unknown_report(what: str, dest: Destination, stream_id: str, missing: str, kept: str) -> str:
     """Why a receiver that began a stream without its first chunks keeps what it got: no
     note says who took them (it was removed, e.g. by ``amqstream streams discard``)."""
     return (

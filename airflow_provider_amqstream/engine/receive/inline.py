@@ -46,6 +46,7 @@ from airflow_provider_amqstream.engine.records import (
 )
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.transport.link import Message
@@ -87,7 +88,7 @@ class PackMember:
 
     @property
     def pack_id(self) -> str:
-        return str(self.pack.message.headers.get(p.H_STREAM, ""))
+        return str(self.pack.message.headers.get(hdr.H_STREAM, ""))
 
 
 def unpack(message: Message) -> list[PackMember]:

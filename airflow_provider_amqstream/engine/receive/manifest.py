@@ -37,7 +37,7 @@ from airflow_provider_amqstream.engine.receive.partial_file import default_reser
 from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import validate_stream_id
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def manifest_path(out_dir: str | os.PathLike[str], batch_id: str, sender: str = 
     :param sender: the sending user as the broker knows it ("" where the broker stamps none).
     """
     return (Path(out_dir) / STATE_DIR_NAME / "manifests" / sender_dir(sender)
-            / f"{p.validate_stream_id(batch_id)}.manifest.jsonl")
+            / f"{validate_stream_id(batch_id)}.manifest.jsonl")
 
 
 def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
@@ -96,7 +96,7 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
     if sender is not None:
         path = manifest_path(out_dir, batch_id, sender)
         return path if path.is_file() else None
-    name = f"{p.validate_stream_id(batch_id)}.manifest.jsonl"
+    name = f"{validate_stream_id(batch_id)}.manifest.jsonl"
     root = Path(out_dir) / STATE_DIR_NAME / "manifests"
     try:
         found = sorted(d / name for d in root.iterdir() if (d / name).is_file())

@@ -49,7 +49,9 @@ import time
 from airflow_provider_amqstream.engine.receive import inline
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import Link, Message
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ class Offers:
     :param opts: the receive options (back-off, events).
     """
 
-    def __init__(self, link: Link, dest: p.Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
+    def __init__(self, link: Link, dest: Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
         self.link, self.dest, self.stream_id, self.opts = link, dest, stream_id, opts
         self.sub: str | None = None
         # Inline offers (small files in their offer) come through a second subscription with
@@ -207,7 +209,7 @@ class Offers:
             if self.stream_id or until <= time.time() or self.foreign(offer):
                 self.next_sweep = time.monotonic() + (0.0 if self.main_idle else SWEEP_PAUSE)
                 return offer
-            key = (str(offer.headers.get(p.H_STREAM, "")), str(offer.headers.get(p.H_NOT_BEFORE, "")))
+            key = (str(offer.headers.get(hdr.H_STREAM, "")), str(offer.headers.get(hdr.H_NOT_BEFORE, "")))
             if key == first:
                 self.held = offer  # round once: it stays with us until the next sweep
                 break

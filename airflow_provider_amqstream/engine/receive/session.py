@@ -65,8 +65,10 @@ from airflow_provider_amqstream.exceptions import (
     TransportError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths, seal
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.outcomes import Outcome, yielded
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -135,9 +137,9 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
         whose manifest was just written ends a drain then, not a quiet ``wait_timeout`` later).
     """
     opts = _connection_defaults(options or ReceiveOptions(), params)
-    dest = p.Destination.parse(source)
+    dest = Destination.parse(source)
     if stream_id:
-        p.validate_stream_id(stream_id)
+        validate_stream_id(stream_id)
     out = Path(out_dir)
     sdir = state_dir(out)
     inline.sweep_temporaries(sdir)
@@ -277,7 +279,7 @@ class ReceiveSession:
     def __init__(
         self,
         link: Link,
-        dest: p.Destination,
+        dest: Destination,
         out: Path,
         sdir: Path,
         *,
@@ -300,10 +302,10 @@ class ReceiveSession:
         """
         foreign = self.offers.foreign(offer)
         if foreign is not None:
-            return [self._quarantine(offer, str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID],
+            return [self._quarantine(offer, str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID],
                                      Outcome.FOREIGN_PARKED, foreign)]
         if bw.is_pack(offer.headers) or (
-            bw.is_inline(offer.headers) and offer.headers.get(p.H_KIND) == p.Kind.OFFER.value
+            bw.is_inline(offer.headers) and offer.headers.get(hdr.H_KIND) == hdr.Kind.OFFER.value
         ):
             return self.take_inline(self.offers.gather_inline(offer, room))
         return [self.take(offer)]
@@ -311,10 +313,10 @@ class ReceiveSession:
     def take(self, offer: Any) -> TransferResult | StreamError | None:
         """Settle one offer: a result, a handled failure (to report or raise), or None for a
         re-offer or a batch message (nothing to receive)."""
-        sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
-        if offer.headers.get(p.H_KIND) == p.Kind.BATCH.value:
+        sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
+        if offer.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
             return self._take_batch(offer, sid)
-        if offer.headers.get(p.H_REOFFER):
+        if offer.headers.get(hdr.H_REOFFER):
             self._clear_leftovers(offer)
             return None
         if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
@@ -322,8 +324,8 @@ class ReceiveSession:
         sender = self.offers.sender(offer)
         try:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
-            terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is p.Mode.HANDSHAKE else None
-            subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
+            terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is hdr.Mode.HANDSHAKE else None
+            subdir = paths.safe_subdir(offer.headers.get(hdr.H_DIR), spec.stream_id)
             opened = self._unseal(offer, spec, data_q)
         except ProtocolError as exc:
             cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
@@ -386,8 +388,8 @@ class ReceiveSession:
             return self._quarantine(offer, sid, Outcome.NO_KEY, f"stream {sid} ({data_q}) is sealed for keys this "
                                     f"receiver does not hold (its key files: {held}); nothing was received")
         name = opened[1]
-        if not name or len(name.encode("utf-8", "surrogatepass")) > p.MAX_NAME_BYTES:
-            raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {p.MAX_NAME_BYTES} bytes")
+        if not name or len(name.encode("utf-8", "surrogatepass")) > hdr.MAX_NAME_BYTES:
+            raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {hdr.MAX_NAME_BYTES} bytes")
         return opened[0], replace(spec, name=name)
 
     def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Any) -> StreamError:
@@ -517,11 +519,11 @@ class ReceiveSession:
         system calls). Nothing of the group is recorded before it commits, so the answer
         holds while it is written. An id that is not valid, or a store that cannot be read,
         is left to the look-up of each offer, which reports it as before."""
-        ids = {str(o.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID] for o in offers}
+        ids = {str(o.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID] for o in offers}
         valid = set()
         for sid in ids:
             try:
-                valid.add(p.validate_stream_id(sid))
+                valid.add(validate_stream_id(sid))
             except ProtocolError:
                 continue
         try:
@@ -532,7 +534,7 @@ class ReceiveSession:
 
     def _parse_inline(self, offer: Any, sender: str) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
         """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
-        sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+        sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
         try:
             spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
         except ProtocolError as exc:
@@ -556,7 +558,7 @@ class ReceiveSession:
             if len(offers) > 1:
                 self._look_up_group(offers)
             for offer in offers:
-                sid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+                sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
                 if files.holds(sid):
                     later.append(offer)  # the same stream twice in one group: a repeat, settled after
                     continue
@@ -601,8 +603,8 @@ class ReceiveSession:
         spec, origin = checked
         try:
             data = bw.read_inline(offer.headers, offer.body or b"", spec)
-            subdir = paths.safe_subdir(offer.headers.get(p.H_DIR), spec.stream_id)
-            files.add(offer, spec, data, sha256=str(offer.headers[p.H_SHA256]), origin=origin, subdir=subdir,
+            subdir = paths.safe_subdir(offer.headers.get(hdr.H_DIR), spec.stream_id)
+            files.add(offer, spec, data, sha256=str(offer.headers[hdr.H_SHA256]), origin=origin, subdir=subdir,
                       sender=sender)
         except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, str(exc))
@@ -631,7 +633,7 @@ class ReceiveSession:
             try:
                 found.extend(inline.unpack(offer))
             except ProtocolError as exc:
-                pid = str(offer.headers.get(p.H_STREAM, ""))[: p.MAX_STREAM_ID]
+                pid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
         return found
 
@@ -643,7 +645,7 @@ class ReceiveSession:
         if terms:
             # A sender believes only receivers that introduced themselves: hello, then done.
             token = receiver_token(self.out / ".amqstream", spec.stream_id)
-            for kind in (p.Kind.HELLO, p.Kind.DONE):
+            for kind in (hdr.Kind.HELLO, hdr.Kind.DONE):
                 self.link.send(
                     terms[0],
                     b"",
@@ -712,7 +714,7 @@ class ReceiveSession:
         """Where the note that ``sid`` was filed in quarantine is kept; None for an id that
         cannot name a file."""
         try:
-            p.validate_stream_id(sid)
+            validate_stream_id(sid)
         except ProtocolError:
             return None
         return self.sdir / f"{sid}.quarantined"
@@ -737,11 +739,11 @@ class ReceiveSession:
         """Handle a re-offer. If this directory published the stream, drain what the sender's
         re-run repeated; if it holds the stream's partial data, its receiver drains when it
         publishes. Either way acknowledge the re-offer, and never start a reception from it."""
-        sid = str(offer.headers.get(p.H_STREAM, ""))
+        sid = str(offer.headers.get(hdr.H_STREAM, ""))
         try:
-            p.validate_stream_id(sid)
+            validate_stream_id(sid)
         except ProtocolError as exc:
-            self._quarantine(offer, sid[: p.MAX_STREAM_ID], Outcome.INVALID, f"invalid re-offer: {exc}")
+            self._quarantine(offer, sid[: hdr.MAX_STREAM_ID], Outcome.INVALID, f"invalid re-offer: {exc}")
             return
         def published() -> bool:
             return find_received(self.out, sid, retention_days=self.opts.records_retention_days) is not None

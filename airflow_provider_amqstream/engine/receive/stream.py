@@ -38,8 +38,10 @@ from airflow_provider_amqstream.exceptions import (
     StreamRefused,
     StreamStalled,
 )
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
 from airflow_provider_amqstream.transport.link import Link
@@ -103,7 +105,7 @@ class ReceiveOptions:
         extra ``seal: required``.
     """
 
-    window: int = p.DEFAULT_RECEIVE_BATCH
+    window: int = hdr.DEFAULT_RECEIVE_BATCH
     wait_timeout: float | None = 60.0
     idle_timeout: float = 120.0
     gap_grace: float = 5.0
@@ -217,7 +219,7 @@ class StreamReceiver:
 
     # Built by engine/receive/session.py, whose rework goes on: an options object for the
     # handshake/origin/sender keywords belongs with it.
-    def __init__(self, link: Link, dest: p.Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
+    def __init__(self, link: Link, dest: Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
                  handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "",
                  seal: seal.Seal | None = None) -> None:
@@ -311,7 +313,7 @@ class StreamReceiver:
         frames, self.unacked = self.unacked, []
         for frame in frames:
             self.link.ack(frame)
-        self.tell(p.Kind.DONE, spec.chunks + 1)
+        self.tell(hdr.Kind.DONE, spec.chunks + 1)
         self.stop_data()
         # Repeats from a sender's re-run are cleared when its re-offer arrives (it always
         # ends with one), by whoever takes it and finds this record. If another receiver of
@@ -397,7 +399,7 @@ class StreamReceiver:
                 f"its waiting streams, or the administrator raises its cap (`--max-waiting`) for {self.sender!r}; "
                 "the offer is tried again later") from None
         # Subscribed first, then hello: on a topic the sender's chunks must find us listening.
-        self.tell(p.Kind.HELLO, state.next_seq)
+        self.tell(hdr.Kind.HELLO, state.next_seq)
         quiet_since = self._quiet_since()
         look = min(opts.idle_timeout, FIRST_LOOK)
         # Whatever waits in the broker arrives within a moment of subscribing: every run
@@ -502,7 +504,7 @@ class StreamReceiver:
             return
         if self.reply_to and silent < self.opts.idle_timeout:
             # Lost chunk, dropped end marker or a restarted sender: ask again from the gap.
-            self.tell(p.Kind.REREQ, state.next_seq)
+            self.tell(hdr.Kind.REREQ, state.next_seq)
             return
         if state.expected_sha256 and not self.reply_to:
             raise self._missing()
@@ -558,7 +560,7 @@ class StreamReceiver:
         log.warning("%s: %s; asking the sender to resend", self.what, d.reason)
         self._commit(wait=True)
         self.link.nack(frame)
-        self.tell(p.Kind.REREQ, self.file.state.next_seq)
+        self.tell(hdr.Kind.REREQ, self.file.state.next_seq)
 
     def _check_progress(self, since: float) -> None:
         late = self.credit <= 0 if not self.reply_to else time.monotonic() - since > self.opts.idle_timeout
@@ -589,7 +591,7 @@ class StreamReceiver:
     def _durable(self, frames: list[Any]) -> None:
         for frame in frames:
             self.link.ack(frame)
-        self.tell(p.Kind.ACK, self.file.state.next_seq)
+        self.tell(hdr.Kind.ACK, self.file.state.next_seq)
 
     def _settle_quietly(self) -> None:
         """On the way out after an error: keep what is durable, but never mask the error."""
@@ -598,7 +600,7 @@ class StreamReceiver:
         except Exception as exc:
             log.warning("%s: could not finish the last commit while stopping: %s", self.what, exc)
 
-    def tell(self, kind: p.Kind, next_seq: int) -> None:
+    def tell(self, kind: hdr.Kind, next_seq: int) -> None:
         """Handshake mode: report our position to the sender (no-op otherwise)."""
         if self.reply_to:
             headers = p.control_headers(self.spec, kind, self.consumer, next_seq, self.token)
@@ -625,7 +627,7 @@ def drain_queue(link: Link, queue: str, *, ack: bool, quiet: float = 0.3, limit:
         while time.monotonic() < until and (frame := link.get(wait, sub)) is not None:
             (link.ack if ack else link.nack)(frame)
             n += 1
-            if frame.headers.get(p.H_KIND) == p.Kind.END.value:
+            if frame.headers.get(hdr.H_KIND) == hdr.Kind.END.value:
                 wait = min(quiet, 0.05)
     finally:
         link.unsubscribe(sub)

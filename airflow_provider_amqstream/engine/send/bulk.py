@@ -82,8 +82,11 @@ from airflow_provider_amqstream.exceptions import (
     TransportError,
 )
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec
+from airflow_provider_amqstream.protocol.names import Destination, derive_stream_id, validate_stream_id
 from airflow_provider_amqstream.protocol.seal import SEALED_NAME
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -138,15 +141,15 @@ def send_files(
     """
     opts = options or SendOptions()
     t0 = time.monotonic()
-    dest = p.Destination.parse(destination)
-    if p.Mode(opts.mode) is p.Mode.HANDSHAKE or dest.kind != "queue":
+    dest = Destination.parse(destination)
+    if hdr.Mode(opts.mode) is hdr.Mode.HANDSHAKE or dest.kind != "queue":
         raise StreamError(f"{dest}: many files in one send go to a queue in stream or atomic mode; "
                           "send handshake-mode files one at a time")
-    window = next(v for v in (opts.window, params.window, p.DEFAULT_WINDOW) if v is not None)
-    chunk = next(v for v in (opts.chunk_size, params.chunk_size, p.DEFAULT_CHUNK_SIZE) if v is not None)
-    if window < 1 or not 1 <= chunk <= p.MAX_CHUNK_SIZE:
-        raise StreamError(f"window ({window}) must be at least 1 and chunk size ({chunk}) in 1..{p.MAX_CHUNK_SIZE}")
-    codec = p.ChunkCodec(opts.compression if opts.compression is not None else params.compression)
+    window = next(v for v in (opts.window, params.window, hdr.DEFAULT_WINDOW) if v is not None)
+    chunk = next(v for v in (opts.chunk_size, params.chunk_size, hdr.DEFAULT_CHUNK_SIZE) if v is not None)
+    if window < 1 or not 1 <= chunk <= hdr.MAX_CHUNK_SIZE:
+        raise StreamError(f"window ({window}) must be at least 1 and chunk size ({chunk}) in 1..{hdr.MAX_CHUNK_SIZE}")
+    codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     if iter(files) is files:  # a one-pass iterator: the send reads the files twice
         files = list(files)
     tally = BatchTally(MAX_KEPT_RESULTS)
@@ -170,7 +173,7 @@ def send_files(
     survey = _survey(files, dest, key, fail if opts.fail_fast else None, sealed=sealed)
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
-    p.validate_stream_id(batch_id)
+    validate_stream_id(batch_id)
     broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
     # The first use in a process prunes expired records, checkpoints and ledgers.
     sender_store(None, params.records_retention_days)
@@ -208,7 +211,7 @@ class _Survey:
     ids: int = 0  # the sum of the stream ids' digests: the same files give the same sum in any order
 
 
-def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination,
+def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
             key: bytes, fail_fast: Callable[..., None] | None, *, sealed: bool) -> _Survey:
     """Count the files a send will send. Each failing one is reported by the sending pass;
     with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
@@ -226,7 +229,7 @@ def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destina
     return out
 
 
-def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Destination,
+def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
               key: bytes, fail: Callable[..., None], *, sealed: bool = False) -> Iterator[Outgoing]:
     """The files to send, one at a time; those that cannot be sent go to ``fail``. A file is
     named once (see ``FileSet``), so its stream id is too."""
@@ -240,7 +243,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: p.Desti
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
             identity = _file_identity(bf.path, st_, bf.real)
             stem = SEALED_NAME if sealed else bf.path.name
-            sid = p.derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
+            sid = derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
         except (OSError, StreamError, ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
@@ -272,7 +275,7 @@ class _FilesList:
                 yield json.loads(line)
 
 
-def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, listing: _FilesList,
+def _announce(params: BrokerParams, dest: Destination, batch_id: str, listing: _FilesList,
               reconnect_timeout: float) -> None:
     """Send the batch's file list after its offers, read back from ``listing`` part by part
     (a re-run sends it again: receivers rewrite the same manifest)."""
@@ -288,7 +291,7 @@ def _announce(params: BrokerParams, dest: p.Destination, batch_id: str, listing:
             reconnect.failed(exc)
 
 
-def _already(rec: dict[str, Any], e: Outgoing, dest: p.Destination, params: BrokerParams) -> TransferResult:
+def _already(rec: dict[str, Any], e: Outgoing, dest: Destination, params: BrokerParams) -> TransferResult:
     now = time.time()
     sha = str(rec.get("sha256") or "")
     if not sha:
@@ -383,11 +386,11 @@ class _Ctx:
     """One batch's sending state across reconnects."""
 
     params: BrokerParams
-    dest: p.Destination
+    dest: Destination
     options: SendOptions
     window: int
     chunk: int
-    codec: p.ChunkCodec
+    codec: ChunkCodec
     ledger: BatchLedger
     status: BatchStatus
     tally: BatchTally
@@ -522,7 +525,7 @@ class _Ctx:
             rid = link.send(str(self.dest), wire, headers, receipt=seal)
         else:
             started = time.time()
-            spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, p.Mode.ATOMIC)
+            spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, hdr.Mode.ATOMIC)
             origin = stream_origin(e.identity, self.dest)
             sha = send_chunks(link, e, self.dest, spec, self.codec)
             rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, sender=self.params.user,

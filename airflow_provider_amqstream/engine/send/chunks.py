@@ -11,6 +11,7 @@ from collections.abc import Generator
 from typing import Any, BinaryIO, NamedTuple
 
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec
 from airflow_provider_amqstream.protocol.seal import Seal
 
 
@@ -33,7 +34,7 @@ class ChunkReader:
     :param seal: a sealed stream's seal (each encoded chunk sealed under it).
     """
 
-    def __init__(self, fh: BinaryIO, spec: p.StreamSpec, codec: p.ChunkCodec, hasher: Any = None,
+    def __init__(self, fh: BinaryIO, spec: p.StreamSpec, codec: ChunkCodec, hasher: Any = None,
                  seal: Seal | None = None) -> None:
         self.fh, self.spec, self.codec, self.hasher = fh, spec, codec, hasher
         self.sealer = seal.sealer(spec.chunks) if seal is not None else None

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.seal import H_SEAL, Seal
 from airflow_provider_amqstream.protocol.state import SenderState
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -29,17 +32,17 @@ class Outbound:
 
     params: BrokerParams
     src: Path
-    dest: p.Destination
+    dest: Destination
     state: SenderState
     save: Callable[..., None]
     window: int
     progress: Progress | None
-    codec: p.ChunkCodec
+    codec: ChunkCodec
     origin: str
     subdir: str = ""
     seal: Seal | None = None
 
-    def offer(self, window: int = p.DEFAULT_WINDOW, **kw: Any) -> dict[str, str]:
+    def offer(self, window: int = hdr.DEFAULT_WINDOW, **kw: Any) -> dict[str, str]:
         """The stream's offer (``kw``: offer_headers' keywords), with its seal if sealed."""
         kw.setdefault("subdir", self.subdir)
         h = p.offer_headers(self.state.spec, self.dest, window, sender=self.params.user, origin=self.origin, **kw)

@@ -17,7 +17,10 @@ from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.stream import stream_origin
 from airflow_provider_amqstream.exceptions import StreamError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import Link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -49,7 +52,7 @@ def changed(e: Outgoing) -> StreamError:
                        "Send it again once it is stable.")
 
 
-def pending_result(e: Outgoing, dest: p.Destination, spec: p.StreamSpec, sha256: str, *, origin: str,
+def pending_result(e: Outgoing, dest: Destination, spec: p.StreamSpec, sha256: str, *, origin: str,
                    broker: str, started: float) -> TransferResult:
     """A small file's result, sent but not yet confirmed: ``seconds`` holds the monotonic
     start until the confirmation turns it into a duration."""
@@ -59,12 +62,12 @@ def pending_result(e: Outgoing, dest: p.Destination, spec: p.StreamSpec, sha256:
     return res
 
 
-def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCodec,
+def inline_member(e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec,
                   params: BrokerParams) -> tuple[dict[str, str], bytes, TransferResult]:
     """A file of one chunk or less read, hashed and encoded as its inline offer (sent as
     ``params.login``, to ``params.url``)."""
     started = time.time()
-    spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, p.Mode.ATOMIC)
+    spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, hdr.Mode.ATOMIC)
     origin = stream_origin(e.identity, dest)
     with open(e.src, "rb") as fh:
         body = fh.read(e.size + 1)
@@ -76,7 +79,7 @@ def inline_member(e: Outgoing, dest: p.Destination, chunk: int, codec: p.ChunkCo
     return headers, wire, pending_result(e, dest, spec, sha, origin=origin, broker=params.url, started=started)
 
 
-def send_chunks(link: Link, e: Outgoing, dest: p.Destination, spec: p.StreamSpec, codec: p.ChunkCodec) -> str:
+def send_chunks(link: Link, e: Outgoing, dest: Destination, spec: p.StreamSpec, codec: ChunkCodec) -> str:
     """A file of a few chunks: its chunks and end marker (its offer follows); returns its SHA-256."""
     data_q = dest.data_queue(e.stream_id, link.params.user)
     hasher = hashlib.sha256()
@@ -115,13 +118,13 @@ class Pack:
         self.bytes += len(wire)
         self.index += index
 
-    def send(self, link: Link, dest: p.Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
+    def send(self, link: Link, dest: Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
         """Send the pack with a receipt (confirming it and everything before it on the
         connection) and empty it; returns the receipt id and the files it carried."""
         headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files])
         rid = link.send(str(dest), body, headers, receipt=True)
         if rid is None:
-            raise TransportError(f"no receipt id for pack {headers[p.H_STREAM]} on {link.params.url}")
+            raise TransportError(f"no receipt id for pack {headers[hdr.H_STREAM]} on {link.params.url}")
         sent = [(e, res) for e, _, _, res in self.files]
         self.files, self.bytes, self.index = [], 0, 0
         return rid, sent

@@ -37,8 +37,11 @@ from airflow_provider_amqstream.exceptions import (
     StreamError,
     TransportError,
 )
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec
+from airflow_provider_amqstream.protocol.names import Destination, derive_stream_id, validate_stream_id
 from airflow_provider_amqstream.protocol.state import SenderState
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
@@ -91,7 +94,7 @@ class SendOptions:
 
     chunk_size: int | None = None
     window: int | None = None
-    mode: str | p.Mode = p.Mode.STREAM
+    mode: str | hdr.Mode = hdr.Mode.STREAM
     compression: str | None = None
     restart: bool = False
     reconnect_timeout: float = 120.0
@@ -138,24 +141,24 @@ def send_file(
     t0 = time.monotonic()
     src = Path(path)
     st_ = _regular_file(src)
-    dest = p.Destination.parse(destination)
-    kind = p.Mode(opts.mode)
-    if dest.kind != "queue" and kind is not p.Mode.HANDSHAKE:
+    dest = Destination.parse(destination)
+    kind = hdr.Mode(opts.mode)
+    if dest.kind != "queue" and kind is not hdr.Mode.HANDSHAKE:
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
     identity = _file_identity(src, st_)
     recipients = seal_recipients(opts, params)
-    sid = p.validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params),
+    sid = validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params),
                                                                               sealed=bool(recipients))
-    window = _check_window(_first(opts.window, params.window, p.DEFAULT_WINDOW), kind)
-    codec = p.ChunkCodec(opts.compression if opts.compression is not None else params.compression)
+    window = _check_window(_first(opts.window, params.window, hdr.DEFAULT_WINDOW), kind)
+    codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
         default_state_dir() / checkpoint_name(sid, params), retention_days=params.records_retention_days)
     loaded = None if opts.restart else ckpt.load()
     state = None if not loaded else _sender_state(loaded)
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
-    chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, p.DEFAULT_CHUNK_SIZE)
+    chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, hdr.DEFAULT_CHUNK_SIZE)
     real_name = name or src.name
     spec = p.StreamSpec(sid, seal.SEALED_NAME if recipients else real_name, st_.st_size, chunk_size, kind)
     sealed = _stream_seal(loaded if state is not None else None, recipients, spec, real_name)
@@ -179,7 +182,7 @@ def send_file(
     rerequests = [0]
     retries = 0
     if link is not None:
-        if spec.mode is p.Mode.HANDSHAKE:
+        if spec.mode is hdr.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
         attempt.run(link)
     else:
@@ -228,16 +231,16 @@ def _regular_file(src: Path) -> os.stat_result:
     return st_
 
 
-def _check_window(window: int, mode: p.Mode) -> int:
+def _check_window(window: int, mode: hdr.Mode) -> int:
     if window < 1:
         raise StreamError(f"window must be at least 1, got {window}")
-    if mode is p.Mode.HANDSHAKE and window > p.MAX_AHEAD:
+    if mode is hdr.Mode.HANDSHAKE and window > hdr.MAX_AHEAD:
         raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
-                          f"{p.MAX_AHEAD} past their first missing one; use at most {p.MAX_AHEAD}")
+                          f"{hdr.MAX_AHEAD} past their first missing one; use at most {hdr.MAX_AHEAD}")
     return window
 
 
-def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: p.Destination, identity: str,
+def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: Destination, identity: str,
                   ckpt: Checkpoint, extra: dict[str, Any]) -> SenderState:
     """The checkpoint's state if it is this very stream, else a new one (recorded at once)."""
     if state is not None and (state.identity != identity or state.spec != spec
@@ -270,7 +273,7 @@ def _retry(out: Outbound, attempt: _Attempt, reconnect: Reconnect, hs_timeouts: 
             # that is where this run resumed, whatever offset it started at.
             resumed_from = state.confirmed_offset
         try:
-            if state.spec.mode is p.Mode.HANDSHAKE:
+            if state.spec.mode is hdr.Mode.HANDSHAKE:
                 attempt.sent += send_handshake_attempt(out, hs_timeouts, rerequests)
             else:
                 attempt.run()
@@ -283,7 +286,7 @@ def _retry(out: Outbound, attempt: _Attempt, reconnect: Reconnect, hs_timeouts: 
             reconnect.failed(exc)
 
 
-def _already_sent(params: BrokerParams, src: Path, dest: p.Destination, state: SenderState,
+def _already_sent(params: BrokerParams, src: Path, dest: Destination, state: SenderState,
                   record: dict[str, Any], started: float, *, link: Link | None = None) -> TransferResult:
     """The checkpoint says this broker confirmed the whole stream. Still prove the broker
     takes these credentials: a wrong password must fail, not pass as "already sent" (a
@@ -306,7 +309,7 @@ def _file_identity(src: Path, st_: os.stat_result, real: Path | None = None) -> 
     return f"{real or src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
 
 
-def stream_origin(identity: str, dest: p.Destination) -> str:
+def stream_origin(identity: str, dest: Destination) -> str:
     """The ``amqs_origin`` a sender puts on its offer: which file went where."""
     return hashlib.sha256(f"{identity}|{dest}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
@@ -318,7 +321,7 @@ def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
     return f"{stream_id}@{broker}.json"
 
 
-def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destination,
+def default_stream_id(path: str | os.PathLike[str], destination: str | Destination,
                       st_: os.stat_result | None = None, *, key: bytes = b"", sealed: bool = False) -> str:
     """The stream id a send gets when none is given: the same file (path, size, mtime) to
     the same destination always gets the same id, so a re-run finds its checkpoint; the
@@ -333,8 +336,8 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | p.Destina
     """
     src = Path(path)
     identity = _file_identity(src, st_ or src.stat())
-    dest = p.Destination.parse(str(destination))
-    return p.derive_stream_id(seal.SEALED_NAME if sealed else src.name, f"{identity}|{dest}", key)
+    dest = Destination.parse(str(destination))
+    return derive_stream_id(seal.SEALED_NAME if sealed else src.name, f"{identity}|{dest}", key)
 
 
 @functools.lru_cache(maxsize=16)
@@ -416,7 +419,7 @@ class _Attempt:
     def _run(self, link: Link) -> None:
         state, spec, dest, data_q = self.state, self.state.spec, self.dest, self.data_q
         rerun = state.offer_sent or state.confirmed_seq > 0
-        if spec.mode is p.Mode.STREAM and not state.offer_sent:
+        if spec.mode is hdr.Mode.STREAM and not state.offer_sent:
             link.send_confirmed(str(dest), b"", self._offer())
             state.offer_sent = True
             self.save()

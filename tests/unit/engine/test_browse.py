@@ -9,12 +9,14 @@ import pytest
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import AccessDenied
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
 Q = "/queue/watched"
-DEST = p.Destination.parse(Q)
+DEST = Destination.parse(Q)
 
 
 def offer(broker: MemoryBroker, user: str, stream_id: str) -> None:
@@ -25,21 +27,21 @@ def offer(broker: MemoryBroker, user: str, stream_id: str) -> None:
 def test_junk_is_quarantined_and_offers_are_reported(broker: MemoryBroker) -> None:
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"hello", {})  # no amqstream header at all
-        link.send(Q, b"", {p.H_KIND: "offer", p.H_STREAM: "no-version"})
-        link.send(Q, b"", {p.H_KIND: "data", p.H_STREAM: "wrong-kind"})
-        link.send(Q, b"not a pack", {p.H_KIND: "pack", "amqs_pack_ids": "|x|"})
+        link.send(Q, b"", {hdr.H_KIND: "offer", hdr.H_STREAM: "no-version"})
+        link.send(Q, b"", {hdr.H_KIND: "data", hdr.H_STREAM: "wrong-kind"})
+        link.send(Q, b"not a pack", {hdr.H_KIND: "pack", "amqs_pack_ids": "|x|"})
     offer(broker, "alice", "good-1")
     browser = OfferBrowser(broker.params("receiver"), Q)
     try:
         assert [o.stream_id for o in browser.look()] == ["good-1"]
         assert browser.quarantined == 4
         left = broker.messages(Q)
-        assert [h.get(p.H_STREAM) for h, _ in left] == ["good-1"]  # the offer stays for its receiver
+        assert [h.get(hdr.H_STREAM) for h, _ in left] == ["good-1"]  # the offer stays for its receiver
         filed = broker.messages("/queue/DLQ.watched")
         assert len(filed) == 4
-        assert all(h[p.H_QUARANTINED_FROM] == Q and "seen by a watcher" in h[p.H_QUARANTINE_REASON]
+        assert all(h[hdr.H_QUARANTINED_FROM] == Q and "seen by a watcher" in h[hdr.H_QUARANTINE_REASON]
                    for h, _ in filed)
-        assert {h.get(p.H_STREAM) for h, _ in filed} >= {"no-version", "wrong-kind"}
+        assert {h.get(hdr.H_STREAM) for h, _ in filed} >= {"no-version", "wrong-kind"}
         assert [o.sender for o in browser.look()] == ["alice"]
         assert browser.quarantined == 4
     finally:
@@ -52,7 +54,7 @@ def test_batch_messages_and_reoffers_are_left_alone(broker: MemoryBroker) -> Non
         for headers, body in bw.batch_messages("b-1", [entry]):
             link.send(Q, body, headers)
         again = p.offer_headers(p.StreamSpec("again", "again.bin", 10, 10), DEST, sender="alice")
-        link.send(Q, b"", {**again, p.H_REOFFER: "1"})
+        link.send(Q, b"", {**again, hdr.H_REOFFER: "1"})
     browser = OfferBrowser(broker.params("receiver"), Q)
     try:
         assert browser.look() == []

@@ -16,13 +16,15 @@ from airflow_provider_amqstream.engine import ReceiveOptions, StreamFailure, rec
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.exceptions import StreamElsewhere
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 from tests.helpers import send_stream
 
 Q = "/queue/landing"
-DEST = p.Destination.parse(Q)
+DEST = Destination.parse(Q)
 FAST = {"wait_timeout": 0.5, "idle_timeout": 0.5, "gap_grace": 0.2, "window": 4}
 CHUNK = 1000
 CHUNKS = 40
@@ -65,7 +67,7 @@ def test_a_retry_elsewhere_leaves_the_rest_for_the_first_receiver_and_says_where
     worker1, worker2 = tmp_path / "worker1" / "in", tmp_path / "worker2" / "in"
     _killed_after(broker, worker1, "moved-1", 4 * CHUNK)
     [note] = broker.messages(DEST.held_queue("moved-1"))
-    assert note[0][p.H_HELD_DIR] == str(worker1.resolve()) and note[0][p.H_HELD_HOST] == socket.gethostname()
+    assert note[0][hdr.H_HELD_DIR] == str(worker1.resolve()) and note[0][hdr.H_HELD_HOST] == socket.gethostname()
     _send(broker, spec, data, range(13, CHUNKS + 1), offer=False, end=True)  # the sender finishes
     waiting = len(broker.messages(DEST.data_queue("moved-1", "site-a")))
 

@@ -29,13 +29,15 @@ from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS
 from airflow_provider_amqstream.engine.receive.stream import StreamReceiver
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
 from airflow_provider_amqstream.protocol import bulk as bw
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 from tests.helpers import Tamper, send_stream
 
 Q = "/queue/landing"
-DEST = p.Destination.parse(Q)
+DEST = Destination.parse(Q)
 FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
 
 
@@ -72,7 +74,7 @@ def test_a_missing_chunk_quarantines_the_stream_naming_the_range(broker: MemoryB
     with pytest.raises(StreamQuarantined, match=r"chunks 3-3 \(bytes 2000-2999\)"):
         receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST))
     [(filed, _)] = broker.messages("/queue/DLQ.landing")
-    assert filed[p.H_STREAM] == "gap-1" and "chunks 3-3" in filed[p.H_QUARANTINE_REASON]
+    assert filed[hdr.H_STREAM] == "gap-1" and "chunks 3-3" in filed[hdr.H_QUARANTINE_REASON]
     assert not list((tmp_path / "out" / ".amqstream").glob("gap-1.*"))
 
 
@@ -114,14 +116,14 @@ def test_a_receiver_killed_while_quarantining_leaves_the_stream_filed_once(
     with pytest.raises(_Killed):
         receive_all(broker, tmp_path / "out")
     monkeypatch.setattr(StreamReceiver, "abandon", abandon)
-    assert [h[p.H_STREAM] for h, _ in broker.messages(Q)] == ["bad-2"], "the offer came back"
+    assert [h[hdr.H_STREAM] for h, _ in broker.messages(Q)] == ["bad-2"], "the offer came back"
     assert broker.messages(DEST.data_queue("bad-2", "alice")) == [], "its chunks are gone"
 
     got, failures = receive_all(broker, tmp_path / "out")
     assert got == [] and [(f.stream_id, f.status) for f in failures] == [("bad-2", "quarantined")]
     assert "CRC-32" in failures[0].reason
     [(filed, _)] = broker.messages("/queue/DLQ.landing")
-    assert filed[p.H_STREAM] == "bad-2" and "CRC-32" in filed[p.H_QUARANTINE_REASON]
+    assert filed[hdr.H_STREAM] == "bad-2" and "CRC-32" in filed[hdr.H_QUARANTINE_REASON]
     assert broker.messages(Q) == [] and broker.messages(DEST.parked_queue()) == []
     assert not list((tmp_path / "out" / ".amqstream").glob("bad-2*"))
 
@@ -134,7 +136,7 @@ def test_offers_too_large_and_junk_ahead_do_not_hold_up_a_good_stream(broker: Me
     with open_link(broker.params("mallory")) as link:
         for i in range(n):
             link.send(Q, b"", p.offer_headers(p.StreamSpec(f"tib-{i}", "x.bin", 2**40, 2**20), DEST, sender="mallory"))
-            link.send(Q, b"junk", {p.H_STREAM: f"junk-{i}"})
+            link.send(Q, b"junk", {hdr.H_STREAM: f"junk-{i}"})
     good = os.urandom(2000)
     play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(good), 1000), good, [1, 2])
     t0 = time.monotonic()
@@ -143,7 +145,7 @@ def test_offers_too_large_and_junk_ahead_do_not_hold_up_a_good_stream(broker: Me
     assert sorted(f.status for f in failures) == ["no_room"] * n + ["quarantined"] * n
     parked = broker.messages(DEST.parked_queue())
     assert len(parked) == n and all(p.parked_until(h) > time.time() + 200 for h, _ in parked)
-    assert {h[p.H_FIRST_SENDER] for h, _ in parked} == {"mallory"}
+    assert {h[hdr.H_FIRST_SENDER] for h, _ in parked} == {"mallory"}
     assert broker.messages(Q) == [] and len(broker.messages("/queue/DLQ.landing")) == n
     # Parked ones are passed, not taken, by the next receiver: nothing fails twice.
     again, failures = receive_all(broker, tmp_path / "out")
@@ -160,7 +162,7 @@ def test_a_stalled_stream_is_parked_and_comes_back_whole(broker: MemoryBroker, t
     # The space reserved past the data on disk is given back while it waits.
     assert (tmp_path / "out" / ".amqstream" / "late-1.part").stat().st_size == 2000
     [(parked, _)] = broker.messages(DEST.parked_queue())
-    assert parked[p.H_YIELDS] == "1" and "at byte 2000" in parked[p.H_YIELD_REASON]
+    assert parked[hdr.H_YIELDS] == "1" and "at byte 2000" in parked[hdr.H_YIELD_REASON]
     play(broker, "alice", spec, data, [3, 4, 5, 6], offer=False)
     assert receive_stream(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST)) is None
     got = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id="late-1", options=ReceiveOptions(**FAST))
@@ -222,7 +224,7 @@ def test_a_stream_another_process_of_the_directory_is_receiving_is_parked_and_le
         assert "being received by another process" in failures[0].reason
         assert (sdir / "held-1.part").read_bytes() == b"the other receiver's chunks"
         [(parked, _)] = broker.messages(DEST.parked_queue())
-        assert parked[p.H_STREAM] == "held-1" and parked[p.H_YIELDS] == "1"
+        assert parked[hdr.H_STREAM] == "held-1" and parked[hdr.H_YIELDS] == "1"
     # Once the other lets go, the stream is taken by id and completed here.
     (sdir / "held-1.part").unlink()
     got_again = receive_stream(broker.params("rx"), Q, tmp_path / "out", stream_id="held-1",
@@ -244,7 +246,7 @@ def test_a_receiver_that_cannot_park_puts_the_offer_back_and_goes_on(broker: Mem
     got, failures = receive_all(broker, tmp_path / "out", wait_timeout=1)
     assert [r.stream_id for r in got] == ["good-3"] and (tmp_path / "out" / "good.bin").read_bytes() == data
     assert [f.stream_id for f in failures] == ["gone-3"] and broker.refusals[DEST.parked_queue()] == 0
-    assert [h[p.H_STREAM] for h, _ in broker.messages(DEST.parked_queue())] == ["gone-3"]
+    assert [h[hdr.H_STREAM] for h, _ in broker.messages(DEST.parked_queue())] == ["gone-3"]
 
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(p.StreamSpec("gone-4", "gone.bin", 10**6, 2**20), DEST, sender="mallory"))
@@ -267,7 +269,7 @@ def test_an_offer_whose_data_queue_the_broker_refuses_is_parked_naming_its_sende
     assert [(f.stream_id, f.status) for f in failures] == [("over-1", "refused")]
     assert "'mallory'" in failures[0].reason and "rx" not in failures[0].reason
     [(parked, _)] = broker.messages(DEST.parked_queue())
-    assert parked[p.H_STREAM] == "over-1" and "'mallory'" in parked[p.H_YIELD_REASON]
+    assert parked[hdr.H_STREAM] == "over-1" and "'mallory'" in parked[hdr.H_YIELD_REASON]
     play(broker, "alice", p.StreamSpec("good-1", "good.bin", len(data), 1000), b"", [], end=False)
     broker.refuse_creating(DEST.data_queue("good-1", "alice"), 1)
     again, failures = receive_all(broker, tmp_path / "out")
@@ -281,7 +283,7 @@ def test_only_what_the_receivers_own_user_parked_is_believed(broker: MemoryBroke
     the copy rx itself parked is received as alice's."""
     def parked(sid: str, name: str, due: float) -> tuple[dict[str, str], bytes]:
         body = sid.encode()
-        spec = p.StreamSpec(sid, name, len(body), 1024, p.Mode.ATOMIC)
+        spec = p.StreamSpec(sid, name, len(body), 1024, hdr.Mode.ATOMIC)
         headers, wire = bw.inline_offer(spec, DEST, body, hashlib.sha256(body).hexdigest(), sender="alice")
         return p.parked_headers(headers, sender="alice", not_before=due, reason="x"), wire
 
@@ -459,7 +461,7 @@ def test_a_silent_stream_an_earlier_receiver_reserved_for_gets_only_the_first_lo
 def test_a_stream_that_gave_way_too_often_is_quarantined(broker: MemoryBroker, tmp_path: Path) -> None:
     headers = p.parked_headers(p.offer_headers(p.StreamSpec("tired-1", "t.bin", 10, 10), DEST, sender="alice"),
                                not_before=time.time() - 1, reason="stalled", sender="alice")
-    headers[p.H_YIELDS] = str(MAX_YIELDS)
+    headers[hdr.H_YIELDS] = str(MAX_YIELDS)
     with open_link(broker.params("rx")) as link:
         link.send(DEST.parked_queue(), b"", headers)
     got, failures = receive_all(broker, tmp_path / "out")
@@ -472,7 +474,7 @@ def test_handshake_chunks_that_never_help_end_within_the_idle_timeout(broker: Me
     """A sender trickling corrupt chunks in handshake mode, each asked again, for ever."""
     import threading
 
-    spec = p.StreamSpec("trickle-1", "t.bin", 10_000, 1000, p.Mode.HANDSHAKE)
+    spec = p.StreamSpec("trickle-1", "t.bin", 10_000, 1000, hdr.Mode.HANDSHAKE)
     stop = threading.Event()
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"", p.offer_headers(spec, DEST, window=8, sender="mallory"))

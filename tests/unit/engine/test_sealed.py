@@ -13,13 +13,15 @@ import pytest
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file, send_files
 from airflow_provider_amqstream.engine.keys import new_key_file
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamQuarantined
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
-from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import crc32
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
 from airflow_provider_amqstream.transport.memory import MemoryBroker, _name
 
 Q = "/queue/landing"
-DEST = p.Destination.parse(Q)
+DEST = Destination.parse(Q)
 FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
 MARKER = b"TOP-SECRET-MARKER-7f3a"
 
@@ -55,7 +57,7 @@ def test_the_broker_holds_nothing_readable_and_the_key_holder_gets_it_whole(
     assert len(waiting) == 1 + res.chunks + 1 and res.chunks == 6
     for headers, body in waiting:
         assert MARKER not in body and "payroll" not in str(headers)
-        assert headers.get(p.H_SHA256) != res.sha256
+        assert headers.get(hdr.H_SHA256) != res.sha256
     assert "payroll" not in res.stream_id and res.name == "payroll 2026.csv"
     got = _receive(broker, tmp_path / "out", keys=(key[0],))
     assert got.name == "payroll 2026.csv" and got.sha256 == res.sha256
@@ -85,7 +87,7 @@ def _tampered(broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], change
     broker.queues.pop(_name(q))
     with broker_link(broker) as link:
         for headers, body in change(chunks):
-            link.send(q, body, {**headers, p.H_CRC: str(p.crc32(body))} if p.H_SEQ in headers else headers)
+            link.send(q, body, {**headers, hdr.H_CRC: str(crc32(body))} if hdr.H_SEQ in headers else headers)
     return src, res.stream_id
 
 
@@ -136,7 +138,7 @@ def test_a_chunk_transplanted_from_another_stream_does_not_open(
     with broker_link(broker) as link:
         for i, (h, body) in enumerate(chunks):
             body = foreign if i == 1 else body
-            link.send(qa, body, {**h, p.H_CRC: str(p.crc32(body))} if p.H_SEQ in h else h)
+            link.send(qa, body, {**h, hdr.H_CRC: str(crc32(body))} if hdr.H_SEQ in h else h)
     with pytest.raises(StreamQuarantined, match="does not open"):
         _receive(broker, tmp_path / "out", keys=(key[0],))
     # The next stream (b) still arrives.

@@ -15,15 +15,18 @@ from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.engine.discard import discard
 from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, redrive
 from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.protocol.outcomes import Outcome
+from airflow_provider_amqstream.protocol.codec import crc32
+from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 from airflow_provider_amqstream.transport.params import extra_list
 
 Q = "/queue/landing"
-DEST = p.Destination.parse(Q)
+DEST = Destination.parse(Q)
 FAST = {"wait_timeout": 0.3, "idle_timeout": 0.3, "gap_grace": 0.2}
 
 
@@ -40,8 +43,8 @@ def _chunks(spec: p.StreamSpec, data: bytes, user: str = "site-a") -> list[Frame
     out = []
     for seq in range(1, spec.chunks + 1):
         off, n = spec.chunk_span(seq)
-        out.append(Frame({**p.data_headers(spec, seq, data[off:off + n]), p.H_USER_ID: user}, data[off:off + n]))
-    out.append(Frame({**p.end_headers(spec, hashlib.sha256(data).hexdigest()), p.H_USER_ID: user}))
+        out.append(Frame({**p.data_headers(spec, seq, data[off:off + n]), hdr.H_USER_ID: user}, data[off:off + n]))
+    out.append(Frame({**p.end_headers(spec, hashlib.sha256(data).hexdigest()), hdr.H_USER_ID: user}))
     return out
 
 
@@ -56,15 +59,15 @@ def _chunks(spec: p.StreamSpec, data: bytes, user: str = "site-a") -> list[Frame
 ])
 def test_a_quarantine_cause_says_whether_redrive_can_help(written: Outcome, cause: str, redrivable: bool) -> None:
     # The cause a receiver wrote decides, never the reason's prose.
-    c = qr.quarantine_cause({p.H_QUARANTINE_CAUSE: written.value, p.H_QUARANTINE_REASON: "over this receiver's limit"})
+    c = qr.quarantine_cause({H_QUARANTINE_CAUSE: written.value, hdr.H_QUARANTINE_REASON: "over this receiver's limit"})
     assert (c.label, c.redrivable) == (cause, redrivable) and c.advice
 
 
 def test_inline_packed_and_handshake_streams_cannot_be_redriven() -> None:
-    over = {p.H_QUARANTINE_CAUSE: Outcome.MAX_BYTES.value}
+    over = {H_QUARANTINE_CAUSE: Outcome.MAX_BYTES.value}
     assert qr.quarantine_cause({**over, "amqs_inline": "1"}).label == "inline"
-    assert qr.quarantine_cause({**over, p.H_KIND: "pack"}).label == "inline"
-    assert qr.quarantine_cause({**over, p.H_MODE: "handshake"}).label == "handshake"
+    assert qr.quarantine_cause({**over, hdr.H_KIND: "pack"}).label == "inline"
+    assert qr.quarantine_cause({**over, hdr.H_MODE: "handshake"}).label == "handshake"
 
 
 def test_a_complete_stream_passes_the_check_in_any_order_with_its_sha256() -> None:
@@ -88,9 +91,9 @@ def test_the_check_names_what_cannot_arrive() -> None:
                                "sent)", "its end marker is missing (the sender never finished)"]
     # Another user's chunk, a corrupt one, and a second chunk 2 that differs.
     check = ChunkCheck(spec)
-    forged = Frame({**frames[0].headers, p.H_USER_ID: "mallory"}, frames[0].body)
+    forged = Frame({**frames[0].headers, hdr.H_USER_ID: "mallory"}, frames[0].body)
     bad = Frame(dict(frames[1].headers), b"X" + frames[1].body[1:])
-    other = Frame({**frames[2].headers, p.H_CRC: str(p.crc32(b"Y" * 1000))}, b"Y" * 1000)
+    other = Frame({**frames[2].headers, hdr.H_CRC: str(crc32(b"Y" * 1000))}, b"Y" * 1000)
     for f in [*frames, forged, bad, other]:
         check.take(f, trust_redrive_header=False)
     problems = " | ".join(check.verdict())
@@ -98,7 +101,7 @@ def test_the_check_names_what_cannot_arrive() -> None:
     assert "two different chunks 3" in problems
     # Chunks that add up to another file than the end marker says.
     check = ChunkCheck(spec)
-    lie = Frame({**frames[-1].headers, p.H_SHA256: "0" * 64})
+    lie = Frame({**frames[-1].headers, hdr.H_SHA256: "0" * 64})
     for f in [*frames[:-1], lie]:
         check.take(f, trust_redrive_header=False)
     assert check.verdict() == ["its chunks do not add up to the SHA-256 of its end marker (corrupt)"]
@@ -106,7 +109,7 @@ def test_the_check_names_what_cannot_arrive() -> None:
 
 def test_an_earlier_redrives_record_of_the_sender_is_believed_on_dlq_queues_only() -> None:
     spec, data = p.StreamSpec("s", "s.bin", 1000, 1000), _data(1000)
-    frames = [Frame({**f.headers, p.H_USER_ID: "admin", qr.H_REDRIVE_SENDER: "site-a"}, f.body)
+    frames = [Frame({**f.headers, hdr.H_USER_ID: "admin", qr.H_REDRIVE_SENDER: "site-a"}, f.body)
               for f in _chunks(spec, data)]
     trusted = ChunkCheck(spec, "site-a")
     for f in frames:
@@ -128,9 +131,9 @@ def _play(broker: MemoryBroker, user: str, spec: p.StreamSpec, data: bytes, seqs
     with open_link(broker.params(user)) as link:
         link.send(Q, b"", p.offer_headers(spec, DEST, sender=user))
         for f in _chunks(spec, data, user)[:-1]:
-            if int(f.headers[p.H_SEQ]) in seqs:
+            if int(f.headers[hdr.H_SEQ]) in seqs:
                 link.send(DEST.data_queue(spec.stream_id, user), f.body, {k: v for k, v in f.headers.items()
-                                                                          if k != p.H_USER_ID})
+                                                                          if k != hdr.H_USER_ID})
         if end:
             link.send(DEST.data_queue(spec.stream_id, user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
 
@@ -158,7 +161,7 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
     assert out.removed == {DEST.parked_queue(): 1} and len(out.local) == 2 and out.bytes_freed > 0
     assert not list((tmp_path / "in" / ".amqstream").glob("gone.*"))
     for queue in (Q, DEST.parked_queue(), f"/queue/DLQ.{DEST.name}", DEST.data_queue("gone", "site-a")):
-        assert not [h for h, _ in broker.messages(queue) if h.get(p.H_STREAM) == "gone"], queue
+        assert not [h for h, _ in broker.messages(queue) if h.get(hdr.H_STREAM) == "gone"], queue
     with pytest.raises(StreamError, match="no quarantine copy"):
         redrive(broker.params("admin"), Q, "gone", quiet=0.05)
     # One the check refuses: its chunks are filed under the DLQ of its data queue.
@@ -168,5 +171,5 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
         receive_stream(broker.params("spark"), Q, tmp_path / "in", options=ReceiveOptions(**FAST, max_bytes=10))
     with pytest.raises(RedriveRefused, match="chunks 3 of 3 are missing"):
         redrive(broker.params("admin"), Q, "cut", quiet=0.05, receivers=["spark"])
-    filed = broker.messages(p.dead_letter_queue(DEST.data_queue("cut", "site-a")))
-    assert sorted(h[p.H_SEQ] for h, _ in filed) == ["1", "2"]
+    filed = broker.messages(dead_letter_queue(DEST.data_queue("cut", "site-a")))
+    assert sorted(h[hdr.H_SEQ] for h, _ in filed) == ["1", "2"]

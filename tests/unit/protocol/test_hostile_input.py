@@ -10,19 +10,23 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_amqstream.exceptions import ProtocolError
+from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.state import ReceiverState, Verdict
 
 FILE = hashlib.sha256(b"seed").digest() * 40  # 1280 bytes
 SPEC = p.StreamSpec("hx-1", "f.bin", len(FILE), 100)
-CODEC = p.ChunkCodec("zstd")
+CODEC = ChunkCodec("zstd")
 
 header_values = st.one_of(
     st.text(max_size=30), st.integers(-2**70, 2**70).map(str), st.sampled_from(["", "-1", "0", "13", "1e3", " 5"]),
 )
-header_names = st.sampled_from([p.H_KIND, p.H_STREAM, p.H_SEQ, p.H_OFFSET, p.H_CRC, p.H_SIZE, p.H_CHUNKS,
-                                p.H_SHA256, p.H_ENCODING, p.H_VERSION, "JMSXGroupSeq", "other"])
+header_names = st.sampled_from([hdr.H_KIND, hdr.H_STREAM, hdr.H_SEQ, hdr.H_OFFSET, hdr.H_CRC, hdr.H_SIZE, hdr.H_CHUNKS,
+                                hdr.H_SHA256, hdr.H_ENCODING, hdr.H_VERSION, "JMSXGroupSeq", "other"])
 
 
 def good_frame(seq: int) -> tuple[dict[str, str], bytes]:
@@ -57,7 +61,7 @@ def test_random_frames_never_crash_and_never_write_wrong_bytes(stream: list[tupl
     for headers, body in stream:
         try:
             d = state.decide(headers, body)
-        except p.ProtocolError as exc:
+        except ProtocolError as exc:
             assert SPEC.stream_id in str(exc) or "amqstream message" in str(exc)  # names what failed
             continue
         if d.verdict is Verdict.WRITE:
@@ -72,7 +76,7 @@ def test_random_frames_never_crash_and_never_write_wrong_bytes(stream: list[tupl
         if state.expected_sha256 != actual:
             try:
                 state.verify(actual)
-            except p.ProtocolError:
+            except ProtocolError:
                 return
             raise AssertionError("an unverified file would have been published")
 
@@ -90,19 +94,19 @@ def test_names_from_the_wire_stay_inside_the_output_directory(name: str) -> None
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(header_names | st.sampled_from([p.H_NAME, p.H_MODE, p.H_CHUNK_SIZE, p.H_DATA_DEST]),
+@given(st.dictionaries(header_names | st.sampled_from([hdr.H_NAME, hdr.H_MODE, hdr.H_CHUNK_SIZE, hdr.H_DATA_DEST]),
                        header_values, max_size=10))
 def test_malformed_offers_are_refused_with_protocol_errors(headers: dict[str, str]) -> None:
-    headers.setdefault(p.H_KIND, "offer")
-    dest = p.Destination.parse("/queue/landing")
+    headers.setdefault(hdr.H_KIND, "offer")
+    dest = Destination.parse("/queue/landing")
     try:
         spec, data_dest = p.parse_offer(headers, dest, sender="ann")
-    except p.ProtocolError:
+    except ProtocolError:
         return
     # Accepted only if it is a whole, consistent offer: what it says is what the spec holds.
-    assert data_dest == dest.data_queue(spec.stream_id, "ann") == headers[p.H_DATA_DEST]
-    assert (spec.size, spec.chunk_size, spec.chunks) == (int(headers[p.H_SIZE]), int(headers[p.H_CHUNK_SIZE]),
-                                                        int(headers[p.H_CHUNKS]))
+    assert data_dest == dest.data_queue(spec.stream_id, "ann") == headers[hdr.H_DATA_DEST]
+    assert (spec.size, spec.chunk_size, spec.chunks) == (int(headers[hdr.H_SIZE]), int(headers[hdr.H_CHUNK_SIZE]),
+                                                        int(headers[hdr.H_CHUNKS]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -120,7 +124,7 @@ def test_collision_names_always_fit_one_directory_entry(name: str, sid: str) -> 
 @given(st.integers(1, SPEC.chunks), st.binary(min_size=1, max_size=200))
 def test_forged_compressed_chunks_are_rejected(seq: int, junk: bytes) -> None:
     headers, _ = good_frame(seq)
-    headers[p.H_ENCODING] = "zstd"
-    headers[p.H_CRC] = str(p.crc32(junk))
+    headers[hdr.H_ENCODING] = "zstd"
+    headers[hdr.H_CRC] = str(crc32(junk))
     d = ReceiverState(SPEC).decide(headers, junk)
     assert d.verdict is Verdict.CORRUPT

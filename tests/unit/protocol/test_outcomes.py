@@ -13,7 +13,8 @@ from airflow_provider_amqstream.exceptions import (
     StreamStalled,
 )
 from airflow_provider_amqstream.protocol import wire as p
-from airflow_provider_amqstream.protocol.outcomes import Action, Outcome, yielded
+from airflow_provider_amqstream.protocol.names import Destination
+from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Action, Outcome, yielded
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 
@@ -42,11 +43,11 @@ def test_every_outcome_has_an_action_a_label_and_advice() -> None:
 
 def test_a_quarantine_copy_carries_its_cause_and_no_earlier_one() -> None:
     spec = p.StreamSpec("s", "s.bin", 10, 10)
-    offer = {**p.offer_headers(spec, p.Destination.parse("/queue/q"), sender="a"),
-             p.H_QUARANTINE_CAUSE: "max_bytes"}
+    offer = {**p.offer_headers(spec, Destination.parse("/queue/q"), sender="a"),
+             H_QUARANTINE_CAUSE: "max_bytes"}
     h = p.quarantined_headers(offer, cause=Outcome.CORRUPT, reason="x", source="/queue/q", by="h", at="t",
                               sender="a")
-    assert Outcome.parse(h[p.H_QUARANTINE_CAUSE]) is Outcome.CORRUPT
+    assert Outcome.parse(h[H_QUARANTINE_CAUSE]) is Outcome.CORRUPT
     assert Outcome.parse("no such cause") is None and Outcome.parse(None) is None
 
 
