@@ -42,6 +42,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
+from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,10 @@ def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered],
         kind = h.get(hdr.H_KIND)
         if kind == hdr.Kind.BATCH.value:
             try:
+                if h.get(H_SEAL):  # its file count is sealed too
+                    batches.append(BatchAnnounced(sid, _int(h.get(bw.H_PART)), _int(h.get(bw.H_PARTS)), None, sender,
+                                                  at))
+                    continue
                 batch_id, part, parts, entries = bw.parse_batch(h, frame.body or b"")
                 batches.append(BatchAnnounced(batch_id, part, parts, len(entries), sender, at))
             except ProtocolError as exc:

@@ -41,6 +41,7 @@ from airflow_provider_amqstream.protocol.headers import (
 )
 from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.paths import safe_subdir
+from airflow_provider_amqstream.protocol.seal import H_SEAL, Identity, Seal
 from airflow_provider_amqstream.protocol.wire import StreamSpec, from_the_wire, int_header, kind_of, offer_headers
 
 # "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
@@ -147,6 +148,40 @@ def iter_batch_messages(batch_id: str, entries: Iterable[Mapping[str, Any]],
         h = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.BATCH.value, H_STREAM: batch_id, H_BATCH: batch_id,
              H_PART: str(k), H_PARTS: str(parts)}
         yield h, body
+
+
+def seal_batch_part(headers: dict[str, str], body: bytes, recipients: list[bytes]) -> tuple[dict[str, str], bytes]:
+    """A batch part sealed like one chunk of its own stream (the part's names and SHA-256
+    would otherwise wait in the broker's store in clear): a fresh key wrapped for
+    ``recipients``, bound to the batch id, the part and the number of parts.
+
+    :param headers: the part's headers (:func:`iter_batch_messages`).
+    :param body: its JSON lines.
+    :param recipients: the public keys it is sealed for.
+    """
+    part, parts = int(headers[H_PART]), int(headers[H_PARTS])
+    sealed = Seal.create(headers[H_BATCH], recipients, name="batch", size=part, chunk_size=parts)
+    wire, nonce = sealed.chunk(1, True, body, None)
+    return {**headers, H_SEAL: sealed.header, **nonce}, wire
+
+
+def open_batch_part(headers: Mapping[str, Any], body: bytes | memoryview,
+                    identities: list[Identity]) -> bytes | None:
+    """A sealed batch part's JSON lines, or None when no identity holds a key for it; raises
+    :class:`~airflow_provider_amqstream.protocol.seal.SealBroken` when it was altered, or
+    moved from another part or batch.
+
+    :param headers: the part's headers as delivered.
+    :param body: its sealed body.
+    :param identities: the receiver's keys.
+    """
+    batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
+    parts = int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
+    part = int_header(headers, H_PART, batch_id, lo=1, hi=parts)
+    opened = Seal.open(str(headers.get(H_SEAL)), identities, stream_id=batch_id, size=part, chunk_size=parts)
+    if opened is None:
+        return None
+    return opened[0].open_chunk(1, True, body, headers)
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,29 @@ def test_pub_sub_fan_out_to_two_key_holders_each_with_its_own_key(params: Broker
     for rx in receivers:
         got = rx.finish()
         assert got.name == "f.bin" and got.sha256 == sent.sha256 == sha256_file(Path(got.path or ""))
+
+
+def test_a_sealed_many_file_send_writes_its_manifest_at_the_key_holder_and_no_name_in_the_store(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine import send_files
+    from airflow_provider_amqstream.engine.receive.manifest import manifest_path
+
+    tag = os.urandom(6).hex()
+    files = []
+    for i in range(3):
+        path = tmp_path / "src" / f"secret-{tag}-{i}.csv"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(os.urandom(2000))
+        files.append(path)
+    sent = send_files(params, files, queue_name, SendOptions(seal_to=(key[1],), manifest=True, compression="none"))
+    assert not sent.failures
+    # The batch list names every file and its SHA-256: sealed, neither is in the broker's store.
+    assert _in_store(broker, f"secret-{tag}".encode()) == []
+    assert _in_store(broker, sent.results[0].sha256.encode()) == []
+    # No count: the receiver goes on past the three files to the batch list, until 3 s pass with no offer.
+    failed: list[Any] = []
+    got = receive_streams(params, queue_name, tmp_path / "out", on_failure=failed.append,
+                          options=ReceiveOptions(wait_timeout=3, idle_timeout=10, keys=(key[0],)))
+    assert failed == [] and sorted(r.name for r in got) == [f.name for f in files]
+    manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
+    assert all(f.name in manifest for f in files) and all(r.sha256 in manifest for r in sent.results)

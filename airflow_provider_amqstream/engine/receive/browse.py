@@ -29,6 +29,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
+from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import transient
@@ -201,6 +202,8 @@ class OfferBrowser:
             if parked and p.sender_of(frame.headers) not in ("", self.params.user):
                 continue  # parked by another user: a receiver files it away (receive/offers.py)
             if frame.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
+                if frame.headers.get(H_SEAL):
+                    continue  # sealed: only its receivers can read it, and they judge it
                 try:  # a batch's file list is for its receivers; only a broken one is junk
                     bw.parse_batch(frame.headers, frame.body or b"")
                 except ProtocolError as exc:

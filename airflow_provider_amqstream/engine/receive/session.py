@@ -439,9 +439,22 @@ class ReceiveSession:
         return exc
 
     def _take_batch(self, offer: Any, sid: str) -> StreamError | None:
-        """Record one part of a batch list; a part that does not fit gives way as a stream would."""
+        """Record one part of a batch list (opened first if sealed); a part that does not fit
+        gives way as a stream would."""
+        body: bytes | None = bytes(offer.body or b"")
         try:
-            batch_id, part, parts, entries = bw.parse_batch(offer.headers, offer.body or b"")
+            if offer.headers.get(seal.H_SEAL):
+                body = bw.open_batch_part(offer.headers, offer.body or b"", list(self.opts.identities))
+            elif self.opts.seal_required:
+                return self._quarantine(offer, sid, Outcome.UNSEALED, f"batch list {sid} is not sealed, and this "
+                                        "receiver requires sealed streams (seal: required); nothing was recorded")
+            if body is None:
+                held = ", ".join(i.source for i in self.opts.identities) or "none"
+                return self._quarantine(offer, sid, Outcome.NO_KEY, f"batch list {sid} is sealed for keys this "
+                                        f"receiver does not hold (its key files: {held}); nothing was recorded")
+            batch_id, part, parts, entries = bw.parse_batch(offer.headers, body)
+        except seal.SealBroken as exc:
+            return self._quarantine(offer, sid, Outcome.SEAL_BROKEN, f"invalid batch message: {exc}")
         except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
         try:

@@ -163,11 +163,10 @@ def send_files(
         if opts.fail_fast:
             raise StreamError(f"{path}: {error}")
 
-    # Sealed: every file goes through the chunked path (no inline offers, packs or manifests yet).
-    sealed = bool(seal_recipients(opts, params))
-    if sealed and opts.manifest:
-        log.warning("%s: no batch manifest for a sealed send: it would list names and SHA-256 in clear", dest)
-        opts = dataclasses.replace(opts, manifest=False)
+    # Sealed: every file goes through the chunked path (no inline offers or packs yet); the
+    # batch's file list is sealed part by part.
+    recipients = seal_recipients(opts, params)
+    sealed = bool(recipients)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
     survey = _survey(files, dest, key, fail if opts.fail_fast else None, sealed=sealed)
@@ -192,7 +191,7 @@ def send_files(
         ledger.flush()
         listing.close()
     if opts.manifest:
-        _announce(params, dest, batch_id, listing, opts.reconnect_timeout)
+        _announce(params, dest, batch_id, listing, opts.reconnect_timeout, recipients)
     elif tally.files and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
@@ -276,15 +275,18 @@ class _FilesList:
 
 
 def _announce(params: BrokerParams, dest: Destination, batch_id: str, listing: _FilesList,
-              reconnect_timeout: float) -> None:
+              reconnect_timeout: float, recipients: list[bytes]) -> None:
     """Send the batch's file list after its offers, read back from ``listing`` part by part
-    (a re-run sends it again: receivers rewrite the same manifest)."""
+    (a re-run sends it again: receivers rewrite the same manifest), each part sealed for
+    ``recipients`` if there are any."""
     reconnect = Reconnect(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
     while True:
         try:
             with open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
                 reconnect.connected()
                 for headers, body in bw.iter_batch_messages(batch_id, listing.entries(), listing.count):
+                    if recipients:
+                        headers, body = bw.seal_batch_part(headers, body, recipients)
                     link.send_confirmed(str(dest), body, headers)
             return
         except TransportError as exc:

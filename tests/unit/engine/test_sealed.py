@@ -248,3 +248,47 @@ def test_a_stream_quarantined_for_want_of_a_key_is_redriven_to_the_key_holder(
     redrive(broker.params("admin"), Q, res.stream_id, quiet=0.05, receivers=["rx"])
     got = _receive(broker, tmp_path / "out", keys=(key[0],))
     assert got.name == src.name and (tmp_path / "out" / src.name).read_bytes() == data
+
+
+def test_a_sealed_batch_list_gives_the_key_holder_its_manifest_and_the_broker_no_name(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine import receive_streams
+    from airflow_provider_amqstream.engine.receive.manifest import manifest_path
+
+    files = [_file(tmp_path, f"ledger-{i}.csv", 300)[0] for i in range(3)]
+    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), manifest=True))
+    [(headers, body)] = [(h, b) for h, b in broker.messages(Q) if h.get(hdr.H_KIND) == hdr.Kind.BATCH.value]
+    assert seal.H_SEAL in headers and b"ledger" not in body and sent.results[0].sha256.encode() not in body
+    got = receive_streams(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST, keys=(key[0],)))
+    assert len(got) == 3
+    manifest = manifest_path(tmp_path / "out", sent.batch_id, "alice").read_text()
+    assert all(f"ledger-{i}.csv" in manifest for i in range(3))
+    assert all(r.sha256 in manifest for r in sent.results)
+
+
+@pytest.mark.parametrize("change", ["no key", "altered", "moved"])
+def test_a_sealed_batch_list_that_does_not_open_is_quarantined_and_records_nothing(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], change: str) -> None:
+    from airflow_provider_amqstream.engine import receive_streams
+    from airflow_provider_amqstream.engine.receive.manifest import manifest_path
+
+    files = [_file(tmp_path, f"ledger-{i}.csv", 300)[0] for i in range(2)]
+    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), manifest=True))
+    keys = (key[0],)
+    if change == "no key":
+        other = tmp_path / "keys" / "other.key"
+        new_key_file(other)
+        keys = (str(other),)
+    else:
+        msgs = broker.queues[_name(Q)]
+        [batch] = [m for m in msgs if m.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value]
+        if change == "altered":
+            batch.body = bytes([batch.body[0] ^ 1]) + batch.body[1:]
+        else:  # the same sealed list claimed as part 1 of 2: its seal is bound to "1 of 1"
+            batch.headers = {**batch.headers, "amqs_parts": "2"}
+    failures: list[Any] = []
+    receive_streams(broker.params("rx"), Q, tmp_path / "out", on_failure=failures.append,
+                    options=ReceiveOptions(**FAST, keys=keys))
+    expected = "no_key" if change == "no key" else "seal_broken"
+    assert expected in [f.cause for f in failures], failures
+    assert not manifest_path(tmp_path / "out", sent.batch_id, "alice").exists()
