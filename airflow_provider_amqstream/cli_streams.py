@@ -156,7 +156,8 @@ def render_inventory(inv: Any) -> str:
         offered.append(f"{o.stream_id}  {o.name or '?'}  {size_text(o.size)}  from {_who(o.sender)}  offered "
                        f"{when_text(o.offered_at)}{pack}{what}{again}")
     for b in inv.batches_offered:
-        offered.append(f"batch {b.batch_id} part {b.part}/{b.parts}: {b.files} files, from {_who(b.sender)}, "
+        files = "sealed" if b.files is None else f"{b.files} files"
+        offered.append(f"batch {b.batch_id} part {b.part}/{b.parts}: {files}, from {_who(b.sender)}, "
                        f"announced {when_text(b.offered_at)}")
     section("offered, not yet received", offered, "offered")
     if inv.in_progress or inv.batches:
