@@ -227,12 +227,19 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
                    f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=9437184'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
-    store_xml = ('      <bean xmlns="http://www.springframework.org/schema/beans" '
-                 'class="org.amqstream.broker.SizedStorePlugin"/>') if broker_jar() else ""
+    store_xml = offers_xml = ""
+    if broker_jar():
+        store_xml = "\n".join(f'      <bean xmlns="http://www.springframework.org/schema/beans" '
+                              f'class="org.amqstream.broker.{name}"/>'
+                              for name in ("SizedStorePlugin", "FairOfferPlugin"))
+        # FairOfferPlugin gives every queue of offers this entry: the template's, prioritised.
+        offers_xml = _policy_copy(text, "queue", 'queue="amqs_offer_queues" prioritizedMessages="true" '
+                                  'advisoryForConsumed="true"')
     xml = template.safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml, store_plugin=store_xml,
-        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS, waiting_caps=caps_xml,
+        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
+        waiting_caps=caps_xml + offers_xml,
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
         network_connectors=connectors_xml(network, f"amqstream-{port}", bridge_user, bridge_password, xml_attr),
     )
@@ -248,13 +255,17 @@ def _capped_entries(template: str, caps: Iterable[tuple[str, str, int]]) -> str:
     """The template's policy entry for every queue (or topic), once per (kind, pattern,
     most destinations) of ``caps``, for that pattern and with that cap: the same settings
     as every other destination, since ActiveMQ applies the most specific entry alone."""
-    out = []
-    for kind, pattern, limit in caps:
-        found = re.search(rf'(?s)\n( *<policyEntry {kind}=">".*?</policyEntry>\n)', template)
-        if found is None:
-            raise BrokerError(f"activemq.xml.tmpl has no policyEntry {kind}=\">\" to cap {pattern} with")
-        out.append(found.group(1).replace(f'{kind}=">"', f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"', 1))
-    return "".join(out)
+    return "".join(_policy_copy(template, kind, f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"')
+                   for kind, pattern, limit in caps)
+
+
+def _policy_copy(template: str, kind: str, attrs: str) -> str:
+    """The template's policy entry for every queue (or topic) with ``attrs`` in place of its
+    ``queue=">"`` (or ``topic=">"``)."""
+    found = re.search(rf'(?s)\n( *<policyEntry {kind}=">".*?</policyEntry>\n)', template)
+    if found is None:
+        raise BrokerError(f"activemq.xml.tmpl has no policyEntry {kind}=\">\" to copy for {attrs}")
+    return found.group(1).replace(f'{kind}=">"', attrs, 1)
 
 
 def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
