@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,11 @@ from airflow_provider_amqstream.engine import (
     BulkResult,
     FileCheckpoint,
     FileFailure,
-    FileSet,
     ReceiveOptions,
     SendOptions,
     StreamFailure,
     TransferResult,
     checkpoint_name,
-    collect_files,
     default_state_dir,
     default_stream_id,
     id_key,
@@ -59,8 +57,8 @@ __all__ = [
     "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "ENCODINGS",
     "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
     "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
-    "SendOptions", "StreamFailure",
-    "TransferResult", "checkpoint_name", "default_state_dir",
+    "SendOptions", "StreamFailure", "TransferResult", "checkpoint_name", "default_state_dir",
+    "Destination", "iter_files", "validate_stream_id",
 ]
 DEFAULT_RECEIVE_BATCH = hdr.DEFAULT_RECEIVE_BATCH
 ENCODINGS = ENCODINGS
@@ -155,16 +153,6 @@ class AmqStreamHook(BaseHook):
         return True, f"Connected to {params.url} and received a receipt"
 
     # -- checks (no network) ----------------------------------------------------
-    @staticmethod
-    def check_destination(text: str) -> str:
-        """``text`` as ``/queue/NAME`` or ``/topic/NAME``, or ProtocolError saying what is wrong."""
-        return str(Destination.parse(text))
-
-    @staticmethod
-    def check_stream_id(stream_id: str) -> str:
-        """``stream_id`` if valid, or ProtocolError saying what is wrong."""
-        return validate_stream_id(stream_id)
-
     def default_stream_id(self, path: str | os.PathLike[str], destination: str, *, sealed: bool = False) -> str:
         """The stream id a file gets by default: the same for a re-run, so it resumes, and
         keyed by this connection's secret, so another user cannot offer it first.
@@ -184,21 +172,11 @@ class AmqStreamHook(BaseHook):
         return "af-" + keyed_digest(run, id_key(self.broker_params()))[:24]
 
     @staticmethod
-    def collect_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
-        """The files ``paths`` name (files, directories, globs), each with its directory."""
-        return collect_files(paths, recursive=recursive)
-
-    @staticmethod
     def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
         """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (one per
         claim: a retry replaces it with the full list, earlier tries' streams included)."""
         key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
         return Path(out_dir) / STATE_DIR_NAME / "lists" / f"{key}.files.jsonl"
-
-    @staticmethod
-    def iter_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:
-        """The same files as :meth:`collect_files`, walked each time they are iterated (no list)."""
-        return iter_files(paths, recursive=recursive)
 
     @staticmethod
     def received(out_dir: str | os.PathLike[str], stream_id: str, *,
@@ -212,10 +190,6 @@ class AmqStreamHook(BaseHook):
         """Completion records of the streams ``claim`` took in ``out_dir``, oldest first."""
         return engine.find_claimed(out_dir, claim, retention_days=records_retention_days)
 
-    @staticmethod
-    def manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
-        """The manifest of ``batch_id`` (of ``sender``) once complete in ``out_dir``, else None."""
-        return engine.find_manifest(out_dir, batch_id, sender)
 
     # -- transfers ---------------------------------------------------------------
     def send_file(self, path: str | os.PathLike[str], destination: str, *, options: SendOptions | None = None,
@@ -248,11 +222,6 @@ class AmqStreamHook(BaseHook):
         """
         return engine.send_files(self.broker_params(), files, destination, options, batch_id=batch_id,
                                  progress=progress, on_result=on_result, on_failure=on_failure)
-
-    def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
-                       options: ReceiveOptions | None = None) -> TransferResult | None:
-        """Receive one stream; see :func:`airflow_provider_amqstream.engine.receive_stream`."""
-        return engine.receive_stream(self.broker_params(), source, out_dir, stream_id=stream_id, options=options)
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
@@ -293,7 +262,7 @@ class AmqStreamHook(BaseHook):
                          if claim else []):
                 drained.add(done)
             until = time.monotonic() + deadline
-            watch = _BatchWatch(options.events, lambda: self.manifest(out_dir, batch_id, batch_sender)) \
+            watch = _BatchWatch(options.events, lambda: engine.find_manifest(out_dir, batch_id, batch_sender)) \
                 if batch_id else None
             manifest = watch.find() if watch else None
             while (count is None or drained.count < count) and manifest is None:

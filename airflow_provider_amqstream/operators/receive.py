@@ -15,9 +15,11 @@ from airflow_provider_amqstream.assets.files import static_root
 from airflow_provider_amqstream.hooks.amqstream import (
     DEFAULT_RECEIVE_BATCH,
     AmqStreamHook,
+    Destination,
     Drained,
     ReceiveOptions,
     StreamFailure,
+    validate_stream_id,
 )
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
@@ -84,9 +86,9 @@ class ReceivingTask:
 
     def _check_destinations(self) -> None:
         """Refuse, before any connection, a ``source`` or ``quarantine`` that names no destination."""
-        AmqStreamHook.check_destination(self.source)
+        Destination.parse(self.source)
         if self.quarantine:
-            AmqStreamHook.check_destination(self.quarantine)
+            Destination.parse(self.quarantine)
 
     def receive_options(self, *, wait: float, claim: str | None,
                         events: Callable[[str, dict[str, Any]], None] | None = None) -> ReceiveOptions:
@@ -193,7 +195,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         self._check_destinations()
         if self.batch_id:
-            AmqStreamHook.check_stream_id(self.batch_id)
+            validate_stream_id(self.batch_id)
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
         failed = FailureReport(self.log)

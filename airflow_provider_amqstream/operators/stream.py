@@ -17,7 +17,9 @@ from airflow_provider_amqstream.hooks.amqstream import (
     MODES,
     AmqStreamHook,
     BulkResult,
+    Destination,
     SendOptions,
+    iter_files,
     parse_recipient,
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
@@ -125,7 +127,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
-        AmqStreamHook.check_destination(self.destination)
+        Destination.parse(self.destination)
         stream_id = self.stream_id or hook.default_stream_id(
             src, self.destination, sealed=bool(options.seal_to or hook.broker_params().seal_to))
         progress = LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval)
@@ -144,7 +146,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
         paths = [self.path] if isinstance(self.path, str) else list(self.path)
-        files = AmqStreamHook.iter_files(paths, recursive=self.recursive)
+        files = iter_files(paths, recursive=self.recursive)
         ti = context.get("ti")
         batch_id = task_batch_id(hook, ti, self.task_id)
         ledger = BatchLedger(context, batch_id)

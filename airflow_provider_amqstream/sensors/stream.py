@@ -16,7 +16,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult, validate_stream_id
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import Arrivals, emit_landing
@@ -104,7 +104,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     def _validate(self) -> None:
         self._check_destinations()
         if self.stream_id:
-            AmqStreamHook.check_stream_id(self.stream_id)
+            validate_stream_id(self.stream_id)
 
     def poke(self, context: Any) -> PokeReturnValue:
         self._validate()
