@@ -1,9 +1,6 @@
 """AmqStreamHook: the Airflow connection and the whole transfer, in one place.
 
-Operators, sensors and triggers stay thin: they validate arguments through it, call its
-transfers with explicit keywords (:meth:`send_file`, :meth:`send_files`,
-:meth:`receive_streams`, :meth:`drain`, :meth:`offer_browser`), and publish results. The
-hook never touches the network in ``__init__``; each call opens its own session, so a
+The hook never touches the network in ``__init__``; each call opens its own session, so a
 retry or a reconnect always starts from a fresh socket.
 """
 
@@ -113,8 +110,6 @@ class AmqStreamHook(BaseHook):
         if self.uri:
             fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
         else:
-            # The same reading of AIRFLOW_CONN_<ID> as the CLI's; anything else goes through
-            # Airflow's own lookup.
             fields = connection.from_env(self.amqstream_conn_id) or self._from_airflow()
         if fields is None:
             embedded = connection.embedded_params()
@@ -154,8 +149,8 @@ class AmqStreamHook(BaseHook):
 
     # -- checks (no network) ----------------------------------------------------
     def default_stream_id(self, path: str | os.PathLike[str], destination: str, *, sealed: bool = False) -> str:
-        """The stream id a file gets by default: the same for a re-run, so it resumes, and
-        keyed by this connection's secret, so another user cannot offer it first.
+        """A file's default stream id: the same for a re-run (it resumes), keyed by this
+        connection's secret (another user cannot offer it first).
 
         :param path: the file.
         :param destination: where it goes.
@@ -173,8 +168,7 @@ class AmqStreamHook(BaseHook):
 
     @staticmethod
     def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
-        """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (one per
-        claim: a retry replaces it with the full list, earlier tries' streams included)."""
+        """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (a retry replaces it)."""
         key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
         return Path(out_dir) / STATE_DIR_NAME / "lists" / f"{key}.files.jsonl"
 
@@ -303,11 +297,8 @@ class AmqStreamHook(BaseHook):
 
 class _BatchWatch:
     """Ends a drain as soon as its batch's manifest is written: the receiver announces each
-    manifest it completes (``batch_complete``), and only then is the manifest looked for.
-
-    :param events: the caller's own event sink, still told every event.
-    :param find: the batch's manifest, or None while it is incomplete.
-    """
+    manifest it completes (``batch_complete``), and only then is ``find`` asked; ``events``
+    is still told every event."""
 
     def __init__(self, events: Callable[[str, dict[str, Any]], None] | None,
                  find: Callable[[], Path | None]) -> None:
@@ -368,8 +359,7 @@ class Drained:
 
 
 def _mask(secret: str | None) -> None:
-    """Keep a password read from the environment out of task logs, as Airflow does for the
-    connections it reads itself."""
+    """Keep a password read from the environment out of task logs, as Airflow does for its own."""
     if secret:
         from airflow.sdk.log import mask_secret
 

@@ -1,10 +1,4 @@
-"""StreamCompleteSensor: receive, verify and publish one stream.
-
-The sensor reads as its parameters, its checks, poke/execute and the deferral. Below it,
-taking the stream (:func:`take_stream`: the one an earlier try received, or the next
-offered, and the XComs and asset events that report it) and the time a deferral may
-still wait (:func:`timeout_left`).
-"""
+"""StreamCompleteSensor: receive, verify and publish one stream."""
 
 from __future__ import annotations
 
@@ -148,16 +142,11 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
             return None
         return result.to_json()
 
-
     def take_stream(self, context: Any, wait: float) -> TransferResult | None:
         """This try's stream: the one ``out_dir`` already holds for this task, else the next
         one offered within ``wait`` seconds (None when none was). Kept for lineage and, if
         it arrived for this task instance, announced as the landing directory's asset event
-        with the other files of its pack, which are also reported as XCom ``also_received``.
-
-        :param context: the task's execution context.
-        :param wait: seconds to wait for an offer.
-        """
+        with the other files of its pack, which are also reported as XCom ``also_received``."""
         claim = task_claim(context)
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         done = self.already_received(hook, claim)
@@ -183,11 +172,6 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         Publishes on the way, as XCom, the offset a resumed stream starts at
         (``resume_offset``) and the other streams on the destination that failed meanwhile
         (``failed_streams``).
-
-        :param hook: the hook of this poke.
-        :param context: the task's execution context.
-        :param wait: seconds to wait for an offer.
-        :param claim: the task instance's claim (see ``task_claim``).
         """
         ti = context.get("ti")
 
@@ -214,12 +198,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         return got
 
     def claimed_by(self, hook: AmqStreamHook, claim: str | None, stream_id: str) -> bool:
-        """Whether ``claim`` (this task instance) took ``stream_id`` in ``out_dir``.
-
-        :param hook: the hook of this poke.
-        :param claim: the task instance's claim (see ``task_claim``).
-        :param stream_id: the stream.
-        """
+        """Whether ``claim`` (this task instance) took ``stream_id`` in ``out_dir``."""
         claimed = hook.claimed(self.out_dir, str(claim), records_retention_days=self.records_retention_days) \
             if claim else []
         return any(r.get("stream_id") == stream_id for r in claimed)
@@ -232,9 +211,6 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         earlier try of this task instance received (its offer was acknowledged, so the
         retry would otherwise wait for a new one and the received file would never reach
         the tasks downstream).
-
-        :param hook: the hook of this poke.
-        :param claim: the task instance's claim (see ``task_claim``).
         """
         if self.stream_id:
             record = hook.received(self.out_dir, self.stream_id, records_retention_days=self.records_retention_days)
@@ -256,14 +232,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
 
 
 def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
-    """Report the other files of the pack a sensor's stream came in (a many-file send packs
-    small files): on disk and recorded like that stream, so they are reported, as XCom
-    ``also_received``, not left for nobody to find.
-
-    :param others: the pack's other streams.
-    :param ti: the task instance (None outside a task).
-    :param log: the task's logger.
-    """
+    """Report the other files of the pack a sensor's stream came in (on disk and recorded
+    like that stream) as XCom ``also_received``, so they are not left for nobody to find."""
     for other in others:
         log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
     if ti is not None:
@@ -272,11 +242,7 @@ def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
 
 def timeout_left(timeout: timedelta | float | None, context: Any) -> float | None:
     """Seconds a deferral may wait: the sensor's ``timeout`` less what this try has run
-    (at least 1), or None for no limit.
-
-    :param timeout: the sensor's ``timeout``.
-    :param context: the task's execution context (its ``ti.start_date``).
-    """
+    (``ti.start_date``; at least 1), or None for no limit."""
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     left = float(seconds) if isinstance(seconds, (int, float)) else None
     # The sensor's timeout counts from the start of this try, not from each deferral:
