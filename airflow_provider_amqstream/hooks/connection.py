@@ -334,18 +334,13 @@ def from_airflow(conn: Any, where: str) -> ConnFields:
 
 def embedded_params() -> BrokerParams | None:
     """Settings of the embedded broker on this machine, if it was ever started."""
-    from airflow_provider_amqstream.broker.embedded import default_data_dir
+    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
-    data_dir = default_data_dir()
-    port_file = data_dir / "broker.port"
-    if not port_file.is_file():
+    broker = EmbeddedBroker()
+    if not (broker.data_dir / "broker.port").is_file():
         return None
-    login = password = None
-    creds = data_dir / "credentials.json"
-    if creds.is_file():
-        data = json.loads(creds.read_text())
-        login, password = data["user"], data["password"]
-    return BrokerParams(hosts=(("127.0.0.1", int(port_file.read_text().strip())),), login=login, password=password)
+    info = broker.info()
+    return BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
 
 
 def not_found_message(conn_id: str) -> str:

@@ -170,14 +170,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
 
 def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, window: int | None,
                          compression: str | None) -> None:
-    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task.
-
-    :param task_id: the task the arguments belong to.
-    :param mode: ``stream`` or ``atomic``.
-    :param chunk_size: bytes per chunk, or None for the connection's.
-    :param window: chunks per broker confirmation, or None for the connection's.
-    :param compression: ``auto``, a chunk encoding, ``none``, or None for the connection's.
-    """
+    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task."""
     if mode not in MODES:
         raise ValueError(f"{task_id}: mode must be one of {list(MODES)}, got {mode!r}")
     if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
@@ -190,22 +183,14 @@ def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, win
 
 
 def names_one_file(path: str | list[str]) -> bool:
-    """Whether ``path`` is one file (not a list, a glob pattern or a directory).
-
-    :param path: the operator's ``path``, rendered.
-    """
+    """Whether ``path`` (rendered) is one file, not a list, a glob pattern or a directory."""
     return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
 
 
 def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
     """The batch id of a many-file send: the same for every try of the task instance, so a
     retry finds the ledger of what earlier tries sent; keyed by the connection's secret, so
-    another user who knows the dag, task and run cannot announce it first.
-
-    :param hook: the hook of the send's connection.
-    :param ti: the task instance (None outside a task).
-    :param task_id: the task's id.
-    """
+    another user who knows the dag, task and run cannot announce it first."""
     return hook.derive_batch_id(
         f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
 
@@ -218,12 +203,6 @@ def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: Ta
 
     If any file failed, the result is pushed as XCom ``partial_result`` instead and the task
     fails naming the first few.
-
-    :param bulk: what the send did.
-    :param batch_id: the send's batch id.
-    :param task_id: the task's id, for the error.
-    :param ti: the task instance (None outside a task).
-    :param log: the task's logger.
     """
     totals = bulk.totals()
     log.info("batch %s: %d files sent, %d sent before, %d failed; %d bytes in %.1fs (%.1f files/s)",

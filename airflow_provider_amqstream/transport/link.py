@@ -76,11 +76,8 @@ class Link(Protocol):
 
 
 def open_link(params: BrokerParams, *, client_id: str | None = None) -> Link:
-    """A link for ``params`` (not yet open: use it as a context manager, or call ``open``).
-
-    :param params: where and how to connect; ``params.backend`` picks the implementation.
-    :param client_id: a name the broker logs for this connection.
-    """
+    """A link for ``params`` (``params.backend`` picks the implementation), not yet open: use
+    it as a context manager, or call ``open``."""
     if params.backend == "memory":
         from airflow_provider_amqstream.transport.memory import MemoryLink
 

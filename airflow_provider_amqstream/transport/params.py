@@ -187,11 +187,7 @@ class BrokerParams:
 
 
 def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
-    """A connection extra holding a list: a JSON list, or a comma-separated string.
-
-    :param extra: the connection's extra, decoded.
-    :param key: the extra's name.
-    """
+    """A connection extra holding a list: a JSON list, or a comma-separated string."""
     value = extra.get(key)
     if value in (None, ""):
         return []
@@ -218,11 +214,7 @@ def _seal_policy(value: Any, at: str) -> bool:
 def _compression(extra: Mapping[str, Any], at: str) -> str | None:
     """The extra's ``compression``: the default (:data:`DEFAULT_COMPRESSION`) when the key is
     absent or empty; ``none`` or a null value is none (the connection form saves its choice
-    "none" as null).
-
-    :param extra: the connection's extra.
-    :param at: names the connection in the error.
-    """
+    "none" as null)."""
     if "compression" not in extra or extra["compression"] == "":
         return normalise_compression(DEFAULT_COMPRESSION)
     value = extra["compression"]
@@ -246,12 +238,8 @@ def _at_least_zero(name: str, value: float | None, at: str) -> float | None:
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:
-    """Whether a connection speaks TLS; refuses every setting that leaves it unclear.
-
-    :param extra: the connection's extra.
-    :param tls_scheme: the scheme alone asks for TLS.
-    :param where: names the connection in error messages.
-    """
+    """Whether a connection speaks TLS (``tls_scheme``: its scheme alone asks for it);
+    refuses every setting that leaves it unclear."""
     at = _at(where)
     for key in extra:
         if key != "tls" and _TLS_LOOKALIKE.fullmatch(str(key).strip().lower().replace("-", "_")):

@@ -31,9 +31,7 @@ _Session = TypeVar("_Session", bound="StompSession")
 class StompSession:
     """One STOMP 1.2 session with the broker: connecting, the broker's refusals as
     exceptions, and sending with receipts. :class:`StompLink` adds subscriptions.
-
-    :param params: where and how to connect.
-    :param client_id: a name the broker logs for this connection.
+    ``client_id`` is the name the broker logs for this connection.
     """
 
     def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
@@ -144,12 +142,8 @@ class StompSession:
 
 
 class StompLink(StompSession):
-    """One STOMP 1.2 session with the broker, with subscriptions: subscribe, ack and get.
-    Not thread-safe; one per sender/receiver.
-
-    :param params: where and how to connect.
-    :param client_id: a name the broker logs for this connection.
-    """
+    """A :class:`StompSession` with subscriptions: subscribe, ack and get. Not thread-safe;
+    one per sender/receiver."""
 
     def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
         super().__init__(params, client_id=client_id)
