@@ -1,9 +1,6 @@
 """What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its
 settings, and the secrets that file names, kept in its data directory: the TLS keystore
-and the trust store for ``ssl://`` peers, the administrator's credentials and the users
-added with :meth:`~airflow_provider_amqstream.broker.embedded.EmbeddedBroker.add_user`.
-
-:mod:`airflow_provider_amqstream.broker.embedded` starts ActiveMQ on what this module writes.
+and the trust store for ``ssl://`` peers, the administrator's credentials and the users.
 """
 
 from __future__ import annotations

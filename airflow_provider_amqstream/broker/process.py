@@ -1,10 +1,5 @@
-"""The embedded broker's Java process: finding ActiveMQ and Java, the command line that
-runs ActiveMQ on a rendered configuration, starting it and waiting until it is ready,
-telling whether a recorded pid is still that broker, stopping it, and the end of its
-logs for error messages.
-
-:mod:`airflow_provider_amqstream.broker.embedded` drives these to start and stop the broker.
-"""
+"""The embedded broker's Java process: finding ActiveMQ and Java, starting, watching and
+stopping it."""
 
 from __future__ import annotations
 

@@ -145,12 +145,8 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
         to go through instead of its asset (resolved at run time: Airflow draws no link).
 
-    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is an inlet (the asset a
-    send to it through the same connection produces); the landing directory
-    ``file://<out_dir>`` (a templated one: its part before the first template) is the outlet,
-    with one event per run that received anything new (extra: the
-    rendered ``out_dir``, files, bytes, the manifest, the first stream ids). A run that
-    received nothing, or only repeats of streams published before, emits none.
+    Assets (README, *Assets and lineage*): the destination is an inlet, the landing directory
+    the outlet, with one event per run that received anything new.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "batch_sender", "quarantine")

@@ -72,10 +72,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
 
-    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is this task's outlet
-    (receivers of it through the same connection declare it as their inlet): one event per
-    successful send of at least one file (extra: stream id, bytes, SHA-256; for many files the
-    batch id and counts). A templated destination goes through an ``AssetAlias`` of the task.
+    Assets (README, *Assets and lineage*): the destination is the outlet, one event per send
+    of at least one file; a templated destination goes through an ``AssetAlias`` of the task.
     """
 
     template_fields: Sequence[str] = ("path", "destination", "stream_id", "name")

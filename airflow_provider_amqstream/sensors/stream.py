@@ -56,12 +56,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
         to go through instead of its asset (resolved at run time: Airflow draws no link).
 
-    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is an inlet (the asset a
-    send to it through the same connection produces); the landing directory
-    ``file://<out_dir>`` (a templated one: its part before the first template) is the outlet,
-    with one event per stream that arrived (extra: stream id, path, bytes,
-    SHA-256, and the files of its pack). A stream received before (a re-run for the same
-    ``stream_id``, a repeat) emits none.
+    Assets (README, *Assets and lineage*): the destination is an inlet, the landing directory
+    the outlet, with one event per stream that arrived (none for a stream received before).
 
     Small files of a many-file send travel packed, and a pack is received whole: a sensor
     that takes one then returns its first stream, and reports the others (published and

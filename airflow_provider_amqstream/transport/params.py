@@ -1,9 +1,7 @@
 """How to reach the broker(s): connection settings built from an Airflow connection's fields.
 
-Plain data and parsing, no stomp.py and no I/O, so that :mod:`~airflow_provider_amqstream.hooks.connection`
-(and the command line's start-up through it) can build settings without loading the transport.
-Turning a URI or JSON text into fields is :mod:`~airflow_provider_amqstream.hooks.connection`'s job
-(``parse_uri``), and only its: two parsers disagreed about TLS before.
+Plain data and parsing, no stomp.py and no I/O, so that the command line's start-up can
+build settings without loading the transport.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """STOMP 1.2 session over stomp.py: one inbox listener, receipts, subscriptions.
 
-Nothing here knows about streams or files. It gives the engine four things:
-``send`` (optionally with a receipt), ``wait_receipt``, ``subscribe``/``ack`` and
-``get`` (the next message, with a timeout). A dropped connection surfaces as
-:class:`ConnectionLost` from any of them; the engine reconnects and resumes from
-its durable state, so reconnect and crash recovery are the same code path.
+Nothing here knows about streams or files. A dropped connection surfaces as
+:class:`ConnectionLost` from any call; the engine reconnects and resumes from its durable
+state, so reconnect and crash recovery are the same code path.
 """
 
 from __future__ import annotations
