@@ -68,10 +68,7 @@ def stream_acls(role: str, kind: str, pattern: str, user: str) -> list[tuple[str
 def waiting_caps(users: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, int]]:
     """(kind, pattern, most destinations) for each user's own data queues on each single
     destination it may send to (:data:`MAX_WAITING`); a family grant (``x.>``) has none,
-    as its members' names cannot be told from their data queues' by a prefix.
-
-    :param users: name -> {send, max_waiting (optional)}, as ``read_users`` returns.
-    """
+    as its members' names cannot be told from their data queues' by a prefix."""
     caps = []
     for user, info in sorted(users.items()):
         limit = int(info.get("max_waiting") or MAX_WAITING)

@@ -118,7 +118,10 @@ class AmqStreamHook(BaseHook):
             log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
             self._fields, self._params = None, embedded
             return
-        _mask(fields.password)
+        if fields.password:  # out of task logs, as Airflow does for the connections it reads itself
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(fields.password)
         self._fields, self._params = fields, fields.broker_params()
 
     def _from_airflow(self) -> connection.ConnFields | None:
@@ -183,7 +186,6 @@ class AmqStreamHook(BaseHook):
                 records_retention_days: float | None = None) -> list[dict[str, Any]]:
         """Completion records of the streams ``claim`` took in ``out_dir``, oldest first."""
         return engine.find_claimed(out_dir, claim, retention_days=records_retention_days)
-
 
     # -- transfers ---------------------------------------------------------------
     def send_file(self, path: str | os.PathLike[str], destination: str, *, options: SendOptions | None = None,
@@ -294,7 +296,6 @@ class AmqStreamHook(BaseHook):
         return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
 
 
-
 class _BatchWatch:
     """Ends a drain as soon as its batch's manifest is written: the receiver announces each
     manifest it completes (``batch_complete``), and only then is ``find`` asked; ``events``
@@ -357,10 +358,3 @@ class Drained:
         """Whether ``files`` lists every stream."""
         return len(self.files) == self.count
 
-
-def _mask(secret: str | None) -> None:
-    """Keep a password read from the environment out of task logs, as Airflow does for its own."""
-    if secret:
-        from airflow.sdk.log import mask_secret
-
-        mask_secret(secret)

@@ -243,7 +243,6 @@ class FastTransport(Transport):
             raise stomp_exc.ConnectionClosedException()
         del buf[:1]
 
-
     # Body buffers kept for reuse: a receiver holds a few chunks at a time (Inbox.HIGH_WATER).
     _SPARE_BODIES = 4
 

@@ -32,13 +32,8 @@ def parse_flag(value: Any, name: str, default: bool, where: str | None = None) -
     """A true/false connection extra.
 
     Unset (None) is ``default``. Anything not clearly true or false is an error, never False:
-    read leniently, ``tls=maybe`` or ``tls=ture`` would mean plain text.
-
-    :param value: the extra's value: a bool, 0 or 1, or a string (true/false, 1/0, yes/no, on/off).
-    :param name: the extra's name, for the error message.
-    :param default: the value when unset.
-    :param where: names the connection in the error message.
-    """
+    read leniently, ``tls=maybe`` or ``tls=ture`` would mean plain text. Accepted: a bool, 0
+    or 1, true/false, 1/0, yes/no, on/off."""
     if value is None:
         return default
     if isinstance(value, bool):
@@ -180,8 +175,6 @@ class BrokerParams:
             keys=tuple(extra_list(extra, "keys")), seal_to=_recipients(extra_list(extra, "seal_to"), at),
             seal_required=_seal_policy(extra.get("seal"), at),
         )
-
-
 
 
 def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
