@@ -152,7 +152,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         self._amqstream_result = got[0].to_json()
         # A stream this task instance took (now, or in a try that did not report success)
         # arrived for it; one found received before by anyone else is no arrival.
-        ours = done is None or not self.stream_id or self.claimed_by(hook, claim, done.stream_id)
+        ours = done is None or not self.stream_id or any(
+            r.get("stream_id") == done.stream_id for r in self.claimed(hook, claim))
         emit_landing(context, self, self.landing_port,
                      Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)), self.log,
                      root=self.landing_root, out_dir=self.out_dir)
@@ -193,11 +194,9 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
                           got[0].bytes, got[0].sha256)
         return got
 
-    def claimed_by(self, hook: AmqStreamHook, claim: str | None, stream_id: str) -> bool:
-        """Whether ``claim`` (this task instance) took ``stream_id`` in ``out_dir``."""
-        claimed = hook.claimed(self.out_dir, str(claim), records_retention_days=self.records_retention_days) \
-            if claim else []
-        return any(r.get("stream_id") == stream_id for r in claimed)
+    def claimed(self, hook: AmqStreamHook, claim: str | None) -> list[dict[str, Any]]:
+        """The records of the streams ``claim`` (this task instance) took in ``out_dir``, oldest first."""
+        return hook.claimed(self.out_dir, claim, records_retention_days=self.records_retention_days) if claim else []
 
     def already_received(self, hook: AmqStreamHook, claim: str | None) -> TransferResult | None:
         """The stored result if ``out_dir`` already holds this task's stream, else None.
@@ -212,9 +211,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
             record = hook.received(self.out_dir, self.stream_id, records_retention_days=self.records_retention_days)
             why = "was already received"
         else:
-            days = self.records_retention_days
-            claimed = hook.claimed(self.out_dir, claim, records_retention_days=days) if claim else []
-            record = claimed[0] if claimed else None
+            record = next(iter(self.claimed(hook, claim)), None)
             why = "was received by an earlier try of this task"
         if record is None:
             return None
