@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,12 @@ def _receive(params: BrokerParams, queue: str, out: Path, count: int, **opts: An
     receive_streams(params, queue, out, count=count, on_result=got.append, on_failure=failed.append,
                     options=ReceiveOptions(wait_timeout=20, idle_timeout=10, **opts))
     return got, failed
+
+
+def _run_cli(*args: str) -> tuple[int, str, str]:
+    proc = cli(*args)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
 
 
 def _in_store(broker: EmbeddedBroker, needle: bytes) -> list[str]:
@@ -191,3 +198,75 @@ def test_a_sealed_many_file_send_writes_its_manifest_at_the_key_holder_and_no_na
     assert failed == [] and sorted(r.name for r in got) == [f.name for f in files]
     manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
     assert all(f.name in manifest for f in files) and all(r.sha256 in manifest for r in sent.results)
+
+
+def _secret_files(tmp_path: Path, tag: str, count: int, size: int = 2000) -> list[Path]:
+    """Files whose names carry ``tag`` (which the broker's side must never show)."""
+    (tmp_path / "src").mkdir(exist_ok=True)
+    files = [tmp_path / "src" / f"secret-{tag}-{i}.csv" for i in range(count)]
+    for path in files:
+        path.write_bytes(os.urandom(size))
+    return files
+
+
+def test_streams_ls_show_the_page_and_discard_see_a_sealed_stream_but_never_its_name_or_sha256(
+        broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+        key: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_amqstream.plugins import streams as page
+
+    tag = os.urandom(6).hex()
+    files = _secret_files(tmp_path, tag, 2)
+    opts = SendOptions(chunk_size=1000, seal_to=(key[1],))
+    sent = [send_file(params, files[0], queue_name, opts)]
+    # A receiver without the key quarantines the first (no_key); the second is left offered.
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    failed: list[Any] = []
+    receive_streams(params, queue_name, tmp_path / "nokey", on_failure=failed.append,
+                    options=ReceiveOptions(wait_timeout=3, keys=(str(other),)))
+    assert [f.cause for f in failed] == ["no_key"]
+    sent.append(send_file(params, files[1], queue_name, opts))
+    secrets = [tag, *(s.sha256 for s in sent)]
+    quarantined, offered = sent[0].stream_id, sent[1].stream_id
+
+    def run(*args: str) -> str:
+        code, out, err = _run_cli(*args, "--conn", uri, "--from", queue_name)
+        assert code == 0, err
+        assert not [s for s in secrets if s in out or s in err], out + err
+        return out
+
+    view = json.loads(run("streams", "ls", "--json"))
+    assert [(o["stream_id"], o["name"], o["kind"]) for o in view["offered"]] == [(offered, seal.SEALED_NAME, "stream")]
+    assert [(q["stream_id"], q["name"], q["cause"], q["redrivable"]) for q in view["quarantined"]] == [
+        (quarantined, seal.SEALED_NAME, "no_key", True)]
+    text = run("streams", "ls")
+    assert f"{offered}  {seal.SEALED_NAME}" in text and "[no_key]" in text, text
+    rep = json.loads(run("streams", "show", quarantined, "--json"))
+    assert [(q["name"], q["cause"]) for q in rep["quarantined"]] == [(seal.SEALED_NAME, "no_key")]
+    assert any(q["end_marker"] for q in rep["queues"]), rep["queues"]  # its chunks wait for a key holder
+    assert "[no_key]" in run("streams", "show", quarantined)
+    # The streams page's API, on this broker through an Airflow connection (its auth stood in for).
+    monkeypatch.setenv("AIRFLOW_CONN_SEALED_OPS", uri)
+
+    async def anyone(request: Any) -> str:
+        return "someone"
+
+    monkeypatch.setattr(page, "_user", anyone)
+    monkeypatch.setattr(page, "_may", lambda user, conn_id, method: True)
+    with TestClient(page.app) as client:
+        got = client.get("/streams/api/inventory", params={"conn_id": "sealed_ops", "destination": queue_name})
+    assert got.status_code == 200, got.text
+    assert [o["name"] for o in got.json()["offered"]] == [seal.SEALED_NAME]
+    assert [q["name"] for q in got.json()["quarantined"]] == [seal.SEALED_NAME]
+    assert not [s for s in secrets if s in got.text]
+    # Discard removes the quarantined stream everywhere: its copy and its chunks.
+    assert f"discarded stream {quarantined}" in run("streams", "discard", quarantined, "--yes")
+    dest = Destination.parse(queue_name)
+    for queue in (dest.quarantine_queue(None), dest.data_queue(quarantined, params.user)):
+        assert not [f for f in browse(params, queue, timeout=2) if f.headers.get(hdr.H_STREAM) == quarantined], queue
+    # The key holder still gets the other, under its real name.
+    got_files, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],))
+    assert failed == [] and [r.name for r in got_files] == [files[1].name]
+    assert (tmp_path / "out" / files[1].name).read_bytes() == files[1].read_bytes()
