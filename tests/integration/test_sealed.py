@@ -17,6 +17,7 @@ import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file
+from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.keys import new_key_file
 from airflow_provider_amqstream.hooks.connection import params_from_uri
 from airflow_provider_amqstream.protocol import headers as hdr
@@ -270,3 +271,41 @@ def test_streams_ls_show_the_page_and_discard_see_a_sealed_stream_but_never_its_
     got_files, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],))
     assert failed == [] and [r.name for r in got_files] == [files[1].name]
     assert (tmp_path / "out" / files[1].name).read_bytes() == files[1].read_bytes()
+
+
+def test_a_batch_list_part_quarantined_for_want_of_a_key_is_re_sent_not_redriven(
+        broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+        key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine import send_files
+    from airflow_provider_amqstream.engine.discard import discard
+    from airflow_provider_amqstream.engine.receive.manifest import manifest_path
+    from airflow_provider_amqstream.engine.redrive import redrive
+
+    files = _secret_files(tmp_path, os.urandom(6).hex(), 2)
+    opts = SendOptions(seal_to=(key[1],), manifest=True)
+    sent = send_files(params, files, queue_name, opts)
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    failed: list[Any] = []
+    receive_streams(params, queue_name, tmp_path / "nokey", on_failure=failed.append,
+                    options=ReceiveOptions(wait_timeout=3, keys=(str(other),)))
+    assert sorted(f.stream_id for f in failed if f.cause == "no_key") == sorted(
+        [sent.batch_id, *(r.stream_id for r in sent.results)])
+    # The part's copy keeps only its headers: redrive refuses it, saying what to do instead.
+    code, _, err = _run_cli("streams", "redrive", sent.batch_id, "--conn", uri, "--from", queue_name)
+    assert code == 1 and "batch list" in err and "re-run the send" in err, err
+    view = take_inventory(params, queue_name)
+    assert {(q.stream_id, q.cause, q.redrivable) for q in view.quarantined} == {
+        (sent.batch_id, "batch_list", False), *((r.stream_id, "no_key", True) for r in sent.results)}
+    # As the advice says: the files are redriven to the key holder, the send re-run announces the list
+    # again, and the part's copy is discarded.
+    for r in sent.results:
+        redrive(params, queue_name, r.stream_id)
+    again = send_files(params, files, queue_name, opts)
+    assert again.batch_id == sent.batch_id and not again.failures
+    assert discard(params, queue_name, sent.batch_id).messages == 1
+    got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=3, keys=(key[0],)))
+    assert sorted(r.name for r in got) == [f.name for f in files]
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
+    manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
+    assert all(r.sha256 in manifest for r in sent.results)
