@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, receive_streams, send_file
 from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.keys import new_key_file
 from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
@@ -192,11 +193,16 @@ def test_a_sealed_many_file_send_writes_its_manifest_at_the_key_holder_and_no_na
     # The batch list names every file and its SHA-256: sealed, neither is in the broker's store.
     assert _in_store(broker, f"secret-{tag}".encode()) == []
     assert _in_store(broker, sent.results[0].sha256.encode()) == []
+    # Small enough to travel inline or packed (packs are on by default), yet each is a sealed chunked stream.
+    waiting = browse(params, queue_name)
+    assert len(waiting) == 4 and all(f.headers.get(seal.H_SEAL) for f in waiting)
+    assert not any(bw.is_pack(f.headers) or f.headers.get(bw.H_INLINE) for f in waiting)
     # No count: the receiver goes on past the three files to the batch list, until 3 s pass with no offer.
     failed: list[Any] = []
     got = receive_streams(params, queue_name, tmp_path / "out", on_failure=failed.append,
                           options=ReceiveOptions(wait_timeout=3, idle_timeout=10, keys=(key[0],)))
     assert failed == [] and sorted(r.name for r in got) == [f.name for f in files]
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
     manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
     assert all(f.name in manifest for f in files) and all(r.sha256 in manifest for r in sent.results)
 
@@ -309,3 +315,38 @@ def test_a_batch_list_part_quarantined_for_want_of_a_key_is_re_sent_not_redriven
     assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
     manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
     assert all(r.sha256 in manifest for r in sent.results)
+
+
+def test_the_event_trigger_fires_for_a_sealed_offer_and_only_the_key_holder_learns_the_name(
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str, key: tuple[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+    from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
+
+    monkeypatch.setenv("AIRFLOW_CONN_SEALED_EVT", uri)
+    [src] = _secret_files(tmp_path, tag := os.urandom(6).hex(), 1)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+
+    async def first(trigger: Any) -> Any:
+        events = trigger.run()
+        try:
+            return await asyncio.wait_for(anext(events), 60)
+        finally:
+            await events.aclose()
+
+    event = asyncio.run(first(StreamOfferedTrigger(destination=queue_name, amqstream_conn_id="sealed_evt",
+                                                   poll_interval=0.2)))
+    assert event.payload["stream_id"] == sent.stream_id and event.payload["name"] == seal.SEALED_NAME
+    assert event.payload["size"] == src.stat().st_size  # what routing needs, in clear
+    assert tag not in json.dumps(event.payload) and sent.sha256 not in json.dumps(event.payload)
+    # The deferred sensor's trigger too, waiting for that stream id.
+    woke = asyncio.run(first(StreamOfferTrigger(source=queue_name, stream_id=sent.stream_id,
+                                                amqstream_conn_id="sealed_evt", poll_interval=0.2)))
+    assert woke.payload["status"] == "success" and tag not in json.dumps(woke.payload)
+    # The run the event starts receives that stream id with the key: the real name arrives with it.
+    got = receive_stream(params, queue_name, tmp_path / "out", stream_id=event.payload["stream_id"],
+                         options=ReceiveOptions(wait_timeout=10, keys=(key[0],)))
+    assert got is not None and got.name == src.name and got.sha256 == sent.sha256
+    assert (tmp_path / "out" / src.name).read_bytes() == src.read_bytes()
