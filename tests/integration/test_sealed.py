@@ -1,7 +1,8 @@
 """Sealed streams against a real ActiveMQ: the broker's store holds no readable byte of a
 sealed file, the key holder receives it byte-exact, and every bad case (no key, a tampered
 chunk from a send-only user, a malformed recipient) is refused with its cause while the next
-good stream still arrives."""
+good stream still arrives. The views (``streams ls/show``, the page's API), discard, redrive of a
+batch list's part and the event triggers see a sealed stream without its name or SHA-256."""
 
 from __future__ import annotations
 
