@@ -51,15 +51,7 @@ def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
 def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
              password: str | None = None, max_waiting: int | None = None) -> dict[str, Any]:
     """The users-file entry of a user who may only send to ``send`` and receive from
-    ``receive``, checked.
-
-    :param name: user name (``A-Z a-z 0-9 . _ -``, up to 64 characters).
-    :param send: destinations it may send streams to.
-    :param receive: destinations it may receive streams from.
-    :param password: its password; generated when not given.
-    :param max_waiting: how many data queues it may have at once on each destination it
-        sends to (default :data:`~airflow_provider_amqstream.broker.auth.MAX_WAITING`).
-    """
+    ``receive``, checked (the arguments of :meth:`EmbeddedBroker.add_user`)."""
     if not USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
         raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
                           f"(and not {DEFAULT_USER!r}, the administrator)")

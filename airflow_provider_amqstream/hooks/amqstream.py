@@ -42,28 +42,23 @@ from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol import headers as hdr
-from airflow_provider_amqstream.protocol import seal
-from airflow_provider_amqstream.protocol.codec import COMPRESSION_SETTINGS, ENCODINGS
+from airflow_provider_amqstream.protocol.codec import COMPRESSION_SETTINGS
+from airflow_provider_amqstream.protocol.headers import DEFAULT_RECEIVE_BATCH, MAX_CHUNK_SIZE
 from airflow_provider_amqstream.protocol.names import Destination, keyed_digest, validate_stream_id
+from airflow_provider_amqstream.protocol.seal import parse_recipient
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 # What the Airflow layers (operators, sensors, triggers) use, all from here: they import
-# the hook and nothing below it (import-linter holds them to it).
+# the hook and nothing below it (import-linter holds them to it); parse_recipient checks
+# the operators' seal_to without the engine.
 __all__ = [
-    "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "ENCODINGS",
-    "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
-    "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
-    "SendOptions", "StreamFailure", "TransferResult", "checkpoint_name", "default_state_dir",
-    "Destination", "iter_files", "validate_stream_id",
+    "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus",
+    "BrokerParams", "BulkResult", "Destination", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter",
+    "ReceiveOptions", "RecentRate", "SendOptions", "StreamFailure", "TransferResult", "checkpoint_name",
+    "default_state_dir", "iter_files", "parse_recipient", "validate_stream_id",
 ]
-DEFAULT_RECEIVE_BATCH = hdr.DEFAULT_RECEIVE_BATCH
-ENCODINGS = ENCODINGS
-COMPRESSION_SETTINGS = COMPRESSION_SETTINGS
-MAX_CHUNK_SIZE = hdr.MAX_CHUNK_SIZE
 MODES = tuple(m.value for m in hdr.Mode)
-# Checks a recipient string (the operators' seal_to) without the engine.
-parse_recipient = seal.parse_recipient
 
 log = logging.getLogger(__name__)
 

@@ -39,18 +39,9 @@ SCHEMES: dict[str, bool] = {"amqstream": False, "stomp": False, "amqstream+ssl":
 
 @dataclass(frozen=True)
 class ConnFields:
-    """The fields of an Airflow connection that an ``amqstream`` connection uses.
-
-    :param conn_id: the connection id.
-    :param conn_type: its type (``amqstream``), normalised as Airflow does; a URI's scheme.
-    :param host: the broker host(s).
-    :param port: the broker port.
-    :param login: the STOMP user.
-    :param password: the STOMP password.
-    :param schema: Airflow's schema field (unused by amqstream).
-    :param extra: the extra, decoded.
-    :param source: where the connection came from, for error messages (``$AIRFLOW_CONN_X``).
-    """
+    """The fields of an Airflow connection that an ``amqstream`` connection uses: ``conn_type``
+    is a URI's scheme, normalised as Airflow does; ``source`` names where the connection came
+    from in error messages (``$AIRFLOW_CONN_X``)."""
 
     conn_id: str
     conn_type: str | None = None

@@ -166,10 +166,8 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     The input path and SHA-256 are pulled at run time from ``sensor_task_id``'s XCom;
     the dataset goes to ``output_dir/<stream id>`` with a ``_amqstream_summary.json``.
     Runs on whatever master the Spark connection names (``local[*]``, ``spark://host:7077``,
-    ``yarn``...). Spark's driver logs at WARN (see :class:`QuietSparkSubmitOperator`); the
-    job prints one summary line. With the OpenLineage provider installed, the received file
-    is reported as the input and the dataset as the output. ``file://<output_dir>`` is the
-    task's outlet asset (its event names the dataset, with rows and bytes).
+    ``yarn``...), quiet as :class:`QuietSparkSubmitOperator`, with ``file://<output_dir>``
+    as its outlet asset.
 
     :param task_id: this task's id.
     :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.

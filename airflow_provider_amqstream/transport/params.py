@@ -111,17 +111,9 @@ class BrokerParams:
     def from_parts(cls, host: str | None, port: int | None, login: str | None,
                    password: str | None, extra: Mapping[str, Any] | None, *, tls_scheme: bool = False,
                    where: str | None = None) -> BrokerParams:
-        """Build from Airflow connection fields: ``host`` may list ``h1,h2:61614``.
-
-        :param host: the broker host, or several, comma-separated, each with an optional port.
-        :param port: the port of hosts that name none.
-        :param login: the STOMP user.
-        :param password: the STOMP password.
-        :param extra: the connection's extra, decoded (see ``provider_info.CONN_FIELDS``).
-        :param tls_scheme: the connection's scheme means TLS (``stomp+ssl``); an extra ``tls``
-            that says false then is a contradiction, refused.
-        :param where: names the connection in error messages (never its password).
-        """
+        """Build from Airflow connection fields: ``host`` may list ``h1,h2:61614`` (``port`` for
+        hosts that name none). With ``tls_scheme`` (``stomp+ssl``), an extra ``tls`` that says
+        false is a contradiction, refused."""
         at = _at(where)
         extra = dict(extra or {})
         default_port = int(port or extra.get("port") or DEFAULT_PORT)
