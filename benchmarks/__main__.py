@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000,
                     help="benchmarks.scale: also receive the smallest count into a directory already holding this "
                          "many completion records (0: skip)")
-    ap.add_argument("--only", choices=["scale"],
+    ap.add_argument("--only", choices=["scale", "seal"],
                     help="run only this benchmark; its section of --docs/benchmarks.md is replaced, the rest kept")
     ap.add_argument("--no-startup", action="store_true",
                     help="skip the start-up figures of the installed command (benchmarks.startup)")
@@ -349,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         return scale.main([f"--scale={args.scale}", f"--records={args.records}",
                            f"--docs={Path(args.docs) / 'benchmarks.md'}",
                            *([f"--workdir={args.workdir}"] if args.workdir else [])])
+    if args.only == "seal":
+        from benchmarks import seal
+
+        # One size: the first of --sizes if given, else the 1 GiB.
+        size = args.sizes.split(",")[0] if args.sizes != ap.get_default("sizes") else "1G"
+        return seal.main([f"--size={size}", f"--data={args.data}", f"--docs={Path(args.docs) / 'benchmarks.md'}",
+                          *([f"--workdir={args.workdir}"] if args.workdir else [])])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     bulk_rows: list[dict[str, Any]] = []
