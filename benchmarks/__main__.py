@@ -415,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         report = docs / "benchmarks.md"
         previous = report.read_text() if report.exists() else ""
         scale_text = scale.section(scale_rows, scale.head_commit()) if scale_rows else scale.kept_section(previous)
+        from benchmarks.seal import SECTION as SEAL_SECTION
+
+        seal_text = scale.kept_section(previous, SEAL_SECTION)  # measured alone (--only seal)
         pngs = plots(rows, docs)
         cpu = os.cpu_count()
         md = ["# Benchmarks", "",
@@ -450,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                  "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
                  "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "
                  "disk here.", "", net_text, ""] if net_text else []),
-              *([scale_text, ""] if scale_text else []),
+              *([scale_text, ""] if scale_text else []), *([seal_text, ""] if seal_text else []),
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]

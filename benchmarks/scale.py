@@ -306,12 +306,14 @@ def section(rows: list[dict[str, Any]], commit: str) -> str:
         "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION_END])
 
 
-def kept_section(report: str) -> str:
-    """The "Scale" section in the text of an earlier ``report``, markers included ("" if
-    none): a run that does not measure scale keeps the last figures instead of dropping them."""
-    if SECTION_START not in report or SECTION_END not in report:
+def kept_section(report: str, markers: tuple[str, str] = (SECTION_START, SECTION_END)) -> str:
+    """The "Scale" section (or another between its ``markers``) in the text of an earlier
+    ``report``, markers included ("" if none): a run that does not measure it keeps the last
+    figures instead of dropping them."""
+    start, end = markers
+    if start not in report or end not in report:
         return ""
-    return SECTION_START + report.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
+    return start + report.split(start, 1)[1].split(end, 1)[0] + end
 
 
 def update_report(report: Path, text: str, markers: tuple[str, str] = (SECTION_START, SECTION_END)) -> None:
