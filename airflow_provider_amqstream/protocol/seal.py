@@ -1,7 +1,7 @@
 """Sealed streams: a file the broker carries but cannot read (docs/protocol.md, "Sealed streams").
 
 Pure (no I/O): key pairs and recipient strings, the per-stream key wrapped for each recipient
-(age's X25519 stanza: ephemeral X25519, HKDF-SHA256, here with AES-256-GCM), the sealed header
+(age's X25519 stanza: ephemeral X25519, HKDF-SHA256, here with AES-256-OCB3), the sealed header
 that carries the file's real name, and each chunk sealed under the stream key with associated
 data binding stream id, chunk index and whether it is the last. The engine reads and writes key
 files (see the engine's keys module); the offer shows only what routing needs.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.ciphers.aead import AESOCB3
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
 from airflow_provider_amqstream.protocol.headers import H_ENCODING
@@ -62,12 +62,20 @@ def _check(data: bytes) -> bytes:
 
 # `cryptography` is imported where it is used, never at module import: its OpenSSL bindings
 # cost every process about 7 MiB of RSS, and an unsealed transfer needs none of it.
-# One AEAD for everything: AES-256-GCM, which with AES-NI seals a GiB in about half the CPU of
-# ChaCha20-Poly1305 (0.31 against 0.57 CPU-s on this project's machines, docs/benchmarks.md).
-def _aead(key: bytes) -> AESGCM:
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+# One AEAD for everything: AES-256-OCB3 (RFC 7253, OpenPGP's mandatory AEAD mode), which with
+# AES-NI seals a GiB for 0.27 CPU-s on this project's loaded machines where AES-256-GCM took 0.45
+# and ChaCha20-Poly1305 0.57: what kept a sealed sender within 15 % of an unsealed one
+# (docs/benchmarks.md, "Sealed streams").
+def _aead(key: bytes) -> AESOCB3:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.ciphers.aead import AESOCB3
 
-    return AESGCM(key)
+    try:
+        return AESOCB3(key)
+    except UnsupportedAlgorithm:
+        raise ConfigurationError("sealed streams use AES-256-OCB3, which this `cryptography` lacks (built on "
+                                 "LibreSSL or BoringSSL, or OpenSSL in FIPS mode): install its own wheel from PyPI, "
+                                 "`pip install --force-reinstall cryptography`") from None
 
 
 def _raw_public(private: X25519PrivateKey) -> bytes:
@@ -278,7 +286,7 @@ class Seal:
                              "(altered, truncated, reordered or from another stream)") from None
 
     @cached_property
-    def _cipher(self) -> AESGCM:
+    def _cipher(self) -> AESOCB3:
         # One cipher object for the stream, not one per chunk.
         return _aead(self.key)
 
