@@ -64,8 +64,8 @@ def _check(data: bytes) -> bytes:
 # cost every process about 7 MiB of RSS, and an unsealed transfer needs none of it.
 # One AEAD for everything: AES-256-OCB3 (RFC 7253, OpenPGP's mandatory AEAD mode), which with
 # AES-NI seals a GiB for 0.27 CPU-s on this project's loaded machines where AES-256-GCM took 0.45
-# and ChaCha20-Poly1305 0.57: what kept a sealed sender within 15 % of an unsealed one
-# (docs/benchmarks.md, "Sealed streams").
+# and ChaCha20-Poly1305 0.57: what brings a sealed sender to the 15 % over an unsealed one the
+# issue allows (docs/benchmarks.md, "Sealed streams").
 def _aead(key: bytes) -> AESOCB3:
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.ciphers.aead import AESOCB3
