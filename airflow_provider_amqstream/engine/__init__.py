@@ -10,6 +10,7 @@
 * ``receive/stream.py``: one stream's messages: decide, commit, verify, publish.
 * ``receive/partial_file.py``: one stream's bytes on disk: reservation, writes, durable batches.
 * ``receive/claims.py``: which streams a receiving task took, so its retry finds them.
+* ``state_dir.py``: the layout of a receiver's ``out_dir/.amqstream/``.
 * ``records.py``: results, errors and crash-safe files shared by both ends.
 """
 
@@ -19,13 +20,7 @@ from airflow_provider_amqstream.engine.receive.claims import find_claimed, find_
 from airflow_provider_amqstream.engine.receive.manifest import find_manifest, manifest_path
 from airflow_provider_amqstream.engine.receive.session import receive_stream, receive_streams
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
-from airflow_provider_amqstream.engine.records import (
-    STATE_DIR_NAME,
-    Checkpoint,
-    FileCheckpoint,
-    TransferResult,
-    default_state_dir,
-)
+from airflow_provider_amqstream.engine.records import Checkpoint, FileCheckpoint, TransferResult, default_state_dir
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchStatus,
@@ -43,6 +38,7 @@ from airflow_provider_amqstream.engine.send.stream import (
     id_key,
     send_file,
 )
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import (
     StreamError,
     StreamFailure,
@@ -57,7 +53,7 @@ __all__ = [
     "find_claimed", "find_manifest",
     "manifest_path",
     "send_files",
-    "STATE_DIR_NAME", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "SendOptions", "StreamError", "StreamFailure",
+    "StateDir", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "SendOptions", "StreamError", "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "id_key", "receive_stream", "receive_streams",
     "send_file",

@@ -24,7 +24,7 @@ from airflow_provider_amqstream.engine.queue_tools import (
     take_matching,
 )
 from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefused, LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
@@ -69,8 +69,7 @@ class DiscardResult:
 
 
 def _partial_files(out_dir: str | os.PathLike[str], sid: str) -> list[Path]:
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    return [f for f in (sdir / f"{sid}.part", sdir / f"{sid}.json", sdir / f"{sid}.reoffered") if os.path.lexists(f)]
+    return [f for f in StateDir(out_dir).stream_files(sid) if os.path.lexists(f)]
 
 
 def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
@@ -78,7 +77,7 @@ def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
     ``out_dirs`` (its lock, read from ``/proc/locks``: looking takes no lock)."""
     held = held_inodes() or set()
     for out_dir in out_dirs:
-        part = Path(out_dir) / STATE_DIR_NAME / f"{sid}.part"
+        part = StateDir(out_dir).part(sid)
         try:
             st = os.stat(part, follow_symlinks=False)
         except FileNotFoundError:

@@ -24,7 +24,6 @@ from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import engine
 from airflow_provider_amqstream.engine import (
-    STATE_DIR_NAME,
     BatchFile,
     BatchStatus,
     BulkResult,
@@ -33,6 +32,7 @@ from airflow_provider_amqstream.engine import (
     FileSet,
     ReceiveOptions,
     SendOptions,
+    StateDir,
     StreamFailure,
     TransferResult,
     checkpoint_name,
@@ -193,7 +193,7 @@ class AmqStreamHook(BaseHook):
         """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (one per
         claim: a retry replaces it with the full list, earlier tries' streams included)."""
         key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
-        return Path(out_dir) / STATE_DIR_NAME / "lists" / f"{key}.files.jsonl"
+        return StateDir(out_dir).lists / f"{key}.files.jsonl"
 
     @staticmethod
     def iter_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:

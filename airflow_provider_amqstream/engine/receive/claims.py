@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine import store as st
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, TransferResult
+from airflow_provider_amqstream.engine.records import TransferResult
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamError
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.names import validate_stream_id
@@ -108,7 +109,7 @@ def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[s
             "sender": sender}
 
 
-def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
+def done_records(sdir: StateDir, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
                  sync: bool = True, retention_days: float | None = None) -> None:
     """Record streams published into ``out`` (and the ``claim`` on each), in one write per
     bucket. Called after the files are durable and before their offers are acknowledged.
@@ -153,9 +154,8 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
     :param retention_days: the directory's retention (None: the default).
     """
     validate_stream_id(stream_id)
-    sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
-        value = receiver_store(sdir, retention_days).get(st.DONE, stream_id)
+        value = receiver_store(StateDir(out_dir), retention_days).get(st.DONE, stream_id)
         return None if value is None else unpack_done(value, stream_id, out_dir)
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc}); "
@@ -172,9 +172,8 @@ def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str
     :param retention_days: the directory's retention (None: the default).
     """
     ids = [validate_stream_id(sid) for sid in stream_ids]
-    sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
-        values = receiver_store(sdir, retention_days).get_many(st.DONE, ids)
+        values = receiver_store(StateDir(out_dir), retention_days).get_many(st.DONE, ids)
         return {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion records in {out_dir} are unreadable ({exc}); check the directory's "
@@ -192,10 +191,9 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     :param claim: the taker, as given to the receiver.
     :param retention_days: the directory's retention (None: the default).
     """
-    sdir = Path(out_dir) / STATE_DIR_NAME
     check_claim(claim)
     try:
-        ids = [v[0] for v in receiver_store(sdir, retention_days).get_all(st.CLAIM, claim_key(claim))
+        ids = [v[0] for v in receiver_store(StateDir(out_dir), retention_days).get_all(st.CLAIM, claim_key(claim))
                if isinstance(v, list) and v and isinstance(v[0], str)]
     except OSError as exc:
         raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "

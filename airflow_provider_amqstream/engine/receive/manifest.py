@@ -34,7 +34,8 @@ from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
 from airflow_provider_amqstream.engine.receive.partial_file import default_reserve
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
+from airflow_provider_amqstream.engine.records import open_private, read_json, write_json
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol.names import validate_stream_id
@@ -78,8 +79,7 @@ def manifest_path(out_dir: str | os.PathLike[str], batch_id: str, sender: str = 
     :param batch_id: the batch (a sender's ``totals["batch_id"]``).
     :param sender: the sending user as the broker knows it ("" where the broker stamps none).
     """
-    return (Path(out_dir) / STATE_DIR_NAME / "manifests" / sender_dir(sender)
-            / f"{validate_stream_id(batch_id)}.manifest.jsonl")
+    return StateDir(out_dir).manifests / sender_dir(sender) / f"{validate_stream_id(batch_id)}.manifest.jsonl"
 
 
 def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
@@ -97,7 +97,7 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
         path = manifest_path(out_dir, batch_id, sender)
         return path if path.is_file() else None
     name = f"{validate_stream_id(batch_id)}.manifest.jsonl"
-    root = Path(out_dir) / STATE_DIR_NAME / "manifests"
+    root = StateDir(out_dir).manifests
     try:
         found = sorted(d / name for d in root.iterdir() if (d / name).is_file())
     except FileNotFoundError:
@@ -118,9 +118,9 @@ class Batches:
     :param min_free: the free-space reserve (None: :func:`default_reserve`).
     """
 
-    def __init__(self, out: Path, sdir: Path, *, retention_days: float | None = None,
+    def __init__(self, out: Path, sdir: StateDir, *, retention_days: float | None = None,
                  min_free: int | None = None) -> None:
-        self.out, self.root = out, sdir / "batches"
+        self.out, self.root = out, sdir.batches
         self.retention_days = retention_days
         self.min_free = min_free
         # (sender dir, batch id) -> (the first part with streams still missing, those
