@@ -2,22 +2,10 @@
 connection, and what happens when one of them fails.
 
 The policy in one sentence: a stream that can never succeed is quarantined, a stream
-that cannot go on now yields its place, and only failures of the receiver's own
-(connection, authorization, local disk) stop it. In detail (docs/protocol.md, "When a
-stream fails"):
-
-* **Quarantine** (integrity failure, protocol violation, over ``max_bytes``, a stream id
-  reused by another stream): a copy of the offer with ``amqs_quarantine_*`` headers
-  saying why goes to the quarantine queue (``/queue/DLQ.<name>`` by default), the
-  stream's remaining chunks are refused (the broker moves them to its DLQ), the partial
-  file is removed, the original offer is acknowledged, and the receiver moves on.
-* **Yield** (the sender went silent for ``idle_timeout``, or the file does not fit the
-  free space less the reserve): the partial data is kept and the offer is parked at the
-  tail of its queue with a time before which no receiver takes it (``yield_backoff``
-  seconds, doubling for each yield up to an hour; see
-  :mod:`~airflow_provider_amqstream.engine.receive.offers`). It gets its turn back when that time
-  has passed, or at once for a receiver that asks for that stream id. A stream that
-  yielded ``MAX_YIELDS`` times is quarantined.
+that cannot go on now yields its place (parked with a backoff, its partial data kept:
+:mod:`~airflow_provider_amqstream.engine.receive.offers`), and only failures of the
+receiver's own (connection, authorization, local disk) stop it. Each cause and its action:
+docs/protocol.md, "When a stream fails".
 """
 
 from __future__ import annotations
