@@ -79,7 +79,9 @@ class Outcome(Enum):
                    "a sealed chunk or header does not open (altered, truncated, reordered or moved from another "
                    "stream): discard it and have the sender send it again")
     NO_KEY = ("no_key", Q, "no_key", True,
-              "sealed for keys this receiver lacks: give it the recipient's key file (keys), then redrive")
+              "sealed for keys this receiver lacks: give it the recipient's key file (keys), then redrive it (a "
+              "batch list's part cannot be redriven: once the receiver has the key, re-run the send, which "
+              "announces the list again)")
     UNSEALED = ("unsealed", Q, "unsealed", True,
                 "the connection requires sealed streams (seal: required) and this one is not: the sender must "
                 "seal it (seal_to), or redrive it to a receiver that does not require sealing")
@@ -89,6 +91,10 @@ class Outcome(Enum):
               "must send it again")
     HANDSHAKE = ("handshake", Q, "handshake", False,
                  "a handshake stream needs its live sender: the sender must send it again")
+    BATCH_LIST = ("batch_list", Q, "batch_list", False,
+                  "a batch list's part (the list is in its body): fix the cause the reason gives (no_key: give the "
+                  "receiver the recipient's key file), then re-run the send, which announces the list again, and "
+                  "discard this copy")
     # Yielded: the offer is parked, the partial data kept, and the stream tried again later.
     STALLED = ("stalled", Y, "stalled", False, "the sender went silent: re-run it; the stream continues later")
     NO_ROOM = ("no_room", Y, "no_room", False, "the file does not fit the free space: free some; it continues later")

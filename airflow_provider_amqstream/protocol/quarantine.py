@@ -28,13 +28,16 @@ H_REDRIVE_SENDER = "amqs_redrive_sender"
 def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
     """Why a stream was quarantined, from the quarantine copy of its offer: the cause its
     receiver wrote (``amqs_quarantine_cause``), unless the copy cannot give the stream back
-    (an inline file or a pack keeps no body, a handshake stream needs its live sender).
+    (an inline file, a pack or a batch list's part keeps no body, a handshake stream needs its
+    live sender).
     A copy without a cause this table knows counts as a bad stream.
 
     :param headers: the copy's headers as the broker delivered them.
     """
     if bw.is_pack(headers) or headers.get(bw.H_INLINE) == "1":
         return Outcome.INLINE
+    if headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
+        return Outcome.BATCH_LIST
     if headers.get(hdr.H_MODE) == hdr.Mode.HANDSHAKE.value:
         return Outcome.HANDSHAKE
     return Outcome.parse(headers.get(H_QUARANTINE_CAUSE)) or Outcome.INVALID

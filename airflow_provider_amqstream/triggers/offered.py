@@ -25,7 +25,8 @@ class StreamOfferedTrigger(BaseEventTrigger):
     The event's payload carries ``stream_id``, ``name``, ``size``, ``chunks``, ``mode``,
     ``destination``, ``sender`` (the user the broker authenticated as the offer's sender,
     its ``JMSXUserID`` stamp; None where the broker does not stamp it, said once in the log)
-    and ``offered_at`` (broker timestamp, ms). A stream fires once while its
+    and ``offered_at`` (broker timestamp, ms); a sealed stream's ``name`` is ``sealed``, the
+    real one being inside the seal. A stream fires once while its
     offer stays visible, however many looks see it; the ids are remembered until the
     offer is gone (received), so a stream offered again later fires again. A new
     triggerer process starts with an empty memory and fires for waiting offers again;

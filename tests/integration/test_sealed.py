@@ -1,12 +1,14 @@
 """Sealed streams against a real ActiveMQ: the broker's store holds no readable byte of a
 sealed file, the key holder receives it byte-exact, and every bad case (no key, a tampered
 chunk from a send-only user, a malformed recipient) is refused with its cause while the next
-good stream still arrives."""
+good stream still arrives. The views (``streams ls/show``, the page's API), discard, redrive of a
+batch list's part and the event triggers see a sealed stream without its name or SHA-256."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +17,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_streams, send_file
+from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, receive_streams, send_file
+from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.keys import new_key_file
 from airflow_provider_amqstream.hooks.connection import params_from_uri
+from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
@@ -52,6 +56,12 @@ def _receive(params: BrokerParams, queue: str, out: Path, count: int, **opts: An
     receive_streams(params, queue, out, count=count, on_result=got.append, on_failure=failed.append,
                     options=ReceiveOptions(wait_timeout=20, idle_timeout=10, **opts))
     return got, failed
+
+
+def _run_cli(*args: str) -> tuple[int, str, str]:
+    proc = cli(*args)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
 
 
 def _in_store(broker: EmbeddedBroker, needle: bytes) -> list[str]:
@@ -184,10 +194,160 @@ def test_a_sealed_many_file_send_writes_its_manifest_at_the_key_holder_and_no_na
     # The batch list names every file and its SHA-256: sealed, neither is in the broker's store.
     assert _in_store(broker, f"secret-{tag}".encode()) == []
     assert _in_store(broker, sent.results[0].sha256.encode()) == []
+    # Small enough to travel inline or packed (packs are on by default), yet each is a sealed chunked stream.
+    waiting = browse(params, queue_name)
+    assert len(waiting) == 4 and all(f.headers.get(seal.H_SEAL) for f in waiting)
+    assert not any(bw.is_pack(f.headers) or f.headers.get(bw.H_INLINE) for f in waiting)
     # No count: the receiver goes on past the three files to the batch list, until 3 s pass with no offer.
     failed: list[Any] = []
     got = receive_streams(params, queue_name, tmp_path / "out", on_failure=failed.append,
                           options=ReceiveOptions(wait_timeout=3, idle_timeout=10, keys=(key[0],)))
     assert failed == [] and sorted(r.name for r in got) == [f.name for f in files]
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
     manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
     assert all(f.name in manifest for f in files) and all(r.sha256 in manifest for r in sent.results)
+
+
+def _secret_files(tmp_path: Path, tag: str, count: int, size: int = 2000) -> list[Path]:
+    """Files whose names carry ``tag`` (which the broker's side must never show)."""
+    (tmp_path / "src").mkdir(exist_ok=True)
+    files = [tmp_path / "src" / f"secret-{tag}-{i}.csv" for i in range(count)]
+    for path in files:
+        path.write_bytes(os.urandom(size))
+    return files
+
+
+def test_streams_ls_show_the_page_and_discard_see_a_sealed_stream_but_never_its_name_or_sha256(
+        broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+        key: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_amqstream.plugins import streams as page
+
+    tag = os.urandom(6).hex()
+    files = _secret_files(tmp_path, tag, 2)
+    opts = SendOptions(chunk_size=1000, seal_to=(key[1],))
+    sent = [send_file(params, files[0], queue_name, opts)]
+    # A receiver without the key quarantines the first (no_key); the second is left offered.
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    failed: list[Any] = []
+    receive_streams(params, queue_name, tmp_path / "nokey", on_failure=failed.append,
+                    options=ReceiveOptions(wait_timeout=3, keys=(str(other),)))
+    assert [f.cause for f in failed] == ["no_key"]
+    sent.append(send_file(params, files[1], queue_name, opts))
+    secrets = [tag, *(s.sha256 for s in sent)]
+    quarantined, offered = sent[0].stream_id, sent[1].stream_id
+
+    def run(*args: str) -> str:
+        code, out, err = _run_cli(*args, "--conn", uri, "--from", queue_name)
+        assert code == 0, err
+        assert not [s for s in secrets if s in out or s in err], out + err
+        return out
+
+    view = json.loads(run("streams", "ls", "--json"))
+    assert [(o["stream_id"], o["name"], o["kind"]) for o in view["offered"]] == [(offered, seal.SEALED_NAME, "stream")]
+    assert [(q["stream_id"], q["name"], q["cause"], q["redrivable"]) for q in view["quarantined"]] == [
+        (quarantined, seal.SEALED_NAME, "no_key", True)]
+    text = run("streams", "ls")
+    assert f"{offered}  {seal.SEALED_NAME}" in text and "[no_key]" in text, text
+    rep = json.loads(run("streams", "show", quarantined, "--json"))
+    assert [(q["name"], q["cause"]) for q in rep["quarantined"]] == [(seal.SEALED_NAME, "no_key")]
+    assert any(q["end_marker"] for q in rep["queues"]), rep["queues"]  # its chunks wait for a key holder
+    assert "[no_key]" in run("streams", "show", quarantined)
+    # The streams page's API, on this broker through an Airflow connection (its auth stood in for).
+    monkeypatch.setenv("AIRFLOW_CONN_SEALED_OPS", uri)
+
+    async def anyone(request: Any) -> str:
+        return "someone"
+
+    monkeypatch.setattr(page, "_user", anyone)
+    monkeypatch.setattr(page, "_may", lambda user, conn_id, method: True)
+    with TestClient(page.app) as client:
+        got = client.get("/streams/api/inventory", params={"conn_id": "sealed_ops", "destination": queue_name})
+    assert got.status_code == 200, got.text
+    assert [o["name"] for o in got.json()["offered"]] == [seal.SEALED_NAME]
+    assert [q["name"] for q in got.json()["quarantined"]] == [seal.SEALED_NAME]
+    assert not [s for s in secrets if s in got.text]
+    # Discard removes the quarantined stream everywhere: its copy and its chunks.
+    assert f"discarded stream {quarantined}" in run("streams", "discard", quarantined, "--yes")
+    dest = Destination.parse(queue_name)
+    for queue in (dest.quarantine_queue(None), dest.data_queue(quarantined, params.user)):
+        assert not [f for f in browse(params, queue, timeout=2) if f.headers.get(hdr.H_STREAM) == quarantined], queue
+    # The key holder still gets the other, under its real name.
+    got_files, failed = _receive(params, queue_name, tmp_path / "out", 1, keys=(key[0],))
+    assert failed == [] and [r.name for r in got_files] == [files[1].name]
+    assert (tmp_path / "out" / files[1].name).read_bytes() == files[1].read_bytes()
+
+
+def test_a_batch_list_part_quarantined_for_want_of_a_key_is_re_sent_not_redriven(
+        broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+        key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine import send_files
+    from airflow_provider_amqstream.engine.discard import discard
+    from airflow_provider_amqstream.engine.receive.manifest import manifest_path
+    from airflow_provider_amqstream.engine.redrive import redrive
+
+    files = _secret_files(tmp_path, os.urandom(6).hex(), 2)
+    opts = SendOptions(seal_to=(key[1],), manifest=True)
+    sent = send_files(params, files, queue_name, opts)
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    failed: list[Any] = []
+    receive_streams(params, queue_name, tmp_path / "nokey", on_failure=failed.append,
+                    options=ReceiveOptions(wait_timeout=3, keys=(str(other),)))
+    assert sorted(f.stream_id for f in failed if f.cause == "no_key") == sorted(
+        [sent.batch_id, *(r.stream_id for r in sent.results)])
+    # The part's copy keeps only its headers: redrive refuses it, saying what to do instead.
+    code, _, err = _run_cli("streams", "redrive", sent.batch_id, "--conn", uri, "--from", queue_name)
+    assert code == 1 and "batch list" in err and "re-run the send" in err, err
+    view = take_inventory(params, queue_name)
+    assert {(q.stream_id, q.cause, q.redrivable) for q in view.quarantined} == {
+        (sent.batch_id, "batch_list", False), *((r.stream_id, "no_key", True) for r in sent.results)}
+    # As the advice says: the files are redriven to the key holder, the send re-run announces the list
+    # again, and the part's copy is discarded.
+    for r in sent.results:
+        redrive(params, queue_name, r.stream_id)
+    again = send_files(params, files, queue_name, opts)
+    assert again.batch_id == sent.batch_id and not again.failures
+    assert discard(params, queue_name, sent.batch_id).messages == 1
+    got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=3, keys=(key[0],)))
+    assert sorted(r.name for r in got) == [f.name for f in files]
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
+    manifest = manifest_path(tmp_path / "out", sent.batch_id, params.login or "").read_text()
+    assert all(r.sha256 in manifest for r in sent.results)
+
+
+def test_the_event_trigger_fires_for_a_sealed_offer_and_only_the_key_holder_learns_the_name(
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str, key: tuple[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+    from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
+
+    monkeypatch.setenv("AIRFLOW_CONN_SEALED_EVT", uri)
+    [src] = _secret_files(tmp_path, tag := os.urandom(6).hex(), 1)
+    sent = send_file(params, src, queue_name, SendOptions(chunk_size=1000, seal_to=(key[1],)))
+
+    async def first(trigger: Any) -> Any:
+        events = trigger.run()
+        try:
+            return await asyncio.wait_for(anext(events), 60)
+        finally:
+            await events.aclose()
+
+    event = asyncio.run(first(StreamOfferedTrigger(destination=queue_name, amqstream_conn_id="sealed_evt",
+                                                   poll_interval=0.2)))
+    assert event.payload["stream_id"] == sent.stream_id and event.payload["name"] == seal.SEALED_NAME
+    assert event.payload["size"] == src.stat().st_size  # what routing needs, in clear
+    assert tag not in json.dumps(event.payload) and sent.sha256 not in json.dumps(event.payload)
+    # The deferred sensor's trigger too, waiting for that stream id.
+    woke = asyncio.run(first(StreamOfferTrigger(source=queue_name, stream_id=sent.stream_id,
+                                                amqstream_conn_id="sealed_evt", poll_interval=0.2)))
+    assert woke.payload["status"] == "success" and tag not in json.dumps(woke.payload)
+    # The run the event starts receives that stream id with the key: the real name arrives with it.
+    got = receive_stream(params, queue_name, tmp_path / "out", stream_id=event.payload["stream_id"],
+                         options=ReceiveOptions(wait_timeout=10, keys=(key[0],)))
+    assert got is not None and got.name == src.name and got.sha256 == sent.sha256
+    assert (tmp_path / "out" / src.name).read_bytes() == src.read_bytes()

@@ -299,3 +299,37 @@ def test_the_task_log_of_a_conversion_holds_the_job_not_spark_start_up_noise(
                   "NativeCodeLoader", " INFO "):
         assert noise not in text, f"{noise!r} in the task log:\n{text}"
     print(f"\ntask log of a conversion: {len(records)} lines")
+
+
+@pytest.mark.spark
+@pytest.mark.broker
+def test_a_sealed_file_goes_through_the_key_holder_to_spark(uri: str, queue_name: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Spark hand-off of a sealed stream: the offer names no file, the sensor's keys give it
+    back its real name (and so its format), and the job converts what was sent."""
+    import jinja2
+
+    from airflow_provider_amqstream.engine.keys import new_key_file
+    from airflow_provider_amqstream.operators.spark import stream_to_parquet_operator
+    from airflow_provider_amqstream.operators.stream import SendStreamOperator
+    from airflow_provider_amqstream.sensors.stream import StreamCompleteSensor
+
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", uri)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": "local[1]", "extra": {"spark-binary": "spark-submit", "deploy-mode": "client"}}))
+    key = tmp_path / "landing.key"
+    recipient = new_key_file(key).recipient
+    src = tmp_path / "in" / "sales.csv"
+    src.parent.mkdir()
+    src.write_text("id,region,amount\n1,north,2.5\n2,south,3.0\n3,north,1.0\n")
+    sent = SendStreamOperator(task_id="send", path=str(src), destination=queue_name, amqstream_conn_id=CONN_ID,
+                              seal_to=[recipient]).execute({})
+    assert "sales" not in sent["stream_id"]
+    got = StreamCompleteSensor(task_id="receive", source=queue_name, out_dir=str(tmp_path / "out"),
+                               stream_id=sent["stream_id"], amqstream_conn_id=CONN_ID, keys=[str(key)]).poke({})
+    assert got.is_done and Path(got.xcom_value["path"]).name == "sales.csv"
+    op = stream_to_parquet_operator(task_id="to_parquet", sensor_task_id="receive", output_dir=str(tmp_path / "pq"))
+    op.application_args = [jinja2.Template(a).render(ti=_XComOnly(got.xcom_value)) for a in op.application_args]
+    op.execute({})
+    summary = json.loads((tmp_path / "pq" / sent["stream_id"] / "_amqstream_summary.json").read_text())
+    assert summary["rows"] == 3 and summary["source_sha256"] == sha256_file(src) == got.xcom_value["sha256"]

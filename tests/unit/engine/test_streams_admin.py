@@ -63,8 +63,9 @@ def test_a_quarantine_cause_says_whether_redrive_can_help(written: Outcome, caus
     assert (c.label, c.redrivable) == (cause, redrivable) and c.advice
 
 
-def test_inline_packed_and_handshake_streams_cannot_be_redriven() -> None:
+def test_inline_packed_and_handshake_streams_and_batch_list_parts_cannot_be_redriven() -> None:
     over = {H_QUARANTINE_CAUSE: Outcome.MAX_BYTES.value}
+    assert qr.quarantine_cause({H_QUARANTINE_CAUSE: Outcome.NO_KEY.value, hdr.H_KIND: "batch"}) is Outcome.BATCH_LIST
     assert qr.quarantine_cause({**over, "amqs_inline": "1"}).label == "inline"
     assert qr.quarantine_cause({**over, hdr.H_KIND: "pack"}).label == "inline"
     assert qr.quarantine_cause({**over, hdr.H_MODE: "handshake"}).label == "handshake"
