@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import offered_streams
@@ -66,10 +65,6 @@ class DiscardResult:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "bytes_freed": self.bytes_freed, "messages": self.messages}
-
-
-def _partial_files(out_dir: str | os.PathLike[str], sid: str) -> list[Path]:
-    return [f for f in StateDir(out_dir).stream_files(sid) if os.path.lexists(f)]
 
 
 def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
@@ -141,7 +136,7 @@ def _take_copies(link: Link, queue: str, sid: str, dest: Destination, result: Di
 
 def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
     for out_dir in out_dirs:
-        for f in _partial_files(out_dir, sid):
+        for f in StateDir(out_dir).stream_files(sid):
             try:
                 st = os.stat(f, follow_symlinks=False)
                 f.unlink()
