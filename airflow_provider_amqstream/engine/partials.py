@@ -140,7 +140,8 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
 
     :param out_dir: a receiver's output directory.
     """
-    root = StateDir(out_dir).batches
+    sdir = StateDir(out_dir)
+    root = sdir.batches
     out: list[BatchProgress] = []
     try:
         owners = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
@@ -155,7 +156,7 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
                 seen: list[int] = []
                 listed: list[str] = []
                 for k in range(1, min(parts, bw.MAX_BATCH_PARTS) + 1):
-                    part = head if k == 1 else read_json(owner / f"{batch_id}.{k}.json")
+                    part = head if k == 1 else read_json(sdir.batch_part(owner.name, batch_id, k))
                     if part is not None:
                         seen.append(k)
                         listed.extend(str(e.get("stream_id", "")) for e in part.get("entries", []))

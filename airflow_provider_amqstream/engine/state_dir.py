@@ -78,10 +78,18 @@ class StateDir:
         """The parts of batches still waiting for streams, per sender."""
         return self.path / "batches"
 
+    def batch_part(self, owner: str, batch_id: str, part: int) -> Path:
+        """One part of a waiting batch, under its sender's directory ``owner``."""
+        return self.batches / owner / f"{batch_id}.{part}.json"
+
     @property
     def manifests(self) -> Path:
         """Complete batches' manifests, per sender."""
         return self.path / "manifests"
+
+    def manifest(self, owner: str, batch_id: str) -> Path:
+        """A complete batch's manifest, under its sender's directory ``owner``."""
+        return self.manifests / owner / f"{batch_id}.manifest.jsonl"
 
     @property
     def lists(self) -> Path:

@@ -323,8 +323,8 @@ class InlineGroup:
     def _result(self, it: _Item) -> TransferResult:
         spec = it.spec
         # A partial reception of this stream through its data queue (sent before without packing) is moot now.
-        for leftover in (f"{spec.stream_id}.part", f"{spec.stream_id}.json"):
-            unlink_missing_ok(f"{self._sdir}/{leftover}")
+        for leftover in (self.sdir.part(spec.stream_id), self.sdir.resume(spec.stream_id)):
+            unlink_missing_ok(leftover)
         now = time.time()
         result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
                                 now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,

@@ -79,7 +79,7 @@ def manifest_path(out_dir: str | os.PathLike[str], batch_id: str, sender: str = 
     :param batch_id: the batch (a sender's ``totals["batch_id"]``).
     :param sender: the sending user as the broker knows it ("" where the broker stamps none).
     """
-    return StateDir(out_dir).manifests / sender_dir(sender) / f"{validate_stream_id(batch_id)}.manifest.jsonl"
+    return StateDir(out_dir).manifest(sender_dir(sender), validate_stream_id(batch_id))
 
 
 def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
@@ -96,10 +96,9 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
     if sender is not None:
         path = manifest_path(out_dir, batch_id, sender)
         return path if path.is_file() else None
-    name = f"{validate_stream_id(batch_id)}.manifest.jsonl"
-    root = StateDir(out_dir).manifests
+    sdir, batch_id = StateDir(out_dir), validate_stream_id(batch_id)
     try:
-        found = sorted(d / name for d in root.iterdir() if (d / name).is_file())
+        found = sorted(m for d in sdir.manifests.iterdir() if (m := sdir.manifest(d.name, batch_id)).is_file())
     except FileNotFoundError:
         return None
     if len(found) > 1:
@@ -120,7 +119,7 @@ class Batches:
 
     def __init__(self, out: Path, sdir: StateDir, *, retention_days: float | None = None,
                  min_free: int | None = None) -> None:
-        self.out, self.root = out, sdir.batches
+        self.out, self.sdir, self.root = out, sdir, sdir.batches
         self.retention_days = retention_days
         self.min_free = min_free
         # (sender dir, batch id) -> (the first part with streams still missing, those
@@ -224,7 +223,7 @@ class Batches:
         key = (owner, batch_id)
         data = {"batch_id": batch_id, "part": part, "parts": parts, "sender": sender,
                 "entries": [{"stream_id": e.stream_id, "bytes": e.size, "sha256": e.sha256} for e in entries]}
-        path = self.root / owner / f"{batch_id}.{part}.json"
+        path = self.sdir.batch_part(owner, batch_id, part)
         try:
             old = _on_disk(path.lstat())
         except FileNotFoundError:
@@ -264,11 +263,11 @@ class Batches:
 
     def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         """The batch's first part if every part of it is here, else None."""
-        first = read_json(self.root / owner / f"{batch_id}.1.json")
+        first = read_json(self.sdir.batch_part(owner, batch_id, 1))
         if first is None:
             return None
         for k in range(2, int(first["parts"]) + 1):
-            if not (self.root / owner / f"{batch_id}.{k}.json").is_file():
+            if not self.sdir.batch_part(owner, batch_id, k).is_file():
                 return None
         return first
 
@@ -279,7 +278,7 @@ class Batches:
             yield from self._part(owner, batch_id, k, nparts)
 
     def _part(self, owner: str, batch_id: str, k: int, nparts: int) -> list[dict[str, Any]]:
-        data = read_json(self.root / owner / f"{batch_id}.{k}.json")
+        data = read_json(self.sdir.batch_part(owner, batch_id, k))
         if data is None:
             raise ValueError(f"part {k} of {nparts} went missing")
         return list(data["entries"])
@@ -367,7 +366,7 @@ class Batches:
         # A rename replaces whatever holds the name (a link included), never follows it.
         os.replace(tmp, final)
         for k in range(1, nparts + 1):
-            (self.root / owner / f"{batch_id}.{k}.json").unlink(missing_ok=True)
+            self.sdir.batch_part(owner, batch_id, k).unlink(missing_ok=True)
         self.held.pop((owner, batch_id), None)
         log.info("batch %s of %s complete: %d files; manifest %s", batch_id, owner, rows, final)
         return final
