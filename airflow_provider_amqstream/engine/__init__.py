@@ -1,17 +1,5 @@
 """Senders and receivers: the protocol state machines driven over a STOMP link and files.
-
-* ``send/stream.py``: one file out as a stream (stream and atomic modes), resumable.
-* ``send/bulk.py``: many files out over one connection, pipelined, resumable per file;
-  ``send/batch.py``: what a batch is (its files, results, the ledger a re-run resumes from).
-* ``receive/manifest.py``: a batch's manifest on the receiving side, once all its files are in.
-* ``send/handshake.py``: the sender's side of handshake mode (paced by its receivers).
-* ``receive/session.py``: streams in, one at a time over one connection, and the policy for a
-  stream that fails (quarantine, or yield its place).
-* ``receive/stream.py``: one stream's messages: decide, commit, verify, publish.
-* ``receive/partial_file.py``: one stream's bytes on disk: reservation, writes, durable batches.
-* ``receive/claims.py``: which streams a receiving task took, so its retry finds them.
-* ``state_dir.py``: the layout of a receiver's ``out_dir/.amqstream/``.
-* ``records.py``: results, errors and crash-safe files shared by both ends.
+Which module does what: docs/protocol.md (its opening) and docs/development.md, "The code".
 """
 
 from __future__ import annotations
