@@ -198,11 +198,5 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     except OSError as exc:
         raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "
                           "permissions and disk") from exc
-    found: dict[str, dict[str, Any]] = {}
-    for sid in ids:
-        if sid in found:
-            continue
-        done = find_received(out_dir, sid, retention_days=retention_days)
-        if done is not None:
-            found[sid] = done
+    found = find_received_many(out_dir, dict.fromkeys(ids), retention_days=retention_days)
     return sorted(found.values(), key=lambda d: (d.get("finished_at", 0), d.get("stream_id", "")))
