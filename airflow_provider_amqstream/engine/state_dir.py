@@ -3,6 +3,7 @@ spelled (docs/protocol.md, "The output directory" and "Completion records and re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -29,10 +30,8 @@ class StateDir:
         """Create (or check) it: a real directory owned by us, never a link."""
         sdir = cls(out_dir)
         sdir.out.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(sdir.path, 0o700)
-        except FileExistsError:
-            pass
         st = os.lstat(sdir.path)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
             raise StreamError(f"{sdir} is not a directory (a symbolic link or a file); amqstream keeps partial "
