@@ -247,7 +247,6 @@ def cmd_send(args: argparse.Namespace) -> int:
 def cmd_receive(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.engine import ReceiveOptions, receive_streams
 
-
     params = _params(args)
     events = None
     if args.events:
@@ -425,10 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--conn", help=CONN_HELP)
     t.set_defaults(func=cmd_test_connection)
 
-    # `amqstream streams ...` lives in a module of its own.
     from airflow_provider_amqstream.cli_streams import add_parser as add_streams_parser
 
-    add_streams_parser(sub, CONN_HELP)
+    add_streams_parser(sub)
     return ap
 
 

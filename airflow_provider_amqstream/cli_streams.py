@@ -1,11 +1,8 @@
 """``amqstream streams ls|show|redrive|discard``: where streams are, and acting on stuck ones.
 
-The connection is found as for every other command (``--conn`` URI or id, then
-``AIRFLOW_CONN_<ID>``, Airflow's lookup, the embedded broker). Without ``--from``, the
-destinations are those the connection's ``destinations`` extra lists. Like the rest of the
-command line, nothing is imported until a command runs, and ``--json`` output goes alone to
-stdout. Exit codes: 0 done, 1 failed or refused (the reason on stderr), 2 bad usage,
-3 nothing is known about the stream asked for.
+Without ``--from``, the destinations are those the connection's ``destinations`` extra lists.
+Exit codes: 0 done, 1 failed or refused (the reason on stderr), 2 bad usage, 3 nothing is
+known about the stream asked for.
 """
 
 from __future__ import annotations
@@ -16,25 +13,21 @@ import sys
 import time
 from typing import Any
 
+from airflow_provider_amqstream.cli_common import CONN_HELP, setup_logging
 from airflow_provider_amqstream.cli_common import broker_params as _params
-from airflow_provider_amqstream.cli_common import setup_logging
 from airflow_provider_amqstream.protocol.names import Destination
 
 NOT_FOUND = 3
 
 
-def add_parser(sub: Any, conn_help: str) -> None:
-    """Add ``streams`` and its subcommands to the ``amqstream`` parser.
-
-    :param sub: the top-level parser's subparsers.
-    :param conn_help: the help text of ``--conn``, shared with the other commands.
-    """
+def add_parser(sub: Any) -> None:
+    """Add ``streams`` and its subcommands to the ``amqstream`` parser's subparsers ``sub``."""
     st = sub.add_parser("streams", help="where streams are (offered, in progress, parked, quarantined) and "
                         "acting on stuck ones")
     ss = st.add_subparsers(dest="streams_command", required=True)
 
     def common(parser: argparse.ArgumentParser, *, out_dir: bool = True) -> None:
-        parser.add_argument("--conn", help=conn_help)
+        parser.add_argument("--conn", help=CONN_HELP)
         parser.add_argument("--from", dest="source", action="append", metavar="DEST",
                             help="the destination, /queue/NAME (repeatable for ls; default: the connection's "
                                  "'destinations' extra)")

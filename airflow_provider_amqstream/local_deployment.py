@@ -89,11 +89,7 @@ EXAMPLE_QUEUES = (".one", ".bulk", ".sites", ".events")
 
 
 def with_destinations(uri: str, destinations: list[str]) -> str:
-    """``uri`` with a ``destinations`` query parameter (the connection's extra) naming these.
-
-    :param uri: the connection URI (``amqstream broker uri``).
-    :param destinations: ``/queue/NAME`` each.
-    """
+    """``uri`` with a ``destinations`` query parameter (the connection's extra) naming these."""
     parts = urlsplit(uri)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "destinations"]
     query.append(("destinations", ",".join(destinations)))
@@ -102,11 +98,7 @@ def with_destinations(uri: str, destinations: list[str]) -> str:
 
 def serve_logs(port: int, host: str = LOOPBACK) -> None:
     """Serve the task and trigger log files under ``[logging] base_log_folder`` to the API
-    server, as ``airflow scheduler`` does, but on ``host`` only.
-
-    :param port: the TCP port.
-    :param host: the address to listen on.
-    """
+    server, as ``airflow scheduler`` does, but on ``host`` only."""
     import uvicorn
     from airflow.configuration import conf
 

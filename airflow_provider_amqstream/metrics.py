@@ -40,15 +40,8 @@ def _count(value: Any) -> int:
 
 def metric_calls(event_kind: str, data: Mapping[str, Any], *,
                  destination: str | None = None) -> list[tuple[str, int, dict[str, str]]]:
-    """The counter increments one engine event makes: ``(name, count, tags)`` each.
-
-    :param event_kind: the engine's event (``stream_close``, ``stream_sent``,
-        ``stream_quarantined``, ``stream_yielded``, ``duplicate_offer``, ``bytes``; any other
-        makes none).
-    :param data: the event's data.
-    :param destination: the destination, where the event's data does not name it (the
-        caller's ``source`` or ``destination``).
-    """
+    """The counter increments one engine event makes: ``(name, count, tags)`` each;
+    ``destination`` where the event's data does not name it."""
     dest = str(data.get("destination") or destination or "unknown")
     tags = {"destination": dest}
     if event_kind == "stream_close":
@@ -74,12 +67,7 @@ def metric_calls(event_kind: str, data: Mapping[str, Any], *,
 
 
 def emit(event_kind: str, data: Mapping[str, Any], *, destination: str | None = None) -> None:
-    """Report one engine event as Airflow metrics (see the module doc for the names).
-
-    :param event_kind: the engine's event name.
-    :param data: the event's data.
-    :param destination: the destination, where the event's data does not name it.
-    """
+    """Report one engine event as Airflow metrics (see the module doc for the names)."""
     calls = metric_calls(event_kind, data, destination=destination)
     if not calls:
         return

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000,
                     help="benchmarks.scale: also receive the smallest count into a directory already holding this "
                          "many completion records (0: skip)")
-    ap.add_argument("--only", choices=["scale"],
+    ap.add_argument("--only", choices=["scale", "seal"],
                     help="run only this benchmark; its section of --docs/benchmarks.md is replaced, the rest kept")
     ap.add_argument("--no-startup", action="store_true",
                     help="skip the start-up figures of the installed command (benchmarks.startup)")
@@ -349,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         return scale.main([f"--scale={args.scale}", f"--records={args.records}",
                            f"--docs={Path(args.docs) / 'benchmarks.md'}",
                            *([f"--workdir={args.workdir}"] if args.workdir else [])])
+    if args.only == "seal":
+        from benchmarks import seal
+
+        # One size: the first of --sizes if given, else the 1 GiB.
+        size = args.sizes.split(",")[0] if args.sizes != ap.get_default("sizes") else "1G"
+        return seal.main([f"--size={size}", f"--data={args.data}", f"--docs={Path(args.docs) / 'benchmarks.md'}",
+                          *([f"--workdir={args.workdir}"] if args.workdir else [])])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     bulk_rows: list[dict[str, Any]] = []
@@ -408,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         report = docs / "benchmarks.md"
         previous = report.read_text() if report.exists() else ""
         scale_text = scale.section(scale_rows, scale.head_commit()) if scale_rows else scale.kept_section(previous)
+        from benchmarks.seal import SECTION as SEAL_SECTION
+
+        seal_text = scale.kept_section(previous, SEAL_SECTION)  # measured alone (--only seal)
         pngs = plots(rows, docs)
         cpu = os.cpu_count()
         md = ["# Benchmarks", "",
@@ -443,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                  "site B's, A forwarding to B over a duplex bridge on loopback, against the same file through "
                  "one broker (`python -m benchmarks.network`). Both brokers journal every chunk, on the same "
                  "disk here.", "", net_text, ""] if net_text else []),
-              *([scale_text, ""] if scale_text else []),
+              *([scale_text, ""] if scale_text else []), *([seal_text, ""] if seal_text else []),
               "Raw rows (JSON):", "", "```", *[json.dumps(r) for r in rows], "```", "",
               *(["Many-file rows (JSON):", "", "```", *[json.dumps(r) for r in bulk_rows], "```", ""]
                 if bulk_rows else [])]

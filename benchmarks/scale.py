@@ -306,21 +306,24 @@ def section(rows: list[dict[str, Any]], commit: str) -> str:
         "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION_END])
 
 
-def kept_section(report: str) -> str:
-    """The "Scale" section in the text of an earlier ``report``, markers included ("" if
-    none): a run that does not measure scale keeps the last figures instead of dropping them."""
-    if SECTION_START not in report or SECTION_END not in report:
+def kept_section(report: str, markers: tuple[str, str] = (SECTION_START, SECTION_END)) -> str:
+    """The "Scale" section (or another between its ``markers``) in the text of an earlier
+    ``report``, markers included ("" if none): a run that does not measure it keeps the last
+    figures instead of dropping them."""
+    start, end = markers
+    if start not in report or end not in report:
         return ""
-    return SECTION_START + report.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
+    return start + report.split(start, 1)[1].split(end, 1)[0] + end
 
 
-def update_report(report: Path, text: str) -> None:
-    """Put ``text`` (a :func:`section`) in ``report``, replacing the one there, else before its
-    raw rows (or at its end)."""
+def update_report(report: Path, text: str, markers: tuple[str, str] = (SECTION_START, SECTION_END)) -> None:
+    """Put ``text`` (a :func:`section`, or another benchmark's between its ``markers``) in
+    ``report``, replacing the one there, else before its raw rows (or at its end)."""
     old = report.read_text() if report.exists() else "# Benchmarks\n"
-    if SECTION_START in old and SECTION_END in old:
-        head, rest = old.split(SECTION_START, 1)
-        new = head + text + rest.split(SECTION_END, 1)[1]
+    start, end = markers
+    if start in old and end in old:
+        head, rest = old.split(start, 1)
+        new = head + text + rest.split(end, 1)[1]
     elif "Raw rows (JSON):" in old:
         head, rest = old.split("Raw rows (JSON):", 1)
         new = head + text + "\n\nRaw rows (JSON):" + rest

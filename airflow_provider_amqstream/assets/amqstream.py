@@ -49,22 +49,14 @@ def sanitize_uri(uri: SplitResult) -> SplitResult:
 
 def authority(host: str, port: int = DEFAULT_PORT) -> str:
     """``amqstream://host:port`` as lineage names a broker: the host lower-cased (an IPv6
-    address in brackets), the port always written.
-
-    :param host: the broker's host name or address.
-    :param port: its STOMP port.
-    """
+    address in brackets), the port always written."""
     host = host.strip("[]").lower()
     return f"{SCHEME}://[{host}]:{port}" if ":" in host else f"{SCHEME}://{host}:{port}"
 
 
 def destination_uri(conn_id: str, destination: str) -> str:
     """The asset URI of ``destination`` on the broker of connection ``conn_id``, normalised as
-    :func:`sanitize_uri` would (so it is the URI Airflow stores).
-
-    :param conn_id: the ``amqstream`` connection id.
-    :param destination: ``/queue/NAME`` or ``/topic/NAME``.
-    """
+    :func:`sanitize_uri` would (so it is the URI Airflow stores)."""
     return f"{SCHEME}://{conn_id}{Destination.parse(destination)}"
 
 

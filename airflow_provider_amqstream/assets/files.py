@@ -25,10 +25,7 @@ def static_root(path_template: str) -> str:
 
     ``/data/in/{{ ds }}/x`` gives ``/data/in``; a path without a template is itself; one
     with nothing fixed before its template (``{{ params.out_dir }}``, ``/{{ x }}``) gives
-    ``""``: only the rendered path can say which directory it is.
-
-    :param path_template: the directory as written in the DAG (unrendered).
-    """
+    ``""``: only the rendered path can say which directory it is."""
     cut = min((i for i in (path_template.find("{{"), path_template.find("{%")) if i >= 0), default=-1)
     if cut < 0:
         return path_template.rstrip("/") or "/"
@@ -39,16 +36,10 @@ def static_root(path_template: str) -> str:
 
 
 def absolute(path: str | os.PathLike[str]) -> str:
-    """The absolute, symlink-free form of ``path`` (it need not exist), as lineage names it.
-
-    :param path: a local path.
-    """
+    """The absolute, symlink-free form of ``path`` (it need not exist), as lineage names it."""
     return str(Path(path).expanduser().resolve())
 
 
 def dir_uri(path: str | os.PathLike[str]) -> str:
-    """``file:///abs/path`` of a local directory.
-
-    :param path: the directory (relative paths are taken from the current directory).
-    """
+    """``file:///abs/path`` of a local directory."""
     return f"{FILE_SCHEME}://{absolute(path)}"

@@ -68,10 +68,7 @@ def stream_acls(role: str, kind: str, pattern: str, user: str) -> list[tuple[str
 def waiting_caps(users: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, int]]:
     """(kind, pattern, most destinations) for each user's own data queues on each single
     destination it may send to (:data:`MAX_WAITING`); a family grant (``x.>``) has none,
-    as its members' names cannot be told from their data queues' by a prefix.
-
-    :param users: name -> {send, max_waiting (optional)}, as ``read_users`` returns.
-    """
+    as its members' names cannot be told from their data queues' by a prefix."""
     caps = []
     for user, info in sorted(users.items()):
         limit = int(info.get("max_waiting") or MAX_WAITING)
@@ -105,15 +102,8 @@ def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str],
 def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]], *,
                   bridge: tuple[str, str] | None = None, forwarded: Sequence[str] = ()) -> str:
     """The ``<plugins>`` entries for authentication and authorization: the administrator,
-    the bridge user of a network and every user, each confined to its grants.
-
-    :param user: the administrator's name (group ``amqstream``, every right everywhere).
-    :param password: the administrator's password.
-    :param users: name -> {password, send, receive}, as ``read_users`` returns.
-    :param bridge: the bridge user's (name, password) when the broker is in a network;
-        advisories are on then, and the advisory topics get their own entry.
-    :param forwarded: the ``/queue/NAME`` destinations the bridge forwards (empty: every queue).
-    """
+    the bridge user of a network (``bridge``: its name and password; the advisory topics then
+    get their own entry) and every user, each confined to its grants."""
     lines = [f'          <authenticationUser username="{xml_attr(user)}" password="{xml_attr(password)}" '
              f'groups="{ADMIN_GROUP}"/>']
     if bridge:

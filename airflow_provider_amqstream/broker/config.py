@@ -1,9 +1,6 @@
 """What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its
 settings, and the secrets that file names, kept in its data directory: the TLS keystore
-and the trust store for ``ssl://`` peers, the administrator's credentials and the users
-added with :meth:`~airflow_provider_amqstream.broker.embedded.EmbeddedBroker.add_user`.
-
-:mod:`airflow_provider_amqstream.broker.embedded` starts ActiveMQ on what this module writes.
+and the trust store for ``ssl://`` peers, the administrator's credentials and the users.
 """
 
 from __future__ import annotations
@@ -41,10 +38,7 @@ IO_BUFFERS = "transport.ioBufferSize=65536&amp;transport.socketBufferSize=104857
 
 def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
     """Users added with :meth:`~airflow_provider_amqstream.broker.embedded.EmbeddedBroker.add_user`:
-    name -> {password, send, receive}.
-
-    :param data_dir: the broker's data directory.
-    """
+    name -> {password, send, receive}."""
     users_file = data_dir / USERS_FILE
     try:
         return dict(json.loads(users_file.read_text())["users"])
@@ -57,15 +51,7 @@ def read_users(data_dir: Path) -> dict[str, dict[str, Any]]:
 def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
              password: str | None = None, max_waiting: int | None = None) -> dict[str, Any]:
     """The users-file entry of a user who may only send to ``send`` and receive from
-    ``receive``, checked.
-
-    :param name: user name (``A-Z a-z 0-9 . _ -``, up to 64 characters).
-    :param send: destinations it may send streams to.
-    :param receive: destinations it may receive streams from.
-    :param password: its password; generated when not given.
-    :param max_waiting: how many data queues it may have at once on each destination it
-        sends to (default :data:`~airflow_provider_amqstream.broker.auth.MAX_WAITING`).
-    """
+    ``receive``, checked (the arguments of :meth:`EmbeddedBroker.add_user`)."""
     if not USER_NAME.fullmatch(name or "") or name == DEFAULT_USER:
         raise BrokerError(f"user name {name!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - "
                           f"(and not {DEFAULT_USER!r}, the administrator)")
@@ -83,21 +69,13 @@ def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = ()
 
 
 def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
-    """Replace the users file with ``users``.
-
-    :param data_dir: the broker's data directory.
-    :param users: name -> {password, send, receive}, as :func:`read_users` returns.
-    """
+    """Replace the users file with ``users``."""
     _write_secret_json(data_dir / USERS_FILE, {"users": dict(users)})
 
 
 def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
     """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
-    made once with the JDK's keytool; the certificate is exported for clients.
-
-    :param data_dir: the broker's data directory (``tls/`` below it).
-    :param bind: the address the broker listens on, also named in the certificate.
-    """
+    made once with the JDK's keytool; the certificate is exported for clients."""
     tls = data_dir / "tls"
     store, secret = tls / "broker.p12", tls / "keystore.json"
     if store.is_file() and secret.is_file():
@@ -118,10 +96,7 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
 
 def certificate_names(bind: str) -> str:
     """Subject names for the generated certificate: loopback, this host's names (a
-    remote site's bridge verifies the name it dialled), and the bind address.
-
-    :param bind: the address the broker listens on.
-    """
+    remote site's bridge verifies the name it dialled), and the bind address."""
     dns = {"localhost", socket.gethostname(), socket.getfqdn()}
     ips = {"127.0.0.1"}
     if bind not in ("0.0.0.0", "::", ""):
@@ -136,11 +111,7 @@ def certificate_names(bind: str) -> str:
 
 def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str]:
     """A PKCS12 trust store holding ``certificates`` (PEM), remade at each start so it
-    holds exactly the certificates asked for; for bridges to ``ssl://`` peers.
-
-    :param data_dir: the broker's data directory (``tls/`` below it).
-    :param certificates: the remote brokers' certificates (``--network-ca``).
-    """
+    holds exactly the certificates asked for; for bridges to ``ssl://`` peers."""
     tls = data_dir / "tls"
     tls.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = tls / "peers.p12"
@@ -162,10 +133,7 @@ def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str
 
 
 def credentials(data_dir: Path) -> tuple[str, str, bool]:
-    """Return (user, password, created_now); the password is generated once.
-
-    :param data_dir: the broker's data directory.
-    """
+    """Return (user, password, created_now); the password is generated once."""
     creds_file = data_dir / CREDENTIALS_FILE
     if creds_file.is_file():
         data = json.loads(creds_file.read_text())
@@ -180,16 +148,7 @@ def credentials(data_dir: Path) -> tuple[str, str, bool]:
 
 def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port: int | None, store_dir: Path,
                   network: NetworkConfig) -> tuple[Path, bool]:
-    """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created).
-
-    :param data_dir: the broker's data directory (``conf/``, ``data/``, ``tmp/`` below it).
-    :param port: STOMP port.
-    :param bind: the address the listeners bind to.
-    :param auth: require a user name and password (the administrator's made on first call).
-    :param tls_port: STOMP over TLS port, if any.
-    :param store_dir: the KahaDB directory.
-    :param network: the network of brokers it joins.
-    """
+    """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created)."""
     # The data dir holds the credentials and every stored message (KahaDB's journal):
     # its owner's only, whatever the umask left on the files the broker writes in it.
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -10,10 +10,6 @@ Authentication is on by default: on first start a password is generated into
 ``<data-dir>/credentials.json`` (mode 0600) and printed once. That administrator may use
 every destination; :meth:`EmbeddedBroker.add_user` adds users who may only send to, or
 receive from, the destinations they are granted (``<data-dir>/users.json``, mode 0600).
-
-:class:`EmbeddedBroker` ties the pieces together: :mod:`~airflow_provider_amqstream.broker.config`
-writes the configuration and its secrets, :mod:`~airflow_provider_amqstream.broker.process`
-runs and watches the Java process.
 """
 
 from __future__ import annotations

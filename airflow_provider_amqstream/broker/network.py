@@ -164,10 +164,7 @@ def bridge_credentials(path: Path) -> tuple[str, str]:
 def bridge_acl(queues: Sequence[str]) -> list[tuple[str, str, str]]:
     """(kind, pattern, rights) the bridge user needs on each broker: to consume and produce
     the forwarded queues (and create them), and to read the advisories that tell it where
-    consumers are. It and the administrator are the only users who may write advisories.
-
-    :param queues: the forwarded ``/queue/NAME`` destinations (empty: every queue).
-    """
+    consumers are. It and the administrator are the only users who may write advisories."""
     names = forwarded_names(queues) or [">"]
     return [*(("queue", n, "read,write,admin") for n in names),
             ("topic", ADVISORY_PATTERN, "read,write,admin")]

@@ -1,10 +1,5 @@
-"""The embedded broker's Java process: finding ActiveMQ and Java, the command line that
-runs ActiveMQ on a rendered configuration, starting it and waiting until it is ready,
-telling whether a recorded pid is still that broker, stopping it, and the end of its
-logs for error messages.
-
-:mod:`airflow_provider_amqstream.broker.embedded` drives these to start and stop the broker.
-"""
+"""The embedded broker's Java process: finding ActiveMQ and Java, starting, watching and
+stopping it."""
 
 from __future__ import annotations
 
@@ -85,14 +80,7 @@ def keytool_binary() -> str:
 
 
 def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int) -> list[str]:
-    """The command line that runs ActiveMQ in the foreground on ``conf/activemq.xml``.
-
-    :param java: the java binary (:func:`java_binary`).
-    :param home: the ActiveMQ installation (:func:`activemq_home`).
-    :param data_dir: the broker's data directory (its ``data/`` and ``tmp/``).
-    :param conf: the rendered configuration directory.
-    :param heap_mb: the JVM's maximum heap in MiB.
-    """
+    """The command line that runs ActiveMQ in the foreground on ``conf/activemq.xml``."""
     data = data_dir / "data"
     jar = broker_jar()
     if jar is None:
@@ -118,11 +106,7 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
 
 def spawn(cmd: list[str], data_dir: Path) -> subprocess.Popen[bytes]:
     """Start ``cmd`` in its own session in ``data_dir``, its output appended to
-    ``data/broker.out``.
-
-    :param cmd: the command line (:func:`java_command`).
-    :param data_dir: the broker's data directory.
-    """
+    ``data/broker.out``."""
     out = open(data_dir / "data" / "broker.out", "ab")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -134,15 +118,8 @@ def spawn(cmd: list[str], data_dir: Path) -> subprocess.Popen[bytes]:
 
 def wait_ready(proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeout: float, out_file: Path,
                log_file: Path) -> bool:
-    """Wait until ``ready()``; False if ``timeout`` seconds pass first.
-
-    :param proc: the broker's process (:func:`spawn`); its exit raises :class:`BrokerError`
-        with the end of its logs.
-    :param ready: whether the broker accepts connections yet.
-    :param timeout: seconds to wait at most.
-    :param out_file: the process's output (``data/broker.out``).
-    :param log_file: the broker's log.
-    """
+    """Wait until ``ready()``; False if ``timeout`` seconds pass first, :class:`BrokerError`
+    with the end of its logs if ``proc`` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -157,11 +134,7 @@ def wait_ready(proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeout
 
 
 def running_pid(pid_file: Path, data_dir: Path) -> int | None:
-    """The pid recorded in ``pid_file`` if that process is still alive.
-
-    :param pid_file: where the broker's pid was recorded.
-    :param data_dir: the broker's data directory, which its command line names.
-    """
+    """The pid recorded in ``pid_file`` if that process is still alive (and names ``data_dir``)."""
     try:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -181,11 +154,7 @@ def running_pid(pid_file: Path, data_dir: Path) -> int | None:
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
-    """Whether process ``pid`` ended within ``timeout`` seconds.
-
-    :param pid: the process.
-    :param timeout: seconds to wait at most.
-    """
+    """Whether process ``pid`` ended within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -202,31 +171,20 @@ def wait_gone(pid: int, timeout: float) -> bool:
 
 
 def terminate(pid: int, timeout: float) -> None:
-    """Stop process ``pid`` cleanly: SIGTERM, then SIGKILL if it outlives ``timeout`` seconds.
-
-    :param pid: the process.
-    :param timeout: seconds it has to end after SIGTERM.
-    """
+    """Stop process ``pid`` cleanly: SIGTERM, then SIGKILL if it outlives ``timeout`` seconds."""
     os.kill(pid, signal.SIGTERM)
     if not wait_gone(pid, timeout):
         sigkill(pid)
 
 
 def sigkill(pid: int) -> None:
-    """SIGKILL process ``pid`` and wait (up to 10 s) until it is gone.
-
-    :param pid: the process.
-    """
+    """SIGKILL process ``pid`` and wait (up to 10 s) until it is gone."""
     os.kill(pid, signal.SIGKILL)
     wait_gone(pid, 10)
 
 
 def tail(files: Iterable[Path], lines: int = 15) -> str:
-    """The last ``lines`` lines of each of ``files`` that can be read.
-
-    :param files: log files, in the order they are shown.
-    :param lines: lines per file.
-    """
+    """The last ``lines`` lines of each of ``files`` that can be read."""
     texts = []
     for f in files:
         try:

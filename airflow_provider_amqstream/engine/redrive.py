@@ -47,7 +47,7 @@ from airflow_provider_amqstream.protocol.quarantine import (
     quarantine_cause,
     quarantined_by_user,
 )
-from airflow_provider_amqstream.protocol.seal import H_SEAL
+from airflow_provider_amqstream.protocol.seal import H_NONCE, H_SEAL, TAG
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,8 @@ class ChunkCheck:
 
     :param spec: the stream, from its offer.
     :param offer_sender: who offered it, where the quarantine copy says (``amqs_first_sender``).
-    :param sealed: a sealed stream: without its key only the CRC-32s and the count can be checked.
+    :param sealed: a sealed stream: without its key only the count and that copies of a chunk
+        agree (its seal's tag; it carries no CRC-32) can be checked.
     """
 
     def __init__(self, spec: p.StreamSpec, offer_sender: str = "", *, sealed: bool = False) -> None:
@@ -91,7 +92,7 @@ class ChunkCheck:
         self._held: dict[int, bytes] = {}
         self._held_bytes = 0
         self.hashing = not sealed
-        self._forwarded: set[tuple[str, int, int]] = set()
+        self._forwarded: set[tuple[str, int, str]] = set()
 
     def _problem(self, text: str) -> None:
         if len(self.problems) < 20:
@@ -135,8 +136,9 @@ class ChunkCheck:
         offset, length = spec.chunk_span(seq)
         if p.int_header(h, hdr.H_OFFSET, sid) != offset:
             raise RemoteProtocolError(f"chunk {seq}: offset {h.get(hdr.H_OFFSET)} is not {offset}")
-        crc = p.int_header(h, hdr.H_CRC, sid, hi=0xFFFFFFFF)
-        if crc32(body) != crc:
+        if self.sealed:
+            crc = int.from_bytes(body[-TAG:], "big")
+        elif crc32(body) != (crc := p.int_header(h, hdr.H_CRC, sid, hi=0xFFFFFFFF)):
             raise RemoteProtocolError(f"chunk {seq} fails its CRC-32 check (corrupt)")
         encoding = h.get(hdr.H_ENCODING)
         data = ChunkCodec.decode(str(encoding), body, length) if encoding and not self.sealed else body
@@ -216,7 +218,7 @@ class ChunkCheck:
         """For the final move: the first copy of each chunk and of the end marker goes on
         (with its staged headers); exact repeats stay behind (None)."""
         h = frame.headers
-        key = (str(h.get(hdr.H_KIND)), int(h.get(hdr.H_SEQ) or 0), int(h.get(hdr.H_CRC) or 0))
+        key = (str(h.get(hdr.H_KIND)), int(h.get(hdr.H_SEQ) or 0), str(h.get(hdr.H_CRC) or h.get(H_NONCE) or ""))
         if key in self._forwarded:
             return None
         self._forwarded.add(key)

@@ -1,9 +1,6 @@
 """AmqStreamHook: the Airflow connection and the whole transfer, in one place.
 
-Operators, sensors and triggers stay thin: they validate arguments through it, call its
-transfers with explicit keywords (:meth:`send_file`, :meth:`send_files`,
-:meth:`receive_streams`, :meth:`drain`, :meth:`offer_browser`), and publish results. The
-hook never touches the network in ``__init__``; each call opens its own session, so a
+The hook never touches the network in ``__init__``; each call opens its own session, so a
 retry or a reconnect always starts from a fresh socket.
 """
 
@@ -15,7 +12,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +26,12 @@ from airflow_provider_amqstream.engine import (
     BulkResult,
     FileCheckpoint,
     FileFailure,
-    FileSet,
     ReceiveOptions,
     SendOptions,
     StateDir,
     StreamFailure,
     TransferResult,
     checkpoint_name,
-    collect_files,
     default_state_dir,
     default_stream_id,
     id_key,
@@ -47,28 +42,23 @@ from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
 from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol import headers as hdr
-from airflow_provider_amqstream.protocol import seal
-from airflow_provider_amqstream.protocol.codec import COMPRESSION_SETTINGS, ENCODINGS
+from airflow_provider_amqstream.protocol.codec import COMPRESSION_SETTINGS
+from airflow_provider_amqstream.protocol.headers import DEFAULT_RECEIVE_BATCH, MAX_CHUNK_SIZE
 from airflow_provider_amqstream.protocol.names import Destination, keyed_digest, validate_stream_id
+from airflow_provider_amqstream.protocol.seal import parse_recipient
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 # What the Airflow layers (operators, sensors, triggers) use, all from here: they import
-# the hook and nothing below it (import-linter holds them to it).
+# the hook and nothing below it (import-linter holds them to it); parse_recipient checks
+# the operators' seal_to without the engine.
 __all__ = [
-    "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "ENCODINGS",
-    "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus", "BrokerParams",
-    "BulkResult", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter", "ReceiveOptions", "RecentRate",
-    "SendOptions", "StreamFailure",
-    "TransferResult", "checkpoint_name", "default_state_dir",
+    "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus",
+    "BrokerParams", "BulkResult", "Destination", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter",
+    "ReceiveOptions", "RecentRate", "SendOptions", "StreamFailure", "TransferResult", "checkpoint_name",
+    "default_state_dir", "iter_files", "parse_recipient", "validate_stream_id",
 ]
-DEFAULT_RECEIVE_BATCH = hdr.DEFAULT_RECEIVE_BATCH
-ENCODINGS = ENCODINGS
-COMPRESSION_SETTINGS = COMPRESSION_SETTINGS
-MAX_CHUNK_SIZE = hdr.MAX_CHUNK_SIZE
 MODES = tuple(m.value for m in hdr.Mode)
-# Checks a recipient string (the operators' seal_to) without the engine.
-parse_recipient = seal.parse_recipient
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +105,6 @@ class AmqStreamHook(BaseHook):
         if self.uri:
             fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
         else:
-            # The same reading of AIRFLOW_CONN_<ID> as the CLI's; anything else goes through
-            # Airflow's own lookup.
             fields = connection.from_env(self.amqstream_conn_id) or self._from_airflow()
         if fields is None:
             embedded = connection.embedded_params()
@@ -125,7 +113,10 @@ class AmqStreamHook(BaseHook):
             log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
             self._fields, self._params = None, embedded
             return
-        _mask(fields.password)
+        if fields.password:  # out of task logs, as Airflow does for the connections it reads itself
+            from airflow.sdk.log import mask_secret
+
+            mask_secret(fields.password)
         self._fields, self._params = fields, fields.broker_params()
 
     def _from_airflow(self) -> connection.ConnFields | None:
@@ -155,19 +146,9 @@ class AmqStreamHook(BaseHook):
         return True, f"Connected to {params.url} and received a receipt"
 
     # -- checks (no network) ----------------------------------------------------
-    @staticmethod
-    def check_destination(text: str) -> str:
-        """``text`` as ``/queue/NAME`` or ``/topic/NAME``, or ProtocolError saying what is wrong."""
-        return str(Destination.parse(text))
-
-    @staticmethod
-    def check_stream_id(stream_id: str) -> str:
-        """``stream_id`` if valid, or ProtocolError saying what is wrong."""
-        return validate_stream_id(stream_id)
-
     def default_stream_id(self, path: str | os.PathLike[str], destination: str, *, sealed: bool = False) -> str:
-        """The stream id a file gets by default: the same for a re-run, so it resumes, and
-        keyed by this connection's secret, so another user cannot offer it first.
+        """A file's default stream id: the same for a re-run (it resumes), keyed by this
+        connection's secret (another user cannot offer it first).
 
         :param path: the file.
         :param destination: where it goes.
@@ -184,21 +165,10 @@ class AmqStreamHook(BaseHook):
         return "af-" + keyed_digest(run, id_key(self.broker_params()))[:24]
 
     @staticmethod
-    def collect_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
-        """The files ``paths`` name (files, directories, globs), each with its directory."""
-        return collect_files(paths, recursive=recursive)
-
-    @staticmethod
     def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
-        """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (one per
-        claim: a retry replaces it with the full list, earlier tries' streams included)."""
+        """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (a retry replaces it)."""
         key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
         return StateDir(out_dir).lists / f"{key}.files.jsonl"
-
-    @staticmethod
-    def iter_files(paths: Sequence[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:
-        """The same files as :meth:`collect_files`, walked each time they are iterated (no list)."""
-        return iter_files(paths, recursive=recursive)
 
     @staticmethod
     def received(out_dir: str | os.PathLike[str], stream_id: str, *,
@@ -211,11 +181,6 @@ class AmqStreamHook(BaseHook):
                 records_retention_days: float | None = None) -> list[dict[str, Any]]:
         """Completion records of the streams ``claim`` took in ``out_dir``, oldest first."""
         return engine.find_claimed(out_dir, claim, retention_days=records_retention_days)
-
-    @staticmethod
-    def manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
-        """The manifest of ``batch_id`` (of ``sender``) once complete in ``out_dir``, else None."""
-        return engine.find_manifest(out_dir, batch_id, sender)
 
     # -- transfers ---------------------------------------------------------------
     def send_file(self, path: str | os.PathLike[str], destination: str, *, options: SendOptions | None = None,
@@ -248,11 +213,6 @@ class AmqStreamHook(BaseHook):
         """
         return engine.send_files(self.broker_params(), files, destination, options, batch_id=batch_id,
                                  progress=progress, on_result=on_result, on_failure=on_failure)
-
-    def receive_stream(self, source: str, out_dir: str | os.PathLike[str], *, stream_id: str | None = None,
-                       options: ReceiveOptions | None = None) -> TransferResult | None:
-        """Receive one stream; see :func:`airflow_provider_amqstream.engine.receive_stream`."""
-        return engine.receive_stream(self.broker_params(), source, out_dir, stream_id=stream_id, options=options)
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
@@ -293,7 +253,7 @@ class AmqStreamHook(BaseHook):
                          if claim else []):
                 drained.add(done)
             until = time.monotonic() + deadline
-            watch = _BatchWatch(options.events, lambda: self.manifest(out_dir, batch_id, batch_sender)) \
+            watch = _BatchWatch(options.events, lambda: engine.find_manifest(out_dir, batch_id, batch_sender)) \
                 if batch_id else None
             manifest = watch.find() if watch else None
             while (count is None or drained.count < count) and manifest is None:
@@ -331,14 +291,10 @@ class AmqStreamHook(BaseHook):
         return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
 
 
-
 class _BatchWatch:
     """Ends a drain as soon as its batch's manifest is written: the receiver announces each
-    manifest it completes (``batch_complete``), and only then is the manifest looked for.
-
-    :param events: the caller's own event sink, still told every event.
-    :param find: the batch's manifest, or None while it is incomplete.
-    """
+    manifest it completes (``batch_complete``), and only then is ``find`` asked; ``events``
+    is still told every event."""
 
     def __init__(self, events: Callable[[str, dict[str, Any]], None] | None,
                  find: Callable[[], Path | None]) -> None:
@@ -397,11 +353,3 @@ class Drained:
         """Whether ``files`` lists every stream."""
         return len(self.files) == self.count
 
-
-def _mask(secret: str | None) -> None:
-    """Keep a password read from the environment out of task logs, as Airflow does for the
-    connections it reads itself."""
-    if secret:
-        from airflow.sdk.log import mask_secret
-
-        mask_secret(secret)

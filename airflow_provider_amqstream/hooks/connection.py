@@ -1,17 +1,11 @@
 """Find an ``amqstream`` connection without paying for Airflow when it is not needed.
 
-Importing Airflow costs a command-line process about 2.5 s and 90 MiB here, yet most
-connections come from an ``AIRFLOW_CONN_<ID>`` environment variable, which is plain
-text. This module reads those variables exactly as Airflow 3.3 does (the id upper-cased;
-a JSON object if the value starts with ``{``, else a URI whose query parameters become
-the extra, or whose ``__extra__`` parameter holds the extra as JSON) and imports Airflow
-only to look a connection up in the metadata database. Nothing here imports Airflow at
-module level: the hook and the CLI both build on it.
-
-:func:`parse_uri` is the one place a URI becomes fields, whether it comes from ``--conn``,
-an ``AIRFLOW_CONN_<ID>`` variable or the hook's ``uri``; :meth:`ConnFields.broker_params`
-the one place fields (with their scheme) become settings. Two parsers disagreed before,
-and one of them connected in plain text to ``stomp+ssl://`` URIs.
+Importing Airflow costs a command-line process about 2.5 s and 90 MiB, yet most connections
+come from an ``AIRFLOW_CONN_<ID>`` variable, plain text read here exactly as Airflow 3.3 reads
+it; Airflow is imported only to look a connection up in the metadata database.
+:func:`parse_uri` is the one place a URI becomes fields, :meth:`ConnFields.broker_params` the
+one place fields become settings. Every ``where`` names a connection's source in error
+messages, never its value (it holds a password).
 """
 
 from __future__ import annotations
@@ -45,18 +39,9 @@ SCHEMES: dict[str, bool] = {"amqstream": False, "stomp": False, "amqstream+ssl":
 
 @dataclass(frozen=True)
 class ConnFields:
-    """The fields of an Airflow connection that an ``amqstream`` connection uses.
-
-    :param conn_id: the connection id.
-    :param conn_type: its type (``amqstream``), normalised as Airflow does; a URI's scheme.
-    :param host: the broker host(s).
-    :param port: the broker port.
-    :param login: the STOMP user.
-    :param password: the STOMP password.
-    :param schema: Airflow's schema field (unused by amqstream).
-    :param extra: the extra, decoded.
-    :param source: where the connection came from, for error messages (``$AIRFLOW_CONN_X``).
-    """
+    """The fields of an Airflow connection that an ``amqstream`` connection uses: ``conn_type``
+    is a URI's scheme, normalised as Airflow does; ``source`` names where the connection came
+    from in error messages (``$AIRFLOW_CONN_X``)."""
 
     conn_id: str
     conn_type: str | None = None
@@ -69,20 +54,14 @@ class ConnFields:
     source: str = field(default="connection", compare=False)
 
     def broker_params(self) -> BrokerParams:
-        """The broker settings these fields describe; raises ValueError (naming the source,
-        never the password) for a scheme we do not accept or a setting that is unclear."""
+        """The broker settings these fields describe; ConfigurationError for a scheme or setting we refuse."""
         return BrokerParams.from_parts(self.host, self.port, self.login, self.password, self.extra,
                                        tls_scheme=scheme_tls(self.conn_type, self.source), where=self.source)
 
 
 def scheme_tls(conn_type: str | None, where: str = "connection") -> bool:
-    """Whether a connection's scheme (its conn_type) alone means TLS; refuses any scheme
-    that is not an amqstream one.
-
-    :param conn_type: the scheme or conn_type; None or empty (a JSON connection without
-        ``conn_type``) is ``amqstream``.
-    :param where: names the connection in the error message.
-    """
+    """Whether a connection's scheme (its conn_type; None or empty is ``amqstream``) alone
+    means TLS; refuses any scheme that is not an amqstream one."""
     if not conn_type:
         return False
     try:
@@ -122,14 +101,8 @@ def _decode_extra(raw: Any, where: str) -> dict[str, Any]:
 
 
 def parse_json(value: str, conn_id: str, where: str = "connection") -> ConnFields:
-    """A connection in Airflow's JSON form: ``{"conn_type": ..., "host": ..., "extra": {...}}``.
-
-    ``extra`` may be an object or a string holding one, as in Airflow.
-
-    :param value: the JSON text.
-    :param conn_id: the connection id.
-    :param where: names the source in error messages (never the value: it holds a password).
-    """
+    """A connection in Airflow's JSON form: ``{"conn_type": ..., "host": ..., "extra": {...}}``
+    (``extra`` an object or a string holding one, as in Airflow)."""
     try:
         data = json.loads(value)
     except ValueError as exc:
@@ -149,14 +122,8 @@ def parse_json(value: str, conn_id: str, where: str = "connection") -> ConnField
 
 
 def check_uri_credentials(uri: str, where: str = "the connection URI") -> None:
-    """Refuse a URI whose user or password holds a character that ends the authority.
-
-    urllib then reads part of the password as the port, path or query, and every error
-    from there on would quote it. Say what to do and quote nothing.
-
-    :param uri: the connection URI.
-    :param where: names its source in the error message.
-    """
+    """Refuse a URI whose user or password holds a character that ends the authority: urllib
+    would read part of the password as the port, path or query, and every later error quote it."""
     rest = uri.split("://", 1)[-1]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     if "@" in rest[len(authority):]:
@@ -185,10 +152,6 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
     percent-decoded; query parameters become the extra (as strings), unless ``__extra__``
     is present, whose value is the extra as JSON. The scheme becomes the conn_type, as in
     Airflow; it is checked (and ``stomp+ssl`` read as TLS) by :meth:`ConnFields.broker_params`.
-
-    :param uri: the URI.
-    :param conn_id: the connection id.
-    :param where: names the source in error messages (never the value: it holds a password).
     """
     schemes = uri.count("://")
     if schemes == 0 or schemes > 2:
@@ -223,22 +186,12 @@ def parse_uri(uri: str, conn_id: str, where: str = "connection") -> ConnFields:
 
 
 def params_from_uri(uri: str, where: str = "connection URI") -> BrokerParams:
-    """Broker settings from a connection URI: :func:`parse_uri`, then :meth:`ConnFields.broker_params`.
-
-    :param uri: the URI, e.g. ``stomp+ssl://user:password@mq1:61614?ca_file=/etc/ca.pem``.
-    :param where: names the source in error messages (never the value: it holds a password).
-    """
+    """Broker settings from a connection URI: :func:`parse_uri`, then :meth:`ConnFields.broker_params`."""
     return parse_uri(uri, "", where).broker_params()
 
 
 def parse_connection(value: str, conn_id: str, where: str = "connection") -> ConnFields:
-    """A serialised connection as Airflow's secrets backends read it: JSON if it starts
-    with ``{``, else a URI.
-
-    :param value: the JSON or URI text.
-    :param conn_id: the connection id.
-    :param where: names the source in error messages (never the value: it holds a password).
-    """
+    """A serialised connection as Airflow's secrets backends read it: JSON if it starts with ``{``, else a URI."""
     value = value.strip()
     if not value:
         raise ConfigurationError(f"{where} is empty")
@@ -261,11 +214,8 @@ def _airflow_config(env: Mapping[str, str]) -> tuple[Path, configparser.ConfigPa
 
 def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The custom secrets backend Airflow is configured with (``[secrets] backend`` or
-    ``[workers] secrets_backend``), read cheaply from the environment and airflow.cfg.
-
-    Airflow asks such a backend before the environment variables, so when one is set the
-    shortcut through ``AIRFLOW_CONN_<ID>`` would change which definition wins.
-    """
+    ``[workers] secrets_backend``): Airflow asks it before the environment variables, so with
+    one set the shortcut through ``AIRFLOW_CONN_<ID>`` would change which definition wins."""
     env = os.environ if environ is None else environ
     for var in ("AIRFLOW__SECRETS__BACKEND", "AIRFLOW__WORKERS__SECRETS_BACKEND"):
         if env.get(var, "").strip():
@@ -279,11 +229,8 @@ def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | No
 
 
 def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether Airflow's own lookup could find a connection here: a custom secrets backend, a
-    metadata database named in the environment or airflow.cfg, or the default SQLite file.
-
-    Without any of them, importing Airflow (seconds) to ask it can only end in "not found".
-    """
+    """Whether Airflow's own lookup could find a connection here (a custom secrets backend, a
+    metadata database configured, or the default SQLite file); else importing Airflow is wasted."""
     env = os.environ if environ is None else environ
     if custom_secrets_backend(env):
         return True
@@ -327,13 +274,8 @@ MASKER_LOGGERS = ("airflow._shared.secrets_masker.secrets_masker", "airflow.sdk.
 
 
 class _ShortExtraNotice(logging.Filter):
-    """Drops the masker's ``Skipping masking for a secret as it's too short`` warning.
-
-    Airflow's lookup masks every string in a connection's extra as if it were a secret, and
-    ours are settings: ``"auto"`` and ``"zstd"`` (or ``"none"``, written in an extra by hand)
-    have four characters, so every command or task that read such a connection
-    printed that warning about a value that is no secret. The password is masked as before.
-    """
+    """Drops the masker's ``Skipping masking for a secret as it's too short`` warning: Airflow
+    masks every string of an extra, and ours are settings (``"auto"``, ``"zstd"``), no secrets."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
@@ -341,8 +283,7 @@ class _ShortExtraNotice(logging.Filter):
 
 @contextlib.contextmanager
 def settings_not_flagged_as_secrets() -> Iterator[None]:
-    """While Airflow looks a connection up: without the masker's warning about our short
-    setting values (``_ShortExtraNotice``)."""
+    """While Airflow looks a connection up: without ``_ShortExtraNotice``'s warning."""
     quiet = _ShortExtraNotice()
     loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
     for logger in loggers:
@@ -357,10 +298,7 @@ def settings_not_flagged_as_secrets() -> Iterator[None]:
 def from_metadata_db(conn_id: str) -> ConnFields | None:
     """Connection ``conn_id`` through Airflow's own lookup (secrets backends, then the
     metadata database), as ``airflow connections get`` does; None if it is not defined.
-
-    Imports Airflow: about 2 s and tens of MiB. Only for a connection no variable defines
-    (``make airflow`` writes an env file that defines the deployment's), and only where Airflow
-    has somewhere to look (:func:`airflow_may_know`).
+    Imports Airflow (about 2 s), so only where it has somewhere to look (:func:`airflow_may_know`).
     """
     if "airflow" not in sys.modules and not airflow_may_know():
         return None
@@ -379,11 +317,7 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
 
 
 def from_airflow(conn: Any, where: str) -> ConnFields:
-    """The fields of an Airflow ``Connection`` object (core or Task SDK).
-
-    :param conn: the connection.
-    :param where: names it in error messages.
-    """
+    """The fields of an Airflow ``Connection`` object (core or Task SDK)."""
     return ConnFields(conn_id=conn.conn_id, conn_type=conn.conn_type, host=conn.host, port=conn.port,
                       login=conn.login, password=conn.password, schema=conn.schema,
                       extra=_decode_extra(conn.extra, where), source=where)
@@ -391,18 +325,13 @@ def from_airflow(conn: Any, where: str) -> ConnFields:
 
 def embedded_params() -> BrokerParams | None:
     """Settings of the embedded broker on this machine, if it was ever started."""
-    from airflow_provider_amqstream.broker.embedded import default_data_dir
+    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
-    data_dir = default_data_dir()
-    port_file = data_dir / "broker.port"
-    if not port_file.is_file():
+    broker = EmbeddedBroker()
+    if not (broker.data_dir / "broker.port").is_file():
         return None
-    login = password = None
-    creds = data_dir / "credentials.json"
-    if creds.is_file():
-        data = json.loads(creds.read_text())
-        login, password = data["user"], data["password"]
-    return BrokerParams(hosts=(("127.0.0.1", int(port_file.read_text().strip())),), login=login, password=password)
+    info = broker.info()
+    return BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
 
 
 def not_found_message(conn_id: str) -> str:
@@ -416,15 +345,9 @@ def not_found_message(conn_id: str) -> str:
 
 
 def lookup(conn: str | None) -> tuple[ConnFields | None, str]:
-    """The fields of the connection the CLI's ``--conn`` names, and where they came from.
-
-    ``conn`` is a URI, a JSON connection, a connection id, or None for ``amqstream_default``. A
-    connection id is looked up in ``AIRFLOW_CONN_<ID>`` first, and through Airflow's own lookup
-    (secrets backends, metadata database) if no variable is set or a custom secrets backend is
-    configured. None (and "") when nothing defines it.
-
-    :param conn: the ``--conn`` argument.
-    """
+    """The fields of the connection the CLI's ``--conn`` (a URI, JSON, an id, or None for
+    ``amqstream_default``) names, and where they came from: ``AIRFLOW_CONN_<ID>``, then Airflow's
+    lookup; None (and "") when nothing defines it."""
     if conn and ("://" in conn or conn.lstrip().startswith("{")):
         # JSON too: read as a connection id it would be quoted back, password and all, in
         # the "no connection" error.
@@ -441,11 +364,7 @@ def lookup(conn: str | None) -> tuple[ConnFields | None, str]:
 
 def resolve(conn: str | None) -> tuple[BrokerParams, str]:
     """Broker settings for the CLI's ``--conn`` and where they came from: :func:`lookup`, and
-    for a missing ``amqstream_default`` the embedded broker. Raises :class:`ConnectionNotFound`
-    saying what to set.
-
-    :param conn: the ``--conn`` argument.
-    """
+    for a missing ``amqstream_default`` the embedded broker; else :class:`ConnectionNotFound`."""
     fields, source = lookup(conn)
     if fields is not None:
         return fields.broker_params(), source

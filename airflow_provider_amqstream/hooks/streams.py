@@ -1,15 +1,8 @@
 """AmqStreamAdminHook: the streams waiting on a broker, seen and acted on through an Airflow
 connection of type ``amqstream`` (the Airflow page of the streams, and DAGs that clean up).
 
-It owns the connection the way :class:`~airflow_provider_amqstream.hooks.amqstream.AmqStreamHook`
-does (``AIRFLOW_CONN_<ID>`` first, then Airflow's lookup, then, for ``amqstream_default``,
-the embedded broker), never touches the network in ``__init__``, and opens a connection per
-call. Two optional connection extras feed the views:
-
-* ``destinations``: the destinations to show (a list, or ``/queue/a,/queue/b``);
-* ``out_dirs``: receivers' output directories readable here, for streams in progress and
-  incomplete batches (a list, or comma-separated);
-* ``quarantine``: the quarantine queue the receivers were given, if not ``/queue/DLQ.<name>``.
+Optional connection extras feed the views: ``destinations`` (to show), ``out_dirs``
+(receivers' output directories readable here), ``receivers`` and ``quarantine``.
 """
 
 from __future__ import annotations
@@ -18,6 +11,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from airflow_provider_amqstream.engine import discard as discarding
 from airflow_provider_amqstream.engine import inventory as views
@@ -31,8 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class AmqStreamAdminHook(AmqStreamHook):
-    """See where streams are and redrive or discard them (``amqstream streams``): the
-    connection is :class:`AmqStreamHook`'s, read the same way.
+    """See where streams are and redrive or discard them (``amqstream streams``).
 
     :param amqstream_conn_id: Airflow connection of type ``amqstream``. If it is the default
         id and no such connection exists, the embedded broker on this machine is used.
@@ -55,27 +48,32 @@ class AmqStreamAdminHook(AmqStreamHook):
         return params if self.connect_timeout is None else dataclasses.replace(
             params, connect_timeout=self.connect_timeout)
 
+    def _extra_list(self, key: str) -> list[str]:
+        fields = self.conn_fields()
+        return extra_list(fields.extra, key) if fields else []
+
     def destinations(self) -> list[str]:
         """The destinations the connection's ``destinations`` extra names, checked."""
-        fields = self.conn_fields()
-        found = extra_list(fields.extra, "destinations") if fields else []
-        return [str(Destination.parse(d)) for d in found]
+        return [str(Destination.parse(d)) for d in self._extra_list("destinations")]
 
     def out_dirs(self) -> list[str]:
         """The receivers' directories the connection's ``out_dirs`` extra names."""
-        fields = self.conn_fields()
-        return [os.path.expanduser(d) for d in extra_list(fields.extra, "out_dirs")] if fields else []
+        return [os.path.expanduser(d) for d in self._extra_list("out_dirs")]
 
     def receivers(self) -> list[str]:
         """The users the connection's ``receivers`` extra names: receivers whose quarantine copies redrive believes."""
-        fields = self.conn_fields()
-        return extra_list(fields.extra, "receivers") if fields else []
+        return self._extra_list("receivers")
 
     def quarantine(self) -> str | None:
         """The quarantine queue the connection's ``quarantine`` extra names, if any."""
         fields = self.conn_fields()
         value = str(fields.extra.get("quarantine") or "") if fields else ""
         return str(Destination.parse(value)) if value else None
+
+    def _where(self, out_dirs: Iterable[str] | None, quarantine: str | None) -> dict[str, Any]:
+        """The receivers' directories and quarantine queue given, else the connection's."""
+        return {"out_dirs": self.out_dirs() if out_dirs is None else list(out_dirs),
+                "quarantine": quarantine or self.quarantine()}
 
     def inventory(self, destination: str, *, out_dirs: Iterable[str] | None = None, quarantine: str | None = None,
                   previous: Mapping[str, tuple[int, float]] | None = None) -> views.Inventory:
@@ -86,16 +84,13 @@ class AmqStreamAdminHook(AmqStreamHook):
         :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
         :param previous: an earlier look's progress marks, for rates.
         """
-        dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
-        return views.take_inventory(self.broker_params(), destination, out_dirs=dirs,
-                                    quarantine=quarantine or self.quarantine(), previous=previous)
+        return views.take_inventory(self.broker_params(), destination, previous=previous,
+                                    **self._where(out_dirs, quarantine))
 
     def show(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
              quarantine: str | None = None) -> StreamReport:
         """Everything known about one stream; see :func:`~airflow_provider_amqstream.engine.show.show_stream`."""
-        dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
-        return show_stream(self.broker_params(), destination, stream_id, out_dirs=dirs,
-                                 quarantine=quarantine or self.quarantine())
+        return show_stream(self.broker_params(), destination, stream_id, **self._where(out_dirs, quarantine))
 
     def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> redriving.RedriveResult:
         """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`. The
@@ -106,6 +101,4 @@ class AmqStreamAdminHook(AmqStreamHook):
     def discard(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
                 quarantine: str | None = None) -> discarding.DiscardResult:
         """Remove a stream everywhere; see :func:`~airflow_provider_amqstream.engine.discard.discard`."""
-        dirs = self.out_dirs() if out_dirs is None else list(out_dirs)
-        return discarding.discard(self.broker_params(), destination, stream_id, out_dirs=dirs,
-                               quarantine=quarantine or self.quarantine())
+        return discarding.discard(self.broker_params(), destination, stream_id, **self._where(out_dirs, quarantine))

@@ -17,11 +17,8 @@ class TaskStateCheckpoint:
     lives in the task state store (scoped to this task instance, kept across tries),
     mirrored in a local file for speed. On load the more advanced of the two wins:
     both only ever record chunks the broker confirmed. Each save also publishes the
-    offset to XCom (``resume_offset``) for other tasks and for people in the UI.
-
-    :param context: the task's execution context.
-    :param key: the store key (one per stream id).
-    :param min_interval: seconds between store writes; state changes always write.
+    offset to XCom (``resume_offset``) for other tasks and for people in the UI. Writes the
+    store at most every ``min_interval`` seconds, unless the state changes.
     """
 
     def __init__(self, context: Any, key: str, min_interval: float = 2.0) -> None:
@@ -59,22 +56,13 @@ class TaskStateCheckpoint:
 
 
 def send_checkpoint(context: Any, stream_id: str, params: BrokerParams) -> TaskStateCheckpoint:
-    """The resume point of one stream a task sends: one per stream and broker, as for the CLI.
-
-    :param context: the task's execution context.
-    :param stream_id: the stream sent.
-    :param params: the broker it goes to.
-    """
+    """The resume point of one stream a task sends: one per stream and broker, as for the CLI."""
     return TaskStateCheckpoint(context, "amqstream_send:" + checkpoint_name(stream_id, params).removesuffix(".json"))
 
 
 class BatchLedger:
     """The streams of a many-file send the broker confirmed, kept in the task state store
-    (scoped to this task instance, kept across tries) so a retry skips them.
-
-    :param context: the task's execution context.
-    :param batch_id: the send's batch id (one per task instance).
-    """
+    (scoped to this task instance, kept across tries) so a retry skips them."""
 
     def __init__(self, context: Any, batch_id: str) -> None:
         self.store = context.get("task_state_store")
@@ -92,10 +80,7 @@ class BatchLedger:
 def task_claim(context: Any) -> str | None:
     """The label under which this task instance claims the streams it receives: the same
     for every try of it (DAG, run, task, map index), so a retry finds what an earlier try
-    published. None outside a task (no ``ti`` in the context).
-
-    :param context: the task's execution context.
-    """
+    published. None outside a task (no ``ti`` in the context)."""
     ti = context.get("ti") if hasattr(context, "get") else None
     if ti is None:
         return None

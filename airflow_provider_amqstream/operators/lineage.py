@@ -13,9 +13,8 @@ dataset version. A many-file send lists each file up to ``MAX_FILE_DATASETS``; p
 one dataset for the files' common directory with their count and total size, so one task's
 event stays small when it moves a landing directory of thousands of files.
 
-The operators and the sensor report it through :class:`ReportsLineage`, whose methods
-only Airflow's OpenLineage listener calls. apache-airflow-providers-openlineage is optional
-(extra ``openlineage``): everything from it is imported inside the functions.
+apache-airflow-providers-openlineage is optional (extra ``openlineage``): everything from it
+is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -30,17 +29,6 @@ from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, BrokerPara
 from airflow_provider_amqstream.operators.xcom import iter_result_files
 
 MAX_FILE_DATASETS = 100
-
-
-def file_namespace() -> str:
-    """The namespace of local files (Airflow's for a ``file:///path`` asset)."""
-    return FILE_NAMESPACE
-
-
-def destination_namespace(params: BrokerParams) -> str:
-    """``amqstream://host:port`` of the connection's first broker, as its assets name it."""
-    host, port = params.hosts[0]
-    return authority(host, port)
 
 
 def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None, role: str,
@@ -63,13 +51,13 @@ def _dataset(namespace: str, name: str, *, size: int | None, sha256: str | None,
 
 def file_dataset(path: str, *, role: str, size: int | None = None, sha256: str | None = None) -> Any:
     """A local file as an OpenLineage input or output dataset (``role``: input/output)."""
-    return _dataset(file_namespace(), str(Path(path).resolve()), size=size, sha256=sha256, role=role)
+    return _dataset(FILE_NAMESPACE, str(Path(path).resolve()), size=size, sha256=sha256, role=role)
 
 
 def destination_dataset(params: BrokerParams, destination: str, *, role: str, size: int | None = None,
                         sha256: str | None = None, file_count: int = 1) -> Any:
     """A broker destination as an OpenLineage input or output dataset."""
-    return _dataset(destination_namespace(params), destination, size=size, sha256=sha256, role=role,
+    return _dataset(authority(*params.hosts[0]), destination, size=size, sha256=sha256, role=role,
                     file_count=file_count)
 
 
@@ -114,7 +102,7 @@ def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *,
         local = [file_dataset(f["path"], role=file_role, size=f.get("bytes"), sha256=f.get("sha256") or None)
                  for f in first]
     else:
-        local = [_dataset(file_namespace(), root or "/", size=total, sha256=None, role=file_role, file_count=count)]
+        local = [_dataset(FILE_NAMESPACE, root or "/", size=total, sha256=None, role=file_role, file_count=count)]
     if sending:
         return OperatorLineage(inputs=local, outputs=[dest])
     return OperatorLineage(inputs=[dest], outputs=local)
@@ -149,15 +137,9 @@ def result_of(operator: Any, task_instance: Any) -> dict[str, Any] | None:
 
 
 class ReportsLineage:
-    """The OpenLineage facet methods of a task that moves files to or from a destination,
-    mixed into SendStreamOperator, ReceiveStreamsOperator and StreamCompleteSensor.
-
-    Airflow's OpenLineage listener calls them by name on the task; the broker is read from
-    the task's connection then, never when the DAG is parsed. A class says which way its
-    files go (``lineage_sending``) and which of its attributes holds the destination
-    (``lineage_destination_field``); a sender that knows its file before anything moves
-    names it in :meth:`lineage_start_path`.
-    """
+    """The OpenLineage facet methods (called by name by Airflow's OpenLineage listener) of a
+    task that moves files to or from the destination its ``lineage_destination_field`` names,
+    sending them if ``lineage_sending``; the broker is read then, never at DAG parse time."""
 
     amqstream_conn_id: str
     lineage_sending: ClassVar[bool]

@@ -20,9 +20,6 @@ list their producing and consuming tasks.
   a user's ``file_asset_alias``.
 - The extra of an event is bounded: counts and bytes, the manifest's path, at most
   :data:`MAX_IDS` stream ids; never a list per file.
-
-The operators feed :class:`Arrivals` one received stream at a time (:meth:`Arrivals.add`),
-so what they keep does not grow with the number of files.
 """
 
 from __future__ import annotations
@@ -47,11 +44,7 @@ def templated(value: str) -> bool:
 
 def destination_asset(conn_id: str, destination: str) -> Any:
     """The ``Asset`` of ``destination`` through connection ``conn_id``
-    (``amqstream://<conn id>/queue/NAME``), e.g. for a DAG scheduled on it.
-
-    :param conn_id: the ``amqstream`` connection id.
-    :param destination: ``/queue/NAME`` as written in the DAG.
-    """
+    (``amqstream://<conn id>/queue/NAME``), e.g. for a DAG scheduled on it."""
     from airflow.sdk import Asset
 
     return Asset(uri=destination_uri(conn_id, destination))
@@ -70,10 +63,7 @@ def destination_port(conn_id: str, destination: str, task_id: str) -> Any:
 def directory_asset(path_template: str) -> Any:
     """The ``Asset`` of a directory: ``file://`` + the static root of ``path_template`` (a
     landing directory, the datasets of every stream under a Parquet directory); None when the
-    whole directory is templated (no asset can be named before it is rendered).
-
-    :param path_template: the directory as written in the DAG.
-    """
+    whole directory is templated (no asset can be named before it is rendered)."""
     from airflow.sdk import Asset
 
     root = static_root(path_template)
@@ -104,10 +94,8 @@ def with_port(ports: Any, port: Any) -> list[Any]:
 
 @dataclass
 class Arrivals:
-    """What a receive brought in, for its asset event: counts and bytes, and the first few
-    stream ids. Fed one stream at a time; its size does not grow with the number of files.
-    A stream of status ``duplicate`` (published before, repeated) is counted apart and is
-    no arrival."""
+    """What a receive brought in, for its asset event, fed one stream at a time: counts and
+    bytes, the first few stream ids; a ``duplicate`` (published before) is no arrival."""
 
     files: int = 0
     bytes: int = 0
@@ -157,13 +145,6 @@ def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | N
     """The event of the asset ``uri`` with ``extra``, through the task's outlet ``port`` (the
     asset itself, or an alias); ``extra`` None: no event, the asset taken out of the task's
     outlets (Airflow would record one for it). False (logged) when no event was made.
-
-    :param context: the task's context.
-    :param task: the task (its ``outlets``).
-    :param port: an ``Asset`` or ``AssetAlias`` the task declared as outlet.
-    :param uri: the asset's URI (for an alias: the asset it resolves to now).
-    :param extra: the event's extra (small: see :class:`Arrivals`); None: nothing to announce.
-    :param log: the task's logger.
     """
     from airflow.sdk import Asset
 
@@ -184,20 +165,9 @@ def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | N
 
 def emit_landing(context: Any, task: Any, port: Any, arrivals: Arrivals, log: TaskLog, *, root: str,
                  out_dir: str, manifest: str | None = None, batch_id: str | None = None) -> bool:
-    """The landing directory's event, when anything arrived (nothing, or only repeats:
-    no event, logged).
-
-    :param context: the task's context.
-    :param task: the receiving task.
-    :param port: its landing outlet (:func:`landing_port`).
-    :param arrivals: what arrived.
-    :param root: for an alias, the asset's directory: the static root of the task's ``out_dir``
-        template (taken before rendering); ``""`` (all of it templated): the rendered ``out_dir``.
-    :param log: the task's logger.
-    :param out_dir: the rendered ``out_dir``, where this run's files went.
-    :param manifest: the batch's manifest, if one was written.
-    :param batch_id: the batch waited for, if any.
-    """
+    """The landing directory's event, when anything arrived (nothing, or only repeats: no
+    event, logged). For an alias, ``root`` (the static root of the ``out_dir`` template) is
+    the asset's directory, or the rendered ``out_dir`` when all of it is templated."""
     uri = getattr(port, "uri", None) or dir_uri(root or out_dir)
     if not arrivals.files:
         log.info("no asset event for %s: nothing new arrived (%d repeats of streams received before)",
@@ -208,10 +178,7 @@ def emit_landing(context: Any, task: Any, port: Any, arrivals: Arrivals, log: Ta
 
 def sent_extra(result: Mapping[str, Any]) -> dict[str, Any] | None:
     """The extra of a send's destination event, from the task's result (one file's
-    ``TransferResult`` JSON, or a batch's ``{"files", "totals"}``); None when nothing was sent.
-
-    :param result: the send task's return value.
-    """
+    ``TransferResult`` JSON, or a batch's ``{"files", "totals"}``); None when nothing was sent."""
     totals = result.get("totals")
     if isinstance(totals, Mapping):
         if not totals.get("files_sent") and not totals.get("files_already_sent"):

@@ -19,12 +19,7 @@ class TaskLog(Protocol):
 
 
 class LogProgress:
-    """A line every ``interval`` seconds with bytes, % and this try's recent MiB/s; the last line once.
-
-    :param log: the task's logger.
-    :param label: what moves, e.g. ``stream ID -> /queue/x``.
-    :param interval: seconds between lines before the last.
-    """
+    """A line every ``interval`` seconds with bytes, % and this try's recent MiB/s; the last line once."""
 
     def __init__(self, log: TaskLog, label: str, interval: float = 10.0) -> None:
         self.log, self.label = log, label
@@ -40,13 +35,7 @@ class LogProgress:
 
 class BatchLogProgress:
     """A line every ``interval`` seconds with files and MiB done of a many-file send and its
-    recent MiB/s (see :class:`~airflow_provider_amqstream.engine.progress.RecentRate`), and the line
-    of its last file.
-
-    :param log: the task's logger.
-    :param label: what moves, e.g. ``batch ID -> /queue/x``.
-    :param interval: seconds between lines before the last.
-    """
+    recent MiB/s, and the line of its last file."""
 
     def __init__(self, log: TaskLog, label: str, interval: float = 10.0) -> None:
         self.log, self.label, self.interval = log, label, interval

@@ -1,7 +1,5 @@
 """ReceiveStreamsOperator: drain a destination into a directory in one task, one connection;
-and what it shares with StreamCompleteSensor: the receiving task's arguments, assets,
-checks and engine options (the ReceivingTask mixin) and the report of the streams a
-receive gave up on (FailureReport)."""
+and what it shares with StreamCompleteSensor (ReceivingTask, FailureReport)."""
 
 from __future__ import annotations
 
@@ -15,9 +13,11 @@ from airflow_provider_amqstream.assets.files import static_root
 from airflow_provider_amqstream.hooks.amqstream import (
     DEFAULT_RECEIVE_BATCH,
     AmqStreamHook,
+    Destination,
     Drained,
     ReceiveOptions,
     StreamFailure,
+    validate_stream_id,
 )
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
@@ -36,11 +36,9 @@ if TYPE_CHECKING:
 
 
 class ReceivingTask:
-    """What the receiving tasks (:class:`ReceiveStreamsOperator`, ``StreamCompleteSensor``)
-    share: the receive arguments they keep, their assets, the checks of their destinations
-    and the engine options built from them. Mixed in before the Airflow base class, whose
-    ``task_id``, ``log``, ``inlets`` and ``outlets`` it uses.
-    """
+    """What the receiving tasks share: the receive arguments they keep, their assets, the
+    checks of their destinations and the engine options built from them. Mixed in before the
+    Airflow base class, whose ``task_id``, ``log``, ``inlets`` and ``outlets`` it uses."""
 
     source: str
     out_dir: str
@@ -65,13 +63,9 @@ class ReceivingTask:
                                 idle_timeout: float, overwrite: bool, max_bytes: int | None, quarantine: str | None,
                                 min_free_bytes: int | None, records_retention_days: float | None,
                                 file_asset_alias: str | None) -> None:
-        """Keep the receive arguments and declare the task's assets: the destination as
-        inlet, its landing directory as outlet (``landing_port``, named before ``out_dir`` is
-        rendered in place, for :func:`emit_landing`). Called in the task's ``__init__``, after
-        ``BaseOperator``'s.
-
-        The arguments are the task's own, documented there.
-        """
+        """Keep the receive arguments (the task's own, documented there) and declare the
+        destination as inlet, the landing directory as outlet (named before ``out_dir`` is
+        rendered). Called in the task's ``__init__``, after ``BaseOperator``'s."""
         self.records_retention_days = records_retention_days
         self.file_asset_alias = file_asset_alias
         self.landing_port = landing_port(out_dir, self, file_asset_alias)
@@ -84,19 +78,14 @@ class ReceivingTask:
 
     def _check_destinations(self) -> None:
         """Refuse, before any connection, a ``source`` or ``quarantine`` that names no destination."""
-        AmqStreamHook.check_destination(self.source)
+        Destination.parse(self.source)
         if self.quarantine:
-            AmqStreamHook.check_destination(self.quarantine)
+            Destination.parse(self.quarantine)
 
     def receive_options(self, *, wait: float, claim: str | None,
                         events: Callable[[str, dict[str, Any]], None] | None = None) -> ReceiveOptions:
-        """The engine's options for one receive of this task, from its arguments.
-
-        :param wait: seconds to wait for a stream to be offered.
-        :param claim: the task instance's claim on the streams it takes (see ``task_claim``).
-        :param events: called with (event name, data) as streams open, close and fail; every
-            event also becomes Airflow metrics (:mod:`~airflow_provider_amqstream.metrics`).
-        """
+        """The engine's options for one receive of this task: wait ``wait`` seconds for an
+        offer, take streams under ``claim``; every event goes to ``events`` and to metrics."""
 
         def on_event(kind: str, data: dict[str, Any]) -> None:
             metrics.emit(kind, data, destination=self.source)
@@ -156,12 +145,8 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
         to go through instead of its asset (resolved at run time: Airflow draws no link).
 
-    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is an inlet (the asset a
-    send to it through the same connection produces); the landing directory
-    ``file://<out_dir>`` (a templated one: its part before the first template) is the outlet,
-    with one event per run that received anything new (extra: the
-    rendered ``out_dir``, files, bytes, the manifest, the first stream ids). A run that
-    received nothing, or only repeats of streams published before, emits none.
+    Assets (README, *Assets and lineage*): the destination is an inlet, the landing directory
+    the outlet, with one event per run that received anything new.
     """
 
     template_fields: Sequence[str] = ("source", "out_dir", "batch_id", "batch_sender", "quarantine")
@@ -193,7 +178,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         self._check_destinations()
         if self.batch_id:
-            AmqStreamHook.check_stream_id(self.batch_id)
+            validate_stream_id(self.batch_id)
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
         failed = FailureReport(self.log)
@@ -219,10 +204,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
 
 class FailureReport:
     """The streams a receive gave up on (quarantined, or yielded their place), each logged
-    as it fails and kept for the task's result or XCom; receiving goes on without them.
-
-    :param log: the task's logger.
-    """
+    as it fails and kept for the task's result or XCom; receiving goes on without them."""
 
     def __init__(self, log: TaskLog) -> None:
         self.log = log

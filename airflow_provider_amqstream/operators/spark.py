@@ -37,40 +37,20 @@ def stream_to_parquet_job() -> str:
     return str(resources.files("airflow_provider_amqstream") / "spark" / "stream_to_parquet.py")
 
 
-def quiet_driver_log_conf() -> str:
-    """Path of the log4j2 configuration that keeps the Spark driver at WARN (and drops the
-    start-up warnings that say nothing about the job)."""
-    return str(resources.files("airflow_provider_amqstream") / "spark" / "log4j2.properties")
-
-
 def quiet_spark_conf(conf: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``conf`` plus driver Java options that load :func:`quiet_driver_log_conf`, unless
-    the caller set their own ``spark.driver.extraJavaOptions``.
-
-    Spark's INFO lines (about 220 per conversion) would otherwise all land in the task log.
-
-    :param conf: Spark properties the caller sets (kept as given).
-    """
+    """``conf`` plus driver Java options that load the shipped log4j2 configuration (driver at
+    WARN), unless the caller set their own ``spark.driver.extraJavaOptions``: Spark's INFO
+    lines (about 220 per conversion) would otherwise all land in the task log."""
+    log_conf = resources.files("airflow_provider_amqstream") / "spark" / "log4j2.properties"
     out = dict(conf or {})
-    out.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{quiet_driver_log_conf()}")
+    out.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_conf}")
     return out
 
 
-def without_noise(lines: Iterator[Any]) -> Iterator[Any]:
-    """spark-submit's output less the lines in :data:`SUBMIT_NOISE`.
-
-    :param lines: the output, line by line.
-    """
-    return (line for line in lines if not str(line).lstrip().startswith(SUBMIT_NOISE))
-
-
 def parquet_extra(output: str | None) -> dict[str, Any]:
-    """The extra of a Parquet outlet's event: the dataset directory this run wrote, and from
-    its one-dataset summary (small) the rows, columns and bytes; a batch's summary (a list
-    as long as the batch) is named, not read.
-
-    :param output: the job's ``--output``, rendered.
-    """
+    """The extra of a Parquet outlet's event: the dataset directory this run wrote (the job's
+    ``--output``), and from its one-dataset summary the rows, columns and bytes; a batch's
+    summary (a list as long as the batch) is named, not read."""
     if not output:
         return {}
     out = Path(output)
@@ -90,9 +70,9 @@ def parquet_extra(output: str | None) -> dict[str, Any]:
 
 class QuietSparkSubmitOperator(SparkSubmitOperator):
     """SparkSubmitOperator whose task log holds the job's own lines and Spark's warnings, not
-    Spark's start-up chatter: the driver logs through :func:`quiet_driver_log_conf` (unless
-    ``conf`` sets ``spark.driver.extraJavaOptions``), the lines no option turns off are
-    dropped, and the application is named :data:`APP_NAME` unless ``name`` is given.
+    Spark's start-up chatter: the driver logs through :func:`quiet_spark_conf`, the lines no
+    option turns off (:data:`SUBMIT_NOISE`) are dropped, and the application is named
+    :data:`APP_NAME` unless ``name`` is given.
 
     :param parquet_dir: the directory the job writes its datasets under, as written in the DAG
         (templated is fine): its static root, ``file:///...``, becomes an outlet asset, whose
@@ -133,15 +113,17 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
         # The hook logs every output line as it reads it (_process_spark_submit_log, which
         # also extracts driver and application ids): filtering what it reads keeps all that.
         process = hook._process_spark_submit_log
-        hook._process_spark_submit_log = lambda itr: process(self._by_level(without_noise(itr)))  # type: ignore[method-assign]
+        hook._process_spark_submit_log = lambda itr: process(self._by_level(itr))  # type: ignore[method-assign]
         return hook
 
     def _by_level(self, lines: Iterator[Any]) -> Iterator[Any]:
         """Spark's ERROR and WARN lines, and the job's data error, logged at their own level
-        (the hook logs every line at INFO); the rest passed on to the hook."""
+        (the hook logs every line at INFO); :data:`SUBMIT_NOISE` dropped; the rest passed on."""
         for line in lines:
             text = str(line).rstrip("\n")
             level = SPARK_LEVEL.match(text)
+            if text.lstrip().startswith(SUBMIT_NOISE):
+                continue
             if text.startswith(DATA_ERROR_MARK):
                 self._data_error = text
                 self.log.error("%s", text)
@@ -184,10 +166,8 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     The input path and SHA-256 are pulled at run time from ``sensor_task_id``'s XCom;
     the dataset goes to ``output_dir/<stream id>`` with a ``_amqstream_summary.json``.
     Runs on whatever master the Spark connection names (``local[*]``, ``spark://host:7077``,
-    ``yarn``...). Spark's driver logs at WARN (see :class:`QuietSparkSubmitOperator`); the
-    job prints one summary line. With the OpenLineage provider installed, the received file
-    is reported as the input and the dataset as the output. ``file://<output_dir>`` is the
-    task's outlet asset (its event names the dataset, with rows and bytes).
+    ``yarn``...), quiet as :class:`QuietSparkSubmitOperator`, with ``file://<output_dir>``
+    as its outlet asset.
 
     :param task_id: this task's id.
     :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.
@@ -197,14 +177,10 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     :param conn_id: the Spark connection.
     :param kwargs: passed to SparkSubmitOperator (``conf``, ``executor_memory``, ...).
     """
-    parts = ",".join(partition_by) if isinstance(partition_by, list) else partition_by
     pull = f"ti.xcom_pull(task_ids='{sensor_task_id}')"
     args = ["--input", "{{ " + pull + "['path'] }}",
             "--output", output_dir.rstrip("/") + "/{{ " + pull + "['stream_id'] }}",
-            "--sha256", "{{ " + pull + "['sha256'] }}",
-            "--format", input_format]
-    if parts:
-        args += ["--partition-by", parts]
+            "--sha256", "{{ " + pull + "['sha256'] }}", *_format_args(input_format, partition_by)]
     return StreamToParquetOperator(task_id=task_id, sensor_task_id=sensor_task_id,
                                    application=stream_to_parquet_job(), application_args=args,
                                    conn_id=conn_id, parquet_dir=output_dir, **kwargs)
@@ -226,9 +202,11 @@ def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str
     :param conn_id: the Spark connection.
     :param kwargs: passed to SparkSubmitOperator.
     """
-    parts = ",".join(partition_by) if isinstance(partition_by, list) else partition_by
-    args = ["--manifest", manifest, "--output", output_dir, "--format", input_format]
-    if parts:
-        args += ["--partition-by", parts]
+    args = ["--manifest", manifest, "--output", output_dir, *_format_args(input_format, partition_by)]
     return QuietSparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,
                                     conn_id=conn_id, parquet_dir=output_dir, **kwargs)
+
+
+def _format_args(input_format: str, partition_by: str | list[str]) -> list[str]:
+    parts = ",".join(partition_by) if isinstance(partition_by, list) else partition_by
+    return ["--format", input_format, *(["--partition-by", parts] if parts else [])]

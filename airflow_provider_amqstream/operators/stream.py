@@ -17,7 +17,9 @@ from airflow_provider_amqstream.hooks.amqstream import (
     MODES,
     AmqStreamHook,
     BulkResult,
+    Destination,
     SendOptions,
+    iter_files,
     parse_recipient,
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
@@ -70,10 +72,8 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         yet when the task starts, before failing (a broker that refuses the login fails at once).
     :param progress_interval: seconds between progress lines in the task log.
 
-    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is this task's outlet
-    (receivers of it through the same connection declare it as their inlet): one event per
-    successful send of at least one file (extra: stream id, bytes, SHA-256; for many files the
-    batch id and counts). A templated destination goes through an ``AssetAlias`` of the task.
+    Assets (README, *Assets and lineage*): the destination is the outlet, one event per send
+    of at least one file; a templated destination goes through an ``AssetAlias`` of the task.
     """
 
     template_fields: Sequence[str] = ("path", "destination", "stream_id", "name")
@@ -125,7 +125,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         src = Path(str(self.path))
         if not src.is_file():
             raise FileNotFoundError(f"{self.task_id}: {self.path} does not exist or is not a regular file")
-        AmqStreamHook.check_destination(self.destination)
+        Destination.parse(self.destination)
         stream_id = self.stream_id or hook.default_stream_id(
             src, self.destination, sealed=bool(options.seal_to or hook.broker_params().seal_to))
         progress = LogProgress(self.log, f"stream {stream_id} -> {self.destination}", self.progress_interval)
@@ -144,7 +144,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         if self.stream_id or self.name:
             raise ValueError(f"{self.task_id}: stream_id and name apply to one file; not with many")
         paths = [self.path] if isinstance(self.path, str) else list(self.path)
-        files = AmqStreamHook.iter_files(paths, recursive=self.recursive)
+        files = iter_files(paths, recursive=self.recursive)
         ti = context.get("ti")
         batch_id = task_batch_id(hook, ti, self.task_id)
         ledger = BatchLedger(context, batch_id)
@@ -168,14 +168,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
 
 def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, window: int | None,
                          compression: str | None) -> None:
-    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task.
-
-    :param task_id: the task the arguments belong to.
-    :param mode: ``stream`` or ``atomic``.
-    :param chunk_size: bytes per chunk, or None for the connection's.
-    :param window: chunks per broker confirmation, or None for the connection's.
-    :param compression: ``auto``, a chunk encoding, ``none``, or None for the connection's.
-    """
+    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task."""
     if mode not in MODES:
         raise ValueError(f"{task_id}: mode must be one of {list(MODES)}, got {mode!r}")
     if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
@@ -188,22 +181,14 @@ def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, win
 
 
 def names_one_file(path: str | list[str]) -> bool:
-    """Whether ``path`` is one file (not a list, a glob pattern or a directory).
-
-    :param path: the operator's ``path``, rendered.
-    """
+    """Whether ``path`` (rendered) is one file, not a list, a glob pattern or a directory."""
     return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
 
 
 def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
     """The batch id of a many-file send: the same for every try of the task instance, so a
     retry finds the ledger of what earlier tries sent; keyed by the connection's secret, so
-    another user who knows the dag, task and run cannot announce it first.
-
-    :param hook: the hook of the send's connection.
-    :param ti: the task instance (None outside a task).
-    :param task_id: the task's id.
-    """
+    another user who knows the dag, task and run cannot announce it first."""
     return hook.derive_batch_id(
         f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
 
@@ -216,12 +201,6 @@ def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: Ta
 
     If any file failed, the result is pushed as XCom ``partial_result`` instead and the task
     fails naming the first few.
-
-    :param bulk: what the send did.
-    :param batch_id: the send's batch id.
-    :param task_id: the task's id, for the error.
-    :param ti: the task instance (None outside a task).
-    :param log: the task's logger.
     """
     totals = bulk.totals()
     log.info("batch %s: %d files sent, %d sent before, %d failed; %d bytes in %.1fs (%.1f files/s)",

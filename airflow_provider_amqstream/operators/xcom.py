@@ -14,20 +14,13 @@ MAX_XCOM_FILES = 1000
 
 def listed(files: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     """What XCom ``files`` holds: ``files`` when they are all ``count`` files and at most
-    :data:`MAX_XCOM_FILES`, else nothing (the totals and ``files_list`` say the rest).
-
-    :param files: the records kept (the first ones).
-    :param count: how many files there were in all.
-    """
+    :data:`MAX_XCOM_FILES`, else nothing (the totals and ``files_list`` say the rest)."""
     return files if len(files) == count <= MAX_XCOM_FILES else []
 
 
 def iter_result_files(result: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """Every file of a many-file result: its ``files`` when they are all listed, else read
-    one at a time from its ``files_list`` (empty if that file is gone, e.g. on another worker).
-
-    :param result: a task's XCom (``files``, ``files_listed``, ``files_list``).
-    """
+    one at a time from its ``files_list`` (empty if that file is gone, e.g. on another worker)."""
     if result.get("files_listed", True) or not result.get("files_list"):
         yield from (f for f in result.get("files") or [] if isinstance(f, dict))
         return

@@ -74,7 +74,6 @@ _T = TypeVar("_T")
 _MARKS: OrderedDict[tuple[str, str], dict[str, tuple[int, float]]] = OrderedDict()
 _MAX_MARKS = 64
 _MARKS_LOCK = threading.Lock()
-CONN_TYPES = ("amqstream", "stomp", "amqstream+ssl", "stomp+ssl")
 
 app = FastAPI(title="ActiveMQ streams", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -137,7 +136,7 @@ def connection_ids() -> list[str]:
             fields = connection.parse_connection(value, conn_id, name)
         except (AmqStreamError, ValueError):
             continue
-        if str(fields.conn_type or "").lower() in CONN_TYPES:
+        if str(fields.conn_type or "").lower() in connection.SCHEMES:
             found.append(conn_id)
     try:
         from airflow.models.connection import Connection
@@ -145,7 +144,8 @@ def connection_ids() -> list[str]:
         from sqlalchemy import select
 
         with create_session() as session:
-            found += list(session.scalars(select(Connection.conn_id).where(Connection.conn_type.in_(CONN_TYPES))))
+            found += list(session.scalars(select(Connection.conn_id).where(
+                Connection.conn_type.in_(list(connection.SCHEMES)))))
     except Exception as exc:  # no metadata database here: the variables are all there is
         log.warning("amqstream connections in the metadata database not listed: %s", exc)
     return sorted(set(found))
@@ -233,24 +233,16 @@ async def show(request: Request, conn_id: str, destination: str, stream_id: str)
                             f"looking at stream {stream_id} on {destination}")
 
 
-def _action_args(body: Any) -> tuple[str, str, str]:
-    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) and body.get(k) for k in (
-            "conn_id", "destination", "stream_id")):
-        raise HTTPException(422, "send JSON {conn_id, destination, stream_id}")
-    return body["conn_id"], body["destination"], body["stream_id"]
-
-
-def _json_only(request: Request) -> None:
-    # A cross-site form can only send form or text bodies; JSON needs a script of this origin.
-    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-        raise HTTPException(415, "send the action as application/json")
-
-
 async def _action(request: Request, body: Any, verb: str) -> tuple[str, str, str]:
     """An action's (connection, destination, stream id), once its caller may edit the
     connection; logged with who asked."""
-    _json_only(request)
-    conn_id, destination, stream_id = _action_args(body)
+    # A cross-site form can only send form or text bodies; JSON needs a script of this origin.
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(415, "send the action as application/json")
+    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) and body.get(k) for k in (
+            "conn_id", "destination", "stream_id")):
+        raise HTTPException(422, "send JSON {conn_id, destination, stream_id}")
+    conn_id, destination, stream_id = body["conn_id"], body["destination"], body["stream_id"]
     user = await _allowed(request, conn_id, "PUT")
     log.info("%s of stream %s on %s through %s asked by %s", verb, stream_id, destination, conn_id,
              getattr(user, "get_name", lambda: "?")())

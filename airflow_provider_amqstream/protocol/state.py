@@ -124,7 +124,7 @@ class ReceiverState:
     duplicates: int = 0
     written: set[int] = field(default_factory=set)
     # A sealed stream's chunk opener (seal.Seal.opener); never saved: the key comes from the offer.
-    opener: Callable[[int, bytes | memoryview, Mapping[str, Any]], bytes] | None = field(
+    opener: Callable[[int, bytes | memoryview, Mapping[str, Any]], bytes | memoryview] | None = field(
         default=None, compare=False, repr=False)
 
     @from_the_wire
@@ -155,15 +155,15 @@ class ReceiverState:
         if self.has(seq) or seq in self.written:
             self.duplicates += 1
             return Decision(Verdict.DUPLICATE, seq, offset)
-        crc = int_header(headers, H_CRC, sid, hi=0xFFFFFFFF)
-        if crc32(body) != crc:
+        # A sealed chunk carries no CRC-32: its seal's tag refuses what the CRC would.
+        if self.opener is None and crc32(body) != int_header(headers, H_CRC, sid, hi=0xFFFFFFFF):
             return Decision(Verdict.CORRUPT, seq, offset,
                             f"chunk {seq} at offset {offset} failed its CRC-32 check")
         return self._opened(seq, offset, length, headers, body)
 
     def _opened(self, seq: int, offset: int, length: int, headers: Mapping[str, Any],
                 body: bytes | memoryview) -> Decision:
-        """A chunk that passed its CRC: opened (sealed stream), decoded, its length checked."""
+        """A chunk that passed its CRC (unsealed): opened (sealed), decoded, its length checked."""
         encoding = headers.get(H_ENCODING)
         if self.opener is not None:
             try:

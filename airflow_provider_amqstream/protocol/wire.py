@@ -118,8 +118,9 @@ def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | No
                  seal: Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]] | None = None,
                  ) -> tuple[dict[str, str], bytes]:
     """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
-    corruption is caught before anything is decompressed (or opened). ``seal`` (seal.py's
-    ``Seal.sealer``) seals the encoded body, binding its encoding, and adds its nonce header."""
+    corruption is caught before anything is decompressed. ``seal`` (seal.py's ``Seal.sealer``)
+    seals the encoded body, binding its encoding, and adds its nonce header instead of the
+    CRC-32: the seal's tag refuses all a CRC would, and each end saves ~0.1 CPU-s per GiB."""
     offset, length = spec.chunk_span(seq)
     if len(body) != length:
         raise LocalProtocolError(
@@ -131,9 +132,8 @@ def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | No
     if seal is not None:
         wire, sealed = seal(seq, wire, encoding)
     h = _base(spec, hdr.Kind.DATA)
-    h.update(sealed)
-    h.update({hdr.H_SEQ: str(seq), hdr.H_GROUP_SEQ: str(seq), hdr.H_OFFSET: str(offset),
-              hdr.H_CRC: str(crc32(wire))})
+    h.update(sealed or {hdr.H_CRC: str(crc32(wire))})
+    h.update({hdr.H_SEQ: str(seq), hdr.H_GROUP_SEQ: str(seq), hdr.H_OFFSET: str(offset)})
     if encoding:
         h[hdr.H_ENCODING] = encoding
     return h, wire

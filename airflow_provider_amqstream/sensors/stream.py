@@ -1,10 +1,4 @@
-"""StreamCompleteSensor: receive, verify and publish one stream.
-
-The sensor reads as its parameters, its checks, poke/execute and the deferral. Below it,
-taking the stream (:func:`take_stream`: the one an earlier try received, or the next
-offered, and the XComs and asset events that report it) and the time a deferral may
-still wait (:func:`timeout_left`).
-"""
+"""StreamCompleteSensor: receive, verify and publish one stream."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult
+from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult, validate_stream_id
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import Arrivals, emit_landing
@@ -62,12 +56,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
         to go through instead of its asset (resolved at run time: Airflow draws no link).
 
-    Assets: the destination, ``amqstream://<conn id>/queue/NAME``, is an inlet (the asset a
-    send to it through the same connection produces); the landing directory
-    ``file://<out_dir>`` (a templated one: its part before the first template) is the outlet,
-    with one event per stream that arrived (extra: stream id, path, bytes,
-    SHA-256, and the files of its pack). A stream received before (a re-run for the same
-    ``stream_id``, a repeat) emits none.
+    Assets (README, *Assets and lineage*): the destination is an inlet, the landing directory
+    the outlet, with one event per stream that arrived (none for a stream received before).
 
     Small files of a many-file send travel packed, and a pack is received whole: a sensor
     that takes one then returns its first stream, and reports the others (published and
@@ -104,7 +94,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     def _validate(self) -> None:
         self._check_destinations()
         if self.stream_id:
-            AmqStreamHook.check_stream_id(self.stream_id)
+            validate_stream_id(self.stream_id)
 
     def poke(self, context: Any) -> PokeReturnValue:
         self._validate()
@@ -148,16 +138,11 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
             return None
         return result.to_json()
 
-
     def take_stream(self, context: Any, wait: float) -> TransferResult | None:
         """This try's stream: the one ``out_dir`` already holds for this task, else the next
         one offered within ``wait`` seconds (None when none was). Kept for lineage and, if
         it arrived for this task instance, announced as the landing directory's asset event
-        with the other files of its pack, which are also reported as XCom ``also_received``.
-
-        :param context: the task's execution context.
-        :param wait: seconds to wait for an offer.
-        """
+        with the other files of its pack, which are also reported as XCom ``also_received``."""
         claim = task_claim(context)
         hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         done = self.already_received(hook, claim)
@@ -167,7 +152,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         self._amqstream_result = got[0].to_json()
         # A stream this task instance took (now, or in a try that did not report success)
         # arrived for it; one found received before by anyone else is no arrival.
-        ours = done is None or not self.stream_id or self.claimed_by(hook, claim, done.stream_id)
+        ours = done is None or not self.stream_id or any(
+            r.get("stream_id") == done.stream_id for r in self.claimed(hook, claim))
         emit_landing(context, self, self.landing_port,
                      Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)), self.log,
                      root=self.landing_root, out_dir=self.out_dir)
@@ -183,11 +169,6 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         Publishes on the way, as XCom, the offset a resumed stream starts at
         (``resume_offset``) and the other streams on the destination that failed meanwhile
         (``failed_streams``).
-
-        :param hook: the hook of this poke.
-        :param context: the task's execution context.
-        :param wait: seconds to wait for an offer.
-        :param claim: the task instance's claim (see ``task_claim``).
         """
         ti = context.get("ti")
 
@@ -213,16 +194,9 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
                           got[0].bytes, got[0].sha256)
         return got
 
-    def claimed_by(self, hook: AmqStreamHook, claim: str | None, stream_id: str) -> bool:
-        """Whether ``claim`` (this task instance) took ``stream_id`` in ``out_dir``.
-
-        :param hook: the hook of this poke.
-        :param claim: the task instance's claim (see ``task_claim``).
-        :param stream_id: the stream.
-        """
-        claimed = hook.claimed(self.out_dir, str(claim), records_retention_days=self.records_retention_days) \
-            if claim else []
-        return any(r.get("stream_id") == stream_id for r in claimed)
+    def claimed(self, hook: AmqStreamHook, claim: str | None) -> list[dict[str, Any]]:
+        """The records of the streams ``claim`` (this task instance) took in ``out_dir``, oldest first."""
+        return hook.claimed(self.out_dir, claim, records_retention_days=self.records_retention_days) if claim else []
 
     def already_received(self, hook: AmqStreamHook, claim: str | None) -> TransferResult | None:
         """The stored result if ``out_dir`` already holds this task's stream, else None.
@@ -232,17 +206,12 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         earlier try of this task instance received (its offer was acknowledged, so the
         retry would otherwise wait for a new one and the received file would never reach
         the tasks downstream).
-
-        :param hook: the hook of this poke.
-        :param claim: the task instance's claim (see ``task_claim``).
         """
         if self.stream_id:
             record = hook.received(self.out_dir, self.stream_id, records_retention_days=self.records_retention_days)
             why = "was already received"
         else:
-            days = self.records_retention_days
-            claimed = hook.claimed(self.out_dir, claim, records_retention_days=days) if claim else []
-            record = claimed[0] if claimed else None
+            record = next(iter(self.claimed(hook, claim)), None)
             why = "was received by an earlier try of this task"
         if record is None:
             return None
@@ -256,14 +225,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
 
 
 def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
-    """Report the other files of the pack a sensor's stream came in (a many-file send packs
-    small files): on disk and recorded like that stream, so they are reported, as XCom
-    ``also_received``, not left for nobody to find.
-
-    :param others: the pack's other streams.
-    :param ti: the task instance (None outside a task).
-    :param log: the task's logger.
-    """
+    """Report the other files of the pack a sensor's stream came in (on disk and recorded
+    like that stream) as XCom ``also_received``, so they are not left for nobody to find."""
     for other in others:
         log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
     if ti is not None:
@@ -272,11 +235,7 @@ def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
 
 def timeout_left(timeout: timedelta | float | None, context: Any) -> float | None:
     """Seconds a deferral may wait: the sensor's ``timeout`` less what this try has run
-    (at least 1), or None for no limit.
-
-    :param timeout: the sensor's ``timeout``.
-    :param context: the task's execution context (its ``ti.start_date``).
-    """
+    (``ti.start_date``; at least 1), or None for no limit."""
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     left = float(seconds) if isinstance(seconds, (int, float)) else None
     # The sensor's timeout counts from the start of this try, not from each deferral:

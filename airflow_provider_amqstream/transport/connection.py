@@ -55,13 +55,8 @@ REFUSAL_GRACE = 2.0
 
 
 class FastTransport(Transport):
-    """stomp.py's transport with a linear-time frame reader.
-
-    stomp.py 9.0 appends each socket read to an immutable buffer and rescans it from
-    the start whenever a read contains a NUL byte, so reading a binary frame costs the
-    square of its size (a 16 MiB body takes ~0.7 s). Here a frame's header is parsed
-    once, and on a blocking socket its body is read with ``recv_into`` straight into a
-    buffer of its content-length: one copy, no rescans.
+    """stomp.py's transport with a linear-time frame reader (why: transport/frames.py); on a
+    blocking socket a body is read with ``recv_into`` straight into a buffer of its size.
 
     :param hosts: (host, port) pairs tried in order.
     :param timeout: seconds one host may take to accept the TCP connection and, with TLS,
@@ -248,7 +243,6 @@ class FastTransport(Transport):
             raise stomp_exc.ConnectionClosedException()
         del buf[:1]
 
-
     # Body buffers kept for reuse: a receiver holds a few chunks at a time (Inbox.HIGH_WATER).
     _SPARE_BODIES = 4
 
@@ -268,14 +262,8 @@ class FastTransport(Transport):
 
 
 class Connection12(BaseConnection, Protocol12):
-    """StompConnection12 built on :class:`FastTransport`.
-
-    :param hosts: (host, port) pairs tried in order.
-    :param heartbeats: the STOMP heart-beat intervals offered and wanted, in milliseconds.
-    :param timeout: how long one host may take to accept the TCP connection (and to complete
-        the TLS handshake), in seconds.
-    :param tls: speak TLS to every host with this context; None for plain TCP.
-    """
+    """StompConnection12 built on :class:`FastTransport` (its ``hosts``, ``timeout`` and ``tls``);
+    ``heartbeats`` in milliseconds."""
 
     def __init__(self, hosts: list[tuple[str, int]], heartbeats: tuple[int, int], timeout: float,
                  tls: ssl.SSLContext | None = None) -> None:
@@ -315,10 +303,7 @@ class Connection12(BaseConnection, Protocol12):
 def tls_context(params: BrokerParams) -> ssl.SSLContext:
     """The client TLS context for ``params``: the broker's certificate chain is always
     verified (against ``ca_file``, else the system's CAs); its host name unless
-    ``check_hostname`` is off. Raises :class:`TransportError` naming a file it cannot use.
-
-    :param params: the connection settings (``ca_file``, ``cert_file``, ``key_file``, ``check_hostname``).
-    """
+    ``check_hostname`` is off. Raises :class:`TransportError` naming a file it cannot use."""
     p = params
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname on
     try:
@@ -349,12 +334,8 @@ def _reason(exc: BaseException) -> str:
 def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -> Connection12:
     """A STOMP 1.2 connection to the first of ``params.hosts`` that accepts us, its frames
     going to ``inbox``; raises :class:`TransportError` saying why none did
-    (:class:`BrokerUnreachable` when no broker answered at all).
-
-    :param params: where and how to connect.
-    :param inbox: the connection's listener.
-    :param client_id: a name the broker logs for this connection.
-    """
+    (:class:`BrokerUnreachable` when no broker answered at all); ``client_id`` is the name the
+    broker logs."""
     p = params
     conn = Connection12(list(p.hosts), (p.heartbeat_ms, p.heartbeat_ms), p.connect_timeout,
                         tls=tls_context(p) if p.tls else None)
@@ -396,11 +377,7 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
 
 
 def unreachable_reason(params: BrokerParams, tcp_errors: list[str]) -> str:
-    """Why no broker answered: no host accepted a TCP connection.
-
-    :param params: where we tried to connect.
-    :param tcp_errors: why each host's TCP connect failed.
-    """
+    """Why no broker answered: no host accepted a TCP connection (each host's error)."""
     why = f" ({'; '.join(tcp_errors)[:400]})" if tcp_errors else ""
     return (f"cannot reach any broker at {params.url}{why}. Is it running? `amqstream broker start` starts "
             "the embedded one.")
@@ -409,13 +386,8 @@ def unreachable_reason(params: BrokerParams, tcp_errors: list[str]) -> str:
 def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str] | None = None, *,
                    elapsed: float | None = None) -> str:
     """Why a broker that accepted TCP did not take us: its ERROR frames if it sent any, else
-    a TLS handshake that failed, else a STOMP handshake that never completed.
-
-    :param params: where we tried to connect.
-    :param errors: the texts of the ERROR frames the broker sent.
-    :param tls_errors: why each host's TLS handshake failed, if TLS was asked for.
-    :param elapsed: seconds the STOMP handshake was waited for (default: the connect timeout).
-    """
+    a TLS handshake that failed, else a STOMP handshake that never completed (waited
+    ``elapsed`` seconds, default the connect timeout)."""
     p = params
     errs = "; ".join(errors)
     if errs:
@@ -435,10 +407,7 @@ def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str
 
 
 def quiet_close(conn: Connection12) -> None:
-    """Close ``conn`` as far as it goes; a failure is logged (at debug), not raised.
-
-    :param conn: the connection.
-    """
+    """Close ``conn`` as far as it goes; a failure is logged (at debug), not raised."""
     try:
         if conn.is_connected():
             conn.disconnect()

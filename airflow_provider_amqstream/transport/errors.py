@@ -20,10 +20,7 @@ if TYPE_CHECKING:
 
 def error_text(frame: Frame) -> str:
     """An ERROR frame as one line: its ``message`` header, and the first line of its body
-    where that adds something.
-
-    :param frame: the broker's ERROR frame.
-    """
+    where that adds something."""
     body = frame.body.decode("utf-8", "replace") if isinstance(frame.body, bytes) else str(frame.body)
     msg = str(frame.headers.get("message", ""))
     detail = body.strip().splitlines()[0][:300] if body.strip() else ""
@@ -33,11 +30,8 @@ def error_text(frame: Frame) -> str:
 
 
 def access_denied(params: BrokerParams, errors: list[str]) -> AccessDenied | None:
-    """The broker's refusal of a destination to this user, if ``errors`` hold one.
-
-    :param params: the session's settings (the broker's URL and the user are named).
-    :param errors: the texts of the ERROR frames received so far.
-    """
+    """The broker's refusal of a destination to this user, if ``errors`` (the ERROR frames'
+    texts so far) hold one."""
     denied = [e for e in errors if "not authorized" in e.lower()]
     if not denied:
         return None
@@ -63,11 +57,7 @@ def _quarantine_full(params: BrokerParams, many: str, dest: str, owner: str) -> 
 
 def cap_refusal(params: BrokerParams, text: str) -> DestinationFull:
     """ActiveMQ's refusal of a destination past a user's cap (``text``), said as what it caps:
-    a sender's data queues or its quarantine destinations.
-
-    :param params: the session's settings (the broker's URL and user are named).
-    :param text: the broker's message.
-    """
+    a sender's data queues or its quarantine destinations."""
     # ActiveMQ says: "The maxmimum number of destinations allowed (N) for the policy
     # queue://NAME.amqs.USER.> has already been reached."
     m = re.search(r"allowed \((\d+)\) for the policy (queue|topic)://(\S+?)\.amqs\.([^.\s]+)", text)
@@ -85,11 +75,7 @@ def cap_refusal(params: BrokerParams, text: str) -> DestinationFull:
 
 def reported(params: BrokerParams, errors: list[str]) -> TransportError:
     """The broker's ERROR frames as one exception (each refused message brings its own
-    frame with the same text: it is said once).
-
-    :param params: the session's settings (the broker's URL is named).
-    :param errors: the texts of the ERROR frames received so far.
-    """
+    frame with the same text: it is said once)."""
     errors = list(dict.fromkeys(errors))
     capped = next((cap_refusal(params, e) for e in errors if "number of destinations allowed" in e), None)
     if capped is not None:

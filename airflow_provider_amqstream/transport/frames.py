@@ -21,13 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class FrameParser:
-    """STOMP frames out of the bytes a connection received, in linear time and bounded.
-
-    The transport appends each socket read to :attr:`buf` and calls :meth:`extract`. A
-    frame's header is parsed once; a large body is left to the transport to read straight
-    from its socket. Anything malformed, or a ``content-length`` over the cap, raises
-    stomp.py's ``ConnectionClosedException``, which ends the connection.
-    """
+    """STOMP frames out of the bytes the transport appends to :attr:`buf`, taken by
+    :meth:`extract`. Anything malformed, or a ``content-length`` over the cap, raises
+    stomp.py's ``ConnectionClosedException``, which ends the connection."""
 
     _MAX_HEADER = 64 * 1024
     # The shipped broker refuses frames over 9 MiB (maxDataLength); an external one may

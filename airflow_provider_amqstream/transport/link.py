@@ -1,10 +1,8 @@
 """The seam under the engine: what it needs from a connection to a broker, and how it gets one.
 
-The engine speaks to a :class:`Link` only. :func:`open_link` hands it the STOMP one
-(:class:`~airflow_provider_amqstream.transport.session.StompLink`) for a real broker, or
-the in-memory one (:mod:`~airflow_provider_amqstream.transport.memory`) when the settings
-name a ``memory`` backend: the engine's logic then runs in unit tests in milliseconds, and
-the real broker tests prove the wiring.
+The engine speaks to a :class:`Link` only: the STOMP one for a real broker, or the in-memory
+one (:mod:`~airflow_provider_amqstream.transport.memory`) when the settings name a ``memory``
+backend, so the engine's logic runs in unit tests in milliseconds.
 """
 
 from __future__ import annotations
@@ -76,11 +74,8 @@ class Link(Protocol):
 
 
 def open_link(params: BrokerParams, *, client_id: str | None = None) -> Link:
-    """A link for ``params`` (not yet open: use it as a context manager, or call ``open``).
-
-    :param params: where and how to connect; ``params.backend`` picks the implementation.
-    :param client_id: a name the broker logs for this connection.
-    """
+    """A link for ``params`` (``params.backend`` picks the implementation), not yet open: use
+    it as a context manager, or call ``open``."""
     if params.backend == "memory":
         from airflow_provider_amqstream.transport.memory import MemoryLink
 

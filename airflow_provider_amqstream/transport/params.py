@@ -1,9 +1,7 @@
 """How to reach the broker(s): connection settings built from an Airflow connection's fields.
 
-Plain data and parsing, no stomp.py and no I/O, so that :mod:`~airflow_provider_amqstream.hooks.connection`
-(and the command line's start-up through it) can build settings without loading the transport.
-Turning a URI or JSON text into fields is :mod:`~airflow_provider_amqstream.hooks.connection`'s job
-(``parse_uri``), and only its: two parsers disagreed about TLS before.
+Plain data and parsing, no stomp.py and no I/O, so that the command line's start-up can
+build settings without loading the transport.
 """
 
 from __future__ import annotations
@@ -34,13 +32,8 @@ def parse_flag(value: Any, name: str, default: bool, where: str | None = None) -
     """A true/false connection extra.
 
     Unset (None) is ``default``. Anything not clearly true or false is an error, never False:
-    read leniently, ``tls=maybe`` or ``tls=ture`` would mean plain text.
-
-    :param value: the extra's value: a bool, 0 or 1, or a string (true/false, 1/0, yes/no, on/off).
-    :param name: the extra's name, for the error message.
-    :param default: the value when unset.
-    :param where: names the connection in the error message.
-    """
+    read leniently, ``tls=maybe`` or ``tls=ture`` would mean plain text. Accepted: a bool, 0
+    or 1, true/false, 1/0, yes/no, on/off."""
     if value is None:
         return default
     if isinstance(value, bool):
@@ -118,17 +111,9 @@ class BrokerParams:
     def from_parts(cls, host: str | None, port: int | None, login: str | None,
                    password: str | None, extra: Mapping[str, Any] | None, *, tls_scheme: bool = False,
                    where: str | None = None) -> BrokerParams:
-        """Build from Airflow connection fields: ``host`` may list ``h1,h2:61614``.
-
-        :param host: the broker host, or several, comma-separated, each with an optional port.
-        :param port: the port of hosts that name none.
-        :param login: the STOMP user.
-        :param password: the STOMP password.
-        :param extra: the connection's extra, decoded (see ``provider_info.CONN_FIELDS``).
-        :param tls_scheme: the connection's scheme means TLS (``stomp+ssl``); an extra ``tls``
-            that says false then is a contradiction, refused.
-        :param where: names the connection in error messages (never its password).
-        """
+        """Build from Airflow connection fields: ``host`` may list ``h1,h2:61614`` (``port`` for
+        hosts that name none). With ``tls_scheme`` (``stomp+ssl``), an extra ``tls`` that says
+        false is a contradiction, refused."""
         at = _at(where)
         extra = dict(extra or {})
         default_port = int(port or extra.get("port") or DEFAULT_PORT)
@@ -184,14 +169,8 @@ class BrokerParams:
         )
 
 
-
-
 def extra_list(extra: Mapping[str, Any], key: str) -> list[str]:
-    """A connection extra holding a list: a JSON list, or a comma-separated string.
-
-    :param extra: the connection's extra, decoded.
-    :param key: the extra's name.
-    """
+    """A connection extra holding a list: a JSON list, or a comma-separated string."""
     value = extra.get(key)
     if value in (None, ""):
         return []
@@ -218,11 +197,7 @@ def _seal_policy(value: Any, at: str) -> bool:
 def _compression(extra: Mapping[str, Any], at: str) -> str | None:
     """The extra's ``compression``: the default (:data:`DEFAULT_COMPRESSION`) when the key is
     absent or empty; ``none`` or a null value is none (the connection form saves its choice
-    "none" as null).
-
-    :param extra: the connection's extra.
-    :param at: names the connection in the error.
-    """
+    "none" as null)."""
     if "compression" not in extra or extra["compression"] == "":
         return normalise_compression(DEFAULT_COMPRESSION)
     value = extra["compression"]
@@ -246,12 +221,8 @@ def _at_least_zero(name: str, value: float | None, at: str) -> float | None:
 
 
 def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:
-    """Whether a connection speaks TLS; refuses every setting that leaves it unclear.
-
-    :param extra: the connection's extra.
-    :param tls_scheme: the scheme alone asks for TLS.
-    :param where: names the connection in error messages.
-    """
+    """Whether a connection speaks TLS (``tls_scheme``: its scheme alone asks for it);
+    refuses every setting that leaves it unclear."""
     at = _at(where)
     for key in extra:
         if key != "tls" and _TLS_LOOKALIKE.fullmatch(str(key).strip().lower().replace("-", "_")):

@@ -41,11 +41,8 @@ def transient(exc: BaseException, *, reached: bool, wait_at_start: bool = True) 
     not ``wait_at_start``) or is full (:class:`DestinationFull`); or any other transport failure
     once the broker was reached (a broker restarting refuses us for a moment). Never an
     :class:`AccessDenied`, nor a broker that answered and refused us before we ever got in (a
-    wrong password, a port that does not speak STOMP).
-
-    :param exc: what the attempt raised.
-    :param reached: a connection to the broker opened before.
-    :param wait_at_start: wait for a broker never reached (senders), or fail at once (receivers).
+    wrong password, a port that does not speak STOMP). ``reached``: a connection opened
+    before; ``wait_at_start``: wait for a broker never reached (senders), or not (receivers).
     """
     if isinstance(exc, AccessDenied) or not isinstance(exc, TransportError):
         return False
@@ -61,12 +58,8 @@ class Reconnect:
 
     A failure the same as the last one is logged at most every :data:`REPEAT_LOG_INTERVAL`
     seconds at WARNING (debug otherwise): a broker down for the whole timeout would put a line
-    in the log every 5 s saying the same thing.
-
-    :param what: what is being done, for the messages ("sending stream s to /queue/q").
-    :param url: the broker's URL, for the messages.
-    :param timeout: seconds of failing before giving up.
-    :param wait_at_start: see :func:`transient`.
+    in the log every 5 s saying the same thing. ``what`` ("sending stream s to /queue/q") and
+    ``url`` name the work and the broker in the messages.
     """
 
     REPEAT_LOG_INTERVAL = 30.0

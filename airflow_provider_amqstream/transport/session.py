@@ -1,10 +1,8 @@
 """STOMP 1.2 session over stomp.py: one inbox listener, receipts, subscriptions.
 
-Nothing here knows about streams or files. It gives the engine four things:
-``send`` (optionally with a receipt), ``wait_receipt``, ``subscribe``/``ack`` and
-``get`` (the next message, with a timeout). A dropped connection surfaces as
-:class:`ConnectionLost` from any of them; the engine reconnects and resumes from
-its durable state, so reconnect and crash recovery are the same code path.
+Nothing here knows about streams or files. A dropped connection surfaces as
+:class:`ConnectionLost` from any call; the engine reconnects and resumes from its durable
+state, so reconnect and crash recovery are the same code path.
 """
 
 from __future__ import annotations
@@ -31,9 +29,7 @@ _Session = TypeVar("_Session", bound="StompSession")
 class StompSession:
     """One STOMP 1.2 session with the broker: connecting, the broker's refusals as
     exceptions, and sending with receipts. :class:`StompLink` adds subscriptions.
-
-    :param params: where and how to connect.
-    :param client_id: a name the broker logs for this connection.
+    ``client_id`` is the name the broker logs for this connection.
     """
 
     def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
@@ -144,12 +140,8 @@ class StompSession:
 
 
 class StompLink(StompSession):
-    """One STOMP 1.2 session with the broker, with subscriptions: subscribe, ack and get.
-    Not thread-safe; one per sender/receiver.
-
-    :param params: where and how to connect.
-    :param client_id: a name the broker logs for this connection.
-    """
+    """A :class:`StompSession` with subscriptions: subscribe, ack and get. Not thread-safe;
+    one per sender/receiver."""
 
     def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
         super().__init__(params, client_id=client_id)

@@ -429,13 +429,14 @@ class ReceiveSession:
     def _take_batch(self, offer: Any, sid: str) -> StreamError | None:
         """Record one part of a batch list (opened first if sealed); a part that does not fit
         gives way as a stream would."""
-        body: bytes | None = bytes(offer.body or b"")
         try:
             if offer.headers.get(seal.H_SEAL):
                 body = bw.open_batch_part(offer.headers, offer.body or b"", list(self.opts.identities))
             elif self.opts.seal_required:
                 return self._quarantine(offer, sid, Outcome.UNSEALED, f"batch list {sid} is not sealed, and this "
                                         "receiver requires sealed streams (seal: required); nothing was recorded")
+            else:
+                body = bytes(offer.body or b"")
             if body is None:
                 held = ", ".join(i.source for i in self.opts.identities) or "none"
                 return self._quarantine(offer, sid, Outcome.NO_KEY, f"batch list {sid} is sealed for keys this "
