@@ -83,13 +83,12 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
     """
     sdir = StateDir(out_dir)
     try:
-        names = sorted(e.name for e in os.scandir(sdir) if e.name.endswith(".part"))
+        ids = sdir.partial_ids()
     except (FileNotFoundError, NotADirectoryError):
         return []
     held = held_inodes()
     out = []
-    for name in names:
-        sid = name[: -len(".part")]
+    for sid in ids:
         try:
             validate_stream_id(sid)
             st = os.stat(sdir.part(sid), follow_symlinks=False)

@@ -51,6 +51,12 @@ class StateDir:
         """A stream's partial data."""
         return self.path / f"{stream_id}.part"
 
+    def partial_ids(self) -> list[str]:
+        """The streams with partial data here, in the order of their files' names (raises
+        ``FileNotFoundError`` without a directory)."""
+        names = sorted(e.name for e in os.scandir(self.path) if e.name.endswith(".part"))
+        return [name[: -len(".part")] for name in names]
+
     def resume(self, stream_id: str) -> Path:
         """A stream's resume state, beside its partial data."""
         return self.path / f"{stream_id}.json"
