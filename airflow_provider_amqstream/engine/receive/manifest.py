@@ -1,21 +1,20 @@
 """Batch manifests on the receiving side: once every file a sender's batch message lists
 is published in this output directory, write the batch's manifest.
 
-Everything here lives under the state directory, where no name a sender chooses can land
-(a sender's directories lose their leading dots), and is kept per sender, as the broker
-names it (``JMSXUserID``): a second user announcing the same batch id gets a batch of its
-own, never a share of another's, and a batch lists only streams its own sender sent.
+Everything here lives under the state directory (:class:`~airflow_provider_amqstream.engine.state_dir.StateDir`:
+``batches/`` and ``manifests/``), where no name a sender chooses can land (a sender's
+directories lose their leading dots), and is kept per sender, as the broker names it
+(``JMSXUserID``): a second user announcing the same batch id gets a batch of its own, never
+a share of another's, and a batch lists only streams its own sender sent.
 
-* ``.amqstream/batches/<sender>/<batch id>.<part>.json``: the parts of a batch still
-  waiting for files. Every part a sender left is counted, with or without its batch's first
-  part: at most :data:`MAX_PENDING` batches per directory (the oldest go first), none whose
-  newest part is older than :data:`MAX_AGE`, and together at most half of the space free
-  above the reserve (``min_free_bytes``), counting their own; a part that does not fit after
-  its sender's older batches are forgotten gives way (parked, :class:`StreamNoRoom`).
-  Memory: one part's missing files per batch waited on, whatever a batch declares.
-* ``.amqstream/manifests/<sender>/<batch id>.manifest.jsonl``: written to a temporary
-  file, fsynced and renamed into place, so a reader sees all of it or none. Its rows name
-  files relative to the output directory.
+The parts of a batch still waiting for files are bounded: at most :data:`MAX_PENDING`
+batches per directory (the oldest go first), none whose newest part is older than
+:data:`MAX_AGE`, and together at most half of the space free above the reserve
+(``min_free_bytes``), counting their own; a part that does not fit after its sender's older
+batches are forgotten gives way (parked, :class:`StreamNoRoom`). Memory: one part's missing
+files per batch waited on, whatever a batch declares. A manifest is written to a temporary
+file, fsynced and renamed into place, so a reader sees all of it or none; its rows name
+files relative to the output directory.
 """
 
 from __future__ import annotations
