@@ -274,8 +274,8 @@ class MemoryLink:
             if broker.uncreatable.get(destination, 0) > 0:
                 broker.uncreatable[destination] -= 1
                 raise DestinationRefused(f"memory broker {broker.name} refused to create {destination}")
+            kind, name = _parse(destination)
             if browser:
-                kind, name = _parse(destination)
                 waiting = list(broker.queues.get(name, ())) if kind == "queue" else []
                 for msg in waiting:
                     if match(msg.headers):
@@ -284,7 +284,6 @@ class MemoryLink:
                 broker.cond.notify_all()
                 return sub_id
             broker.subs.append(_Sub(self, sub_id, destination, max(1, prefetch), match))
-            kind, name = _parse(destination)
             if kind == "queue":
                 broker._dispatch(name)
         return sub_id
