@@ -1,8 +1,5 @@
-"""What a receiving directory remembers: the streams it published and who took them.
-
-Both go in the directory's :class:`~airflow_provider_amqstream.engine.store.RecordStore`
-(``out_dir/.amqstream/records/``): compact, bounded by retention, one look-up reading one
-bucket per day (see docs/decisions/records-store.md).
+"""What a receiving directory remembers: the streams it published and who took them, in
+its record store (docs/protocol.md, "Completion records and repeats").
 
 * A **completion record** (kind ``d``, key = stream id) says the stream was published, as
   what, from whom: an offer of it again is a duplicate (acknowledged, nothing written), and
@@ -14,10 +11,6 @@ bucket per day (see docs/decisions/records-store.md).
   loses track of it), its retry would wait for a new stream and the file already received
   would never reach the task's downstream. The claim names the taker (an Airflow task
   instance: DAG, run, task, map index) and a retry of the same task instance reads it back.
-
-A record older than the retention (:data:`~airflow_provider_amqstream.engine.store.DEFAULT_RETENTION_DAYS`
-days unless ``records_retention_days`` says otherwise) is pruned: a stream offered again
-after that is received again.
 """
 
 from __future__ import annotations
