@@ -4,32 +4,9 @@ OpenTelemetry: whatever ``[metrics]`` configures), per destination.
 The engine reports what happens to streams through the ``events`` callback of its options
 (``ReceiveOptions(events=...)``), as ``(kind, data)``; :func:`emit` maps those events to
 Airflow's own metrics (``airflow.sdk.observability.stats``, the Task SDK's; the old
-``airflow.stats.Stats`` is a deprecated shim in 3.3), each with a ``destination`` tag
-(``/queue/NAME``). Metrics never fail a transfer: a metrics backend that raises is logged
-at debug and ignored.
-
-========================================  =======  =================================================
-name                                      type     counts
-========================================  =======  =================================================
-``amqstream.files_received``              counter  streams published by a receiver (``stream_close``)
-``amqstream.bytes_received``              counter  bytes a receiver wrote in this run (resumed bytes
-                                                   are counted by the run that wrote them)
-``amqstream.files_sent``                  counter  streams a sender completed (``stream_sent``)
-``amqstream.bytes_sent``                  counter  bytes a sender sent in this run
-``amqstream.streams_quarantined``         counter  streams quarantined (``stream_quarantined``)
-``amqstream.streams_yielded``             counter  streams that gave way (``stream_yielded``), tag
-                                                   ``status``: the label of its ``cause``
-                                                   (protocol/outcomes.py): ``stalled``,
-                                                   ``no_room``, ``elsewhere``, ``busy`` or ``refused``
-``amqstream.duplicates``                  counter  repeats of streams received before
-                                                   (``duplicate_offer``)
-========================================  =======  =================================================
-
-``bytes`` events (``{"destination", "count", "direction": "sent"|"received"}``) add to the
-byte counters, for a caller that reports progress in steps rather than per stream.
-
-Plain StatsD has no tags: enable ``[metrics] statsd_influxdb_enabled`` (or use Datadog or
-OpenTelemetry) to keep the destination.
+``airflow.stats.Stats`` is a deprecated shim in 3.3), each with a ``destination`` tag. The
+metrics and the events that count them: README.md, "Metrics". Metrics never fail a
+transfer: a metrics backend that raises is logged at debug and ignored.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import offered_streams
@@ -24,7 +23,7 @@ from airflow_provider_amqstream.engine.queue_tools import (
     take_matching,
 )
 from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefused, LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
@@ -68,17 +67,12 @@ class DiscardResult:
         return {**asdict(self), "bytes_freed": self.bytes_freed, "messages": self.messages}
 
 
-def _partial_files(out_dir: str | os.PathLike[str], sid: str) -> list[Path]:
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    return [f for f in (sdir / f"{sid}.part", sdir / f"{sid}.json", sdir / f"{sid}.reoffered") if os.path.lexists(f)]
-
-
 def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
     """Refuse (nothing removed) while a receiver holds the stream's partial file in one of
     ``out_dirs`` (its lock, read from ``/proc/locks``: looking takes no lock)."""
     held = held_inodes() or set()
     for out_dir in out_dirs:
-        part = Path(out_dir) / STATE_DIR_NAME / f"{sid}.part"
+        part = StateDir(out_dir).part(sid)
         try:
             st = os.stat(part, follow_symlinks=False)
         except FileNotFoundError:
@@ -142,7 +136,7 @@ def _take_copies(link: Link, queue: str, sid: str, dest: Destination, result: Di
 
 def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
     for out_dir in out_dirs:
-        for f in _partial_files(out_dir, sid):
+        for f in StateDir(out_dir).stream_files(sid):
             try:
                 st = os.stat(f, follow_symlinks=False)
                 f.unlink()

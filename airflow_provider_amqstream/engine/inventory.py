@@ -1,24 +1,13 @@
 """Where every stream of a destination is: the picture behind ``amqstream streams`` and the
 Airflow page, read without consuming or reordering anything.
 
-From the broker, with queue browsers (docs/protocol.md, "Destinations"):
-
-* ``/queue/NAME``: streams **offered** and not yet received (offers, inline offers, packs of
-  them, batch lists); an offer a receiver holds right now is shown too (a browser sees
-  messages in flight);
-* ``/queue/NAME.amqs_parked``: streams that **yielded** their place, until when and why;
-* ``/queue/DLQ.NAME`` (or the quarantine a receiver was given): **quarantined** streams, why,
-  where and when, and whether ``redrive`` can help (:func:`quarantine_cause`).
-
-A browser sees at most ``maxBrowsePageSize`` messages of a queue (16 in the shipped config);
-a section that shows that many says it may be cut (``truncated``). What the user may not
-read is named (``denied``), and the other sections are still shown.
-
-From a receiver's output directory (``out_dir/.amqstream/``), read only:
-
-* ``<id>.part`` and ``<id>.json``: streams **in progress** (bytes durable, whether a receiver
-  holds the file now, when it last grew, and a rate between two looks);
-* ``batches/<sender>/<batch>.<part>.json``: **incomplete batches** (files in / announced).
+From the broker, with queue browsers (docs/protocol.md, "Destinations"): streams **offered**
+on ``/queue/NAME`` (one a receiver holds right now included), **yielded** on
+``NAME.amqs_parked``, **quarantined** on ``DLQ.NAME`` (and whether ``redrive`` can help). A
+browser sees at most ``maxBrowsePageSize`` messages of a queue, so a section that shows that
+many says it may be cut (``truncated``); what the user may not read is named (``denied``).
+From a receiver's :class:`~airflow_provider_amqstream.engine.state_dir.StateDir`, read only:
+streams **in progress** and **incomplete batches**.
 
 Nothing here reads a chunk: a stream's data queues are only probed for its end marker (a
 selector, so no chunk body leaves the broker).

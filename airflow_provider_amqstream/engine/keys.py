@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
 
 from airflow_provider_amqstream.exceptions import ConfigurationError
 from airflow_provider_amqstream.protocol import seal
@@ -42,8 +41,3 @@ def read_key_file(path: str | os.PathLike[str]) -> seal.Identity:
         except UnicodeDecodeError:
             text = ""
     return seal.Identity.parse(text, str(path))
-
-
-def recipients(texts: Iterable[str]) -> list[bytes]:
-    """The public keys of ``texts`` (recipient strings), each checked."""
-    return [seal.parse_recipient(t) for t in texts]

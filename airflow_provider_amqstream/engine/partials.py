@@ -11,11 +11,11 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
 from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
+from airflow_provider_amqstream.engine.records import read_json
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol.names import validate_stream_id
@@ -81,23 +81,22 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
     :param previous: an earlier look's ``{stream id: (durable bytes, monotonic time)}``, to
         measure a rate (see :func:`progress_marks`).
     """
-    sdir = Path(out_dir) / STATE_DIR_NAME
+    sdir = StateDir(out_dir)
     try:
-        names = sorted(e.name for e in os.scandir(sdir) if e.name.endswith(".part"))
+        ids = sdir.partial_ids()
     except (FileNotFoundError, NotADirectoryError):
         return []
     held = held_inodes()
     out = []
-    for name in names:
-        sid = name[: -len(".part")]
+    for sid in ids:
         try:
             validate_stream_id(sid)
-            st = os.stat(sdir / name, follow_symlinks=False)
+            st = os.stat(sdir.part(sid), follow_symlinks=False)
         except (ProtocolError, OSError):
             continue
         entry = InProgress(sid, str(out_dir), last_progress_at=st.st_mtime)
         try:
-            state = read_json(sdir / f"{sid}.json")
+            state = read_json(sdir.resume(sid))
         except (OSError, ValueError) as exc:
             log.warning("stream %s in %s: resume state unreadable (%s)", sid, out_dir, exc)
             state = None
@@ -140,8 +139,8 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
 
     :param out_dir: a receiver's output directory.
     """
-    sdir = Path(out_dir) / STATE_DIR_NAME
-    root = sdir / "batches"
+    sdir = StateDir(out_dir)
+    root = sdir.batches
     out: list[BatchProgress] = []
     try:
         owners = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
@@ -156,7 +155,7 @@ def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
                 seen: list[int] = []
                 listed: list[str] = []
                 for k in range(1, min(parts, bw.MAX_BATCH_PARTS) + 1):
-                    part = head if k == 1 else read_json(owner / f"{batch_id}.{k}.json")
+                    part = head if k == 1 else read_json(sdir.batch_part(owner.name, batch_id, k))
                     if part is not None:
                         seen.append(k)
                         listed.extend(str(e.get("stream_id", "")) for e in part.get("entries", []))

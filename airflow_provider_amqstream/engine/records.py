@@ -24,9 +24,6 @@ from airflow_provider_amqstream.exceptions import StreamError
 
 log = logging.getLogger(__name__)
 
-STATE_DIR_NAME = ".amqstream"
-
-
 @dataclass
 class TransferResult:
     """What one send or receive did. ``bytes_transferred`` counts only this run (chunks sent
@@ -249,24 +246,6 @@ def unlink_missing_ok(path: str | os.PathLike[str], *, dir_fd: int | None = None
         os.unlink(path, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
-
-
-def state_dir(out: Path) -> Path:
-    """Create (or check) ``out/.amqstream``: a real directory owned by us, never a link."""
-    out.mkdir(parents=True, exist_ok=True)
-    sdir = out / STATE_DIR_NAME
-    try:
-        os.mkdir(sdir, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(sdir)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise StreamError(f"{sdir} is not a directory (a symbolic link or a file); amqstream keeps partial "
-                          "data there and will not write through it. Remove it and re-run.")
-    if st.st_uid != os.geteuid():
-        raise StreamError(f"{sdir} belongs to user id {st.st_uid}, not to this process ({os.geteuid()}); "
-                          "amqstream will not write partial data into a directory another user controls.")
-    return sdir
 
 
 def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -> None:

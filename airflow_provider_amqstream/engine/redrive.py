@@ -1,32 +1,11 @@
 """``redrive``: a quarantined stream whose cause was fixed goes back on its destination.
 
-**Redrive** (docs/protocol.md, "Streams an operator acts on") puts a quarantined stream
-back on its destination, intact, after proving it can arrive: its quarantine cause lies
-outside the stream (over ``max_bytes``, a reused id, no room: :func:`quarantine_cause`),
-its offer is valid, and its chunks (refused ones from ``DLQ.NAME.amqs.<sender>.<id>``, and
-those a refusal at the offer left on ``NAME.amqs.<sender>.<id>``) are all there: every chunk 1..n with its
-CRC-32, the end marker agreeing with the offer, the SHA-256 of the whole when the chunks
-came in order, and all from one sender. The broker pages in only a few messages of a queue
-at a time, so the chunks cannot be held while they are checked: they are gathered into a
-staging queue (``DLQ.NAME.amqs_redrive.<id>``), checked on the way, and then either moved
-on to the redriving user's data queue, followed by the offer (the receiver starts once
-everything is there, as in atomic mode), or, when the check fails, all filed under the
-stream's ``DLQ.`` data queue; a
-redrive interrupted half-way is finished by the next one, which starts by returning what
-the staging queue holds.
-
-**Identity.** The broker stamps every message with the user who sends it, and a redrive
-re-sends the offer and every chunk: a redriven stream is the **redriving user's** to every
-receiver (its completion record names that user; a batch of the original sender no longer
-lists it). Re-stamping must not launder another user's chunks into the stream, so a redrive
-refuses chunks from more than one sender. The original sender travels in
-``amqs_redrive_sender`` for people and logs, and is believed only where only
-administrators write (the ``DLQ.`` queues), so that a second redrive of the same stream
-still compares the original stamps (docs/security.md). Every receiving user may write the
-quarantine queue, and a copy's ``amqs_first_sender`` names whose chunks redrive takes: a copy
-is believed only when the broker stamped it with the redriving user or a user named in
-``receivers`` (``--receiver``), else the redrive is refused naming who filed it.
-
+A redrive proves the stream can arrive before it moves it (its cause lies outside the
+stream, :func:`quarantine_cause`; its offer is valid; every chunk is there, intact, from
+one sender), gathering the chunks through a staging queue because the broker pages in only
+a few messages at a time. A redriven stream is the redriving user's; the original sender is
+believed only where only administrators write. Steps and queues: docs/protocol.md,
+"Streams an operator acts on"; identity: docs/security.md, "Identity of a redriven stream".
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import Offered, Parked, Quarantined, take_inventory
@@ -17,7 +16,8 @@ from airflow_provider_amqstream.engine.partials import InProgress
 from airflow_provider_amqstream.engine.queue_tools import BROWSE_LIMIT, QueueSession
 from airflow_provider_amqstream.engine.receive.claims import find_received
 from airflow_provider_amqstream.engine.receive.holders import Holder
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, read_json
+from airflow_provider_amqstream.engine.records import read_json
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
@@ -107,7 +107,7 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
             rep.denied[dest.held_queue(sid)] = notes.denied
         rep.held = [asdict(h) for f in notes.frames if (h := Holder.from_headers(f.headers)) is not None]
     for out_dir in out_dirs:
-        sdir = Path(out_dir) / STATE_DIR_NAME
+        sdir = StateDir(out_dir)
         try:
             done = find_received(out_dir, sid)
         except (StreamError, OSError, ValueError) as exc:
@@ -119,10 +119,10 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     return rep
 
 
-def _batches_listing(sdir: Path, stream_id: str) -> list[dict[str, Any]]:
+def _batches_listing(sdir: StateDir, stream_id: str) -> list[dict[str, Any]]:
     """The waiting batches in a state directory whose parts list ``stream_id``."""
     found = []
-    for part in sorted((sdir / "batches").glob("*/*.json")):
+    for part in sorted(sdir.batches.glob("*/*.json")):
         try:
             data = read_json(part) or {}
         except (OSError, ValueError):

@@ -1,43 +1,13 @@
-"""Records that must outlive a crash, in a compact store with retention.
+"""Records that must outlive a crash, in a compact store with retention: a receiver's
+completion records and claims, a sender's finished checkpoints.
 
-One store serves both ends: a receiver's completion records and claims (in
-``out_dir/.amqstream/records/``) and a sender's finished checkpoints (in its state
-directory's ``records/``). Layout::
-
-    records/<YYYYMMDD>/<bb>/<host>-<pid>-<random>.log
-
-* ``YYYYMMDD``: the UTC day the record was written. Retention drops whole days: a day
-  older than the retention is renamed away (atomic) and removed; look-ups ignore it even
-  before that.
-* ``bb``: one of :data:`BUCKETS` buckets, from the CRC-32 of its kind and key: a look-up
-  reads only the files of one bucket per day, never the others.
-* ``<host>-<pid>-<random>``: the one process that writes the file. No two writers ever
-  append to the same file, so nothing relies on ``O_APPEND`` being atomic (it is not
-  across NFS clients) or on locks (``fcntl`` and SQLite locking are unreliable on NFS).
-
-A record is one line, ``<kind><key>\\t<JSON>\\t<CRC-32>\\n`` (a key holds no tab or
-newline). A line without its
-newline or whose CRC does not match (a write torn by a crash or a full disk) is ignored on
-read and never spoils another line; a writer whose write failed starts a new file rather
-than append after a torn line. A look-up searches each file of its bucket for
-``\\n<kind><key>\\t`` with ``mmap.find`` (C speed, no parsing of other records, nothing copied
-into the process): memory is flat in the number of records.
-
-**Compaction.** A day that ended :data:`COMPACT_AFTER` ago is no longer written; :meth:`RecordStore.compact` (run by
-:func:`prune_quietly`: a receiver's start, a sender's first use, a long receive once a day)
-merges its buckets into ``records/past/<bb>/<oldest day>-<random>.sorted``, one file per bucket for every
-past day kept: the same lines, intact ones only, each with its day after its key
-(``<kind><key>\t<YYYYMMDD>\t<JSON>\t<CRC-32>\n``), sorted by kind and key, duplicates and
-expired days dropped. A look-up bisects that one file (O(log n)) instead of reading a file per
-day: its cost no longer grows with the days or records kept. The merge streams the old file
-(memory: one bucket of the days merged), writes a temporary name, fsyncs, renames; only then
-are its inputs removed (a log only if it did not grow meanwhile), so a crash or a second
-compactor at any point leaves every record in some file (at worst twice: the next merge drops
-the copy).
-
-Sizes: a completion record is ~170 bytes; a day holds at most :data:`BUCKETS` directories
-and (writers that day) x :data:`BUCKETS` files, so the store is bounded by about 170 bytes a
-record plus a filesystem block per (day, bucket, writer). See docs/decisions/records-store.md.
+Layout ``records/<YYYYMMDD>/<bb>/<host>-<pid>-<random>.log``: retention drops whole UTC
+days; a look-up reads one bucket (CRC-32 of kind and key) per day, by ``mmap.find``, so
+memory is flat in the number of records; each file has one writer, so nothing relies on
+``O_APPEND`` or locks, which NFS does not keep. A line is
+``<kind><key>\\t<JSON>\\t<CRC-32>\\n``; a torn or corrupt one is skipped, never spoils another.
+Past days are compacted into sorted files a look-up bisects. Why this layout, and what it
+costs: docs/decisions/records-store.md.
 """
 
 from __future__ import annotations

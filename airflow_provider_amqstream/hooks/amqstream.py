@@ -21,7 +21,6 @@ from airflow.sdk import BaseHook
 
 from airflow_provider_amqstream import engine
 from airflow_provider_amqstream.engine import (
-    STATE_DIR_NAME,
     BatchFile,
     BatchStatus,
     BulkResult,
@@ -29,6 +28,7 @@ from airflow_provider_amqstream.engine import (
     FileFailure,
     ReceiveOptions,
     SendOptions,
+    StateDir,
     StreamFailure,
     TransferResult,
     checkpoint_name,
@@ -168,7 +168,7 @@ class AmqStreamHook(BaseHook):
     def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
         """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (a retry replaces it)."""
         key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
-        return Path(out_dir) / STATE_DIR_NAME / "lists" / f"{key}.files.jsonl"
+        return StateDir(out_dir).lists / f"{key}.files.jsonl"
 
     @staticmethod
     def received(out_dir: str | os.PathLike[str], stream_id: str, *,

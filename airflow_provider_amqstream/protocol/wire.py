@@ -1,44 +1,15 @@
-"""The amqstream chunk protocol: pure state machines, no I/O.
+"""The amqstream chunk protocol's messages: pure, no I/O (docs/protocol.md, "Messages").
 
-Read ``docs/protocol.md`` for the wire format. In short, a stream is:
-
-* one ``offer`` message on the destination the user named (``/queue/landing``): it
-  announces the stream (id, file name, size, chunk size) and where its chunks are;
-* ``data`` messages on a per-stream queue ``<destination>.amqs.<sender>.<stream id>``
-  (:meth:`Destination.data_queue`), one per chunk, each carrying its 1-based sequence number, byte offset and CRC-32;
-* one ``end`` message on the same per-stream queue with the SHA-256 of the whole file.
-
-A receiver takes one offer at a time (prefetch 1, acknowledged only when the file is
-published), so it never has two streams open, and a crashed receiver's offer goes back
-to the queue for the next one. Chunks are placed by offset, never by arrival order, so
-a broker that reorders, redelivers or duplicates cannot corrupt the file.
-
-In ``handshake`` mode the sender also listens: receivers answer the offer
-with ``hello`` on a control queue, acknowledge each window with ``ack``, ask for a
-resend from a sequence number with ``rereq``, and say ``done``. That gives consumer
-discovery, a window of chunks per acknowledgement, recovery of lost or corrupted
-chunks from the live sender, and topics where every subscriber gets the whole file.
+A stream is one ``offer`` on the destination the user named, ``data`` messages (one per
+chunk, placed by offset, never by arrival order, so a broker that reorders, redelivers or
+duplicates cannot corrupt the file) and one ``end`` with the SHA-256 of the whole, on a
+per-stream queue (:meth:`Destination.data_queue`); in ``handshake`` mode receivers also
+answer on a control queue (``hello``, ``ack``, ``rereq``, ``done``).
 
 Here: :class:`StreamSpec`, the messages (offer, data, end, control), their builders and
-parsers, and the offer selector. Beside it, in the same pure layer:
-
-* ``headers.py``: header names, message kinds, modes and limits;
-* ``names.py``: stream ids, a user's element in a queue name, and :class:`Destination`
-  with every queue a destination's streams use;
-* ``codec.py``: a chunk's CRC-32 and per-chunk compression (:class:`ChunkCodec`);
-
-* ``state.py``: what each end knows for sure about one stream: the sender's
-  confirmed chunks (:class:`SenderState`) and the receiver's verdict on each data
-  message and its durable chunks (:class:`ReceiverState`);
-* ``handshake.py``: the sender's state machine in handshake mode (whom to send
-  which chunk next);
-* ``bulk.py``: the many-files wire format: small files inline in their offers,
-  several inline offers in one pack, and a batch's file list;
-* ``paths.py``: a file name and subdirectory off the wire made into a local path
-  that cannot leave the output directory.
-
-This module decides; the engine (``engine/``) reads files, writes files and talks to
-the broker. Everything here can be unit-tested without a network or a disk.
+parsers, and the offer selector. The rest of the pure layer (``headers.py``, ``names.py``,
+``codec.py``, ``state.py``, ``handshake.py``, ``bulk.py``, ``paths.py``) is listed in
+docs/protocol.md; the engine (``engine/``) reads files, writes files and talks to the broker.
 """
 
 from __future__ import annotations

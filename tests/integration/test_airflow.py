@@ -293,7 +293,7 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     from airflow_provider_amqstream.engine import find_claimed
     from airflow_provider_amqstream.engine import store as st
     from airflow_provider_amqstream.engine.receive.claims import receiver_store, record_claim
-    from airflow_provider_amqstream.engine.records import state_dir
+    from airflow_provider_amqstream.engine.state_dir import StateDir
     from airflow_provider_amqstream.operators.checkpoint import task_claim
 
     def ti(try_number: int, map_index: int = -1) -> dict[str, Any]:
@@ -303,7 +303,7 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     assert task_claim(ti(1)) == task_claim(ti(2)) != task_claim(ti(1, map_index=0))
     assert task_claim({}) is None
     out = tmp_path / "out"
-    sdir = state_dir(out)
+    sdir = StateDir.create(out)
     for sid, at in (("s1", 2), ("s0", 1)):  # completion records, as a receiver packs them (claims.pack_done)
         receiver_store(sdir).put(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])
     for sid in ("s1", "s0", "gone"):  # "gone": its record was cleaned away since

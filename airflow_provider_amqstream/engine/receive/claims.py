@@ -1,8 +1,5 @@
-"""What a receiving directory remembers: the streams it published and who took them.
-
-Both go in the directory's :class:`~airflow_provider_amqstream.engine.store.RecordStore`
-(``out_dir/.amqstream/records/``): compact, bounded by retention, one look-up reading one
-bucket per day (see docs/decisions/records-store.md).
+"""What a receiving directory remembers: the streams it published and who took them, in
+its record store (docs/protocol.md, "Completion records and repeats").
 
 * A **completion record** (kind ``d``, key = stream id) says the stream was published, as
   what, from whom: an offer of it again is a duplicate (acknowledged, nothing written), and
@@ -14,10 +11,6 @@ bucket per day (see docs/decisions/records-store.md).
   loses track of it), its retry would wait for a new stream and the file already received
   would never reach the task's downstream. The claim names the taker (an Airflow task
   instance: DAG, run, task, map index) and a retry of the same task instance reads it back.
-
-A record older than the retention (:data:`~airflow_provider_amqstream.engine.store.DEFAULT_RETENTION_DAYS`
-days unless ``records_retention_days`` says otherwise) is pruned: a stream offered again
-after that is received again.
 """
 
 from __future__ import annotations
@@ -31,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine import store as st
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, TransferResult
+from airflow_provider_amqstream.engine.records import TransferResult
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamError
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.names import validate_stream_id
@@ -108,7 +102,7 @@ def unpack_done(value: Any, sid: str, out_dir: str | os.PathLike[str]) -> dict[s
             "sender": sender}
 
 
-def done_records(sdir: Path, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
+def done_records(sdir: StateDir, out: str, results: Iterable[TransferResult], *, claim: str | None = None,
                  sync: bool = True, retention_days: float | None = None) -> None:
     """Record streams published into ``out`` (and the ``claim`` on each), in one write per
     bucket. Called after the files are durable and before their offers are acknowledged.
@@ -153,9 +147,8 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
     :param retention_days: the directory's retention (None: the default).
     """
     validate_stream_id(stream_id)
-    sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
-        value = receiver_store(sdir, retention_days).get(st.DONE, stream_id)
+        value = receiver_store(StateDir(out_dir), retention_days).get(st.DONE, stream_id)
         return None if value is None else unpack_done(value, stream_id, out_dir)
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc}); "
@@ -172,9 +165,8 @@ def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str
     :param retention_days: the directory's retention (None: the default).
     """
     ids = [validate_stream_id(sid) for sid in stream_ids]
-    sdir = os.path.join(out_dir, STATE_DIR_NAME)
     try:
-        values = receiver_store(sdir, retention_days).get_many(st.DONE, ids)
+        values = receiver_store(StateDir(out_dir), retention_days).get_many(st.DONE, ids)
         return {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion records in {out_dir} are unreadable ({exc}); check the directory's "
@@ -192,19 +184,12 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     :param claim: the taker, as given to the receiver.
     :param retention_days: the directory's retention (None: the default).
     """
-    sdir = Path(out_dir) / STATE_DIR_NAME
     check_claim(claim)
     try:
-        ids = [v[0] for v in receiver_store(sdir, retention_days).get_all(st.CLAIM, claim_key(claim))
+        ids = [v[0] for v in receiver_store(StateDir(out_dir), retention_days).get_all(st.CLAIM, claim_key(claim))
                if isinstance(v, list) and v and isinstance(v[0], str)]
     except OSError as exc:
         raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "
                           "permissions and disk") from exc
-    found: dict[str, dict[str, Any]] = {}
-    for sid in ids:
-        if sid in found:
-            continue
-        done = find_received(out_dir, sid, retention_days=retention_days)
-        if done is not None:
-            found[sid] = done
+    found = find_received_many(out_dir, dict.fromkeys(ids), retention_days=retention_days)
     return sorted(found.values(), key=lambda d: (d.get("finished_at", 0), d.get("stream_id", "")))

@@ -44,6 +44,7 @@ from airflow_provider_amqstream.engine.records import (
     unlink_missing_ok,
     write_all,
 )
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
@@ -142,7 +143,7 @@ _SYNCFS = _load_syncfs()
 _TEMP = re.compile(r".+\.([0-9]+)-[0-9a-f]{8}\.inline")
 
 
-def sweep_temporaries(sdir: Path) -> int:
+def sweep_temporaries(sdir: StateDir) -> int:
     """Remove the temporary files of receivers that died holding a group (their offers came
     back to the queue); those of live receivers sharing the directory stay. Returns how many."""
     removed = 0
@@ -230,7 +231,7 @@ class InlineGroup:
     :param opts: the receiver's options (reserve, overwrite, claim).
     """
 
-    def __init__(self, out: Path, sdir: Path, destination: str, opts: ReceiveOptions) -> None:
+    def __init__(self, out: Path, sdir: StateDir, destination: str, opts: ReceiveOptions) -> None:
         self.out, self.sdir, self.destination, self.opts = out, sdir, destination, opts
         # Per-file paths are built as strings (see records.write_json).
         self._out, self._sdir = os.fspath(out), os.fspath(sdir)
@@ -322,8 +323,8 @@ class InlineGroup:
     def _result(self, it: _Item) -> TransferResult:
         spec = it.spec
         # A partial reception of this stream through its data queue (sent before without packing) is moot now.
-        for leftover in (f"{spec.stream_id}.part", f"{spec.stream_id}.json"):
-            unlink_missing_ok(f"{self._sdir}/{leftover}")
+        for leftover in (self.sdir.part(spec.stream_id), self.sdir.resume(spec.stream_id)):
+            unlink_missing_ok(leftover)
         now = time.time()
         result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
                                 now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,

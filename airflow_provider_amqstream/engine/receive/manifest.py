@@ -1,21 +1,20 @@
 """Batch manifests on the receiving side: once every file a sender's batch message lists
 is published in this output directory, write the batch's manifest.
 
-Everything here lives under the state directory, where no name a sender chooses can land
-(a sender's directories lose their leading dots), and is kept per sender, as the broker
-names it (``JMSXUserID``): a second user announcing the same batch id gets a batch of its
-own, never a share of another's, and a batch lists only streams its own sender sent.
+Everything here lives under the state directory (:class:`~airflow_provider_amqstream.engine.state_dir.StateDir`:
+``batches/`` and ``manifests/``), where no name a sender chooses can land (a sender's
+directories lose their leading dots), and is kept per sender, as the broker names it
+(``JMSXUserID``): a second user announcing the same batch id gets a batch of its own, never
+a share of another's, and a batch lists only streams its own sender sent.
 
-* ``.amqstream/batches/<sender>/<batch id>.<part>.json``: the parts of a batch still
-  waiting for files. Every part a sender left is counted, with or without its batch's first
-  part: at most :data:`MAX_PENDING` batches per directory (the oldest go first), none whose
-  newest part is older than :data:`MAX_AGE`, and together at most half of the space free
-  above the reserve (``min_free_bytes``), counting their own; a part that does not fit after
-  its sender's older batches are forgotten gives way (parked, :class:`StreamNoRoom`).
-  Memory: one part's missing files per batch waited on, whatever a batch declares.
-* ``.amqstream/manifests/<sender>/<batch id>.manifest.jsonl``: written to a temporary
-  file, fsynced and renamed into place, so a reader sees all of it or none. Its rows name
-  files relative to the output directory.
+The parts of a batch still waiting for files are bounded: at most :data:`MAX_PENDING`
+batches per directory (the oldest go first), none whose newest part is older than
+:data:`MAX_AGE`, and together at most half of the space free above the reserve
+(``min_free_bytes``), counting their own; a part that does not fit after its sender's older
+batches are forgotten gives way (parked, :class:`StreamNoRoom`). Memory: one part's missing
+files per batch waited on, whatever a batch declares. A manifest is written to a temporary
+file, fsynced and renamed into place, so a reader sees all of it or none; its rows name
+files relative to the output directory.
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
 from airflow_provider_amqstream.engine.receive.partial_file import default_reserve
-from airflow_provider_amqstream.engine.records import STATE_DIR_NAME, open_private, read_json, write_json
+from airflow_provider_amqstream.engine.records import open_private, read_json, write_json
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol.names import validate_stream_id
@@ -78,8 +78,7 @@ def manifest_path(out_dir: str | os.PathLike[str], batch_id: str, sender: str = 
     :param batch_id: the batch (a sender's ``totals["batch_id"]``).
     :param sender: the sending user as the broker knows it ("" where the broker stamps none).
     """
-    return (Path(out_dir) / STATE_DIR_NAME / "manifests" / sender_dir(sender)
-            / f"{validate_stream_id(batch_id)}.manifest.jsonl")
+    return StateDir(out_dir).manifest(sender_dir(sender), validate_stream_id(batch_id))
 
 
 def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | None = None) -> Path | None:
@@ -96,10 +95,9 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
     if sender is not None:
         path = manifest_path(out_dir, batch_id, sender)
         return path if path.is_file() else None
-    name = f"{validate_stream_id(batch_id)}.manifest.jsonl"
-    root = Path(out_dir) / STATE_DIR_NAME / "manifests"
+    sdir, batch_id = StateDir(out_dir), validate_stream_id(batch_id)
     try:
-        found = sorted(d / name for d in root.iterdir() if (d / name).is_file())
+        found = sorted(m for d in sdir.manifests.iterdir() if (m := sdir.manifest(d.name, batch_id)).is_file())
     except FileNotFoundError:
         return None
     if len(found) > 1:
@@ -118,9 +116,9 @@ class Batches:
     :param min_free: the free-space reserve (None: :func:`default_reserve`).
     """
 
-    def __init__(self, out: Path, sdir: Path, *, retention_days: float | None = None,
+    def __init__(self, out: Path, sdir: StateDir, *, retention_days: float | None = None,
                  min_free: int | None = None) -> None:
-        self.out, self.root = out, sdir / "batches"
+        self.out, self.sdir, self.root = out, sdir, sdir.batches
         self.retention_days = retention_days
         self.min_free = min_free
         # (sender dir, batch id) -> (the first part with streams still missing, those
@@ -224,7 +222,7 @@ class Batches:
         key = (owner, batch_id)
         data = {"batch_id": batch_id, "part": part, "parts": parts, "sender": sender,
                 "entries": [{"stream_id": e.stream_id, "bytes": e.size, "sha256": e.sha256} for e in entries]}
-        path = self.root / owner / f"{batch_id}.{part}.json"
+        path = self.sdir.batch_part(owner, batch_id, part)
         try:
             old = _on_disk(path.lstat())
         except FileNotFoundError:
@@ -264,11 +262,11 @@ class Batches:
 
     def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         """The batch's first part if every part of it is here, else None."""
-        first = read_json(self.root / owner / f"{batch_id}.1.json")
+        first = read_json(self.sdir.batch_part(owner, batch_id, 1))
         if first is None:
             return None
         for k in range(2, int(first["parts"]) + 1):
-            if not (self.root / owner / f"{batch_id}.{k}.json").is_file():
+            if not self.sdir.batch_part(owner, batch_id, k).is_file():
                 return None
         return first
 
@@ -279,7 +277,7 @@ class Batches:
             yield from self._part(owner, batch_id, k, nparts)
 
     def _part(self, owner: str, batch_id: str, k: int, nparts: int) -> list[dict[str, Any]]:
-        data = read_json(self.root / owner / f"{batch_id}.{k}.json")
+        data = read_json(self.sdir.batch_part(owner, batch_id, k))
         if data is None:
             raise ValueError(f"part {k} of {nparts} went missing")
         return list(data["entries"])
@@ -367,7 +365,7 @@ class Batches:
         # A rename replaces whatever holds the name (a link included), never follows it.
         os.replace(tmp, final)
         for k in range(1, nparts + 1):
-            (self.root / owner / f"{batch_id}.{k}.json").unlink(missing_ok=True)
+            self.sdir.batch_part(owner, batch_id, k).unlink(missing_ok=True)
         self.held.pop((owner, batch_id), None)
         log.info("batch %s of %s complete: %d files; manifest %s", batch_id, owner, rows, final)
         return final

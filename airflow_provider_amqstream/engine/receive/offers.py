@@ -1,38 +1,10 @@
 """Which offers a receiver is handed, and how a stream that cannot go on now gives way.
 
-Liveness is held by the broker, not by a receiver's memory. A stream that yields is
-**parked**: its offer goes to the destination's parked queue (``NAME.amqs_parked``, which
-only receivers may write) with a time before which no receiver takes it
-(``amqs_not_before``, doubling with each yield: :func:`backoff_for`). The queue of offers
-itself holds only fresh offers, so nothing parked ever stands in front of a new stream,
-and a watcher browsing it sees only what can be taken.
-
-Any receiving user may write the parked queue, so a parked copy is believed (its
-``amqs_first_sender`` above all) only when the broker stamped it with this receiver's own
-user: one another user put there is quarantined as soon as it is met, never passed along
-(which would stamp it as ours) and never received, so a receive-only user cannot publish a
-file, or a batch, as someone else.
-
-A receiver sweeps the parked queue between offers: it takes the first parked offer whose
-time has come, and passes the others to the tail, until it meets the first one it passed
-again. It sweeps at most every :data:`SWEEP_PAUSE` seconds (or as long as the last sweep
-took, if longer) and takes one parked stream per sweep while new offers keep coming, and
-back to back when they do not: parked streams cannot starve new ones, nor new ones parked
-ones. Every receiver, restarted or on another machine, sees the same queues and times; no
-client-side list decides who is served, and no decision costs a subscription.
-
-**Fair share per sender** (as the broker stamps them): the queue of offers is served in
-rounds. Once a stream of a user never began (no chunk in its first look, or its data queue
-refused) in a round, that user's further offers in the round are parked as stalled without
-their look, at a confirmed send and an acknowledgement each, so one user's backlog costs
-another user's next offer at most one look per such user, plus that small cost per offer
-ahead. A stream that stopped part-way does not count: its sender may have died and been
-re-run, and its other offers are good (a stream holding a receiver without progress is
-bounded by the idle timeout). A
-round ends whenever the queue of offers runs dry (:data:`_DRY`); then every user gets a look again. What
-decides is one set of the users that stalled in this round (bounded), never a list of
-offers. Back to back sweeps give way to a fresh offer first, so a backlog of parked offers
-cannot stand before it either.
+Liveness is held by the broker, not by a receiver's memory: a stream that yields is parked
+on ``NAME.amqs_parked`` with a time before which no receiver takes it, and every receiver
+sweeps that queue between offers; a parked copy is believed only when the broker stamped it
+with this receiver's own user. Offers are served in rounds, fairly per sender. The rules,
+and why each holds: docs/protocol.md, "When a stream fails" and "Receiver".
 
 Both subscriptions to the queue of offers together match every message on it (inline
 offers on one, everything else on the other), so no message can sit unmatched at its head
@@ -109,7 +81,6 @@ class Offers:
         # time has come are then taken back to back, else one per SWEEP_PAUSE, so a backlog
         # of them can neither starve new offers nor be starved by them.
         self.main_idle = False
-        self.passed = 0
         # The stamp the broker puts on what this receiver parks: the only one believed there.
         self.me = link.params.user
         # The users whose stream never began in this round (module doc, "Fair share per sender").
@@ -216,7 +187,6 @@ class Offers:
             first = first or key
             due = min(due, until)
             self.requeue(offer)
-            self.passed += 1
         took = time.monotonic() - began
         self.next_sweep = time.monotonic() + min(max(SWEEP_PAUSE, took), max(0.0, due - time.time()))
         return None

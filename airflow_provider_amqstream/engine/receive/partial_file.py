@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import hash_prefix, open_private, read_json, write_json
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamBusy, StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
@@ -54,7 +55,7 @@ class Room:
     :param min_free: bytes to leave free.
     """
 
-    def __init__(self, path: Path | str, min_free: int) -> None:
+    def __init__(self, path: str | os.PathLike[str], min_free: int) -> None:
         st = os.statvfs(path)
         self.block = st.f_frsize or 4096
         self.free = st.f_bavail * self.block
@@ -82,7 +83,7 @@ class Room:
         self.inodes -= 1 + RECORD_FILES
 
 
-def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str) -> None:
+def reserve(fd: int, size: int, have: int, sdir: StateDir, min_free: int, what: str) -> None:
     """Allocate the whole file open as ``fd`` now, so a full disk fails here rather than hours
     in, and later syncs need not flush a growing size. A stream that would leave less than
     ``min_free`` bytes free is refused (:class:`StreamNoRoom`) before anything is allocated;
@@ -98,7 +99,7 @@ def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str)
     short = Room(sdir, min_free).shortfall(size, have) if have < size or have == 0 else None
     if short:
         raise StreamNoRoom(
-            f"{what}: {sdir.parent} has no room for {size - have} more bytes ({short}); the stream yields its "
+            f"{what}: {sdir.out} has no room for {size - have} more bytes ({short}); the stream yields its "
             "place and is tried again later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) "
             "or receive into another directory.")
     if size == 0 or have >= size:
@@ -108,7 +109,7 @@ def reserve(fd: int, size: int, have: int, sdir: Path, min_free: int, what: str)
     except OSError as exc:
         free = shutil.disk_usage(sdir).free
         raise StreamNoRoom(
-            f"{what}: cannot reserve {size} bytes in {sdir.parent} ({exc.strerror}; {free} bytes free); "
+            f"{what}: cannot reserve {size} bytes in {sdir.out} ({exc.strerror}; {free} bytes free); "
             "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
 
 
@@ -120,10 +121,10 @@ class PartialFile:
     messages acknowledged, so an acknowledged chunk is always on disk.
     """
 
-    def __init__(self, sdir: Path, spec: p.StreamSpec, what: str, sender: str = "") -> None:
+    def __init__(self, sdir: StateDir, spec: p.StreamSpec, what: str, sender: str = "") -> None:
         self.spec, self.what, self.sdir, self.sender = spec, what, sdir, sender
-        self.part = sdir / f"{spec.stream_id}.part"
-        self.state_file = sdir / f"{spec.stream_id}.json"
+        self.part = sdir.part(spec.stream_id)
+        self.state_file = sdir.resume(spec.stream_id)
         # When this reception began, kept across resumes: `amqstream streams ls` shows it.
         self.started_at = time.time()
         self.fd = -1
@@ -147,7 +148,7 @@ class PartialFile:
         except BlockingIOError:
             os.close(self.fd)
             self.fd = -1
-            raise StreamBusy(f"{self.what} is being received by another process into {self.sdir.parent}") from None
+            raise StreamBusy(f"{self.what} is being received by another process into {self.sdir.out}") from None
         self.owned = True
         # When this stream last made progress, across receiver restarts (None: never, here):
         # a receiver killed while it waited on a silent sender must not make the next one
@@ -299,7 +300,7 @@ class PartialFile:
     def disk_error(self, exc: OSError, doing: str) -> StreamError:
         free = shutil.disk_usage(self.sdir).free
         return StreamError(
-            f"{self.what}: {doing} failed: {exc.strerror or exc} ({free} bytes free in {self.sdir.parent}). Nothing "
+            f"{self.what}: {doing} failed: {exc.strerror or exc} ({free} bytes free in {self.sdir.out}). Nothing "
             f"past byte {self.state.contiguous_bytes} was acknowledged, so the broker keeps the rest, and the "
             f"partial file is kept; free space and re-run the receiver to continue from there."
         )

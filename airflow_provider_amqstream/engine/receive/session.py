@@ -2,22 +2,10 @@
 connection, and what happens when one of them fails.
 
 The policy in one sentence: a stream that can never succeed is quarantined, a stream
-that cannot go on now yields its place, and only failures of the receiver's own
-(connection, authorization, local disk) stop it. In detail (docs/protocol.md, "When a
-stream fails"):
-
-* **Quarantine** (integrity failure, protocol violation, over ``max_bytes``, a stream id
-  reused by another stream): a copy of the offer with ``amqs_quarantine_*`` headers
-  saying why goes to the quarantine queue (``/queue/DLQ.<name>`` by default), the
-  stream's remaining chunks are refused (the broker moves them to its DLQ), the partial
-  file is removed, the original offer is acknowledged, and the receiver moves on.
-* **Yield** (the sender went silent for ``idle_timeout``, or the file does not fit the
-  free space less the reserve): the partial data is kept and the offer is parked at the
-  tail of its queue with a time before which no receiver takes it (``yield_backoff``
-  seconds, doubling for each yield up to an hour; see
-  :mod:`~airflow_provider_amqstream.engine.receive.offers`). It gets its turn back when that time
-  has passed, or at once for a receiver that asks for that stream id. A stream that
-  yielded ``MAX_YIELDS`` times is quarantined.
+that cannot go on now yields its place (parked with a backoff, its partial data kept:
+:mod:`~airflow_provider_amqstream.engine.receive.offers`), and only failures of the
+receiver's own (connection, authorization, local disk) stop it. Each cause and its action:
+docs/protocol.md, "When a stream fails".
 """
 
 from __future__ import annotations
@@ -49,9 +37,9 @@ from airflow_provider_amqstream.engine.receive.stream import (
 from airflow_provider_amqstream.engine.records import (
     TransferResult,
     read_json,
-    state_dir,
     write_json,
 )
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
     ProtocolError,
@@ -141,7 +129,7 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     if stream_id:
         validate_stream_id(stream_id)
     out = Path(out_dir)
-    sdir = state_dir(out)
+    sdir = StateDir.create(out)
     inline.sweep_temporaries(sdir)
     prune_quietly(receiver_store(sdir, opts.records_retention_days))
     batches = Batches(out, sdir, retention_days=opts.records_retention_days, min_free=opts.min_free_bytes)
@@ -281,7 +269,7 @@ class ReceiveSession:
         link: Link,
         dest: Destination,
         out: Path,
-        sdir: Path,
+        sdir: StateDir,
         *,
         opts: ReceiveOptions,
         offers: Offers,
@@ -658,7 +646,7 @@ class ReceiveSession:
         its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
         if terms:
             # A sender believes only receivers that introduced themselves: hello, then done.
-            token = receiver_token(self.out / ".amqstream", spec.stream_id)
+            token = receiver_token(self.sdir, spec.stream_id)
             for kind in (hdr.Kind.HELLO, hdr.Kind.DONE):
                 self.link.send(
                     terms[0],
@@ -731,7 +719,7 @@ class ReceiveSession:
             validate_stream_id(sid)
         except ProtocolError:
             return None
-        return self.sdir / f"{sid}.quarantined"
+        return self.sdir.quarantined(sid)
 
     def _filed_before(self, offer: Any, sid: str) -> dict[str, Any] | None:
         """The note of a quarantine of this very offer (same message id) begun here and not
@@ -762,14 +750,14 @@ class ReceiveSession:
         def published() -> bool:
             return find_received(self.out, sid, retention_days=self.opts.records_retention_days) is not None
 
-        if not published() and (self.sdir / f"{sid}.part").exists():
+        if not published() and self.sdir.part(sid).exists():
             # Another receiver of this directory is receiving the stream: it publishes, then
             # looks for this mark and drains; we mark first and look again, so one of us does.
-            write_json(self.sdir / f"{sid}.reoffered", {"at": time.time()})
+            write_json(self.sdir.reoffered(sid), {"at": time.time()})
         if published():
             drained = drain_queue(self.link, self.dest.data_queue(sid, self.offers.sender(offer)), ack=True)
             self.opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
-            (self.sdir / f"{sid}.reoffered").unlink(missing_ok=True)
+            self.sdir.reoffered(sid).unlink(missing_ok=True)
         self.link.ack(offer)
 
 
@@ -790,11 +778,11 @@ def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
     return str(done["origin"]) == origin
 
 
-def _other_partial(sdir: Path, spec: p.StreamSpec, sender: str) -> tuple[Outcome, str] | None:
+def _other_partial(sdir: StateDir, spec: p.StreamSpec, sender: str) -> tuple[Outcome, str] | None:
     """A partial reception under this id for a different stream, or another user's: refuse
     the newcomer and leave the other's data alone."""
     try:
-        data = read_json(os.path.join(sdir, f"{spec.stream_id}.json"))
+        data = read_json(sdir.resume(spec.stream_id))
     except (OSError, ValueError):
         return None  # the receiver reports an unreadable state itself
     if data is None:

@@ -29,6 +29,7 @@ from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.claims import check_claim, done_records
 from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
 from airflow_provider_amqstream.engine.records import TransferResult, open_private
+from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import (
     ConfigurationError,
     DestinationRefused,
@@ -158,11 +159,11 @@ def consumer_name(out: Path) -> str:
     return f"{socket.gethostname()}:{where}"
 
 
-def receiver_token(sdir: Path, stream_id: str) -> str:
+def receiver_token(sdir: StateDir, stream_id: str) -> str:
     """This directory's secret for one stream (handshake mode): an HMAC of the stream id
     under a key kept in ``.amqstream/receiver.key`` (mode 0600), so a receiver that
     restarts, or another process on the same directory, speaks with the same token."""
-    key_file = sdir / "receiver.key"
+    key_file = sdir.key
     try:
         fd = open_private(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -219,7 +220,7 @@ class StreamReceiver:
 
     # Built by engine/receive/session.py, whose rework goes on: an options object for the
     # handshake/origin/sender keywords belongs with it.
-    def __init__(self, link: Link, dest: Destination, out: Path, sdir: Path, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
+    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
                  data_q: str, opts: ReceiveOptions, *, origin: str = "",
                  handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "",
                  seal: seal.Seal | None = None) -> None:
@@ -318,7 +319,7 @@ class StreamReceiver:
         # Repeats from a sender's re-run are cleared when its re-offer arrives (it always
         # ends with one), by whoever takes it and finds this record. If another receiver of
         # this directory took the re-offer while we were still receiving, it left a mark.
-        mark = self.sdir / f"{spec.stream_id}.reoffered"
+        mark = self.sdir.reoffered(spec.stream_id)
         if not self.reply_to and os.path.lexists(mark):
             drain_queue(self.link, self.data_q, ack=True)
             mark.unlink(missing_ok=True)

@@ -1,32 +1,16 @@
-"""Many files out over one connection, pipelined, resumable per file.
+"""Many files out over one connection, pipelined, resumable per file (docs/protocol.md,
+"Sender, many files over one connection").
 
-A small file (all its chunks within one window) costs no round trip of its own: its
-chunks, its end marker and then its offer go out back to back (atomic order: no
-receiver sees the offer before the chunks are stored). ActiveMQ handles one connection's
-frames in order, appends persistent messages to one journal, and syncs the journal before
-it answers a receipt, so a receipt confirms every message sent before it on the
-connection. A receipt therefore rides only on every :data:`SEAL_FILES`-th offer (or after
-:data:`SEAL_BYTES`, and on the last small file before a large one or the end): each one
-asked for makes the broker wait for the disk, which for 64 KiB files cost three times the
-rest of the send. Many files are in flight at once; they are marked confirmed when the
-receipt that covers them arrives.
+ActiveMQ syncs its journal before it answers a receipt, and a receipt confirms every frame
+the connection sent before it, so receipts ride only on every :data:`SEAL_FILES`-th offer
+(or after :data:`SEAL_BYTES`): each one asked for makes the broker wait for the disk, which
+for 64 KiB files cost three times the rest of the send. Files of one chunk or less travel
+in packs (``small_files.py``), the broker's cost being mostly per message. A large file
+goes through ``send_file`` over the same connection, with its own checkpoint.
 
-Files of one chunk or less go further: several travel in one *pack* message (their
-inline offers side by side, see ``bulk_wire.pack_message``; the messages of each kind of
-small file are built in ``small_files.py``), and each pack asks for its receipt. The
-broker's cost is mostly per message (journal entry, dispatch, acknowledgement), and for
-64 KiB files it was more than the sender's and receiver's together.
-
-A large file goes through the single-file path (``send_file``) over the same connection,
-with its own per-stream checkpoint, so a kill in the middle of it resumes at its last
-confirmed window.
-
-Which files are confirmed is kept in one append-only ledger per batch
-(``<state dir>/batch-<batch id>@<broker>.jsonl``), one JSON line per file, fsynced per
-group of confirmations: a re-run of the same batch skips those files and sends the
-others again from their start (a small file) or from their checkpoint (a large one). A
-file confirmed by the broker but not yet in the ledger when the sender died is sent again;
-its receiver sees the same stream twice and reports the repeat as a duplicate.
+Confirmed files go to one append-only ledger per batch (``<state dir>/batch-<batch
+id>@<broker>.jsonl``): a re-run skips them; a file confirmed but not yet in the ledger when
+the sender died is sent again, and its receiver reports a duplicate.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine import keys
 from airflow_provider_amqstream.engine.records import (
     Checkpoint,
     FileCheckpoint,
@@ -200,7 +199,7 @@ def send_file(
 def seal_recipients(opts: SendOptions, params: BrokerParams) -> list[bytes]:
     """The public keys a send seals to, checked before anything is sent; refused when the
     connection requires sealing and names none."""
-    recipients = keys.recipients(opts.seal_to or params.seal_to)
+    recipients = [seal.parse_recipient(t) for t in opts.seal_to or params.seal_to]
     if params.seal_required and not recipients:
         raise ConfigurationError(f"the connection to {params.url} requires sealed streams (extra seal: required): "
                                  "give recipients (seal_to, `--seal-to`), as `amqstream keys show KEYFILE` prints them")

@@ -625,10 +625,10 @@ def test_a_batch_is_checked_a_part_at_a_time(tmp_path: Path) -> None:
     import tracemalloc
 
     from airflow_provider_amqstream.engine.receive.manifest import Batches
-    from airflow_provider_amqstream.engine.records import state_dir
+    from airflow_provider_amqstream.engine.state_dir import StateDir
 
     out = tmp_path / "out"
-    batches = Batches(out, state_dir(out))
+    batches = Batches(out, StateDir.create(out))
     batches.load()
     parts = 12
     sent = [_part("huge-1", k, parts, bw.BATCH_PART_FILES) for k in range(1, parts + 1)]
