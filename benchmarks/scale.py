@@ -66,10 +66,11 @@ def seed_past_records(out_dir: Path, count: int, days: int, *, merge: bool = Tru
     seconds each step took."""
     from airflow_provider_amqstream.engine import store as st
     from airflow_provider_amqstream.engine.receive.claims import pack_done
-    from airflow_provider_amqstream.engine.records import TransferResult, state_dir
+    from airflow_provider_amqstream.engine.records import TransferResult
+    from airflow_provider_amqstream.engine.state_dir import StateDir
 
     t0 = time.monotonic()
-    root = st.store_path(state_dir(out_dir))
+    root = st.store_path(StateDir.create(out_dir))
     now = time.time()
     per_day = -(-count // days)
     for d in range(days):
@@ -128,10 +129,11 @@ def seed_records(out_dir: Path, count: int) -> float:
     moving any data; returns the seconds it took. Not synced one by one (one sync at the end):
     only their presence matters here."""
     from airflow_provider_amqstream.engine.receive.claims import done_records
-    from airflow_provider_amqstream.engine.records import TransferResult, state_dir
+    from airflow_provider_amqstream.engine.records import TransferResult
+    from airflow_provider_amqstream.engine.state_dir import StateDir
 
     t0 = time.monotonic()
-    sdir = state_dir(out_dir)
+    sdir = StateDir.create(out_dir)
     now = time.time()
 
     def results(lo: int, hi: int) -> Any:
