@@ -59,8 +59,12 @@ def _wait_behind(broker: EmbeddedBroker, queue: str, n: int, tmp_path: Path) -> 
     send_file(params_as(broker, "alice"), src, queue, SendOptions(chunk_size=64 * 1024))
     out = tmp_path / "out"
     t0 = time.monotonic()
-    proc = cli("receive", "--from", queue, "--out-dir", str(out), "--conn", broker.info(user="rx").uri,
-               "--follow", "--json", "-q")
+    # Its warnings go to a file: a pipe nobody drains fills after ~100 of them and blocks the
+    # receiver in its logger, which would look like a receiver that stopped taking offers.
+    err = tmp_path / "receiver.err"
+    with err.open("w") as err_file:
+        proc = cli("receive", "--from", queue, "--out-dir", str(out), "--conn", broker.info(user="rx").uri,
+                   "--follow", "--json", "-q", stderr=err_file)
     # The watchdog, not a sleep: a receiver that never completes alice's stream is killed.
     watchdog = threading.Timer(600, proc.kill)
     watchdog.start()
@@ -77,7 +81,8 @@ def _wait_behind(broker: EmbeddedBroker, queue: str, n: int, tmp_path: Path) -> 
         watchdog.cancel()
         proc.kill()
         proc.communicate(timeout=60)
-    assert seen and seen[-1].get("status") == "complete", f"alice's stream never completed behind {n}: {seen}"
+    assert seen and seen[-1].get("status") == "complete", \
+        f"alice's stream never completed behind {n}: {seen[-3:]}; receiver stderr: {err.read_text()[-2000:]}"
     assert sha256_file(out / "good.bin") == sha256_file(src)
     return wait, sum(1 for r in seen if r.get("status") == "stalled")
 
