@@ -72,10 +72,10 @@ def _aead(key: bytes) -> AESOCB3:
 
     try:
         return AESOCB3(key)
-    except UnsupportedAlgorithm:
+    except UnsupportedAlgorithm as exc:
         raise ConfigurationError("sealed streams use AES-256-OCB3, which this `cryptography` lacks (built on "
                                  "LibreSSL or BoringSSL, or OpenSSL in FIPS mode): install its own wheel from PyPI, "
-                                 "`pip install --force-reinstall cryptography`") from None
+                                 "`pip install --force-reinstall cryptography`") from exc
 
 
 def _raw_public(private: X25519PrivateKey) -> bytes:
