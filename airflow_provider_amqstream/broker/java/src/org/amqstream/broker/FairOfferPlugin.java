@@ -76,6 +76,8 @@ public class FairOfferPlugin implements BrokerPlugin {
         OfferPolicyMap(PolicyMap all, PolicyEntry offers) {
             this.all = all;
             this.offers = offers;
+            // Callers that read the default entry directly, not through getEntryFor, see the broker's.
+            setDefaultEntry(all.getDefaultEntry());
         }
 
         @Override
