@@ -2,8 +2,8 @@
 user it authenticated (``JMSXUserID`` on STOMP MESSAGE frames), a sender cannot forge that
 stamp, and the event trigger reports it as the offer's ``sender``.
 
-One broker with four users: ``alice`` and ``bob`` may only send to ``/queue/ident``,
-``reader`` and ``forger`` may only receive from it.
+One broker with four users: ``alice`` and ``bob`` may only send to ``/queue/ident`` and its
+per-test siblings, ``reader`` and ``forger`` may only receive from them.
 """
 
 from __future__ import annotations
@@ -54,14 +54,18 @@ from tests.helpers import (
 )
 
 QUEUE = "/queue/ident"
+# Each test that leaves or takes messages has its own destination, so none sees another's
+# leftovers whatever order the tests run in.
+FORGED_Q, STAMP_Q, IDS_Q, EVENTS_Q = (f"{QUEUE}.{name}" for name in ("forged", "stamp", "ids", "events"))
+_ALL_Q = [QUEUE, FORGED_Q, STAMP_Q, IDS_Q, EVENTS_Q]
 CONN_ID = "amqs_ident_reader"
 
 
 @pytest.fixture(scope="module")
 def ident_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     yield from running_broker(tmp_path_factory.mktemp("ident") / "broker", {
-        "alice": {"send": [QUEUE]}, "bob": {"send": [QUEUE]}, "reader": {"receive": [QUEUE]},
-        "forger": {"receive": [QUEUE]}})
+        "alice": {"send": _ALL_Q}, "bob": {"send": _ALL_Q}, "reader": {"receive": _ALL_Q},
+        "forger": {"receive": _ALL_Q}})
 
 
 def _drain(params: BrokerParams, dest: str, count: int, timeout: float = 30.0) -> list[dict[str, str]]:
@@ -121,7 +125,7 @@ def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
     parked: both are quarantined naming who parked them, nothing is published or recorded
     as alice's, and alice's own stream arrives. Before, the forger's bytes were published as
     ``payroll.csv``, recorded as alice's, with a manifest in alice's ``manifests/``."""
-    dest = Destination.parse(QUEUE)
+    dest = Destination.parse(FORGED_Q)
     forger = params_as(ident_broker, "forger")
     body = b"name,salary\nforger,1000000\n"
     spec = p.StreamSpec("payroll-1", "payroll.csv", len(body), 1024 * 1024, hdr.Mode.ATOMIC)
@@ -133,11 +137,11 @@ def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
         _raw_send(forger, dest.parked_queue(),
                   p.parked_headers(headers, sender="alice", not_before=time.time() - 1, reason="forged"), data)
     src = make_file(tmp_path / "alice.csv", 5_000, seed=5)
-    send_file(params_as(ident_broker, "alice"), src, QUEUE)
+    send_file(params_as(ident_broker, "alice"), src, FORGED_Q)
     out = tmp_path / "out"
     failures: list[StreamFailure] = []
     # Until all is quiet for a few sweeps of the parked queue (offers.SWEEP_PAUSE apart).
-    got = receive_streams(params_as(ident_broker, "reader"), QUEUE, out, on_failure=failures.append,
+    got = receive_streams(params_as(ident_broker, "reader"), FORGED_Q, out, on_failure=failures.append,
                           options=ReceiveOptions(wait_timeout=6, idle_timeout=30))
     assert [r.name for r in got] == ["alice.csv"] and sha256_file(Path(got[0].path)) == sha256_file(src)
     assert sorted((f.stream_id, f.status) for f in failures) == [("payroll-1", "quarantined"),
@@ -180,10 +184,10 @@ def test_a_send_only_user_cannot_forge_its_identity(ident_broker: EmbeddedBroker
     broker delivers each as alice's. The administrator's own message says who it is."""
     alice = params_as(ident_broker, "alice")
     offer_like = {hdr.H_KIND: "note"}
-    _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "admin"}, b"one")
-    _raw_send(alice, QUEUE, {**offer_like, "JMSXUserID": "bob", "amqs_sender": "bob"}, b"two")
-    _raw_send(params_as(ident_broker, None), QUEUE, offer_like, b"three")
-    got = _drain(params_as(ident_broker, "reader"), QUEUE, 3)
+    _raw_send(alice, STAMP_Q, {**offer_like, "JMSXUserID": "admin"}, b"one")
+    _raw_send(alice, STAMP_Q, {**offer_like, "JMSXUserID": "bob", "amqs_sender": "bob"}, b"two")
+    _raw_send(params_as(ident_broker, None), STAMP_Q, offer_like, b"three")
+    got = _drain(params_as(ident_broker, "reader"), STAMP_Q, 3)
     # In any order: with our jar the administrator's first offer outranks alice's second.
     assert sorted(h.get("JMSXUserID") for h in got) == ["alice", "alice", "amqstream"]
     assert sorted(p.sender_of(h) for h in got) == ["alice", "alice", "amqstream"]
@@ -198,13 +202,13 @@ def test_another_user_cannot_take_a_default_stream_id_first(ident_broker: Embedd
     not that one: her file arrives byte-exact under her own stream, and bob's under his."""
     alice, bob = params_as(ident_broker, "alice"), params_as(ident_broker, "bob")
     src = make_file(tmp_path / "report.csv", 50_000, seed=3)
-    guess = default_stream_id(src, QUEUE)
+    guess = default_stream_id(src, IDS_Q)
     junk = b"bob's data, not alice's"
-    play(bob, QUEUE, p.StreamSpec(guess, "report.csv", len(junk), len(junk)), junk, [1])
-    sent = send_file(alice, src, QUEUE)
-    assert sent.stream_id == default_stream_id(src, QUEUE, key=id_key(alice)) != guess
+    play(bob, IDS_Q, p.StreamSpec(guess, "report.csv", len(junk), len(junk)), junk, [1])
+    sent = send_file(alice, src, IDS_Q)
+    assert sent.stream_id == default_stream_id(src, IDS_Q, key=id_key(alice)) != guess
     out = tmp_path / "out"
-    got = receive_streams(params_as(ident_broker, "reader"), QUEUE, out, count=2,
+    got = receive_streams(params_as(ident_broker, "reader"), IDS_Q, out, count=2,
                           options=ReceiveOptions(wait_timeout=30, idle_timeout=30))
     by_id = {r.stream_id: r for r in got}
     assert set(by_id) == {guess, sent.stream_id}
@@ -249,22 +253,22 @@ def test_the_event_trigger_reports_the_authenticated_sender(ident_broker: Embedd
     whatever the offer's headers say, except that the receiving user's own copy names its
     first sender."""
     alice, bob = params_as(ident_broker, "alice"), params_as(ident_broker, "bob")
-    by_alice = send_file(alice, make_file(tmp_path / "a.bin", 300_000, seed=1), QUEUE,
+    by_alice = send_file(alice, make_file(tmp_path / "a.bin", 300_000, seed=1), EVENTS_Q,
                          SendOptions(mode="atomic", chunk_size=2**17), stream_id="from-alice")
     packed = send_files(bob, [make_file(tmp_path / "small" / f"b{i}.bin", 2000 + i, seed=10 + i) for i in range(2)],
-                        QUEUE).results
+                        EVENTS_Q).results
     # bob's offer claiming to be alice's, in every header a sender writes.
-    dest = Destination.parse(QUEUE)
+    dest = Destination.parse(EVENTS_Q)
     forged = p.offer_headers(p.StreamSpec("bob-as-alice", "f.bin", 10, 10, hdr.Mode.ATOMIC), dest, sender="bob")
-    _raw_send(bob, QUEUE, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice", hdr.H_FIRST_SENDER: "alice"})
+    _raw_send(bob, EVENTS_Q, {**forged, "JMSXUserID": "alice", "amqs_sender": "alice", hdr.H_FIRST_SENDER: "alice"})
     # Naming alice's data queue as well makes it an invalid offer, which fires nothing.
-    _raw_send(bob, QUEUE, p.offer_headers(p.StreamSpec("bob-in-alice", "f.bin", 10, 10, hdr.Mode.ATOMIC), dest,
+    _raw_send(bob, EVENTS_Q, p.offer_headers(p.StreamSpec("bob-in-alice", "f.bin", 10, 10, hdr.Mode.ATOMIC), dest,
                                           sender="alice"))
-    assert sum(bw.is_pack(f.headers) for f in browse(params_as(ident_broker, None), QUEUE)) == 1, \
+    assert sum(bw.is_pack(f.headers) for f in browse(params_as(ident_broker, None), EVENTS_Q)) == 1, \
         "bob's files not packed"
 
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", ident_broker.info(user="reader").uri)
-    trigger = StreamOfferedTrigger(destination=QUEUE, amqstream_conn_id=CONN_ID, poll_interval=0.1, pace=0)
+    trigger = StreamOfferedTrigger(destination=EVENTS_Q, amqstream_conn_id=CONN_ID, poll_interval=0.1, pace=0)
     events = asyncio.run(_events(trigger, 4, 60))
     senders = {e["stream_id"]: e["sender"] for e in events}
     assert senders == {by_alice.stream_id: "alice", packed[0].stream_id: "bob", packed[1].stream_id: "bob",
