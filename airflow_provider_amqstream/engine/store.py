@@ -2,8 +2,9 @@
 completion records and claims, a sender's finished checkpoints.
 
 Layout ``records/<YYYYMMDD>/<bb>/<host>-<pid>-<random>.log``: retention drops whole UTC
-days; a look-up reads one bucket (CRC-32 of kind and key) per day, by ``mmap.find``, so
-memory is flat in the number of records; each file has one writer, so nothing relies on
+days; a look-up reads one bucket (CRC-32 of kind and key) per day, by ``mmap.find`` in logs
+of at most :data:`LOG_LIMIT` and bisection in the sorted runs a full log becomes, so memory
+and time are flat in the number of records; each file has one writer, so nothing relies on
 ``O_APPEND`` or locks, which NFS does not keep. A line is
 ``<kind><key>\\t<JSON>\\t<CRC-32>\\n``; a torn or corrupt one is skipped, never spoils another.
 Past days are compacted into sorted files a look-up bisects. Why this layout, and what it
