@@ -309,13 +309,13 @@ def records_in(out: Path) -> int:
 
     ids = set()
     root = out / ".amqstream" / st.STORE_DIR_NAME
-    for seg in [*root.glob("*/*/*.log"), *root.glob(f"{st.PAST}/*/*{st.SORTED}")]:
+    for seg in [*root.glob("*/*/*.log"), *root.glob(f"*/*/*{st.SORTED}")]:
         try:
             data = seg.read_bytes()
         except FileNotFoundError:
             continue
         for line in data.split(b"\n"):
-            if seg.suffix == st.SORTED:  # a merged line has its day after its key
+            if seg.suffix == st.SORTED:  # a sorted line has its day after its key
                 head, _, rest = line.partition(b"\t")
                 line = head + b"\t" + rest.partition(b"\t")[2]
             rec = st.decode(line)
