@@ -6,8 +6,11 @@ as the issue did; ``alice`` then sends one good 300 KB file with the engine, and
 ``amqstream receive`` (connection from ``AIRFLOW_CONN_AMQSTREAM_DEFAULT``, user ``rx``) is started
 fresh. Each row gives the case, the attacker's count, the figure (seconds from the receiver's
 start until alice's file is written, MiB a sender left on disk, the receiver's peak RSS,
-destinations left, files/s) and the bound it is held to. The attack code is the tests'
-(tests/helpers.py). Writes nothing but the table; docs/decisions/fair-share.md quotes it.
+destinations left, files/s) and the bound it is held to. For the disk and memory cases the
+receiver starts first and alice sends once it has taken the whole attack (see ``_receive``).
+The attack code is the tests' (tests/helpers.py). ``--no-plugins`` renders the broker without
+our jar, as an external broker: the "before" of the fair-share cases. Writes nothing but the
+table; docs/decisions/fair-share.md quotes it.
 """
 
 from __future__ import annotations
