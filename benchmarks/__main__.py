@@ -18,11 +18,9 @@ the README's "Why" table from the same rows (``--readme-only`` does that from th
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,96 +29,20 @@ from typing import Any
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from benchmarks.common import (
-    CHUNK,
     PAIRED_ROUNDS,
     ROOT,
     SIZES,
+    Bench,
     MiB,
     Sshd,
-    amqstream_command,
-    cli_module,
     free_port,
     log,
     make_csv,
     make_random,
     median_run,
-    py,
-    result,
+    per_gib,
 )
 from benchmarks.readme import rows_from_report, update_readme
-
-_QUEUES = itertools.count(1)
-
-
-def process_cpu(pid: int | None) -> float:
-    """User plus system CPU seconds of a running process (all its threads)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Bench:
-    def __init__(self, work: Path, uri: str, broker_pid: int | None = None) -> None:
-        self.work, self.uri, self.broker_pid = work, uri, broker_pid
-
-    def queue(self) -> str:
-        return f"/queue/bench.{os.getpid()}.{next(_QUEUES)}"
-
-    def ours(self, src: Path, *, compress: bool = False, installed: bool = False) -> dict[str, Any]:
-        """End to end through the CLI. ``installed``: the ``amqstream`` command with the
-        connection in ``AIRFLOW_CONN_AMQSTREAM_DEFAULT``; else ``python -m`` with ``--conn URI``."""
-        q, out = self.queue(), self.work / "out"
-        state = {"AMQSTREAM_STATE_DIR": str(self.work / "state")}
-        extra = ["--compress", "zstd"] if compress else []
-        if installed:
-            run, conn, env = amqstream_command, [], {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": self.uri}
-        else:
-            run, conn, env = cli_module, ["--conn", self.uri], {}
-        t0, b0 = time.monotonic(), process_cpu(self.broker_pid)
-        rx = run("receive", "--from", q, "--out-dir", str(out), *conn, "--json", "-q", "--overwrite", "--wait", "120",
-                 env=env)
-        tx = run("send", str(src), "--to", q, *conn, "--json", "-q", "--stream-id", q.rsplit("/", 1)[1], *extra,
-                 env={**env, **state})
-        s, r = result(tx), result(rx)
-        secs = time.monotonic() - t0
-        if r["sha256"] != s["sha256"]:
-            raise RuntimeError("amqstream delivered a different file")
-        (out / src.name).unlink()
-        return {"seconds": secs, "send_rss": s["peak_rss_kib"], "recv_rss": r["peak_rss_kib"],
-                "cpu": [s["cpu_seconds"], r["cpu_seconds"], process_cpu(self.broker_pid) - b0]}
-
-    def ours_split(self, src: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        q, out = self.queue(), self.work / "out"
-        s = result(cli_module("send", str(src), "--to", q, "--conn", self.uri, "--json", "-q", "--stream-id",
-                              q.rsplit("/", 1)[1], env={"AMQSTREAM_STATE_DIR": str(self.work / "state")}))
-        r = result(cli_module("receive", "--from", q, "--out-dir", str(out), "--conn", self.uri, "--json", "-q",
-                              "--overwrite"))
-        (out / src.name).unlink()
-        return {"seconds": s["seconds"], "rss": s["peak_rss_kib"]}, {"seconds": r["seconds"], "rss": r["peak_rss_kib"]}
-
-    def raw_stomp(self, src: Path) -> dict[str, Any]:
-        q, out = self.queue(), self.work / "raw.out"
-        count = -(-src.stat().st_size // CHUNK)
-        t0, b0 = time.monotonic(), process_cpu(self.broker_pid)
-        rx = py("benchmarks.raw_stomp", "recv", str(out), q, self.uri, str(count))
-        tx = py("benchmarks.raw_stomp", "send", str(src), q, self.uri, str(CHUNK))
-        s, r = result(tx), result(rx)
-        secs = time.monotonic() - t0
-        size = out.stat().st_size
-        out.unlink()
-        if size != src.stat().st_size:
-            raise RuntimeError("raw stomp.py lost bytes")
-        return {"seconds": secs, "send_rss": s["peak_rss_kib"], "recv_rss": r["peak_rss_kib"],
-                "cpu": [s["cpu_seconds"], r["cpu_seconds"], process_cpu(self.broker_pid) - b0]}
-
-    def dd(self, src: Path) -> float:
-        out = self.work / "dd.out"
-        t0 = time.monotonic()
-        subprocess.run(["dd", f"if={src}", f"of={out}", "bs=4M", "conv=fsync"], check=True, capture_output=True)
-        secs = time.monotonic() - t0
-        out.unlink()
-        return secs
 
 
 def broker_peak_kib(broker: EmbeddedBroker) -> int:
@@ -137,10 +59,6 @@ def broker_peak_kib(broker: EmbeddedBroker) -> int:
 # ------------------------------------------------------------------------------ report
 def mibs(size: int, secs: float) -> float:
     return size / MiB / max(secs, 1e-9)
-
-
-def per_gib(cpu: list[float], size: int) -> list[float]:
-    return [round(c * 1024 * MiB / size, 2) for c in cpu]
 
 
 def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int = 64,

@@ -35,8 +35,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker import process
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from benchmarks.__main__ import Bench, per_gib
-from benchmarks.common import SIZES, MiB, free_port, log, make_csv, make_random
+from benchmarks.common import SIZES, Bench, MiB, free_port, log, make_csv, make_random, per_gib
 
 # Variant -> (with our jar, replacements in the rendered activemq.xml).
 VARIANTS: dict[str, tuple[bool, list[tuple[str, str]]]] = {
