@@ -34,11 +34,7 @@ from airflow_provider_amqstream.engine.receive.stream import (
     drain_queue,
     receiver_token,
 )
-from airflow_provider_amqstream.engine.records import (
-    TransferResult,
-    read_json,
-    write_json,
-)
+from airflow_provider_amqstream.engine.records import TransferResult, read_json, write_json
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
@@ -266,17 +262,8 @@ class ReceiveSession:
     :param batches: the batches this directory waits on.
     """
 
-    def __init__(
-        self,
-        link: Link,
-        dest: Destination,
-        out: Path,
-        sdir: StateDir,
-        *,
-        opts: ReceiveOptions,
-        offers: Offers,
-        batches: Batches,
-    ) -> None:
+    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, *, opts: ReceiveOptions,
+                 offers: Offers, batches: Batches) -> None:
         self.link, self.dest, self.out, self.sdir = link, dest, out, sdir
         self.opts, self.offers, self.batches = opts, offers, batches
         # The completion records of a group's streams, looked up together while the group
@@ -382,33 +369,15 @@ class ReceiveSession:
         parked at the tail of the queue until its back-off ends; after ``MAX_YIELDS`` yields
         the stream is quarantined instead."""
         if p.yields_of(message.headers) + 1 > MAX_YIELDS:
-            return self._quarantine(
-                message,
-                sid,
-                Outcome.GAVE_WAY,
-                (
-                    f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
-                    "the output directory's .amqstream"
-                ),
-                offset=offset,
-            )
+            return self._quarantine(message, sid, Outcome.GAVE_WAY, (
+                f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
+                "the output directory's .amqstream"), offset=offset)
         retry = self.offers.park(message, str(exc))
         outcome = yielded(exc)
-        failure = StreamFailure(
-            sid,
-            str(self.dest),
-            outcome.label,
-            str(exc),
-            offset,
-            retry_after=retry,
-            cause=outcome.value,
-        )
-        log.warning(
-            "%s (parked in %s for %.0fs)",
-            exc,
-            self.dest.parked_queue() if self.dest.kind == "queue" else self.dest,
-            retry,
-        )
+        failure = StreamFailure(sid, str(self.dest), outcome.label, str(exc), offset, retry_after=retry,
+                                cause=outcome.value)
+        log.warning("%s (parked in %s for %.0fs)", exc,
+                    self.dest.parked_queue() if self.dest.kind == "queue" else self.dest, retry)
         self.opts.emit("stream_yielded", **failure.to_json())
         exc.failure = failure
         return exc
@@ -450,39 +419,23 @@ class ReceiveSession:
         offer, spec = got.handle, got.message.spec
         sid = spec.stream_id
         if self.opts.max_bytes is not None and spec.size > self.opts.max_bytes:
-            return self._quarantine(
-                offer,
-                sid,
-                Outcome.MAX_BYTES,
-                f"stream {sid} is {spec.size} bytes, over this receiver's limit of {self.opts.max_bytes} (max_bytes)",
-            )
+            return self._quarantine(offer, sid, Outcome.MAX_BYTES, f"stream {sid} is {spec.size} bytes, over this "
+                                    f"receiver's limit of {self.opts.max_bytes} (max_bytes)")
         done = self._received(sid)
         if done is not None:
             owner = str(done.get("sender") or "")
             if owner and sender != owner:
-                return self._quarantine(
-                    offer,
-                    sid,
-                    Outcome.ID_OF_OTHER_USER,
-                    (
-                        f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
-                        f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
-                        "received. Send with your own stream id."
-                    ),
-                )
+                return self._quarantine(offer, sid, Outcome.ID_OF_OTHER_USER, (
+                    f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
+                    f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
+                    "received. Send with your own stream id."))
             if _same_stream(done, spec, got.message.origin):
                 return self._duplicate(got, done)
             when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
-            return self._quarantine(
-                offer,
-                sid,
-                Outcome.REUSED_ID,
-                (
-                    f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
-                    f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
-                    "with a new stream id (the default id is derived from the file and is unique)."
-                ),
-            )
+            return self._quarantine(offer, sid, Outcome.REUSED_ID, (
+                f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
+                f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
+                "with a new stream id (the default id is derived from the file and is unique)."))
         clash = _other_partial(self.sdir, spec, sender)
         if clash:
             return self._quarantine(offer, sid, *clash)
@@ -626,32 +579,16 @@ class ReceiveSession:
             # A sender believes only receivers that introduced themselves: hello, then done.
             token = receiver_token(self.sdir, spec.stream_id)
             for kind in (hdr.Kind.HELLO, hdr.Kind.DONE):
-                self.link.send(
-                    terms[0],
-                    b"",
-                    p.control_headers(spec, kind, consumer_name(self.out), spec.chunks + 1, token),
-                    persistent=False,
-                )
+                self.link.send(terms[0], b"", p.control_headers(spec, kind, consumer_name(self.out), spec.chunks + 1,
+                                                                token), persistent=False)
         elif not bw.is_inline(offer.headers):
             drain_queue(self.link, got.message.data_queue, ack=True)
         inline.settle(self.offers.ack, offer)
         self.opts.emit("duplicate_offer", stream_id=spec.stream_id)
-        log.info(
-            "stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
-            spec.stream_id,
-            self.dest,
-            done.get("path"),
-        )
-        return TransferResult.from_json(
-            {
-                **done,
-                "seconds": 0.0,
-                "bytes_transferred": 0,
-                "started_at": time.time(),
-                "finished_at": time.time(),
-                "status": Outcome.DUPLICATE.value,
-            }
-        )
+        log.info("stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing", spec.stream_id,
+                 self.dest, done.get("path"))
+        return TransferResult.from_json({**done, "seconds": 0.0, "bytes_transferred": 0, "started_at": time.time(),
+                                         "finished_at": time.time(), "status": Outcome.DUPLICATE.value})
 
     def _quarantine(self, offer: Message, sid: str, cause: Outcome, reason: str, *, offset: int = 0,  # noqa: PLR0913
                     then: Callable[[], int] | None = None, filed: bool = False) -> StreamQuarantined:
@@ -780,5 +717,3 @@ def _other_partial(sdir: StateDir, spec: p.StreamSpec, sender: str) -> tuple[Out
         f"{data.get('size')} bytes) in {sdir}; this one ({spec.name!r}, {spec.size} bytes) reuses the id. "
         "Re-send it with a new stream id."
     )
-
-
