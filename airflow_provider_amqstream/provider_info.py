@@ -72,6 +72,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                        "/data/landing/orders.", "string"),
     "quarantine": _field("Quarantine queue", "The quarantine queue the receivers were given, if not "
                          "/queue/DLQ.<name> for each destination.", "string"),
+    "receivers": _field("Receiving users", "The broker users your receivers log in as, comma-separated, "
+                        "besides this connection's own, e.g. rx-orders,rx-invoices: redrive and the streams page "
+                        "believe the quarantine copies these users filed, and no other user's.", "string"),
     "records_retention_days": _field("Records retention (days)", "Days receivers keep the record of each stream "
                                      "they published (and senders of each stream sent). Older records are "
                                      "pruned: a stream offered again after that is received again. 0 keeps "

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000,
                     help="benchmarks.scale: also receive the smallest count into a directory already holding this "
                          "many completion records (0: skip)")
-    ap.add_argument("--only", choices=["scale", "seal"],
+    ap.add_argument("--only", choices=["scale", "seal", "hostile"],
                     help="run only this benchmark; its section of --docs/benchmarks.md is replaced, the rest kept")
     ap.add_argument("--no-startup", action="store_true",
                     help="skip the start-up figures of the installed command (benchmarks.startup)")
@@ -349,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         return scale.main([f"--scale={args.scale}", f"--records={args.records}",
                            f"--docs={Path(args.docs) / 'benchmarks.md'}",
                            *([f"--workdir={args.workdir}"] if args.workdir else [])])
+    if args.only == "hostile":
+        from benchmarks import hostile
+
+        # Prints its table only: docs/decisions/fair-share.md quotes it.
+        return hostile.main([*([f"--workdir={args.workdir}"] if args.workdir else [])])
     if args.only == "seal":
         from benchmarks import seal
 

@@ -88,12 +88,13 @@ def installed_command() -> list[str]:
                                                          ["-m", "airflow_provider_amqstream.cli"])]
 
 
-def amqstream_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def amqstream_command(*args: str, env: dict[str, str] | None = None,
+                      stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
     """The installed console script on this tree's package: an editable install may point at
     another checkout (a git worktree's benchmark would measure the main tree's code), so this
     tree goes first on PYTHONPATH."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.Popen([*installed_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen([*installed_command(), *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": path, **(env or {})})
 
 

@@ -185,6 +185,80 @@ class RawSender:
         self.conn.disconnect(receipt="bye")  # the receipt: every frame before it was stored
 
 
+def offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str,
+               extra: dict[str, str] | None = None) -> None:
+    """``n`` offers of streams ``<tag>-00000``... of ``size`` bytes that their sender never
+    sends, as ``params``'s user with raw stomp.py (``extra``: headers written on each)."""
+    dest = Destination.parse(queue)
+    raw = RawSender(params)
+    try:
+        for i in range(n):
+            spec = p.StreamSpec(f"{tag}-{i:05d}", f"{tag}.bin", size, 1024 * 1024)
+            raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=params.user), **(extra or {})})
+    finally:
+        raw.close()
+
+
+def flood(params: BrokerParams, queue: str, n: int, *, size: int = 1000, tag: str = "flood") -> None:
+    """``n`` good, complete streams ``<tag>-00000``... of ``size`` bytes, one chunk each, sent
+    as fast as raw stomp.py sends (no receipt until the last)."""
+    raw = RawSender(params)
+    try:
+        for i in range(n):
+            data = os.urandom(size)
+            send_stream(raw.send, queue, p.StreamSpec(f"{tag}-{i:05d}", f"{tag}-{i:05d}.bin", size, size), data, [1])
+    finally:
+        raw.close()
+
+
+def orphan_batch_part(batch_id: str, part: int, parts: int) -> tuple[dict[str, str], bytes]:
+    """Part ``part`` of ``parts`` of a batch, listing 1,999 files of 128-character ids nobody
+    sends (about 470 KiB once kept): never its first part."""
+    from airflow_provider_amqstream.protocol import bulk as bw
+    from airflow_provider_amqstream.protocol import headers as hdr
+
+    tag = f"{batch_id}-{part}-"
+    entries = [{"stream_id": f"{tag}{i:05d}".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "", "name": "x", "bytes": 1,
+                "sha256": "0" * 64} for i in range(1999)]
+    [(headers, body)] = bw.batch_messages(batch_id, entries)
+    return {**headers, bw.H_PART: str(part), bw.H_PARTS: str(parts)}, body
+
+
+class JsonRows(threading.Thread):
+    """The JSON lines a running ``amqstream receive --json`` prints, read as they come, each
+    with ``at``, the monotonic time it was read; :meth:`wait` waits on a condition over them."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        super().__init__(daemon=True)
+        self.proc = proc
+        self.rows: list[dict[str, Any]] = []
+        self.changed = threading.Condition()
+        self.start()
+
+    def run(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                with self.changed:
+                    self.rows.append({**json.loads(line), "at": time.monotonic()})
+                    self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait(self, cond: Callable[[list[dict[str, Any]]], Any], timeout: float, what: str) -> Any:
+        """Wait until ``cond(rows)`` is truthy and return it; fail naming ``what`` and the last
+        rows if the receiver exits or ``timeout`` passes first."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not (value := cond(self.rows)):
+                left = deadline - time.monotonic()
+                if left <= 0 or (not self.is_alive() and self.proc.poll() is not None):
+                    raise AssertionError(f"{what}: not after {timeout:.0f}s (receiver exit code "
+                                         f"{self.proc.poll()}); last rows {self.rows[-3:]}")
+                self.changed.wait(min(left, 1.0))
+        return value
+
+
 Send = Callable[[str, bytes, dict[str, str]], Any]
 Tamper = Callable[[int, dict[str, str], bytes], tuple[dict[str, str], bytes]]
 
@@ -309,13 +383,13 @@ def records_in(out: Path) -> int:
 
     ids = set()
     root = out / ".amqstream" / st.STORE_DIR_NAME
-    for seg in [*root.glob("*/*/*.log"), *root.glob(f"{st.PAST}/*/*{st.SORTED}")]:
+    for seg in [*root.glob("*/*/*.log"), *root.glob(f"*/*/*{st.SORTED}")]:
         try:
             data = seg.read_bytes()
         except FileNotFoundError:
             continue
         for line in data.split(b"\n"):
-            if seg.suffix == st.SORTED:  # a merged line has its day after its key
+            if seg.suffix == st.SORTED:  # a sorted line has its day after its key
                 head, _, rest = line.partition(b"\t")
                 line = head + b"\t" + rest.partition(b"\t")[2]
             rec = st.decode(line)

@@ -2,8 +2,9 @@
 completion records and claims, a sender's finished checkpoints.
 
 Layout ``records/<YYYYMMDD>/<bb>/<host>-<pid>-<random>.log``: retention drops whole UTC
-days; a look-up reads one bucket (CRC-32 of kind and key) per day, by ``mmap.find``, so
-memory is flat in the number of records; each file has one writer, so nothing relies on
+days; a look-up reads one bucket (CRC-32 of kind and key) per day, by ``mmap.find`` in logs
+of at most :data:`LOG_LIMIT` and bisection in the sorted runs a full log becomes, so memory
+and time are flat in the number of records; each file has one writer, so nothing relies on
 ``O_APPEND`` or locks, which NFS does not keep. A line is
 ``<kind><key>\\t<JSON>\\t<CRC-32>\\n``; a torn or corrupt one is skipped, never spoils another.
 Past days are compacted into sorted files a look-up bisects. Why this layout, and what it
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import heapq
-import itertools
 import json
 import logging
 import mmap
@@ -38,6 +38,11 @@ DEFAULT_RETENTION_DAYS = 30.0
 DAY = 86400
 # The longest line a look-up decodes (a longer one is garbage).
 MAX_LINE = 64 * 1024
+# A writer's log of a bucket this large is sorted into a run (see RecordStore._seal): what a
+# look-up scans is at most this much per writer and bucket, the rest it bisects.
+LOG_LIMIT = 128 * 1024
+# Listings a look-up makes when files it listed were merged away before it opened them.
+RELISTS = 100
 # Buckets per day. Fewer buckets mean fewer files and directories (each costs a block of
 # 4 KiB or more: at 10,000 streams 256 buckets cost ~150 bytes a stream, 64 ~65, 32 ~33);
 # more mean less read per look-up (1/BUCKETS of the records within retention).
@@ -165,6 +170,103 @@ def _read_logs(logs: list[tuple[str, str]]) -> tuple[list[bytes], list[tuple[str
     return fresh, read
 
 
+def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: bytes) -> str:
+    """Merge ``fresh`` (sorted tagged lines) and the sorted files ``olds`` (lines of days from
+    ``cutoff``) into a new sorted file in ``directory``, named by the oldest day it holds,
+    durable and in place when this returns; return its path."""
+    tmp = f"{directory}/.{secrets.token_hex(8)}.tmp"
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), "wb") as out:
+            prev, oldest = b"", b"99999999"
+            for line in heapq.merge(fresh, *(_past_lines(p, cutoff) for p in olds), key=_merge_key):
+                if line != prev:  # copies of a line (a crash, two compactors) sort next to each other
+                    out.write(line + b"\n")
+                    prev, oldest = line, min(oldest, line.split(b"\t", 2)[1])
+            out.flush()
+            os.fsync(out.fileno())
+        new = f"{directory}/{oldest.decode()}-{secrets.token_hex(8)}{SORTED}"
+        os.rename(tmp, new)
+        _fsync_dir(directory)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return new
+
+
+class _Gone(Exception):
+    """A file listed for a look-up was merged into another before it was opened."""
+
+
+def _listed(bdir: str) -> list[str]:
+    """The logs and sorted runs in ``bdir`` in name order (none if it has no directory)."""
+    try:
+        names = sorted(os.listdir(bdir))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [f"{bdir}/{n}" for n in names if n.endswith((".log", SORTED))]
+
+
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[Any]:
+    """``path`` mapped read-only (None if empty): nothing copied into the process, and what
+    is mapped is page cache, let go when the look-up ends. Raises :class:`_Gone` if missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        raise _Gone(path) from None
+    try:
+        size = os.fstat(fd).st_size
+        if not size:
+            yield None
+            return
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
+            yield data
+    finally:
+        os.close(fd)
+
+
+def _scan(data: Any, head: bytes) -> list[Any]:
+    """The values of ``head``'s lines in a mapped log (bounded by :data:`LOG_LIMIT`), in order."""
+    needle = b"\n" + head + b"\t"
+    # The first line has no newline before it: "at" is where a line's newline would be.
+    first = data[:len(needle) - 1] == needle[1:]
+    at = -1 if first else data.find(needle)
+    values: list[Any] = []
+    while first or at >= 0:
+        first = False
+        # A line ends at its newline; one without (a torn tail) is never decoded.
+        stop = data.find(b"\n", at + 1)
+        if stop < 0:
+            break
+        if stop - at <= MAX_LINE:
+            rec = decode(data[at + 1:stop])
+            if rec is not None and rec[0].encode() == head:
+                values.append(rec[1])
+        at = data.find(needle, stop)
+    return values
+
+
+def _search(data: Any, head: bytes, cutoff: bytes) -> list[Any]:
+    """The values of ``head``'s lines of days kept in a mapped sorted file, newest day first,
+    found by bisection (O(log n), a few pages touched)."""
+    found: list[tuple[bytes, Any]] = []
+    at, size = _first_at_least(data, head), len(data)
+    while at < size:
+        stop = data.find(b"\n", at)
+        if stop < 0:
+            break
+        line_head, _, rest = data[at:stop].partition(b"\t")
+        if line_head != head:
+            break
+        day, _, body = rest.partition(b"\t")
+        rec = decode(line_head + b"\t" + body) if day >= cutoff else None
+        if rec is not None:
+            found.append((day, rec[1]))
+        at = stop + 1
+    found.sort(key=lambda dv: dv[0], reverse=True)
+    return [v for _, v in found]
+
+
 def _unlink_quietly(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -186,8 +288,10 @@ class RecordStore:
         self.clock = clock
         self._lock = threading.Lock()
         self._name = writer_name()
-        # This writer's files of the current day, open (at most BUCKETS), and the day.
-        self._fds: dict[str, int] = {}
+        # This writer's logs of the current day, open (at most BUCKETS): bucket -> [fd, path,
+        # size]; its sorted runs of the day by bucket, with the logs each holds, largest first.
+        self._logs: dict[str, list[Any]] = {}
+        self._runs: dict[str, list[tuple[str, int]]] = {}
         self._fd_day = ""
         self._pid = os.getpid()
         self._next_prune = float("inf")  # set by the first prune (the receiver's start)
@@ -224,10 +328,9 @@ class RecordStore:
         if day != self._fd_day:
             self.close()
             self._fd_day = day
-        fd = self._fds.get(b)
-        new = fd is None
-        if fd is None:
-            bdir = f"{self.root}/{day}/{b}"
+        log_ = self._logs.get(b)
+        bdir = f"{self.root}/{day}/{b}"
+        if log_ is None:
             path = f"{bdir}/{self._name}"
             # O_EXCL: a file of our own name, never one someone planted (nor a link).
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
@@ -236,16 +339,16 @@ class RecordStore:
             except FileNotFoundError:
                 os.makedirs(bdir, exist_ok=True)
                 fd = os.open(path, flags, 0o600)
-            self._fds[b] = fd
+            log_ = self._logs[b] = [fd, path, 0]
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(log_[0], view):]
+            log_[2] += len(data)
             if sync:
-                os.fsync(fd)
-                if new:
+                os.fsync(log_[0])
+                if not log_[2] - len(data):
                     # A new file's name (and its new directories') must be durable too.
-                    bdir = f"{self.root}/{day}/{b}"
                     for d in (bdir, os.path.dirname(bdir), self.root):
                         _fsync_dir(d)
         except OSError:
@@ -254,11 +357,40 @@ class RecordStore:
             self.close()
             self._name = writer_name()
             raise
+        if log_[2] >= LOG_LIMIT:
+            self._seal(day, b)
+
+    def _seal(self, day: str, b: str) -> None:
+        """Turn this writer's full log of bucket ``b`` into a sorted run, merged with its runs
+        of the day no larger than what is merged (a binary counter: O(log n) runs a bucket,
+        each line rewritten O(log n) times), so a look-up bisects instead of scanning a day.
+        The run is durable and in place before the log and the runs merged go: a crash leaves
+        every record in some file (at worst twice; a merge drops the copy)."""
+        fd, path, _size = self._logs[b]
+        runs = self._runs.setdefault(b, [])
+        merged: list[tuple[str, int]] = []
+        logs = 1  # a run's weight: the logs it holds
+        while runs and runs[-1][1] <= logs:
+            merged.append(runs.pop())
+            logs += merged[-1][1]
+        try:
+            fresh, _ = _read_logs([(day, path)])
+            new = _write_sorted(os.path.dirname(path), fresh, [p for p, _ in merged], b"")
+        except OSError as exc:
+            runs.extend(reversed(merged))
+            log.warning("records in %s: could not sort %s (%s); it is searched as it is", self.root, path, exc)
+            return
+        del self._logs[b]
+        os.close(fd)
+        self._name = writer_name()  # the next log a new name: a look-up that listed this one finds it gone
+        for p in (path, *(p for p, _ in merged)):
+            _unlink_quietly(p)
+        runs.append((new, logs))
 
     def close(self) -> None:
         """Close this writer's open files (a later write opens new ones)."""
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
+        logs, self._logs, self._runs = self._logs, {}, {}
+        for fd, _path, _size in logs.values():
             os.close(fd)
 
     # -- reading ----------------------------------------------------------------
@@ -276,135 +408,58 @@ class RecordStore:
 
     def get_all(self, kind: str, key: str) -> Iterator[Any]:
         """Every record of (``kind``, ``key``) within retention, newest day first."""
-        head = kind + _check_key(key)
-        needle = f"\n{head}\t".encode()
-        b = bucket(kind, key)
-        for day in self._days():
-            for path in self._bucket_files(day, b):
-                yield from self._scan(path, needle, head)
-        for path in self._past_files(b):
-            yield from self._search(path, head)
+        return iter(self._collect(kind, [key], first=False).get(key, []))
 
     def get_many(self, kind: str, keys: Iterable[str]) -> dict[str, Any]:
-        """The newest record of each of ``keys`` that has one: each bucket file is read once
-        for all of them (a batch's thousands of streams cost one pass over their buckets,
-        not a look-up each). Memory: the answer, and one file at a time.
+        """The newest record of each of ``keys`` that has one: each bucket is listed and each
+        of its files mapped once for all of them (a batch's thousands of streams, a receiver's
+        group). Memory: the answer.
 
         :param kind: the records' kind.
         :param keys: what to look up.
         """
-        by_bucket: dict[str, set[bytes]] = {}
+        return {key: values[0] for key, values in self._collect(kind, keys, first=True).items()}
+
+    def _collect(self, kind: str, keys: Iterable[str], *, first: bool) -> dict[str, list[Any]]:
+        by_bucket: dict[str, list[bytes]] = {}
         for key in keys:
-            by_bucket.setdefault(bucket(kind, key), set()).add(f"{kind}{_check_key(key)}".encode())
-        found: dict[str, Any] = {}
-        for day in self._days():
-            for b, heads in by_bucket.items():
-                for path in self._bucket_files(day, b):
-                    self._scan_many(path, heads, found)
+            by_bucket.setdefault(bucket(kind, key), []).append(f"{kind}{_check_key(key)}".encode())
+        cutoff = self._cutoff().encode()
+        found: dict[str, list[Any]] = {}
         for b, heads in by_bucket.items():
-            for path in self._past_files(b):
-                for h in heads:
-                    key = h[1:].decode()
-                    if key not in found:
-                        found.update((key, v) for v in itertools.islice(self._search(path, h.decode()), 1))
+            for _ in range(RELISTS):
+                try:
+                    found.update(self._collect_bucket(b, heads, cutoff, first=first))
+                    break
+                except _Gone:
+                    continue  # a file listed was merged into a new one since: list again
+            else:
+                raise OSError(errno.EAGAIN, f"records of bucket {b} in {self.root} were merged away {RELISTS} "
+                                            "times during one look-up; try again")
         return found
 
-    def _bucket_files(self, day: str, b: str) -> list[str]:
-        """The log files of bucket ``b`` on ``day``, in name order (none if it has no directory)."""
-        bdir = f"{self.root}/{day}/{b}"
-        try:
-            names = sorted(os.listdir(bdir))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        return [f"{bdir}/{name}" for name in names if name.endswith(".log")]
+    def _collect_bucket(self, b: str, heads: list[bytes], cutoff: bytes, *, first: bool) -> dict[str, list[Any]]:
+        """The values of ``heads`` in bucket ``b``'s files, newest day first. Raises
+        :class:`_Gone` if a file listed is gone when opened: files are only appended to, and a
+        record leaves one only after it is in a newer file (renamed into place first), so a
+        look-up that opened every file it listed saw every record there when it listed."""
+        found: dict[bytes, list[Any]] = {}
+        for path in self._files(b):
+            todo = [h for h in heads if not (first and h in found)]
+            if not todo:
+                break
+            with _mapped(path) as data:
+                for h in todo if data is not None else ():
+                    values = _search(data, h, cutoff) if path.endswith(SORTED) else _scan(data, h)
+                    if values:
+                        found.setdefault(h, []).extend(values)
+        return {h[1:].decode(): v for h, v in found.items()}
 
-    def _past_files(self, b: str) -> list[str]:
-        """The merged files of bucket ``b`` (one, or more after a crash or two compactors)."""
-        pdir = f"{self.root}/{PAST}/{b}"
-        try:
-            return [f"{pdir}/{name}" for name in sorted(os.listdir(pdir)) if name.endswith(SORTED)]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    def _scan_many(self, path: str, heads: set[bytes], found: dict[str, Any]) -> None:
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            return
-        # The last piece has no newline (empty, or a torn tail): never decoded.
-        for line in data.split(b"\n")[:-1]:
-            head = line.partition(b"\t")[0]
-            if head in heads and head[1:].decode() not in found:
-                rec = decode(line)
-                if rec is not None:
-                    found[rec[0][1:]] = rec[1]
-
-    def _search(self, path: str, head: str) -> Iterator[Any]:
-        """The values of ``head``'s lines of days kept in a merged file, newest day first,
-        found by bisection."""
-        try:
-            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-        except FileNotFoundError:
-            return  # merged into another meanwhile: that one is listed next time
-        found: list[tuple[bytes, Any]] = []
-        cutoff = self._cutoff().encode()
-        try:
-            size = os.fstat(fd).st_size
-            if not size:
-                return
-            with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
-                target = head.encode()
-                at = _first_at_least(data, target)
-                while at < size:
-                    stop = data.find(b"\n", at)
-                    if stop < 0:
-                        break
-                    line_head, _, rest = data[at:stop].partition(b"\t")
-                    if line_head != target:
-                        break
-                    day, _, body = rest.partition(b"\t")
-                    rec = decode(line_head + b"\t" + body) if day >= cutoff else None
-                    if rec is not None:
-                        found.append((day, rec[1]))
-                    at = stop + 1
-        finally:
-            os.close(fd)
-        found.sort(key=lambda dv: dv[0], reverse=True)
-        yield from (v for _, v in found)
-
-    def _scan(self, path: str, needle: bytes, head: str) -> Iterator[Any]:
-        """The values of ``head``'s lines in one file. The file is mapped, not read: no copy
-        into this process's memory (a third faster here), and what is mapped is page cache,
-        let go when the look-up ends."""
-        try:
-            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-        except FileNotFoundError:
-            return  # pruned meanwhile
-        try:
-            size = os.fstat(fd).st_size
-            if not size:
-                return
-            with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
-                # The first line has no newline before it: "at" is where a line's newline would be.
-                first = data[:len(needle) - 1] == needle[1:]
-                at = -1 if first else data.find(needle)
-                if at < 0 and not first:
-                    return
-                while True:
-                    # A line ends at its newline; one without (a torn tail) is never decoded.
-                    stop = data.find(b"\n", at + 1)
-                    if stop < 0:
-                        break
-                    if stop - at <= MAX_LINE:
-                        rec = decode(data[at + 1:stop])
-                        if rec is not None and rec[0] == head:
-                            yield rec[1]
-                    at = data.find(needle, stop)
-                    if at < 0:
-                        break
-        finally:
-            os.close(fd)
+    def _files(self, b: str) -> list[str]:
+        """Bucket ``b``'s logs and sorted runs of each day kept (newest first), then its merged
+        past days' files."""
+        return [*(p for day in self._days() for p in _listed(f"{self.root}/{day}/{b}")),
+                *_listed(f"{self.root}/{PAST}/{b}")]
 
     def _days(self) -> list[str]:
         """Day directories within retention, newest first."""
@@ -483,28 +538,20 @@ class RecordStore:
                 if name.endswith(".tmp") and os.lstat(f"{pdir}/{name}").st_mtime < self.clock() - COMPACT_AFTER:
                     os.unlink(f"{pdir}/{name}")
         olds = [f"{pdir}/{n}" for n in sorted(names) if n.endswith(SORTED)]
-        logs = [(day, path) for day in days for path in self._bucket_files(day, b)]
+        files = [(day, path) for day in days for path in _listed(f"{self.root}/{day}/{b}")]
+        logs = [(day, path) for day, path in files if path.endswith(".log")]
+        runs = [path for _, path in files if path.endswith(SORTED)]
+        for day in days:  # a sort its writer did not finish (that day ended an hour ago)
+            for tmp in Path(f"{self.root}/{day}/{b}").glob(".*.tmp"):
+                _unlink_quietly(str(tmp))
         cutoff = self._cutoff().encode()
         # A merged file is named by the oldest day it holds: one holding expired days is rewritten.
-        if not logs and len(olds) <= 1 and all(os.path.basename(p)[:8].encode() >= cutoff for p in olds):
+        if not files and len(olds) <= 1 and all(os.path.basename(p)[:8].encode() >= cutoff for p in olds):
             return 0
+        olds += runs
         fresh, read = _read_logs(logs)
         os.makedirs(pdir, exist_ok=True)
-        tmp = f"{pdir}/.{secrets.token_hex(8)}.tmp"
-        try:
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), "wb") as out:
-                prev, oldest = b"", b"99999999"
-                for line in heapq.merge(fresh, *(_past_lines(p, cutoff) for p in olds), key=_merge_key):
-                    if line != prev:  # copies of a line (a crash, two compactors) sort next to each other
-                        out.write(line + b"\n")
-                        prev, oldest = line, min(oldest, line.split(b"\t", 2)[1])
-                out.flush()
-                os.fsync(out.fileno())
-            os.rename(tmp, f"{pdir}/{oldest.decode()}-{secrets.token_hex(8)}{SORTED}")
-            _fsync_dir(pdir)
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
+        _write_sorted(pdir, fresh, olds, cutoff)
         for path in olds:
             _unlink_quietly(path)
         for path, size in read:

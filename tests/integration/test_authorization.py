@@ -1,7 +1,8 @@
 """Users restricted to their destinations by the broker's own authorization.
 
 One broker with an administrator and four users: ``producer`` may send to
-``/queue/landing`` and the ``/topic/news`` handshake, ``consumer`` may receive from both,
+``/queue/landing`` (and its per-test siblings) and the ``/topic/news`` handshake,
+``consumer`` may receive from all of them,
 ``site`` owns the ``/queue/sites.>`` family, and ``spammer`` may send to ``/queue/landing``
 with at most 5 streams waiting there. Streams flow for each; every step
 outside a grant is refused by the broker with an error naming the user and what to do.
@@ -27,12 +28,17 @@ from tests.helpers import Receiver, cli, free_port, make_file, params_as, runnin
 
 pytestmark = pytest.mark.broker
 
+LANDING = "/queue/landing"
+# The tests that receive whatever is offered, or assert a destination or its DLQ is empty,
+# have a destination each: none sees what another left, whatever order they run in.
+MOVE_Q, EVIL_Q = (f"{LANDING}.{name}" for name in ("move", "evil"))
+
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     yield from running_broker(tmp_path_factory.mktemp("acl") / "broker", {
-        "producer": {"send": ["/queue/landing", "/topic/news"]},
-        "consumer": {"receive": ["/queue/landing", "/topic/news"]},
+        "producer": {"send": [LANDING, MOVE_Q, EVIL_Q, "/topic/news"]},
+        "consumer": {"receive": [LANDING, MOVE_Q, EVIL_Q, "/topic/news"]},
         "site": {"send": ["/queue/sites.>"], "receive": ["/queue/sites.>"]},
         "spammer": {"send": ["/queue/landing"], "max_waiting": 5}})
 
@@ -64,8 +70,8 @@ def test_bad_user_names_and_grants_are_refused(tmp_path: Path) -> None:
 def test_producer_and_consumer_move_a_stream_within_their_grants(acl_broker: EmbeddedBroker,
                                                                   tmp_path: Path) -> None:
     src = make_file(tmp_path / "f.bin", 2 * 2**20 + 11)
-    sent = send_file(params_as(acl_broker, "producer"), src, "/queue/landing", SendOptions(chunk_size=256 * 1024))
-    got = receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+    sent = send_file(params_as(acl_broker, "producer"), src, MOVE_Q, SendOptions(chunk_size=256 * 1024))
+    got = receive_stream(params_as(acl_broker, "consumer"), MOVE_Q, tmp_path / "out",
                          options=ReceiveOptions(wait_timeout=20))
     assert got is not None and got.sha256 == sent.sha256 == sha256_file(src)
 
@@ -113,22 +119,22 @@ def test_a_receiver_cannot_be_sent_to_read_another_queue(acl_broker: EmbeddedBro
     """A producer's offer that names a data queue elsewhere (one the consumer may read)
     is refused by the receiver rather than followed."""
     spec = p.StreamSpec("evil-1", "x.bin", 10, 10, hdr.Mode.STREAM)
-    landing = Destination.parse("/queue/landing")
-    headers = p.offer_headers(spec, landing, sender="producer") | {
+    evil = Destination.parse(EVIL_Q)
+    headers = p.offer_headers(spec, evil, sender="producer") | {
         hdr.H_DATA_DEST: "/queue/landing.amqs.producer.other-stream"}
     with StompLink(params_as(acl_broker, "producer")) as link:
-        link.send_confirmed("/queue/landing", b"", headers)
+        link.send_confirmed(EVIL_Q, b"", headers)
     with pytest.raises(StreamError, match="not this stream's queue"):
-        receive_stream(params_as(acl_broker, "consumer"), "/queue/landing", tmp_path / "out",
+        receive_stream(params_as(acl_broker, "consumer"), EVIL_Q, tmp_path / "out",
                        options=ReceiveOptions(wait_timeout=20))
     # Refused by a consumer that may not write anywhere: still moved to the DLQ, where the
     # administrator finds it, and gone from the offers.
     with StompLink(params_as(acl_broker, None)) as admin:
-        admin.subscribe("/queue/DLQ.landing", prefetch=1)
+        admin.subscribe(f"/queue/DLQ.{evil.name}", prefetch=1)
         dead = admin.get(30)
         assert dead is not None and dead.headers.get(hdr.H_STREAM) == "evil-1"
         admin.ack(dead)
-        admin.subscribe("/queue/landing", browser=True)
+        admin.subscribe(EVIL_Q, browser=True)
         end = admin.get(30)
         assert end is not None and end.headers.get("browser") == "end", "the refused offer is still queued"
 

@@ -44,8 +44,8 @@ def test_a_connection_saved_from_the_form_is_read_without_a_masking_warning(airf
 
 def test_the_form_has_fields_for_what_the_streams_page_and_the_network_read() -> None:
     """Airflow's own ProvidersManager (what the UI's form is built from) gives the amqstream form
-    a field for each extra a user had to type as JSON: the destinations, receivers' directories
-    and quarantine the streams page and `streams ls` read, and the network settings."""
+    a field for each extra a user had to type as JSON: the destinations, receivers' directories,
+    quarantine and receiving users the streams page and `streams ls` read, and the network settings."""
     import subprocess
     import sys
 
@@ -55,6 +55,7 @@ def test_the_form_has_fields_for_what_the_streams_page_and_the_network_read() ->
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     fields = json.loads(run.stdout.strip().splitlines()[-1])
-    for name in ("destinations", "out_dirs", "quarantine", "network", "vhost", "hosts", "tls"):
+    for name in ("destinations", "out_dirs", "quarantine", "receivers", "network", "vhost", "hosts", "tls"):
         assert f"extra__amqstream__{name}" in fields, sorted(fields)
     assert "/queue/" in json.dumps(fields["extra__amqstream__destinations"]), fields["extra__amqstream__destinations"]
+    assert "comma-separated" in json.dumps(fields["extra__amqstream__receivers"]), fields["extra__amqstream__receivers"]

@@ -41,7 +41,9 @@ from tests.helpers import (
     assert_old_gen_bounded,
     browse,
     make_file,
+    offer_many,
     old_gen_mib,
+    orphan_batch_part,
     running_broker,
     sha256_file,
 )
@@ -93,17 +95,6 @@ def users(three: EmbeddedBroker) -> tuple[EmbeddedBroker, dict[str, BrokerParams
                    for u in ("mallory", "alice", "rx", "capped")}
 
 
-def _offer_many(params: BrokerParams, queue: str, n: int, *, size: int, tag: str) -> None:
-    dest = Destination.parse(queue)
-    raw = RawSender(params)
-    try:
-        for i in range(n):
-            spec = p.StreamSpec(f"{tag}-{i:05d}", f"{tag}.bin", size, 1024 * 1024)
-            raw.send(str(dest), b"", p.offer_headers(spec, dest, sender=params.user))
-    finally:
-        raw.close()
-
-
 def _good_stream_after(users: dict[str, BrokerParams], queue: str, tmp_path: Path, name: str,
                        **opts: float) -> tuple[float, list[StreamFailure]]:
     """Send one good stream as alice, receive as rx; return the delay and the failures seen."""
@@ -130,7 +121,7 @@ def test_a_good_stream_passes_any_number_of_offers_too_large_for_the_disk(
     pid = broker.running_pid()
     assert pid is not None
     heap_before = old_gen_mib(pid)
-    _offer_many(u["mallory"], queue, n, size=2**40, tag="tib")
+    offer_many(u["mallory"], queue, n, size=2**40, tag="tib")
     delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin")
     assert len(failures) == n and {f.status for f in failures} == {"no_room"}
     assert delay <= SLACK + PER_REFUSED * n, f"{delay:.1f}s behind {n} offers too large for the disk"
@@ -157,7 +148,7 @@ def test_a_good_stream_passes_any_number_of_offers_whose_sender_never_sent(
     _, u = users
     queue = f"/queue/scale.stalled{n}"
     idle = 0.25
-    _offer_many(u["mallory"], queue, n, size=5_000_000, tag="gone")
+    offer_many(u["mallory"], queue, n, size=5_000_000, tag="gone")
     delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin", idle_timeout=idle)
     # Each is looked at once; in a run longer than the yield back-off (300 s: 1,000 offers)
     # the first ones parked are due again, and looked at again, before the last.
@@ -377,7 +368,7 @@ def test_a_sender_at_its_data_queue_cap_fails_its_own_offer_never_the_receiver(
             raw.send(dest.data_queue(f"full-{i}", "capped"), b"x", {})
     finally:
         raw.close()
-    _offer_many(u["capped"], queue, 1, size=2, tag="over")
+    offer_many(u["capped"], queue, 1, size=2, tag="over")
     delay, failures = _good_stream_after(u, queue, tmp_path, "good.bin")
     assert [(f.stream_id, f.status) for f in failures] == [("over-00000", "refused")]
     reason = failures[0].reason
@@ -401,7 +392,7 @@ def test_a_users_stalled_backlog_costs_another_users_next_stream_one_look(
     2 s each, linear in what she sent."""
     _, u = users
     queue = f"/queue/scale.fair{n}"
-    _offer_many(u["mallory"], queue, n, size=5_000_000, tag="held")
+    offer_many(u["mallory"], queue, n, size=5_000_000, tag="held")
     delay, failures = _good_stream_after(u, queue, tmp_path, "first.bin")
     assert len({f.stream_id for f in failures}) == n and {f.status for f in failures} == {"stalled"}
     looked = [f.stream_id for f in failures if "without a look" not in f.reason]
@@ -467,18 +458,6 @@ def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_
     assert_old_gen_bounded(users[0], "half-sent and trickling streams")
 
 
-def _orphan_part(batch_id: str, part: int, parts: int) -> tuple[dict[str, str], bytes]:
-    """Part ``part`` of ``parts`` of a batch, listing 1,999 files of 128-character ids nobody
-    sends (about 470 KiB once kept): never its first part."""
-    from airflow_provider_amqstream.protocol import bulk as bw
-
-    tag = f"{batch_id}-{part}-"
-    entries = [{"stream_id": f"{tag}{i:05d}".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "", "name": "x", "bytes": 1,
-                "sha256": "0" * 64} for i in range(1999)]
-    [(headers, body)] = bw.batch_messages(batch_id, entries)
-    return {**headers, bw.H_PART: str(part), bw.H_PARTS: str(parts)}, body
-
-
 def test_batch_parts_a_sender_leaves_are_bounded_on_a_small_disk_and_every_start_succeeds(
         users: tuple[EmbeddedBroker, dict[str, BrokerParams]], tmp_path: Path) -> None:
     """Mallory sends 200 batch parts without their first part (about 94 MiB kept, were all
@@ -505,11 +484,11 @@ def test_batch_parts_a_sender_leaves_are_bounded_on_a_small_disk_and_every_start
         sent = 0
         try:
             for n in range(100):  # a hundred batches of which only part 2 ever comes
-                headers, body = _orphan_part(f"orphan-{n:03d}", 2, 3)
+                headers, body = orphan_batch_part(f"orphan-{n:03d}", 2, 3)
                 raw.send(queue, body, headers)
                 sent += len(body)
             for k in range(2, 102):  # and a hundred parts of one batch of 10,000
-                headers, body = _orphan_part("wide-1", k, 10_000)
+                headers, body = orphan_batch_part("wide-1", k, 10_000)
                 raw.send(queue, body, headers)
                 sent += len(body)
         finally:

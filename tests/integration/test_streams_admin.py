@@ -325,10 +325,16 @@ def test_redrive_and_discard_reach_past_what_a_browser_sees(params: BrokerParams
     assert all(h[hdr.H_QUARANTINED_BY] == "host-x" for h in left)
 
 
+# The forged-copy test has a destination of its own: the other receives whatever is offered on
+# /queue/landing, and neither may see what the other left in its queues, in either order.
+FORGED_Q = "/queue/landing.forged"
+
+
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     yield from running_broker(tmp_path_factory.mktemp("acl") / "broker",
-                              {"consumer": {"receive": ["/queue/landing"]}, "producer": {"send": ["/queue/landing"]}})
+                              {"consumer": {"receive": ["/queue/landing", FORGED_Q]},
+                               "producer": {"send": ["/queue/landing", FORGED_Q]}})
 
 
 def test_users_without_the_rights_are_refused_clearly(acl_broker: EmbeddedBroker, tmp_path: Path) -> None:
@@ -360,13 +366,13 @@ def test_users_without_the_rights_are_refused_clearly(acl_broker: EmbeddedBroker
 
 
 def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: EmbeddedBroker) -> None:
-    """consumer may only receive from /queue/landing, which lets it write the quarantine queue:
+    """consumer may only receive from its destinations, which lets it write their quarantine queue:
     it takes producer's offer and files a copy naming producer as the sender, under a name of
     its choosing and a cause redrive accepts. The administrator's redrive refuses it, naming
     consumer, and nothing moves: producer's chunks stay, nothing is offered in anyone's name."""
     admin, consumer = params_as(acl_broker, None), params_as(acl_broker, "consumer")
     producer = params_as(acl_broker, "producer")
-    dest = Destination.parse("/queue/landing")
+    dest = Destination.parse(FORGED_Q)
     spec = _spec("pay-1", 2500)
     play(producer, str(dest), spec, _data(2500, 3), [1, 2, 3])
     # consumer takes the offer off the destination (a receiver may) and forges the copy.
@@ -381,7 +387,7 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
                      "producer's offer")
     conn.ack(offer.headers["ack"])
     keep = {k: v for k, v in offer.headers.items() if k.startswith("amqs_")}
-    conn.send("/queue/DLQ.landing", b"", headers={
+    conn.send(f"/queue/DLQ.{dest.name}", b"", headers={
         **keep, hdr.H_NAME: "payroll.csv", hdr.H_FIRST_SENDER: "producer", H_QUARANTINE_CAUSE: "max_bytes",
         hdr.H_QUARANTINE_REASON: "over max_bytes", hdr.H_QUARANTINED_FROM: str(dest),
         hdr.H_QUARANTINED_AT: "2026-11-28T09:00:00+00:00", qr.H_QUARANTINED_USER: "admin", "persistent": "true"})
@@ -395,5 +401,5 @@ def test_redrive_refuses_a_quarantine_copy_a_receiving_user_forged(acl_broker: E
     assert not [f for f in browse(admin, str(dest)) if f.headers.get(hdr.H_STREAM) == "pay-1"], "nothing offered"
     assert not browse(admin, dest.data_queue("pay-1", admin.user))
     # The copy stays for an administrator to look at (and discard).
-    assert [f for f in browse(admin, "/queue/DLQ.landing") if f.headers.get(hdr.H_STREAM) == "pay-1"]
+    assert [f for f in browse(admin, f"/queue/DLQ.{dest.name}") if f.headers.get(hdr.H_STREAM) == "pay-1"]
     assert_old_gen_bounded(acl_broker, "a forged quarantine copy")

@@ -1,9 +1,11 @@
 """The page of the streams in a real Airflow deployment (``scripts/airflow.sh``, what
 ``make airflow`` runs), driven through its API and in headless Chromium.
 
-The test broker holds a destination with a stream in every state (``build_scene``) plus one
-being received while the page is looked at; the deployment knows it as connection
-``streams_ui`` (``destinations`` and ``out_dirs`` extras). The page lists every stream with
+The test broker holds a destination with a stream in every state (``build_scene``); the
+deployment knows it as connection ``streams_ui`` (``destinations`` and ``out_dirs`` extras).
+The page's test acts on a scene of its own (connection ``streams_page``), plus one stream
+being received while the page is looked at, so what it redrives and discards never reaches
+the API's test, whatever order they run in. The page lists every stream with
 a progress bar for the one in progress, an administrator redrives the stream quarantined
 over ``max_bytes`` from the page (it then arrives byte-exact) and discards the corrupt one;
 a user without the right to edit connections may neither look nor act; and a broker that
@@ -44,6 +46,10 @@ LIVE_CHUNK = 8192
 LIVE_CHUNKS = 240
 # Where screenshots are kept after the run, as tests/system/test_deployment.py keeps its own.
 KEEP = os.environ.get("AMQSTREAM_UI_SCREENSHOTS") or str(ROOT / "build" / "ui-screenshots")
+
+
+def _page_queue() -> str:
+    return f"/queue/t.streams_page.{os.getpid()}"
 
 
 def _chromium() -> str | None:
@@ -99,6 +105,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory, broker: Any, silent: SilentB
         "AIRFLOW_CONN_STREAMS_UI": json.dumps({
             "conn_type": "amqstream", "host": info.host, "port": info.port, "login": info.user,
             "password": info.password, "extra": {"destinations": queue, "out_dirs": str(out)}}),
+        "AIRFLOW_CONN_STREAMS_PAGE": json.dumps({
+            "conn_type": "amqstream", "host": info.host, "port": info.port, "login": info.user,
+            "password": info.password, "extra": {"destinations": _page_queue(), "out_dirs": str(home / "in-page")}}),
         "AIRFLOW_CONN_STREAMS_SLOW": json.dumps({
             "conn_type": "amqstream", "host": "127.0.0.1", "port": silent.port, "login": "x", "password": "y",
             "extra": {"destinations": "/queue/slow"}}),
@@ -113,6 +122,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory, broker: Any, silent: SilentB
     finally:
         d.stop()
         d.wait_all_exited(30, "SIGTERM")
+
+
+@pytest.fixture
+def page_scene(setup: tuple[Deployment, Scene, BrokerParams]) -> Scene:
+    """The page test's own destination with a stream in every state, set when it runs."""
+    d, _, params = setup
+    return build_scene(params, _page_queue(), d.home / "in-page")
 
 
 def _token(d: Deployment, user: str) -> str:
@@ -200,12 +216,13 @@ def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.
 
 
 def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deployment, Scene, BrokerParams],
-                                                              tmp_path: Path) -> None:
+                                                              page_scene: Scene, tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
     exe = _chromium()
     if exe is None:
         pytest.skip("no Chromium: apt-get install chromium (scripts/setup.sh does)")
-    d, scene, params = setup
+    d, _, params = setup
+    scene = page_scene
     live = os.urandom(LIVE_CHUNK * LIVE_CHUNKS)
     stop, looked = threading.Event(), threading.Event()
     sender = threading.Thread(target=_live_sender, args=(params, scene.queue, live, stop, looked), daemon=True)
@@ -230,8 +247,9 @@ def test_the_page_lists_the_streams_and_redrives_and_discards(setup: tuple[Deplo
             # Through the UI's own menu entry: the page in its frame.
             pg.goto(d.base + "/plugin/amqstream-streams")
             frame = pg.frame_locator("iframe")
-            # Three amqstream connections (the deployment's default, this one, a hung one): choose.
-            frame.get_by_test_id("conn").select_option("streams_ui")
+            # Four amqstream connections (the deployment's default, the API test's, this one, a
+            # hung one): choose.
+            frame.get_by_test_id("conn").select_option("streams_page")
             expect(frame.get_by_test_id("dest")).to_have_value(scene.queue)
             expect(frame.get_by_test_id("offered")).to_contain_text("wait-1")
             expect(frame.get_by_test_id("parked")).to_contain_text("parked-1")

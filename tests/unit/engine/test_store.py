@@ -364,3 +364,52 @@ def test_memory_stays_flat_merging_and_looking_up(tmp_path: Path) -> None:
     # 100,000 records (~3 MB); a merge holds one bucket of the days merged (1/32), a look-up a line.
     assert peak_merge < 1_500_000, peak_merge
     assert peak_read < 200_000, peak_read
+
+
+def test_a_full_log_is_sorted_into_runs_so_a_look_up_reads_a_bounded_part_of_the_day(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st, "LOG_LIMIT", 2048)
+    s = st.RecordStore(tmp_path / "records")
+    keys = [f"k-{i:05d}" for i in range(6000)]
+    for lo in range(0, len(keys), 64):  # a receiver's groups, synced by the caller
+        s.put_many([(st.DONE, k, [k, "x" * 20]) for k in keys[lo:lo + 64]], sync=False)
+    root = tmp_path / "records"
+    per_bucket = max(len(list(d.iterdir())) for d in root.glob("*/*"))
+    day_bytes = sum(f.stat().st_size for f in root.glob("*/*/*"))
+    # Runs of sizes 1, 2, 4 ... logs: at most log2 of a bucket's logs, and the log being written.
+    assert per_bucket <= (2 * day_bytes // st.BUCKETS // 2048).bit_length() + 1, per_bucket
+    scanned: list[int] = []
+    searched: list[int] = []
+    real_scan, real_search = st._scan, st._search
+    monkeypatch.setattr(st, "_scan", lambda data, head: scanned.append(len(data)) or real_scan(data, head))
+    monkeypatch.setattr(st, "_search", lambda data, head, c: searched.append(1) or real_search(data, head, c))
+    assert all(s.get(st.DONE, k) == [k, "x" * 20] for k in keys[::97])
+    assert s.get(st.DONE, "absent") is None
+    # Read linearly: one log per look-up, never more than LOG_LIMIT and a group; the rest bisected.
+    assert scanned and max(scanned) <= 2048 + 64 * 60 and len(scanned) <= len(keys[::97]) + 1
+    assert len(searched) <= (len(keys[::97]) + 1) * per_bucket
+    got = s.get_many(st.DONE, [*keys[:300], "absent"])
+    assert set(got) == set(keys[:300])
+    # Merged past days take the day's runs in too.
+    clock = Clock(time.time() + DAY + st.COMPACT_AFTER + 1)
+    later = st.RecordStore(root, clock=clock)
+    assert later.compact() == st.BUCKETS and not list(root.glob("2*/*/*"))
+    assert all(later.get(st.DONE, k) == [k, "x" * 20] for k in keys[::13])
+    assert sum(len(f.read_bytes().splitlines()) for f in root.glob("past/*/*.sorted")) == len(keys)
+
+
+def test_a_look_up_that_listed_a_log_sorted_away_meanwhile_lists_again(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st, "LOG_LIMIT", 1024)
+    s, reader = st.RecordStore(tmp_path / "records"), st.RecordStore(tmp_path / "records")
+    s.put(st.DONE, "first", ["first"])
+    b = st.bucket(st.DONE, "first")
+    stale = reader._files(b)
+    i = 0
+    while s._logs:  # until the log that holds "first" is sorted into a run and removed
+        i += 1
+        s.put(st.DONE, f"more-{i}", ["m"] * 20) if st.bucket(st.DONE, f"more-{i}") == b else None
+    listings = iter([stale])
+    real = reader._files
+    monkeypatch.setattr(reader, "_files", lambda bb: next(listings, None) or real(bb))
+    assert reader.get(st.DONE, "first") == ["first"]
