@@ -30,7 +30,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.protocol.seal import H_SEAL
-from airflow_provider_amqstream.transport.link import Link, open_link
+from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import transient
 
@@ -274,7 +274,7 @@ class OfferBrowser:
                     "offers behind them from this watcher until a receiver takes them; grant this user read on "
                     "%s and write on %s", self.dest, self.quarantine, exc, self.dest, self.quarantine)
 
-    def _members(self, frame: Any, *, junk: bool) -> list[Offer]:
+    def _members(self, frame: Message, *, junk: bool) -> list[Offer]:
         """The valid offers inside a pack: one per file, as receivers will take them."""
         found = []
         try:

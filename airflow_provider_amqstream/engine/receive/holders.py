@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.names import Destination
@@ -68,7 +68,7 @@ class Holder:
                 hdr.H_HELD_SINCE: f"{self.since:.0f}"}
 
     @classmethod
-    def from_headers(cls, headers: Any) -> Holder | None:
+    def from_headers(cls, headers: Mapping[str, object]) -> Holder | None:
         host, out_dir = str(headers.get(hdr.H_HELD_HOST, "")), str(headers.get(hdr.H_HELD_DIR, ""))
         if not host or not out_dir:
             return None

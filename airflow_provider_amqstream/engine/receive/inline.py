@@ -50,6 +50,7 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.messages import Delivered, StreamOffer
 from airflow_provider_amqstream.transport.link import Message
 
 # A group is bounded in files (offers held unacknowledged, each with its file open until the
@@ -243,11 +244,11 @@ class InlineGroup:
     def holds(self, stream_id: str) -> bool:
         return stream_id in self.ids
 
-    def add(self, offer: Message, spec: p.StreamSpec, data: bytes, *, sha256: str, origin: str,
-            subdir: tuple[str, ...], sender: str = "") -> None:
+    def add(self, got: Delivered[StreamOffer, Message], data: bytes, *, sha256: str, sender: str = "") -> None:
         """Write one verified file under a temporary name. Raises :class:`StreamNoRoom` if
         it would cross the free-space reserve (nothing written), :class:`Poisoned` for a
         target directory that is a link."""
+        spec, subdir = got.message.spec, got.message.subdir
         what = f"stream {spec.stream_id} ({self.destination}, inline)"
         short = self.room.shortfall(spec.size)
         if short:
@@ -267,7 +268,7 @@ class InlineGroup:
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
         _mark(fd, spec.stream_id)
-        item = _Item(offer, spec, origin, subdir, sha256, temp, fd, started, sender=sender)
+        item = _Item(got.handle, spec, got.message.origin, subdir, sha256, temp, fd, started, sender=sender)
         self.items.append(item)
         self.ids.add(spec.stream_id)
         try:

@@ -27,6 +27,7 @@ from airflow_provider_amqstream.exceptions import StreamBusy, StreamError, Strea
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.state import ReceiverState
+from airflow_provider_amqstream.transport.link import Message
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class PartialFile:
         self.hashed_to = 1
         self.new: list[int] = []
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Any]] | None = None
+        self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Message]] | None = None
 
     def open(self, min_free: int) -> None:
         self.created = not os.path.lexists(self.part)
@@ -253,7 +254,7 @@ class PartialFile:
                 self.hasher.update(os.pread(self.fd, length, off))
             self.hashed_to += 1
 
-    def commit(self, frames: list[Any], on_durable: Callable[[list[Any]], None], *, wait: bool) -> None:
+    def commit(self, frames: list[Message], on_durable: Callable[[list[Message]], None], *, wait: bool) -> None:
         """Hand the batch (new chunks, and ``frames`` to acknowledge) to the sync thread;
         the previous batch is finished first. ``on_durable`` acknowledges frames."""
         self.settle(on_durable)
@@ -283,7 +284,7 @@ class PartialFile:
             self.state.mark_durable(seq)
         self.new = []
 
-    def settle(self, on_durable: Callable[[list[Any]], None]) -> None:
+    def settle(self, on_durable: Callable[[list[Message]], None]) -> None:
         """Finish the commit in flight, if any."""
         if self.inflight is None:
             return

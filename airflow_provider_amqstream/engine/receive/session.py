@@ -34,11 +34,7 @@ from airflow_provider_amqstream.engine.receive.stream import (
     drain_queue,
     receiver_token,
 )
-from airflow_provider_amqstream.engine.records import (
-    TransferResult,
-    read_json,
-    write_json,
-)
+from airflow_provider_amqstream.engine.records import TransferResult, read_json, write_json
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.engine.store import prune_quietly
 from airflow_provider_amqstream.exceptions import (
@@ -56,15 +52,17 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths, seal
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.messages import Delivered, StreamOffer, read_offer
 from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.outcomes import Outcome, yielded
-from airflow_provider_amqstream.transport.link import Link, open_link
+from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
 ResultSink = Callable[[TransferResult], None]
+_Offer = Delivered[StreamOffer, Message]
 FailureSink = Callable[[StreamFailure], None]
 
 
@@ -264,24 +262,15 @@ class ReceiveSession:
     :param batches: the batches this directory waits on.
     """
 
-    def __init__(
-        self,
-        link: Link,
-        dest: Destination,
-        out: Path,
-        sdir: StateDir,
-        *,
-        opts: ReceiveOptions,
-        offers: Offers,
-        batches: Batches,
-    ) -> None:
+    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, *, opts: ReceiveOptions,
+                 offers: Offers, batches: Batches) -> None:
         self.link, self.dest, self.out, self.sdir = link, dest, out, sdir
         self.opts, self.offers, self.batches = opts, offers, batches
         # The completion records of a group's streams, looked up together while the group
         # is written (None: look each offer up on its own).
         self._known: tuple[set[str], dict[str, dict[str, Any]]] | None = None
 
-    def settle(self, offer: Any, room: int | None) -> list[TransferResult | StreamError | None]:
+    def settle(self, offer: Message, room: int | None) -> list[TransferResult | StreamError | None]:
         """Settle ``offer`` (with the small files delivered after it, for a group): the
         outcome of each stream, None for one with nothing to report.
 
@@ -298,7 +287,7 @@ class ReceiveSession:
             return self.take_inline(self.offers.gather_inline(offer, room))
         return [self.take(offer)]
 
-    def take(self, offer: Any) -> TransferResult | StreamError | None:
+    def take(self, offer: Message) -> TransferResult | StreamError | None:
         """Settle one offer: a result, a handled failure (to report or raise), or None for a
         re-offer or a batch message (nothing to receive)."""
         sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
@@ -311,41 +300,25 @@ class ReceiveSession:
             return self.take_inline([offer])[0]
         sender = self.offers.sender(offer)
         try:
-            spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
-            terms = p.handshake_terms(offer.headers, spec, self.dest) if spec.mode is hdr.Mode.HANDSHAKE else None
-            subdir = paths.safe_subdir(offer.headers.get(hdr.H_DIR), spec.stream_id)
-            opened = self._unseal(offer, spec, data_q)
+            opened = self._unseal(Delivered(read_offer(offer.headers, self.dest, sender=sender), offer))
         except ProtocolError as exc:
             cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
             return self._quarantine(offer, sid, cause, f"invalid offer: {exc}")
         if isinstance(opened, StreamError):
             return opened
-        sealed, spec = opened
-        origin = p.offer_origin(offer.headers)
-        settled = self._check_offer(offer, spec, data_q, origin, sender, terms)
+        sealed, got = opened
+        settled = self._check_offer(got, sender)
         if settled is not None:
             return settled
         if self.offers.stalled_in_round(offer):
             # Fair share: another user's next offer must not wait for a look at each of these.
             return self._yielded(StreamStalled(
-                f"stream {spec.stream_id} ({data_q}): parked without a look, its turn given to other users' streams: "
-                f"a stream of its sender {sender!r} never began in this round; it is tried again after its back-off"),
-                sid, 0, offer)
-        receiver = StreamReceiver(
-            self.link,
-            self.dest,
-            self.out,
-            self.sdir,
-            spec,
-            data_q,
-            self.opts,
-            origin=origin,
-            handshake=terms,
-            subdir=subdir,
-            sender=sender,
-            seal=sealed,
-        )
-        filed = self._filed_before(offer, spec.stream_id)
+                f"stream {got.message.spec.stream_id} ({got.message.data_queue}): parked without a look, its turn "
+                f"given to other users' streams: a stream of its sender {sender!r} never began in this round; it is "
+                "tried again after its back-off"), sid, 0, offer)
+        receiver = StreamReceiver(self.link, self.dest, self.out, self.sdir, got.message, self.opts, sender=sender,
+                                  seal=sealed)
+        filed = self._filed_before(offer, sid)
         if filed is not None:
             # Filed by a receiver here that died before it had moved the chunks: finish.
             return self._quarantine(offer, sid, filed["cause"], filed["reason"], offset=filed["offset"],
@@ -359,16 +332,16 @@ class ReceiveSession:
         self.link.ack(offer)
         return result
 
-    def _unseal(self, offer: Any, spec: p.StreamSpec,
-                data_q: str) -> tuple[seal.Seal | None, p.StreamSpec] | StreamError:
-        """A sealed offer's seal and its spec under the real name; the quarantine of one this
+    def _unseal(self, got: _Offer) -> tuple[seal.Seal | None, _Offer] | StreamError:
+        """A sealed offer's seal and the offer under its real name; the quarantine of one this
         receiver holds no key for, or of an unsealed one where sealing is required."""
+        offer, spec, data_q = got.handle, got.message.spec, got.message.data_queue
         sid, header = spec.stream_id, offer.headers.get(seal.H_SEAL)
         if not header:
             if self.opts.seal_required:
                 return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} ({data_q}) is not sealed, and "
                                         "this receiver requires sealed streams (seal: required); nothing was received")
-            return None, spec
+            return None, got
         opened = seal.Seal.open(str(header), list(self.opts.identities), stream_id=sid, size=spec.size,
                                 chunk_size=spec.chunk_size)
         if opened is None:
@@ -378,9 +351,9 @@ class ReceiveSession:
         name = opened[1]
         if not name or len(name.encode("utf-8", "surrogatepass")) > hdr.MAX_NAME_BYTES:
             raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {hdr.MAX_NAME_BYTES} bytes")
-        return opened[0], replace(spec, name=name)
+        return opened[0], replace(got, message=replace(got.message, spec=replace(spec, name=name)))
 
-    def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Any) -> StreamError:
+    def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Message) -> StreamError:
         """A stream being received gave way: leave its data queue, keep only its data on disk,
         and park its offer; one that never began costs its sender the round."""
         receiver.stop_data()
@@ -390,43 +363,26 @@ class ReceiveSession:
             self.offers.note_stalled(offer)
         return self._yielded(exc, sid, receiver.offset, offer)
 
-    def _yielded(self, exc: StreamYielded, sid: str, offset: int, message: Any) -> StreamYielded | StreamQuarantined:
+    def _yielded(self, exc: StreamYielded, sid: str, offset: int,
+                 message: Message) -> StreamYielded | StreamQuarantined:
         """The stream gives up its place: ``message`` (its offer, or the pack carrying it) is
         parked at the tail of the queue until its back-off ends; after ``MAX_YIELDS`` yields
         the stream is quarantined instead."""
         if p.yields_of(message.headers) + 1 > MAX_YIELDS:
-            return self._quarantine(
-                message,
-                sid,
-                Outcome.GAVE_WAY,
-                (
-                    f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
-                    "the output directory's .amqstream"
-                ),
-                offset=offset,
-            )
+            return self._quarantine(message, sid, Outcome.GAVE_WAY, (
+                f"gave way {MAX_YIELDS} times without arriving (last: {exc}); the partial data, if any, is kept in "
+                "the output directory's .amqstream"), offset=offset)
         retry = self.offers.park(message, str(exc))
         outcome = yielded(exc)
-        failure = StreamFailure(
-            sid,
-            str(self.dest),
-            outcome.label,
-            str(exc),
-            offset,
-            retry_after=retry,
-            cause=outcome.value,
-        )
-        log.warning(
-            "%s (parked in %s for %.0fs)",
-            exc,
-            self.dest.parked_queue() if self.dest.kind == "queue" else self.dest,
-            retry,
-        )
+        failure = StreamFailure(sid, str(self.dest), outcome.label, str(exc), offset, retry_after=retry,
+                                cause=outcome.value)
+        log.warning("%s (parked in %s for %.0fs)", exc,
+                    self.dest.parked_queue() if self.dest.kind == "queue" else self.dest, retry)
         self.opts.emit("stream_yielded", **failure.to_json())
         exc.failure = failure
         return exc
 
-    def _take_batch(self, offer: Any, sid: str) -> StreamError | None:
+    def _take_batch(self, offer: Message, sid: str) -> StreamError | None:
         """Record one part of a batch list (opened first if sealed); a part that does not fit
         gives way as a stream would."""
         try:
@@ -456,53 +412,30 @@ class ReceiveSession:
             self.opts.emit("batch_complete", manifest=str(manifest))
         return None
 
-    def _check_offer(
-        self,
-        offer: Any,
-        spec: p.StreamSpec,
-        data_q: str,
-        origin: str,
-        sender: str,
-        terms: tuple[str, int] | None = None,
-    ) -> StreamError | TransferResult | None:
+    def _check_offer(self, got: _Offer, sender: str) -> StreamError | TransferResult | None:
         """What every valid offer goes through before anything is received: within limits, not
         received before, not clashing with another stream's partial data. Returns None to go
         on, or the settled outcome (quarantined, or a duplicate acknowledged)."""
+        offer, spec = got.handle, got.message.spec
         sid = spec.stream_id
         if self.opts.max_bytes is not None and spec.size > self.opts.max_bytes:
-            return self._quarantine(
-                offer,
-                sid,
-                Outcome.MAX_BYTES,
-                f"stream {sid} is {spec.size} bytes, over this receiver's limit of {self.opts.max_bytes} (max_bytes)",
-            )
+            return self._quarantine(offer, sid, Outcome.MAX_BYTES, f"stream {sid} is {spec.size} bytes, over this "
+                                    f"receiver's limit of {self.opts.max_bytes} (max_bytes)")
         done = self._received(sid)
         if done is not None:
             owner = str(done.get("sender") or "")
             if owner and sender != owner:
-                return self._quarantine(
-                    offer,
-                    sid,
-                    Outcome.ID_OF_OTHER_USER,
-                    (
-                        f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
-                        f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
-                        "received. Send with your own stream id."
-                    ),
-                )
-            if _same_stream(done, spec, origin):
-                return self._duplicate(offer, spec, data_q, done, terms)
+                return self._quarantine(offer, sid, Outcome.ID_OF_OTHER_USER, (
+                    f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
+                    f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
+                    "received. Send with your own stream id."))
+            if _same_stream(done, spec, got.message.origin):
+                return self._duplicate(got, done)
             when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
-            return self._quarantine(
-                offer,
-                sid,
-                Outcome.REUSED_ID,
-                (
-                    f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
-                    f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
-                    "with a new stream id (the default id is derived from the file and is unique)."
-                ),
-            )
+            return self._quarantine(offer, sid, Outcome.REUSED_ID, (
+                f"stream id {sid} was already used by another stream ({done.get('bytes')} bytes, received "
+                f"{when} UTC as {done.get('path')}); this one ({spec.size} bytes) was not received. Re-send it "
+                "with a new stream id (the default id is derived from the file and is unique)."))
         clash = _other_partial(self.sdir, spec, sender)
         if clash:
             return self._quarantine(offer, sid, *clash)
@@ -514,7 +447,7 @@ class ReceiveSession:
             return self._known[1].get(sid)
         return find_received(self.out, sid, retention_days=self.opts.records_retention_days)
 
-    def _look_up_group(self, offers: list[Any]) -> None:
+    def _look_up_group(self, offers: list[Message]) -> None:
         """Read the completion records of a group's streams in one pass over their buckets:
         looked up one by one, each offer cost a listing of the store's days and of its
         bucket and a scan of the bucket's files (a third of a 1,000-file receive's
@@ -534,27 +467,26 @@ class ReceiveSession:
             return
         self._known = (valid, found)
 
-    def _parse_inline(self, offer: Any, sender: str) -> tuple[p.StreamSpec, str] | StreamError | TransferResult:
-        """An inline offer parsed and checked like any offer: (spec, origin), or its outcome."""
+    def _parse_inline(self, offer: Message, sender: str) -> _Offer | StreamError | TransferResult:
+        """An inline offer parsed and checked like any offer, or its outcome."""
         sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
         try:
-            spec, data_q = p.parse_offer(offer.headers, self.dest, sender=sender)
+            got = Delivered(read_offer(offer.headers, self.dest, sender=sender, inline=True), offer)
         except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
         if self.opts.seal_required:  # sealed files never travel inline
             return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} travelled inline, unsealed, and "
                                     "this receiver requires sealed streams (seal: required); nothing was received")
-        origin = p.offer_origin(offer.headers)
-        settled = self._check_offer(offer, spec, data_q, origin, sender)
-        return (spec, origin) if settled is None else settled
+        settled = self._check_offer(got, sender)
+        return got if settled is None else settled
 
-    def take_inline(self, group: list[Any]) -> list[TransferResult | StreamError | None]:
+    def take_inline(self, group: list[Message]) -> list[TransferResult | StreamError | None]:
         """Settle a group of inline offers: check and write each, make them durable together
         (see :mod:`~airflow_provider_amqstream.engine.receive.inline`), then acknowledge them."""
         outcomes: list[TransferResult | StreamError | None] = []
         files = InlineGroup(self.out, self.sdir, str(self.dest), self.opts)
-        later: list[Any] = []
-        yielded: tuple[StreamYielded, str, Any] | None = None
+        later: list[Message] = []
+        yielded: tuple[StreamYielded, str, Message] | None = None
         try:
             offers = self._unpacked(group, outcomes)
             if len(offers) > 1:
@@ -587,7 +519,7 @@ class ReceiveSession:
             return [*outcomes, self._give_way(group, *yielded)]
         for offer in later:
             checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
-            if isinstance(checked, tuple):  # not published after all: back to the tail
+            if isinstance(checked, Delivered):  # not published after all: back to the tail
                 message = inline.message_of(offer)
                 if not self.offers.settled(message):
                     self.offers.requeue(message)
@@ -595,26 +527,26 @@ class ReceiveSession:
             outcomes.append(checked)
         return outcomes
 
-    def _write_inline(self, files: InlineGroup, offer: Any, sid: str) -> StreamError | TransferResult | None:
+    def _write_inline(self, files: InlineGroup, offer: Message, sid: str) -> StreamError | TransferResult | None:
         """Check one inline offer and write its file into ``files``: None when written, else
         its outcome (quarantined, or a repeat). Raises StreamNoRoom when it does not fit."""
         sender = self.offers.sender(inline.message_of(offer))
-        checked = self._parse_inline(offer, sender)
-        if not isinstance(checked, tuple):
-            return checked
-        spec, origin = checked
+        got = self._parse_inline(offer, sender)
+        if not isinstance(got, Delivered):
+            return got
+        spec = got.message.spec
         try:
             data = bw.read_inline(offer.headers, offer.body or b"", spec)
             subdir = paths.safe_subdir(offer.headers.get(hdr.H_DIR), spec.stream_id)
-            files.add(offer, spec, data, sha256=str(offer.headers[hdr.H_SHA256]), origin=origin, subdir=subdir,
-                      sender=sender)
+            files.add(replace(got, message=replace(got.message, subdir=subdir)), data,
+                      sha256=str(offer.headers[hdr.H_SHA256]), sender=sender)
         except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, str(exc))
         except Poisoned as bad:
             return self._quarantine(offer, sid, bad.cause, bad.reason)
         return None
 
-    def _give_way(self, group: list[Any], exc: StreamYielded, sid: str, offer: Any) -> StreamError:
+    def _give_way(self, group: list[Message], exc: StreamYielded, sid: str, offer: Message) -> StreamError:
         """A group's file did not fit: park the message carrying it, and put back the rest of
         the group this receiver did not reach, for this receiver or another."""
         held = inline.message_of(offer)
@@ -624,10 +556,10 @@ class ReceiveSession:
                 self.offers.requeue(message)
         return outcome
 
-    def _unpacked(self, group: list[Any], outcomes: list[TransferResult | StreamError | None]) -> list[Any]:
+    def _unpacked(self, group: list[Message], outcomes: list[TransferResult | StreamError | None]) -> list[Message]:
         """The group's offers with every pack replaced by its members; a malformed pack is
         quarantined whole (its outcome goes to ``outcomes``)."""
-        found: list[Any] = []
+        found: list[Message] = []
         for offer in group:
             if not bw.is_pack(offer.headers):
                 found.append(offer)
@@ -639,43 +571,26 @@ class ReceiveSession:
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
         return found
 
-    def _duplicate(
-        self, offer: Any, spec: p.StreamSpec, data_q: str, done: dict[str, Any], terms: tuple[str, int] | None
-    ) -> TransferResult:
+    def _duplicate(self, got: _Offer, done: dict[str, Any]) -> TransferResult:
         """The stream was published here before and was offered again (a sender re-run after
         its final receipt was lost, or ``--restart``): acknowledge it, write nothing."""
+        offer, spec, terms = got.handle, got.message.spec, got.message.handshake
         if terms:
             # A sender believes only receivers that introduced themselves: hello, then done.
             token = receiver_token(self.sdir, spec.stream_id)
             for kind in (hdr.Kind.HELLO, hdr.Kind.DONE):
-                self.link.send(
-                    terms[0],
-                    b"",
-                    p.control_headers(spec, kind, consumer_name(self.out), spec.chunks + 1, token),
-                    persistent=False,
-                )
+                self.link.send(terms[0], b"", p.control_headers(spec, kind, consumer_name(self.out), spec.chunks + 1,
+                                                                token), persistent=False)
         elif not bw.is_inline(offer.headers):
-            drain_queue(self.link, data_q, ack=True)
+            drain_queue(self.link, got.message.data_queue, ack=True)
         inline.settle(self.offers.ack, offer)
         self.opts.emit("duplicate_offer", stream_id=spec.stream_id)
-        log.info(
-            "stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing",
-            spec.stream_id,
-            self.dest,
-            done.get("path"),
-        )
-        return TransferResult.from_json(
-            {
-                **done,
-                "seconds": 0.0,
-                "bytes_transferred": 0,
-                "started_at": time.time(),
-                "finished_at": time.time(),
-                "status": Outcome.DUPLICATE.value,
-            }
-        )
+        log.info("stream %s on %s was received before (%s); acknowledged the repeat, wrote nothing", spec.stream_id,
+                 self.dest, done.get("path"))
+        return TransferResult.from_json({**done, "seconds": 0.0, "bytes_transferred": 0, "started_at": time.time(),
+                                         "finished_at": time.time(), "status": Outcome.DUPLICATE.value})
 
-    def _quarantine(self, offer: Any, sid: str, cause: Outcome, reason: str, *, offset: int = 0,  # noqa: PLR0913
+    def _quarantine(self, offer: Message, sid: str, cause: Outcome, reason: str, *, offset: int = 0,  # noqa: PLR0913
                     then: Callable[[], int] | None = None, filed: bool = False) -> StreamQuarantined:
         """File the offer away with its cause and reason (unless ``filed`` already, by a receiver here
         that died before the end), run ``then`` (it moves the stream's chunks to the DLQ and
@@ -721,7 +636,7 @@ class ReceiveSession:
             return None
         return self.sdir.quarantined(sid)
 
-    def _filed_before(self, offer: Any, sid: str) -> dict[str, Any] | None:
+    def _filed_before(self, offer: Message, sid: str) -> dict[str, Any] | None:
         """The note of a quarantine of this very offer (same message id) begun here and not
         finished, or None. A note of another offer is stale: removed."""
         note = self._filed_note(sid)
@@ -737,7 +652,7 @@ class ReceiveSession:
         note.unlink(missing_ok=True)
         return None
 
-    def _clear_leftovers(self, offer: Any) -> None:
+    def _clear_leftovers(self, offer: Message) -> None:
         """Handle a re-offer. If this directory published the stream, drain what the sender's
         re-run repeated; if it holds the stream's partial data, its receiver drains when it
         publishes. Either way acknowledge the re-offer, and never start a reception from it."""
@@ -802,5 +717,3 @@ def _other_partial(sdir: StateDir, spec: p.StreamSpec, sender: str) -> tuple[Out
         f"{data.get('size')} bytes) in {sdir}; this one ({spec.name!r}, {spec.size} bytes) reuses the id. "
         "Re-send it with a new stream id."
     )
-
-

@@ -42,10 +42,11 @@ from airflow_provider_amqstream.exceptions import (
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol import wire as p
+from airflow_provider_amqstream.protocol.messages import StreamOffer
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
 from airflow_provider_amqstream.protocol.state import Decision, Verdict
-from airflow_provider_amqstream.transport.link import Link
+from airflow_provider_amqstream.transport.link import Link, Message
 
 log = logging.getLogger(__name__)
 
@@ -218,14 +219,11 @@ RECEIVE_WINDOW_BYTES = 8 * 1024 * 1024
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
-    # Built by engine/receive/session.py, whose rework goes on: an options object for the
-    # handshake/origin/sender keywords belongs with it.
-    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, spec: p.StreamSpec,  # noqa: PLR0913, PLR0917
-                 data_q: str, opts: ReceiveOptions, *, origin: str = "",
-                 handshake: tuple[str, int] | None = None, subdir: tuple[str, ...] = (), sender: str = "",
-                 seal: seal.Seal | None = None) -> None:
-        self.link, self.dest, self.out, self.spec, self.data_q, self.opts = link, dest, out, spec, data_q, opts
-        self.origin, self.subdir, self.seal = origin, subdir, seal
+    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, offer: StreamOffer,  # noqa: PLR0913
+                 opts: ReceiveOptions, *, sender: str = "", seal: seal.Seal | None = None) -> None:
+        spec, handshake, self.data_q = offer.spec, offer.handshake, offer.data_queue
+        self.link, self.dest, self.out, self.spec, self.opts = link, dest, out, spec, opts
+        self.origin, self.subdir, self.seal = offer.origin, offer.subdir, seal
         self.sdir = sdir
         # Handshake mode: where to tell the sender our position, and how often. The sender
         # stops a window ahead of us, so acknowledge every half window to keep it busy.
@@ -238,11 +236,11 @@ class StreamReceiver:
         self.consumer = consumer_name(out)
         self.token = receiver_token(sdir, spec.stream_id) if handshake else ""
         self.rejected = 0
-        self.unacked: list[Any] = []
-        self.refused: list[Any] = []
+        self.unacked: list[Message] = []
+        self.refused: list[Message] = []
         self.reported: float | None = None  # when progress was last reported (monotonic)
         self.data_sub: str | None = None
-        self.what = f"stream {spec.stream_id} ({data_q})"
+        self.what = f"stream {spec.stream_id} ({self.data_q})"
         # Chunks stamped by anyone but the offer's sender are refused (another user cannot
         # extend or spoil the stream); with no stamps at all there is nothing to compare.
         self.sender = sender
@@ -542,7 +540,7 @@ class StreamReceiver:
         return Poisoned(f"end marker arrived but {missing} never did (consumed by another client or moved to a "
                         "DLQ); the stream cannot be completed", self.offset, cause=Outcome.INCOMPLETE)
 
-    def _decide(self, frame: Any) -> Decision:
+    def _decide(self, frame: Message) -> Decision:
         """The protocol's verdict on a message; one that cannot belong to the stream poisons it."""
         try:
             return self.file.state.decide(frame.headers, frame.body)
@@ -550,7 +548,7 @@ class StreamReceiver:
             self.refused.append(frame)
             raise Poisoned(str(exc), self.offset, cause=Outcome.INVALID) from None
 
-    def _corrupt(self, frame: Any, d: Decision) -> None:
+    def _corrupt(self, frame: Message, d: Decision) -> None:
         """A chunk that failed its check: a live sender (handshake) is asked to resend it;
         otherwise nobody can, and the stream is poisoned (raises)."""
         if not self.reply_to:
@@ -571,7 +569,7 @@ class StreamReceiver:
                 f"{self.file.state.contiguous_bytes} of {self.spec.size} ({self.rejected} corrupt and {self.forged} "
                 "foreign chunks refused meanwhile); the partial data is kept and the stream is tried again later.")
 
-    def _refuse_foreign(self, frame: Any) -> None:
+    def _refuse_foreign(self, frame: Message) -> None:
         """A chunk on this stream's queue that its sender did not send: to the DLQ."""
         self.forged += 1
         if self.forged == 1:
@@ -589,7 +587,7 @@ class StreamReceiver:
             self.reported = now
             self.opts.progress(self.file.state.received_bytes, self.spec.size)
 
-    def _durable(self, frames: list[Any]) -> None:
+    def _durable(self, frames: list[Message]) -> None:
         for frame in frames:
             self.link.ack(frame)
         self.tell(hdr.Kind.ACK, self.file.state.next_seq)
