@@ -8,25 +8,23 @@ from airflow_provider_amqstream.engine.receive.claims import find_claimed, find_
 from airflow_provider_amqstream.engine.receive.manifest import find_manifest, manifest_path
 from airflow_provider_amqstream.engine.receive.session import receive_stream, receive_streams
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
-from airflow_provider_amqstream.engine.records import Checkpoint, FileCheckpoint, TransferResult, default_state_dir
+from airflow_provider_amqstream.engine.records import Checkpoint, FileCheckpoint, TransferResult
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchStatus,
     BulkResult,
     FileFailure,
     FileSet,
-    collect_files,
     iter_files,
 )
 from airflow_provider_amqstream.engine.send.bulk import send_files
 from airflow_provider_amqstream.engine.send.stream import (
     SendOptions,
-    checkpoint_name,
     default_stream_id,
     id_key,
     send_file,
 )
-from airflow_provider_amqstream.engine.state_dir import StateDir
+from airflow_provider_amqstream.engine.state_dir import SendStateDir, StateDir, checkpoint_name, default_state_dir
 from airflow_provider_amqstream.exceptions import (
     StreamError,
     StreamFailure,
@@ -37,11 +35,12 @@ from airflow_provider_amqstream.exceptions import (
 )
 
 __all__ = [
-    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "FileSet", "collect_files", "iter_files",
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "FileSet", "iter_files",
     "find_claimed", "find_manifest",
     "manifest_path",
     "send_files",
-    "StateDir", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "SendOptions", "StreamError", "StreamFailure",
+    "SendStateDir", "StateDir", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "SendOptions", "StreamError",
+    "StreamFailure",
     "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "id_key", "receive_stream", "receive_streams",
     "send_file",

@@ -11,7 +11,6 @@ import errno
 import json
 import logging
 import os
-import re
 import secrets
 import stat
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
+from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.engine.store import SENT, RecordStore, open_store, prune_quietly, store_path
 from airflow_provider_amqstream.exceptions import StreamError
 
@@ -118,55 +118,37 @@ class FileCheckpoint:
             write_json(self.path, data, mode=0o600)
 
 
-_PRUNED_SENDER_DIRS: set[str] = set()
-# A checkpoint (``<stream id>@<broker key>.json``, the operator's ``amqstream_send_...``) or
-# a ledger (``batch-<batch id>@<broker key>.jsonl``).
-_OURS = re.compile(r"[A-Za-z0-9._-]+@[0-9a-f]{12}\.jsonl?")
+_PRUNED_SENDER_DIRS: set[Path] = set()
 
 
 def sender_store(directory: str | os.PathLike[str] | None = None,
                  retention_days: float | None = None) -> RecordStore:
     """The record store of a sender's state directory (default :func:`default_state_dir`).
     The first use in a process prunes it: days of records past the retention, and the
-    checkpoints of streams abandoned in flight and batch ledgers (``batch-*.jsonl``) not
-    touched for as long.
+    checkpoints of streams abandoned in flight and batch ledgers not touched for as long.
 
     :param directory: the state directory.
     :param retention_days: days kept (None: 30; 0: for ever).
     """
-    sdir = os.fspath(directory if directory is not None else default_state_dir())
+    sdir = SendStateDir(directory)
     store = open_store(store_path(sdir), retention_days)
-    if sdir not in _PRUNED_SENDER_DIRS:
-        _PRUNED_SENDER_DIRS.add(sdir)
+    if sdir.path not in _PRUNED_SENDER_DIRS:
+        _PRUNED_SENDER_DIRS.add(sdir.path)
         prune_quietly(store)
         if store.retention > 0:
             _prune_old_files(sdir, time.time() - store.retention)
     return store
 
 
-def _prune_old_files(sdir: str, before: float) -> None:
+def _prune_old_files(sdir: SendStateDir, before: float) -> None:
     """Checkpoints and ledgers last written before ``before``: their streams and batches are
     as expired as the records (the directory holds only those in flight, so this is short)."""
-    try:
-        entries = list(os.scandir(sdir))
-    except FileNotFoundError:
-        return
-    for e in entries:
-        if not _OURS.fullmatch(e.name):
-            continue  # AMQSTREAM_STATE_DIR may point where other files live: only ours go
+    for e in sdir.ours():  # AMQSTREAM_STATE_DIR may point where other files live: only ours go
         try:
             if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < before:
                 os.unlink(e.path)
         except OSError as exc:
-            log.warning("sender state %s: could not prune %s (%s)", sdir, e.name, exc)
-
-
-def default_state_dir() -> Path:
-    env = os.environ.get("AMQSTREAM_STATE_DIR")
-    if env:
-        return Path(env)
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "amqstream" / "send"
+            log.warning("sender state %s: could not prune %s (%s)", sdir.path, e.name, exc)
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -1,14 +1,19 @@
-"""``out_dir/.amqstream/``, a receiver's state beside its output: the one place its layout is
-spelled (docs/protocol.md, "The output directory" and "Completion records and repeats")."""
+"""The one place each state directory's layout is spelled: a receiver's, ``out_dir/.amqstream/``
+beside its output (docs/protocol.md, "The output directory" and "Completion records and
+repeats"), and a sender's, one per user (:class:`SendStateDir`)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_provider_amqstream.exceptions import StreamError
+from airflow_provider_amqstream.transport.params import BrokerParams
 
 STATE_DIR_NAME = ".amqstream"
 
@@ -100,3 +105,67 @@ class StateDir:
     def lists(self) -> Path:
         """The files lists of many-file receives."""
         return self.path / "lists"
+
+
+def default_state_dir() -> Path:
+    """A sender's state directory: ``$AMQSTREAM_STATE_DIR``, else ``amqstream/send`` under
+    ``$XDG_STATE_HOME`` (``~/.local/state``)."""
+    env = os.environ.get("AMQSTREAM_STATE_DIR")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "amqstream" / "send"
+
+
+def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
+    """A checkpoint file per stream and broker: the same file sent to another broker (or
+    as another user) is another transfer, never "already sent"."""
+    return f"{stream_id}@{SendStateDir.broker_key(params)}.json"
+
+
+class SendStateDir:
+    """A sender's state directory (default :func:`default_state_dir`): one file per stream or
+    batch in flight, each ``<name>@<broker key>``, and the record store (``records/``,
+    :func:`~airflow_provider_amqstream.engine.store.store_path`'s). Nothing else joins names onto it.
+
+    :param path: the directory.
+    """
+
+    # A checkpoint (``<stream id>@<broker key>.json``, a task's ``amqstream_send_...``), a
+    # batch's ledger or files list (``batch-``/``files-<batch id>@<broker key>.jsonl``).
+    OURS = re.compile(r"[A-Za-z0-9._-]+@[0-9a-f]{12}\.jsonl?")
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_state_dir()
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    @staticmethod
+    def broker_key(params: BrokerParams) -> str:
+        """Which broker, and as whom: what every file name here ends with."""
+        return hashlib.sha256(f"{params.url}|{params.login or ''}".encode()).hexdigest()[:12]
+
+    def checkpoint(self, stream_id: str, params: BrokerParams) -> Path:
+        """A stream's checkpoint."""
+        return self.path / checkpoint_name(stream_id, params)
+
+    def task_checkpoint(self, stream_id: str, params: BrokerParams) -> Path:
+        """An Airflow task's local copy of a stream's checkpoint (its task state store holds the other)."""
+        return self.path / f"amqstream_send_{checkpoint_name(stream_id, params)}"
+
+    def ledger(self, batch_id: str, params: BrokerParams) -> Path:
+        """A many-file send's ledger: the files the broker confirmed."""
+        return self.path / f"batch-{batch_id}@{self.broker_key(params)}.jsonl"
+
+    def files_list(self, batch_id: str, params: BrokerParams) -> Path:
+        """Every file's result of a many-file send's last run."""
+        return self.path / f"files-{batch_id}@{self.broker_key(params)}.jsonl"
+
+    def ours(self) -> Iterator[os.DirEntry[str]]:
+        """The checkpoints, ledgers and files lists here (none without a directory)."""
+        try:
+            entries = list(os.scandir(self.path))
+        except FileNotFoundError:
+            return
+        yield from (e for e in entries if self.OURS.fullmatch(e.name))

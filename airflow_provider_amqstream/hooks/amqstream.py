@@ -28,18 +28,17 @@ from airflow_provider_amqstream.engine import (
     FileFailure,
     ReceiveOptions,
     SendOptions,
+    SendStateDir,
     StateDir,
     StreamFailure,
     TransferResult,
-    checkpoint_name,
-    default_state_dir,
     default_stream_id,
     id_key,
     iter_files,
 )
 from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
-from airflow_provider_amqstream.exceptions import AmqStreamError, ConnectionNotFound, StreamError
+from airflow_provider_amqstream.exceptions import AmqStreamError, StreamError
 from airflow_provider_amqstream.hooks import connection
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.codec import COMPRESSION_SETTINGS
@@ -55,8 +54,8 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 __all__ = [
     "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus",
     "BrokerParams", "BulkResult", "Destination", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter",
-    "ReceiveOptions", "RecentRate", "SendOptions", "StreamFailure", "TransferResult", "checkpoint_name",
-    "default_state_dir", "iter_files", "parse_recipient", "validate_stream_id",
+    "ReceiveOptions", "RecentRate", "SendOptions", "SendStateDir", "StreamFailure", "TransferResult", "iter_files",
+    "parse_recipient", "validate_stream_id",
 ]
 MODES = tuple(m.value for m in hdr.Mode)
 
@@ -107,11 +106,8 @@ class AmqStreamHook(BaseHook):
         else:
             fields = connection.from_env(self.amqstream_conn_id) or self._from_airflow()
         if fields is None:
-            embedded = connection.embedded_params()
-            if embedded is None:
-                raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id))
-            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, embedded.url)
-            self._fields, self._params = None, embedded
+            self._fields, self._params = None, connection.embedded_instead(self.amqstream_conn_id)
+            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, self._params.url)
             return
         if fields.password:  # out of task logs, as Airflow does for the connections it reads itself
             from airflow.sdk.log import mask_secret
@@ -126,9 +122,7 @@ class AmqStreamHook(BaseHook):
         except Exception as exc:
             if type(exc).__name__ != "AirflowNotFoundException":
                 raise
-            if self.amqstream_conn_id == self.default_conn_name:
-                return None  # the default id falls back to the embedded broker
-            raise ConnectionNotFound(connection.not_found_message(self.amqstream_conn_id)) from None
+            return None
         return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}")
 
     def get_conn(self) -> Link:

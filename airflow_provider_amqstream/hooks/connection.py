@@ -369,9 +369,14 @@ def resolve(conn: str | None) -> tuple[BrokerParams, str]:
     if fields is not None:
         return fields.broker_params(), source
     conn_id = conn or DEFAULT_CONN_ID
-    if conn_id == DEFAULT_CONN_ID:
-        embedded = embedded_params()
-        if embedded is not None:
-            return embedded, f"the embedded broker (no connection {conn_id!r})"
-    raise ConnectionNotFound(not_found_message(conn_id))
+    return embedded_instead(conn_id), f"the embedded broker (no connection {conn_id!r})"
+
+
+def embedded_instead(conn_id: str) -> BrokerParams:
+    """The embedded broker in place of connection ``conn_id``, which nothing defines: only
+    for ``amqstream_default``, and only if that broker was ever started; else :class:`ConnectionNotFound`."""
+    embedded = embedded_params() if conn_id == DEFAULT_CONN_ID else None
+    if embedded is None:
+        raise ConnectionNotFound(not_found_message(conn_id))
+    return embedded
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_provider_amqstream.hooks.amqstream import BrokerParams, FileCheckpoint, checkpoint_name, default_state_dir
+from airflow_provider_amqstream.hooks.amqstream import BrokerParams, FileCheckpoint, SendStateDir
 
 
 class TaskStateCheckpoint:
@@ -15,17 +15,17 @@ class TaskStateCheckpoint:
 
     Airflow 3.3 clears a task's XCom at the start of every try, so the resume point
     lives in the task state store (scoped to this task instance, kept across tries),
-    mirrored in a local file for speed. On load the more advanced of the two wins:
+    mirrored in a local ``file`` for speed. On load the more advanced of the two wins:
     both only ever record chunks the broker confirmed. Each save also publishes the
     offset to XCom (``resume_offset``) for other tasks and for people in the UI. Writes the
     store at most every ``min_interval`` seconds, unless the state changes.
     """
 
-    def __init__(self, context: Any, key: str, min_interval: float = 2.0) -> None:
+    def __init__(self, context: Any, key: str, file: FileCheckpoint, min_interval: float = 2.0) -> None:
         self.store = context.get("task_state_store")
         self.ti = context.get("ti")
         self.key = key
-        self.file = FileCheckpoint(default_state_dir() / f"{key.replace(':', '_')}.json")
+        self.file = file
         self.min_interval = min_interval
         self.last = 0.0
         self.last_flags: tuple[Any, Any] | None = None
@@ -57,7 +57,9 @@ class TaskStateCheckpoint:
 
 def send_checkpoint(context: Any, stream_id: str, params: BrokerParams) -> TaskStateCheckpoint:
     """The resume point of one stream a task sends: one per stream and broker, as for the CLI."""
-    return TaskStateCheckpoint(context, "amqstream_send:" + checkpoint_name(stream_id, params).removesuffix(".json"))
+    sdir = SendStateDir()
+    key = f"amqstream_send:{stream_id}@{sdir.broker_key(params)}"
+    return TaskStateCheckpoint(context, key, FileCheckpoint(sdir.task_checkpoint(stream_id, params)))
 
 
 class BatchLedger:

@@ -163,19 +163,6 @@ def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | N
     return True
 
 
-def emit_landing(context: Any, task: Any, port: Any, arrivals: Arrivals, log: TaskLog, *, root: str,
-                 out_dir: str, manifest: str | None = None, batch_id: str | None = None) -> bool:
-    """The landing directory's event, when anything arrived (nothing, or only repeats: no
-    event, logged). For an alias, ``root`` (the static root of the ``out_dir`` template) is
-    the asset's directory, or the rendered ``out_dir`` when all of it is templated."""
-    uri = getattr(port, "uri", None) or dir_uri(root or out_dir)
-    if not arrivals.files:
-        log.info("no asset event for %s: nothing new arrived (%d repeats of streams received before)",
-                 uri, arrivals.duplicates)
-        return emit(context, task, port, uri, None, log)
-    return emit(context, task, port, uri, arrivals.extra(out_dir, manifest=manifest, batch_id=batch_id), log)
-
-
 def sent_extra(result: Mapping[str, Any]) -> dict[str, Any] | None:
     """The extra of a send's destination event, from the task's result (one file's
     ``TransferResult`` JSON, or a batch's ``{"files", "totals"}``); None when nothing was sent."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_amqstream import metrics
-from airflow_provider_amqstream.assets.files import static_root
+from airflow_provider_amqstream.assets.files import dir_uri, static_root
 from airflow_provider_amqstream.hooks.amqstream import (
     DEFAULT_RECEIVE_BATCH,
     AmqStreamHook,
@@ -24,7 +24,7 @@ from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import (
     Arrivals,
     destination_port,
-    emit_landing,
+    emit,
     landing_port,
     with_port,
 )
@@ -36,45 +36,43 @@ if TYPE_CHECKING:
 
 
 class ReceivingTask:
-    """What the receiving tasks share: the receive arguments they keep, their assets, the
-    checks of their destinations and the engine options built from them. Mixed in before the
-    Airflow base class, whose ``task_id``, ``log``, ``inlets`` and ``outlets`` it uses."""
+    """What the receiving tasks share: the receive arguments they keep (documented on each
+    task), their assets, the checks of their destinations and the engine options built from
+    them. Mixed in before the Airflow base class: its ``__init__`` keeps the arguments, then
+    declares the destination as inlet and the landing directory as outlet (named before
+    ``out_dir`` is rendered)."""
 
-    source: str
-    out_dir: str
-    amqstream_conn_id: str
-    window: int | None
-    idle_timeout: float
-    overwrite: bool
-    max_bytes: int | None
-    quarantine: str | None
-    min_free_bytes: int | None
-    records_retention_days: float | None
-    keys: tuple[str, ...] = ()
-    file_asset_alias: str | None
-    landing_port: Any
-    landing_root: str
     task_id: str
     log: Logger
     inlets: Any
     outlets: Any
 
-    def _keep_receive_arguments(self, *, source: str, out_dir: str, amqstream_conn_id: str, window: int | None,
-                                idle_timeout: float, overwrite: bool, max_bytes: int | None, quarantine: str | None,
-                                min_free_bytes: int | None, records_retention_days: float | None,
-                                file_asset_alias: str | None) -> None:
-        """Keep the receive arguments (the task's own, documented there) and declare the
-        destination as inlet, the landing directory as outlet (named before ``out_dir`` is
-        rendered). Called in the task's ``__init__``, after ``BaseOperator``'s."""
-        self.records_retention_days = records_retention_days
-        self.file_asset_alias = file_asset_alias
+    def __init__(self, *, source: str, out_dir: str, amqstream_conn_id: str, window: int | None,
+                 idle_timeout: float, overwrite: bool, max_bytes: int | None, quarantine: str | None,
+                 min_free_bytes: int | None, records_retention_days: float | None, keys: list[str] | None,
+                 file_asset_alias: str | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.source, self.out_dir, self.amqstream_conn_id = source, out_dir, amqstream_conn_id
+        self.window, self.idle_timeout, self.overwrite, self.max_bytes = window, idle_timeout, overwrite, max_bytes
+        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
+        self.records_retention_days, self.keys = records_retention_days, tuple(keys or ())
         self.landing_port = landing_port(out_dir, self, file_asset_alias)
         self.landing_root = static_root(out_dir)
         self.outlets = with_port(self.outlets, self.landing_port)
         self.inlets = with_port(self.inlets, destination_port(amqstream_conn_id, source, self.task_id))
-        self.source, self.out_dir, self.amqstream_conn_id = source, out_dir, amqstream_conn_id
-        self.window, self.idle_timeout, self.overwrite, self.max_bytes = window, idle_timeout, overwrite, max_bytes
-        self.quarantine, self.min_free_bytes = quarantine, min_free_bytes
+
+    def emit_landing(self, context: Any, arrivals: Arrivals, *, manifest: str | None = None,
+                     batch_id: str | None = None) -> bool:
+        """The landing directory's event, when anything arrived (nothing, or only repeats: no
+        event, logged). For an alias, the static root of the ``out_dir`` template is the asset's
+        directory, or the rendered ``out_dir`` when all of it is templated."""
+        uri = getattr(self.landing_port, "uri", None) or dir_uri(self.landing_root or self.out_dir)
+        if not arrivals.files:
+            self.log.info("no asset event for %s: nothing new arrived (%d repeats of streams received before)",
+                          uri, arrivals.duplicates)
+            return emit(context, self, self.landing_port, uri, None, self.log)
+        extra = arrivals.extra(self.out_dir, manifest=manifest, batch_id=batch_id)
+        return emit(context, self, self.landing_port, uri, extra, self.log)
 
     def _check_destinations(self) -> None:
         """Refuse, before any connection, a ``source`` or ``quarantine`` that names no destination."""
@@ -161,13 +159,10 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
                  min_free_bytes: int | None = None, batch_sender: str | None = None,
                  records_retention_days: float | None = None, keys: list[str] | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.keys = tuple(keys or ())
-        self._keep_receive_arguments(
-            source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
-            idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
-            min_free_bytes=min_free_bytes, records_retention_days=records_retention_days,
-            file_asset_alias=file_asset_alias)
+        super().__init__(source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
+                         idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
+                         min_free_bytes=min_free_bytes, records_retention_days=records_retention_days, keys=keys,
+                         file_asset_alias=file_asset_alias, **kwargs)
         if count is not None and count < 1:
             raise ValueError(f"{self.task_id}: count must be at least 1, got {count}")
         if wait_timeout <= 0 or deadline <= 0:
@@ -195,9 +190,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
                   "failed": failed.streams, "failed_count": failed.count, "manifest": manifest,
                   "count": drained.count, "bytes": drained.bytes}
         # Counted a stream at a time: past MAX_XCOM_FILES the list file is read as it goes.
-        emit_landing(context, self, self.landing_port, Arrivals.of(iter_result_files(result)),
-                     self.log, root=self.landing_root, out_dir=self.out_dir, manifest=manifest,
-                     batch_id=self.batch_id)
+        self.emit_landing(context, Arrivals.of(iter_result_files(result)), manifest=manifest, batch_id=self.batch_id)
         self._amqstream_result = result
         return self._amqstream_result
 

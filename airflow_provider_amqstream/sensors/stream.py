@@ -13,7 +13,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult, validate_stream_id
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
-from airflow_provider_amqstream.operators.outlets import Arrivals, emit_landing
+from airflow_provider_amqstream.operators.outlets import Arrivals
 from airflow_provider_amqstream.operators.progress import TaskLog
 from airflow_provider_amqstream.operators.receive import FailureReport, ReceivingTask
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
@@ -76,13 +76,10 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
                  offer_wait: float = 5.0, file_asset_alias: str | None = None, quarantine: str | None = None,
                  min_free_bytes: int | None = None, records_retention_days: float | None = None,
                  keys: list[str] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.keys = tuple(keys or ())
-        self._keep_receive_arguments(
-            source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
-            idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
-            min_free_bytes=min_free_bytes, records_retention_days=records_retention_days,
-            file_asset_alias=file_asset_alias)
+        super().__init__(source=source, out_dir=out_dir, amqstream_conn_id=amqstream_conn_id, window=window,
+                         idle_timeout=idle_timeout, overwrite=overwrite, max_bytes=max_bytes, quarantine=quarantine,
+                         min_free_bytes=min_free_bytes, records_retention_days=records_retention_days, keys=keys,
+                         file_asset_alias=file_asset_alias, **kwargs)
         if window is not None and window < 1:
             raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
         if idle_timeout <= 0 or offer_wait <= 0:
@@ -154,9 +151,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         # arrived for it; one found received before by anyone else is no arrival.
         ours = done is None or not self.stream_id or any(
             r.get("stream_id") == done.stream_id for r in self.claimed(hook, claim))
-        emit_landing(context, self, self.landing_port,
-                     Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)), self.log,
-                     root=self.landing_root, out_dir=self.out_dir)
+        self.emit_landing(context, Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)))
         if len(got) > 1:
             report_pack(got[1:], context.get("ti"), self.log)
         return got[0]

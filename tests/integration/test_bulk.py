@@ -19,8 +19,8 @@ from airflow_provider_amqstream.engine import (
     SendOptions,
     StreamFailure,
     TransferResult,
-    collect_files,
     find_manifest,
+    iter_files,
     receive_streams,
     send_file,
     send_files,
@@ -60,7 +60,7 @@ def test_a_directory_in_one_send_lands_in_the_same_tree(params: BrokerParams, tm
     big = make_file(src / "d1" / "big.bin", 5 * 2**20 + 3, seed=99)  # past one window: the large path
     files.append(big)
     seen: list[TransferResult] = []
-    res = send_files(params, collect_files([src], recursive=True), queue_name,
+    res = send_files(params, iter_files([src], recursive=True), queue_name,
                      SendOptions(chunk_size=256 * 1024, window=4), on_result=seen.append)
     assert not res.failures and len(res.results) == len(files) == len(seen)
     totals = res.totals()
@@ -72,7 +72,7 @@ def test_a_directory_in_one_send_lands_in_the_same_tree(params: BrokerParams, tm
         landed = out / f.relative_to(src)
         assert sha256_file(landed) == sha256_file(f), landed
     # A second send of the same batch sends nothing and says so.
-    again = send_files(params, collect_files([src], recursive=True), queue_name,
+    again = send_files(params, iter_files([src], recursive=True), queue_name,
                        SendOptions(chunk_size=256 * 1024, window=4))
     assert {r.status for r in again.results} == {"already_sent"} and again.totals()["bytes_transferred"] == 0
 
@@ -198,7 +198,7 @@ def test_a_directory_send_writes_one_manifest_when_the_batch_is_complete(params:
                                                                          queue_name: str) -> None:
     src = tmp_path / "landing"
     files = tree(src, 12)
-    res = send_files(params, collect_files([src], recursive=True), queue_name, SendOptions(manifest=True))
+    res = send_files(params, iter_files([src], recursive=True), queue_name, SendOptions(manifest=True))
     out = tmp_path / "out"
     events: list[tuple[str, dict]] = []
     opts = ReceiveOptions(wait_timeout=3, idle_timeout=30, events=lambda k, d: events.append((k, d)))
@@ -342,7 +342,7 @@ def test_a_full_destination_is_waited_for_not_fatal(params: BrokerParams, tmp_pa
         real(self, link, todo, fail)
 
     monkeypatch.setattr(bulk._Ctx, "run", full_once)
-    res = send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name,
+    res = send_files(params, iter_files([tmp_path / "src"], recursive=True), queue_name,
                      SendOptions(reconnect_timeout=30))
     assert not res.failures and len(res.results) == 12 and len(calls) == 2
     got, failures = receive_all(params, queue_name, tmp_path / "out", 12)
@@ -372,7 +372,7 @@ def test_a_destination_that_stays_full_gives_up_at_the_deadline(params: BrokerPa
 
     def send() -> None:
         try:
-            send_files(params, collect_files([tmp_path / "src"], recursive=True), queue_name,
+            send_files(params, iter_files([tmp_path / "src"], recursive=True), queue_name,
                        SendOptions(reconnect_timeout=1.0))
         except BaseException as exc:  # handed to the test thread below
             outcome["exc"] = exc

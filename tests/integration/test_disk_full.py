@@ -123,7 +123,7 @@ def test_tiny_files_cannot_exhaust_inodes_or_blocks(params: BrokerParams, tmp_pa
     """Empty and one-byte files cost an inode and a block each, and their records as many
     again: the reserve counts that, so a flood of them stops at the reserve (they give way,
     parked) instead of filling the filesystem, and the receiver keeps running."""
-    from airflow_provider_amqstream.engine import collect_files, receive_streams, send_files
+    from airflow_provider_amqstream.engine import iter_files, receive_streams, send_files
 
     # More files than the filesystem has inodes: only the reserve can stop them.
     n = 1200 if case == "inodes" else 600
@@ -135,7 +135,7 @@ def test_tiny_files_cannot_exhaust_inodes_or_blocks(params: BrokerParams, tmp_pa
     # inodes: 1,000 inodes and room to spare; blocks: inodes to spare and 1 MiB (256 blocks).
     _tmpfs(mnt, "size=64m,nr_inodes=1000" if case == "inodes" else "size=1m,nr_inodes=100000")
     try:
-        send_files(params, collect_files([src], recursive=True), queue_name, SendOptions(manifest=False))
+        send_files(params, iter_files([src], recursive=True), queue_name, SendOptions(manifest=False))
         failures: list[Any] = []
         got = receive_streams(params, queue_name, mnt / "out", on_failure=failures.append,
                               options=ReceiveOptions(wait_timeout=3, min_free_bytes=64 * 1024, yield_backoff=600))

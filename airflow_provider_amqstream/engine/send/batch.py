@@ -284,30 +284,21 @@ class FileSet:
 
 
 def iter_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:
-    """Like :func:`collect_files`, as a :class:`FileSet` that walks the directories each time
-    it is iterated instead of listing their files: memory stays flat in the number of files
-    (what one directory's names take, at most).
-
-    :param args: files, directories or patterns.
-    :param recursive: descend into directories (otherwise a directory is an error).
-    """
-    return FileSet(args, recursive=recursive)
-
-
-def collect_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> list[BatchFile]:
-    """Expand paths, directories and glob patterns into files, in a stable order.
+    """Expand paths, directories and glob patterns into files, in a stable order, as a
+    :class:`FileSet` that walks the directories each time it is iterated instead of listing
+    their files: memory stays flat in the number of files (what one directory's names take,
+    at most).
 
     A directory (with ``recursive``) contributes every regular file under it, keeping its
     path relative to that directory; links to directories are not followed. A pattern
     (``*``, ``?``, ``[``) that is not itself an existing path is expanded here (``**``
     matches across directories); its files land flat. A file reached twice (named and in a
-    directory given too, or a link to a file of it) is listed once. For many files, pass
-    :func:`iter_files` to a send instead: it holds no list.
+    directory given too, or a link to a file of it) is listed once.
 
     :param args: files, directories or patterns.
     :param recursive: descend into directories (otherwise a directory is an error).
     """
-    return list(iter_files(args, recursive=recursive))
+    return FileSet(args, recursive=recursive)
 
 
 class BatchLedger:
@@ -317,14 +308,12 @@ class BatchLedger:
     operator's task state store) gets the stream ids recorded so far after each group.
     """
 
-    def __init__(self, path: Path, on_flush: Callable[[list[str]], None] | None = None,
-                 seed: Iterable[str] = ()) -> None:
+    def __init__(self, path: Path, on_flush: Callable[[list[str]], None] | None = None) -> None:
         self.path, self.on_flush = path, on_flush
         # What load() read (a re-run's confirmed files), and, only for ``on_flush``, which
         # wants them all, the ids recorded since: a first run keeps nothing per file.
         self.records: dict[str, dict[str, Any]] = {}
         self.ids: set[str] = set()
-        self.seed = set(seed)
         self.buffer: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
 

@@ -8,9 +8,9 @@ for 64 KiB files cost three times the rest of the send. Files of one chunk or le
 in packs (``small_files.py``), the broker's cost being mostly per message. A large file
 goes through ``send_file`` over the same connection, with its own checkpoint.
 
-Confirmed files go to one append-only ledger per batch (``<state dir>/batch-<batch
-id>@<broker>.jsonl``): a re-run skips them; a file confirmed but not yet in the ledger when
-the sender died is sent again, and its receiver reports a duplicate.
+Confirmed files go to one append-only ledger per batch (``SendStateDir.ledger``): a re-run
+skips them; a file confirmed but not yet in the ledger when the sender died is sent again,
+and its receiver reports a duplicate.
 """
 
 from __future__ import annotations
@@ -28,12 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import (
-    TransferResult,
-    default_state_dir,
-    open_private,
-    sender_store,
-)
+from airflow_provider_amqstream.engine.records import TransferResult, open_private, sender_store
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchLedger,
@@ -52,13 +47,13 @@ from airflow_provider_amqstream.engine.send.small_files import (
 )
 from airflow_provider_amqstream.engine.send.stream import (
     SendOptions,
-    _file_identity,
-    checkpoint_name,
+    file_identity,
     id_key,
     seal_recipients,
     send_file,
     stream_origin,
 )
+from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.exceptions import (
     ConnectionLost,
     ProtocolError,
@@ -153,15 +148,15 @@ def send_files(
     sealed = bool(recipients)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
-    survey = _survey(files, dest, key, fail if opts.fail_fast else None, sealed=sealed)
+    survey = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None, sealed=sealed)
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
     validate_stream_id(batch_id)
-    broker_key = checkpoint_name("x", params).split("@", 1)[1].removesuffix(".json")
     # The first use in a process prunes expired records, checkpoints and ledgers.
-    sender_store(None, params.records_retention_days)
-    ledger = BatchLedger(default_state_dir() / f"batch-{batch_id}@{broker_key}.jsonl", opts.ledger_flush)
-    listing = _FilesList(default_state_dir() / f"files-{batch_id}@{broker_key}.jsonl")
+    sdir = SendStateDir()
+    sender_store(sdir, params.records_retention_days)
+    ledger = BatchLedger(sdir.ledger(batch_id, params), opts.ledger_flush)
+    listing = _FilesList(sdir.files_list(batch_id, params))
     status = BatchStatus(survey.count, survey.bytes)
     ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
                status=status, tally=tally, listing=listing, progress=progress, on_result=on_result,
@@ -195,16 +190,11 @@ class _Survey:
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
-            key: bytes, fail_fast: Callable[..., None] | None, *, sealed: bool) -> _Survey:
+            key: bytes, fail: Callable[..., None], *, sealed: bool) -> _Survey:
     """Count the files a send will send. Each failing one is reported by the sending pass;
-    with ``fail_fast`` (the send's report-and-raise) the first is reported here and stops
-    the send before anything is sent."""
+    with fail_fast, ``fail`` is the send's report-and-raise: the first is reported here and
+    stops the send before anything is sent."""
     out = _Survey()
-
-    def fail(path: Path | str, error: str, sid: str = "") -> None:
-        if fail_fast is not None:
-            fail_fast(path, error, sid)
-
     for e in _outgoing(files, dest, key, fail, sealed=sealed):
         out.count += 1
         out.bytes += e.size
@@ -224,7 +214,7 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destina
                 raise StreamError(f"{bf.path} is not a regular file")
             subdir = bf.subdir
             paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
-            identity = _file_identity(bf.path, st_, bf.real)
+            identity = file_identity(bf.path, st_, bf.real)
             stem = SEALED_NAME if sealed else bf.path.name
             sid = derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
         except (OSError, StreamError, ProtocolError) as exc:
@@ -317,20 +307,16 @@ class _Todo:
             raise IndexError(i)
         return self.front[i]
 
+    def second(self) -> Outgoing | None:
+        """The file after the next one, if any."""
+        return self.front[1] if self._fill(2) else None
+
     def popleft(self) -> Outgoing:
         self._fill(1)
         return self.front.popleft()
 
     def appendleft(self, e: Outgoing) -> None:
         self.front.appendleft(e)
-
-
-def _second(todo: _Todo | collections.deque[Outgoing]) -> Outgoing | None:
-    """The file after the next one, if any."""
-    try:
-        return todo[1]
-    except IndexError:
-        return None
 
 
 class _InFlight:
@@ -434,7 +420,7 @@ class _Ctx:
                 if not small:  # a large file goes alone, after every small one before it
                     while flight.files:
                         self._confirm(link, flight)
-                nxt = _second(todo)
+                nxt = todo.second()
                 seal = (e.seal or nxt is None or not self._small(nxt)
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
                 try:

@@ -25,12 +25,12 @@ from airflow_provider_amqstream.engine.records import (
     Checkpoint,
     FileCheckpoint,
     TransferResult,
-    default_state_dir,
     hash_prefix,
 )
 from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
 from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
+from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.exceptions import (
     ConfigurationError,
     StreamError,
@@ -145,14 +145,14 @@ def send_file(
     if dest.kind != "queue" and kind is not hdr.Mode.HANDSHAKE:
         raise StreamError(f"{dest}: a topic has no stored backlog per subscriber here; send to a topic "
                           "with mode='handshake' (every subscriber that answers gets the whole file)")
-    identity = _file_identity(src, st_)
+    identity = file_identity(src, st_)
     recipients = seal_recipients(opts, params)
     sid = validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params),
                                                                               sealed=bool(recipients))
     window = _check_window(_first(opts.window, params.window, hdr.DEFAULT_WINDOW), kind)
     codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
-        default_state_dir() / checkpoint_name(sid, params), retention_days=params.records_retention_days)
+        SendStateDir().checkpoint(sid, params), retention_days=params.records_retention_days)
     loaded = None if opts.restart else ckpt.load()
     state = None if not loaded else _sender_state(loaded)
     # A re-run that names no chunk size continues with the interrupted run's.
@@ -303,7 +303,7 @@ def _already_sent(params: BrokerParams, src: Path, dest: Destination, state: Sen
                           status="already_sent", chunk_size=spec.chunk_size, broker=params.url)
 
 
-def _file_identity(src: Path, st_: os.stat_result, real: Path | None = None) -> str:
+def file_identity(src: Path, st_: os.stat_result, real: Path | None = None) -> str:
     """``real``: ``src`` resolved already (a directory walk knows it without a lookup per file)."""
     return f"{real or src.resolve()}|{st_.st_size}|{st_.st_mtime_ns}"
 
@@ -311,13 +311,6 @@ def _file_identity(src: Path, st_: os.stat_result, real: Path | None = None) -> 
 def stream_origin(identity: str, dest: Destination) -> str:
     """The ``amqs_origin`` a sender puts on its offer: which file went where."""
     return hashlib.sha256(f"{identity}|{dest}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
-    """A checkpoint file per stream and broker: the same file sent to another broker (or
-    as another user) is another transfer, never "already sent"."""
-    broker = hashlib.sha256(f"{params.url}|{params.login or ''}".encode()).hexdigest()[:12]
-    return f"{stream_id}@{broker}.json"
 
 
 def default_stream_id(path: str | os.PathLike[str], destination: str | Destination,
@@ -334,7 +327,7 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | Destinati
     :param sealed: the stream is sealed: its id shows no part of the file's name.
     """
     src = Path(path)
-    identity = _file_identity(src, st_ or src.stat())
+    identity = file_identity(src, st_ or src.stat())
     dest = Destination.parse(str(destination))
     return derive_stream_id(seal.SEALED_NAME if sealed else src.name, f"{identity}|{dest}", key)
 
@@ -374,22 +367,16 @@ class _Attempt:
     """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
 
     def __init__(self, out: Outbound) -> None:
-        self.out = out
-        self.params, self.src, self.dest, self.state, self.save = out.params, out.src, out.dest, out.state, out.save
-        self.window, self.progress, self.codec, self.origin = out.window, out.progress, out.codec, out.origin
-        self.subdir = out.subdir
+        self.out, self.state = out, out.state
         self.data_q = out.dest.data_queue(out.state.spec.stream_id, out.params.user)
         self.sent = 0
-
-    def _offer(self, **kw: Any) -> dict[str, str]:
-        return self.out.offer(**kw)
 
     def run(self, shared: Link | None = None) -> None:
         """One connected attempt (over ``shared`` if given); adds the bytes it sent to ``self.sent``."""
         if shared is not None:
             self._run(shared)
             return
-        with open_link(self.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
+        with open_link(self.out.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
             self._run(link)
 
     def _send_chunks(self, link: Link, fh: Any, hasher: Any) -> None:
@@ -398,11 +385,11 @@ class _Attempt:
         state, spec, data_q = self.state, self.state.spec, self.data_q
         # Two windows in flight: the broker stores one while we send the next.
         pending: collections.deque[tuple[str, int]] = collections.deque()
-        chunks = ChunkReader(fh, spec, self.codec, hasher, self.out.seal).ahead(state.confirmed_seq + 1)
+        chunks = ChunkReader(fh, spec, self.out.codec, hasher, self.out.seal).ahead(state.confirmed_seq + 1)
         with contextlib.closing(chunks):
             for chunk in chunks:
                 seq = chunk.seq
-                want = seq % self.window == 0 or seq == spec.chunks
+                want = seq % self.out.window == 0 or seq == spec.chunks
                 rid = link.send(data_q, chunk.wire, chunk.headers, receipt=want)
                 self.sent += chunk.length
                 if rid:
@@ -411,40 +398,40 @@ class _Attempt:
                     rid0, seq0 = pending.popleft()
                     link.wait_receipt(rid0)
                     state.confirm(seq0)
-                    self.save()
-                    if self.progress:
-                        self.progress(state.confirmed_offset, spec.size)
+                    self.out.save()
+                    if self.out.progress:
+                        self.out.progress(state.confirmed_offset, spec.size)
 
     def _run(self, link: Link) -> None:
-        state, spec, dest, data_q = self.state, self.state.spec, self.dest, self.data_q
+        state, spec, dest, data_q = self.state, self.state.spec, self.out.dest, self.data_q
         rerun = state.offer_sent or state.confirmed_seq > 0
         if spec.mode is hdr.Mode.STREAM and not state.offer_sent:
-            link.send_confirmed(str(dest), b"", self._offer())
+            link.send_confirmed(str(dest), b"", self.out.offer())
             state.offer_sent = True
-            self.save()
+            self.out.save()
         hasher = hashlib.sha256()
-        with open(self.src, "rb") as fh:
+        with open(self.out.src, "rb") as fh:
             hash_prefix(fh, hasher, state.confirmed_offset)
             fh.seek(state.confirmed_offset)
             self._send_chunks(link, fh, hasher)
             if os.fstat(fh.fileno()).st_size != spec.size:
-                raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
+                raise StreamError(f"stream {spec.stream_id}: {self.out.src} changed while it was being sent; the "
                                   "stream is incomplete. Re-send with restart=True once it is stable.")
         if not state.end_sent:
             state.sha256 = hasher.hexdigest()
             link.send_confirmed(data_q, b"", self.out.end())
             state.end_sent = True
-            self.save()
+            self.out.save()
         if not state.offer_sent:
-            link.send_confirmed(str(dest), b"", self._offer())
+            link.send_confirmed(str(dest), b"", self.out.offer())
             state.offer_sent = True
             if rerun:
                 # Atomic re-run: chunks repeated after the first end marker would be
                 # left behind once a receiver published at that marker.
-                link.send_confirmed(str(dest), b"", self._offer(reoffer=True))
+                link.send_confirmed(str(dest), b"", self.out.offer(reoffer=True))
         elif rerun:
             # We may have repeated chunks or the end marker that a receiver already
             # consumed and published; the re-offer sends it back to clear them.
-            link.send_confirmed(str(dest), b"", self._offer(reoffer=True))
-        if self.progress and spec.chunks == 0:
-            self.progress(spec.size, spec.size)
+            link.send_confirmed(str(dest), b"", self.out.offer(reoffer=True))
+        if self.out.progress and spec.chunks == 0:
+            self.out.progress(spec.size, spec.size)
