@@ -92,17 +92,31 @@ def _collect(proc: subprocess.Popen[str]) -> Callable[[], tuple[str, str]]:
     return wait
 
 
-def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str) -> dict[str, Any]:
+def _cpu(pid: int | None) -> float:
+    """User + system CPU-seconds of process ``pid`` so far (0.0 for None)."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
+         broker_pid: int | None = None) -> dict[str, Any]:
     q, out = f"/queue/bench.bulk.{os.getpid()}.{tag}", work / f"out-{tag}"
-    t0 = time.monotonic()
+    # An installed package has its bytecode (pip compiles it); this tree run with -m has
+    # none where PYTHONDONTWRITEBYTECODE is set, and each process would compile its modules
+    # again (0.17 CPU-s, a fifth of a 1,000 x 64 KiB run). The unmeasured warm-up writes it.
+    env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(work / "pycache")}
+    cpu0, t0 = _cpu(broker_pid), time.monotonic()
     rx = cli_module("receive", "--from", q, "--out-dir", str(out), "--conn", uri, "--count", str(len(sums)), "--json",
-                    "-q", "--wait", "120")
+                    "-q", "--wait", "120", env=env)
     received = _collect(rx)
     tx = cli_module("send", str(src), "--recursive", "--to", q, "--conn", uri, "--json", "-q",
-                    env={"AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
+                    env={**env, "AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
     s_out, s_err = tx.communicate(timeout=7200)
     r_out, r_err = received()
-    secs = time.monotonic() - t0
+    secs, broker_cpu = time.monotonic() - t0, _cpu(broker_pid) - cpu0
     if tx.returncode or rx.returncode:
         raise RuntimeError(f"amqstream failed: {s_err[-800:]} {r_err[-800:]}")
     sent, got = json_rows(s_out), json_rows(r_out)
@@ -111,7 +125,8 @@ def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str) -> dic
     check_tree(out, sums, "amqstream")
     shutil.rmtree(out)
     os.sync()
-    return {"seconds": secs, "send_rss": sent[-1]["peak_rss_kib"], "recv_rss": max(r["peak_rss_kib"] for r in got)}
+    return {"seconds": secs, "send_rss": sent[-1]["peak_rss_kib"], "recv_rss": max(r["peak_rss_kib"] for r in got),
+            "cpu": [sent[-1]["cpu_seconds"], max(r["cpu_seconds"] for r in got), round(broker_cpu, 2)]}
 
 
 def sftp_put_r(sshd: Sshd, src: Path, dest: Path) -> float:
@@ -185,8 +200,11 @@ def airflow_runs(src: Path, sums: dict[str, str], work: Path, uri: str, mapped_f
     return rows
 
 
-def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow: bool = True,
-             mapped_files: int = 100, warm_files: int = 200) -> list[dict[str, Any]]:
+def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow: bool = True,  # noqa: PLR0913
+             mapped_files: int = 100, warm_files: int = 200, peers: tuple[str, ...] = ("rsync", "paramiko"),
+             broker_pid: int | None = None) -> list[dict[str, Any]]:
+    """Each set's rows; ``peers``: the copies run once beside sftp's rounds; ``broker_pid``:
+    whose CPU-seconds each amqstream round reports with the sender's and the receiver's."""
     rows = []
     work = work / "bulk"
     work.mkdir(parents=True, exist_ok=True)
@@ -197,7 +215,7 @@ def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow
             # which would land on the first set's amqstream run alone.
             log(f"warming the broker up ({warm_files} x 64 KiB through amqstream, not measured)")
             warm = work / "set-warm-up"
-            ours(warm, make_set(warm, warm_files, 64 * KiB), work, uri, "warm-up")
+            ours(warm, make_set(warm, warm_files, 64 * KiB), work, uri, "warm-up", broker_pid)
             shutil.rmtree(warm)
         for text in sets:
             count, size = parse_set(text)
@@ -219,17 +237,20 @@ def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow
             sftp_secs: list[float] = []
             for k in range(1, PAIRED_ROUNDS + 1):
                 log(f"{text}: amqstream CLI, one send and one receive (round {k} of {PAIRED_ROUNDS})")
-                runs.append(ours(src, sums, work, uri, f"{text}-{k}"))
+                runs.append(ours(src, sums, work, uri, f"{text}-{k}", broker_pid))
                 if sshd:
                     log(f"{text}: sftp (round {k} of {PAIRED_ROUNDS})")
                     sftp_secs.append(_ssh_run(sshd, sftp_put_r, src, sums, work / f"ssh-sftp-{text}", "sftp"))
             o = median_run(runs)
             row["ours"] = {**rate(o["seconds"]), "send_rss_kib": max(r["send_rss"] for r in runs),
-                           "recv_rss_kib": max(r["recv_rss"] for r in runs)}
+                           "recv_rss_kib": max(r["recv_rss"] for r in runs),
+                           "cpu_rounds": [r["cpu"] for r in runs]}
             if sshd:
                 row["sftp"] = rate(sorted(sftp_secs)[len(sftp_secs) // 2])
                 row["ours_vs_sftp_rounds"] = [round(s / r["seconds"], 2) for r, s in zip(runs, sftp_secs, strict=True)]
                 for key, fn in (("rsync", rsync_ssh), ("paramiko", paramiko_loop)):
+                    if key not in peers:
+                        continue
                     log(f"{text}: {key}")
                     row[key] = rate(_ssh_run(sshd, fn, src, sums, work / f"ssh-{key}-{text}", key))
             if airflow:
@@ -323,11 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mapped-files", type=int, default=100, help="files in the mapped Airflow run (default 100)")
     ap.add_argument("--warm-files", type=int, default=200,
                     help="64 KiB files moved through the fresh broker, unmeasured, first (default 200)")
+    ap.add_argument("--peers", default="rsync,paramiko",
+                    help="copies over ssh run once each besides sftp's rounds (comma list; empty: sftp alone)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
     with scratch_broker(args.workdir, "amqs-bulk-") as (work, uri):
+        pid = int((work / "broker" / "broker.pid").read_text())
         rows = run_bulk(args.sets.split(","), work, uri, ssh=not args.no_ssh, airflow=not args.no_airflow,
-                        mapped_files=args.mapped_files, warm_files=args.warm_files)
+                        mapped_files=args.mapped_files, warm_files=args.warm_files,
+                        peers=tuple(args.peers.split(",")), broker_pid=pid)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
