@@ -322,6 +322,12 @@ def test_killed_send_is_retried_by_the_scheduler_and_resumes(deployment: Deploym
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
+def _program(cmd: str) -> str:
+    """The program's name in a command line; a process that exited while it was sampled
+    leaves an empty one."""
+    return cmd.split()[0].rsplit("/", 1)[-1] if cmd.split() else "(exited)"
+
+
 def test_everything_it_started_listened_on_loopback_only(deployment: Deployment) -> None:
     """Every TCP listener of every process of the deployment, sampled each
     second since it was ready (the tests above ran Spark jobs meanwhile): nothing on 0.0.0.0,
@@ -336,7 +342,7 @@ def test_everything_it_started_listened_on_loopback_only(deployment: Deployment)
     assert not ports & {8793, 8794}, sorted(seen)
     assert any("SparkSubmit" in cmd or "pyspark" in cmd for *_, cmd in seen), "no Spark driver was seen listening"
     print(f"\nlisteners seen: {len(seen)}, all on loopback: "
-          f"{sorted({(a, p, cmd.split()[0].rsplit('/', 1)[-1]) for a, p, _, cmd in seen})}")
+          f"{sorted({(a, p, _program(cmd)) for a, p, _, cmd in seen})}")
 
 
 def test_the_dags_explain_themselves_through_the_api(deployment: Deployment) -> None:
