@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -170,37 +169,12 @@ def case_flood(ctx: Ctx, n: int) -> dict[str, Any]:
 def case_halfsent(ctx: Ctx, n: int) -> dict[str, Any]:
     """Five streams with one of two one-byte chunks sent and one trickling a byte a second."""
     from airflow_provider_amqstream.engine.receive.stream import FIRST_LOOK
-    from airflow_provider_amqstream.protocol import wire as p
-    from airflow_provider_amqstream.protocol.names import Destination
-    from tests.helpers import RawSender
+    from tests.helpers import half_sent_and_trickling
 
     q = queue_of("halfsent", n)
-    dest = Destination.parse(q)
-    raw = RawSender(ctx.params("mallory"))
-    stop = threading.Event()
-    drip = p.StreamSpec("drip-1", "drip.bin", 10_000, 1)
-
-    def trickle() -> None:
-        seq = 1
-        while not stop.wait(1.0 if seq > 1 else 0):
-            raw.send(dest.data_queue(drip.stream_id, "mallory"), b"y", p.data_headers(drip, seq, b"y"))
-            seq += 1
-
-    dripping = threading.Thread(target=trickle, daemon=True)
-    try:
-        for i in range(n - 1):
-            spec = p.StreamSpec(f"half-{i}", "half.bin", 2, 1)
-            raw.send(q, b"", p.offer_headers(spec, dest, sender="mallory"))
-            raw.send(dest.data_queue(spec.stream_id, "mallory"), b"x", p.data_headers(spec, 1, b"x"))
-        raw.send(q, b"", p.offer_headers(drip, dest, sender="mallory"))
-        dripping.start()
+    with half_sent_and_trickling(ctx.params("mallory"), q, n - 1):
         _send_good(ctx, q, 3)
         secs, _ = _receive(ctx, q, ctx.work / "out-halfsent")
-    finally:
-        stop.set()
-        if dripping.is_alive():
-            dripping.join(10)
-        raw.close()
     return {"figure": secs, "unit": "s", "bound": SLACK + n * (FIRST_LOOK + PER_LOOK),
             "before": "605 s (5 half-sent), 620 s (a trickle)"}
 

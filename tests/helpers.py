@@ -211,6 +211,35 @@ def flood(params: BrokerParams, queue: str, n: int, *, size: int = 1000, tag: st
         raw.close()
 
 
+@contextlib.contextmanager
+def half_sent_and_trickling(params: BrokerParams, queue: str, half: int) -> Iterator[None]:
+    """``half`` offers of two one-byte chunks with only the first sent, then one offer whose
+    sender trickles a byte a second until the block ends, as ``params``'s user with raw stomp.py."""
+    dest, raw, stop = Destination.parse(queue), RawSender(params), threading.Event()
+    drip = p.StreamSpec("drip-1", "drip.bin", 10_000, 1)
+
+    def trickle() -> None:
+        seq = 1
+        while not stop.wait(1.0 if seq > 1 else 0):
+            raw.send(dest.data_queue(drip.stream_id, params.user), b"y", p.data_headers(drip, seq, b"y"))
+            seq += 1
+
+    dripping = threading.Thread(target=trickle, daemon=True)
+    try:
+        for i in range(half):
+            spec = p.StreamSpec(f"half-{i}", "half.bin", 2, 1)
+            raw.send(queue, b"", p.offer_headers(spec, dest, sender=params.user))
+            raw.send(dest.data_queue(spec.stream_id, params.user), b"x", p.data_headers(spec, 1, b"x"))
+        raw.send(queue, b"", p.offer_headers(drip, dest, sender=params.user))
+        dripping.start()
+        yield
+    finally:
+        stop.set()
+        if dripping.is_alive():
+            dripping.join(10)
+        raw.close()
+
+
 def orphan_batch_part(batch_id: str, part: int, parts: int) -> tuple[dict[str, str], bytes]:
     """Part ``part`` of ``parts`` of a batch, listing 1,999 files of 128-character ids nobody
     sends (about 470 KiB once kept): never its first part."""

@@ -40,6 +40,7 @@ from tests.helpers import (
     RawSender,
     assert_old_gen_bounded,
     browse,
+    half_sent_and_trickling,
     make_file,
     offer_many,
     old_gen_mib,
@@ -414,38 +415,12 @@ def test_half_sent_and_trickling_streams_give_way_after_a_short_look_at_default_
     second, ahead of a good stream, receiver at default settings (idle_timeout 120 s): each
     brings less than ``min_rate`` and is parked after its first look (was: 605 s for the five,
     and the trickle held the receiver for as long as it lasted)."""
-    import threading
-
     from airflow_provider_amqstream.engine.receive.stream import DEFAULT_MIN_RATE, FIRST_LOOK
 
     _, u = users
     queue = "/queue/scale.halfsent"
-    dest = Destination.parse(queue)
-    raw = RawSender(u["mallory"])
-    stop = threading.Event()
-    t = threading.Thread()
-    try:
-        for i in range(5):
-            spec = p.StreamSpec(f"half-{i}", "half.bin", 2, 1)
-            raw.send(queue, b"", p.offer_headers(spec, dest, sender="mallory"))
-            raw.send(dest.data_queue(spec.stream_id, "mallory"), b"x", p.data_headers(spec, 1, b"x"))
-        drip = p.StreamSpec("drip-1", "drip.bin", 10_000, 1)
-        raw.send(queue, b"", p.offer_headers(drip, dest, sender="mallory"))
-
-        def trickle() -> None:
-            seq = 1
-            while not stop.wait(1.0 if seq > 1 else 0):
-                raw.send(dest.data_queue(drip.stream_id, "mallory"), b"y", p.data_headers(drip, seq, b"y"))
-                seq += 1
-
-        t = threading.Thread(target=trickle, daemon=True)
-        t.start()
+    with half_sent_and_trickling(u["mallory"], queue, 5):
         delay, failures = _good_stream_after(u, queue, tmp_path, "after-half.bin")
-    finally:
-        stop.set()
-        if t.is_alive():
-            t.join(10)
-        raw.close()
     # Fair share serves alice's stream after one of mallory's has had its look (not after all
     # six): each one looked at before it gave way for its rate, none held the receiver longer.
     ahead = {(f"half-{i}", "stalled") for i in range(5)} | {("drip-1", "stalled")}
