@@ -281,7 +281,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
     # Each result is printed as it comes and only counted: memory stays flat however many arrive.
     receive_streams(params, args.source, args.out_dir, count=None if args.follow else args.count,
-                    stream_id=args.stream_id, options=opts, on_failure=on_failure, on_result=on_result, keep=0)
+                    stream_id=args.stream_id, options=opts, on_failure=on_failure, on_result=on_result)
     if not received and not args.follow:
         if failures:
             print(f"no stream was received from {args.source}: {failures} offered within {args.wait}s "

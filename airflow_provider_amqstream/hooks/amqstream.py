@@ -258,11 +258,11 @@ class AmqStreamHook(BaseHook):
                 before = drained.count
                 engine.receive_streams(self.broker_params(), source, out_dir,
                                        count=None if count is None else count - drained.count,
-                                       options=dataclasses.replace(options, wait_timeout=wait,
-                                                                   events=watch.on_event if watch else options.events),
-                                       on_failure=drained.on_failure, stop_after=max(left, 0.0),
-                                       on_result=lambda r: drained.add(r.to_json()), keep=0,
-                                       stop_when=watch.done if watch else None)
+                                       options=dataclasses.replace(
+                                           options, wait_timeout=wait, stop_after=max(left, 0.0),
+                                           stop_when=watch.done if watch else None,
+                                           events=watch.on_event if watch else options.events),
+                                       on_failure=drained.on_failure, on_result=lambda r: drained.add(r.to_json()))
                 manifest = watch.find() if watch else None
                 if manifest is not None or (count is not None and drained.count >= count):
                     break

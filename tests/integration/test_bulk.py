@@ -279,8 +279,8 @@ def test_a_drain_stops_at_its_deadline_while_offers_keep_trickling_in(params: Br
     sender.start()
     try:
         t0 = time.monotonic()
-        got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=10),
-                              stop_after=3)
+        got = receive_streams(params, queue_name, tmp_path / "out",
+                              options=ReceiveOptions(wait_timeout=10, stop_after=3))
         took = time.monotonic() - t0
     finally:
         stop.set()

@@ -83,11 +83,11 @@ def receive_stream(
     stream that fails is handled by the policy above first (quarantined, or yielded), then
     raised: :class:`StreamQuarantined`, :class:`StreamStalled` or :class:`StreamNoRoom`.
     """
-    got = receive_streams(params, source, out_dir, count=1, stream_id=stream_id, options=options, fail_fast=True)
+    got = _receive(params, source, out_dir, options, _Report(stream_id, wanted=1, fail_fast=True))
     return got[0] if got else None
 
 
-def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; the hook passes each by name
+def receive_streams(
     params: BrokerParams,
     source: str,
     out_dir: str | os.PathLike[str],
@@ -95,35 +95,30 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     count: int | None = None,
     stream_id: str | None = None,
     options: ReceiveOptions | None = None,
-    fail_fast: bool = False,
     on_result: ResultSink | None = None,
     on_failure: FailureSink | None = None,
-    stop_after: float | None = None,
-    keep: int | None = None,
-    stop_when: Callable[[], bool] | None = None,
 ) -> list[TransferResult]:
     """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
-    offer, or until ``stop_after`` seconds have passed; return them. One connection serves
-    them all.
-
-    To keep memory flat over many streams, give ``keep`` and take each result from
-    ``on_result``: only the first ``keep`` results are returned (``count`` still counts
-    every stream).
+    offer, or until ``options.stop_after`` seconds have passed or ``options.stop_when`` says
+    so; return them. One connection serves them all. A stream that fails is reported to
+    ``on_failure`` and the receive goes on (but for the one named ``stream_id``: that stream
+    is the whole job, and its failure is raised).
 
     :param count: how many streams to receive (None: until the wait runs out).
-    :param stop_after: take no new stream after this many seconds (one being received is
-        finished); without it a steady trickle of offers keeps a drain going for ever.
     :param stream_id: receive only this stream.
-    :param fail_fast: raise the first stream failure instead of reporting it and going on
-        (always so when ``stream_id`` is given: that stream is the whole job).
-    :param on_result: called with each stream received.
+    :param on_result: called with each stream received; when given, results are handed to it
+        alone and the returned list stays empty, so memory stays flat over any number.
     :param on_failure: called with each stream quarantined or yielded.
-    :param keep: return at most this many results, the first ones (None: all of them).
-    :param stop_when: asked after each offer is settled; return once it says True (a batch
-        whose manifest was just written ends a drain then, not a quiet ``wait_timeout`` later).
     """
+    return _receive(params, source, out_dir, options,
+                    _Report(stream_id, wanted=count, on_result=on_result, on_failure=on_failure))
+
+
+def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], options: ReceiveOptions | None,
+             report: _Report) -> list[TransferResult]:
     opts = _connection_defaults(options or ReceiveOptions(), params)
     dest = Destination.parse(source)
+    stream_id = report.stream_id
     if stream_id:
         validate_stream_id(stream_id)
     out = Path(out_dir)
@@ -136,9 +131,8 @@ def receive_streams(  # noqa: PLR0913 -- the engine's keyword-only entry point; 
     # A receiver fails at once on a broker it never reached (transport/retry.py says why).
     reconnect = Reconnect(what, params.url, opts.reconnect_timeout, wait_at_start=False)
     wait = opts.wait_timeout
-    until = None if stop_after is None else time.monotonic() + stop_after
-    report = _Report(stream_id, fail_fast, on_result, on_failure, batches, opts, keep, wanted=count,
-                     stop_when=stop_when)
+    until = None if opts.stop_after is None else time.monotonic() + opts.stop_after
+    report.batches, report.opts = batches, opts
     while True:
         try:
             with open_link(params, client_id=f"amqs-recv-{socket.gethostname()}-{os.getpid()}") as link:
@@ -184,18 +178,17 @@ def _deadline(wait: float | None, until: float | None) -> float | None:
 
 @dataclass
 class _Report:
-    """Where each outcome of a receive goes: results kept and reported, failures reported
+    """Where each outcome of a receive goes: results kept or reported, failures reported
     or raised, batches told of each stream published."""
 
     stream_id: str | None
-    fail_fast: bool
-    on_result: ResultSink | None
-    on_failure: FailureSink | None
-    batches: Batches
-    opts: ReceiveOptions
-    keep: int | None = None
     wanted: int | None = None  # streams to receive in all (None: no limit)
-    stop_when: Callable[[], bool] | None = None
+    fail_fast: bool = False
+    on_result: ResultSink | None = None
+    on_failure: FailureSink | None = None
+    # The receive's own, set once it has resolved its options and loaded its batches.
+    batches: Batches = field(init=False)
+    opts: ReceiveOptions = field(init=False)
     results: list[TransferResult] = field(default_factory=list)
     count: int = 0
 
@@ -207,7 +200,7 @@ class _Report:
         """Whether the receive is done: ``wanted`` streams received, or ``stop_when`` says so."""
         if self.wanted is not None and self.count >= self.wanted:
             return True
-        return self.stop_when is not None and self.stop_when()
+        return self.opts.stop_when is not None and self.opts.stop_when()
 
     def add(self, outcomes: list[TransferResult | StreamError | None]) -> None:
         failed: StreamError | None = None
@@ -222,10 +215,10 @@ class _Report:
                 for manifest in self.batches.published(outcome.stream_id):
                     self.opts.emit("batch_complete", manifest=str(manifest))
                 self.count += 1
-                if self.keep is None or len(self.results) < self.keep:
-                    self.results.append(outcome)
                 if self.on_result:
                     self.on_result(outcome)
+                else:
+                    self.results.append(outcome)
             elif self.fail_fast or self.stream_id:
                 failed = failed or outcome
             elif self.on_failure and outcome.failure is not None:
@@ -590,7 +583,7 @@ class ReceiveSession:
         return TransferResult.from_json({**done, "seconds": 0.0, "bytes_transferred": 0, "started_at": time.time(),
                                          "finished_at": time.time(), "status": Outcome.DUPLICATE.value})
 
-    def _quarantine(self, offer: Message, sid: str, cause: Outcome, reason: str, *, offset: int = 0,  # noqa: PLR0913
+    def _quarantine(self, offer: Message, sid: str, cause: Outcome, reason: str, *, offset: int = 0,
                     then: Callable[[], int] | None = None, filed: bool = False) -> StreamQuarantined:
         """File the offer away with its cause and reason (unless ``filed`` already, by a receiver here
         that died before the end), run ``then`` (it moves the stream's chunks to the DLQ and

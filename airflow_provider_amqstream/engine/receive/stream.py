@@ -73,6 +73,11 @@ class ReceiveOptions:
     :param window: chunks per sync + acknowledgement (the broker prefetch is 2x this).
         Keep it at most half the broker's maxPageSize (16 in the shipped config).
     :param wait_timeout: seconds to wait for a stream to be offered (None: forever).
+    :param stop_after: take no new stream after this many seconds (one being received is
+        finished); without it a steady trickle of offers keeps a drain going for ever.
+    :param stop_when: asked after each offer is settled; the receive ends once it says True
+        (a batch whose manifest was just written ends a drain then, not a quiet
+        ``wait_timeout`` later).
     :param idle_timeout: seconds without a chunk before the sender is presumed gone: the
         stream yields its place (partial data kept) and is tried again later.
     :param gap_grace: seconds to wait for late chunks after the end marker.
@@ -109,6 +114,8 @@ class ReceiveOptions:
 
     window: int = hdr.DEFAULT_RECEIVE_BATCH
     wait_timeout: float | None = 60.0
+    stop_after: float | None = None
+    stop_when: Callable[[], bool] | None = None
     idle_timeout: float = 120.0
     gap_grace: float = 5.0
     reconnect_timeout: float = 120.0
@@ -219,7 +226,7 @@ RECEIVE_WINDOW_BYTES = 8 * 1024 * 1024
 class StreamReceiver:
     """Receives one offered stream into ``out``; the offer is acknowledged by the caller."""
 
-    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, offer: StreamOffer,  # noqa: PLR0913
+    def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, offer: StreamOffer,
                  opts: ReceiveOptions, *, sender: str = "", seal: seal.Seal | None = None) -> None:
         spec, handshake, self.data_q = offer.spec, offer.handshake, offer.data_queue
         self.link, self.dest, self.out, self.spec, self.opts = link, dest, out, spec, opts

@@ -94,7 +94,7 @@ def receive_peak(broker: MemoryBroker, src: Path, out: Path, count: int) -> int:
     got = []
 
     def receive() -> None:
-        receive_streams(broker.params("rx"), Q, out, count=count, keep=0, on_result=lambda r: got.append(1),
+        receive_streams(broker.params("rx"), Q, out, count=count, on_result=lambda r: got.append(1),
                         options=ReceiveOptions(wait_timeout=2.0))
 
     peak = traced_peak(receive)
