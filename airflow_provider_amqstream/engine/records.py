@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
-from airflow_provider_amqstream.engine.store import SENT, RecordStore, open_store, prune_quietly, store_path
+from airflow_provider_amqstream.engine.store import NOFOLLOW, SENT, RecordStore, open_store, prune_quietly, store_path
+from airflow_provider_amqstream.engine.store import unlink_missing_ok as unlink_missing_ok
+from airflow_provider_amqstream.engine.store import write_all as write_all
 from airflow_provider_amqstream.exceptions import StreamError
 
 log = logging.getLogger(__name__)
@@ -151,13 +153,10 @@ def _prune_old_files(sdir: SendStateDir, before: float) -> None:
             log.warning("sender state %s: could not prune %s (%s)", sdir.path, e.name, exc)
 
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
 def open_private(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:
     """``os.open`` that refuses a symbolic link at ``path`` and anything but a regular file."""
     try:
-        fd = os.open(path, flags | _NOFOLLOW, mode)
+        fd = os.open(path, flags | NOFOLLOW, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StreamError(f"{path} is a symbolic link; amqstream writes only files it created there. "
@@ -180,13 +179,6 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to ``fd`` (``os.write`` may take less than it is given)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def write_json(path: str | os.PathLike[str], data: dict[str, Any], *, mode: int = 0o666, sync: bool = True) -> None:
@@ -220,14 +212,6 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any], *, mode: int 
     except BaseException:
         unlink_missing_ok(tmp)
         raise
-
-
-def unlink_missing_ok(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
-    """Remove ``path`` if it is there."""
-    try:
-        os.unlink(path, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -> None:

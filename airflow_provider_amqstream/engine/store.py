@@ -61,7 +61,7 @@ COMPACT_AFTER = 3600
 SORTED = ".sorted"
 PAST = "past"  # the merged past days, beside the day directories
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+NOFOLLOW = getattr(os, "ONOFOLLOW", 0)
 
 
 def bucket(kind: str, key: str) -> str:
@@ -142,7 +142,7 @@ def _first_at_least(data: Any, target: bytes) -> int:
 def _past_lines(path: str, cutoff: bytes) -> Iterator[bytes]:
     """The lines of a merged file (without newlines) of days kept; nothing if it went."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
     except FileNotFoundError:
         return
     with os.fdopen(fd, "rb") as fh:
@@ -176,7 +176,7 @@ def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: b
     durable and in place when this returns; return its path."""
     tmp = f"{directory}/.{secrets.token_hex(8)}.tmp"
     try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), "wb") as out:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600), "wb") as out:
             prev, oldest = b"", b"99999999"
             for line in heapq.merge(fresh, *(_past_lines(p, cutoff) for p in olds), key=_merge_key):
                 if line != prev:  # copies of a line (a crash, two compactors) sort next to each other
@@ -188,7 +188,7 @@ def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: b
         os.rename(tmp, new)
         _fsync_dir(directory)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_missing_ok(tmp)
         raise
     return new
 
@@ -211,7 +211,7 @@ def _mapped(path: str) -> Iterator[Any]:
     """``path`` mapped read-only (None if empty): nothing copied into the process, and what
     is mapped is page cache, let go when the look-up ends. Raises :class:`_Gone` if missing."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
     except FileNotFoundError:
         raise _Gone(path) from None
     try:
@@ -267,9 +267,16 @@ def _search(data: Any, head: bytes, cutoff: bytes) -> list[Any]:
     return [v for _, v in found]
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_missing_ok(path: str | os.PathLike[str]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class RecordStore:
@@ -333,7 +340,7 @@ class RecordStore:
         if log_ is None:
             path = f"{bdir}/{self._name}"
             # O_EXCL: a file of our own name, never one someone planted (nor a link).
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | NOFOLLOW
             try:
                 fd = os.open(path, flags, 0o600)
             except FileNotFoundError:
@@ -341,9 +348,7 @@ class RecordStore:
                 fd = os.open(path, flags, 0o600)
             log_ = self._logs[b] = [fd, path, 0]
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(log_[0], view):]
+            write_all(log_[0], data)
             log_[2] += len(data)
             if sync:
                 os.fsync(log_[0])
@@ -384,7 +389,7 @@ class RecordStore:
         os.close(fd)
         self._name = writer_name()  # the next log a new name: a look-up that listed this one finds it gone
         for p in (path, *(p for p, _ in merged)):
-            _unlink_quietly(p)
+            unlink_missing_ok(p)
         runs.append((new, logs))
 
     def close(self) -> None:
@@ -480,9 +485,8 @@ class RecordStore:
         """Remove the days older than the retention; return how many. Safe to run in several
         processes at once: a day is first renamed to a name of this process's own (atomic,
         also on NFS), so exactly one of them removes it and look-ups stop seeing it at once."""
-        return self._expire() if self.retention > 0 else 0
-
-    def _expire(self) -> int:
+        if self.retention <= 0:
+            return 0
         cutoff = self._cutoff()
         try:
             entries = os.listdir(self.root)
@@ -543,7 +547,7 @@ class RecordStore:
         runs = [path for _, path in files if path.endswith(SORTED)]
         for day in days:  # a sort its writer did not finish (that day ended an hour ago)
             for tmp in Path(f"{self.root}/{day}/{b}").glob(".*.tmp"):
-                _unlink_quietly(str(tmp))
+                unlink_missing_ok(str(tmp))
         cutoff = self._cutoff().encode()
         # A merged file is named by the oldest day it holds: one holding expired days is rewritten.
         if not files and len(olds) <= 1 and all(os.path.basename(p)[:8].encode() >= cutoff for p in olds):
@@ -553,7 +557,7 @@ class RecordStore:
         os.makedirs(pdir, exist_ok=True)
         _write_sorted(pdir, fresh, olds, cutoff)
         for path in olds:
-            _unlink_quietly(path)
+            unlink_missing_ok(path)
         for path, size in read:
             with contextlib.suppress(FileNotFoundError):
                 # A log written to after we read it keeps its new lines for the next merge.
