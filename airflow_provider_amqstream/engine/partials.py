@@ -77,7 +77,6 @@ def partial_streams(out_dir: str | os.PathLike[str], *, previous: Mapping[str, t
                     ) -> list[InProgress]:
     """The streams partly received into ``out_dir``, from its state directory, read only.
 
-    :param out_dir: a receiver's output directory.
     :param previous: an earlier look's ``{stream id: (durable bytes, monotonic time)}``, to
         measure a rate (see :func:`progress_marks`).
     """
@@ -135,10 +134,7 @@ def _valid_id(sid: str) -> bool:
 
 
 def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
-    """The batches ``out_dir`` waits on: parts that arrived, files listed, files in.
-
-    :param out_dir: a receiver's output directory.
-    """
+    """The batches ``out_dir`` waits on: parts that arrived, files listed, files in."""
     sdir = StateDir(out_dir)
     root = sdir.batches
     out: list[BatchProgress] = []

@@ -129,7 +129,6 @@ def sender_store(directory: str | os.PathLike[str] | None = None,
     The first use in a process prunes it: days of records past the retention, and the
     checkpoints of streams abandoned in flight and batch ledgers not touched for as long.
 
-    :param directory: the state directory.
     :param retention_days: days kept (None: 30; 0: for ever).
     """
     sdir = SendStateDir(directory)

@@ -309,7 +309,6 @@ class RecordStore:
         """Record ``value`` under (``kind``, ``key``), durable when this returns if ``sync``.
 
         :param kind: :data:`DONE`, :data:`CLAIM` or :data:`SENT`.
-        :param key: what it is looked up by.
         :param value: any JSON value.
         :param sync: fsync the file (False: the caller flushes the filesystem).
         """
@@ -418,11 +417,7 @@ class RecordStore:
     def get_many(self, kind: str, keys: Iterable[str]) -> dict[str, Any]:
         """The newest record of each of ``keys`` that has one: each bucket is listed and each
         of its files mapped once for all of them (a batch's thousands of streams, a receiver's
-        group). Memory: the answer.
-
-        :param kind: the records' kind.
-        :param keys: what to look up.
-        """
+        group). Memory: the answer."""
         return {key: values[0] for key, values in self._collect(kind, keys, first=True).items()}
 
     def _collect(self, kind: str, keys: Iterable[str], *, first: bool) -> dict[str, list[Any]]:
@@ -585,7 +580,6 @@ def open_store(root: str | os.PathLike[str], retention_days: float | None = None
     one file per bucket and day however many streams it records (pruning is the caller's:
     :meth:`RecordStore.prune`, which the receiver runs as it starts).
 
-    :param root: the store's directory.
     :param retention_days: days records are kept (None: :data:`DEFAULT_RETENTION_DAYS`;
         0 keeps them for ever).
     """

@@ -99,27 +99,22 @@ class BulkResult:
     results: list[TransferResult]
     failures: list[FileFailure]
     seconds: float
+    tally: BatchTally
     broker: str = ""
-    tally: BatchTally | None = None
     files_list: str | None = None
 
     @property
     def failed(self) -> int:
         """How many files failed (``failures`` may list only the first of them)."""
-        return self.tally.failed if self.tally is not None else len(self.failures)
+        return self.tally.failed
 
     @property
     def complete(self) -> bool:
         """Whether ``results`` and ``failures`` list every file."""
-        return self.tally is None or (self.tally.files == len(self.results) and self.tally.failed == len(self.failures))
+        return self.tally.files == len(self.results) and self.tally.failed == len(self.failures)
 
     def totals(self) -> dict[str, Any]:
         t = self.tally
-        if t is None:  # built by hand from lists
-            t = BatchTally(0)
-            for r in self.results:
-                t.add(r)
-            t.failed = len(self.failures)
         return {
             "status": "totals", "batch_id": self.batch_id, "destination": self.destination, "broker": self.broker,
             "files": t.files + t.failed, "files_sent": t.sent, "files_already_sent": t.already,

@@ -104,19 +104,13 @@ def send_files(
     Memory stays flat in the number of files: they are read twice (counted, then sent) one
     at a time, and each result is counted and appended to the files list, not kept.
 
-    :param params: broker connection settings.
     :param files: paths, or :class:`BatchFile` (path and relative directory); pass
         :func:`iter_files` for directories and patterns (it walks, holding no list). A
         one-pass iterator is made a list first.
-    :param destination: ``/queue/NAME``.
-    :param options: how to send (:class:`SendOptions`: chunk size, window, mode,
-        compression, restart, fail_fast, manifest, pack, where checkpoints and the ledger go).
     :param batch_id: names the batch's ledger (letters, digits, ``._-``); default derived
         from the destination and the files, so the same call finds it again. Give one when
         the set of files may change between tries (an Airflow run id).
     :param progress: called with a :class:`BatchStatus` after each group of confirmations.
-    :param on_result: called with each file's result as it is confirmed.
-    :param on_failure: called with each file that failed.
     """
     opts = options or SendOptions()
     t0 = time.monotonic()
@@ -148,16 +142,16 @@ def send_files(
     sealed = bool(recipients)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
-    survey = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None, sealed=sealed)
+    count, size, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None, sealed=sealed)
     if batch_id is None:
-        batch_id = f"b-{hashlib.sha256(f'{dest}|{survey.count}|{survey.ids:x}'.encode()).hexdigest()[:20]}"
+        batch_id = f"b-{hashlib.sha256(f'{dest}|{count}|{ids:x}'.encode()).hexdigest()[:20]}"
     validate_stream_id(batch_id)
     # The first use in a process prunes expired records, checkpoints and ledgers.
     sdir = SendStateDir()
     sender_store(sdir, params.records_retention_days)
     ledger = BatchLedger(sdir.ledger(batch_id, params), opts.ledger_flush)
     listing = _FilesList(sdir.files_list(batch_id, params))
-    status = BatchStatus(survey.count, survey.bytes)
+    status = BatchStatus(count, size)
     ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
                status=status, tally=tally, listing=listing, progress=progress, on_result=on_result,
                sealed=sealed)
@@ -178,28 +172,22 @@ def send_files(
             link.round_trip()
     if progress:
         progress(status)
-    return BulkResult(batch_id, str(dest), tally.results, tally.failures, time.monotonic() - t0, params.url,
-                      tally=tally, files_list=str(listing.path))
-
-
-@dataclass
-class _Survey:
-    count: int = 0
-    bytes: int = 0
-    ids: int = 0  # the sum of the stream ids' digests: the same files give the same sum in any order
+    return BulkResult(batch_id, str(dest), tally.results, tally.failures, time.monotonic() - t0, tally, params.url,
+                      files_list=str(listing.path))
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
-            key: bytes, fail: Callable[..., None], *, sealed: bool) -> _Survey:
-    """Count the files a send will send. Each failing one is reported by the sending pass;
-    with fail_fast, ``fail`` is the send's report-and-raise: the first is reported here and
-    stops the send before anything is sent."""
-    out = _Survey()
+            key: bytes, fail: Callable[..., None], *, sealed: bool) -> tuple[int, int, int]:
+    """The files a send will send: how many, their bytes, and the sum of their stream ids'
+    digests (the same files give the same sum in any order). Each failing one is reported by
+    the sending pass; with fail_fast, ``fail`` is the send's report-and-raise: the first is
+    reported here and stops the send before anything is sent."""
+    count = size = ids = 0
     for e in _outgoing(files, dest, key, fail, sealed=sealed):
-        out.count += 1
-        out.bytes += e.size
-        out.ids = (out.ids + int.from_bytes(hashlib.sha256(e.stream_id.encode()).digest()[:16], "big")) % (1 << 128)
-    return out
+        count += 1
+        size += e.size
+        ids = (ids + int.from_bytes(hashlib.sha256(e.stream_id.encode()).digest()[:16], "big")) % (1 << 128)
+    return count, size, ids
 
 
 def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
@@ -283,40 +271,28 @@ def _already(rec: dict[str, Any], e: Outgoing, dest: Destination, params: Broker
                           chunk_size=int(rec.get("chunk_size") or 0), broker=params.url)
 
 
-class _Todo:
+class _Todo(collections.deque[Outgoing]):
     """The files still to send: those put back (sent, not confirmed, before a lost
     connection) first, then the rest of the walk, read as needed. Looks ahead at most two."""
 
     def __init__(self, source: Iterator[Outgoing]) -> None:
-        self.front: collections.deque[Outgoing] = collections.deque()
+        super().__init__()
         self.source = source
 
     def _fill(self, n: int) -> bool:
-        while len(self.front) < n:
+        while len(self) < n:
             nxt = next(self.source, None)
             if nxt is None:
                 return False
-            self.front.append(nxt)
+            self.append(nxt)
         return True
 
     def __bool__(self) -> bool:
         return self._fill(1)
 
-    def __getitem__(self, i: int) -> Outgoing:
-        if not self._fill(i + 1):
-            raise IndexError(i)
-        return self.front[i]
-
     def second(self) -> Outgoing | None:
         """The file after the next one, if any."""
-        return self.front[1] if self._fill(2) else None
-
-    def popleft(self) -> Outgoing:
-        self._fill(1)
-        return self.front.popleft()
-
-    def appendleft(self, e: Outgoing) -> None:
-        self.front.appendleft(e)
+        return self[1] if self._fill(2) else None
 
 
 class _InFlight:

@@ -27,9 +27,6 @@ class Chunk(NamedTuple):
 class ChunkReader:
     """Chunks of ``spec``'s file from ``fh``.
 
-    :param fh: the file, open for reading in binary mode.
-    :param spec: the stream the chunks belong to.
-    :param codec: the chunk encoding.
     :param hasher: a hashlib object the chunks read in order are added to (None: no hash).
     :param seal: a sealed stream's seal (each encoded chunk sealed under it).
     """

@@ -123,10 +123,7 @@ def send_file(
 ) -> TransferResult:
     """Send one file as a stream; resume from the checkpoint if an earlier run stopped.
 
-    :param params: broker connection settings.
-    :param path: the file to send.
     :param destination: ``/queue/NAME`` (or ``/topic/NAME``) where receivers listen.
-    :param options: how to send (:class:`SendOptions`; default its defaults).
     :param stream_id: stream id; by default derived from path, size, mtime and
         destination, so the same call after a crash finds its checkpoint.
     :param name: the file name announced to receivers (default the base name).
@@ -183,7 +180,7 @@ def send_file(
     if link is not None:
         if spec.mode is hdr.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
-        attempt.run(link)
+        attempt.over(link)
     else:
         resumed, retries = _retry(out, attempt, Reconnect(f"sending stream {sid} to {dest}", params.url,
                                                           opts.reconnect_timeout),
@@ -319,9 +316,6 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | Destinati
     the same destination always gets the same id, so a re-run finds its checkpoint; the
     same file to another destination is another stream.
 
-    :param path: the file to send.
-    :param destination: where it goes.
-    :param st_: the file's stat result, if the caller has it.
     :param key: the connection's ``id_key``: without it the id is predictable by anyone who
         knows the file, and so can be offered first by another user.
     :param sealed: the stream is sealed: its id shows no part of the file's name.
@@ -346,8 +340,6 @@ def id_key(params: BrokerParams) -> bytes:
     compute them to offer them first. A connection without a password gets no key (ids as
     predictable as its broker is open). A changed password means new ids: a send
     interrupted before the change starts over as a new stream.
-
-    :param params: the sender's connection settings.
     """
     return _derive_id_key(params.user, params.password) if params.password else b""
 
@@ -371,13 +363,9 @@ class _Attempt:
         self.data_q = out.dest.data_queue(out.state.spec.stream_id, out.params.user)
         self.sent = 0
 
-    def run(self, shared: Link | None = None) -> None:
-        """One connected attempt (over ``shared`` if given); adds the bytes it sent to ``self.sent``."""
-        if shared is not None:
-            self._run(shared)
-            return
+    def run(self) -> None:
         with open_link(self.out.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
-            self._run(link)
+            self.over(link)
 
     def _send_chunks(self, link: Link, fh: Any, hasher: Any) -> None:
         """Send every chunk past the confirmed one (each prepared while the one before it goes
@@ -402,7 +390,8 @@ class _Attempt:
                     if self.out.progress:
                         self.out.progress(state.confirmed_offset, spec.size)
 
-    def _run(self, link: Link) -> None:
+    def over(self, link: Link) -> None:
+        """One connected attempt; adds the bytes it sent to ``self.sent``."""
         state, spec, dest, data_q = self.state, self.state.spec, self.out.dest, self.data_q
         rerun = state.offer_sent or state.confirmed_seq > 0
         if spec.mode is hdr.Mode.STREAM and not state.offer_sent:
