@@ -294,6 +294,10 @@ class _Todo(collections.deque[Outgoing]):
         """The file after the next one, if any."""
         return self[1] if self._fill(2) else None
 
+    def popleft(self) -> Outgoing:
+        self._fill(1)
+        return super().popleft()
+
 
 class _InFlight:
     """Files sent and not yet confirmed, in the order sent, each with the receipt id asked
