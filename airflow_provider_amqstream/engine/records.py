@@ -136,20 +136,16 @@ def sender_store(directory: str | os.PathLike[str] | None = None,
     if sdir.path not in _PRUNED_SENDER_DIRS:
         _PRUNED_SENDER_DIRS.add(sdir.path)
         prune_quietly(store)
-        if store.retention > 0:
-            _prune_old_files(sdir, time.time() - store.retention)
+        # Checkpoints and ledgers as old as the expired records: their streams and batches are
+        # as expired (the directory holds only those in flight, so this is short).
+        before = time.time() - store.retention
+        for e in sdir.ours() if store.retention > 0 else ():  # only ours: AMQSTREAM_STATE_DIR may be shared
+            try:
+                if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < before:
+                    os.unlink(e.path)
+            except OSError as exc:
+                log.warning("sender state %s: could not prune %s (%s)", sdir.path, e.name, exc)
     return store
-
-
-def _prune_old_files(sdir: SendStateDir, before: float) -> None:
-    """Checkpoints and ledgers last written before ``before``: their streams and batches are
-    as expired as the records (the directory holds only those in flight, so this is short)."""
-    for e in sdir.ours():  # AMQSTREAM_STATE_DIR may point where other files live: only ours go
-        try:
-            if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < before:
-                os.unlink(e.path)
-        except OSError as exc:
-            log.warning("sender state %s: could not prune %s (%s)", sdir.path, e.name, exc)
 
 
 def open_private(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:

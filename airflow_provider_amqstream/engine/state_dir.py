@@ -141,7 +141,6 @@ class SendStateDir:
         return hashlib.sha256(f"{params.url}|{params.login or ''}".encode()).hexdigest()[:12]
 
     def checkpoint(self, stream_id: str, params: BrokerParams) -> Path:
-        """A stream's checkpoint."""
         return self.path / checkpoint_name(stream_id, params)
 
     def task_checkpoint(self, stream_id: str, params: BrokerParams) -> Path:

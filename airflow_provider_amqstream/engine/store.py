@@ -462,7 +462,6 @@ class RecordStore:
                 *_listed(f"{self.root}/{PAST}/{b}")]
 
     def _days(self) -> list[str]:
-        """Day directories within retention, newest first."""
         try:
             days = [d for d in os.listdir(self.root) if len(d) == 8 and d.isdigit()]
         except FileNotFoundError:

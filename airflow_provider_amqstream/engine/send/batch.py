@@ -215,10 +215,21 @@ def _tree(top: Path) -> Iterator[tuple[Path, str, bool]]:
 
 class FileSet:
     """The files some paths, directories and glob patterns name, in a stable order; iterated
-    again, it walks again (a send reads it twice: once to count, once to send), so it holds
-    no list of the files. Made by :func:`iter_files`."""
+    again, it walks again (a send reads it twice: once to count, once to send) instead of
+    listing their files: memory stays flat in the number of files (what one directory's
+    names take, at most).
 
-    def __init__(self, args: Iterable[str | os.PathLike[str]], *, recursive: bool) -> None:
+    A directory (with ``recursive``) contributes every regular file under it, keeping its
+    path relative to that directory; links to directories are not followed. A pattern
+    (``*``, ``?``, ``[``) that is not itself an existing path is expanded here (``**``
+    matches across directories); its files land flat. A file reached twice (named and in a
+    directory given too, or a link to a file of it) is listed once.
+
+    :param args: files, directories or patterns.
+    :param recursive: descend into directories (otherwise a directory is an error).
+    """
+
+    def __init__(self, args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> None:
         self.args = [os.fspath(a) for a in args]
         self.recursive = recursive
         # Fail on a missing path or a directory without recursive before anything is sent.
@@ -278,22 +289,7 @@ class FileSet:
                 yield BatchFile(f, "")
 
 
-def iter_files(args: Iterable[str | os.PathLike[str]], *, recursive: bool = False) -> FileSet:
-    """Expand paths, directories and glob patterns into files, in a stable order, as a
-    :class:`FileSet` that walks the directories each time it is iterated instead of listing
-    their files: memory stays flat in the number of files (what one directory's names take,
-    at most).
-
-    A directory (with ``recursive``) contributes every regular file under it, keeping its
-    path relative to that directory; links to directories are not followed. A pattern
-    (``*``, ``?``, ``[``) that is not itself an existing path is expanded here (``**``
-    matches across directories); its files land flat. A file reached twice (named and in a
-    directory given too, or a link to a file of it) is listed once.
-
-    :param args: files, directories or patterns.
-    :param recursive: descend into directories (otherwise a directory is an error).
-    """
-    return FileSet(args, recursive=recursive)
+iter_files = FileSet
 
 
 class BatchLedger:

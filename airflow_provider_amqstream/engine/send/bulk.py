@@ -291,7 +291,6 @@ class _Todo(collections.deque[Outgoing]):
         return self._fill(1)
 
     def second(self) -> Outgoing | None:
-        """The file after the next one, if any."""
         return self[1] if self._fill(2) else None
 
     def popleft(self) -> Outgoing:
@@ -488,12 +487,10 @@ class _Ctx:
         return rid, res
 
     def _bound(self, link: Link, flight: _InFlight) -> None:
-        """Wait for receipts until the files and bytes in flight are within their bounds."""
         while len(flight.files) > MAX_IN_FLIGHT_FILES or flight.bytes > MAX_IN_FLIGHT_BYTES:
             self._confirm(link, flight)
 
     def _confirm(self, link: Link, flight: _InFlight) -> None:
-        """Wait for the oldest receipt asked for, and record the files it confirms."""
         for e, res in flight.confirm_oldest(link):
             self._record(e, res)
 

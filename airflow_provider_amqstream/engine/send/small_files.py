@@ -24,7 +24,7 @@ from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import Link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
-# A pack's files, their wire bytes and its index (see bulk_wire.pack_message). A pack asks
+# A pack's files, their wire bytes and its index (see protocol.bulk.pack_message). A pack asks
 # for its own receipt, so these also bound what one receipt confirms. The bytes stay at a
 # chunk's default, the size of the largest inline offer: what a stopped receiver can hold of
 # a queue's memory limit is counted in messages (engine/receive/inline.py, PREFETCH); 2 MiB packs
