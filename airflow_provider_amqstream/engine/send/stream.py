@@ -175,22 +175,20 @@ def send_file(
     out = Outbound(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
                    sealed)
     attempt = _Attempt(out)
+    reconnect = Reconnect(f"sending stream {sid} to {dest}", params.url, opts.reconnect_timeout)
     rerequests = [0]
-    retries = 0
     if link is not None:
         if spec.mode is hdr.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
         attempt.over(link)
     else:
-        resumed, retries = _retry(out, attempt, Reconnect(f"sending stream {sid} to {dest}", params.url,
-                                                          opts.reconnect_timeout),
-                                  (opts.request_timeout, opts.discovery_window, opts.ack_timeout), rerequests)
-        resumed_from = resumed if resumed is not None else resumed_from
+        resumed_from = _retry(attempt, reconnect, (opts.request_timeout, opts.discovery_window, opts.ack_timeout),
+                              rerequests, resumed_from)
     ckpt.save({**state.to_json(), **extra, "seal_key": None, "sent_at": time.time()}, final=True)
     return TransferResult(spec.stream_id, str(dest), real_name, spec.size, spec.chunks, state.sha256 or "",
                           time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
                           time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=out.origin,
-                          broker=params.url, retries=retries)
+                          broker=params.url, retries=reconnect.attempts)
 
 
 def seal_recipients(opts: SendOptions, params: BrokerParams) -> list[bytes]:
@@ -255,13 +253,11 @@ def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: Destinati
     return state
 
 
-def _retry(out: Outbound, attempt: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, float, float],
-           rerequests: list[int]) -> tuple[int | None, int]:
+def _retry(attempt: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, float, float],
+           rerequests: list[int], resumed_from: int) -> int:
     """Connected attempts, each on a connection of its own, until the stream is sent; return
-    the offset this run last resumed at after a lost connection (None if it never was) and
-    how many connections were tried again."""
-    state = out.state
-    resumed_from: int | None = None
+    the offset this run last resumed at (``resumed_from``, unless a lost connection came after)."""
+    out, state = attempt.out, attempt.state
     while True:
         before = state.confirmed_seq
         if reconnect.attempts and state.confirmed_offset:
@@ -273,7 +269,7 @@ def _retry(out: Outbound, attempt: _Attempt, reconnect: Reconnect, hs_timeouts: 
                 attempt.sent += send_handshake_attempt(out, hs_timeouts, rerequests)
             else:
                 attempt.run()
-            return resumed_from, reconnect.attempts
+            return resumed_from
         except TransportError as exc:
             # Attempts open their own connections: the broker was reached if it took the offer.
             reconnect.reached = reconnect.reached or state.offer_sent or state.confirmed_seq > 0
