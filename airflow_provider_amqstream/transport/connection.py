@@ -295,10 +295,6 @@ class Connection12(BaseConnection, Protocol12):
         Protocol12.disconnect(self, receipt, headers, **kw)
         self.transport.stop()
 
-    @staticmethod
-    def is_eol(c: bytes) -> bool:
-        return c in (b"\x0a", b"\x0d\x0a")
-
 
 def tls_context(params: BrokerParams) -> ssl.SSLContext:
     """The client TLS context for ``params``: the broker's certificate chain is always
