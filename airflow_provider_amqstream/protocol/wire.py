@@ -109,11 +109,6 @@ def control_headers(spec: StreamSpec, kind: hdr.Kind, consumer: str, next_seq: i
     return h
 
 
-def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[str, str]:
-    """Headers of an uncompressed chunk; see :func:`data_message` for the general case."""
-    return data_message(spec, seq, bytes(body))[0]
-
-
 def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
                  seal: Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]] | None = None,
                  ) -> tuple[dict[str, str], bytes]:
@@ -289,12 +284,7 @@ def sender_of(headers: Mapping[str, Any], *, parked: bool = False) -> str:
         never those a sender chose (a pack member's, an offer being built).
     :param parked: the message came from a parked queue.
     """
-    if parked:
-        return _user_id(headers.get(hdr.H_FIRST_SENDER))
-    return _user_id(headers.get(hdr.H_USER_ID))
-
-
-def _user_id(value: Any) -> str:
+    value = headers.get(hdr.H_FIRST_SENDER if parked else hdr.H_USER_ID)
     if not isinstance(value, str) or not 0 < len(value) <= hdr.MAX_USER_ID or not value.isprintable():
         return ""
     return value

@@ -91,7 +91,6 @@ class StompLink:
     # -- operations --------------------------------------------------------------
     def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
              receipt: bool = False, persistent: bool = True) -> str | None:
-        """Send one message; return a receipt id to wait on if ``receipt``."""
         conn = self._live()
         h = dict(headers)
         h["persistent"] = "true" if persistent else "false"
@@ -104,7 +103,6 @@ class StompLink:
         return rid
 
     def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
-        """Send one persistent message and wait until the broker has stored it."""
         rid = self._receipt_id()
         self.send(destination, body, {**headers, "receipt": rid})
         self.wait_receipt(rid)
@@ -139,7 +137,6 @@ class StompLink:
                 inbox.receipt_waiters -= 1
 
     def round_trip(self, timeout: float = 10.0) -> None:
-        """Prove the session works end to end: a receipt for a no-op frame."""
         conn = self._live()
         n = next(self._ids)
         # An empty transaction touches no destination and needs no permission.
@@ -149,8 +146,6 @@ class StompLink:
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
                   selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
-        """Subscribe; with ``browser`` ActiveMQ shows the queue without consuming it and ends
-        with a message whose ``browser`` header is ``end``."""
         conn = self._live()
         sub_id = f"s-{next(self._ids)}"
         headers = {"activemq.prefetchSize": str(prefetch)}
@@ -188,8 +183,6 @@ class StompLink:
         raise DestinationRefused(f"broker {self.params.url} refused to create {destination}: {text}")
 
     def unsubscribe(self, sub_id: str) -> None:
-        """Leave a subscription; the broker returns its unacknowledged messages to the
-        destination (another consumer, or a later subscription, gets them)."""
         self._stash.pop(sub_id, None)
         with self._lost("unsubscribing"):
             self._live().unsubscribe(sub_id)
@@ -203,8 +196,6 @@ class StompLink:
             self._live().nack(frame.headers["ack"])
 
     def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
-        """The next message (for ``subscription`` only, if given), or None after ``timeout``
-        seconds with nothing."""
         if subscription is None:
             return self._next(timeout)
         return self.get_any(timeout, (subscription,))
