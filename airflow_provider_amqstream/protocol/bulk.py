@@ -152,8 +152,6 @@ def seal_batch_part(headers: dict[str, str], body: bytes, recipients: list[bytes
     ``recipients``, bound to the batch id, the part and the number of parts.
 
     :param headers: the part's headers (:func:`iter_batch_messages`).
-    :param body: its JSON lines.
-    :param recipients: the public keys it is sealed for.
     """
     part, parts = int(headers[H_PART]), int(headers[H_PARTS])
     sealed = Seal.create(headers[H_BATCH], recipients, name="batch", size=part, chunk_size=parts)
@@ -165,12 +163,7 @@ def open_batch_part(headers: Mapping[str, Any], body: bytes | memoryview,
                     identities: list[Identity]) -> bytes | None:
     """A sealed batch part's JSON lines, or None when no identity holds a key for it; raises
     :class:`~airflow_provider_amqstream.protocol.seal.SealBroken` when it was altered, or
-    moved from another part or batch.
-
-    :param headers: the part's headers as delivered.
-    :param body: its sealed body.
-    :param identities: the receiver's keys.
-    """
+    moved from another part or batch."""
     batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
     parts = int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
     part = int_header(headers, H_PART, batch_id, lo=1, hi=parts)

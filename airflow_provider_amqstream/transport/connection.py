@@ -62,7 +62,6 @@ class FastTransport(Transport):
     :param timeout: seconds one host may take to accept the TCP connection and, with TLS,
         to complete the handshake.
     :param tls: speak TLS to every host with this context (see :func:`tls_context`); None for plain TCP.
-    :param kwargs: passed to stomp.py's ``Transport``.
     """
 
     # Headers and small frames are read through this fixed buffer. A large recv size here

@@ -17,8 +17,6 @@ from airflow_provider_amqstream.transport.errors import error_text
 
 
 class Inbox(stomp.ConnectionListener):
-    """The single listener: messages into a queue, receipts into a set, errors kept."""
-
     # Message bodies delivered but not yet taken by get(), in bytes. Past this the reader
     # thread waits for the consumer, so the rest of a prefetch window stays in the kernel's
     # socket buffer rather than in Python objects: a receiver holds a few chunks, not

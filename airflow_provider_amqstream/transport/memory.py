@@ -261,7 +261,7 @@ class MemoryLink:
         self._live()
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
-                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
+                  selector: str | None = None, browser: bool = False) -> str:
         broker = self._live()
         match = compile_selector(selector) if selector else (lambda headers: True)
         sub_id = f"s-{next(self._ids)}"

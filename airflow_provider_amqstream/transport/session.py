@@ -145,14 +145,12 @@ class StompLink:
         self.wait_receipt(f"ping-{n}", timeout)
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
-                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
+                  selector: str | None = None, browser: bool = False) -> str:
         conn = self._live()
         sub_id = f"s-{next(self._ids)}"
         headers = {"activemq.prefetchSize": str(prefetch)}
         if selector:
             headers["selector"] = selector
-        if exclusive:
-            headers["activemq.exclusive"] = "true"
         if browser:
             headers["browser"] = "true"
             ack = "auto"
