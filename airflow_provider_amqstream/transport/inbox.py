@@ -85,6 +85,8 @@ class Inbox(stomp.ConnectionListener):
             self.cond.notify_all()
         self.messages.put(None)
 
+    on_heartbeat_timeout = on_disconnected
+
     def await_refusal(self, timeout: float) -> None:
         """Wait until the reader thread has reported an ERROR frame or the socket's end.
 
@@ -94,6 +96,3 @@ class Inbox(stomp.ConnectionListener):
         """
         with self.cond:
             self.cond.wait_for(lambda: self.errors or self.lost, timeout=timeout)
-
-    def on_heartbeat_timeout(self) -> None:
-        self.on_disconnected()
