@@ -230,7 +230,7 @@ def case_bigbatch(ctx: Ctx, n: int) -> dict[str, Any]:
             for k in range(1, n + 1):
                 entries = [{"stream_id": f"never-{k}-{i}-".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "",
                             "name": f"f{i}.csv", "bytes": i, "sha256": f"{i:064x}"} for i in range(bw.BATCH_PART_FILES)]
-                [(headers, body)] = bw.batch_messages("huge-1", entries)
+                [(headers, body)] = list(bw.iter_batch_messages("huge-1", entries, len(entries)))
                 raw.send(q, body, {**headers, bw.H_PART: str(k), bw.H_PARTS: str(n)})
         finally:
             raw.close()
@@ -255,7 +255,7 @@ def case_forged(ctx: Ctx, n: int) -> dict[str, Any]:
     spec = p.StreamSpec("payroll-1", "payroll.csv", len(body), 1024 * 1024, hdr.Mode.ATOMIC)
     inline, wire = bw.inline_offer(spec, dest, body, sha, sender="alice")
     entry = {"stream_id": "payroll-1", "dir": "", "name": "payroll.csv", "bytes": len(body), "sha256": sha}
-    [(batch, listing)] = bw.batch_messages("payroll-batch", [entry])
+    [(batch, listing)] = list(bw.iter_batch_messages("payroll-batch", [entry], len([entry])))
     raw = RawSender(ctx.params("forger"))
     try:
         for headers, data in ((inline, wire), (batch, listing)):

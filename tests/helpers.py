@@ -221,7 +221,7 @@ def half_sent_and_trickling(params: BrokerParams, queue: str, half: int) -> Iter
     def trickle() -> None:
         seq = 1
         while not stop.wait(1.0 if seq > 1 else 0):
-            raw.send(dest.data_queue(drip.stream_id, params.user), b"y", p.data_headers(drip, seq, b"y"))
+            raw.send(dest.data_queue(drip.stream_id, params.user), b"y", p.data_message(drip, seq, b"y")[0])
             seq += 1
 
     dripping = threading.Thread(target=trickle, daemon=True)
@@ -229,7 +229,7 @@ def half_sent_and_trickling(params: BrokerParams, queue: str, half: int) -> Iter
         for i in range(half):
             spec = p.StreamSpec(f"half-{i}", "half.bin", 2, 1)
             raw.send(queue, b"", p.offer_headers(spec, dest, sender=params.user))
-            raw.send(dest.data_queue(spec.stream_id, params.user), b"x", p.data_headers(spec, 1, b"x"))
+            raw.send(dest.data_queue(spec.stream_id, params.user), b"x", p.data_message(spec, 1, b"x")[0])
         raw.send(queue, b"", p.offer_headers(drip, dest, sender=params.user))
         dripping.start()
         yield
@@ -249,7 +249,7 @@ def orphan_batch_part(batch_id: str, part: int, parts: int) -> tuple[dict[str, s
     tag = f"{batch_id}-{part}-"
     entries = [{"stream_id": f"{tag}{i:05d}".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "", "name": "x", "bytes": 1,
                 "sha256": "0" * 64} for i in range(1999)]
-    [(headers, body)] = bw.batch_messages(batch_id, entries)
+    [(headers, body)] = list(bw.iter_batch_messages(batch_id, entries, len(entries)))
     return {**headers, bw.H_PART: str(part), bw.H_PARTS: str(parts)}, body
 
 
@@ -311,7 +311,7 @@ def send_stream(  # noqa: PLR0913
     for seq in seqs:
         off, n = spec.chunk_span(seq)
         body = data[off:off + n]
-        headers = p.data_headers(spec, seq, body)
+        headers = p.data_message(spec, seq, body)[0]
         if tamper:
             headers, body = tamper(seq, headers, body)
         send(dest.data_queue(spec.stream_id, user), body, headers)

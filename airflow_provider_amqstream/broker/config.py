@@ -69,7 +69,6 @@ def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = ()
 
 
 def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
-    """Replace the users file with ``users``."""
     _write_secret_json(data_dir / USERS_FILE, {"users": dict(users)})
 
 

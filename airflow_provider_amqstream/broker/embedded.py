@@ -145,7 +145,6 @@ class EmbeddedBroker:
 
     # -- users and configuration --------------------------------------------------
     def users(self) -> dict[str, dict[str, Any]]:
-        """Users added with :meth:`add_user`: name -> {password, send, receive}."""
         return read_users(self.data_dir)
 
     def add_user(self, name: str, *, send: Iterable[str] = (), receive: Iterable[str] = (),
@@ -176,13 +175,11 @@ class EmbeddedBroker:
         return True
 
     def render_config(self) -> tuple[Path, bool]:
-        """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created)."""
         return render_config(self.data_dir, port=self.port, bind=self.bind, auth=self.auth, tls_port=self.tls_port,
                              store_dir=self.store_dir, network=self.network)
 
     # -- process -----------------------------------------------------------------
     def running_pid(self) -> int | None:
-        """The pid recorded for this data dir if that process is still alive."""
         return running_pid(self.pid_file, self.data_dir)
 
     def port_open(self, timeout: float = 0.5, port: int | None = None) -> bool:

@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +110,6 @@ class NetworkConfig:
         """Whether the broker needs its key (a TLS listener) or a trust store (TLS peers)."""
         return bool(self.openwire_tls_port or any(p.startswith("ssl://") for p in self.peers))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"openwire_port": self.openwire_port, "peers": list(self.peers),
-                "bridge_secret": str(self.bridge_secret) if self.bridge_secret else None,
-                "queues": list(self.queues), "openwire_tls_port": self.openwire_tls_port,
-                "peer_cas": [str(c) for c in self.peer_cas]}
-
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NetworkConfig:
         secret = data.get("bridge_secret")
@@ -136,7 +130,8 @@ class NetworkConfig:
                                "options again") from exc
 
     def remember(self, data_dir: Path) -> None:
-        (data_dir / NETWORK_FILE).write_text(json.dumps(self.to_json()))
+        # Paths as text, tuples as lists: the file from_json reads.
+        (data_dir / NETWORK_FILE).write_text(json.dumps(asdict(self), default=str))
 
 
 def bridge_credentials(path: Path) -> tuple[str, str]:

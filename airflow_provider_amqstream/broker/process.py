@@ -46,12 +46,10 @@ BROKER_JAR = Path(__file__).with_name("java") / "amqstream-broker.jar"
 
 
 def broker_jar() -> Path | None:
-    """Our broker extensions' jar, if it was built."""
     return BROKER_JAR if BROKER_JAR.is_file() else None
 
 
 def activemq_home() -> Path:
-    """Locate the ActiveMQ installation, or explain how to install one."""
     candidates = [os.environ.get("ACTIVEMQ_HOME"), "/usr/share/activemq"]
     for cand in candidates:
         if cand and (Path(cand) / "bin" / "activemq.jar").is_file():
@@ -64,7 +62,6 @@ def activemq_home() -> Path:
 
 
 def java_binary() -> str:
-    """The java on PATH, or explain how to install it."""
     java = shutil.which("java")
     if java is None:
         raise BrokerError(
@@ -154,7 +151,6 @@ def running_pid(pid_file: Path, data_dir: Path) -> int | None:
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
-    """Whether process ``pid`` ended within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -171,20 +167,17 @@ def wait_gone(pid: int, timeout: float) -> bool:
 
 
 def terminate(pid: int, timeout: float) -> None:
-    """Stop process ``pid`` cleanly: SIGTERM, then SIGKILL if it outlives ``timeout`` seconds."""
     os.kill(pid, signal.SIGTERM)
     if not wait_gone(pid, timeout):
         sigkill(pid)
 
 
 def sigkill(pid: int) -> None:
-    """SIGKILL process ``pid`` and wait (up to 10 s) until it is gone."""
     os.kill(pid, signal.SIGKILL)
     wait_gone(pid, 10)
 
 
 def tail(files: Iterable[Path], lines: int = 15) -> str:
-    """The last ``lines`` lines of each of ``files`` that can be read."""
     texts = []
     for f in files:
         try:

@@ -6,7 +6,7 @@ queue at all (:func:`inline_offer`, :func:`read_inline`). Several inline offers 
 together as one *pack* message: a JSON index of their headers, then their bodies
 (:func:`pack_message`, :func:`read_pack`); each member is checked as the inline offer it
 is. After a batch's offers, the sender lists its files in *batch* messages
-(:func:`batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
+(:func:`iter_batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
 manifest.
 
 Pure, no I/O: it builds on ``wire.py`` (StreamSpec, offers) and ``headers.py``, and is read
@@ -127,16 +127,12 @@ def read_inline(headers: Mapping[str, Any], body: bytes | memoryview, spec: Stre
 
 
 # --------------------------------------------------------------------------- batches
-def batch_messages(batch_id: str, entries: list[Mapping[str, Any]]) -> list[tuple[dict[str, str], bytes]]:
-    """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
-    ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``."""
-    return list(iter_batch_messages(batch_id, entries, len(entries)))
-
-
 def iter_batch_messages(batch_id: str, entries: Iterable[Mapping[str, Any]],
                         count: int) -> Iterator[tuple[dict[str, str], bytes]]:
-    """:func:`batch_messages` one part at a time, from ``count`` entries read as needed
-    (a batch of a million files is never one list)."""
+    """The messages announcing a batch: its files as JSON lines (``stream_id``, ``dir``,
+    ``name``, ``bytes``, ``sha256``), split into parts of at most ``BATCH_PART_FILES``, one
+    part at a time, from ``count`` entries read as needed (a batch of a million files is
+    never one list)."""
     validate_stream_id(batch_id)
     parts = max(1, -(-count // BATCH_PART_FILES))
     it = iter(entries)
@@ -156,8 +152,6 @@ def seal_batch_part(headers: dict[str, str], body: bytes, recipients: list[bytes
     ``recipients``, bound to the batch id, the part and the number of parts.
 
     :param headers: the part's headers (:func:`iter_batch_messages`).
-    :param body: its JSON lines.
-    :param recipients: the public keys it is sealed for.
     """
     part, parts = int(headers[H_PART]), int(headers[H_PARTS])
     sealed = Seal.create(headers[H_BATCH], recipients, name="batch", size=part, chunk_size=parts)
@@ -169,12 +163,7 @@ def open_batch_part(headers: Mapping[str, Any], body: bytes | memoryview,
                     identities: list[Identity]) -> bytes | None:
     """A sealed batch part's JSON lines, or None when no identity holds a key for it; raises
     :class:`~airflow_provider_amqstream.protocol.seal.SealBroken` when it was altered, or
-    moved from another part or batch.
-
-    :param headers: the part's headers as delivered.
-    :param body: its sealed body.
-    :param identities: the receiver's keys.
-    """
+    moved from another part or batch."""
     batch_id = str(headers.get(H_BATCH, ""))[:MAX_STREAM_ID]
     parts = int_header(headers, H_PARTS, batch_id, lo=1, hi=MAX_BATCH_PARTS)
     part = int_header(headers, H_PART, batch_id, lo=1, hi=parts)

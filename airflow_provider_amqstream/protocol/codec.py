@@ -55,10 +55,7 @@ _AUTO_MAX_SKIP = 64
 def normalise_compression(setting: str | None) -> str | None:
     """The compression a sender was asked for, checked: ``"auto"``, an encoding of
     :data:`ENCODINGS`, or None for none. ``"none"`` (any case) is None; None stays None
-    (callers that mean "the default" pass :data:`DEFAULT_COMPRESSION`).
-
-    :param setting: what the caller, the CLI or the connection's extra said.
-    """
+    (callers that mean "the default" pass :data:`DEFAULT_COMPRESSION`)."""
     if setting is None:
         return None
     value = str(setting).strip().lower()

@@ -12,7 +12,6 @@ PROTOCOL_VERSION = 1
 # STOMP's registered port: here, the one layer both the transport and the embedded broker
 # may import (they are independent siblings).
 DEFAULT_PORT = 61613
-# Header names are valid JMS identifiers, so `amqs_stream = 'x'` works as a selector.
 H_VERSION = "amqs_version"
 H_KIND = "amqs_kind"
 H_STREAM = "amqs_stream"

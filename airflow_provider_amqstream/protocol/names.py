@@ -46,7 +46,6 @@ def derive_stream_id(file_name: str, identity: str, key: bytes = b"") -> str:
 def keyed_digest(text: str, key: bytes = b"") -> str:
     """Hex HMAC-SHA256 of ``text`` under ``key``; plain SHA-256 without a key.
 
-    :param text: what the digest identifies.
     :param key: the sender's id key, or empty where no secret is known.
     """
     data = text.encode("utf-8", "surrogatepass")
@@ -104,7 +103,6 @@ class Destination:
         prefix (:func:`owner_element`), so a broker can grant each user, and cap, only its
         own data queues (``NAME.amqs.<owner>.>``).
 
-        :param stream_id: the stream's id.
         :param sender: the user the broker knows the sender as ("" for none).
         """
         return f"/{self.kind}/{self.name}.amqs.{owner_element(sender)}.{validate_stream_id(stream_id)}"
@@ -123,10 +121,7 @@ class Destination:
     def quarantine_queue(self, quarantine: str | None = None) -> str:
         """Where receivers file the streams of this destination that can never succeed:
         ``quarantine`` if one was named (``--quarantine``), else the broker's dead-letter
-        queue of the destination itself (``/queue/DLQ.NAME``).
-
-        :param quarantine: the quarantine queue receivers were given, if any.
-        """
+        queue of the destination itself (``/queue/DLQ.NAME``)."""
         return str(Destination.parse(quarantine)) if quarantine else dead_letter_queue(str(self))
 
     def staging_queue(self, stream_id: str) -> str:

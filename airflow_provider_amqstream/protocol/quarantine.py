@@ -30,10 +30,7 @@ def quarantine_cause(headers: Mapping[str, Any]) -> Outcome:
     receiver wrote (``amqs_quarantine_cause``), unless the copy cannot give the stream back
     (an inline file, a pack or a batch list's part keeps no body, a handshake stream needs its
     live sender).
-    A copy without a cause this table knows counts as a bad stream.
-
-    :param headers: the copy's headers as the broker delivered them.
-    """
+    A copy without a cause this table knows counts as a bad stream."""
     if bw.is_pack(headers) or headers.get(bw.H_INLINE) == "1":
         return Outcome.INLINE
     if headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
@@ -47,7 +44,6 @@ def quarantined_by_user(headers: Mapping[str, Any], *, sweeper: str = "") -> str
     """The user who filed a quarantine copy: the broker's stamp, or the header a sweep keeps
     when the stamp is ``sweeper``'s (only a copy that user re-sent; anyone may write the header).
 
-    :param headers: the copy's headers as delivered.
     :param sweeper: the user whose sweeps (redrive, discard) re-send copies.
     """
     stamp = p.sender_of(headers)

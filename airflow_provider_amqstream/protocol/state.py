@@ -201,7 +201,6 @@ class ReceiverState:
         return seq < self.next_seq or seq in self.ahead
 
     def mark_written(self, seq: int) -> None:
-        """Chunk ``seq`` was written but is not yet known to be on disk."""
         self.written.add(seq)
 
     def mark_durable(self, seq: int) -> list[int]:

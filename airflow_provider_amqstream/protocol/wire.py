@@ -109,11 +109,6 @@ def control_headers(spec: StreamSpec, kind: hdr.Kind, consumer: str, next_seq: i
     return h
 
 
-def data_headers(spec: StreamSpec, seq: int, body: bytes | memoryview) -> dict[str, str]:
-    """Headers of an uncompressed chunk; see :func:`data_message` for the general case."""
-    return data_message(spec, seq, bytes(body))[0]
-
-
 def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
                  seal: Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]] | None = None,
                  ) -> tuple[dict[str, str], bytes]:
@@ -173,11 +168,7 @@ def int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 
     """The integer header ``name``, checked to be within ``lo..hi``; raises ProtocolError
     naming ``stream`` and the header otherwise.
 
-    :param headers: the message's headers.
-    :param name: the header to read.
     :param stream: what the error names (a stream id, or e.g. "pack-id member 3").
-    :param lo: the smallest value accepted.
-    :param hi: the largest value accepted.
     """
     raw = headers.get(name)
     if raw is None:
@@ -209,8 +200,6 @@ def kind_of(headers: Mapping[str, Any]) -> hdr.Kind:
 def parse_offer(headers: Mapping[str, Any], offered_on: Destination, *, sender: str) -> tuple[StreamSpec, str]:
     """Validate an offer; return its spec and the data queue it names.
 
-    :param headers: the offer's headers.
-    :param offered_on: the destination it was offered on.
     :param sender: who the broker says offered it (:func:`sender_of`); its data queue must
         be under that user's prefix. "" (the broker stamps no user) accepts any user's.
     """
@@ -289,12 +278,7 @@ def sender_of(headers: Mapping[str, Any], *, parked: bool = False) -> str:
         never those a sender chose (a pack member's, an offer being built).
     :param parked: the message came from a parked queue.
     """
-    if parked:
-        return _user_id(headers.get(hdr.H_FIRST_SENDER))
-    return _user_id(headers.get(hdr.H_USER_ID))
-
-
-def _user_id(value: Any) -> str:
+    value = headers.get(hdr.H_FIRST_SENDER if parked else hdr.H_USER_ID)
     if not isinstance(value, str) or not 0 < len(value) <= hdr.MAX_USER_ID or not value.isprintable():
         return ""
     return value
@@ -350,7 +334,6 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
     taken again, the yield count and why. Without ``not_before`` (an offer passed along) the
     time and count it has are kept.
 
-    :param headers: the offer as received.
     :param sender: who offered it first (:func:`sender_of`).
     :param not_before: epoch seconds before which no receiver takes it, for a new yield.
     :param reason: why the stream yielded (cut to 500 characters).
@@ -372,7 +355,6 @@ def quarantined_headers(headers: Mapping[str, Any], *, cause: Outcome, reason: s
     headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
     which host and when.
 
-    :param headers: the message as received.
     :param cause: why, as the failure table names it (``amqs_quarantine_cause``).
     :param reason: why it can never succeed, for people (cut to 2,000 characters).
     :param source: the destination it was taken from.

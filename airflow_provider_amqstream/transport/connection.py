@@ -62,7 +62,6 @@ class FastTransport(Transport):
     :param timeout: seconds one host may take to accept the TCP connection and, with TLS,
         to complete the handshake.
     :param tls: speak TLS to every host with this context (see :func:`tls_context`); None for plain TCP.
-    :param kwargs: passed to stomp.py's ``Transport``.
     """
 
     # Headers and small frames are read through this fixed buffer. A large recv size here
@@ -88,7 +87,7 @@ class FastTransport(Transport):
             self.set_ssl(for_hosts=self._amqs_hosts)
 
     def attempt_connection(self) -> None:
-        self._amqs_connect(self._amqs_tls)
+        self._amqs_connect()
         # Small frames (an ACK, a SUBSCRIBE) must leave at once: with Nagle's algorithm an
         # ACK waited for the broker's delayed TCP acknowledgement (~40 ms), which was most
         # of the time a receiver spent per stream between one offer and the next.
@@ -98,7 +97,7 @@ class FastTransport(Transport):
             except OSError as exc:
                 log.debug("cannot set TCP_NODELAY: %s", exc)
 
-    def _amqs_connect(self, context: ssl.SSLContext | None) -> None:
+    def _amqs_connect(self) -> None:
         """stomp.py's attempt_connection, keeping why each host failed.
 
         stomp.py 9.0 builds its own SSL context, whose host-name check can only be turned off
@@ -108,8 +107,6 @@ class FastTransport(Transport):
         accepted TCP at all (nothing did: no broker is up yet, worth waiting for). The hosts
         are tried once each, in order, as stomp.py does with ``reconnect_attempts_max=1``;
         the reasons are kept in :attr:`tcp_errors` and :attr:`tls_errors`.
-
-        :param context: the client TLS context (:func:`tls_context`), or None for plain TCP.
         """
         self.connection_error = False
         self.tcp_errors, self.tls_errors = [], []
@@ -122,14 +119,14 @@ class FastTransport(Transport):
             except OSError as exc:
                 self.tcp_errors.append(f"{host}:{port}: {_reason(exc)}")
                 continue
-            if context is None:
+            if self._amqs_tls is None:
                 # As stomp.py leaves a plain socket: blocking, without a timeout.
                 sock.settimeout(None)
                 self.socket = sock
                 self.current_host_and_port = (host, port)
                 return
             try:
-                tls_sock = context.wrap_socket(sock, server_hostname=host)
+                tls_sock = self._amqs_tls.wrap_socket(sock, server_hostname=host)
             except OSError as exc:  # ssl.SSLError and timeouts alike
                 sock.close()
                 self.tls_errors.append(f"{host}:{port}: {exc}")
@@ -294,10 +291,6 @@ class Connection12(BaseConnection, Protocol12):
     def disconnect(self, receipt: str | None = None, headers: Any = None, **kw: Any) -> None:
         Protocol12.disconnect(self, receipt, headers, **kw)
         self.transport.stop()
-
-    @staticmethod
-    def is_eol(c: bytes) -> bool:
-        return c in (b"\x0a", b"\x0d\x0a")
 
 
 def tls_context(params: BrokerParams) -> ssl.SSLContext:

@@ -17,8 +17,6 @@ from airflow_provider_amqstream.transport.errors import error_text
 
 
 class Inbox(stomp.ConnectionListener):
-    """The single listener: messages into a queue, receipts into a set, errors kept."""
-
     # Message bodies delivered but not yet taken by get(), in bytes. Past this the reader
     # thread waits for the consumer, so the rest of a prefetch window stays in the kernel's
     # socket buffer rather than in Python objects: a receiver holds a few chunks, not
@@ -87,6 +85,8 @@ class Inbox(stomp.ConnectionListener):
             self.cond.notify_all()
         self.messages.put(None)
 
+    on_heartbeat_timeout = on_disconnected
+
     def await_refusal(self, timeout: float) -> None:
         """Wait until the reader thread has reported an ERROR frame or the socket's end.
 
@@ -96,6 +96,3 @@ class Inbox(stomp.ConnectionListener):
         """
         with self.cond:
             self.cond.wait_for(lambda: self.errors or self.lost, timeout=timeout)
-
-    def on_heartbeat_timeout(self) -> None:
-        self.on_disconnected()

@@ -54,7 +54,7 @@ class Link(Protocol):
         """Prove the session works end to end."""
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
-                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
+                  selector: str | None = None, browser: bool = False) -> str:
         """Subscribe (confirmed); return the subscription id. A ``browser`` sees the queue
         without consuming it and ends with a message whose ``browser`` header is ``end``."""
 

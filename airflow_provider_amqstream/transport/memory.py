@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stomp.utils import Frame
+
 from airflow_provider_amqstream.exceptions import (
     BrokerUnreachable,
     ConnectionLost,
@@ -37,13 +39,6 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 
 Headers = Mapping[str, Any]
 Predicate = Callable[[Headers], "bool | None"]
-
-
-class Frame:
-    """A delivered message, shaped like stomp.py's: ``headers`` and ``body``."""
-
-    def __init__(self, headers: dict[str, Any], body: bytes) -> None:
-        self.headers, self.body = headers, body
 
 
 @dataclass
@@ -106,7 +101,7 @@ class MemoryBroker:
     def messages(self, destination: str) -> list[tuple[dict[str, Any], bytes]]:
         """What waits on a queue now (not what is delivered and unacknowledged)."""
         with self.cond:
-            return [(dict(m.headers), m.body) for m in self.queues.get(_name(destination), ())]
+            return [(dict(m.headers), m.body) for m in self.queues.get(_parse(destination)[1], ())]
 
     def refuse(self, destination: str, times: int) -> None:
         """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
@@ -171,7 +166,7 @@ class MemoryBroker:
         headers = {**msg.headers, "subscription": sub.sub_id, "ack": ack}
         if msg.redelivered:
             headers["redelivered"] = "true"
-        sub.link.inbox.append(Frame(headers, msg.body))
+        sub.link.inbox.append(Frame("MESSAGE", headers, msg.body))
         self.cond.notify_all()
 
     def _settle(self, link: MemoryLink, ack: str, *, refuse: bool) -> None:
@@ -266,7 +261,7 @@ class MemoryLink:
         self._live()
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
-                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
+                  selector: str | None = None, browser: bool = False) -> str:
         broker = self._live()
         match = compile_selector(selector) if selector else (lambda headers: True)
         sub_id = f"s-{next(self._ids)}"
@@ -279,8 +274,8 @@ class MemoryLink:
                 waiting = list(broker.queues.get(name, ())) if kind == "queue" else []
                 for msg in waiting:
                     if match(msg.headers):
-                        self.inbox.append(Frame({**msg.headers, "subscription": sub_id}, msg.body))
-                self.inbox.append(Frame({"subscription": sub_id, "browser": "end"}, b""))
+                        self.inbox.append(Frame("MESSAGE", {**msg.headers, "subscription": sub_id}, msg.body))
+                self.inbox.append(Frame("MESSAGE", {"subscription": sub_id, "browser": "end"}, b""))
                 broker.cond.notify_all()
                 return sub_id
             broker.subs.append(_Sub(self, sub_id, destination, max(1, prefetch), match))
@@ -335,10 +330,6 @@ def _parse(destination: str) -> tuple[str, str]:
         if destination.startswith(prefix):
             return kind, destination[len(prefix):]
     raise TransportError(f"memory broker: {destination!r} is not /queue/NAME or /topic/NAME")
-
-
-def _name(destination: str) -> str:
-    return _parse(destination)[1]
 
 
 # ------------------------------------------------------------------ selectors
@@ -405,21 +396,20 @@ class _Parser:
         self.pos += 1
         return self.tokens[self.pos - 1]
 
-    def expr(self) -> Predicate:
-        left = self._and()
-        while self._peek("OR"):
+    def _chain(self, word: str, operand: Callable[[], Predicate],
+               join: Callable[[bool | None, bool | None], bool | None]) -> Predicate:
+        left = operand()
+        while self._peek(word):
             self._take()
-            right, prev = self._and(), left
-            left = (lambda a, b: lambda h: _or(a(h), b(h)))(prev, right)
+            right, prev = operand(), left
+            left = (lambda a, b: lambda h: join(a(h), b(h)))(prev, right)
         return left
 
+    def expr(self) -> Predicate:
+        return self._chain("OR", self._and, _or)
+
     def _and(self) -> Predicate:
-        left = self._not()
-        while self._peek("AND"):
-            self._take()
-            right, prev = self._not(), left
-            left = (lambda a, b: lambda h: _and(a(h), b(h)))(prev, right)
-        return left
+        return self._chain("AND", self._not, _and)
 
     def _not(self) -> Predicate:
         if self._peek("NOT"):

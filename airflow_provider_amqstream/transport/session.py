@@ -8,11 +8,11 @@ state, so reconnect and crash recovery are the same code path.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import queue
 import time
-from collections.abc import Mapping
-from typing import TypeVar
+from collections.abc import Iterator, Mapping
 
 from stomp import exception as stomp_exc
 from stomp.utils import Frame
@@ -23,13 +23,11 @@ from airflow_provider_amqstream.transport.errors import access_denied, reported
 from airflow_provider_amqstream.transport.inbox import Inbox
 from airflow_provider_amqstream.transport.params import BrokerParams
 
-_Session = TypeVar("_Session", bound="StompSession")
 
-
-class StompSession:
+class StompLink:
     """One STOMP 1.2 session with the broker: connecting, the broker's refusals as
-    exceptions, and sending with receipts. :class:`StompLink` adds subscriptions.
-    ``client_id`` is the name the broker logs for this connection.
+    exceptions, sending with receipts, and subscriptions. Not thread-safe; one per
+    sender/receiver. ``client_id`` is the name the broker logs for this connection.
     """
 
     def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
@@ -38,10 +36,15 @@ class StompSession:
         self._conn: Connection12 | None = None
         self._inbox = Inbox()
         self._ids = itertools.count(1)
+        # Frames that arrived for one subscription while the caller read another's. A
+        # subscription we left is dropped: the broker redelivers what we did not ack.
+        self._stash: dict[str, collections.deque[tuple[int, Frame]]] = {}
+        self._arrivals = itertools.count()
 
     # -- life cycle --------------------------------------------------------------
-    def open(self: _Session) -> _Session:
+    def open(self) -> StompLink:
         self._inbox = Inbox()
+        self._stash = {}
         self._conn = open_connection(self.params, self._inbox, self.client_id)
         return self
 
@@ -50,7 +53,7 @@ class StompSession:
         if conn is not None:
             quiet_close(conn)
 
-    def __enter__(self: _Session) -> _Session:
+    def __enter__(self) -> StompLink:
         return self.open() if self._conn is None else self
 
     def __exit__(self, *exc: object) -> None:
@@ -77,10 +80,17 @@ class StompSession:
             raise reported(self.params, self._inbox.errors)
         return self._conn
 
+    @contextlib.contextmanager
+    def _lost(self, doing: str) -> Iterator[None]:
+        """A socket or stomp.py failure while ``doing`` something is a lost connection."""
+        try:
+            yield
+        except (OSError, stomp_exc.StompException) as exc:
+            raise ConnectionLost(f"{doing} on {self.params.url} failed: {exc}") from exc
+
     # -- operations --------------------------------------------------------------
     def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
              receipt: bool = False, persistent: bool = True) -> str | None:
-        """Send one message; return a receipt id to wait on if ``receipt``."""
         conn = self._live()
         h = dict(headers)
         h["persistent"] = "true" if persistent else "false"
@@ -88,14 +98,11 @@ class StompSession:
         if receipt:
             rid = self._receipt_id()
             h["receipt"] = rid
-        try:
+        with self._lost(f"sending to {destination}"):
             conn.send(destination, body, headers=h)
-        except (OSError, stomp_exc.StompException) as exc:
-            raise ConnectionLost(f"sending to {destination} on {self.params.url} failed: {exc}") from exc
         return rid
 
     def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
-        """Send one persistent message and wait until the broker has stored it."""
         rid = self._receipt_id()
         self.send(destination, body, {**headers, "receipt": rid})
         self.wait_receipt(rid)
@@ -130,7 +137,6 @@ class StompSession:
                 inbox.receipt_waiters -= 1
 
     def round_trip(self, timeout: float = 10.0) -> None:
-        """Prove the session works end to end: a receipt for a no-op frame."""
         conn = self._live()
         n = next(self._ids)
         # An empty transaction touches no destination and needs no permission.
@@ -138,33 +144,13 @@ class StompSession:
         conn.send_frame("ABORT", {"transaction": f"ping-{n}", "receipt": f"ping-{n}"})
         self.wait_receipt(f"ping-{n}", timeout)
 
-
-class StompLink(StompSession):
-    """A :class:`StompSession` with subscriptions: subscribe, ack and get. Not thread-safe;
-    one per sender/receiver."""
-
-    def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
-        super().__init__(params, client_id=client_id)
-        # Frames that arrived for one subscription while the caller read another's. A
-        # subscription we left is dropped: the broker redelivers what we did not ack.
-        self._stash: dict[str, collections.deque[tuple[int, Frame]]] = {}
-        self._arrivals = itertools.count()
-
-    def open(self) -> StompLink:
-        self._stash = {}
-        return super().open()
-
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
-                  selector: str | None = None, exclusive: bool = False, browser: bool = False) -> str:
-        """Subscribe; with ``browser`` ActiveMQ shows the queue without consuming it and ends
-        with a message whose ``browser`` header is ``end``."""
+                  selector: str | None = None, browser: bool = False) -> str:
         conn = self._live()
         sub_id = f"s-{next(self._ids)}"
         headers = {"activemq.prefetchSize": str(prefetch)}
         if selector:
             headers["selector"] = selector
-        if exclusive:
-            headers["activemq.exclusive"] = "true"
         if browser:
             headers["browser"] = "true"
             ack = "auto"
@@ -172,10 +158,8 @@ class StompLink(StompSession):
         # than as a silent wait for messages that will never come.
         rid = self._receipt_id()
         headers["receipt"] = rid
-        try:
+        with self._lost(f"subscribing to {destination}"):
             conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
-        except (OSError, stomp_exc.StompException) as exc:
-            raise ConnectionLost(f"subscribing to {destination} on {self.params.url} failed: {exc}") from exc
         try:
             self.wait_receipt(rid)
         except DestinationFull:
@@ -197,29 +181,19 @@ class StompLink(StompSession):
         raise DestinationRefused(f"broker {self.params.url} refused to create {destination}: {text}")
 
     def unsubscribe(self, sub_id: str) -> None:
-        """Leave a subscription; the broker returns its unacknowledged messages to the
-        destination (another consumer, or a later subscription, gets them)."""
         self._stash.pop(sub_id, None)
-        try:
+        with self._lost("unsubscribing"):
             self._live().unsubscribe(sub_id)
-        except (OSError, stomp_exc.StompException) as exc:
-            raise ConnectionLost(f"unsubscribing on {self.params.url} failed: {exc}") from exc
 
     def ack(self, frame: Frame) -> None:
-        try:
+        with self._lost("acknowledging"):
             self._live().ack(frame.headers["ack"])
-        except (OSError, stomp_exc.StompException) as exc:
-            raise ConnectionLost(f"acknowledging on {self.params.url} failed: {exc}") from exc
 
     def nack(self, frame: Frame) -> None:
-        try:
+        with self._lost("rejecting a message"):
             self._live().nack(frame.headers["ack"])
-        except (OSError, stomp_exc.StompException) as exc:
-            raise ConnectionLost(f"rejecting a message on {self.params.url} failed: {exc}") from exc
 
     def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
-        """The next message (for ``subscription`` only, if given), or None after ``timeout``
-        seconds with nothing."""
         if subscription is None:
             return self._next(timeout)
         return self.get_any(timeout, (subscription,))

@@ -132,7 +132,7 @@ def test_a_receive_only_user_cannot_publish_a_file_or_a_batch_as_another_sender(
     inline, wire = bw.inline_offer(spec, dest, body, hashlib.sha256(body).hexdigest(), sender="alice")
     entry = {"stream_id": "payroll-1", "dir": "", "name": "payroll.csv", "bytes": len(body),
              "sha256": hashlib.sha256(body).hexdigest()}
-    [(batch, listing)] = bw.batch_messages("payroll-batch", [entry])
+    [(batch, listing)] = list(bw.iter_batch_messages("payroll-batch", [entry], len([entry])))
     for headers, data in ((inline, wire), (batch, listing)):
         _raw_send(forger, dest.parked_queue(),
                   p.parked_headers(headers, sender="alice", not_before=time.time() - 1, reason="forged"), data)

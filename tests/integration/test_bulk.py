@@ -99,7 +99,7 @@ def test_hostile_relative_paths_are_quarantined_and_the_next_stream_arrives(
     data = b"hostile" * 100
     spec = p.StreamSpec("hostile-1", "f.bin", len(data), 1024, hdr.Mode.ATOMIC)
     raw = RawSender(params)
-    raw.send(dest.data_queue(spec.stream_id, params.user), data, p.data_headers(spec, 1, data))
+    raw.send(dest.data_queue(spec.stream_id, params.user), data, p.data_message(spec, 1, data)[0])
     import hashlib
     raw.send(dest.data_queue(spec.stream_id, params.user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
     raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender=params.user), hdr.H_DIR: subdir})
@@ -222,7 +222,7 @@ def test_a_batch_listed_before_its_files_arrive_completes_later(params: BrokerPa
     f = make_file(tmp_path / "a.bin", 3000)
     entry = {"stream_id": "late-a", "dir": "x", "name": "a.bin", "bytes": 3000, "sha256": sha256_file(f)}
     raw = RawSender(params)
-    for headers, body in bw.batch_messages("b-late", [entry]):
+    for headers, body in list(bw.iter_batch_messages("b-late", [entry], len([entry]))):
         raw.send(str(dest), body, headers)
     raw.close()
     out = tmp_path / "out"

@@ -96,7 +96,7 @@ def test_corrupted_chunk_is_rerequested(params: BrokerParams, tmp_path: Path, qu
         body = data[8192:12288]
         # Its first byte flipped: b"X" in its place left it intact whenever the random byte was "X".
         link.send(dest.data_queue("bad-1", params.user), bytes([body[0] ^ 0xFF]) + body[1:],
-                  p.data_headers(spec, 3, body))
+                  p.data_message(spec, 3, body)[0])
         link.round_trip()
     rx = Receiver(params, queue_name, tmp_path / "out", rerequest_after=0.5)
     sent = send_file(params, src, queue_name, SendOptions(mode="handshake", chunk_size=4096, window=4),

@@ -259,7 +259,7 @@ def test_what_a_receiver_holds_is_bounded_by_frames_not_by_what_senders_declare(
         spec = p.StreamSpec("wide-1", "wide.bin", 8 * frame, frame)
         raw.send(queue, b"", p.offer_headers(spec, dest, sender="mallory"))
         for seq in range(1, 9):  # every chunk fails its CRC
-            raw.send(dest.data_queue("wide-1", "mallory"), b"\x01" + zeros[1:], p.data_headers(spec, seq, zeros))
+            raw.send(dest.data_queue("wide-1", "mallory"), b"\x01" + zeros[1:], p.data_message(spec, seq, zeros)[0])
     finally:
         raw.close()
     src = make_file(tmp_path / "after-big.bin", 300_000, seed=11)
@@ -299,7 +299,7 @@ def test_a_second_user_can_neither_take_over_nor_extend_a_batch(
     for batch, listed in (("nightly-1", forged), ("steal-1", sent[0])):
         entry = {"stream_id": listed.stream_id, "dir": "", "name": listed.name, "bytes": listed.bytes,
                  "sha256": listed.sha256}
-        for headers, body in bw.batch_messages(batch, [entry]):
+        for headers, body in list(bw.iter_batch_messages(batch, [entry], len([entry]))):
             raw.send(queue, body, headers)
     raw.close()
     out = tmp_path / "out"
@@ -334,7 +334,7 @@ def test_a_handshake_stream_trickling_corrupt_chunks_ends_within_its_idle_timeou
 
     def trickle() -> None:
         while not stop.wait(0.2):
-            raw.send(dest.data_queue(spec.stream_id, "mallory"), b"y" * 1000, p.data_headers(spec, 1, b"x" * 1000))
+            raw.send(dest.data_queue(spec.stream_id, "mallory"), b"y" * 1000, p.data_message(spec, 1, b"x" * 1000)[0])
 
     t = threading.Thread(target=trickle, daemon=True)
     t.start()
@@ -522,7 +522,7 @@ def test_a_receivers_memory_does_not_grow_with_the_batch_a_sender_declares(
         for k in range(1, BATCH_PARTS + 1):
             entries = [{"stream_id": f"never-{k}-{i}-".ljust(hdr.MAX_STREAM_ID, "x"), "dir": "", "name": f"f{i}.csv",
                         "bytes": i, "sha256": f"{i:064x}"} for i in range(bw.BATCH_PART_FILES)]
-            [(headers, body)] = bw.batch_messages("huge-1", entries)
+            [(headers, body)] = list(bw.iter_batch_messages("huge-1", entries, len(entries)))
             raw.send(queue, body, {**headers, bw.H_PART: str(k), bw.H_PARTS: str(BATCH_PARTS)})
     finally:
         raw.close()

@@ -129,7 +129,7 @@ def test_hostile_chunks_are_quarantined_and_the_next_stream_arrives(
         if case == "far-ahead":
             far = spec.chunks  # the last of 2048 two-byte chunks, 2047 past the gap
             off, n = spec.chunk_span(far)
-            return p.data_headers(spec, far, data[off:off + n]), data[off:off + n]
+            return p.data_message(spec, far, data[off:off + n])[0], data[off:off + n]
         if case == "cut-headers":
             return {**headers, **{f"pad{i}": "y" * 10_000 for i in range(12)}}, body
         return {**headers, hdr.H_CRC: "9" * 20}, body

@@ -54,8 +54,8 @@ def _bad_streams(mallory: BrokerParams, ids: Iterable[int]) -> None:
             spec = p.StreamSpec(f"bad-{i:03d}", "bad.bin", 2000, 1000)
             raw.send(QUEUE, b"", p.offer_headers(spec, DEST, sender="mallory"))
             body = b"z" * 1000
-            raw.send(DEST.data_queue(spec.stream_id, "mallory"), b"y" * 1000, p.data_headers(spec, 1, body))
-            raw.send(DEST.data_queue(spec.stream_id, "mallory"), body, p.data_headers(spec, 2, body))
+            raw.send(DEST.data_queue(spec.stream_id, "mallory"), b"y" * 1000, p.data_message(spec, 1, body)[0])
+            raw.send(DEST.data_queue(spec.stream_id, "mallory"), body, p.data_message(spec, 2, body)[0])
     finally:
         raw.close()
 
@@ -125,7 +125,7 @@ def test_a_redrive_past_the_senders_quarantine_cap_says_so(capped: EmbeddedBroke
     spec = p.StreamSpec("big-1", "big.bin", 2000, 1000)
     raw.send(QUEUE, b"", p.offer_headers(spec, DEST, sender="mallory"))
     for seq in (1, 2):
-        raw.send(DEST.data_queue("big-1", "mallory"), b"b" * 1000, p.data_headers(spec, seq, b"b" * 1000))
+        raw.send(DEST.data_queue("big-1", "mallory"), b"b" * 1000, p.data_message(spec, seq, b"b" * 1000)[0])
     raw.close()
     failures.clear()
     receive_streams(u["rx"], QUEUE, tmp_path / "out", on_failure=failures.append,

@@ -54,7 +54,7 @@ def test_atomic_mode_hides_stream_until_complete(params: BrokerParams, tmp_path:
         for seq in (1, 2):
             off, n = spec.chunk_span(seq)
             link.send(dest.data_queue("atomic-1", params.user), data[off:off + n],
-                      p.data_headers(spec, seq, data[off:off + n]))
+                      p.data_message(spec, seq, data[off:off + n])[0])
         link.round_trip()
     assert receive_stream(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=2)) is None
     # Its retry finishes and only then offers it; the receiver gets it whole.

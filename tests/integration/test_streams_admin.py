@@ -108,7 +108,7 @@ def build_scene(params: BrokerParams, queue_name: str, out: Path) -> Scene:
     entries = [{"stream_id": "b1", "dir": "", "name": "b1.bin", "bytes": 1500,
                 "sha256": hashlib.sha256(data["b1"]).hexdigest()},
                {"stream_id": "b2", "dir": "", "name": "b2.bin", "bytes": 10, "sha256": "0" * 64}]
-    for headers, body in bw.batch_messages("batch-7", entries):
+    for headers, body in list(bw.iter_batch_messages("batch-7", entries, len(entries))):
         raw.send(q, body, headers)
     raw.close()
     got = receive_streams(params, q, out, options=ReceiveOptions(wait_timeout=2))

@@ -210,7 +210,7 @@ def _live_sender(params: BrokerParams, queue: str, data: bytes, stop: threading.
         looked.wait(0.25)  # pacing, not synchronisation: the stream must be in progress while looked at
         off, n = spec.chunk_span(seq)
         raw.send(dest.data_queue("live-1", params.user), data[off:off + n],
-                 p.data_headers(spec, seq, data[off:off + n]))
+                 p.data_message(spec, seq, data[off:off + n])[0])
     raw.send(dest.data_queue("live-1", params.user), b"", p.end_headers(spec, hashlib.sha256(data).hexdigest()))
     raw.close()
 

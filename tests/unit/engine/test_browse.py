@@ -51,7 +51,7 @@ def test_junk_is_quarantined_and_offers_are_reported(broker: MemoryBroker) -> No
 def test_batch_messages_and_reoffers_are_left_alone(broker: MemoryBroker) -> None:
     entry = {"stream_id": "s-1", "dir": "", "name": "a.txt", "bytes": 3, "sha256": "0" * 64}
     with open_link(broker.params("alice")) as link:
-        for headers, body in bw.batch_messages("b-1", [entry]):
+        for headers, body in list(bw.iter_batch_messages("b-1", [entry], len([entry]))):
             link.send(Q, body, headers)
         again = p.offer_headers(p.StreamSpec("again", "again.bin", 10, 10), DEST, sender="alice")
         link.send(Q, b"", {**again, hdr.H_REOFFER: "1"})

@@ -482,7 +482,7 @@ def test_handshake_chunks_that_never_help_end_within_the_idle_timeout(broker: Me
     def trickle() -> None:
         with open_link(broker.params("mallory")) as link:
             while not stop.wait(0.05):
-                headers = p.data_headers(spec, 1, b"x" * 1000)
+                headers = p.data_message(spec, 1, b"x" * 1000)[0]
                 link.send(DEST.data_queue(spec.stream_id, "mallory"), b"y" * 1000, headers)
 
     t = threading.Thread(target=trickle, daemon=True)
@@ -504,7 +504,7 @@ def test_another_users_chunks_are_refused_and_the_stream_arrives(broker: MemoryB
 
     def forge(seq: int, headers: dict[str, str], body: bytes) -> tuple[dict[str, str], bytes]:
         fake = b"\0" * len(body)
-        return p.data_headers(spec, seq, fake), fake
+        return p.data_message(spec, seq, fake)[0], fake
 
     with open_link(broker.params("alice")) as link:
         link.send(Q, b"", p.offer_headers(spec, DEST, sender="alice"))
@@ -533,7 +533,7 @@ def _batch(broker: MemoryBroker, user: str, batch_id: str, results: list[tuple[s
     entries = [{"stream_id": sid, "dir": "", "name": f"{sid}.bin", "bytes": size, "sha256": sha}
                for sid, size, sha in results]
     with open_link(broker.params(user)) as link:
-        for headers, body in bw.batch_messages(batch_id, entries):
+        for headers, body in list(bw.iter_batch_messages(batch_id, entries, len(entries))):
             link.send(Q, body, headers)
 
 
@@ -541,7 +541,7 @@ def _part(batch_id: str, part: int, parts: int, files: int, tag: str = "f") -> t
     """Part ``part`` of ``parts`` of a batch listing ``files`` files nobody sent."""
     entries = [{"stream_id": f"{tag}-{batch_id}-{part}-{i}", "dir": "", "name": "x.bin", "bytes": 1,
                 "sha256": "0" * 64} for i in range(files)]
-    [(headers, body)] = bw.batch_messages(batch_id, entries)
+    [(headers, body)] = list(bw.iter_batch_messages(batch_id, entries, len(entries)))
     return {**headers, bw.H_PART: str(part), bw.H_PARTS: str(parts)}, body
 
 

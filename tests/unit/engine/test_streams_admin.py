@@ -43,7 +43,7 @@ def _chunks(spec: p.StreamSpec, data: bytes, user: str = "site-a") -> list[Frame
     out = []
     for seq in range(1, spec.chunks + 1):
         off, n = spec.chunk_span(seq)
-        out.append(Frame({**p.data_headers(spec, seq, data[off:off + n]), hdr.H_USER_ID: user}, data[off:off + n]))
+        out.append(Frame({**p.data_message(spec, seq, data[off:off + n])[0], hdr.H_USER_ID: user}, data[off:off + n]))
     out.append(Frame({**p.end_headers(spec, hashlib.sha256(data).hexdigest()), hdr.H_USER_ID: user}))
     return out
 

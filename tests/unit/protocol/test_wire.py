@@ -32,7 +32,7 @@ def chunks_of(data: bytes, sp: p.StreamSpec) -> list[tuple[dict[str, str], bytes
     for seq in range(1, sp.chunks + 1):
         off, n = sp.chunk_span(seq)
         body = data[off:off + n]
-        out.append((p.data_headers(sp, seq, body), body))
+        out.append((p.data_message(sp, seq, body)[0], body))
     return out
 
 
@@ -59,7 +59,7 @@ def test_chunk_geometry() -> None:
 
 def test_headers_are_jms_identifiers_and_carry_group() -> None:
     sp = spec()
-    h = p.data_headers(sp, 2, b"x" * 1000)
+    h = p.data_message(sp, 2, b"x" * 1000)[0]
     for name in h:
         assert name.isidentifier() and not name.startswith("JMS") or name in (hdr.H_GROUP_ID, hdr.H_GROUP_SEQ)
     assert h[hdr.H_GROUP_ID] == "s1" and h[hdr.H_GROUP_SEQ] == "2" and h[hdr.H_OFFSET] == "1000"
@@ -412,7 +412,7 @@ def test_corrupt_or_unknown_encoding_is_never_written() -> None:
 @pytest.mark.parametrize("raw", ["+2", " 4", "4 ", "0_0", "\u0664", "٣", "1e3", "-0", "", "9" * 21])
 def test_integer_headers_are_ascii_digits_only(raw: str) -> None:
     sp = spec(10_000)
-    headers = p.data_headers(sp, 1, b"x" * 1000) | {hdr.H_SEQ: raw}
+    headers = p.data_message(sp, 1, b"x" * 1000)[0] | {hdr.H_SEQ: raw}
     with pytest.raises(ProtocolError, match="amqs_seq"):
         ReceiverState(sp).decide(headers, b"x" * 1000)
 
@@ -443,16 +443,16 @@ def test_zstd_frames_must_declare_exactly_the_chunk_length() -> None:
     assert ChunkCodec.decode("zstd", good, 1200) == b"abcd" * 300
     # Through the state machine, a bomb is a corrupt chunk, never a crash.
     sp = p.StreamSpec("z-1", "f", 4, 4)
-    headers = p.data_headers(sp, 1, b"abcd") | {hdr.H_ENCODING: "zstd", hdr.H_CRC: str(crc32(bomb))}
+    headers = p.data_message(sp, 1, b"abcd")[0] | {hdr.H_ENCODING: "zstd", hdr.H_CRC: str(crc32(bomb))}
     assert ReceiverState(sp).decide(headers, bomb).verdict is Verdict.CORRUPT
 
 
 def test_chunks_far_ahead_of_the_gap_are_refused() -> None:
     sp = p.StreamSpec("sparse-1", "f", 5000 * 2, 2)  # 5000 chunks of 2 bytes
     st = ReceiverState(sp)
-    ok = p.data_headers(sp, hdr.MAX_AHEAD, b"ab")
+    ok = p.data_message(sp, hdr.MAX_AHEAD, b"ab")[0]
     assert st.decide(ok, b"ab").verdict is Verdict.WRITE
-    far = p.data_headers(sp, hdr.MAX_AHEAD + 1, b"ab")
+    far = p.data_message(sp, hdr.MAX_AHEAD + 1, b"ab")[0]
     with pytest.raises(ProtocolError, match=r"chunk 1025 is 1024 chunks past the first missing chunk 1"):
         st.decide(far, b"ab")
 
@@ -463,7 +463,7 @@ def test_truncated_header_sections_are_protocol_errors() -> None:
     with pytest.raises(ProtocolError, match="header section was too large"):
         p.parse_offer(p.offer_headers(sp, dest, sender="ann") | {hdr.H_TRUNCATED: "5 bytes"}, dest, sender="ann")
     with pytest.raises(ProtocolError, match="header section was too large"):
-        ReceiverState(sp).decide(p.data_headers(sp, 1, b"x" * 1000) | {hdr.H_TRUNCATED: "1"}, b"x" * 1000)
+        ReceiverState(sp).decide(p.data_message(sp, 1, b"x" * 1000)[0] | {hdr.H_TRUNCATED: "1"}, b"x" * 1000)
 
 
 @pytest.mark.parametrize("name", [". .bashrc", ". .", ". ..", "..", " .. ", ".\t.hidden", "./.x"])
@@ -484,7 +484,7 @@ def test_what_a_peer_sent_wrong_is_a_remote_error_and_our_own_misuse_a_local_one
         with pytest.raises(RemoteProtocolError):
             p.parse_offer(bad, dest, sender="a")
     with pytest.raises(RemoteProtocolError):
-        ReceiverState(sp).decide({**p.data_headers(sp, 1, b"x" * 1000), hdr.H_STREAM: "other"}, b"x" * 1000)
+        ReceiverState(sp).decide({**p.data_message(sp, 1, b"x" * 1000)[0], hdr.H_STREAM: "other"}, b"x" * 1000)
     with pytest.raises(RemoteProtocolError):
         paths.safe_subdir("/etc", "s1")
     with pytest.raises(RemoteProtocolError):
