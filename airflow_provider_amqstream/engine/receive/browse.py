@@ -76,8 +76,6 @@ def parse_visible_offer(headers: Mapping[str, Any], dest: Destination,
                         stamped: Mapping[str, Any] | None = None, *, parked: bool = False) -> Offer:
     """Validate an offer seen by a browser; raise :class:`ProtocolError` for a bad one.
 
-    :param headers: the offer's headers.
-    :param dest: the destination it was seen on.
     :param stamped: the headers of the message the broker delivered, when ``headers`` are a
         pack member's (which its sender wrote): who sent it and when come from these only.
     :param parked: it was seen in the destination's parked queue (its first sender is named).
@@ -95,8 +93,6 @@ class OfferBrowser:
     """Browse the offers on ``source`` through one kept STOMP session (blocking; call it
     from a worker thread in a trigger).
 
-    :param params: broker settings.
-    :param source: ``/queue/NAME`` to watch.
     :param browse_timeout: seconds to wait for the broker's end-of-browse marker.
     :param quarantine: where junk on ``source`` is filed (default ``/queue/DLQ.<name>``, as
         receivers do).

@@ -49,7 +49,6 @@ def claim_key(claim: str) -> str:
 def receiver_store(sdir: str | os.PathLike[str], retention_days: float | None = None) -> st.RecordStore:
     """The record store of a state directory (``out_dir/.amqstream``), pruned once per process.
 
-    :param sdir: the state directory.
     :param retention_days: days records are kept (None: the default; 0: for ever).
     """
     return st.open_store(st.store_path(sdir), retention_days)
@@ -107,12 +106,8 @@ def done_records(sdir: StateDir, out: str, results: Iterable[TransferResult], *,
     """Record streams published into ``out`` (and the ``claim`` on each), in one write per
     bucket. Called after the files are durable and before their offers are acknowledged.
 
-    :param sdir: the state directory.
     :param out: the output directory as the receiver names it.
-    :param results: the streams published.
-    :param claim: who took them.
     :param sync: fsync now (False: the caller flushes the filesystem).
-    :param retention_days: the directory's retention.
     """
     now = round(time.time(), 1)
     items: list[tuple[str, str, Any]] = []
@@ -127,11 +122,7 @@ def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True,
                  retention_days: float | None = None) -> None:
     """Note that ``claim`` took ``stream_id``.
 
-    :param sdir: the output directory's state directory (``out_dir/.amqstream``).
-    :param claim: who took it.
-    :param stream_id: the stream.
     :param sync: flush it now (False: the caller flushes a whole group).
-    :param retention_days: the directory's retention.
     """
     receiver_store(sdir, retention_days).put(st.CLAIM, claim_key(check_claim(claim)),
                                              [stream_id, round(time.time(), 1)], sync=sync)
@@ -141,10 +132,6 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
                   retention_days: float | None = None) -> dict[str, Any] | None:
     """The completion record of ``stream_id`` if it was received into ``out_dir`` (within
     the retention), else None.
-
-    :param out_dir: the receiver's output directory.
-    :param stream_id: the stream.
-    :param retention_days: the directory's retention (None: the default).
     """
     validate_stream_id(stream_id)
     try:
@@ -159,10 +146,6 @@ def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str
                        retention_days: float | None = None) -> dict[str, dict[str, Any]]:
     """The completion records of those of ``stream_ids`` received into ``out_dir``: one pass
     over their buckets for all of them (a batch's manifest checks thousands at once).
-
-    :param out_dir: the receiver's output directory.
-    :param stream_ids: the streams.
-    :param retention_days: the directory's retention (None: the default).
     """
     ids = [validate_stream_id(sid) for sid in stream_ids]
     try:
@@ -180,9 +163,7 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     A stream whose completion record is gone (pruned, or the state directory was cleaned)
     is left out.
 
-    :param out_dir: the receiver's output directory.
     :param claim: the taker, as given to the receiver.
-    :param retention_days: the directory's retention (None: the default).
     """
     check_claim(claim)
     try:

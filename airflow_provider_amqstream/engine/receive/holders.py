@@ -42,9 +42,7 @@ MAX_VALUE = 1024
 class Holder:
     """Where one receiver keeps a stream's partial data.
 
-    :param host: the receiver's host name.
     :param out_dir: its output directory (absolute).
-    :param part: its partial file.
     :param since: when it began holding the stream (epoch seconds).
     """
 

@@ -226,10 +226,7 @@ def _sync(fds: list[int]) -> None:
 class InlineGroup:
     """Inline files written, not yet durable; :meth:`commit` publishes them all.
 
-    :param out: the output directory.
-    :param sdir: its state directory (``out/.amqstream``).
     :param destination: where the offers came from (for results and messages).
-    :param opts: the receiver's options (reserve, overwrite, claim).
     """
 
     def __init__(self, out: Path, sdir: StateDir, destination: str, opts: ReceiveOptions) -> None:

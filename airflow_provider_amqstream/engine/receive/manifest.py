@@ -74,7 +74,6 @@ def manifest_path(out_dir: str | os.PathLike[str], batch_id: str, sender: str = 
     """Where the manifest of ``batch_id`` sent by ``sender`` appears once the batch is
     complete in ``out_dir``.
 
-    :param out_dir: the receiver's output directory.
     :param batch_id: the batch (a sender's ``totals["batch_id"]``).
     :param sender: the sending user as the broker knows it ("" where the broker stamps none).
     """
@@ -88,8 +87,6 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
     completing batches under the same id raise :class:`StreamError` naming them, since
     picking one would hand a job the wrong files.
 
-    :param out_dir: the receiver's output directory.
-    :param batch_id: the batch.
     :param sender: the sending user; None for whoever sent it.
     """
     if sender is not None:
@@ -110,8 +107,6 @@ def find_manifest(out_dir: str | os.PathLike[str], batch_id: str, sender: str | 
 class Batches:
     """The batches this output directory waits on, and which of their streams are missing.
 
-    :param out: the output directory.
-    :param sdir: its state directory.
     :param retention_days: the directory's record retention (None: the default).
     :param min_free: the free-space reserve (None: :func:`default_reserve`).
     """

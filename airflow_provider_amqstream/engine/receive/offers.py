@@ -61,10 +61,7 @@ class Offers:
     (a small file in the offer) and packs of them come up to a group at a time on a second
     subscription; parked ones from the parked queue, between offers (module doc).
 
-    :param link: the receiver's connection.
-    :param dest: the destination offers come from.
     :param stream_id: take only this stream (at once, even if parked).
-    :param opts: the receive options (back-off, events).
     """
 
     def __init__(self, link: Link, dest: Destination, stream_id: str | None, opts: ReceiveOptions) -> None:

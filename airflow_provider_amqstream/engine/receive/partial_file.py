@@ -51,9 +51,6 @@ class Room:
     """What a filesystem has left for streams: bytes and inodes, each less a reserve, with
     every file counted at its real cost (whole blocks, its records, their inodes), so a
     flood of tiny files cannot exhaust the inodes or the blocks that their sizes hide.
-
-    :param path: a directory on the filesystem.
-    :param min_free: bytes to leave free.
     """
 
     def __init__(self, path: str | os.PathLike[str], min_free: int) -> None:
@@ -91,10 +88,7 @@ def reserve(fd: int, size: int, have: int, sdir: StateDir, min_free: int, what: 
     after a failed allocation the caller gives back what it may have taken.
 
     :param fd: the ``.part`` file, open for writing.
-    :param size: the stream's size in bytes.
     :param have: the file's size now (a resumed stream's is already allocated).
-    :param sdir: the state directory the file is in.
-    :param min_free: bytes to leave free on the filesystem.
     :param what: the stream, as error messages name it.
     """
     short = Room(sdir, min_free).shortfall(size, have) if have < size or have == 0 else None

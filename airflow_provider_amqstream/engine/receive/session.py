@@ -245,14 +245,6 @@ class ReceiveSession:
     the subscriptions hand it (take one stream, or a group of small files), by the policy
     of docs/protocol.md, "When a stream fails": quarantine what can never succeed, park
     what cannot go on now, acknowledge repeats, refuse ids and batches of other users.
-
-    :param link: the open connection.
-    :param dest: the destination offers come from.
-    :param out: the output directory.
-    :param sdir: its state directory.
-    :param opts: the receive options.
-    :param offers: the subscriptions (and parking) of this connection.
-    :param batches: the batches this directory waits on.
     """
 
     def __init__(self, link: Link, dest: Destination, out: Path, sdir: StateDir, *, opts: ReceiveOptions,
@@ -266,9 +258,6 @@ class ReceiveSession:
     def settle(self, offer: Message, room: int | None) -> list[TransferResult | StreamError | None]:
         """Settle ``offer`` (with the small files delivered after it, for a group): the
         outcome of each stream, None for one with nothing to report.
-
-        :param offer: the message the subscriptions handed over.
-        :param room: how many more streams the receive takes (None: no limit).
         """
         foreign = self.offers.foreign(offer)
         if foreign is not None:
