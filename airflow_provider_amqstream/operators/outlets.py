@@ -38,7 +38,6 @@ MAX_IDS = 10
 
 
 def templated(value: str) -> bool:
-    """Whether ``value`` holds a Jinja template."""
     return "{{" in value or "{%" in value
 
 
