@@ -116,7 +116,6 @@ class Arrivals:
 
     @classmethod
     def of(cls, results: Iterable[Mapping[str, Any]]) -> Arrivals:
-        """The arrivals among ``results``."""
         out = cls()
         for r in results:
             out.add(r)
