@@ -2,7 +2,7 @@
 
 Catch the root to handle anything the provider refuses or cannot do; anything else that
 escapes is a bug and should be seen. Each class also derives from the built-in exception
-it used to be, so code written against those keeps working.
+of its kind (``ValueError``, ``ConnectionError``, ...), which is what generic code catches.
 
 * Protocol errors come in two kinds, as in h11: :class:`RemoteProtocolError` (a peer sent
   something the protocol does not allow: the stream is quarantined) and

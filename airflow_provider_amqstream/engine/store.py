@@ -61,7 +61,7 @@ COMPACT_AFTER = 3600
 SORTED = ".sorted"
 PAST = "past"  # the merged past days, beside the day directories
 
-NOFOLLOW = getattr(os, "ONOFOLLOW", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def bucket(kind: str, key: str) -> str:
