@@ -30,7 +30,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
-from airflow_provider_amqstream.transport.link import Link, Message
+from airflow_provider_amqstream.transport.link import Message
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -119,21 +119,6 @@ def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardR
             link.unsubscribe(sub)  # what was not acknowledged goes back
 
 
-def _take_copies(link: Link, queue: str, sid: str, dest: Destination, result: DiscardResult, *, quarantine: bool,
-                 quiet: float, user: str) -> set[str]:
-    """Remove the stream's copies on its parked or quarantine queue. Returns their first
-    senders, which name its data queues."""
-    frames, sub = take_copies(link, queue, dest, sid, quarantine=quarantine, quiet=quiet, user=user)
-    for frame in frames:
-        result.broker_bytes += len(frame.body or b"")
-        link.ack(frame)
-    if frames:
-        result.removed[queue] = len(frames)
-    if sub is not None:
-        link.unsubscribe(sub)
-    return {p.sender_of(f.headers, parked=True) for f in frames}
-
-
 def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
     for out_dir in out_dirs:
         for f in StateDir(out_dir).stream_files(sid):
@@ -157,9 +142,6 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     Needs read on each of the destination's queues involved (the embedded broker: the
     administrator).
 
-    :param params: the broker and user.
-    :param destination: ``/queue/NAME``.
-    :param stream_id: the stream.
     :param quarantine: the quarantine queue its receiver was given, if not ``DLQ.<name>``.
     :param out_dirs: receivers' output directories whose partial data of it goes too.
     :param quiet: seconds without a message that mean a queue has no more of the stream.
@@ -181,9 +163,17 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                            dest.control_queue(sid)))
         senders = _take_offers(qs, dest, sid, result, step)
         link = qs.link
-        senders |= _take_copies(link, dest.parked_queue(), sid, dest, result, quarantine=False, quiet=step,
-                                user=params.user)
-        senders |= _take_copies(link, qq, sid, dest, result, quarantine=True, quiet=step, user=params.user)
+        for queue in (dest.parked_queue(), qq):
+            frames, sub = take_copies(link, queue, dest, sid, quarantine=queue == qq, quiet=step, user=params.user)
+            for frame in frames:
+                result.broker_bytes += len(frame.body or b"")
+                link.ack(frame)
+            if frames:
+                result.removed[queue] = len(frames)
+            if sub is not None:
+                link.unsubscribe(sub)
+            # Their first senders name its data queues.
+            senders |= {p.sender_of(f.headers, parked=True) for f in frames}
         for queue in (*dest.stream_queues(sid, senders), dest.staging_queue(sid), dest.control_queue(sid),
                       dest.held_queue(sid)):
             try:

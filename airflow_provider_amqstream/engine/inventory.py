@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 
 
-# --------------------------------------------------------------------------- views
 def _int(value: Any) -> int | None:
     text = str(value or "")
     return int(text) if re.fullmatch(r"[0-9]{1,20}", text) else None
@@ -86,7 +85,6 @@ class Parked:
 
     :param first_sender: who offered it (``amqs_first_sender``, believed on the parked queue).
     :param not_before: when a receiver may take it again (epoch seconds).
-    :param yields: how many times it yielded.
     :param reason: why it yielded last.
     :param parked_at: when it was parked last (epoch seconds).
     """
@@ -106,9 +104,6 @@ class Parked:
 class Quarantined:
     """A stream filed away as one that cannot succeed as it is.
 
-    :param reason: the receiver's reason.
-    :param quarantined_from: the destination it was offered on.
-    :param by_host: the receiver's host.
     :param by_user: the receiving user (the broker's stamp on the copy).
     :param at: when (UTC, ISO 8601).
     :param cause: the label of its :class:`~airflow_provider_amqstream.protocol.outcomes.Outcome`
@@ -172,7 +167,6 @@ class Inventory:
         return data
 
 
-# --------------------------------------------------------------------------- broker side
 def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
     """The streams in the messages of a queue of offers: each (headers, frame), a pack's
     members each on their own (headers from the pack's index)."""
@@ -193,11 +187,8 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
 
 
 def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered], list[BatchAnnounced]]:
-    """What a browse of the queue of offers shows: streams and batch lists.
-
-    :param browsed: the browse of ``/queue/NAME`` (bodies kept for packs and batches).
-    :param dest: the destination.
-    """
+    """What a browse of the queue of offers shows (bodies kept for packs and batches):
+    streams and batch lists."""
     streams: list[Offered] = []
     batches: list[BatchAnnounced] = []
     for h, frame in _offers(browsed.frames):
@@ -235,12 +226,8 @@ def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered],
     return streams, batches
 
 
-def parked_streams(browsed: Browsed, dest: Destination) -> list[Parked]:
-    """What a browse of the parked queue shows.
-
-    :param browsed: the browse of ``/queue/NAME.amqs_parked`` (bodies kept for packs).
-    :param dest: the destination.
-    """
+def parked_streams(browsed: Browsed) -> list[Parked]:
+    """What a browse of the parked queue shows (bodies kept for packs)."""
     out = []
     for h, frame in _offers(browsed.frames):
         out.append(Parked(
@@ -256,8 +243,6 @@ def quarantined_streams(browsed: Browsed, dest: Destination, viewer: str = "") -
     """What a browse of the quarantine queue shows, for ``dest`` (a named quarantine queue
     may serve several destinations).
 
-    :param browsed: the browse of the quarantine queue.
-    :param dest: the destination.
     :param viewer: the user looking (whose sweeps kept who filed a copy).
     """
     out = []
@@ -278,20 +263,18 @@ def quarantined_streams(browsed: Browsed, dest: Destination, viewer: str = "") -
     return out
 
 
-def _keep_pack_or_batch(frame: Any) -> bool:
-    return frame.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value, hdr.Kind.BATCH.value)
+_NEEDS = {"offered": "read on the destination (a receiver's right)",
+          "parked": "read on its parked queue (a receiver's right)",
+          "quarantined": "read on the quarantine queue (on the embedded broker, the administrator's only)"}
 
 
-# --------------------------------------------------------------------------- the whole picture
 def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable[str | os.PathLike[str]] = (),
                    quarantine: str | None = None, browse_limit: int = BROWSE_LIMIT,
                    previous: Mapping[str, tuple[int, float]] | None = None) -> Inventory:
     """One look at ``destination``: the broker's queues of it (browsed) and the receivers'
-    directories given (read). Consumes, reorders and writes nothing.
+    directories given (read). Consumes, reorders and writes nothing; a queue the user may not
+    read is listed in ``denied``.
 
-    :param params: the broker and user (browsing needs read rights on each queue; a queue
-        the user may not read is listed in ``denied``).
-    :param destination: ``/queue/NAME``.
     :param out_dirs: receivers' output directories to read progress and batches from.
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
     :param browse_limit: how many messages a browser sees at most on this broker.
@@ -301,20 +284,22 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
     if dest.kind != "queue":
         raise LocalProtocolError(f"{destination}: streams are kept on queues only (a topic's streams go to every "
                          "subscriber as they are sent and wait nowhere): give /queue/NAME")
-    inv = Inventory(str(dest), params.url, time.time(), browse_limit=browse_limit)
-    queues = {"offered": str(dest), "parked": dest.parked_queue(), "quarantined": dest.quarantine_queue(quarantine)}
-    inv.queues = dict(queues)
+    inv = Inventory(str(dest), params.url, time.time(), browse_limit=browse_limit, queues={
+        "offered": str(dest), "parked": dest.parked_queue(), "quarantined": dest.quarantine_queue(quarantine)})
     with QueueSession(params, browse_limit=browse_limit) as qs:
-        for section, queue in queues.items():
-            browsed = qs.browse(queue, keep_body=_keep_pack_or_batch)
+        for section, queue in inv.queues.items():
+            browsed = qs.browse(queue, keep_body=lambda f: f.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value,
+                                                                                         hdr.Kind.BATCH.value))
             if browsed.denied:
-                inv.denied[section] = _denied_text(params, queue, section)
+                # The transport's refusal says what to grant for a transfer; a look needs other rights.
+                inv.denied[section] = (f"the broker refused {params.login or '(anonymous)'} a look at {queue} "
+                                       f"({params.url}): browsing needs {_NEEDS[section]}")
                 continue
             inv.truncated[section] = browsed.truncated
             if section == "offered":
                 inv.offered, inv.batches_offered = offered_streams(browsed, dest)
             elif section == "parked":
-                inv.parked = parked_streams(browsed, dest)
+                inv.parked = parked_streams(browsed)
             else:
                 inv.quarantined = quarantined_streams(browsed, dest, params.user)
     for out_dir in out_dirs:
@@ -324,16 +309,5 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
     for offer in inv.offered:
         offer.receiving = offer.stream_id in receiving
     return inv
-
-
-_NEEDS = {"offered": "read on the destination (a receiver's right)",
-          "parked": "read on its parked queue (a receiver's right)",
-          "quarantined": "read on the quarantine queue (on the embedded broker, the administrator's only)"}
-
-
-def _denied_text(params: BrokerParams, queue: str, section: str) -> str:
-    # The transport's refusal says what to grant for a transfer; a look needs other rights.
-    who = params.login or "(anonymous)"
-    return f"the broker refused {who} a look at {queue} ({params.url}): browsing needs {_NEEDS.get(section, 'read')}"
 
 

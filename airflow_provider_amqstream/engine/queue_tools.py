@@ -51,8 +51,6 @@ BROWSE_STEP = 5.0
 class Browsed:
     """What a browse of one queue showed.
 
-    :param queue: the queue browsed.
-    :param frames: the messages seen, head first.
     :param truncated: the broker may hold more than it showed (as many as a browser sees at
         most were shown, or a selector was applied to only the first page).
     :param denied: the broker refused this user the queue (the text says so); nothing seen.
@@ -71,8 +69,6 @@ class QueueSession:
     queue (ActiveMQ closes the connection after an authorization error), so one refused
     queue does not hide the others.
 
-    :param params: the broker and user.
-    :param client_id: a name the broker logs for the connection.
     :param browse_limit: how many messages a queue browser sees at most on this broker.
     """
 
@@ -97,32 +93,26 @@ class QueueSession:
             self._link.close()
             self._link = None
 
-    def close(self) -> None:
-        self.reset()
-
     def __enter__(self) -> QueueSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.reset()
 
-    def browse(self, queue: str, *, selector: str | None = None, keep_body: Callable[[Any], bool] | None = None,
-               step: float = BROWSE_STEP) -> Browsed:
+    def browse(self, queue: str, *, selector: str | None = None,
+               keep_body: Callable[[Any], bool] | None = None) -> Browsed:
         """The messages on ``queue`` now, head first, without consuming or reordering any.
 
-        :param queue: ``/queue/NAME``.
-        :param selector: show only messages matching this JMS selector (applied by the
-            broker to the first page only).
+        :param selector: applied by the broker to the first page only.
         :param keep_body: keep the body of the frames for which this returns True (the rest
             are dropped as they arrive, so a browse of large messages holds no bulk data).
-        :param step: seconds to wait for each message before giving up on the end marker.
         """
         try:
             link = self.link
             sub = link.subscribe(queue, browser=True, selector=selector, prefetch=self.browse_limit)
             frames = []
             try:
-                while (frame := link.get(step, sub)) is not None and frame.headers.get("browser") != "end":
+                while (frame := link.get(BROWSE_STEP, sub)) is not None and frame.headers.get("browser") != "end":
                     if keep_body is None or not keep_body(frame):
                         frame.body = b""
                     frames.append(frame)
@@ -154,10 +144,8 @@ class QueueSession:
 def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
     """The headers a copy of ``frame`` carries: its ``amqs_*`` headers (the protocol's, and
     whatever the views added) and the JMS group headers the protocol sets on chunks (the
-    broker does not show them on STOMP frames, so they are rebuilt), plus ``extra``.
-
-    :param frame: the message as the broker delivered it.
-    :param extra: headers to add or replace (an empty value removes one).
+    broker does not show them on STOMP frames, so they are rebuilt), plus ``extra`` (an
+    empty value removes one).
     """
     h = {k: str(v) for k, v in frame.headers.items() if k.startswith("amqs_")}
     h.pop(H_SWEEP, None)
@@ -188,13 +176,8 @@ def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, s
     message is passed to its tail (see the module doc), with the headers ``stamp`` gives it
     (so what its broker stamp said survives the re-send).
 
-    :param link: an open connection.
-    :param queue: the queue.
-    :param match: whether a delivered message is one of those sought.
     :param selector: the JMS selector equivalent to ``match``.
-    :param sweep: rotate the queue if the selector consumer found nothing.
     :param quiet: seconds without a message that mean the queue has no more for us.
-    :param stamp: extra headers for a message passed to the tail.
     """
     # Prefetch above one: the found messages stay held (unacknowledged) while we look on.
     sub = link.subscribe(queue, prefetch=BROWSE_LIMIT, selector=selector)
@@ -202,23 +185,19 @@ def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, s
     while (frame := link.get(quiet if not found else min(quiet, 0.3), sub)) is not None:
         if match(frame):
             found.append(frame)
-    if found or not sweep:
-        if not found:
-            link.unsubscribe(sub)
-            return [], None
-        return found, sub
-    link.unsubscribe(sub)
-    token = secrets.token_hex(8)
-    sub = link.subscribe(queue, prefetch=BROWSE_LIMIT)
-    while (frame := link.get(quiet, sub)) is not None:
-        if frame.headers.get(H_SWEEP) == token:
-            break  # round once: it goes back, unacknowledged, when the subscription ends
-        if match(frame):
-            found.append(frame)
-            continue
-        extra = stamp(frame) if stamp else {}
-        link.send_confirmed(queue, bytes(frame.body or b""), {**copy_headers(frame, **extra), H_SWEEP: token})
-        link.ack(frame)
+    if not found and sweep:
+        link.unsubscribe(sub)
+        token = secrets.token_hex(8)
+        sub = link.subscribe(queue, prefetch=BROWSE_LIMIT)
+        while (frame := link.get(quiet, sub)) is not None:
+            if frame.headers.get(H_SWEEP) == token:
+                break  # round once: it goes back, unacknowledged, when the subscription ends
+            if match(frame):
+                found.append(frame)
+                continue
+            extra = stamp(frame) if stamp else {}
+            link.send_confirmed(queue, bytes(frame.body or b""), {**copy_headers(frame, **extra), H_SWEEP: token})
+            link.ack(frame)
     if not found:
         link.unsubscribe(sub)
         return [], None
@@ -246,11 +225,6 @@ def move_queue(link: Link, source: str, target: str | None, *,
     acknowledged once a receipt confirmed their copies: a crash leaves a copy too many, never
     none.
 
-    :param link: an open connection.
-    :param source: the queue emptied.
-    :param target: where the messages go; None to drop them.
-    :param decide: per message: extra headers for its copy, or None to drop it.
-    :param quiet: seconds without a message that mean ``source`` is empty.
     :param window: messages per receipt (the subscription's prefetch is twice this).
     """
     out = Moved()
@@ -295,12 +269,6 @@ def take_copies(link: Link, queue: str, dest: Destination, stream_id: str, *, qu
     a copy passed to the tail keeps who filed it. Returns the copies, unacknowledged, and
     the subscription holding them (see :func:`take_matching`).
 
-    :param link: the link to take them with.
-    :param queue: the parked or quarantine queue.
-    :param dest: the destination the stream was offered on.
-    :param stream_id: the stream.
-    :param quarantine: ``queue`` is a quarantine queue.
-    :param quiet: seconds without a message that mean the queue has no more copies.
     :param user: the sweeping user (a copy it re-sent keeps who filed it; another's header is not believed).
     """
     def ours(frame: Any) -> bool:

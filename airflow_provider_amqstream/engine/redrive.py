@@ -101,7 +101,6 @@ class ChunkCheck:
     def take(self, frame: Any, *, trust_redrive_header: bool) -> dict[str, str]:
         """Check one gathered message; return the headers its staged copy carries.
 
-        :param frame: the message.
         :param trust_redrive_header: it came from a queue only administrators write, so an
             ``amqs_redrive_sender`` on it (an earlier redrive's record of the stamp) is believed.
         """
@@ -269,7 +268,7 @@ def _waiting_elsewhere(qs: QueueSession, dest: Destination, sid: str) -> str | N
     """An offer or parked copy of ``sid`` on the destination: another stream under the same id
     (or the same one sent again), whose chunks share the data queue."""
     for queue, read in ((str(dest), lambda b: offered_streams(b, dest)[0]),
-                        (dest.parked_queue(), lambda b: parked_streams(b, dest))):
+                        (dest.parked_queue(), parked_streams)):
         browsed = qs.browse(queue, keep_body=lambda f: bw.is_pack(f.headers))
         if browsed.denied:
             raise StreamError(browsed.denied)
@@ -311,9 +310,6 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     write on ``NAME``, and read on ``NAME`` and its parked queue (the embedded broker: the
     administrator).
 
-    :param params: the broker and the redriving user.
-    :param destination: ``/queue/NAME`` the stream was offered on.
-    :param stream_id: the stream.
     :param quarantine: the quarantine queue its receiver was given, if not ``DLQ.<name>``.
     :param quiet: seconds without a message that mean a queue has no more of the stream.
     :param browse_limit: how many messages a browser sees at most on this broker.
