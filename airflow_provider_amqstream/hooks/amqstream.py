@@ -144,8 +144,6 @@ class AmqStreamHook(BaseHook):
         """A file's default stream id: the same for a re-run (it resumes), keyed by this
         connection's secret (another user cannot offer it first).
 
-        :param path: the file.
-        :param destination: where it goes.
         :param sealed: the stream is sealed: the id shows nothing of the file's name.
         """
         return default_stream_id(path, destination, key=id_key(self.broker_params()), sealed=sealed)
@@ -181,7 +179,6 @@ class AmqStreamHook(BaseHook):
                   stream_id: str | None = None, name: str | None = None) -> TransferResult:
         """Send a file as a stream, resuming where an earlier try stopped.
 
-        :param path: the file to send.
         :param destination: ``/queue/NAME`` (or ``/topic/NAME`` in handshake mode).
         :param options: how to send (:class:`SendOptions`); see
             :func:`airflow_provider_amqstream.engine.send_file`.
@@ -198,8 +195,6 @@ class AmqStreamHook(BaseHook):
         """Send many files over one connection; see :func:`airflow_provider_amqstream.engine.send_files`.
 
         :param files: paths, or :class:`BatchFile` (path and relative directory).
-        :param destination: ``/queue/NAME``.
-        :param options: how to send (:class:`SendOptions`).
         :param batch_id: names the batch's ledger (default derived from the destination and files).
         :param progress: called with a :class:`BatchStatus` after each group of confirmations.
         :param on_result: called with each file's result as it is confirmed.
@@ -226,8 +221,6 @@ class AmqStreamHook(BaseHook):
 
         Raises :class:`StreamError` when a batch is not complete by the deadline.
 
-        :param source: the destination to receive from.
-        :param out_dir: the output directory.
         :param options: the receive options (their ``wait_timeout`` is the quiet time that ends a drain;
             their ``claim``, the taker recorded with each stream, an Airflow task instance).
         :param count: how many streams in all (None: no limit).

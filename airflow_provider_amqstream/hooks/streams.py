@@ -27,9 +27,8 @@ log = logging.getLogger(__name__)
 class AmqStreamAdminHook(AmqStreamHook):
     """See where streams are and redrive or discard them (``amqstream streams``).
 
-    :param amqstream_conn_id: Airflow connection of type ``amqstream``. If it is the default
-        id and no such connection exists, the embedded broker on this machine is used.
-    :param uri: use this ``amqstream://`` URI instead of an Airflow connection.
+    ``amqstream_conn_id`` and ``uri`` are as on ``AmqStreamHook``.
+
     :param connect_timeout: seconds to wait for the broker (overrides the connection's: a
         page must not wait for a slow broker as long as a transfer would).
     """
@@ -79,7 +78,6 @@ class AmqStreamAdminHook(AmqStreamHook):
                   previous: Mapping[str, tuple[int, float]] | None = None) -> views.Inventory:
         """Every stream of ``destination``; see :func:`~airflow_provider_amqstream.engine.inventory.take_inventory`.
 
-        :param destination: ``/queue/NAME``.
         :param out_dirs: receivers' directories (default: the connection's ``out_dirs``).
         :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
         :param previous: an earlier look's progress marks, for rates.

@@ -61,17 +61,6 @@ def destination_dataset(params: BrokerParams, destination: str, *, role: str, si
                     file_count=file_count)
 
 
-def start_lineage(params: BrokerParams, destination: str, *, sending: bool, path: str | None = None) -> Any:
-    """``OperatorLineage`` known before anything moves: the destination, and the file a
-    single-file send reads (a glob or directory is known only once expanded)."""
-    from airflow.providers.openlineage.extractors import OperatorLineage
-
-    dest = destination_dataset(params, destination, role="output" if sending else "input")
-    if not sending:
-        return OperatorLineage(inputs=[dest])
-    return OperatorLineage(inputs=[file_dataset(path, role="input")] if path else [], outputs=[dest])
-
-
 def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *, sending: bool = True) -> Any:
     """``OperatorLineage`` of many files: sent, its files (or their common directory) went to
     the destination; received, the destination became them. Files moved by an earlier try
@@ -152,15 +141,17 @@ class ReportsLineage:
     def get_openlineage_facets_on_start(self) -> Any:
         """Lineage known before anything moves: the destination, and the file when a send's
         ``path`` names one file."""
-        return start_lineage(AmqStreamHook(self.amqstream_conn_id).broker_params(),
-                             getattr(self, self.lineage_destination_field), sending=self.lineage_sending,
-                             path=self.lineage_start_path())
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        params = AmqStreamHook(self.amqstream_conn_id).broker_params()
+        dest = destination_dataset(params, getattr(self, self.lineage_destination_field),
+                                   role="output" if self.lineage_sending else "input")
+        if not self.lineage_sending:
+            return OperatorLineage(inputs=[dest])
+        path = self.lineage_start_path()
+        return OperatorLineage(inputs=[file_dataset(path, role="input")] if path else [], outputs=[dest])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """Lineage: the file (namespace ``file``, name its path) went to the destination
-        (``amqstream://broker:port`` + name), or the destination became the file, with its size
-        and SHA-256; for many files, each file (or, past ``MAX_FILE_DATASETS``, their common
-        directory) with count and bytes."""
         params = AmqStreamHook(self.amqstream_conn_id).broker_params()
         result = result_of(self, task_instance)
         if result is not None and "files" in result:

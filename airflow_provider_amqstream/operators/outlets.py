@@ -38,7 +38,6 @@ MAX_IDS = 10
 
 
 def templated(value: str) -> bool:
-    """Whether ``value`` holds a Jinja template."""
     return "{{" in value or "{%" in value
 
 
@@ -117,7 +116,6 @@ class Arrivals:
 
     @classmethod
     def of(cls, results: Iterable[Mapping[str, Any]]) -> Arrivals:
-        """The arrivals among ``results``."""
         out = cls()
         for r in results:
             out.add(r)

@@ -169,7 +169,6 @@ def stream_to_parquet_operator(*, task_id: str, sensor_task_id: str, output_dir:
     ``yarn``...), quiet as :class:`QuietSparkSubmitOperator`, with ``file://<output_dir>``
     as its outlet asset.
 
-    :param task_id: this task's id.
     :param sensor_task_id: the StreamCompleteSensor whose XCom names the file.
     :param output_dir: parent directory of the Parquet datasets (templated).
     :param partition_by: column(s) to partition the dataset by.
@@ -193,14 +192,11 @@ def manifest_to_parquet_operator(*, task_id: str, manifest: str, output_dir: str
     application: each to ``output_dir/<its path without extension>``, with a
     ``_amqstream_batch_summary.json`` listing them.
 
-    :param task_id: this task's id.
+    ``output_dir``, ``partition_by`` (each dataset's), ``input_format`` and ``conn_id`` are as on
+    :func:`stream_to_parquet_operator`; ``kwargs`` go to SparkSubmitOperator.
+
     :param manifest: the ``<batch id>.manifest.jsonl`` (or a directory of them; templated,
         e.g. ``"{{ ti.xcom_pull(task_ids='receive')['manifest'] }}"``).
-    :param output_dir: parent directory of the Parquet datasets (templated).
-    :param partition_by: column(s) to partition each dataset by.
-    :param input_format: ``auto`` (by extension), ``csv``, ``json`` or ``parquet``.
-    :param conn_id: the Spark connection.
-    :param kwargs: passed to SparkSubmitOperator.
     """
     args = ["--manifest", manifest, "--output", output_dir, *_format_args(input_format, partition_by)]
     return QuietSparkSubmitOperator(task_id=task_id, application=stream_to_parquet_job(), application_args=args,

@@ -36,13 +36,8 @@ SCHEME = "amqstream"
 
 
 class AmqStreamMessageQueueProvider(BaseMessageQueueProvider):
-    """Streams offered on an ActiveMQ queue, for ``MessageQueueTrigger(scheme="amqstream")``.
-
-    Takes ``destination`` (``/queue/NAME``), ``amqstream_conn_id`` and optionally
-    ``poll_interval`` as keyword arguments; each offered stream fires one event whose
-    payload names the stream (``stream_id``, ``name``, ``size``, ``destination``) and its
-    ``sender``, the user the broker authenticated (never a header the sender wrote).
-    """
+    """Streams offered on an ActiveMQ queue, for ``MessageQueueTrigger(scheme="amqstream")``:
+    its keyword arguments and events are :class:`StreamOfferedTrigger`'s."""
 
     scheme = SCHEME
 

@@ -31,30 +31,20 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     acknowledged: if the try then fails to report success, the retry returns that
     stream instead of waiting for another.
 
-    :param source: ``/queue/NAME`` to receive from (templated).
+    ``source``, ``amqstream_conn_id``, ``overwrite``, ``keys``, ``quarantine``,
+    ``min_free_bytes``, ``records_retention_days`` and ``file_asset_alias`` are as on
+    ``ReceiveStreamsOperator``.
+
     :param out_dir: directory where the file is published (templated).
     :param stream_id: receive this stream only (templated); default the next one offered.
-    :param amqstream_conn_id: Airflow connection of type ``amqstream``.
     :param window: chunks synced and acknowledged together (default 8; keep it at most half
         the broker's maxPageSize, or the broker stops dispatching until we acknowledge).
     :param idle_timeout: seconds without a chunk before the sender is presumed dead;
         the try fails and a retry resumes.
-    :param overwrite: replace an existing file of the same name.
     :param max_bytes: refuse streams larger than this.
-    :param keys: key files sealed streams are opened with (default the connection's ``keys`` extra).
-    :param quarantine: where streams that can never succeed go (templated; default
-        ``/queue/DLQ.<name>``).
-    :param min_free_bytes: free space to keep in ``out_dir``; a stream that would cross it
-        yields its place (default 2 % of the filesystem, at most 1 GiB).
-    :param records_retention_days: days ``out_dir`` keeps its completion records and claims
-        (default: the connection's extra ``records_retention_days``, else 30; 0: for ever).
-        Older ones are pruned as receiving starts; a stream offered again after its record
-        expired is received again.
     :param deferrable: wait in the triggerer instead of a worker slot (default
         ``[operators] default_deferrable``). Only the waiting is deferred.
     :param offer_wait: seconds each poke waits for an offer before giving up the poke.
-    :param file_asset_alias: name of an ``AssetAlias`` for the landing directory's events
-        to go through instead of its asset (resolved at run time: Airflow draws no link).
 
     Assets (README, *Assets and lineage*): the destination is an inlet, the landing directory
     the outlet, with one event per stream that arrived (none for a stream received before).

@@ -44,10 +44,9 @@ class StreamOfferedTrigger(BaseEventTrigger):
     first and leave the others waiting for the next offer. Paced, each starts its own
     run, one after the other as fast as the runs take their streams.
 
+    ``amqstream_conn_id``, ``poll_interval`` and ``still_waiting_every`` are as on ``StreamOfferTrigger``.
+
     :param destination: ``/queue/NAME`` where streams are offered.
-    :param amqstream_conn_id: Airflow connection of type ``amqstream``.
-    :param poll_interval: seconds between looks.
-    :param still_waiting_every: seconds between "still watching" log lines.
     :param pace: seconds at most to wait for a fired stream to be taken before firing the
         next (0: fire every waiting stream at once, for an Airflow without that limit).
     """
