@@ -263,6 +263,10 @@ def quarantined_streams(browsed: Browsed, dest: Destination, viewer: str = "") -
     return out
 
 
+def _keep_pack_or_batch(frame: Any) -> bool:
+    return frame.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value, hdr.Kind.BATCH.value)
+
+
 _NEEDS = {"offered": "read on the destination (a receiver's right)",
           "parked": "read on its parked queue (a receiver's right)",
           "quarantined": "read on the quarantine queue (on the embedded broker, the administrator's only)"}
@@ -288,8 +292,7 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
         "offered": str(dest), "parked": dest.parked_queue(), "quarantined": dest.quarantine_queue(quarantine)})
     with QueueSession(params, browse_limit=browse_limit) as qs:
         for section, queue in inv.queues.items():
-            browsed = qs.browse(queue, keep_body=lambda f: f.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value,
-                                                                                         hdr.Kind.BATCH.value))
+            browsed = qs.browse(queue, keep_body=_keep_pack_or_batch)
             if browsed.denied:
                 # The transport's refusal says what to grant for a transfer; a look needs other rights.
                 inv.denied[section] = (f"the broker refused {params.login or '(anonymous)'} a look at {queue} "

@@ -19,9 +19,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
-from airflow_provider_amqstream.engine.store import NOFOLLOW, SENT, RecordStore, open_store, prune_quietly, store_path
-from airflow_provider_amqstream.engine.store import unlink_missing_ok as unlink_missing_ok
-from airflow_provider_amqstream.engine.store import write_all as write_all
+from airflow_provider_amqstream.engine.store import (
+    NOFOLLOW,
+    SENT,
+    RecordStore,
+    open_store,
+    prune_quietly,
+    store_path,
+    unlink_missing_ok,
+    write_all,
+)
 from airflow_provider_amqstream.exceptions import StreamError
 
 log = logging.getLogger(__name__)
@@ -136,16 +143,20 @@ def sender_store(directory: str | os.PathLike[str] | None = None,
     if sdir.path not in _PRUNED_SENDER_DIRS:
         _PRUNED_SENDER_DIRS.add(sdir.path)
         prune_quietly(store)
-        # Checkpoints and ledgers as old as the expired records: their streams and batches are
-        # as expired (the directory holds only those in flight, so this is short).
-        before = time.time() - store.retention
-        for e in sdir.ours() if store.retention > 0 else ():  # only ours: AMQSTREAM_STATE_DIR may be shared
-            try:
-                if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < before:
-                    os.unlink(e.path)
-            except OSError as exc:
-                log.warning("sender state %s: could not prune %s (%s)", sdir.path, e.name, exc)
+        if store.retention > 0:
+            _prune_old_files(sdir, time.time() - store.retention)
     return store
+
+
+def _prune_old_files(sdir: SendStateDir, before: float) -> None:
+    """Checkpoints and ledgers last written before ``before``: their streams and batches are
+    as expired as the records (the directory holds only those in flight, so this is short)."""
+    for e in sdir.ours():  # AMQSTREAM_STATE_DIR may point where other files live: only ours go
+        try:
+            if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < before:
+                os.unlink(e.path)
+        except OSError as exc:
+            log.warning("sender state %s: could not prune %s (%s)", sdir.path, e.name, exc)
 
 
 def open_private(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:

@@ -38,13 +38,9 @@ from pathlib import Path
 from airflow_provider_amqstream.engine.receive.claims import done_records
 from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions, open_subdir
-from airflow_provider_amqstream.engine.records import (
-    TransferResult,
-    open_private,
-    unlink_missing_ok,
-    write_all,
-)
+from airflow_provider_amqstream.engine.records import TransferResult, open_private
 from airflow_provider_amqstream.engine.state_dir import StateDir
+from airflow_provider_amqstream.engine.store import unlink_missing_ok, write_all
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_amqstream.engine.records import TransferResult, open_private, write_all
+from airflow_provider_amqstream.engine.records import TransferResult, open_private
+from airflow_provider_amqstream.engine.store import write_all
 from airflow_provider_amqstream.exceptions import StreamError
 
 log = logging.getLogger(__name__)
