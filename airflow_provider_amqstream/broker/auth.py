@@ -47,12 +47,10 @@ def stream_acls(role: str, kind: str, pattern: str, user: str) -> list[tuple[str
     every sender's) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
     ``admin`` lets the first user of a destination create it."""
     main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
-    # A stream that gives way is parked by its receiver, in a queue of its own no sender writes.
-    parked = [("queue", f"{pattern}.amqs_parked", "read,write,admin")] if role == "receive" and kind == "queue" \
-        else []
-    # Receivers note where a stream's partial data is, for receivers on other disks (engine/receive/holders.py).
-    if role == "receive" and kind == "queue":
-        parked.append(("queue", f"{pattern}.amqs_held.>", "read,write,admin"))
+    # A stream that gives way is parked by its receiver, in a queue of its own no sender writes;
+    # receivers note where a stream's partial data is, for receivers on other disks (engine/receive/holders.py).
+    parked = [("queue", f"{pattern}.{q}", "read,write,admin") for q in ("amqs_parked", "amqs_held.>")
+              if role == "receive" and kind == "queue"]
     # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
     quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
     if pattern.endswith(".>"):

@@ -167,7 +167,10 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         user, password, created = credentials(data_dir)
         users = read_users(data_dir)
         auth_xml = auth_plugins(user, password, users, bridge=bridge, forwarded=network.queues)
-        caps_xml = _capped_entries(text, waiting_caps(users))
+        # The template's entry for every queue (or topic), once per capped pattern: the same settings
+        # as every other destination, since ActiveMQ applies the most specific entry alone.
+        caps_xml = "".join(_policy_copy(text, kind, f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"')
+                           for kind, pattern, limit in waiting_caps(users))
     free = shutil.disk_usage(data_dir).free
     # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
     store_mb = max(512, int(free * 0.9 / 2**20))
@@ -207,14 +210,6 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         fh.write(xml)
     (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())
     return conf, created
-
-
-def _capped_entries(template: str, caps: Iterable[tuple[str, str, int]]) -> str:
-    """The template's policy entry for every queue (or topic), once per (kind, pattern,
-    most destinations) of ``caps``, for that pattern and with that cap: the same settings
-    as every other destination, since ActiveMQ applies the most specific entry alone."""
-    return "".join(_policy_copy(template, kind, f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"')
-                   for kind, pattern, limit in caps)
 
 
 def _policy_copy(template: str, kind: str, attrs: str) -> str:

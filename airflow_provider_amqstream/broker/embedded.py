@@ -128,10 +128,6 @@ class EmbeddedBroker:
         return self.data_dir / "broker.pid"
 
     @property
-    def log_file(self) -> Path:
-        return self.data_dir / "data" / "broker.log"
-
-    @property
     def creds_file(self) -> Path:
         return self.data_dir / CREDENTIALS_FILE
 
@@ -234,13 +230,13 @@ class EmbeddedBroker:
             self.network.remember(self.data_dir)
         if not wait:
             return self.info(), created
-        logs = (self.data_dir / "data" / "broker.out", self.log_file)
+        logs = (self.data_dir / "data" / "broker.out", self.data_dir / "data" / "broker.log")
         if wait_ready(proc, self._ready, timeout, *logs):
             return self.info(), created
         self.stop()
         raise BrokerError(
             f"ActiveMQ did not open {self.bind}:{self.port} within {timeout:.0f}s; "
-            f"see {self.log_file}:\n{tail(logs)}"
+            f"see {logs[1]}:\n{tail(logs)}"
         )
 
     def stop(self, *, timeout: float = 30.0) -> bool:

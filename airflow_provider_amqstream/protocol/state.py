@@ -28,7 +28,6 @@ from airflow_provider_amqstream.protocol.headers import (
     H_STREAM,
     MAX_AHEAD,
     MAX_STREAM_ID,
-    PROTOCOL_VERSION,
     Kind,
     Mode,
 )
@@ -71,18 +70,13 @@ class SenderState:
         self.confirmed_seq = seq
 
     def to_json(self) -> dict[str, Any]:
-        s = self.spec
-        return {"version": PROTOCOL_VERSION, "stream_id": s.stream_id, "name": s.name,
-                "size": s.size, "chunk_size": s.chunk_size, "mode": s.mode.value,
-                "destination": self.destination, "identity": self.identity,
+        return {**self.spec.to_json(), "destination": self.destination, "identity": self.identity,
                 "confirmed_seq": self.confirmed_seq, "offer_sent": self.offer_sent,
                 "end_sent": self.end_sent, "sha256": self.sha256}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SenderState:
-        spec = StreamSpec(data["stream_id"], data["name"], int(data["size"]),
-                          int(data["chunk_size"]), Mode(data["mode"]))
-        st = cls(spec, data["destination"], data["identity"])
+        st = cls(StreamSpec.from_json(data), data["destination"], data["identity"])
         st.confirm(int(data["confirmed_seq"]))
         st.offer_sent, st.end_sent = bool(data["offer_sent"]), bool(data["end_sent"])
         st.sha256 = data.get("sha256")
@@ -200,9 +194,6 @@ class ReceiverState:
     def has(self, seq: int) -> bool:
         return seq < self.next_seq or seq in self.ahead
 
-    def mark_written(self, seq: int) -> None:
-        self.written.add(seq)
-
     def mark_durable(self, seq: int) -> list[int]:
         """Record chunk ``seq`` as on disk; return the chunks that became contiguous
         with the durable prefix, in order."""
@@ -271,16 +262,12 @@ class ReceiverState:
             )
 
     def to_json(self) -> dict[str, Any]:
-        s = self.spec
-        return {"version": PROTOCOL_VERSION, "stream_id": s.stream_id, "name": s.name,
-                "size": s.size, "chunk_size": s.chunk_size, "mode": s.mode.value,
-                "next_seq": self.next_seq, "ahead": sorted(self.ahead),
+        return {**self.spec.to_json(), "next_seq": self.next_seq, "ahead": sorted(self.ahead),
                 "expected_sha256": self.expected_sha256}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReceiverState:
-        spec = StreamSpec(data["stream_id"], data["name"], int(data["size"]),
-                          int(data["chunk_size"]), Mode(data["mode"]))
+        spec = StreamSpec.from_json(data)
         st = cls(spec, int(data["next_seq"]), set(int(x) for x in data["ahead"]),
                  data.get("expected_sha256"))
         if not 1 <= st.next_seq <= spec.chunks + 1 or any(not st.next_seq < a <= spec.chunks for a in st.ahead):

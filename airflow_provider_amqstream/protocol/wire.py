@@ -68,6 +68,15 @@ class StreamSpec:
         """Byte offset where chunk ``seq`` starts; ``chunks + 1`` gives the size."""
         return min((seq - 1) * self.chunk_size, self.size)
 
+    def to_json(self) -> dict[str, Any]:
+        """The spec as both ends' saved states hold it (with the protocol version)."""
+        return {"version": hdr.PROTOCOL_VERSION, "stream_id": self.stream_id, "name": self.name, "size": self.size,
+                "chunk_size": self.chunk_size, "mode": self.mode.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StreamSpec:
+        return cls(data["stream_id"], data["name"], int(data["size"]), int(data["chunk_size"]), hdr.Mode(data["mode"]))
+
 
 def _base(spec: StreamSpec, kind: hdr.Kind) -> dict[str, str]:
     return {hdr.H_VERSION: str(hdr.PROTOCOL_VERSION), hdr.H_KIND: kind.value, hdr.H_STREAM: spec.stream_id,
