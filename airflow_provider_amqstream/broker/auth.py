@@ -81,19 +81,21 @@ def waiting_caps(users: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str,
     return caps
 
 
-def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:
-    """Every user's grants as ActiveMQ authorization entries: (kind, pattern) -> right ->
-    groups. Each user is the only member of its own group, ``amqs-user-<name>``."""
-    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
+def acl_entries(users: Mapping[str, Mapping[str, Any]], *, bridge: Sequence[tuple[str, str, str]] = (),
+                ) -> dict[tuple[str, str], dict[str, set[str]]]:
+    """Every user's grants, and the bridge user's (``bridge``: (kind, pattern, rights)), as
+    ActiveMQ authorization entries: (kind, pattern) -> right -> groups. Each user is the only
+    member of its own group, ``amqs-user-<name>``."""
+    grants = [(BRIDGE_GROUP, acl) for acl in bridge]
     for user, info in sorted(users.items()):
-        group = f"amqs-user-{user}"
         for role in ("send", "receive"):
             for text in info.get(role, []):
-                kind, pattern = parse_grant(text)
-                for k, n, rights in stream_acls(role, kind, pattern, user):
-                    entry = entries.setdefault((k, n), {"read": set(), "write": set(), "admin": set()})
-                    for right in rights.split(","):
-                        entry[right].add(group)
+                grants += [(f"amqs-user-{user}", acl) for acl in stream_acls(role, *parse_grant(text), user)]
+    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for group, (kind, pattern, rights) in grants:
+        entry = entries.setdefault((kind, pattern), {"read": set(), "write": set(), "admin": set()})
+        for right in rights.split(","):
+            entry[right].add(group)
     return entries
 
 
@@ -114,12 +116,8 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
     # whose pattern matches, so the per-user entries only ever add rights.
     acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
            f'admin="{ADMIN_GROUP}"/>' for k in ("queue", "topic")]
-    entries = acl_entries(users)
+    entries = acl_entries(users, bridge=bridge_acl(forwarded) if bridge else ())
     if bridge:
-        for kind, pattern, rights in bridge_acl(forwarded):
-            entry = entries.setdefault((kind, pattern), {"read": set(), "write": set(), "admin": set()})
-            for right in rights.split(","):
-                entry[right].add(BRIDGE_GROUP)
         # With advisories on, the broker raises one for each destination and consumer a user
         # creates, and creates the advisory's topic in that user's name: without admin there
         # the user's own send or subscribe fails ("not authorized to create:

@@ -105,18 +105,15 @@ class NetworkConfig:
         return bool(self.openwire_tls_port or any(p.startswith("ssl://") for p in self.peers))
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> NetworkConfig:
-        secret = data.get("bridge_secret")
-        return cls(openwire_port=data.get("openwire_port"), peers=tuple(data.get("peers") or ()),
-                   bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()),
-                   openwire_tls_port=data.get("openwire_tls_port"),
-                   peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
-
-    @classmethod
     def remembered(cls, data_dir: Path) -> NetworkConfig | None:
         """The network a broker was last started with (``broker restart`` keeps it)."""
         try:
-            return cls.from_json(json.loads((data_dir / NETWORK_FILE).read_text()))
+            data = json.loads((data_dir / NETWORK_FILE).read_text())
+            secret = data.get("bridge_secret")
+            return cls(openwire_port=data.get("openwire_port"), peers=tuple(data.get("peers") or ()),
+                       bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()),
+                       openwire_tls_port=data.get("openwire_tls_port"),
+                       peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
@@ -124,7 +121,7 @@ class NetworkConfig:
                                "options again") from exc
 
     def remember(self, data_dir: Path) -> None:
-        # Paths as text, tuples as lists: the file from_json reads.
+        # Paths as text, tuples as lists: the file remembered reads.
         (data_dir / NETWORK_FILE).write_text(json.dumps(asdict(self), default=str))
 
 

@@ -157,7 +157,6 @@ class ReceiverState:
 
     def _opened(self, seq: int, offset: int, length: int, headers: Mapping[str, Any],
                 body: bytes | memoryview) -> Decision:
-        """A chunk that passed its CRC (unsealed): opened (sealed), decoded, its length checked."""
         encoding = headers.get(H_ENCODING)
         if self.opener is not None:
             try:
@@ -243,12 +242,10 @@ class ReceiverState:
         return ranges
 
     def describe_missing(self) -> str:
-        parts = []
-        for first, last in self.missing_ranges()[:5]:
-            lo = self.spec.offset_of(first)
-            hi = self.spec.offset_of(last + 1)
-            parts.append(f"chunks {first}-{last} (bytes {lo}-{hi - 1})")
-        more = len(self.missing_ranges()) - 5
+        ranges = self.missing_ranges()
+        parts = [f"chunks {first}-{last} (bytes {self.spec.offset_of(first)}-{self.spec.offset_of(last + 1) - 1})"
+                 for first, last in ranges[:5]]
+        more = len(ranges) - 5
         return ", ".join(parts) + (f" and {more} more ranges" if more > 0 else "")
 
     @from_the_wire

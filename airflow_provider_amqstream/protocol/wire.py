@@ -174,8 +174,7 @@ def from_the_wire(parse: Callable[_P, _T]) -> Callable[_P, _T]:
 
 def int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,
                hi: int = 2**63 - 1) -> int:
-    """The integer header ``name``, checked to be within ``lo..hi``; raises ProtocolError
-    naming ``stream`` and the header otherwise.
+    """The integer header ``name``, checked to be within ``lo..hi``.
 
     :param stream: what the error names (a stream id, or e.g. "pack-id member 3").
     """
