@@ -104,14 +104,10 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
     """The ``<plugins>`` entries for authentication and authorization: the administrator,
     the bridge user of a network (``bridge``: its name and password; the advisory topics then
     get their own entry) and every user, each confined to its grants."""
-    lines = [f'          <authenticationUser username="{xml_attr(user)}" password="{xml_attr(password)}" '
-             f'groups="{ADMIN_GROUP}"/>']
-    if bridge:
-        lines.append(f'          <authenticationUser username="{xml_attr(bridge[0])}" '
-                     f'password="{xml_attr(bridge[1])}" groups="{BRIDGE_GROUP}"/>')
-    for name, info in sorted(users.items()):
-        lines.append(f'          <authenticationUser username="{xml_attr(name)}" '
-                     f'password="{xml_attr(info["password"])}" groups="amqs-user-{xml_attr(name)}"/>')
+    logins = [(user, password, ADMIN_GROUP), *([(*bridge, BRIDGE_GROUP)] if bridge else []),
+              *((name, info["password"], f"amqs-user-{name}") for name, info in sorted(users.items()))]
+    lines = [f'          <authenticationUser username="{xml_attr(name)}" password="{xml_attr(secret)}" '
+             f'groups="{xml_attr(group)}"/>' for name, secret, group in logins]
     # The administrator may do everything; ActiveMQ unions the groups of every entry
     # whose pattern matches, so the per-user entries only ever add rights.
     acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
