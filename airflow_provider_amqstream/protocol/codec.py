@@ -55,9 +55,7 @@ def normalise_compression(setting: str | None) -> str | None:
     """The compression a sender was asked for, checked: ``"auto"``, an encoding of
     :data:`ENCODINGS`, or None for none. ``"none"`` (any case) is None; None stays None
     (callers that mean "the default" pass :data:`DEFAULT_COMPRESSION`)."""
-    if setting is None:
-        return None
-    value = str(setting).strip().lower()
+    value = "none" if setting is None else str(setting).strip().lower()
     if value == "none":
         return None
     if value not in COMPRESSION_SETTINGS:

@@ -70,10 +70,7 @@ def safe_file_name(name: str, stream_id: str) -> str:
     leading dots (no ``..``, no hidden files that shadow our state directory) and
     reserved device names, and caps the length at 200 UTF-8 bytes.
     """
-    base = str(name).replace("\\", "/").rsplit("/", 1)[-1]
-    base = _clean_component(base)
-    if not base:
-        base = stream_id
+    base = _clean_component(str(name).replace("\\", "/").rsplit("/", 1)[-1]) or stream_id
     raw = base.encode("utf-8", "ignore")
     if len(raw) > 200:
         stem, dot, ext = base.rpartition(".")

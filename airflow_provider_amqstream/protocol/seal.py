@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
 from airflow_provider_amqstream.protocol.headers import H_ENCODING
 
-# On a sealed offer: the wrapped keys and the sealed header (see Seal.header_value).
+# On a sealed offer: the wrapped keys and the sealed header (see Seal.header).
 H_SEAL = "amqs_seal"
 # The name a sealed offer shows: the real one is inside the seal.
 SEALED_NAME = "sealed"
