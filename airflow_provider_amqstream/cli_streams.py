@@ -98,10 +98,8 @@ def size_text(n: int | None) -> str:
         return "? bytes"
     if n < 1024:
         return f"{n} B"
-    for unit, scale in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
-        if n < scale * 1024 or unit == "TiB":
-            return f"{n / scale:,.{2 if unit in ('GiB', 'TiB') else 1}f} {unit}"
-    return f"{n} B"
+    power = min(4, (n.bit_length() - 1) // 10)  # 1 KiB, 2 MiB, 3 GiB, 4 TiB
+    return f"{n / 2 ** (10 * power):,.{2 if power >= 3 else 1}f} {'KMGT'[power - 1]}iB"
 
 
 def when_text(epoch: float | None) -> str:

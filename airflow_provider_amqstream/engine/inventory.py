@@ -15,7 +15,6 @@ selector, so no chunk body leaves the broker).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -33,10 +32,6 @@ from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
 from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
-
-log = logging.getLogger(__name__)
-
-
 
 
 def _int(value: Any) -> int | None:

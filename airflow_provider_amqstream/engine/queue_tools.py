@@ -45,6 +45,8 @@ BROWSE_LIMIT = 16
 H_SWEEP = "amqs_sweep"
 # How long a browse waits for the next message before giving up on the end marker.
 BROWSE_STEP = 5.0
+# Messages a move sends per receipt (its subscription's prefetch is twice this).
+MOVE_WINDOW = 8
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Browsed:
     full: str = ""
 
 
+@dataclass
 class QueueSession:
     """One STOMP connection for the views and actions, reopened after the broker refused a
     queue (ActiveMQ closes the connection after an authorization error), so one refused
@@ -72,18 +75,15 @@ class QueueSession:
     :param browse_limit: how many messages a queue browser sees at most on this broker.
     """
 
-    def __init__(self, params: BrokerParams, *, client_id: str = "amqstream-streams",
-                 browse_limit: int = BROWSE_LIMIT) -> None:
-        self.params = params
-        self.client_id = client_id
-        self.browse_limit = browse_limit
-        self._link: Link | None = None
+    params: BrokerParams
+    client_id: str = field(default="amqstream-streams", kw_only=True)
+    browse_limit: int = field(default=BROWSE_LIMIT, kw_only=True)
+    _link: Link | None = field(default=None, init=False, repr=False)
 
     @property
     def link(self) -> Link:
         if self._link is None or not self._link.connected:
-            if self._link is not None:
-                self._link.close()
+            self.reset()
             self._link = open_link(self.params, client_id=self.client_id).open()
         return self._link
 
@@ -215,8 +215,7 @@ class Moved:
 
 
 def move_queue(link: Link, source: str, target: str | None, *,
-               decide: Callable[[Any], dict[str, str] | None] | None = None, quiet: float = 1.0,
-               window: int = 8) -> Moved:
+               decide: Callable[[Any], dict[str, str] | None] | None = None, quiet: float = 1.0) -> Moved:
     """Move every message on ``source`` to ``target`` (None: take them and drop them), until
     ``source`` stays quiet for ``quiet`` seconds.
 
@@ -224,12 +223,10 @@ def move_queue(link: Link, source: str, target: str | None, *,
     headers (a dict) or drop the message instead (None). The originals of a window are
     acknowledged once a receipt confirmed their copies: a crash leaves a copy too many, never
     none.
-
-    :param window: messages per receipt (the subscription's prefetch is twice this).
     """
     out = Moved()
     pending: list[Any] = []
-    sub = link.subscribe(source, prefetch=2 * window)
+    sub = link.subscribe(source, prefetch=2 * MOVE_WINDOW)
 
     def confirmed() -> None:
         for f in pending:
@@ -247,7 +244,7 @@ def move_queue(link: Link, source: str, target: str | None, *,
                 continue
             out.messages += 1
             out.bytes += len(body)
-            rid = link.send(target, body, copy_headers(frame, **extra), receipt=out.messages % window == 0)
+            rid = link.send(target, body, copy_headers(frame, **extra), receipt=out.messages % MOVE_WINDOW == 0)
             pending.append(frame)
             if rid is not None:
                 link.wait_receipt(rid)

@@ -81,9 +81,6 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
     quarantine copies, whether its data queues hold an end marker, and in each receiver's
     directory given its partial data, completion record and the batches listing it.
 
-    :param params: the broker and user.
-    :param destination: ``/queue/NAME``.
-    :param stream_id: the stream.
     :param out_dirs: receivers' output directories.
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
     :param browse_limit: how many messages a browser sees at most on this broker.
