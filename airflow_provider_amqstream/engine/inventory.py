@@ -270,9 +270,8 @@ _NEEDS = {"offered": "read on the destination (a receiver's right)",
 def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable[str | os.PathLike[str]] = (),
                    quarantine: str | None = None, browse_limit: int = BROWSE_LIMIT,
                    previous: Mapping[str, tuple[int, float]] | None = None) -> Inventory:
-    """One look at ``destination``: the broker's queues of it (browsed) and the receivers'
-    directories given (read). Consumes, reorders and writes nothing; a queue the user may not
-    read is listed in ``denied``.
+    """One look at ``destination`` (see the module doc); a queue the user may not read is
+    listed in ``denied``.
 
     :param out_dirs: receivers' output directories to read progress and batches from.
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.

@@ -11,10 +11,8 @@ What the broker lets a STOMP client do, and what that costs:
   with every ``amqs_*`` header, confirmed, then acknowledged), so that only the queues
   whose order means nothing may be swept (the parked and quarantine queues; never the queue
   of offers, whose re-sent copies would carry the sweeping user's stamp).
-* A **move** (:func:`move_queue`) consumes each message, re-sends it elsewhere with its
-  ``amqs_*`` headers and body, and acknowledges the original once the broker confirmed the
-  copy (a receipt per window): a crash in between leaves a copy too many, never none.
-  The broker stamps the copy with the moving user (``JMSXUserID``).
+* A **move** (:func:`move_queue`) re-sends each message elsewhere, stamped by the broker with
+  the moving user (``JMSXUserID``).
 
 Everything here is a building block of the ``streams`` views (read only) and actions.
 """

@@ -317,8 +317,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     where = f"stream {sid} on {dest}"
     with QueueSession(params, client_id="amqstream-redrive", browse_limit=browse_limit) as qs:
         qs.require_read((qq, stage_q, target_q))
-        busy = _waiting_elsewhere(qs, dest, sid)
-        if busy:
+        if busy := _waiting_elsewhere(qs, dest, sid):
             raise RedriveRefused(
                 f"{where}: an offer for {sid} waits on {busy} (the stream sent again, or another stream under the "
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "

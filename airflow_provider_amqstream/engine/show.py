@@ -77,9 +77,7 @@ def _probe(qs: QueueSession, queue: str) -> QueueProbe:
 def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
                 out_dirs: Iterable[str | os.PathLike[str]] = (), quarantine: str | None = None,
                 browse_limit: int = BROWSE_LIMIT) -> StreamReport:
-    """Everything known about ``stream_id`` on ``destination``: its offer, parked and
-    quarantine copies, whether its data queues hold an end marker, and in each receiver's
-    directory given its partial data, completion record and the batches listing it.
+    """Everything known about ``stream_id`` on ``destination`` (see the module doc).
 
     :param out_dirs: receivers' output directories.
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -58,17 +59,12 @@ CONNECT_TIMEOUT = 5.0
 # Broker calls run here, never on the API server's event loop; a handful is plenty for a
 # page, and a dead broker can tie up no more than these.
 # Made on first use: a pool made at import would live in every Airflow process that loads
-# plugins (task processes too), not only the API server.
-_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
+# plugins (task processes too), not only the API server. Only the event loop asks for it: no lock.
+@functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amqs-streams-ui")
-        return _POOL
+    return concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amqs-streams-ui")
+
+
 _T = TypeVar("_T")
 # The last look per (connection, destination), for the rates of streams in progress.
 _MARKS: OrderedDict[tuple[str, str], dict[str, tuple[int, float]]] = OrderedDict()
