@@ -168,16 +168,15 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
     out: list[tuple[dict[str, Any], Any]] = []
     for frame in frames:
         headers = dict(frame.headers)
-        if bw.is_pack(headers):
-            try:
-                members = bw.read_pack(headers, frame.body or b"")
-            except ProtocolError as exc:
-                out.append(({**headers, "_invalid": str(exc)}, frame))
-                continue
-            for member, _ in members:
-                out.append(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame))
+        if not bw.is_pack(headers):
+            out.append((headers, frame))
             continue
-        out.append((headers, frame))
+        try:
+            members = bw.read_pack(headers, frame.body or b"")
+        except ProtocolError as exc:
+            out.append(({**headers, "_invalid": str(exc)}, frame))
+            continue
+        out.extend(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame) for member, _ in members)
     return out
 
 

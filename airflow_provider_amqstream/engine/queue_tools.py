@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +66,7 @@ class Browsed:
 
 
 @dataclass
-class QueueSession:
+class QueueSession(AbstractContextManager["QueueSession"]):
     """One STOMP connection for the views and actions, reopened after the broker refused a
     queue (ActiveMQ closes the connection after an authorization error), so one refused
     queue does not hide the others.
@@ -90,9 +91,6 @@ class QueueSession:
         if self._link is not None:
             self._link.close()
             self._link = None
-
-    def __enter__(self) -> QueueSession:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.reset()

@@ -41,7 +41,6 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
 from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
 from airflow_provider_amqstream.protocol.quarantine import (
-    H_QUARANTINED_USER,
     H_REDRIVE_SENDER,
     H_REDRIVEN_AT,
     H_REDRIVEN_BY,
@@ -246,10 +245,9 @@ def _offer_headers(copy: Any) -> dict[str, str]:
     yields added."""
     h = copy_headers(copy)
     for k in list(h):
+        # The prefixes cover amqs_quarantined_user, amqs_redriven_by/_at and amqs_redrive_sender.
         if k.startswith(("amqs_quarantine", "amqs_redrive")) or k in (
-                hdr.H_NOT_BEFORE, hdr.H_YIELDS, hdr.H_YIELD_REASON, hdr.H_FIRST_SENDER, H_QUARANTINED_USER,
-                H_REDRIVEN_BY,
-                H_REDRIVEN_AT, hdr.H_REOFFER):
+                hdr.H_NOT_BEFORE, hdr.H_YIELDS, hdr.H_YIELD_REASON, hdr.H_FIRST_SENDER, hdr.H_REOFFER):
             h.pop(k)
     return h
 
