@@ -33,7 +33,6 @@ from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchLedger,
     BatchStatus,
-    BatchTally,
     BulkResult,
     FileFailure,
 )
@@ -81,9 +80,6 @@ MAX_IN_FLIGHT_BYTES = 64 * 2**20
 # below the in-flight bounds, so a receipt is always outstanding when those are reached.
 SEAL_FILES = 32
 SEAL_BYTES = 2 * 2**20
-# Results (and failures) a BulkResult lists in full, the first ones; past them only totals,
-# and every file's result in its files list (a file), so memory does not grow with the files.
-MAX_KEPT_RESULTS = 1000
 BatchProgress = Callable[[BatchStatus], None]
 
 
@@ -99,7 +95,7 @@ def send_files(
     on_failure: Callable[[FileFailure], None] | None = None,
 ) -> BulkResult:
     """Send many files over one connection; return the totals (and the first
-    :data:`MAX_KEPT_RESULTS` results in full, and a file listing every one).
+    :data:`~.batch.MAX_KEPT_RESULTS` results in full, and a file listing every one).
 
     Memory stays flat in the number of files: they are read twice (counted, then sent) one
     at a time, and each result is counted and appended to the files list, not kept.
@@ -125,11 +121,11 @@ def send_files(
     codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     if iter(files) is files:  # a one-pass iterator: the send reads the files twice
         files = list(files)
-    tally = BatchTally(MAX_KEPT_RESULTS)
+    status = BatchStatus(0, 0)
 
     def fail(path: Path | str, error: str, sid: str = "") -> None:
         failure = FileFailure(str(path), error, sid)
-        tally.fail(failure)
+        status.fail(failure)
         log.error("%s: %s", path, error)
         if on_failure:
             on_failure(failure)
@@ -142,18 +138,18 @@ def send_files(
     sealed = bool(recipients)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
-    count, size, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None, sealed=sealed)
+    status.files_total, status.bytes_total, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None,
+                                                          sealed=sealed)
     if batch_id is None:
-        batch_id = f"b-{hashlib.sha256(f'{dest}|{count}|{ids:x}'.encode()).hexdigest()[:20]}"
+        batch_id = f"b-{hashlib.sha256(f'{dest}|{status.files_total}|{ids:x}'.encode()).hexdigest()[:20]}"
     validate_stream_id(batch_id)
     # The first use in a process prunes expired records, checkpoints and ledgers.
     sdir = SendStateDir()
     sender_store(sdir, params.records_retention_days)
     ledger = BatchLedger(sdir.ledger(batch_id, params), opts.ledger_flush)
     listing = _FilesList(sdir.files_list(batch_id, params))
-    status = BatchStatus(count, size)
     ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
-               status=status, tally=tally, listing=listing, progress=progress, on_result=on_result,
+               status=status, listing=listing, progress=progress, on_result=on_result,
                sealed=sealed)
     done = {} if opts.restart else ledger.load()
     seeded = set() if opts.restart else set(opts.ledger_seed)
@@ -165,14 +161,14 @@ def send_files(
         listing.close()
     if opts.manifest:
         _announce(params, dest, batch_id, listing, opts.reconnect_timeout, recipients)
-    elif tally.files and not ctx.sent_any:
+    elif status.files_done and not ctx.sent_any:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
         with open_link(params) as link:
             link.round_trip()
     if progress:
         progress(status)
-    return BulkResult(batch_id, str(dest), tally.results, tally.failures, time.monotonic() - t0, tally, params.url,
+    return BulkResult(batch_id, str(dest), status.results, status.failures, time.monotonic() - t0, status, params.url,
                       files_list=str(listing.path))
 
 
@@ -344,7 +340,6 @@ class _Ctx:
     codec: ChunkCodec
     ledger: BatchLedger
     status: BatchStatus
-    tally: BatchTally
     listing: _FilesList
     progress: BatchProgress | None
     on_result: Callable[[TransferResult], None] | None
@@ -517,7 +512,6 @@ class _Ctx:
                          "bytes": res.bytes, "chunks": res.chunks, "chunk_size": res.chunk_size,
                          "sha256": res.sha256, "mode": res.mode, "sent_at": time.time()})
         self._tally(e, res)
-        self.status.bytes_sent += res.bytes_transferred
         now = time.monotonic()
         if self.progress and now - self.last_progress > 0.5:
             self.last_progress = now
@@ -525,9 +519,7 @@ class _Ctx:
 
     def _tally(self, e: Outgoing, res: TransferResult) -> None:
         """Count a file confirmed (now or by an earlier run), list it, report it."""
-        self.tally.add(res)
+        self.status.add(res)
         self.listing.add(res, e.subdir)
-        self.status.files_done += 1
-        self.status.bytes_done += e.size
         if self.on_result:
             self.on_result(res)
