@@ -226,11 +226,6 @@ class _FilesList:
     def close(self) -> None:
         self.fh.close()
 
-    def entries(self) -> Iterator[dict[str, Any]]:
-        with open(self.path, encoding="utf-8") as fh:
-            for line in fh:
-                yield json.loads(line)
-
 
 def _announce(params: BrokerParams, dest: Destination, batch_id: str, listing: _FilesList,
               reconnect_timeout: float, recipients: list[bytes]) -> None:
@@ -240,9 +235,10 @@ def _announce(params: BrokerParams, dest: Destination, batch_id: str, listing: _
     reconnect = Reconnect(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
     while True:
         try:
-            with open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+            with (open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link,
+                  open(listing.path, encoding="utf-8") as fh):
                 reconnect.connected()
-                for headers, body in bw.iter_batch_messages(batch_id, listing.entries(), listing.count):
+                for headers, body in bw.iter_batch_messages(batch_id, map(json.loads, fh), listing.count):
                     if recipients:
                         headers, body = bw.seal_batch_part(headers, body, recipients)
                     link.send_confirmed(str(dest), body, headers)

@@ -24,8 +24,8 @@ from airflow_provider_amqstream.transport.link import Link, open_link
 log = logging.getLogger(__name__)
 
 
-def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], rerequests: list[int]) -> int:
-    """One connected attempt; returns the bytes it sent. ``timeouts`` are the request
+def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], rerequests: list[int]) -> None:
+    """One connected attempt, the bytes it sends added to ``out.sent``. ``timeouts`` are the request
     timeout, the discovery window (topics) and the ack timeout, in seconds; the rewinds
     receivers asked for are added to ``rerequests[0]``."""
     state = out.state
@@ -47,7 +47,6 @@ def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], 
     state.end_sent = True
     if out.progress:
         out.progress(state.spec.size, state.spec.size)
-    return attempt.sent
 
 
 class _HandshakeAttempt:
@@ -59,7 +58,6 @@ class _HandshakeAttempt:
         self.spec, self.sid = out.state.spec, out.state.spec.stream_id
         self.control_q = out.dest.control_queue(self.sid)
         self.hs = HandshakeSender(self.spec, out.window, point_to_point=out.dest.kind == "queue")
-        self.sent = 0
 
     def offer(self) -> None:
         """Listen on the control queue, then offer (again, on a topic)."""
@@ -142,7 +140,7 @@ class _HandshakeAttempt:
         if seq is not None:
             chunk = reader.at(seq)
             self.link.send(data_q, chunk.wire, chunk.headers)
-            self.sent += chunk.length
+            self.out.sent += chunk.length
             return True
         if self.hs.take_end():
             self.link.send(data_q, b"", self.out.end())
