@@ -175,18 +175,16 @@ def send_file(
     out = _Attempt(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
                    sealed)
     reconnect = Reconnect(f"sending stream {sid} to {dest}", params.url, opts.reconnect_timeout)
-    rerequests = [0]
     if link is not None:
         if spec.mode is hdr.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
         out.over(link)
     else:
-        resumed_from = _retry(out, reconnect, (opts.request_timeout, opts.discovery_window, opts.ack_timeout),
-                              rerequests, resumed_from)
+        resumed_from = _retry(out, reconnect, opts, resumed_from)
     ckpt.save({**state.to_json(), **extra, "seal_key": None, "sent_at": time.time()}, final=True)
     return TransferResult(spec.stream_id, str(dest), real_name, spec.size, spec.chunks, state.sha256 or "",
                           time.monotonic() - t0, spec.mode.value, resumed_from, out.sent, str(src), started,
-                          time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=out.origin,
+                          time.time(), rerequests=out.rerequests, chunk_size=spec.chunk_size, origin=out.origin,
                           broker=params.url, retries=reconnect.attempts)
 
 
@@ -252,8 +250,7 @@ def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: Destinati
     return state
 
 
-def _retry(out: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, float, float],
-           rerequests: list[int], resumed_from: int) -> int:
+def _retry(out: _Attempt, reconnect: Reconnect, opts: SendOptions, resumed_from: int) -> int:
     """Connected attempts, each on a connection of its own, until the stream is sent; return
     the offset this run last resumed at (``resumed_from``, unless a lost connection came after)."""
     state = out.state
@@ -265,9 +262,10 @@ def _retry(out: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, float,
             resumed_from = state.confirmed_offset
         try:
             if state.spec.mode is hdr.Mode.HANDSHAKE:
-                send_handshake_attempt(out, hs_timeouts, rerequests)
+                send_handshake_attempt(out, (opts.request_timeout, opts.discovery_window, opts.ack_timeout))
             else:
-                out.run()
+                with open_link(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
+                    out.over(link)
             return resumed_from
         except TransportError as exc:
             # Attempts open their own connections: the broker was reached if it took the offer.
@@ -352,10 +350,6 @@ def _sender_state(data: dict[str, Any]) -> SenderState:
 
 class _Attempt(Outbound):
     """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
-
-    def run(self) -> None:
-        with open_link(self.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
-            self.over(link)
 
     def _send_chunks(self, link: Link, fh: Any, hasher: Any, data_q: str) -> None:
         """Send every chunk past the confirmed one (each prepared while the one before it goes
