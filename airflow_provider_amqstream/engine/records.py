@@ -75,8 +75,7 @@ class TransferResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TransferResult:
         """Load a stored record, ignoring fields a newer version may have added."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 class Checkpoint(Protocol):
@@ -118,7 +117,7 @@ class FileCheckpoint:
 
     def save(self, data: dict[str, Any], *, final: bool = False) -> None:
         if data.get("sent_at"):
-            self._store().put(SENT, self.path.name, data)
+            self._store().put_many([(SENT, self.path.name, data)])
             unlink_missing_ok(self.path)
         else:
             # Private: a sealed stream's checkpoint holds its key until the stream is sent.
@@ -220,8 +219,7 @@ def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -
     """Feed the first ``upto`` bytes of an open file to ``hasher`` (resume path)."""
     fh.seek(0)
     left = upto
-    buf = bytearray(block)
-    view = memoryview(buf)
+    view = memoryview(bytearray(block))
     while left > 0:
         n = fh.readinto(view[: min(block, left)])
         if not n:

@@ -302,17 +302,13 @@ class RecordStore:
 
     # -- writing ----------------------------------------------------------------
 
-    def put(self, kind: str, key: str, value: Any, *, sync: bool = True) -> None:
-        """Record ``value`` under (``kind``, ``key``), durable when this returns if ``sync``.
-
-        :param kind: :data:`DONE`, :data:`CLAIM` or :data:`SENT`.
-        :param value: any JSON value.
-        :param sync: fsync the file (False: the caller flushes the filesystem).
-        """
-        self.put_many([(kind, key, value)], sync=sync)
-
     def put_many(self, items: Iterable[tuple[str, str, Any]], *, sync: bool = True) -> None:
-        """Several records, grouped by file: one write (and fsync) per bucket touched."""
+        """Record each (kind, key, value) of ``items``, durable when this returns if ``sync``;
+        grouped by file: one write (and fsync) per bucket touched.
+
+        :param items: kinds :data:`DONE`, :data:`CLAIM` or :data:`SENT`; values any JSON value.
+        :param sync: fsync the files (False: the caller flushes the filesystem).
+        """
         day = _day(self.clock())
         by_bucket: dict[str, list[bytes]] = {}
         for kind, key, value in items:
