@@ -190,10 +190,6 @@ def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: b
     return new
 
 
-class _Gone(Exception):
-    """A file listed for a look-up was merged into another before it was opened."""
-
-
 def _listed(bdir: str) -> list[str]:
     """The logs and sorted runs in ``bdir`` in name order (none if it has no directory)."""
     try:
@@ -206,11 +202,8 @@ def _listed(bdir: str) -> list[str]:
 @contextlib.contextmanager
 def _mapped(path: str) -> Iterator[Any]:
     """``path`` mapped read-only (None if empty): nothing copied into the process, and what
-    is mapped is page cache, let go when the look-up ends. Raises :class:`_Gone` if missing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise _Gone(path) from None
+    is mapped is page cache, let go when the look-up ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
         if not size:
@@ -417,7 +410,7 @@ class RecordStore:
                 try:
                     found.update(self._collect_bucket(b, heads, cutoff, first=first))
                     break
-                except _Gone:
+                except FileNotFoundError:
                     continue  # a file listed was merged into a new one since: list again
             else:
                 raise OSError(errno.EAGAIN, f"records of bucket {b} in {self.root} were merged away {RELISTS} "
@@ -426,7 +419,7 @@ class RecordStore:
 
     def _collect_bucket(self, b: str, heads: list[bytes], cutoff: bytes, *, first: bool) -> dict[str, list[Any]]:
         """The values of ``heads`` in bucket ``b``'s files, newest day first. Raises
-        :class:`_Gone` if a file listed is gone when opened: files are only appended to, and a
+        ``FileNotFoundError`` if a file listed is gone when opened: files are only appended to, and a
         record leaves one only after it is in a newer file (renamed into place first), so a
         look-up that opened every file it listed saw every record there when it listed."""
         found: dict[bytes, list[Any]] = {}
