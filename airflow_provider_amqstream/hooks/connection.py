@@ -273,18 +273,16 @@ def from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> ConnFiel
 MASKER_LOGGERS = ("airflow._shared.secrets_masker.secrets_masker", "airflow.sdk._shared.secrets_masker.secrets_masker")
 
 
-class _ShortExtraNotice(logging.Filter):
-    """Drops the masker's ``Skipping masking for a secret as it's too short`` warning: Airflow
-    masks every string of an extra, and ours are settings (``"auto"``, ``"zstd"``), no secrets."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
+def _not_short_secret_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
 
 
 @contextlib.contextmanager
 def settings_not_flagged_as_secrets() -> Iterator[None]:
-    """While Airflow looks a connection up: without ``_ShortExtraNotice``'s warning."""
-    quiet = _ShortExtraNotice()
+    """While Airflow looks a connection up: without the masker's ``Skipping masking for a
+    secret as it's too short`` warning. Airflow masks every string of an extra, and ours are
+    settings (``"auto"``, ``"zstd"``), no secrets."""
+    quiet = _not_short_secret_notice
     loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
     for logger in loggers:
         logger.addFilter(quiet)
@@ -323,26 +321,6 @@ def from_airflow(conn: Any, where: str) -> ConnFields:
                       extra=_decode_extra(conn.extra, where), source=where)
 
 
-def embedded_params() -> BrokerParams | None:
-    """Settings of the embedded broker on this machine, if it was ever started."""
-    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-
-    broker = EmbeddedBroker()
-    if not (broker.data_dir / "broker.port").is_file():
-        return None
-    info = broker.info()
-    return BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
-
-
-def not_found_message(conn_id: str) -> str:
-    """What a user can do about a connection that is nowhere."""
-    deployed = "".join(f" A local deployment (make airflow) defines its connections for another shell: "
-                       f"`source {env_sh}`, then run this again." for env_sh in local_deployments()[:1])
-    return (f"no connection {conn_id!r}: neither ${env_var_name(conn_id)} nor Airflow's metadata database "
-            f"defines it.{deployed} Or set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
-            f"`airflow connections add {conn_id} --conn-uri 'amqstream://USER:PASSWORD@HOST:61613'` "
-            "(or add it in the UI, type amqstream), or pass --conn with the URI itself")
-
 
 def lookup(conn: str | None) -> tuple[ConnFields | None, str]:
     """The fields of the connection the CLI's ``--conn`` (a URI, JSON, an id, or None for
@@ -374,9 +352,20 @@ def resolve(conn: str | None) -> tuple[BrokerParams, str]:
 
 def embedded_instead(conn_id: str) -> BrokerParams:
     """The embedded broker in place of connection ``conn_id``, which nothing defines: only
-    for ``amqstream_default``, and only if that broker was ever started; else :class:`ConnectionNotFound`."""
-    embedded = embedded_params() if conn_id == DEFAULT_CONN_ID else None
-    if embedded is None:
-        raise ConnectionNotFound(not_found_message(conn_id))
-    return embedded
+    for ``amqstream_default``, and only if that broker was ever started; else :class:`ConnectionNotFound`
+    saying what a user can do."""
+    if conn_id == DEFAULT_CONN_ID:
+        from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+
+        broker = EmbeddedBroker()
+        if (broker.data_dir / "broker.port").is_file():
+            info = broker.info()
+            return BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
+    deployed = "".join(f" A local deployment (make airflow) defines its connections for another shell: "
+                       f"`source {env_sh}`, then run this again." for env_sh in local_deployments()[:1])
+    raise ConnectionNotFound(
+        f"no connection {conn_id!r}: neither ${env_var_name(conn_id)} nor Airflow's metadata database "
+        f"defines it.{deployed} Or set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
+        f"`airflow connections add {conn_id} --conn-uri 'amqstream://USER:PASSWORD@HOST:61613'` "
+        "(or add it in the UI, type amqstream), or pass --conn with the URI itself")
 
