@@ -320,8 +320,3 @@ class Drained:
             self.files_list.close()
             self.files_list = self.files_list.name
 
-    @property
-    def complete(self) -> bool:
-        """Whether ``files`` lists every stream."""
-        return len(self.files) == self.count
-

@@ -212,36 +212,32 @@ def _airflow_config(env: Mapping[str, str]) -> tuple[Path, configparser.ConfigPa
     return home, parser
 
 
+def _configured(env: Mapping[str, str], settings: list[tuple[str, str]]) -> str | None:
+    """The first of Airflow's ``settings`` (section, key) set, as Airflow reads them: every
+    ``AIRFLOW__<SECTION>__<KEY>`` variable before airflow.cfg."""
+    for name in (f"AIRFLOW__{section}__{key}".upper() for section, key in settings):
+        if env.get(name, "").strip():
+            return env[name].strip()
+    _, parser = _airflow_config(env)
+    return next((v for v in (parser.get(s, k, fallback="").strip() for s, k in settings) if v), None)
+
+
 def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The custom secrets backend Airflow is configured with (``[secrets] backend`` or
     ``[workers] secrets_backend``): Airflow asks it before the environment variables, so with
     one set the shortcut through ``AIRFLOW_CONN_<ID>`` would change which definition wins."""
-    env = os.environ if environ is None else environ
-    for var in ("AIRFLOW__SECRETS__BACKEND", "AIRFLOW__WORKERS__SECRETS_BACKEND"):
-        if env.get(var, "").strip():
-            return env[var].strip()
-    _, parser = _airflow_config(env)
-    for section, key in (("secrets", "backend"), ("workers", "secrets_backend")):
-        value = parser.get(section, key, fallback="").strip()
-        if value:
-            return value
-    return None
+    return _configured(os.environ if environ is None else environ,
+                       [("secrets", "backend"), ("workers", "secrets_backend")])
 
 
 def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
     """Whether Airflow's own lookup could find a connection here (a custom secrets backend, a
     metadata database configured, or the default SQLite file); else importing Airflow is wasted."""
     env = os.environ if environ is None else environ
-    if custom_secrets_backend(env):
-        return True
     keys = ("sql_alchemy_conn", "sql_alchemy_conn_cmd", "sql_alchemy_conn_secret")
-    if any(env.get(f"AIRFLOW__{section}__{key}".upper(), "").strip() for section in ("database", "core")
-           for key in keys):
+    if custom_secrets_backend(env) or _configured(env, [(s, k) for s in ("database", "core") for k in keys]):
         return True
-    home, parser = _airflow_config(env)
-    if any(parser.get(section, key, fallback="").strip() for section in ("database", "core") for key in keys):
-        return True
-    return (home / "airflow.db").is_file()
+    return (_airflow_config(env)[0] / "airflow.db").is_file()
 
 
 def local_deployments(environ: Mapping[str, str] | None = None) -> list[Path]:
