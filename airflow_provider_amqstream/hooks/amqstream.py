@@ -101,7 +101,8 @@ class AmqStreamHook(BaseHook):
         if self.uri:
             fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
         else:
-            fields = connection.from_env(self.amqstream_conn_id) or self._from_airflow()
+            fields = connection.from_env(self.amqstream_conn_id) or connection.looked_up(
+                self.get_connection, self.amqstream_conn_id, f"connection {self.amqstream_conn_id!r}")
         if fields is None:
             params = connection.embedded_instead(self.amqstream_conn_id)
             log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, params.url)
@@ -111,16 +112,6 @@ class AmqStreamHook(BaseHook):
 
             mask_secret(fields.password)
         return fields, fields.broker_params()
-
-    def _from_airflow(self) -> connection.ConnFields | None:
-        try:
-            with connection.settings_not_flagged_as_secrets():
-                conn = self.get_connection(self.amqstream_conn_id)
-        except Exception as exc:
-            if type(exc).__name__ != "AirflowNotFoundException":
-                raise
-            return None
-        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}")
 
     def get_conn(self) -> Link:
         """A new, open STOMP session. The caller closes it (or uses ``with``)."""

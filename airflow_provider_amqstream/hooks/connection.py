@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,18 +296,26 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
     """
     if "airflow" not in sys.modules and not airflow_may_know():
         return None
-    with settings_not_flagged_as_secrets():
-        from airflow.models.connection import Connection
-        from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.models.connection import Connection
 
-        try:
-            # The core lookup: environment, configured secrets backends, then the metadata
-            # database. (The Task SDK's BaseHook.get_connection, outside a task, reads only
-            # the environment: hence the AirflowNotFoundException users saw for UI connections.)
-            conn = Connection.get_connection_from_secrets(conn_id)
-        except AirflowNotFoundException:
-            return None
-        return from_airflow(conn, f"connection {conn_id!r} in the metadata database")
+    # The core lookup: environment, configured secrets backends, then the metadata
+    # database. (The Task SDK's BaseHook.get_connection, outside a task, reads only
+    # the environment: hence the AirflowNotFoundException users saw for UI connections.)
+    where = f"connection {conn_id!r} in the metadata database"
+    return looked_up(Connection.get_connection_from_secrets, conn_id, where)
+
+
+def looked_up(get: Callable[[str], Any], conn_id: str, where: str) -> ConnFields | None:
+    """The fields of connection ``conn_id`` as Airflow's ``get`` finds it (the core lookup, or
+    a hook's ``get_connection``); None if it is not defined."""
+    try:
+        with settings_not_flagged_as_secrets():
+            conn = get(conn_id)
+    except Exception as exc:
+        if type(exc).__name__ != "AirflowNotFoundException":
+            raise
+        return None
+    return from_airflow(conn, where)
 
 
 def from_airflow(conn: Any, where: str) -> ConnFields:
