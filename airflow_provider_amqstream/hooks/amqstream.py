@@ -310,4 +310,3 @@ class Drained:
         if self.files_list is not None:
             self.files_list.close()
             self.files_list = self.files_list.name
-

@@ -325,7 +325,6 @@ def from_airflow(conn: Any, where: str) -> ConnFields:
                       extra=_decode_extra(conn.extra, where), source=where)
 
 
-
 def lookup(conn: str | None) -> tuple[ConnFields | None, str]:
     """The fields of the connection the CLI's ``--conn`` (a URI, JSON, an id, or None for
     ``amqstream_default``) names, and where they came from: ``AIRFLOW_CONN_<ID>``, then Airflow's
@@ -372,4 +371,3 @@ def embedded_instead(conn_id: str) -> BrokerParams:
         f"defines it.{deployed} Or set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
         f"`airflow connections add {conn_id} --conn-uri 'amqstream://USER:PASSWORD@HOST:61613'` "
         "(or add it in the UI, type amqstream), or pass --conn with the URI itself")
-

@@ -170,8 +170,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         # place, and this sensor keeps waiting for a good one.
         failures = FailureReport(self.log)
         opts = self.receive_options(wait=wait, claim=claim, events=on_event)
+        hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         try:
-            hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
             got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
                                        on_failure=failures)
         finally:
