@@ -242,10 +242,6 @@ class Seal:
         sealed = self._cipher.encrypt(_nonce(seq, salt), body, self._ad(seq, last, encoding))
         return sealed, {H_NONCE: salt.hex()}
 
-    def sealer(self, chunks: int) -> Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]]:
-        """Seals chunk ``seq`` of a stream of ``chunks`` (for wire.data_message)."""
-        return lambda seq, body, encoding: self.chunk(seq, seq == chunks, body, encoding)
-
     def opener(self, chunks: int) -> Callable[[int, bytes | memoryview, Mapping[str, Any]], bytes | memoryview]:
         """Opens chunk ``seq`` of a stream of ``chunks`` from body and headers (for
         state.ReceiverState) into one buffer, reused: the receiver writes and hashes each chunk

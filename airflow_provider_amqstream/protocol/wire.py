@@ -26,6 +26,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
 from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
+from airflow_provider_amqstream.protocol.seal import Seal
 
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
@@ -119,10 +120,9 @@ def control_headers(spec: StreamSpec, kind: hdr.Kind, consumer: str, next_seq: i
 
 
 def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
-                 seal: Callable[[int, bytes, str | None], tuple[bytes, dict[str, str]]] | None = None,
-                 ) -> tuple[dict[str, str], bytes]:
+                 seal: Seal | None = None) -> tuple[dict[str, str], bytes]:
     """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
-    corruption is caught before anything is decompressed. ``seal`` (seal.py's ``Seal.sealer``)
+    corruption is caught before anything is decompressed. ``seal`` (a sealed stream's)
     seals the encoded body, binding its encoding, and adds its nonce header instead of the
     CRC-32: the seal's tag refuses all a CRC would, and each end saves ~0.1 CPU-s per GiB."""
     offset, length = spec.chunk_span(seq)
@@ -134,7 +134,7 @@ def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | No
     wire, encoding = codec.encode(body) if codec else (body, None)
     sealed: dict[str, str] = {}
     if seal is not None:
-        wire, sealed = seal(seq, wire, encoding)
+        wire, sealed = seal.chunk(seq, seq == spec.chunks, wire, encoding)
     h = _base(spec, hdr.Kind.DATA)
     h.update(sealed or {hdr.H_CRC: str(crc32(wire))})
     h.update({hdr.H_SEQ: str(seq), hdr.H_GROUP_SEQ: str(seq), hdr.H_OFFSET: str(offset)})

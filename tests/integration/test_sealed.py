@@ -124,7 +124,7 @@ def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_s
     raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender="rt"), seal.H_SEAL: sealed.header})
     for seq in (1, 2, 3):
         off, n = spec.chunk_span(seq)
-        headers, wire = p.data_message(spec, seq, data[off:off + n], None, sealed.sealer(spec.chunks))
+        headers, wire = p.data_message(spec, seq, data[off:off + n], None, sealed)
         if seq == 2:  # a flipped byte with a CRC to match: only the seal can tell
             wire = wire[:5] + bytes([wire[5] ^ 1]) + wire[6:]
             headers[hdr.H_CRC] = str(crc32(wire))

@@ -33,15 +33,14 @@ class ChunkReader:
 
     def __init__(self, fh: BinaryIO, spec: p.StreamSpec, codec: ChunkCodec, hasher: Any = None,
                  seal: Seal | None = None) -> None:
-        self.fh, self.spec, self.codec, self.hasher = fh, spec, codec, hasher
-        self.sealer = seal.sealer(spec.chunks) if seal is not None else None
+        self.fh, self.spec, self.codec, self.hasher, self.seal = fh, spec, codec, hasher, seal
 
     def next(self, seq: int) -> Chunk:
         """Chunk ``seq``, read from where the file stands (the caller keeps the order)."""
         body = self.fh.read(self.spec.chunk_span(seq)[1])
         if self.hasher is not None:
             self.hasher.update(body)
-        headers, wire = p.data_message(self.spec, seq, body, self.codec, self.sealer)
+        headers, wire = p.data_message(self.spec, seq, body, self.codec, self.seal)
         return Chunk(seq, headers, wire, len(body))
 
     def at(self, seq: int) -> Chunk:
@@ -49,7 +48,7 @@ class ChunkReader:
         not hashed, and the file's position is left alone."""
         offset, length = self.spec.chunk_span(seq)
         body = os.pread(self.fh.fileno(), length, offset)
-        headers, wire = p.data_message(self.spec, seq, body, self.codec, self.sealer)
+        headers, wire = p.data_message(self.spec, seq, body, self.codec, self.seal)
         return Chunk(seq, headers, wire, len(body))
 
     def ahead(self, first: int) -> Generator[Chunk, None, None]:
