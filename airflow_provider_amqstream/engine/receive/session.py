@@ -207,9 +207,9 @@ class _Report:
         for outcome in outcomes:
             if outcome is None:
                 continue
-            if self.stream_id and _stream_of(outcome) != self.stream_id:
+            if self.stream_id and (aside := _aside(outcome, self.stream_id)):
                 # Another file of the pack that carried ours: received all the same.
-                log.info("%s (it came in the same pack as stream %s)", _describe(outcome), self.stream_id)
+                log.info("%s (it came in the same pack as stream %s)", aside, self.stream_id)
                 continue
             if isinstance(outcome, TransferResult):
                 for manifest in self.batches.published(outcome.stream_id):
@@ -227,17 +227,12 @@ class _Report:
             raise failed
 
 
-def _stream_of(outcome: TransferResult | StreamError) -> str:
+def _aside(outcome: TransferResult | StreamError, stream_id: str) -> str:
+    """How to log ``outcome`` if it is of a stream other than ``stream_id``; "" if it is of that one."""
     if isinstance(outcome, TransferResult):
-        return outcome.stream_id
-    failure = getattr(outcome, "failure", None)
-    return failure.stream_id if failure is not None else ""
-
-
-def _describe(outcome: TransferResult | StreamError) -> str:
-    if isinstance(outcome, TransferResult):
-        return f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})"
-    return str(outcome)
+        return "" if outcome.stream_id == stream_id else (
+            f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})")
+    return "" if outcome.failure is not None and outcome.failure.stream_id == stream_id else str(outcome) or "?"
 
 
 class ReceiveSession:
@@ -259,27 +254,25 @@ class ReceiveSession:
         """Settle ``offer`` (with the small files delivered after it, for a group): the
         outcome of each stream, None for one with nothing to report.
         """
+        sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
         foreign = self.offers.foreign(offer)
         if foreign is not None:
-            return [self._quarantine(offer, str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID],
-                                     Outcome.FOREIGN_PARKED, foreign)]
-        if bw.is_pack(offer.headers) or (
-            bw.is_inline(offer.headers) and offer.headers.get(hdr.H_KIND) == hdr.Kind.OFFER.value
-        ):
+            return [self._quarantine(offer, sid, Outcome.FOREIGN_PARKED, foreign)]
+        kind = offer.headers.get(hdr.H_KIND)
+        if bw.is_pack(offer.headers) or (bw.is_inline(offer.headers) and kind == hdr.Kind.OFFER.value):
             return self.take_inline(self.offers.gather_inline(offer, room))
-        return [self.take(offer)]
-
-    def take(self, offer: Message) -> TransferResult | StreamError | None:
-        """Settle one offer: a result, a handled failure (to report or raise), or None for a
-        re-offer or a batch message (nothing to receive)."""
-        sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
-        if offer.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
-            return self._take_batch(offer, sid)
+        if kind == hdr.Kind.BATCH.value:
+            return [self._take_batch(offer, sid)]
         if offer.headers.get(hdr.H_REOFFER):
             self._clear_leftovers(offer)
-            return None
+            return [None]
         if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
-            return self.take_inline([offer])[0]
+            return self.take_inline([offer])
+        return [self.take(offer, sid)]
+
+    def take(self, offer: Message, sid: str) -> TransferResult | StreamError | None:
+        """Settle the offer of a stream with a data queue: a result, or a handled failure (to
+        report or raise)."""
         sender = self.offers.sender(offer)
         try:
             opened = self._unseal(Delivered(read_offer(offer.headers, self.dest, sender=sender), offer))
