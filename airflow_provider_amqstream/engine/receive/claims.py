@@ -50,7 +50,7 @@ def receiver_store(sdir: str | os.PathLike[str], retention_days: float | None = 
 
     :param retention_days: days records are kept (None: the default; 0: for ever).
     """
-    return st.open_store(st.store_path(sdir), retention_days)
+    return st.open_store(sdir, retention_days)
 
 
 def _b64(hexdigest: str) -> str:
