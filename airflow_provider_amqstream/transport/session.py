@@ -193,14 +193,12 @@ class StompLink:
         with self._lost("rejecting a message"):
             self._live().nack(frame.headers["ack"])
 
-    def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
+    def get(self, timeout: float, subscription: str | tuple[str, ...] | None = None) -> Frame | None:
+        """The next message (for ``subscription``, or any of a tuple of them, if given), or None
+        after ``timeout`` seconds; messages of other live subscriptions are kept for them."""
         if subscription is None:
             return self._next(timeout)
-        return self.get_any(timeout, (subscription,))
-
-    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Frame | None:
-        """The next message for any of ``subscriptions`` (the first one's first), or None
-        after ``timeout`` seconds; messages of other live subscriptions are kept for them."""
+        subscriptions = (subscription,) if isinstance(subscription, str) else subscription
         # The earliest arrival first, whichever subscription it came for: a busy
         # subscription must not starve the others.
         waiting = [stash for sub in subscriptions if (stash := self._stash.get(sub))]
