@@ -323,7 +323,9 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
         quiet_close(conn)
         transport = conn.transport
         if transport.socket is None and len(transport.tcp_errors) == len(p.hosts):  # no host accepted TCP
-            raise BrokerUnreachable(unreachable_reason(p, transport.tcp_errors)) from exc
+            raise BrokerUnreachable(
+                f"cannot reach any broker at {p.url} ({'; '.join(transport.tcp_errors)[:400]}). Is it running? "
+                "`amqstream broker start` starts the embedded one.") from exc
         raise TransportError(refusal_reason(p, inbox.errors, transport.tls_errors)) from exc
     except (OSError, stomp_exc.StompException) as exc:
         quiet_close(conn)
@@ -340,13 +342,6 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     raise TransportError(
         f"broker {p.url} accepted TCP and closed the connection {elapsed:.1f}s later: it did not complete the "
         "STOMP handshake. Is it a STOMP port (not OpenWire or TLS)?")
-
-
-def unreachable_reason(params: BrokerParams, tcp_errors: list[str]) -> str:
-    """Why no broker answered: no host accepted a TCP connection (each host's error)."""
-    why = f" ({'; '.join(tcp_errors)[:400]})" if tcp_errors else ""
-    return (f"cannot reach any broker at {params.url}{why}. Is it running? `amqstream broker start` starts "
-            "the embedded one.")
 
 
 def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str] | None = None, *,

@@ -84,15 +84,6 @@ class MemoryBroker:
         """Connection settings that reach this broker as ``user``."""
         return BrokerParams(hosts=((self.name, 0),), login=user, backend="memory", **kw)
 
-    @classmethod
-    def find(cls, params: BrokerParams) -> MemoryBroker:
-        name = params.hosts[0][0]
-        try:
-            return cls._brokers[name]
-        except KeyError:
-            raise BrokerUnreachable(f"cannot reach any broker at memory://{name} (no such in-memory broker); "
-                                    "is it running?") from None
-
     def close(self) -> None:
         """Forget this broker: links that look for it afterwards fail to connect."""
         MemoryBroker._brokers.pop(self.name, None)
@@ -214,7 +205,11 @@ class MemoryLink:
         self._ids = itertools.count(1)
 
     def open(self) -> MemoryLink:
-        broker = MemoryBroker.find(self.params)
+        name = self.params.hosts[0][0]
+        broker = MemoryBroker._brokers.get(name)
+        if broker is None:
+            raise BrokerUnreachable(f"cannot reach any broker at memory://{name} (no such in-memory broker); "
+                                    "is it running?")
         with broker.cond:
             self.broker, self.lost, self.inbox = broker, False, collections.deque()
             broker.links.append(self)
