@@ -80,21 +80,10 @@ class FastTransport(Transport):
         self.tls_errors: list[str] = []
         if tls is not None:
             # Marks the hosts as TLS for stomp.py's disconnect_socket, which then closes the
-            # session with a TLS close_notify; the handshake itself is ours (_amqs_connect_tls).
+            # session with a TLS close_notify; the handshake itself is ours (attempt_connection).
             self.set_ssl(for_hosts=self._amqs_hosts)
 
     def attempt_connection(self) -> None:
-        self._amqs_connect()
-        # Small frames (an ACK, a SUBSCRIBE) must leave at once: with Nagle's algorithm an
-        # ACK waited for the broker's delayed TCP acknowledgement (~40 ms), which was most
-        # of the time a receiver spent per stream between one offer and the next.
-        if self.socket is not None:
-            try:
-                self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError as exc:
-                log.debug("cannot set TCP_NODELAY: %s", exc)
-
-    def _amqs_connect(self) -> None:
         """stomp.py's attempt_connection, keeping why each host failed.
 
         stomp.py 9.0 builds its own SSL context, whose host-name check can only be turned off
@@ -116,6 +105,13 @@ class FastTransport(Transport):
             except OSError as exc:
                 self.tcp_errors.append(f"{host}:{port}: {_reason(exc)}")
                 continue
+            # Small frames (an ACK, a SUBSCRIBE) must leave at once: with Nagle's algorithm an
+            # ACK waited for the broker's delayed TCP acknowledgement (~40 ms), which was most
+            # of the time a receiver spent per stream between one offer and the next.
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as exc:
+                log.debug("cannot set TCP_NODELAY: %s", exc)
             if self._amqs_tls is None:
                 # As stomp.py leaves a plain socket: blocking, without a timeout.
                 sock.settimeout(None)
@@ -172,11 +168,6 @@ class FastTransport(Transport):
                     sent -= len(parts.pop(0))
                 if sent:
                     parts[0] = parts[0][sent:]
-
-    @property
-    def unreachable(self) -> bool:
-        """Whether the last attempt found no host that accepted a TCP connection."""
-        return self.socket is None and len(self.tcp_errors) == len(self._amqs_hosts)
 
     def _BaseTransport__read_frames(self) -> None:  # noqa: N802 - overrides a mangled name
         for frame in self._amqs_read():
@@ -331,8 +322,10 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     except stomp_exc.ConnectFailedException as exc:
         quiet_close(conn)
         transport = conn.transport
-        if transport.unreachable:
-            raise BrokerUnreachable(unreachable_reason(p, transport.tcp_errors)) from exc
+        if transport.socket is None and len(transport.tcp_errors) == len(p.hosts):  # no host accepted TCP
+            raise BrokerUnreachable(
+                f"cannot reach any broker at {p.url} ({'; '.join(transport.tcp_errors)[:400]}). Is it running? "
+                "`amqstream broker start` starts the embedded one.") from exc
         raise TransportError(refusal_reason(p, inbox.errors, transport.tls_errors)) from exc
     except (OSError, stomp_exc.StompException) as exc:
         quiet_close(conn)
@@ -349,13 +342,6 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     raise TransportError(
         f"broker {p.url} accepted TCP and closed the connection {elapsed:.1f}s later: it did not complete the "
         "STOMP handshake. Is it a STOMP port (not OpenWire or TLS)?")
-
-
-def unreachable_reason(params: BrokerParams, tcp_errors: list[str]) -> str:
-    """Why no broker answered: no host accepted a TCP connection (each host's error)."""
-    why = f" ({'; '.join(tcp_errors)[:400]})" if tcp_errors else ""
-    return (f"cannot reach any broker at {params.url}{why}. Is it running? `amqstream broker start` starts "
-            "the embedded one.")
 
 
 def refusal_reason(params: BrokerParams, errors: list[str], tls_errors: list[str] | None = None, *,

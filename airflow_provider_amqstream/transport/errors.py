@@ -43,18 +43,6 @@ def access_denied(params: BrokerParams, errors: list[str]) -> AccessDenied | Non
     )
 
 
-def _quarantine_full(params: BrokerParams, many: str, dest: str, owner: str) -> DestinationFull:
-    """The cap on one sender's quarantine destinations (``DLQ.<data queue>``) refused a new one."""
-    return DestinationFull(
-        f"broker {params.url} refused user {params.login or '(anonymous)'} a new quarantine destination for "
-        f"{dest}: {many} quarantined streams of sender {owner} already hold chunks there (DLQ.{dest.split('/')[-1]}"
-        f".amqs.{owner}.*, capped per sender at its max_waiting). Discard some of {owner}'s quarantined streams "
-        f"(`amqstream streams ls --from {dest}` lists them, `amqstream streams discard ID --from {dest}` removes one; "
-        "an emptied one goes a minute later), then try again; or the administrator raises the cap (embedded broker: "
-        f"`amqstream users add {owner}` again with its grants and `--max-waiting N`, then restart the broker). "
-        "Nothing confirmed was lost.")
-
-
 def cap_refusal(params: BrokerParams, text: str) -> DestinationFull:
     """ActiveMQ's refusal of a destination past a user's cap (``text``), said as what it caps:
     a sender's data queues or its quarantine destinations."""
@@ -63,8 +51,16 @@ def cap_refusal(params: BrokerParams, text: str) -> DestinationFull:
     m = re.search(r"allowed \((\d+)\) for the policy (queue|topic)://(\S+?)\.amqs\.([^.\s]+)", text)
     many, where = (m.group(1), f" on /{m.group(2)}/{m.group(3)}") if m else ("its", "")
     who = params.login or "(anonymous)"
-    if m and m.group(3).startswith("DLQ."):
-        return _quarantine_full(params, many, f"/{m.group(2)}/{m.group(3).removeprefix('DLQ.')}", m.group(4))
+    if m and m.group(3).startswith("DLQ."):  # the cap on one sender's quarantine destinations
+        dest, owner = f"/{m.group(2)}/{m.group(3).removeprefix('DLQ.')}", m.group(4)
+        return DestinationFull(
+            f"broker {params.url} refused user {who} a new quarantine destination for "
+            f"{dest}: {many} quarantined streams of sender {owner} already hold chunks there (DLQ.{dest.split('/')[-1]}"
+            f".amqs.{owner}.*, capped per sender at its max_waiting). Discard some of {owner}'s quarantined streams "
+            f"(`amqstream streams ls --from {dest}` lists them, `amqstream streams discard ID --from {dest}` removes "
+            "one; an emptied one goes a minute later), then try again; or the administrator raises the cap (embedded "
+            f"broker: `amqstream users add {owner}` again with its grants and `--max-waiting N`, then restart the "
+            "broker). Nothing confirmed was lost.")
     return DestinationFull(
         f"broker {params.url} refused user {who} a new data queue: {many} of its streams already wait{where} "
         "(the broker's maxDestinations for that user's data queues). Receivers must take some first (an emptied "

@@ -66,11 +66,9 @@ class Link(Protocol):
     def nack(self, frame: Message) -> None:
         """Refuse a message: the broker moves it to its dead-letter queue."""
 
-    def get(self, timeout: float, subscription: str | None = None) -> Message | None:
-        """The next message (of ``subscription`` only, if given), or None after ``timeout``."""
-
-    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Message | None:
-        """The next message of any of ``subscriptions``, or None after ``timeout``."""
+    def get(self, timeout: float, subscription: str | tuple[str, ...] | None = None) -> Message | None:
+        """The next message (of ``subscription`` only, or of any of a tuple of them, if given),
+        or None after ``timeout``."""
 
 
 def open_link(params: BrokerParams, *, client_id: str | None = None) -> Link:
@@ -79,7 +77,7 @@ def open_link(params: BrokerParams, *, client_id: str | None = None) -> Link:
     if params.backend == "memory":
         from airflow_provider_amqstream.transport.memory import MemoryLink
 
-        return MemoryLink(params, client_id=client_id)
+        return MemoryLink(params)
     from airflow_provider_amqstream.transport.session import StompLink
 
     return StompLink(params, client_id=client_id)

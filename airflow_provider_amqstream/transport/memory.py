@@ -84,15 +84,6 @@ class MemoryBroker:
         """Connection settings that reach this broker as ``user``."""
         return BrokerParams(hosts=((self.name, 0),), login=user, backend="memory", **kw)
 
-    @classmethod
-    def find(cls, params: BrokerParams) -> MemoryBroker:
-        name = params.hosts[0][0]
-        try:
-            return cls._brokers[name]
-        except KeyError:
-            raise BrokerUnreachable(f"cannot reach any broker at memory://{name} (no such in-memory broker); "
-                                    "is it running?") from None
-
     def close(self) -> None:
         """Forget this broker: links that look for it afterwards fail to connect."""
         MemoryBroker._brokers.pop(self.name, None)
@@ -204,18 +195,21 @@ class MemoryLink:
     """A :class:`~airflow_provider_amqstream.transport.link.Link` to a :class:`MemoryBroker`.
 
     :param params: settings whose first host names the broker (``MemoryBroker.params``).
-    :param client_id: unused; kept for the same signature as the STOMP link.
     """
 
-    def __init__(self, params: BrokerParams, *, client_id: str | None = None) -> None:
-        self.params, self.client_id = params, client_id
+    def __init__(self, params: BrokerParams) -> None:
+        self.params = params
         self.broker: MemoryBroker | None = None
         self.inbox: collections.deque[Frame] = collections.deque()
         self.lost = False
         self._ids = itertools.count(1)
 
     def open(self) -> MemoryLink:
-        broker = MemoryBroker.find(self.params)
+        name = self.params.hosts[0][0]
+        broker = MemoryBroker._brokers.get(name)
+        if broker is None:
+            raise BrokerUnreachable(f"cannot reach any broker at memory://{name} (no such in-memory broker); "
+                                    "is it running?")
         with broker.cond:
             self.broker, self.lost, self.inbox = broker, False, collections.deque()
             broker.links.append(self)
@@ -302,13 +296,8 @@ class MemoryLink:
         with broker.cond:
             broker._settle(self, frame.headers["ack"], refuse=True)
 
-    def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
-        return self._take(timeout, None if subscription is None else (subscription,))
-
-    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Frame | None:
-        return self._take(timeout, subscriptions)
-
-    def _take(self, timeout: float, subs: tuple[str, ...] | None) -> Frame | None:
+    def get(self, timeout: float, subscription: str | tuple[str, ...] | None = None) -> Frame | None:
+        subs = (subscription,) if isinstance(subscription, str) else subscription
         broker = self._live()
         deadline = time.monotonic() + timeout
         with broker.cond:
@@ -341,47 +330,32 @@ _KEYWORDS = {"AND", "OR", "NOT", "IS", "NULL", "IN", "LIKE", "ESCAPE", "TRUE", "
 def compile_selector(text: str) -> Predicate:
     """A JMS selector (the subset the provider writes) as a predicate over headers: True,
     False, or None for SQL's unknown (a header that is absent)."""
-    tokens = _tokenize(text)
-    parser = _Parser(tokens, text)
+    parser = _Parser(text)
     pred = parser.expr()
-    if parser.pos != len(tokens):
-        raise ValueError(f"selector {text!r}: unexpected {tokens[parser.pos][1]!r}")
+    if parser.pos != len(parser.tokens):
+        raise ValueError(f"selector {text!r}: unexpected {parser.tokens[parser.pos][1]!r}")
     return pred
 
 
-def _tokenize(text: str) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        m = _TOKEN.match(text, pos)
-        if not m or m.end() == pos:
-            raise ValueError(f"selector {text!r}: cannot read at {text[pos:pos + 20]!r}")
-        kind = m.lastgroup or ""
-        value = m.group(kind)
-        if kind == "word" and value.upper() in _KEYWORDS:
-            kind, value = "kw", value.upper()
-        out.append((kind, value))
-        pos = m.end()
-    return out
-
-
-def _and(a: bool | None, b: bool | None) -> bool | None:
-    if a is False or b is False:
-        return False
-    return None if a is None or b is None else True
-
-
-def _or(a: bool | None, b: bool | None) -> bool | None:
-    if a is True or b is True:
-        return True
-    return None if a is None or b is None else False
+# SQL's three-valued AND and OR are min and max over False < None (unknown) < True.
+_RANK = {False: 0, None: 1, True: 2}
 
 
 class _Parser:
-    def __init__(self, tokens: list[tuple[str, str]], text: str) -> None:
-        self.tokens, self.text, self.pos = tokens, text, 0
+    def __init__(self, text: str) -> None:
+        self.text, self.pos = text, 0
+        self.tokens: list[tuple[str, str]] = []
+        at = 0
+        while text[at:].strip():
+            m = _TOKEN.match(text, at)
+            if not m:
+                raise ValueError(f"selector {text!r}: cannot read at {text[at:at + 20]!r}")
+            kind = m.lastgroup or ""
+            value = m.group(kind)
+            if kind == "word" and value.upper() in _KEYWORDS:
+                kind, value = "kw", value.upper()
+            self.tokens.append((kind, value))
+            at = m.end()
 
     def _skip(self, value: str) -> bool:
         """Take the next token if it is ``value``."""
@@ -395,19 +369,18 @@ class _Parser:
         self.pos += 1
         return self.tokens[self.pos - 1]
 
-    def _chain(self, word: str, operand: Callable[[], Predicate],
-               join: Callable[[bool | None, bool | None], bool | None]) -> Predicate:
+    def _chain(self, word: str, operand: Callable[[], Predicate], join: Callable[..., Any]) -> Predicate:
         left = operand()
         while self._skip(word):
             right, prev = operand(), left
-            left = (lambda a, b: lambda h: join(a(h), b(h)))(prev, right)
+            left = (lambda a, b: lambda h: join(a(h), b(h), key=_RANK.__getitem__))(prev, right)
         return left
 
     def expr(self) -> Predicate:
-        return self._chain("OR", self._and, _or)
+        return self._chain("OR", self._and, max)
 
     def _and(self) -> Predicate:
-        return self._chain("AND", self._not, _and)
+        return self._chain("AND", self._not, min)
 
     def _not(self) -> Predicate:
         if self._skip("NOT"):

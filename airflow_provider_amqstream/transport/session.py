@@ -162,23 +162,18 @@ class StompLink:
             conn.subscribe(destination, id=sub_id, ack=ack, headers=headers)
         try:
             self.wait_receipt(rid)
-        except DestinationFull:
-            self._refused_subscription(rid, destination)
-            raise
+        except DestinationFull as exc:
+            # A cap refusal that answered this very subscription: ActiveMQ keeps the session
+            # then, and the refusal is that destination's alone, so it no longer stands
+            # against the session.
+            with self._inbox.cond:
+                text = self._inbox.answers.pop(rid, None)
+                if text is None or "number of destinations allowed" not in text:
+                    raise
+                self._inbox.errors.remove(text)
+            raise DestinationRefused(f"broker {self.params.url} refused to create {destination}: {text}") from exc
         self._stash[sub_id] = collections.deque()
         return sub_id
-
-    def _refused_subscription(self, rid: str, destination: str) -> None:
-        """Raise :class:`DestinationRefused` if the broker's refusal answered this very
-        subscription (receipt ``rid``): ActiveMQ keeps the session then, and the refusal is
-        that destination's alone, so it no longer stands against the session."""
-        inbox = self._inbox
-        with inbox.cond:
-            text = inbox.answers.pop(rid, None)
-            if text is None or "number of destinations allowed" not in text:
-                return
-            inbox.errors.remove(text)
-        raise DestinationRefused(f"broker {self.params.url} refused to create {destination}: {text}")
 
     def unsubscribe(self, sub_id: str) -> None:
         self._stash.pop(sub_id, None)
@@ -193,14 +188,12 @@ class StompLink:
         with self._lost("rejecting a message"):
             self._live().nack(frame.headers["ack"])
 
-    def get(self, timeout: float, subscription: str | None = None) -> Frame | None:
+    def get(self, timeout: float, subscription: str | tuple[str, ...] | None = None) -> Frame | None:
+        """The next message (for ``subscription``, or any of a tuple of them, if given), or None
+        after ``timeout`` seconds; messages of other live subscriptions are kept for them."""
         if subscription is None:
             return self._next(timeout)
-        return self.get_any(timeout, (subscription,))
-
-    def get_any(self, timeout: float, subscriptions: tuple[str, ...]) -> Frame | None:
-        """The next message for any of ``subscriptions`` (the first one's first), or None
-        after ``timeout`` seconds; messages of other live subscriptions are kept for them."""
+        subscriptions = (subscription,) if isinstance(subscription, str) else subscription
         # The earliest arrival first, whichever subscription it came for: a busy
         # subscription must not starve the others.
         waiting = [stash for sub in subscriptions if (stash := self._stash.get(sub))]

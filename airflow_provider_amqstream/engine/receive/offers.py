@@ -126,11 +126,11 @@ class Offers:
         """The next offer on the queue of offers within ``timeout``, or None: it ran dry, which
         ends the round."""
         subs = tuple(sub for sub in (self.inline_sub, self.sub) if sub)
-        offer = self.link.get_any(timeout, subs)
+        offer = self.link.get(timeout, subs)
         if offer is None and self.stalled and timeout < _DRY:
             # Right after an acknowledgement the next offer is still on its way (prefetch 1),
             # and the broker pages a backlog in from disk: dry only if none comes for a while.
-            offer = self.link.get_any(_DRY - timeout, subs)
+            offer = self.link.get(_DRY - timeout, subs)
         self.main_idle = offer is None
         if offer is None:
             self.stalled.clear()
@@ -240,7 +240,7 @@ class Offers:
         group, size, files = [first], len(first.body or b""), inline.files_in(first)
         limit = inline.GROUP_FILES if room is None else max(1, min(room, inline.GROUP_FILES))
         while self.inline_sub and files < limit and size < inline.GROUP_BYTES:
-            more = self.link.get_any(0.0, (self.inline_sub,))
+            more = self.link.get(0.0, (self.inline_sub,))
             if more is None:
                 break
             group.append(more)
