@@ -149,10 +149,8 @@ def render_inventory(inv: Any) -> str:
         again += " (being received now)" if o.receiving else ""
         offered.append(f"{o.stream_id}  {o.name or '?'}  {size_text(o.size)}  from {_who(o.sender)}  offered "
                        f"{when_text(o.offered_at)}{pack}{what}{again}")
-    for b in inv.batches_offered:
-        files = "sealed" if b.files is None else f"{b.files} files"
-        offered.append(f"batch {b.batch_id} part {b.part}/{b.parts}: {files}, from {_who(b.sender)}, "
-                       f"announced {when_text(b.offered_at)}")
+    offered += [f"batch {b.batch_id} part {b.part}/{b.parts}: {'sealed' if b.files is None else f'{b.files} files'}, "
+                f"from {_who(b.sender)}, announced {when_text(b.offered_at)}" for b in inv.batches_offered]
     section("offered, not yet received", offered, "offered")
     if inv.in_progress or inv.batches:
         rows = []
