@@ -71,18 +71,19 @@ PREFETCH = 8
 MARK = "user.amqstream.stream"
 
 
+@dataclass(eq=False)
 class _Pack:
-    def __init__(self, message: Message, members: int) -> None:
-        self.message, self.left = message, members
+    message: Message
+    left: int  # members not yet settled
 
 
+@dataclass(slots=True, eq=False)
 class PackMember:
     """One file of a pack, with the headers and body of the inline offer it is."""
 
-    __slots__ = ("headers", "body", "pack")
-
-    def __init__(self, headers: dict[str, str], body: memoryview, pack: _Pack) -> None:
-        self.headers, self.body, self.pack = headers, body, pack
+    headers: dict[str, str]
+    body: memoryview
+    pack: _Pack
 
     @property
     def pack_id(self) -> str:
@@ -227,15 +228,10 @@ class InlineGroup:
 
     def __init__(self, out: Path, sdir: StateDir, destination: str, opts: ReceiveOptions) -> None:
         self.out, self.sdir, self.destination, self.opts = out, sdir, destination, opts
-        # Per-file paths are built as strings (see records.write_json).
-        self._out, self._sdir = os.fspath(out), os.fspath(sdir)
         self.items: list[_Item] = []
         self.dir_fds: dict[tuple[str, ...], int] = {}
         self.room = Room(sdir, opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out))
         self.ids: set[str] = set()
-
-    def holds(self, stream_id: str) -> bool:
-        return stream_id in self.ids
 
     def add(self, got: Delivered[StreamOffer, Message], data: bytes, *, sha256: str, sender: str = "") -> None:
         """Write one verified file under a temporary name. Raises :class:`StreamNoRoom` if
@@ -255,13 +251,12 @@ class InlineGroup:
             except OSError as exc:
                 raise self._disk_error(exc, what, f"creating {self.out.joinpath(*subdir)}") from exc
         temp = f"{spec.stream_id}.{os.getpid()}-{secrets.token_hex(4)}.inline"
-        started = time.time()
         try:
-            fd = open_private(f"{self._sdir}/{temp}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = open_private(f"{self.sdir}/{temp}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
         _mark(fd, spec.stream_id)
-        item = _Item(got.handle, spec, got.message.origin, subdir, sha256, temp, fd, started, sender=sender)
+        item = _Item(got.handle, spec, got.message.origin, subdir, sha256, temp, fd, time.time(), sender=sender)
         self.items.append(item)
         self.ids.add(spec.stream_id)
         try:
@@ -286,14 +281,19 @@ class InlineGroup:
                 plain = paths.safe_file_name(it.spec.name, it.spec.stream_id)
                 if name != plain and _published_before(dir_fd, plain, it):
                     name = plain
-                os.replace(f"{self._sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
-                it.path = os.path.join(self._out, *it.subdir, name)
+                os.replace(f"{self.sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
+                it.path = os.path.join(self.out, *it.subdir, name)
             _sync(list(self.dir_fds.values()))
             results = [(it.offer, self._result(it)) for it in self.items]
-            # Without syncfs every record is flushed as written; with it, by _sync_records.
-            done_records(self.sdir, self._out, [r for _, r in results], claim=self.opts.claim,
+            # Without syncfs every record is flushed as written, and the _sync below flushes their
+            # names; with syncfs it flushes both.
+            done_records(self.sdir, str(self.out), [r for _, r in results], claim=self.opts.claim,
                          sync=_SYNCFS is None, retention_days=self.opts.records_retention_days)
-            self._sync_records()
+            fd = os.open(self.sdir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                _sync([fd])
+            finally:
+                os.close(fd)
         except OSError as exc:
             first = self.items[0].spec.stream_id
             raise self._disk_error(exc, f"streams {first} and {len(self.items) - 1} more ({self.destination})",
@@ -309,7 +309,7 @@ class InlineGroup:
                 os.close(it.fd)
                 it.fd = -1
             if it.path is None:
-                unlink_missing_ok(f"{self._sdir}/{it.temp}")
+                unlink_missing_ok(f"{self.sdir}/{it.temp}")
         for fd in self.dir_fds.values():
             os.close(fd)
         self.dir_fds.clear()
@@ -320,18 +320,9 @@ class InlineGroup:
         for leftover in (self.sdir.part(spec.stream_id), self.sdir.resume(spec.stream_id)):
             unlink_missing_ok(leftover)
         now = time.time()
-        result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
-                                now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
-                                chunk_size=spec.chunk_size, origin=it.origin, sender=it.sender)
-        return result
-
-    def _sync_records(self) -> None:
-        fd = os.open(self.sdir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            # Without syncfs each record was flushed as written; their names still need this.
-            _sync([fd])
-        finally:
-            os.close(fd)
+        return TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
+                              now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
+                              chunk_size=spec.chunk_size, origin=it.origin, sender=it.sender)
 
     def _disk_error(self, exc: OSError, what: str, doing: str) -> StreamError:
         return StreamError(f"{what}: {doing} failed: {exc.strerror or exc} ({shutil.disk_usage(self.sdir).free} "
