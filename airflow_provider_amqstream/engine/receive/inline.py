@@ -24,6 +24,7 @@ written again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -36,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_amqstream.engine.receive.claims import done_records
-from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
+from airflow_provider_amqstream.engine.receive.partial_file import Room, final_name
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions, open_subdir
 from airflow_provider_amqstream.engine.records import TransferResult, open_private
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.engine.store import unlink_missing_ok, write_all
-from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
+from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
@@ -116,13 +117,6 @@ def files_in(message: Message) -> int:
     """How many files a message carries for a group's count: a pack's members, or one."""
     raw = str(message.headers.get(bw.H_PACK_FILES, "1")) if bw.is_pack(message.headers) else "1"
     return min(int(raw), bw.MAX_PACK_FILES) if raw.isdigit() and 0 < len(raw) < 4 else 1
-
-
-def _mark(fd: int, stream_id: str) -> None:
-    try:
-        os.setxattr(fd, MARK, stream_id.encode("ascii"))
-    except OSError:
-        pass  # no user xattrs here: only the take-over after a crash is lost, not data
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
@@ -230,7 +224,7 @@ class InlineGroup:
         self.out, self.sdir, self.destination, self.opts = out, sdir, destination, opts
         self.items: list[_Item] = []
         self.dir_fds: dict[tuple[str, ...], int] = {}
-        self.room = Room(sdir, opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out))
+        self.room = Room(sdir, opts.min_free_bytes)
         self.ids: set[str] = set()
 
     def add(self, got: Delivered[StreamOffer, Message], data: bytes, *, sha256: str, sender: str = "") -> None:
@@ -239,12 +233,7 @@ class InlineGroup:
         target directory that is a link."""
         spec, subdir = got.message.spec, got.message.subdir
         what = f"stream {spec.stream_id} ({self.destination}, inline)"
-        short = self.room.shortfall(spec.size)
-        if short:
-            raise StreamNoRoom(
-                f"{what}: {self.out} has no room for it ({short}); the stream yields its place and is tried again "
-                "later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) or receive into another "
-                "directory.")
+        self.room.check(what, spec.size)
         if subdir not in self.dir_fds:
             try:
                 self.dir_fds[subdir] = open_subdir(self.out, subdir, what)
@@ -255,7 +244,8 @@ class InlineGroup:
             fd = open_private(f"{self.sdir}/{temp}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
-        _mark(fd, spec.stream_id)
+        with contextlib.suppress(OSError):  # no user xattrs here: only the take-over after a crash is lost
+            os.setxattr(fd, MARK, spec.stream_id.encode("ascii"))
         item = _Item(got.handle, spec, got.message.origin, subdir, sha256, temp, fd, time.time(), sender=sender)
         self.items.append(item)
         self.ids.add(spec.stream_id)

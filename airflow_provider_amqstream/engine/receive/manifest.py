@@ -122,14 +122,11 @@ class Batches:
         # (sender dir, batch id) -> [newest part's mtime, bytes on disk, parts here] of every
         # batch with any part here: at most MAX_PENDING entries.
         self.held: dict[tuple[str, str], list[float]] = {}
-        self._loaded = False
 
     def load(self) -> None:
-        """Count what senders left here and forget what is past the bounds (at a receiver's
-        start, so the room it frees is there before any stream); then look at each batch."""
-        if self._loaded:
-            return
-        self._loaded = True
+        """Count what senders left here and forget what is past the bounds (once, before
+        :meth:`record` or :meth:`published`, at a receiver's start, so the room it frees is
+        there before any stream); then look at each batch."""
         try:
             self._scan()
         except OSError as exc:
@@ -212,7 +209,6 @@ class Batches:
                sender: str = "") -> Path | None:
         """Keep one part of ``sender``'s batch; return the manifest's path if the batch is
         now complete. Raises :class:`StreamNoRoom` (the part gives way) when it does not fit."""
-        self.load()
         owner = sender_dir(sender)
         key = (owner, batch_id)
         data = {"batch_id": batch_id, "part": part, "parts": parts, "sender": sender,
@@ -245,7 +241,6 @@ class Batches:
 
     def published(self, stream_id: str) -> list[Path]:
         """A stream was published here; return the manifests this completed."""
-        self.load()
         done = []
         for key, (at, missing) in list(self.missing.items()):
             missing.discard(stream_id)
