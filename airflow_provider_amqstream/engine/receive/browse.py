@@ -36,9 +36,6 @@ from airflow_provider_amqstream.transport.retry import transient
 
 log = logging.getLogger(__name__)
 
-# The longest sender an event reports (protocol.sender_of decides what a sender is).
-MAX_SENDER = hdr.MAX_USER_ID
-
 # The message ids a broker gives (ActiveMQ: ID:host-port-time-n:n:n:n:n) and nothing that
 # could end a quoted selector literal: a junk message is only taken by an id of this shape.
 _MESSAGE_ID = re.compile(r"ID:[A-Za-z0-9:._-]{1,200}")

@@ -44,7 +44,6 @@ from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.engine.store import unlink_missing_ok, write_all
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
-from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.messages import Delivered, StreamOffer
@@ -85,10 +84,6 @@ class PackMember:
     headers: dict[str, str]
     body: memoryview
     pack: _Pack
-
-    @property
-    def pack_id(self) -> str:
-        return str(self.pack.message.headers.get(hdr.H_STREAM, ""))
 
 
 def unpack(message: Message) -> list[PackMember]:
@@ -135,28 +130,23 @@ _SYNCFS = _load_syncfs()
 _TEMP = re.compile(r".+\.([0-9]+)-[0-9a-f]{8}\.inline")
 
 
-def sweep_temporaries(sdir: StateDir) -> int:
+def sweep_temporaries(sdir: StateDir) -> None:
     """Remove the temporary files of receivers that died holding a group (their offers came
-    back to the queue); those of live receivers sharing the directory stay. Returns how many."""
-    removed = 0
+    back to the queue); those of live receivers sharing the directory stay."""
     try:
         entries = list(os.scandir(sdir))
     except FileNotFoundError:
-        return 0
+        return
     for entry in entries:
         m = _TEMP.fullmatch(entry.name)
         if m is None:
             continue
         try:
             os.kill(int(m.group(1)), 0)
-            continue
         except ProcessLookupError:
-            pass
+            os.unlink(entry.path)  # its receiver is gone
         except PermissionError:
             continue  # alive, another user's
-        os.unlink(entry.path)
-        removed += 1
-    return removed
 
 
 @dataclass

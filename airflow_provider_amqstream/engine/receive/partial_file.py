@@ -125,7 +125,6 @@ class PartialFile:
         # When this reception began, kept across resumes: `amqstream streams ls` shows it.
         self.started_at = time.time()
         self.fd = -1
-        self.created = False
         # Whether this process took the partial file's lock: only then is what is on disk ours
         # to shrink after a yield (another receiver process of the directory may hold it).
         self.owned = False
@@ -138,7 +137,7 @@ class PartialFile:
         self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Message]] | None = None
 
     def open(self, min_free: int | None) -> None:
-        self.created = not os.path.lexists(self.part)
+        created = not os.path.lexists(self.part)
         self.fd = open_private(self.part, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -159,7 +158,12 @@ class PartialFile:
         try:
             reserve(self.fd, self.spec.size, have, self.sdir, min_free, self.what)
         except StreamNoRoom:
-            self._release(have)
+            # Give back what the failed reservation took: fallocate may have filled the disk first.
+            if created:
+                self.close()
+                self.part.unlink(missing_ok=True)
+            else:
+                os.ftruncate(self.fd, have)
             raise
         with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
             hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
@@ -213,14 +217,6 @@ class PartialFile:
                               "stream with the same id; delete it to receive from the start")
         log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
         return state
-
-    def _release(self, keep: int) -> None:
-        """Give back a reservation that failed: fallocate may have filled the disk first."""
-        if self.created:
-            self.close()
-            self.part.unlink(missing_ok=True)
-        else:
-            os.ftruncate(self.fd, keep)
 
     def write(self, seq: int, offset: int, data: bytes | memoryview) -> None:
         try:
