@@ -194,14 +194,10 @@ def _sync(fds: list[int]) -> None:
         for fd in fds:
             os.fsync(fd)
         return
-    seen: set[int] = set()
-    for fd in fds:
-        dev = os.fstat(fd).st_dev
-        if dev not in seen:
-            seen.add(dev)
-            if _SYNCFS(fd) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err))
+    for fd in {os.fstat(fd).st_dev: fd for fd in fds}.values():  # any one fd of a filesystem syncs all of it
+        if _SYNCFS(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
 
 
 class InlineGroup:

@@ -133,7 +133,8 @@ class PartialFile:
         self.hasher = hashlib.sha256()
         self.hashed_to = 1
         self.new: list[int] = []
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Its one thread starts with the first commit (after open) and ends in close.
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
         self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Message]] | None = None
 
     def open(self, min_free: int | None) -> None:
@@ -168,12 +169,9 @@ class PartialFile:
         with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
             hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
         self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
+        self.pool.shutdown(wait=True)
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -196,10 +194,8 @@ class PartialFile:
         if top == 0:
             self.discard()
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.truncate(self.part, self.spec.offset_of(top + 1))
-        except FileNotFoundError:
-            pass
 
     def _load_state(self) -> ReceiverState:
         try:
@@ -250,8 +246,6 @@ class PartialFile:
         snapshot = ReceiverState.from_json(self.state.to_json())
         for seq in self.new:
             snapshot.mark_durable(seq)
-        if self.pool is None:
-            raise StreamError(f"{self.what}: commit on a partial file that is not open")
         fut = self.pool.submit(self._sync, {**snapshot.to_json(), "sender": self.sender,
                                             "started_at": self.started_at} if self.new else None)
         self.inflight = (fut, self.new, frames)
