@@ -250,8 +250,6 @@ class InlineGroup:
         try:
             _sync([it.fd for it in self.items])
             for it in self.items:
-                os.close(it.fd)
-                it.fd = -1
                 dir_fd = self.dir_fds[it.subdir]
                 name = final_name(dir_fd, it.spec, overwrite=self.opts.overwrite)
                 plain = paths.safe_file_name(it.spec.name, it.spec.stream_id)

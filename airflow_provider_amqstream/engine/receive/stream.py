@@ -341,17 +341,15 @@ class StreamReceiver:
         left on its data queue (the broker moves them to its DLQ), remove the partial
         data. Returns how many messages were refused."""
         self._settle_quietly()
-        n = 0
-        for frame in [*self.unacked, *self.refused]:
+        held = [*self.unacked, *self.refused]
+        for frame in held:
             self.link.nack(frame)
-            n += 1
         self.unacked, self.refused = [], []
         self.stop_data()
         self.file.discard()
-        if not self.reply_to:
-            n += drain_queue(self.link, self.data_q, ack=False)
+        left = 0 if self.reply_to else drain_queue(self.link, self.data_q, ack=False)
         self._release_notes()
-        return n
+        return len(held) + left
 
     def _look_for_holders(self) -> list[holders.Holder]:
         """The other receivers that noted holding this stream's partial data."""
