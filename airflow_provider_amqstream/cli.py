@@ -31,16 +31,14 @@ MODES = ("stream", "atomic", "handshake")
 class _Progress:
     """A one-line progress bar on a terminal; a line every 10 s otherwise (logs)."""
 
-    def __init__(self, label: str, enabled: bool) -> None:
+    def __init__(self, label: str) -> None:
         from airflow_provider_amqstream.engine.progress import ProgressMeter
 
-        self.label, self.enabled = label, enabled
+        self.label = label
         self.tty = sys.stderr.isatty()
         self.meter = ProgressMeter(0.2 if self.tty else 10.0)
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
         rep = self.meter.reading(done, total)
         if rep is None:
             return
@@ -159,17 +157,16 @@ def cmd_users(args: argparse.Namespace) -> int:
 class _BatchProgress:
     """Progress of a many-file send on stderr: files done/total, bytes, recent MiB/s of this run."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self) -> None:
         from airflow_provider_amqstream.engine.progress import RecentRate
 
-        self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self.last = 0.0
         self.ended = False
         self.rate = RecentRate()
 
     def __call__(self, st: Any) -> None:
-        if not self.enabled or self.ended:
+        if self.ended:
             return
         now = time.monotonic()
         rate = self.rate.add(now, st.bytes_done)
@@ -206,8 +203,8 @@ def cmd_send(args: argparse.Namespace) -> int:
                           compression=args.compress, fail_fast=args.fail_fast, pack=args.pack,
                           seal_to=tuple(args.seal_to or ()),
                           manifest=args.manifest if args.manifest is not None else args.recursive,
-                          progress=_Progress(f"send {os.path.basename(args.path[0])}", not args.quiet) if single
-                          else None)
+                          progress=_Progress(f"send {os.path.basename(args.path[0])}")
+                          if single and not args.quiet else None)
     if single:
         from airflow_provider_amqstream.engine import send_file
 
@@ -219,7 +216,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     if args.stream_id:
         raise ValueError("--stream-id names one stream; it cannot be used with several files")
     files = iter_files(args.path, recursive=args.recursive)
-    progress = _BatchProgress(not args.quiet)
+    progress = None if args.quiet else _BatchProgress()
 
     def on_failure(failure: Any) -> None:
         print(f"amqstream: {failure.path}: {failure.error}", file=sys.stderr, flush=True)
@@ -269,7 +266,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
     opts = ReceiveOptions(window=args.window or DEFAULT_RECEIVE_BATCH, wait_timeout=args.wait,
                           idle_timeout=args.idle_timeout, overwrite=args.overwrite, events=events,
                           max_bytes=args.max_bytes, min_free_bytes=args.min_free, quarantine=args.quarantine,
-                          progress=_Progress("receive", not args.quiet),
+                          progress=None if args.quiet else _Progress("receive"),
                           records_retention_days=args.records_retention_days, min_rate=args.min_rate,
                           keys=tuple(args.key or ()))
     received = 0

@@ -98,10 +98,8 @@ def size_text(n: int | None) -> str:
         return "? bytes"
     if n < 1024:
         return f"{n} B"
-    for unit, scale in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
-        if n < scale * 1024 or unit == "TiB":
-            return f"{n / scale:,.{2 if unit in ('GiB', 'TiB') else 1}f} {unit}"
-    return f"{n} B"
+    power = min(4, (n.bit_length() - 1) // 10)  # 1 KiB, 2 MiB, 3 GiB, 4 TiB
+    return f"{n / 2 ** (10 * power):,.{2 if power >= 3 else 1}f} {'KMGT'[power - 1]}iB"
 
 
 def when_text(epoch: float | None) -> str:
@@ -111,10 +109,14 @@ def when_text(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
-def _in(seconds: float) -> str:
+def _until(epoch: float | None) -> str:
+    """When a parked stream is due: ``until <when> (in 5m03s)``, or ``due now``."""
+    if not epoch:
+        return "due now"
+    seconds = epoch - time.time()
     s = int(abs(seconds))
     text = f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-    return f"in {text}" if seconds >= 0 else f"{text} ago"
+    return f"until {when_text(epoch)} ({f'in {text}' if seconds >= 0 else f'{text} ago'})"
 
 
 def _who(user: str) -> str:
@@ -129,7 +131,6 @@ def _print_json(data: Any) -> None:
 def render_inventory(inv: Any) -> str:
     """An inventory (``engine.inventory.Inventory``) as text for people."""
     lines = [f"{inv.destination} on {inv.broker}, {when_text(inv.taken_at)}"]
-    now = time.time()
 
     def section(title: str, rows: list[str], key: str | None = None) -> None:
         if key and key in inv.denied:
@@ -163,17 +164,13 @@ def render_inventory(inv: Any) -> str:
                         f"durable in {e.out_dir}  {state}{rate}, since {when_text(e.since)}, last progress "
                         f"{when_text(e.last_progress_at)}  from {_who(e.sender)}")
         section("in progress", rows)
-    parked = []
-    for pk in inv.parked:
-        until = f"until {when_text(pk.not_before)} ({_in(pk.not_before - now)})" if pk.not_before else "due now"
-        parked.append(f"{pk.stream_id}  {pk.name or '?'}  {size_text(pk.size)}  {until}, yielded {pk.yields}x: "
-                      f"{pk.reason or '?'}  from {_who(pk.first_sender)}")
+    parked = [f"{pk.stream_id}  {pk.name or '?'}  {size_text(pk.size)}  {_until(pk.not_before)}, yielded "
+              f"{pk.yields}x: {pk.reason or '?'}  from {_who(pk.first_sender)}" for pk in inv.parked]
     section("yielding (parked)", parked, "parked")
-    quarantined = []
-    for q in inv.quarantined:
-        redo = "redrive: yes" if q.redrivable else "redrive: no"
-        quarantined.append(f"{q.stream_id}  {q.name or '?'}  {size_text(q.size)}  [{q.cause}] {q.reason}  (by "
-                           f"{q.by_host or '?'} as {q.by_user or '?'}, {q.at or '?'}; {redo}: {q.advice})")
+    quarantined = [f"{q.stream_id}  {q.name or '?'}  {size_text(q.size)}  [{q.cause}] {q.reason}  (by "
+                   f"{q.by_host or '?'} as {q.by_user or '?'}, {q.at or '?'}; redrive: "
+                   f"{'yes' if q.redrivable else 'no'}: {q.advice})"
+                   for q in inv.quarantined]
     section("quarantined", quarantined, "quarantined")
     if inv.batches:
         section("incomplete batches", [
@@ -210,15 +207,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def render_report(rep: Any) -> str:
     """One stream's report (``engine.show.StreamReport``) as text for people."""
     lines = [f"stream {rep.stream_id} on {rep.destination} ({rep.broker})"]
-    now = time.time()
     for o in rep.offered:
         lines.append(f"  offered: {o.name or '?'}, {size_text(o.size)} in {o.chunks} chunks, mode {o.mode or '?'}, "
                      f"from {_who(o.sender)} at {when_text(o.offered_at)}" + (f", in pack {o.pack}" if o.pack else "")
                      + (f"; INVALID: {o.note}" if o.kind == "invalid" else "") + ("; held by a receiver, or waiting"))
     for pk in rep.parked:
-        until = f"until {when_text(pk.not_before)} ({_in(pk.not_before - now)})" if pk.not_before else "due now"
-        lines.append(f"  parked: {until}, yielded {pk.yields}x, last because: {pk.reason or '?'}; first sent by "
-                     f"{_who(pk.first_sender)}")
+        lines.append(f"  parked: {_until(pk.not_before)}, yielded {pk.yields}x, last because: "
+                     f"{pk.reason or '?'}; first sent by {_who(pk.first_sender)}")
     for q in rep.quarantined:
         lines.append(f"  quarantined at {q.at or '?'} by {q.by_host or '?'} (user {q.by_user or '?'}) [{q.cause}]: "
                      f"{q.reason}")

@@ -37,20 +37,17 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
                            "integer", 10000, minimum=0),
     "chunk_size": _field("Chunk size (bytes)", "Default bytes per chunk message (1-4 MiB is best).",
                          "integer", 1048576, minimum=1, maximum=8388608),
-    "compression": {
-        "label": "Compression",
-        "description": "Per-chunk compression for streams sent through this connection: auto compresses chunks "
-                       "that shrink to half or less (CSV, JSON, logs) and stops trying on data that does "
-                       "not; zstd tries every chunk; none sends every chunk as is. Receivers need no setting.",
-        # None is the choice "none": the form saves no string for it (Airflow's masker warns
-        # about every string extra shorter than 5 characters as a secret too short to mask).
-        # The default is auto, as for a connection without the key. values_display names
-        # each, or the form would offer a literal "null".
-        "schema": {"type": ["string", "null"], "enum": [None, "auto", "zstd"], "default": "auto",
-                   "values_display": {"null": "none (send chunks as they are)",
-                                      "auto": "auto (compress chunks that shrink: CSV, JSON, logs)",
-                                      "zstd": "zstd (try every chunk)"}},
-    },
+    # None is the choice "none": the form saves no string for it (Airflow's masker warns
+    # about every string extra shorter than 5 characters as a secret too short to mask).
+    # The default is auto, as for a connection without the key. values_display names
+    # each, or the form would offer a literal "null".
+    "compression": _field("Compression", "Per-chunk compression for streams sent through this connection: auto "
+                          "compresses chunks that shrink to half or less (CSV, JSON, logs) and stops trying on data "
+                          "that does not; zstd tries every chunk; none sends every chunk as is. Receivers need no "
+                          "setting.", "string", "auto", enum=[None, "auto", "zstd"],
+                          values_display={"null": "none (send chunks as they are)",
+                                          "auto": "auto (compress chunks that shrink: CSV, JSON, logs)",
+                                          "zstd": "zstd (try every chunk)"}),
     "window": _field("Window (chunks)", "Chunks a sender sends per broker confirmation (handshake mode: "
                      "ahead of the slowest receiver).",
                      "integer", 16, minimum=1, maximum=1024),

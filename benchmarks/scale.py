@@ -70,7 +70,7 @@ def seed_past_records(out_dir: Path, count: int, days: int, *, merge: bool = Tru
     from airflow_provider_amqstream.engine.state_dir import StateDir
 
     t0 = time.monotonic()
-    root = st.store_path(StateDir.create(out_dir))
+    root = StateDir.create(out_dir).path / st.STORE_DIR_NAME
     now = time.time()
     per_day = -(-count // days)
     for d in range(days):

@@ -47,12 +47,10 @@ def stream_acls(role: str, kind: str, pattern: str, user: str) -> list[tuple[str
     every sender's) and, in handshake mode, its control queue (``NAME.amqs_ctl.<id>``).
     ``admin`` lets the first user of a destination create it."""
     main, ctl = ("write,admin", "read,admin") if role == "send" else ("read,admin", "write,admin")
-    # A stream that gives way is parked by its receiver, in a queue of its own no sender writes.
-    parked = [("queue", f"{pattern}.amqs_parked", "read,write,admin")] if role == "receive" and kind == "queue" \
-        else []
-    # Receivers note where a stream's partial data is, for receivers on other disks (engine/receive/holders.py).
-    if role == "receive" and kind == "queue":
-        parked.append(("queue", f"{pattern}.amqs_held.>", "read,write,admin"))
+    # A stream that gives way is parked by its receiver, in a queue of its own no sender writes;
+    # receivers note where a stream's partial data is, for receivers on other disks (engine/receive/holders.py).
+    parked = [("queue", f"{pattern}.{q}", "read,write,admin") for q in ("amqs_parked", "amqs_held.>")
+              if role == "receive" and kind == "queue"]
     # A receiver files a stream that can never succeed under DLQ.<name>, with the reason.
     quarantine = [("queue", f"DLQ.{pattern}", "write,admin")] if role == "receive" else []
     if pattern.endswith(".>"):
@@ -83,19 +81,21 @@ def waiting_caps(users: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str,
     return caps
 
 
-def acl_entries(users: Mapping[str, Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, set[str]]]:
-    """Every user's grants as ActiveMQ authorization entries: (kind, pattern) -> right ->
-    groups. Each user is the only member of its own group, ``amqs-user-<name>``."""
-    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
+def acl_entries(users: Mapping[str, Mapping[str, Any]], *, bridge: Sequence[tuple[str, str, str]] = (),
+                ) -> dict[tuple[str, str], dict[str, set[str]]]:
+    """Every user's grants, and the bridge user's (``bridge``: (kind, pattern, rights)), as
+    ActiveMQ authorization entries: (kind, pattern) -> right -> groups. Each user is the only
+    member of its own group, ``amqs-user-<name>``."""
+    grants = [(BRIDGE_GROUP, acl) for acl in bridge]
     for user, info in sorted(users.items()):
-        group = f"amqs-user-{user}"
         for role in ("send", "receive"):
             for text in info.get(role, []):
-                kind, pattern = parse_grant(text)
-                for k, n, rights in stream_acls(role, kind, pattern, user):
-                    entry = entries.setdefault((k, n), {"read": set(), "write": set(), "admin": set()})
-                    for right in rights.split(","):
-                        entry[right].add(group)
+                grants += [(f"amqs-user-{user}", acl) for acl in stream_acls(role, *parse_grant(text), user)]
+    entries: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for group, (kind, pattern, rights) in grants:
+        entry = entries.setdefault((kind, pattern), {"read": set(), "write": set(), "admin": set()})
+        for right in rights.split(","):
+            entry[right].add(group)
     return entries
 
 
@@ -104,24 +104,16 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
     """The ``<plugins>`` entries for authentication and authorization: the administrator,
     the bridge user of a network (``bridge``: its name and password; the advisory topics then
     get their own entry) and every user, each confined to its grants."""
-    lines = [f'          <authenticationUser username="{xml_attr(user)}" password="{xml_attr(password)}" '
-             f'groups="{ADMIN_GROUP}"/>']
-    if bridge:
-        lines.append(f'          <authenticationUser username="{xml_attr(bridge[0])}" '
-                     f'password="{xml_attr(bridge[1])}" groups="{BRIDGE_GROUP}"/>')
-    for name, info in sorted(users.items()):
-        lines.append(f'          <authenticationUser username="{xml_attr(name)}" '
-                     f'password="{xml_attr(info["password"])}" groups="amqs-user-{xml_attr(name)}"/>')
+    logins = [(user, password, ADMIN_GROUP), *([(*bridge, BRIDGE_GROUP)] if bridge else []),
+              *((name, info["password"], f"amqs-user-{name}") for name, info in sorted(users.items()))]
+    lines = [f'          <authenticationUser username="{xml_attr(name)}" password="{xml_attr(secret)}" '
+             f'groups="{xml_attr(group)}"/>' for name, secret, group in logins]
     # The administrator may do everything; ActiveMQ unions the groups of every entry
     # whose pattern matches, so the per-user entries only ever add rights.
     acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
            f'admin="{ADMIN_GROUP}"/>' for k in ("queue", "topic")]
-    entries = acl_entries(users)
+    entries = acl_entries(users, bridge=bridge_acl(forwarded) if bridge else ())
     if bridge:
-        for kind, pattern, rights in bridge_acl(forwarded):
-            entry = entries.setdefault((kind, pattern), {"read": set(), "write": set(), "admin": set()})
-            for right in rights.split(","):
-                entry[right].add(BRIDGE_GROUP)
         # With advisories on, the broker raises one for each destination and consumer a user
         # creates, and creates the advisory's topic in that user's name: without admin there
         # the user's own send or subscribe fails ("not authorized to create:

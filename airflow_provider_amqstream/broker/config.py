@@ -69,7 +69,7 @@ def new_user(name: str, *, send: Iterable[str] = (), receive: Iterable[str] = ()
 
 
 def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
-    _write_secret_json(data_dir / USERS_FILE, {"users": dict(users)})
+    _write_private(data_dir / USERS_FILE, json.dumps({"users": dict(users)}, indent=1))
 
 
 def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
@@ -88,7 +88,7 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
                     "-keypass", password, *common], check=True, capture_output=True, timeout=60)
     subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(data_dir / CA_FILE), *common],
                    check=True, capture_output=True, timeout=60)
-    _write_secret_json(secret, {"password": password})
+    _write_private(secret, json.dumps({"password": password}, indent=1))
     os.chmod(store, 0o600)
     return store, password
 
@@ -162,12 +162,14 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     bridge_user, bridge_password = bridge or (None, None)
     pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
     text = (pkg / "activemq.xml.tmpl").read_text()
-    template = string.Template(text)
     if auth:
         user, password, created = credentials(data_dir)
         users = read_users(data_dir)
         auth_xml = auth_plugins(user, password, users, bridge=bridge, forwarded=network.queues)
-        caps_xml = _capped_entries(text, waiting_caps(users))
+        # The template's entry for every queue (or topic), once per capped pattern: the same settings
+        # as every other destination, since ActiveMQ applies the most specific entry alone.
+        caps_xml = "".join(_policy_copy(text, kind, f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"')
+                           for kind, pattern, limit in waiting_caps(users))
     free = shutil.disk_usage(data_dir).free
     # KahaDB refuses sends past storeUsage; leave the disk 10 % headroom.
     store_mb = max(512, int(free * 0.9 / 2**20))
@@ -193,7 +195,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         # FairOfferPlugin gives every queue of offers this entry: the template's, prioritised.
         offers_xml = _policy_copy(text, "queue", 'queue="amqs_offer_queues" prioritizedMessages="true" '
                                   'advisoryForConsumed="true"')
-    xml = template.safe_substitute(
+    xml = string.Template(text).safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml, store_plugin=store_xml,
         bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
@@ -201,20 +203,9 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
         network_connectors=connectors_xml(network, f"amqstream-{port}", bridge_user, bridge_password, xml_attr),
     )
-    target = conf / "activemq.xml"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(xml)
+    _write_private(conf / "activemq.xml", xml)
     (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())
     return conf, created
-
-
-def _capped_entries(template: str, caps: Iterable[tuple[str, str, int]]) -> str:
-    """The template's policy entry for every queue (or topic), once per (kind, pattern,
-    most destinations) of ``caps``, for that pattern and with that cap: the same settings
-    as every other destination, since ActiveMQ applies the most specific entry alone."""
-    return "".join(_policy_copy(template, kind, f'{kind}="{xml_attr(pattern)}" maxDestinations="{limit}"')
-                   for kind, pattern, limit in caps)
 
 
 def _policy_copy(template: str, kind: str, attrs: str) -> str:
@@ -226,13 +217,13 @@ def _policy_copy(template: str, kind: str, attrs: str) -> str:
     return found.group(1).replace(f'{kind}=">"', attrs, 1)
 
 
-def _write_secret_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``data``, readable by its owner only from the first byte."""
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, readable by its owner only from the first byte."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump(dict(data), fh, indent=1)
+        fh.write(text)
     os.replace(tmp, path)
 
 

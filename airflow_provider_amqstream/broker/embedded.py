@@ -104,6 +104,11 @@ class EmbeddedBroker:
                  auth: bool = True, bind: str = "127.0.0.1", heap_mb: int = 512, tls_port: int | None = None,
                  store_dir: str | os.PathLike[str] | None = None, network: NetworkConfig | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
+        self.pid_file = self.data_dir / "broker.pid"
+        self.log_file = self.data_dir / "data" / "broker.log"
+        self.creds_file = self.data_dir / CREDENTIALS_FILE
+        self.ca_file = self.data_dir / CA_FILE
+        self.users_file = self.data_dir / USERS_FILE
         # None: the network this data dir was last started with, if any (restart keeps it).
         self.network = network if network is not None else (NetworkConfig.remembered(self.data_dir)
                                                              or NetworkConfig())
@@ -121,27 +126,6 @@ class EmbeddedBroker:
             return int((self.data_dir / name).read_text().strip())
         except (OSError, ValueError):
             return default
-
-    # -- files -------------------------------------------------------------------
-    @property
-    def pid_file(self) -> Path:
-        return self.data_dir / "broker.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return self.data_dir / "data" / "broker.log"
-
-    @property
-    def creds_file(self) -> Path:
-        return self.data_dir / CREDENTIALS_FILE
-
-    @property
-    def ca_file(self) -> Path:
-        return self.data_dir / CA_FILE
-
-    @property
-    def users_file(self) -> Path:
-        return self.data_dir / USERS_FILE
 
     # -- users and configuration --------------------------------------------------
     def users(self) -> dict[str, dict[str, Any]]:

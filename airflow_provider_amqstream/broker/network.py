@@ -41,15 +41,6 @@ NETWORK_FILE = "network.json"
 _URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
 
 
-def parse_peer(text: str) -> str:
-    """``tcp://host:port`` (or ``ssl://``) of a remote broker's OpenWire listener, checked."""
-    m = _URI.fullmatch(text.strip())
-    if m is None or not 1 <= int(m.group(3)) <= 65535:
-        raise NetworkError(f"--network-to {text!r}: expected tcp://HOST:PORT or ssl://HOST:PORT (the remote "
-                           "broker's OpenWire listener, its --openwire-port or --openwire-tls-port)")
-    return m.group(0)
-
-
 def forwarded_names(queues: Sequence[str]) -> list[str]:
     """The queue names a bridge forwards for ``/queue/NAME`` destinations: each one's offers,
     its streams' data and their control queues."""
@@ -92,7 +83,10 @@ class NetworkConfig:
             if port is not None and not 1 <= port <= 65535:
                 raise NetworkError(f"{option} {port}: not a port number")
         for peer in self.peers:
-            parse_peer(peer)
+            m = _URI.fullmatch(peer.strip())
+            if m is None or not 1 <= int(m.group(3)) <= 65535:
+                raise NetworkError(f"--network-to {peer!r}: expected tcp://HOST:PORT or ssl://HOST:PORT (the remote "
+                                   "broker's OpenWire listener, its --openwire-port or --openwire-tls-port)")
             if peer.startswith("ssl://") and not self.peer_cas:
                 raise NetworkError(f"--network-to {peer}: a TLS bridge needs --network-ca FILE, the remote "
                                    "broker's certificate (its <data dir>/tls/broker-cert.pem)")
@@ -111,18 +105,15 @@ class NetworkConfig:
         return bool(self.openwire_tls_port or any(p.startswith("ssl://") for p in self.peers))
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> NetworkConfig:
-        secret = data.get("bridge_secret")
-        return cls(openwire_port=data.get("openwire_port"), peers=tuple(data.get("peers") or ()),
-                   bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()),
-                   openwire_tls_port=data.get("openwire_tls_port"),
-                   peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
-
-    @classmethod
     def remembered(cls, data_dir: Path) -> NetworkConfig | None:
         """The network a broker was last started with (``broker restart`` keeps it)."""
         try:
-            return cls.from_json(json.loads((data_dir / NETWORK_FILE).read_text()))
+            data = json.loads((data_dir / NETWORK_FILE).read_text())
+            secret = data.get("bridge_secret")
+            return cls(openwire_port=data.get("openwire_port"), peers=tuple(data.get("peers") or ()),
+                       bridge_secret=Path(secret) if secret else None, queues=tuple(data.get("queues") or ()),
+                       openwire_tls_port=data.get("openwire_tls_port"),
+                       peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
@@ -130,7 +121,7 @@ class NetworkConfig:
                                "options again") from exc
 
     def remember(self, data_dir: Path) -> None:
-        # Paths as text, tuples as lists: the file from_json reads.
+        # Paths as text, tuples as lists: the file remembered reads.
         (data_dir / NETWORK_FILE).write_text(json.dumps(asdict(self), default=str))
 
 

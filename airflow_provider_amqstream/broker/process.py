@@ -72,7 +72,6 @@ def java_binary() -> str:
 
 
 def keytool_binary() -> str:
-    """The JDK's keytool: on PATH, or beside the java that runs the broker."""
     return shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
 
 
@@ -102,15 +101,10 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
 
 
 def spawn(cmd: list[str], data_dir: Path) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in its own session in ``data_dir``, its output appended to
-    ``data/broker.out``."""
-    out = open(data_dir / "data" / "broker.out", "ab")  # noqa: SIM115 - handed to the child
-    try:
+    with open(data_dir / "data" / "broker.out", "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 cwd=data_dir)
-    finally:
-        out.close()
 
 
 def wait_ready(proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeout: float, out_file: Path,

@@ -30,7 +30,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
-from airflow_provider_amqstream.transport.link import Message
+from airflow_provider_amqstream.transport.link import Link, Message
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,14 @@ class DiscardResult:
     @property
     def messages(self) -> int:
         return sum(self.removed.values())
+
+    def take(self, link: Link, queue: str, frames: list[Message]) -> None:
+        """Acknowledge ``frames``, held from ``queue``: they are removed."""
+        for frame in frames:
+            self.broker_bytes += len(frame.body or b"")
+            link.ack(frame)
+        if frames:
+            self.removed[queue] = len(frames)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "bytes_freed": self.bytes_freed, "messages": self.messages}
@@ -104,11 +112,7 @@ def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardR
             if o.stream_id == sid and o.pack:
                 result.notes.append(f"it also travels in pack {o.pack} on {dest} with other files: the pack was left "
                                     "alone (taking it would take them too)")
-        for frame in offers:
-            result.broker_bytes += len(frame.body or b"")
-            link.ack(frame)
-        if offers:
-            result.removed[str(dest)] = len(offers)
+        result.take(link, str(dest), offers)
         if browsed.truncated and not offers:
             result.notes.append(f"{dest} holds more offers than a consumer with a selector sees: an offer of it "
                                 "further back, if any, was not reached (run discard again once receivers took "
@@ -165,11 +169,7 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         link = qs.link
         for queue in (dest.parked_queue(), qq):
             frames, sub = take_copies(link, queue, dest, sid, quarantine=queue == qq, quiet=step, user=params.user)
-            for frame in frames:
-                result.broker_bytes += len(frame.body or b"")
-                link.ack(frame)
-            if frames:
-                result.removed[queue] = len(frames)
+            result.take(link, queue, frames)
             if sub is not None:
                 link.unsubscribe(sub)
             # Their first senders name its data queues.

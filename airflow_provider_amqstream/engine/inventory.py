@@ -15,7 +15,6 @@ selector, so no chunk body leaves the broker).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -33,10 +32,6 @@ from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
 from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
-
-log = logging.getLogger(__name__)
-
-
 
 
 def _int(value: Any) -> int | None:
@@ -173,16 +168,15 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
     out: list[tuple[dict[str, Any], Any]] = []
     for frame in frames:
         headers = dict(frame.headers)
-        if bw.is_pack(headers):
-            try:
-                members = bw.read_pack(headers, frame.body or b"")
-            except ProtocolError as exc:
-                out.append(({**headers, "_invalid": str(exc)}, frame))
-                continue
-            for member, _ in members:
-                out.append(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame))
+        if not bw.is_pack(headers):
+            out.append((headers, frame))
             continue
-        out.append((headers, frame))
+        try:
+            members = bw.read_pack(headers, frame.body or b"")
+        except ProtocolError as exc:
+            out.append(({**headers, "_invalid": str(exc)}, frame))
+            continue
+        out.extend(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame) for member, _ in members)
     return out
 
 
@@ -275,9 +269,8 @@ _NEEDS = {"offered": "read on the destination (a receiver's right)",
 def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable[str | os.PathLike[str]] = (),
                    quarantine: str | None = None, browse_limit: int = BROWSE_LIMIT,
                    previous: Mapping[str, tuple[int, float]] | None = None) -> Inventory:
-    """One look at ``destination``: the broker's queues of it (browsed) and the receivers'
-    directories given (read). Consumes, reorders and writes nothing; a queue the user may not
-    read is listed in ``denied``.
+    """One look at ``destination`` (see the module doc); a queue the user may not read is
+    listed in ``denied``.
 
     :param out_dirs: receivers' output directories to read progress and batches from.
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.

@@ -14,7 +14,7 @@ def new_key_file(path: str | os.PathLike[str]) -> seal.Identity:
     """Write a new private key to ``path`` (mode 0600; an existing file is never replaced)."""
     ident = seal.Identity.generate()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         raise ConfigurationError(f"{path} exists already; amqstream never replaces a key file "
                                  "(move it away, or pick another name)") from None
@@ -28,7 +28,7 @@ def new_key_file(path: str | os.PathLike[str]) -> seal.Identity:
 def read_key_file(path: str | os.PathLike[str]) -> seal.Identity:
     """The private key in ``path``; refused (naming the file) if group or others may read it."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise ConfigurationError(f"cannot read key file {path}: {exc.strerror}") from None
     with os.fdopen(fd) as fh:

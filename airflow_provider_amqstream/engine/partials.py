@@ -136,10 +136,9 @@ def _valid_id(sid: str) -> bool:
 def batch_progress(out_dir: str | os.PathLike[str]) -> list[BatchProgress]:
     """The batches ``out_dir`` waits on: parts that arrived, files listed, files in."""
     sdir = StateDir(out_dir)
-    root = sdir.batches
     out: list[BatchProgress] = []
     try:
-        owners = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
+        owners = sorted(d for d in sdir.batches.iterdir() if d.is_dir() and not d.is_symlink())
     except (FileNotFoundError, NotADirectoryError):
         return out
     for owner in owners:

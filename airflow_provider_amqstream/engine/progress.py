@@ -22,25 +22,22 @@ RATE_WINDOW = 30.0
 
 
 class RecentRate:
-    """Bytes per second over the readings of the last ``window`` seconds.
+    """Bytes per second over the readings of the last :data:`RATE_WINDOW` seconds.
 
     A gap between two readings longer than the window (a broker outage, a stalled sender)
     starts the measurement again: the bytes before it say nothing about the speed after.
-
-    :param window: seconds of readings kept.
     """
 
-    def __init__(self, window: float = RATE_WINDOW) -> None:
-        self.window = window
+    def __init__(self) -> None:
         self.samples: collections.deque[tuple[float, int]] = collections.deque()
 
     def add(self, now: float, done: int) -> float | None:
         """Record ``done`` bytes at ``now``; return the rate, or None before two readings span any time."""
-        if self.samples and now - self.samples[-1][0] > self.window:
+        if self.samples and now - self.samples[-1][0] > RATE_WINDOW:
             self.samples.clear()
         self.samples.append((now, done))
         # Keep one reading at or before the window's start, so the rate spans the whole window.
-        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window:
+        while len(self.samples) > 2 and self.samples[1][0] <= now - RATE_WINDOW:
             self.samples.popleft()
         t0, d0 = self.samples[0]
         if now <= t0 or done < d0:
@@ -77,14 +74,12 @@ class ProgressMeter:
 
     :param interval: least seconds between two reports before the final one.
     :param clock: monotonic seconds (a parameter so tests can drive it).
-    :param window: seconds the rate is measured over (see :class:`RecentRate`).
     """
 
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic,
-                 window: float = RATE_WINDOW) -> None:
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
         self.clock = clock
-        self.rate = RecentRate(window)
+        self.rate = RecentRate()
         self.last: float | None = None
         self.finished = False
 

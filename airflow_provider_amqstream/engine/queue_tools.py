@@ -11,10 +11,8 @@ What the broker lets a STOMP client do, and what that costs:
   with every ``amqs_*`` header, confirmed, then acknowledged), so that only the queues
   whose order means nothing may be swept (the parked and quarantine queues; never the queue
   of offers, whose re-sent copies would carry the sweeping user's stamp).
-* A **move** (:func:`move_queue`) consumes each message, re-sends it elsewhere with its
-  ``amqs_*`` headers and body, and acknowledges the original once the broker confirmed the
-  copy (a receipt per window): a crash in between leaves a copy too many, never none.
-  The broker stamps the copy with the moving user (``JMSXUserID``).
+* A **move** (:func:`move_queue`) re-sends each message elsewhere, stamped by the broker with
+  the moving user (``JMSXUserID``).
 
 Everything here is a building block of the ``streams`` views (read only) and actions.
 """
@@ -24,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +44,8 @@ BROWSE_LIMIT = 16
 H_SWEEP = "amqs_sweep"
 # How long a browse waits for the next message before giving up on the end marker.
 BROWSE_STEP = 5.0
+# Messages a move sends per receipt (its subscription's prefetch is twice this).
+MOVE_WINDOW = 8
 
 
 @dataclass
@@ -64,7 +65,8 @@ class Browsed:
     full: str = ""
 
 
-class QueueSession:
+@dataclass
+class QueueSession(AbstractContextManager["QueueSession"]):
     """One STOMP connection for the views and actions, reopened after the broker refused a
     queue (ActiveMQ closes the connection after an authorization error), so one refused
     queue does not hide the others.
@@ -72,18 +74,15 @@ class QueueSession:
     :param browse_limit: how many messages a queue browser sees at most on this broker.
     """
 
-    def __init__(self, params: BrokerParams, *, client_id: str = "amqstream-streams",
-                 browse_limit: int = BROWSE_LIMIT) -> None:
-        self.params = params
-        self.client_id = client_id
-        self.browse_limit = browse_limit
-        self._link: Link | None = None
+    params: BrokerParams
+    client_id: str = field(default="amqstream-streams", kw_only=True)
+    browse_limit: int = field(default=BROWSE_LIMIT, kw_only=True)
+    _link: Link | None = field(default=None, init=False, repr=False)
 
     @property
     def link(self) -> Link:
         if self._link is None or not self._link.connected:
-            if self._link is not None:
-                self._link.close()
+            self.reset()
             self._link = open_link(self.params, client_id=self.client_id).open()
         return self._link
 
@@ -92,9 +91,6 @@ class QueueSession:
         if self._link is not None:
             self._link.close()
             self._link = None
-
-    def __enter__(self) -> QueueSession:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.reset()
@@ -215,8 +211,7 @@ class Moved:
 
 
 def move_queue(link: Link, source: str, target: str | None, *,
-               decide: Callable[[Any], dict[str, str] | None] | None = None, quiet: float = 1.0,
-               window: int = 8) -> Moved:
+               decide: Callable[[Any], dict[str, str] | None] | None = None, quiet: float = 1.0) -> Moved:
     """Move every message on ``source`` to ``target`` (None: take them and drop them), until
     ``source`` stays quiet for ``quiet`` seconds.
 
@@ -224,12 +219,10 @@ def move_queue(link: Link, source: str, target: str | None, *,
     headers (a dict) or drop the message instead (None). The originals of a window are
     acknowledged once a receipt confirmed their copies: a crash leaves a copy too many, never
     none.
-
-    :param window: messages per receipt (the subscription's prefetch is twice this).
     """
     out = Moved()
     pending: list[Any] = []
-    sub = link.subscribe(source, prefetch=2 * window)
+    sub = link.subscribe(source, prefetch=2 * MOVE_WINDOW)
 
     def confirmed() -> None:
         for f in pending:
@@ -247,7 +240,7 @@ def move_queue(link: Link, source: str, target: str | None, *,
                 continue
             out.messages += 1
             out.bytes += len(body)
-            rid = link.send(target, body, copy_headers(frame, **extra), receipt=out.messages % window == 0)
+            rid = link.send(target, body, copy_headers(frame, **extra), receipt=out.messages % MOVE_WINDOW == 0)
             pending.append(frame)
             if rid is not None:
                 link.wait_receipt(rid)

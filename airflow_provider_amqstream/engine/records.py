@@ -20,12 +20,10 @@ from typing import Any, Protocol
 
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.engine.store import (
-    NOFOLLOW,
     SENT,
     RecordStore,
     open_store,
     prune_quietly,
-    store_path,
     unlink_missing_ok,
     write_all,
 )
@@ -77,8 +75,7 @@ class TransferResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TransferResult:
         """Load a stored record, ignoring fields a newer version may have added."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 class Checkpoint(Protocol):
@@ -113,14 +110,14 @@ class FileCheckpoint:
         try:
             data = read_json(self.path)
             if data is None:
-                data = self._store().get(SENT, self.path.name, match=lambda v: isinstance(v, dict))
+                data = next((v for v in self._store().get_all(SENT, self.path.name) if isinstance(v, dict)), None)
         except (OSError, ValueError) as exc:
             raise StreamError(f"resume state {self.path} is unreadable ({exc}); delete it to start over") from exc
         return data
 
     def save(self, data: dict[str, Any], *, final: bool = False) -> None:
         if data.get("sent_at"):
-            self._store().put(SENT, self.path.name, data)
+            self._store().put_many([(SENT, self.path.name, data)])
             unlink_missing_ok(self.path)
         else:
             # Private: a sealed stream's checkpoint holds its key until the stream is sent.
@@ -139,7 +136,7 @@ def sender_store(directory: str | os.PathLike[str] | None = None,
     :param retention_days: days kept (None: 30; 0: for ever).
     """
     sdir = SendStateDir(directory)
-    store = open_store(store_path(sdir), retention_days)
+    store = open_store(sdir, retention_days)
     if sdir.path not in _PRUNED_SENDER_DIRS:
         _PRUNED_SENDER_DIRS.add(sdir.path)
         prune_quietly(store)
@@ -162,7 +159,7 @@ def _prune_old_files(sdir: SendStateDir, before: float) -> None:
 def open_private(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:
     """``os.open`` that refuses a symbolic link at ``path`` and anything but a regular file."""
     try:
-        fd = os.open(path, flags | NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StreamError(f"{path} is a symbolic link; amqstream writes only files it created there. "
@@ -187,11 +184,10 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data
 
 
-def write_json(path: str | os.PathLike[str], data: dict[str, Any], *, mode: int = 0o666, sync: bool = True) -> None:
+def write_json(path: str | os.PathLike[str], data: dict[str, Any], *, mode: int = 0o666) -> None:
     """Replace ``path`` with ``data``: a fresh temporary file of a new name (never an existing
     file or a link), fsynced, renamed over the old one (a rename replaces a link, never
-    follows it); its directory is made if missing. ``sync=False`` leaves the flush to the
-    caller (a group commit).
+    follows it); its directory is made if missing.
 
     Plain strings, not :class:`~pathlib.Path`: a bulk receive writes one record per file, and
     path objects were a tenth of its time.
@@ -210,8 +206,7 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any], *, mode: int 
             # One dumps (the C encoder) and raw writes: json.dump to a text file takes the pure
             # Python encoder, which was a tenth of a small-file receive.
             write_all(fd, json.dumps(data).encode("utf-8"))
-            if sync:
-                os.fsync(fd)
+            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -224,8 +219,7 @@ def hash_prefix(fh: Any, hasher: Any, upto: int, block: int = 4 * 1024 * 1024) -
     """Feed the first ``upto`` bytes of an open file to ``hasher`` (resume path)."""
     fh.seek(0)
     left = upto
-    buf = bytearray(block)
-    view = memoryview(buf)
+    view = memoryview(bytearray(block))
     while left > 0:
         n = fh.readinto(view[: min(block, left)])
         if not n:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from itertools import groupby
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import offered_streams, parked_streams
@@ -40,7 +41,6 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
 from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
 from airflow_provider_amqstream.protocol.quarantine import (
-    H_QUARANTINED_USER,
     H_REDRIVE_SENDER,
     H_REDRIVEN_AT,
     H_REDRIVEN_BY,
@@ -58,13 +58,9 @@ HASH_REORDER_BYTES = 32 * 2**20
 
 
 def _ranges(seqs: list[int]) -> str:
-    out, start = [], None
-    for i, s in enumerate(seqs):
-        if start is None:
-            start = s
-        if i + 1 == len(seqs) or seqs[i + 1] != s + 1:
-            out.append(str(start) if start == s else f"{start}-{s}")
-            start = None
+    # Consecutive numbers keep the same difference to their index: one group per run.
+    runs = [[s for _, s in run] for _, run in groupby(enumerate(seqs), key=lambda t: t[1] - t[0])]
+    out = [str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs]
     text = ", ".join(out[:8])
     return text + (f" and {len(out) - 8} more ranges" if len(out) > 8 else "")
 
@@ -84,8 +80,6 @@ class ChunkCheck:
         self.end_sha: str | None = None
         self.senders: set[str] = set()
         self.problems: list[str] = []
-        self.messages = 0
-        self.bytes = 0
         self.duplicates = 0
         self._hasher: Any = hashlib.sha256()
         self._next = 1
@@ -93,10 +87,6 @@ class ChunkCheck:
         self._held_bytes = 0
         self.hashing = not sealed
         self._forwarded: set[tuple[str, int, str]] = set()
-
-    def _problem(self, text: str) -> None:
-        if len(self.problems) < 20:
-            self.problems.append(text)
 
     def take(self, frame: Any, *, trust_redrive_header: bool) -> dict[str, str]:
         """Check one gathered message; return the headers its staged copy carries.
@@ -109,9 +99,7 @@ class ChunkCheck:
         if trust_redrive_header and h.get(H_REDRIVE_SENDER):
             stamp = p.sender_of({hdr.H_USER_ID: h.get(H_REDRIVE_SENDER)})
         self.senders.add(stamp)
-        self.messages += 1
         body = bytes(frame.body or b"")
-        self.bytes += len(body)
         sid = self.spec.stream_id
         kind = h.get(hdr.H_KIND)
         try:
@@ -124,7 +112,8 @@ class ChunkCheck:
             else:
                 raise RemoteProtocolError(f"a message that is not one of its chunks ({hdr.H_KIND}={str(kind)[:20]!r})")
         except ProtocolError as exc:
-            self._problem(str(exc))
+            if len(self.problems) < 20:
+                self.problems.append(str(exc))
         return {H_REDRIVE_SENDER: stamp} if stamp else {}
 
     def _data(self, h: Any, body: bytes) -> None:
@@ -256,10 +245,9 @@ def _offer_headers(copy: Any) -> dict[str, str]:
     yields added."""
     h = copy_headers(copy)
     for k in list(h):
+        # The prefixes cover amqs_quarantined_user, amqs_redriven_by/_at and amqs_redrive_sender.
         if k.startswith(("amqs_quarantine", "amqs_redrive")) or k in (
-                hdr.H_NOT_BEFORE, hdr.H_YIELDS, hdr.H_YIELD_REASON, hdr.H_FIRST_SENDER, H_QUARANTINED_USER,
-                H_REDRIVEN_BY,
-                H_REDRIVEN_AT, hdr.H_REOFFER):
+                hdr.H_NOT_BEFORE, hdr.H_YIELDS, hdr.H_YIELD_REASON, hdr.H_FIRST_SENDER, hdr.H_REOFFER):
             h.pop(k)
     return h
 
@@ -327,8 +315,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     where = f"stream {sid} on {dest}"
     with QueueSession(params, client_id="amqstream-redrive", browse_limit=browse_limit) as qs:
         qs.require_read((qq, stage_q, target_q))
-        busy = _waiting_elsewhere(qs, dest, sid)
-        if busy:
+        if busy := _waiting_elsewhere(qs, dest, sid):
             raise RedriveRefused(
                 f"{where}: an offer for {sid} waits on {busy} (the stream sent again, or another stream under the "
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
@@ -367,10 +354,9 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                     f"{where} cannot be redriven: {'; '.join(problems)}. Its {back.messages} messages are on {dlq_q} "
                     f"and its offer stays quarantined on {qq}; `amqstream streams discard {sid} --from {dest}` "
                     "removes them, and the sender can send the file again.")
-            user = params.user
-            at = datetime.now(timezone.utc).isoformat(timespec="seconds")
             sender_before = check.sender
-            marks = {H_REDRIVEN_BY: user, H_REDRIVEN_AT: at}
+            marks = {H_REDRIVEN_BY: params.user,
+                     H_REDRIVEN_AT: datetime.now(timezone.utc).isoformat(timespec="seconds")}
             moved = move_queue(link, stage_q, target_q, quiet=quiet,
                                decide=lambda f: None if check.forward(f) is None else marks)
             link.send_confirmed(str(dest), b"", {**offer, hdr.H_DATA_DEST: target_q, **marks,
@@ -380,7 +366,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         finally:
             if sub is not None and link.connected:
                 link.unsubscribe(sub)  # copies not acknowledged go back to the quarantine queue
-    log.info("%s redriven by %s: %d chunks, %d bytes, sent by %s before", where, user or "?", spec.chunks,
+    log.info("%s redriven by %s: %d chunks, %d bytes, sent by %s before", where, params.user or "?", spec.chunks,
              moved.bytes, sender_before or "an unidentified sender")
-    return RedriveResult(sid, str(dest), cause.label, spec.chunks, moved.bytes, moved.dropped, sender_before, user,
-                         check.sha256_checked, recovered, time.monotonic() - t0)
+    return RedriveResult(sid, str(dest), cause.label, spec.chunks, moved.bytes, moved.dropped, sender_before,
+                         params.user, check.sha256_checked, recovered, time.monotonic() - t0)

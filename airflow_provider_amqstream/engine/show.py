@@ -77,13 +77,8 @@ def _probe(qs: QueueSession, queue: str) -> QueueProbe:
 def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
                 out_dirs: Iterable[str | os.PathLike[str]] = (), quarantine: str | None = None,
                 browse_limit: int = BROWSE_LIMIT) -> StreamReport:
-    """Everything known about ``stream_id`` on ``destination``: its offer, parked and
-    quarantine copies, whether its data queues hold an end marker, and in each receiver's
-    directory given its partial data, completion record and the batches listing it.
+    """Everything known about ``stream_id`` on ``destination`` (see the module doc).
 
-    :param params: the broker and user.
-    :param destination: ``/queue/NAME``.
-    :param stream_id: the stream.
     :param out_dirs: receivers' output directories.
     :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
     :param browse_limit: how many messages a browser sees at most on this broker.
@@ -107,27 +102,19 @@ def show_stream(params: BrokerParams, destination: str, stream_id: str, *,
             rep.denied[dest.held_queue(sid)] = notes.denied
         rep.held = [asdict(h) for f in notes.frames if (h := Holder.from_headers(f.headers)) is not None]
     for out_dir in out_dirs:
-        sdir = StateDir(out_dir)
         try:
             done = find_received(out_dir, sid)
         except (StreamError, OSError, ValueError) as exc:
             done = {"error": f"completion record unreadable: {exc}"}
         if done is not None:
             rep.received.append({"out_dir": str(out_dir), **done})
-        for batch in _batches_listing(sdir, sid):
-            rep.in_batches.append({"out_dir": str(out_dir), **batch})
+        # The waiting batches whose parts list it.
+        for part in sorted(StateDir(out_dir).batches.glob("*/*.json")):
+            try:
+                data = read_json(part) or {}
+            except (OSError, ValueError):
+                continue
+            if any(e.get("stream_id") == sid for e in data.get("entries", [])):
+                rep.in_batches.append({"out_dir": str(out_dir),
+                                       **{k: data.get(k) for k in ("batch_id", "part", "parts", "sender")}})
     return rep
-
-
-def _batches_listing(sdir: StateDir, stream_id: str) -> list[dict[str, Any]]:
-    """The waiting batches in a state directory whose parts list ``stream_id``."""
-    found = []
-    for part in sorted(sdir.batches.glob("*/*.json")):
-        try:
-            data = read_json(part) or {}
-        except (OSError, ValueError):
-            continue
-        if any(e.get("stream_id") == stream_id for e in data.get("entries", [])):
-            found.append({"batch_id": data.get("batch_id"), "part": data.get("part"), "parts": data.get("parts"),
-                          "sender": data.get("sender")})
-    return found

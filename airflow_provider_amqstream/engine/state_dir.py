@@ -21,7 +21,7 @@ STATE_DIR_NAME = ".amqstream"
 class StateDir:
     """The state directory of one output directory. It is a path (``os.fspath`` gives it), and
     names every file and directory under it; nothing else joins names onto it (the record
-    store, ``records/``, is :func:`~airflow_provider_amqstream.engine.store.store_path`'s)."""
+    store, ``records/``, is :func:`~airflow_provider_amqstream.engine.store.open_store`'s)."""
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.out = Path(out_dir)
@@ -123,7 +123,7 @@ def checkpoint_name(stream_id: str, params: BrokerParams) -> str:
 class SendStateDir:
     """A sender's state directory (default :func:`default_state_dir`): one file per stream or
     batch in flight, each ``<name>@<broker key>``, and the record store (``records/``,
-    :func:`~airflow_provider_amqstream.engine.store.store_path`'s). Nothing else joins names onto it."""
+    :func:`~airflow_provider_amqstream.engine.store.open_store`'s). Nothing else joins names onto it."""
 
     # A checkpoint (``<stream id>@<broker key>.json``, a task's ``amqstream_send_...``), a
     # batch's ledger or files list (``batch-``/``files-<batch id>@<broker key>.jsonl``).

@@ -61,9 +61,6 @@ COMPACT_AFTER = 3600
 SORTED = ".sorted"
 PAST = "past"  # the merged past days, beside the day directories
 
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
 def bucket(kind: str, key: str) -> str:
     """The bucket (a directory name) a record of ``kind`` under ``key`` is filed in."""
     return f"{zlib.crc32(f'{kind}{key}'.encode('utf-8', 'surrogatepass')) % BUCKETS:02x}"
@@ -142,7 +139,7 @@ def _first_at_least(data: Any, target: bytes) -> int:
 def _past_lines(path: str, cutoff: bytes) -> Iterator[bytes]:
     """The lines of a merged file (without newlines) of days kept; nothing if it went."""
     try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
     with os.fdopen(fd, "rb") as fh:
@@ -176,7 +173,7 @@ def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: b
     durable and in place when this returns; return its path."""
     tmp = f"{directory}/.{secrets.token_hex(8)}.tmp"
     try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600), "wb") as out:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as out:
             prev, oldest = b"", b"99999999"
             for line in heapq.merge(fresh, *(_past_lines(p, cutoff) for p in olds), key=_merge_key):
                 if line != prev:  # copies of a line (a crash, two compactors) sort next to each other
@@ -193,10 +190,6 @@ def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: b
     return new
 
 
-class _Gone(Exception):
-    """A file listed for a look-up was merged into another before it was opened."""
-
-
 def _listed(bdir: str) -> list[str]:
     """The logs and sorted runs in ``bdir`` in name order (none if it has no directory)."""
     try:
@@ -209,11 +202,8 @@ def _listed(bdir: str) -> list[str]:
 @contextlib.contextmanager
 def _mapped(path: str) -> Iterator[Any]:
     """``path`` mapped read-only (None if empty): nothing copied into the process, and what
-    is mapped is page cache, let go when the look-up ends. Raises :class:`_Gone` if missing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
-    except FileNotFoundError:
-        raise _Gone(path) from None
+    is mapped is page cache, let go when the look-up ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
         if not size:
@@ -305,17 +295,13 @@ class RecordStore:
 
     # -- writing ----------------------------------------------------------------
 
-    def put(self, kind: str, key: str, value: Any, *, sync: bool = True) -> None:
-        """Record ``value`` under (``kind``, ``key``), durable when this returns if ``sync``.
-
-        :param kind: :data:`DONE`, :data:`CLAIM` or :data:`SENT`.
-        :param value: any JSON value.
-        :param sync: fsync the file (False: the caller flushes the filesystem).
-        """
-        self.put_many([(kind, key, value)], sync=sync)
-
     def put_many(self, items: Iterable[tuple[str, str, Any]], *, sync: bool = True) -> None:
-        """Several records, grouped by file: one write (and fsync) per bucket touched."""
+        """Record each (kind, key, value) of ``items``, durable when this returns if ``sync``;
+        grouped by file: one write (and fsync) per bucket touched.
+
+        :param items: kinds :data:`DONE`, :data:`CLAIM` or :data:`SENT`; values any JSON value.
+        :param sync: fsync the files (False: the caller flushes the filesystem).
+        """
         day = _day(self.clock())
         by_bucket: dict[str, list[bytes]] = {}
         for kind, key, value in items:
@@ -339,7 +325,7 @@ class RecordStore:
         if log_ is None:
             path = f"{bdir}/{self._name}"
             # O_EXCL: a file of our own name, never one someone planted (nor a link).
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | NOFOLLOW
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
             try:
                 fd = os.open(path, flags, 0o600)
             except FileNotFoundError:
@@ -399,16 +385,9 @@ class RecordStore:
 
     # -- reading ----------------------------------------------------------------
 
-    def get(self, kind: str, key: str, *, match: Any = None) -> Any:
-        """The newest record of (``kind``, ``key``) within retention, or None.
-
-        :param match: a predicate the value must satisfy (a hash collision is a record of
-            another key: callers whose value names its key check it).
-        """
-        for value in self.get_all(kind, key):
-            if match is None or match(value):
-                return value
-        return None
+    def get(self, kind: str, key: str) -> Any:
+        """The newest record of (``kind``, ``key``) within retention, or None."""
+        return next(self.get_all(kind, key), None)
 
     def get_all(self, kind: str, key: str) -> Iterator[Any]:
         """Every record of (``kind``, ``key``) within retention, newest day first."""
@@ -431,7 +410,7 @@ class RecordStore:
                 try:
                     found.update(self._collect_bucket(b, heads, cutoff, first=first))
                     break
-                except _Gone:
+                except FileNotFoundError:
                     continue  # a file listed was merged into a new one since: list again
             else:
                 raise OSError(errno.EAGAIN, f"records of bucket {b} in {self.root} were merged away {RELISTS} "
@@ -440,7 +419,7 @@ class RecordStore:
 
     def _collect_bucket(self, b: str, heads: list[bytes], cutoff: bytes, *, first: bool) -> dict[str, list[Any]]:
         """The values of ``heads`` in bucket ``b``'s files, newest day first. Raises
-        :class:`_Gone` if a file listed is gone when opened: files are only appended to, and a
+        ``FileNotFoundError`` if a file listed is gone when opened: files are only appended to, and a
         record leaves one only after it is in a newer file (renamed into place first), so a
         look-up that opened every file it listed saw every record there when it listed."""
         found: dict[bytes, list[Any]] = {}
@@ -574,8 +553,9 @@ _STORES: dict[tuple[str, float], RecordStore] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def open_store(root: str | os.PathLike[str], retention_days: float | None = None) -> RecordStore:
-    """The process's store at ``root``: one per process and directory, so a process writes
+def open_store(state_dir: str | os.PathLike[str], retention_days: float | None = None) -> RecordStore:
+    """The process's store of ``state_dir`` (a receiver's ``out_dir/.amqstream``, a sender's),
+    in its ``records/``: one per process and directory, so a process writes
     one file per bucket and day however many streams it records (pruning is the caller's:
     :meth:`RecordStore.prune`, which the receiver runs as it starts).
 
@@ -585,7 +565,7 @@ def open_store(root: str | os.PathLike[str], retention_days: float | None = None
     days = DEFAULT_RETENTION_DAYS if retention_days is None else float(retention_days)
     if days < 0:
         raise ValueError(f"records_retention_days must be 0 (keep for ever) or more, got {retention_days}")
-    key = (os.path.abspath(os.fspath(root)), days)
+    key = (os.path.abspath(os.path.join(state_dir, STORE_DIR_NAME)), days)
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
@@ -607,7 +587,3 @@ def prune_quietly(store: RecordStore) -> int:
                     store.root, exc)
         return 0
 
-
-def store_path(state_dir: str | os.PathLike[str]) -> Path:
-    """Where the store of a state directory (``out_dir/.amqstream``, a sender's) lives."""
-    return Path(state_dir) / STORE_DIR_NAME

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from airflow_provider_amqstream.engine import (
     StreamFailure,
     TransferResult,
     default_stream_id,
+    find_claimed,
+    find_received,
     id_key,
     iter_files,
 )
@@ -54,8 +57,8 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 __all__ = [
     "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus",
     "BrokerParams", "BulkResult", "Destination", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter",
-    "ReceiveOptions", "RecentRate", "SendOptions", "SendStateDir", "StreamFailure", "TransferResult", "iter_files",
-    "parse_recipient", "validate_stream_id",
+    "ReceiveOptions", "RecentRate", "SendOptions", "SendStateDir", "StreamFailure", "TransferResult", "find_claimed",
+    "find_received", "iter_files", "parse_recipient", "validate_stream_id",
 ]
 MODES = tuple(m.value for m in hdr.Mode)
 
@@ -80,50 +83,35 @@ class AmqStreamHook(BaseHook):
         super().__init__()
         self.amqstream_conn_id = amqstream_conn_id
         self.uri = uri
-        self._params: BrokerParams | None = None
-        self._fields: connection.ConnFields | None = None
 
     # -- connection --------------------------------------------------------------
     def broker_params(self) -> BrokerParams:
         """Connection settings, read on first use (never at DAG parse time)."""
-        if self._params is None:
-            self._resolve()
-        assert self._params is not None  # set by _resolve, or it raised
-        return self._params
+        return self._resolved[1]
 
     def conn_fields(self) -> connection.ConnFields | None:
         """The connection's fields, read on first use; None for the embedded broker."""
-        if self._params is None:
-            self._resolve()
-        return self._fields
+        return self._resolved[0]
 
-    def _resolve(self) -> None:
+    @cached_property
+    def _resolved(self) -> tuple[connection.ConnFields | None, BrokerParams]:
         # Every source goes through connection.py's one parser and one reading of the fields,
         # so a URI, a variable and a stored connection cannot disagree about TLS.
         fields: connection.ConnFields | None
         if self.uri:
             fields = connection.parse_connection(self.uri, self.amqstream_conn_id, "the hook's uri")
         else:
-            fields = connection.from_env(self.amqstream_conn_id) or self._from_airflow()
+            fields = connection.from_env(self.amqstream_conn_id) or connection.looked_up(
+                self.get_connection, self.amqstream_conn_id, f"connection {self.amqstream_conn_id!r}")
         if fields is None:
-            self._fields, self._params = None, connection.embedded_instead(self.amqstream_conn_id)
-            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, self._params.url)
-            return
+            params = connection.embedded_instead(self.amqstream_conn_id)
+            log.info("no connection %r: using the embedded broker at %s", self.amqstream_conn_id, params.url)
+            return None, params
         if fields.password:  # out of task logs, as Airflow does for the connections it reads itself
             from airflow.sdk.log import mask_secret
 
             mask_secret(fields.password)
-        self._fields, self._params = fields, fields.broker_params()
-
-    def _from_airflow(self) -> connection.ConnFields | None:
-        try:
-            with connection.settings_not_flagged_as_secrets():
-                conn = self.get_connection(self.amqstream_conn_id)
-        except Exception as exc:
-            if type(exc).__name__ != "AirflowNotFoundException":
-                raise
-            return None
-        return connection.from_airflow(conn, f"connection {self.amqstream_conn_id!r}")
+        return fields, fields.broker_params()
 
     def get_conn(self) -> Link:
         """A new, open STOMP session. The caller closes it (or uses ``with``)."""
@@ -161,18 +149,6 @@ class AmqStreamHook(BaseHook):
         """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (a retry replaces it)."""
         key = hashlib.sha256((claim or f"pid-{os.getpid()}-{time.time()}").encode()).hexdigest()[:32]
         return StateDir(out_dir).lists / f"{key}.files.jsonl"
-
-    @staticmethod
-    def received(out_dir: str | os.PathLike[str], stream_id: str, *,
-                 records_retention_days: float | None = None) -> dict[str, Any] | None:
-        """The completion record of ``stream_id`` in ``out_dir`` (within the retention), or None."""
-        return engine.find_received(out_dir, stream_id, retention_days=records_retention_days)
-
-    @staticmethod
-    def claimed(out_dir: str | os.PathLike[str], claim: str, *,
-                records_retention_days: float | None = None) -> list[dict[str, Any]]:
-        """Completion records of the streams ``claim`` took in ``out_dir``, oldest first."""
-        return engine.find_claimed(out_dir, claim, retention_days=records_retention_days)
 
     # -- transfers ---------------------------------------------------------------
     def send_file(self, path: str | os.PathLike[str], destination: str, *, options: SendOptions | None = None,
@@ -236,7 +212,7 @@ class AmqStreamHook(BaseHook):
         drained = into or Drained()
         drained.start()
         try:
-            for done in (self.claimed(out_dir, claim, records_retention_days=options.records_retention_days)
+            for done in (find_claimed(out_dir, claim, retention_days=options.records_retention_days)
                          if claim else []):
                 drained.add(done)
             until = time.monotonic() + deadline
@@ -334,9 +310,3 @@ class Drained:
         if self.files_list is not None:
             self.files_list.close()
             self.files_list = self.files_list.name
-
-    @property
-    def complete(self) -> bool:
-        """Whether ``files`` lists every stream."""
-        return len(self.files) == self.count
-

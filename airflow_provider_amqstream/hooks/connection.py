@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,36 +212,32 @@ def _airflow_config(env: Mapping[str, str]) -> tuple[Path, configparser.ConfigPa
     return home, parser
 
 
+def _configured(env: Mapping[str, str], settings: list[tuple[str, str]]) -> str | None:
+    """The first of Airflow's ``settings`` (section, key) set, as Airflow reads them: every
+    ``AIRFLOW__<SECTION>__<KEY>`` variable before airflow.cfg."""
+    for name in (f"AIRFLOW__{section}__{key}".upper() for section, key in settings):
+        if env.get(name, "").strip():
+            return env[name].strip()
+    _, parser = _airflow_config(env)
+    return next((v for v in (parser.get(s, k, fallback="").strip() for s, k in settings) if v), None)
+
+
 def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The custom secrets backend Airflow is configured with (``[secrets] backend`` or
     ``[workers] secrets_backend``): Airflow asks it before the environment variables, so with
     one set the shortcut through ``AIRFLOW_CONN_<ID>`` would change which definition wins."""
-    env = os.environ if environ is None else environ
-    for var in ("AIRFLOW__SECRETS__BACKEND", "AIRFLOW__WORKERS__SECRETS_BACKEND"):
-        if env.get(var, "").strip():
-            return env[var].strip()
-    _, parser = _airflow_config(env)
-    for section, key in (("secrets", "backend"), ("workers", "secrets_backend")):
-        value = parser.get(section, key, fallback="").strip()
-        if value:
-            return value
-    return None
+    return _configured(os.environ if environ is None else environ,
+                       [("secrets", "backend"), ("workers", "secrets_backend")])
 
 
 def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
     """Whether Airflow's own lookup could find a connection here (a custom secrets backend, a
     metadata database configured, or the default SQLite file); else importing Airflow is wasted."""
     env = os.environ if environ is None else environ
-    if custom_secrets_backend(env):
-        return True
     keys = ("sql_alchemy_conn", "sql_alchemy_conn_cmd", "sql_alchemy_conn_secret")
-    if any(env.get(f"AIRFLOW__{section}__{key}".upper(), "").strip() for section in ("database", "core")
-           for key in keys):
+    if custom_secrets_backend(env) or _configured(env, [(s, k) for s in ("database", "core") for k in keys]):
         return True
-    home, parser = _airflow_config(env)
-    if any(parser.get(section, key, fallback="").strip() for section in ("database", "core") for key in keys):
-        return True
-    return (home / "airflow.db").is_file()
+    return (_airflow_config(env)[0] / "airflow.db").is_file()
 
 
 def local_deployments(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -273,18 +269,16 @@ def from_env(conn_id: str, environ: Mapping[str, str] | None = None) -> ConnFiel
 MASKER_LOGGERS = ("airflow._shared.secrets_masker.secrets_masker", "airflow.sdk._shared.secrets_masker.secrets_masker")
 
 
-class _ShortExtraNotice(logging.Filter):
-    """Drops the masker's ``Skipping masking for a secret as it's too short`` warning: Airflow
-    masks every string of an extra, and ours are settings (``"auto"``, ``"zstd"``), no secrets."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
+def _not_short_secret_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Skipping masking for a secret as it's too short")
 
 
 @contextlib.contextmanager
 def settings_not_flagged_as_secrets() -> Iterator[None]:
-    """While Airflow looks a connection up: without ``_ShortExtraNotice``'s warning."""
-    quiet = _ShortExtraNotice()
+    """While Airflow looks a connection up: without the masker's ``Skipping masking for a
+    secret as it's too short`` warning. Airflow masks every string of an extra, and ours are
+    settings (``"auto"``, ``"zstd"``), no secrets."""
+    quiet = _not_short_secret_notice
     loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
     for logger in loggers:
         logger.addFilter(quiet)
@@ -302,18 +296,26 @@ def from_metadata_db(conn_id: str) -> ConnFields | None:
     """
     if "airflow" not in sys.modules and not airflow_may_know():
         return None
-    with settings_not_flagged_as_secrets():
-        from airflow.models.connection import Connection
-        from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.models.connection import Connection
 
-        try:
-            # The core lookup: environment, configured secrets backends, then the metadata
-            # database. (The Task SDK's BaseHook.get_connection, outside a task, reads only
-            # the environment: hence the AirflowNotFoundException users saw for UI connections.)
-            conn = Connection.get_connection_from_secrets(conn_id)
-        except AirflowNotFoundException:
-            return None
-        return from_airflow(conn, f"connection {conn_id!r} in the metadata database")
+    # The core lookup: environment, configured secrets backends, then the metadata
+    # database. (The Task SDK's BaseHook.get_connection, outside a task, reads only
+    # the environment: hence the AirflowNotFoundException users saw for UI connections.)
+    where = f"connection {conn_id!r} in the metadata database"
+    return looked_up(Connection.get_connection_from_secrets, conn_id, where)
+
+
+def looked_up(get: Callable[[str], Any], conn_id: str, where: str) -> ConnFields | None:
+    """The fields of connection ``conn_id`` as Airflow's ``get`` finds it (the core lookup, or
+    a hook's ``get_connection``); None if it is not defined."""
+    try:
+        with settings_not_flagged_as_secrets():
+            conn = get(conn_id)
+    except Exception as exc:
+        if type(exc).__name__ != "AirflowNotFoundException":
+            raise
+        return None
+    return from_airflow(conn, where)
 
 
 def from_airflow(conn: Any, where: str) -> ConnFields:
@@ -321,27 +323,6 @@ def from_airflow(conn: Any, where: str) -> ConnFields:
     return ConnFields(conn_id=conn.conn_id, conn_type=conn.conn_type, host=conn.host, port=conn.port,
                       login=conn.login, password=conn.password, schema=conn.schema,
                       extra=_decode_extra(conn.extra, where), source=where)
-
-
-def embedded_params() -> BrokerParams | None:
-    """Settings of the embedded broker on this machine, if it was ever started."""
-    from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-
-    broker = EmbeddedBroker()
-    if not (broker.data_dir / "broker.port").is_file():
-        return None
-    info = broker.info()
-    return BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
-
-
-def not_found_message(conn_id: str) -> str:
-    """What a user can do about a connection that is nowhere."""
-    deployed = "".join(f" A local deployment (make airflow) defines its connections for another shell: "
-                       f"`source {env_sh}`, then run this again." for env_sh in local_deployments()[:1])
-    return (f"no connection {conn_id!r}: neither ${env_var_name(conn_id)} nor Airflow's metadata database "
-            f"defines it.{deployed} Or set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
-            f"`airflow connections add {conn_id} --conn-uri 'amqstream://USER:PASSWORD@HOST:61613'` "
-            "(or add it in the UI, type amqstream), or pass --conn with the URI itself")
 
 
 def lookup(conn: str | None) -> tuple[ConnFields | None, str]:
@@ -374,9 +355,19 @@ def resolve(conn: str | None) -> tuple[BrokerParams, str]:
 
 def embedded_instead(conn_id: str) -> BrokerParams:
     """The embedded broker in place of connection ``conn_id``, which nothing defines: only
-    for ``amqstream_default``, and only if that broker was ever started; else :class:`ConnectionNotFound`."""
-    embedded = embedded_params() if conn_id == DEFAULT_CONN_ID else None
-    if embedded is None:
-        raise ConnectionNotFound(not_found_message(conn_id))
-    return embedded
+    for ``amqstream_default``, and only if that broker was ever started; else :class:`ConnectionNotFound`
+    saying what a user can do."""
+    if conn_id == DEFAULT_CONN_ID:
+        from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
+        broker = EmbeddedBroker()
+        if (broker.data_dir / "broker.port").is_file():
+            info = broker.info()
+            return BrokerParams(hosts=((info.host, info.port),), login=info.user, password=info.password)
+    deployed = "".join(f" A local deployment (make airflow) defines its connections for another shell: "
+                       f"`source {env_sh}`, then run this again." for env_sh in local_deployments()[:1])
+    raise ConnectionNotFound(
+        f"no connection {conn_id!r}: neither ${env_var_name(conn_id)} nor Airflow's metadata database "
+        f"defines it.{deployed} Or set {env_var_name(conn_id)}='amqstream://USER:PASSWORD@HOST:61613', or run "
+        f"`airflow connections add {conn_id} --conn-uri 'amqstream://USER:PASSWORD@HOST:61613'` "
+        "(or add it in the UI, type amqstream), or pass --conn with the URI itself")

@@ -62,19 +62,21 @@ def destination_dataset(params: BrokerParams, destination: str, *, role: str, si
 
 
 def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *, sending: bool = True) -> Any:
-    """``OperatorLineage`` of many files: sent, its files (or their common directory) went to
-    the destination; received, the destination became them. Files moved by an earlier try
-    count, as the task moved them."""
+    """``OperatorLineage`` of a task's result, one file's ``TransferResult`` as JSON or many
+    (``{"files": ...}``): sent, its files (or their common directory) went to the destination;
+    received, the destination became them. Files moved by an earlier try count, as the task
+    moved them; one file's SHA-256 versions the destination too."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     if not result or params is None:
         return OperatorLineage()
+    one = "files" not in result
     # Read once, a file at a time (a batch past MAX_XCOM_FILES is read from its files list):
     # the first MAX_FILE_DATASETS kept, then only their count, bytes and common directory.
     first: list[dict[str, Any]] = []
     count = total = 0
     root: str | None = None
-    for f in iter_result_files(result):
+    for f in [result] if one else iter_result_files(result):
         if not f.get("path"):
             continue
         count += 1
@@ -86,7 +88,8 @@ def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *,
     if not count:
         return OperatorLineage()
     file_role, dest_role = ("input", "output") if sending else ("output", "input")
-    dest = destination_dataset(params, str(first[0]["destination"]), role=dest_role, size=total, file_count=count)
+    dest = destination_dataset(params, str(first[0]["destination"]), role=dest_role, size=total, file_count=count,
+                               sha256=result.get("sha256") or None if one else None)
     if count <= MAX_FILE_DATASETS:
         local = [file_dataset(f["path"], role=file_role, size=f.get("bytes"), sha256=f.get("sha256") or None)
                  for f in first]
@@ -95,22 +98,6 @@ def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *,
     if sending:
         return OperatorLineage(inputs=local, outputs=[dest])
     return OperatorLineage(inputs=[dest], outputs=local)
-
-
-def transfer_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *, sending: bool) -> Any:
-    """``OperatorLineage`` of one send (file -> destination) or receive (destination -> file),
-    from the task's result (a ``TransferResult`` as JSON); empty when there is none."""
-    from airflow.providers.openlineage.extractors import OperatorLineage
-
-    if not result or params is None or not result.get("path"):
-        return OperatorLineage()
-    size, sha = result.get("bytes"), result.get("sha256") or None
-    dest_name = str(result["destination"])
-    if sending:
-        return OperatorLineage(inputs=[file_dataset(result["path"], role="input", size=size, sha256=sha)],
-                               outputs=[destination_dataset(params, dest_name, size=size, sha256=sha, role="output")])
-    return OperatorLineage(inputs=[destination_dataset(params, dest_name, size=size, sha256=sha, role="input")],
-                           outputs=[file_dataset(result["path"], role="output", size=size, sha256=sha)])
 
 
 def result_of(operator: Any, task_instance: Any) -> dict[str, Any] | None:
@@ -153,7 +140,4 @@ class ReportsLineage:
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         params = AmqStreamHook(self.amqstream_conn_id).broker_params()
-        result = result_of(self, task_instance)
-        if result is not None and "files" in result:
-            return batch_lineage(result, params, sending=self.lineage_sending)
-        return transfer_lineage(result, params, sending=self.lineage_sending)
+        return batch_lineage(result_of(self, task_instance), params, sending=self.lineage_sending)

@@ -89,21 +89,19 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_send_arguments(self.task_id, mode=mode, chunk_size=chunk_size, window=window, compression=compression)
-        self.compression = compression
         # Checked here, at parse time: a typo fails the DAG, not a run.
-        self.seal_to = tuple(seal_to or ())
-        for recipient in self.seal_to:
+        for recipient in seal_to or ():
             parse_recipient(recipient)
+        # The options every send of this task starts from (nothing in them reads the connection).
+        self.send_options = SendOptions(chunk_size=chunk_size, window=window, mode=mode, compression=compression,
+                                        reconnect_timeout=reconnect_timeout, fail_fast=fail_fast, manifest=manifest,
+                                        pack=pack, seal_to=tuple(seal_to or ()))
         self.path = path
-        self.recursive, self.fail_fast, self.manifest, self.pack = recursive, fail_fast, manifest, pack
+        self.recursive = recursive
         self.destination = destination
         self.stream_id = stream_id
         self.name = name
         self.amqstream_conn_id = amqstream_conn_id
-        self.chunk_size = chunk_size
-        self.window = window
-        self.mode = mode
-        self.reconnect_timeout = reconnect_timeout
         self.progress_interval = progress_interval
         self.destination_port = destination_port(amqstream_conn_id, destination, self.task_id)
         self.outlets = with_port(self.outlets, self.destination_port)
@@ -111,10 +109,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         hook = AmqStreamHook(self.amqstream_conn_id)
         params = hook.broker_params()
-        options = SendOptions(chunk_size=self.chunk_size, window=self.window, mode=self.mode,
-                              compression=self.compression, reconnect_timeout=self.reconnect_timeout,
-                              fail_fast=self.fail_fast, manifest=self.manifest, pack=self.pack, seal_to=self.seal_to,
-                              checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
+        options = replace(self.send_options, checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
         one = names_one_file(self.path)
         result = self._execute_one(hook, options) if one else self._execute_many(context, hook, options)
         emit(context, self, self.destination_port, destination_uri(self.amqstream_conn_id, self.destination),

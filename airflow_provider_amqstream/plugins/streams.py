@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -58,17 +59,12 @@ CONNECT_TIMEOUT = 5.0
 # Broker calls run here, never on the API server's event loop; a handful is plenty for a
 # page, and a dead broker can tie up no more than these.
 # Made on first use: a pool made at import would live in every Airflow process that loads
-# plugins (task processes too), not only the API server.
-_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
+# plugins (task processes too), not only the API server. Only the event loop asks for it: no lock.
+@functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amqs-streams-ui")
-        return _POOL
+    return concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amqs-streams-ui")
+
+
 _T = TypeVar("_T")
 # The last look per (connection, destination), for the rates of streams in progress.
 _MARKS: OrderedDict[tuple[str, str], dict[str, tuple[int, float]]] = OrderedDict()
@@ -78,10 +74,19 @@ _MARKS_LOCK = threading.Lock()
 app = FastAPI(title="ActiveMQ streams", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-async def _in_thread(fn: Callable[[], _T], timeout: float, what: str) -> _T:
+async def _in_thread(fn: Callable[[], _T], timeout: float, what: str) -> _T | JSONResponse:
+    """Run ``fn`` in the pool; the provider's own refusals come back as a response saying why."""
+
+    def run() -> _T | JSONResponse:
+        try:
+            return fn()
+        except AmqStreamError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=next(
+                (code for cls, code in _STATUS if isinstance(exc, cls)), 400))
+
     loop = asyncio.get_running_loop()
     try:
-        return await asyncio.wait_for(loop.run_in_executor(_pool(), fn), timeout)
+        return await asyncio.wait_for(loop.run_in_executor(_pool(), run), timeout)
     except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
         raise HTTPException(504, f"{what}: no answer within {timeout:.0f}s (is the broker slow or unreachable?)") \
             from None
@@ -151,29 +156,13 @@ def connection_ids() -> list[str]:
     return sorted(set(found))
 
 
-def _status(exc: AmqStreamError) -> int:
-    """The HTTP status of one of the provider's refusals."""
-    if isinstance(exc, AccessDenied):
-        return 403  # the broker refused the connection's user
-    if isinstance(exc, ConnectionNotFound):
-        return 404
-    if isinstance(exc, StreamError):
-        return 409  # the stream is not in a state the action can help (the text says why)
-    if isinstance(exc, TransportError):
-        return 502  # the broker is unreachable or failed
-    return 400
-
-
-def _refusal(fn: Callable[[], _T]) -> Callable[[], _T | JSONResponse]:
-    """Run ``fn``; the provider's own refusals come back as a response saying why."""
-
-    def run() -> _T | JSONResponse:
-        try:
-            return fn()
-        except AmqStreamError as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=_status(exc))
-
-    return run
+# The HTTP status of each of the provider's refusals, first match; any other is 400.
+_STATUS: tuple[tuple[type[AmqStreamError], int], ...] = (
+    (AccessDenied, 403),  # the broker refused the connection's user
+    (ConnectionNotFound, 404),
+    (StreamError, 409),  # the stream is not in a state the action can help (the text says why)
+    (TransportError, 502),  # the broker is unreachable or failed
+)
 
 
 @app.get("/streams", response_class=HTMLResponse)
@@ -223,13 +212,13 @@ async def inventory(request: Request, conn_id: str, destination: str) -> Any:
                 _MARKS.popitem(last=False)
         return inv.to_json()
 
-    return await _in_thread(_refusal(look), VIEW_TIMEOUT, f"looking at {destination} through {conn_id}")
+    return await _in_thread(look, VIEW_TIMEOUT, f"looking at {destination} through {conn_id}")
 
 
 @app.get("/streams/api/show")
 async def show(request: Request, conn_id: str, destination: str, stream_id: str) -> Any:
     await _allowed(request, conn_id, "GET")
-    return await _in_thread(_refusal(lambda: _hook(conn_id).show(destination, stream_id).to_json()), VIEW_TIMEOUT,
+    return await _in_thread(lambda: _hook(conn_id).show(destination, stream_id).to_json(), VIEW_TIMEOUT,
                             f"looking at stream {stream_id} on {destination}")
 
 
@@ -253,7 +242,7 @@ async def _action(request: Request, body: Any, verb: str) -> tuple[str, str, str
 async def redrive(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008 - FastAPI's way
     conn_id, destination, stream_id = await _action(request, body, "redrive")
     t0 = time.monotonic()
-    result = await _in_thread(_refusal(lambda: _hook(conn_id).redrive(destination, stream_id).to_json()),
+    result = await _in_thread(lambda: _hook(conn_id).redrive(destination, stream_id).to_json(),
                               ACTION_TIMEOUT, f"redriving stream {stream_id} on {destination}")
     log.info("redrive of stream %s: %.1fs", stream_id, time.monotonic() - t0)
     return result
@@ -262,7 +251,7 @@ async def redrive(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008
 @app.post("/streams/api/discard")
 async def discard(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008 - FastAPI's way
     conn_id, destination, stream_id = await _action(request, body, "discard")
-    return await _in_thread(_refusal(lambda: _hook(conn_id).discard(destination, stream_id).to_json()),
+    return await _in_thread(lambda: _hook(conn_id).discard(destination, stream_id).to_json(),
                             ACTION_TIMEOUT, f"discarding stream {stream_id} on {destination}")
 
 

@@ -17,7 +17,6 @@ except ImportError:  # isal is a dependency; a platform without its wheel still 
 
 
 def crc32(body: bytes | memoryview) -> int:
-    """The CRC-32 (zlib's polynomial) of a chunk's wire body."""
     return int(_crc32(body)) & 0xFFFFFFFF
 
 

@@ -15,15 +15,14 @@ from airflow_provider_amqstream.exceptions import ProtocolError
 from airflow_provider_amqstream.protocol import headers as hdr
 
 # fullmatch only: `$` also matches before a trailing newline, which would reach file names.
-_STREAM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_DEST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def validate_stream_id(stream_id: str) -> str:
     """Return ``stream_id`` if it is safe as a queue-name suffix and a file name."""
     if not isinstance(stream_id, str) or not stream_id:
         raise ProtocolError("stream id must be a non-empty string")
-    if len(stream_id) > hdr.MAX_STREAM_ID or not _STREAM_ID_RE.fullmatch(stream_id) or ".." in stream_id:
+    if len(stream_id) > hdr.MAX_STREAM_ID or not _NAME_RE.fullmatch(stream_id) or ".." in stream_id:
         raise ProtocolError(
             f"stream id {stream_id!r} is not valid: use 1-{hdr.MAX_STREAM_ID} characters from "
             "A-Z a-z 0-9 . _ - starting with a letter or digit, and no '..'"
@@ -87,7 +86,7 @@ class Destination:
             if raw.startswith(prefix):
                 kind, name = k, raw[len(prefix):]
                 break
-        if not name or len(name) > 200 or not _DEST_NAME_RE.fullmatch(name):
+        if not name or len(name) > 200 or not _NAME_RE.fullmatch(name):
             raise ProtocolError(
                 f"destination {text!r} is not valid: use /queue/NAME or /topic/NAME where NAME "
                 "has only A-Z a-z 0-9 . _ -"

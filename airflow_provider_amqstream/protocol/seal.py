@@ -104,7 +104,7 @@ class Identity:
     @property
     def recipient(self) -> str:
         """The string a sender seals to (``amqs1`` + base32 of the public key and a checksum)."""
-        return recipient_of(self.public)
+        return RECIPIENT_PREFIX + _b32(self.public + _check(self.public))
 
     def to_text(self) -> str:
         """The key file's content: a comment naming the recipient, then the secret line."""
@@ -136,10 +136,6 @@ def _unb32(text: str) -> bytes:
         return b""
     # Only the canonical spelling: the last character's spare bits would let a typo there pass.
     return raw if _b32(raw) == text else b""
-
-
-def recipient_of(public: bytes) -> str:
-    return RECIPIENT_PREFIX + _b32(public + _check(public))
 
 
 def parse_recipient(text: str) -> bytes:

@@ -28,7 +28,6 @@ from airflow_provider_amqstream.protocol.headers import (
     H_STREAM,
     MAX_AHEAD,
     MAX_STREAM_ID,
-    PROTOCOL_VERSION,
     Kind,
     Mode,
 )
@@ -71,18 +70,13 @@ class SenderState:
         self.confirmed_seq = seq
 
     def to_json(self) -> dict[str, Any]:
-        s = self.spec
-        return {"version": PROTOCOL_VERSION, "stream_id": s.stream_id, "name": s.name,
-                "size": s.size, "chunk_size": s.chunk_size, "mode": s.mode.value,
-                "destination": self.destination, "identity": self.identity,
+        return {**self.spec.to_json(), "destination": self.destination, "identity": self.identity,
                 "confirmed_seq": self.confirmed_seq, "offer_sent": self.offer_sent,
                 "end_sent": self.end_sent, "sha256": self.sha256}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SenderState:
-        spec = StreamSpec(data["stream_id"], data["name"], int(data["size"]),
-                          int(data["chunk_size"]), Mode(data["mode"]))
-        st = cls(spec, data["destination"], data["identity"])
+        st = cls(StreamSpec.from_json(data), data["destination"], data["identity"])
         st.confirm(int(data["confirmed_seq"]))
         st.offer_sent, st.end_sent = bool(data["offer_sent"]), bool(data["end_sent"])
         st.sha256 = data.get("sha256")
@@ -163,7 +157,6 @@ class ReceiverState:
 
     def _opened(self, seq: int, offset: int, length: int, headers: Mapping[str, Any],
                 body: bytes | memoryview) -> Decision:
-        """A chunk that passed its CRC (unsealed): opened (sealed), decoded, its length checked."""
         encoding = headers.get(H_ENCODING)
         if self.opener is not None:
             try:
@@ -199,9 +192,6 @@ class ReceiverState:
 
     def has(self, seq: int) -> bool:
         return seq < self.next_seq or seq in self.ahead
-
-    def mark_written(self, seq: int) -> None:
-        self.written.add(seq)
 
     def mark_durable(self, seq: int) -> list[int]:
         """Record chunk ``seq`` as on disk; return the chunks that became contiguous
@@ -252,12 +242,10 @@ class ReceiverState:
         return ranges
 
     def describe_missing(self) -> str:
-        parts = []
-        for first, last in self.missing_ranges()[:5]:
-            lo = self.spec.offset_of(first)
-            hi = self.spec.offset_of(last + 1)
-            parts.append(f"chunks {first}-{last} (bytes {lo}-{hi - 1})")
-        more = len(self.missing_ranges()) - 5
+        ranges = self.missing_ranges()
+        parts = [f"chunks {first}-{last} (bytes {self.spec.offset_of(first)}-{self.spec.offset_of(last + 1) - 1})"
+                 for first, last in ranges[:5]]
+        more = len(ranges) - 5
         return ", ".join(parts) + (f" and {more} more ranges" if more > 0 else "")
 
     @from_the_wire
@@ -271,16 +259,12 @@ class ReceiverState:
             )
 
     def to_json(self) -> dict[str, Any]:
-        s = self.spec
-        return {"version": PROTOCOL_VERSION, "stream_id": s.stream_id, "name": s.name,
-                "size": s.size, "chunk_size": s.chunk_size, "mode": s.mode.value,
-                "next_seq": self.next_seq, "ahead": sorted(self.ahead),
+        return {**self.spec.to_json(), "next_seq": self.next_seq, "ahead": sorted(self.ahead),
                 "expected_sha256": self.expected_sha256}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ReceiverState:
-        spec = StreamSpec(data["stream_id"], data["name"], int(data["size"]),
-                          int(data["chunk_size"]), Mode(data["mode"]))
+        spec = StreamSpec.from_json(data)
         st = cls(spec, int(data["next_seq"]), set(int(x) for x in data["ahead"]),
                  data.get("expected_sha256"))
         if not 1 <= st.next_seq <= spec.chunks + 1 or any(not st.next_seq < a <= spec.chunks for a in st.ahead):

@@ -68,6 +68,15 @@ class StreamSpec:
         """Byte offset where chunk ``seq`` starts; ``chunks + 1`` gives the size."""
         return min((seq - 1) * self.chunk_size, self.size)
 
+    def to_json(self) -> dict[str, Any]:
+        """The spec as both ends' saved states hold it (with the protocol version)."""
+        return {"version": hdr.PROTOCOL_VERSION, "stream_id": self.stream_id, "name": self.name, "size": self.size,
+                "chunk_size": self.chunk_size, "mode": self.mode.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StreamSpec:
+        return cls(data["stream_id"], data["name"], int(data["size"]), int(data["chunk_size"]), hdr.Mode(data["mode"]))
+
 
 def _base(spec: StreamSpec, kind: hdr.Kind) -> dict[str, str]:
     return {hdr.H_VERSION: str(hdr.PROTOCOL_VERSION), hdr.H_KIND: kind.value, hdr.H_STREAM: spec.stream_id,
@@ -165,8 +174,7 @@ def from_the_wire(parse: Callable[_P, _T]) -> Callable[_P, _T]:
 
 def int_header(headers: Mapping[str, Any], name: str, stream: str, *, lo: int = 0,
                hi: int = 2**63 - 1) -> int:
-    """The integer header ``name``, checked to be within ``lo..hi``; raises ProtocolError
-    naming ``stream`` and the header otherwise.
+    """The integer header ``name``, checked to be within ``lo..hi``.
 
     :param stream: what the error names (a stream id, or e.g. "pack-id member 3").
     """

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook, TransferResult, validate_stream_id
+from airflow_provider_amqstream.hooks.amqstream import (
+    AmqStreamHook,
+    TransferResult,
+    find_claimed,
+    find_received,
+    validate_stream_id,
+)
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import Arrivals
@@ -105,9 +111,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         self.defer(
             trigger=StreamOfferTrigger(source=self.source, stream_id=self.stream_id,
                                        amqstream_conn_id=self.amqstream_conn_id,
-                                       poll_interval=float(self.poke_interval)
-                                       if not isinstance(self.poke_interval, timedelta)
-                                       else self.poke_interval.total_seconds(),
+                                       poll_interval=float(self.poke_interval),
                                        timeout=timeout_left(self.timeout, context)),
             method_name="execute_complete",
         )
@@ -131,23 +135,21 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         it arrived for this task instance, announced as the landing directory's asset event
         with the other files of its pack, which are also reported as XCom ``also_received``."""
         claim = task_claim(context)
-        hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
-        done = self.already_received(hook, claim)
-        got = [done] if done is not None else self.receive_offered(hook, context, wait, claim)
+        done = self.already_received(claim)
+        got = [done] if done is not None else self.receive_offered(context, wait, claim)
         if not got:
             return None
         self._amqstream_result = got[0].to_json()
         # A stream this task instance took (now, or in a try that did not report success)
         # arrived for it; one found received before by anyone else is no arrival.
         ours = done is None or not self.stream_id or any(
-            r.get("stream_id") == done.stream_id for r in self.claimed(hook, claim))
+            r.get("stream_id") == done.stream_id for r in self.claimed(claim))
         self.emit_landing(context, Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)))
         if len(got) > 1:
             report_pack(got[1:], context.get("ti"), self.log)
         return got[0]
 
-    def receive_offered(self, hook: AmqStreamHook, context: Any, wait: float,
-                        claim: str | None) -> list[TransferResult]:
+    def receive_offered(self, context: Any, wait: float, claim: str | None) -> list[TransferResult]:
         """The next stream offered within ``wait`` seconds, and the rest of its pack (its
         stream first); empty when none was offered.
 
@@ -168,6 +170,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         # place, and this sensor keeps waiting for a good one.
         failures = FailureReport(self.log)
         opts = self.receive_options(wait=wait, claim=claim, events=on_event)
+        hook = AmqStreamHook(self.amqstream_conn_id)  # built per poke, never in __init__
         try:
             got = hook.receive_streams(self.source, self.out_dir, count=1, stream_id=self.stream_id, options=opts,
                                        on_failure=failures)
@@ -179,11 +182,11 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
                           got[0].bytes, got[0].sha256)
         return got
 
-    def claimed(self, hook: AmqStreamHook, claim: str | None) -> list[dict[str, Any]]:
+    def claimed(self, claim: str | None) -> list[dict[str, Any]]:
         """The records of the streams ``claim`` (this task instance) took in ``out_dir``, oldest first."""
-        return hook.claimed(self.out_dir, claim, records_retention_days=self.records_retention_days) if claim else []
+        return find_claimed(self.out_dir, claim, retention_days=self.records_retention_days) if claim else []
 
-    def already_received(self, hook: AmqStreamHook, claim: str | None) -> TransferResult | None:
+    def already_received(self, claim: str | None) -> TransferResult | None:
         """The stored result if ``out_dir`` already holds this task's stream, else None.
 
         With ``stream_id``: that stream's record (a re-run, or a run started for a stream
@@ -193,10 +196,10 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         the tasks downstream).
         """
         if self.stream_id:
-            record = hook.received(self.out_dir, self.stream_id, records_retention_days=self.records_retention_days)
+            record = find_received(self.out_dir, self.stream_id, retention_days=self.records_retention_days)
             why = "was already received"
         else:
-            record = next(iter(self.claimed(hook, claim)), None)
+            record = next(iter(self.claimed(claim)), None)
             why = "was received by an earlier try of this task"
         if record is None:
             return None
@@ -218,14 +221,12 @@ def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
         ti.xcom_push(key="also_received", value=[r.to_json() for r in others])
 
 
-def timeout_left(timeout: timedelta | float | None, context: Any) -> float | None:
-    """Seconds a deferral may wait: the sensor's ``timeout`` less what this try has run
-    (``ti.start_date``; at least 1), or None for no limit."""
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    left = float(seconds) if isinstance(seconds, (int, float)) else None
+def timeout_left(timeout: float, context: Any) -> float:
+    """Seconds a deferral may wait: the sensor's ``timeout`` (seconds, as BaseSensorOperator
+    keeps it) less what this try has run (``ti.start_date``; at least 1)."""
     # The sensor's timeout counts from the start of this try, not from each deferral:
     # a sensor woken for a stream another receiver took must not wait afresh.
-    started = getattr(context.get("ti"), "start_date", None) if hasattr(context, "get") else None
-    if left is not None and started is not None:
-        left = max(left - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)
-    return left
+    started: datetime | None = getattr(context.get("ti"), "start_date", None) if hasattr(context, "get") else None
+    if started is None:
+        return float(timeout)
+    return max(timeout - (datetime.now(timezone.utc) - started).total_seconds(), 1.0)

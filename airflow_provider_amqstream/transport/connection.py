@@ -50,9 +50,6 @@ if _stomp_log.level == logging.NOTSET:
 if not any(isinstance(f, _LostConnectionNoise) for f in _stomp_log.filters):
     _stomp_log.addFilter(_LostConnectionNoise())
 
-# How long a closed connect waits for the broker's reason (see Inbox.await_refusal).
-REFUSAL_GRACE = 2.0
-
 
 class FastTransport(Transport):
     """stomp.py's transport with a linear-time frame reader (why: transport/frames.py); on a
@@ -272,21 +269,10 @@ class Connection12(BaseConnection, Protocol12):
         BaseConnection.__init__(self, transport)
         Protocol12.__init__(self, transport, heartbeats, auto_content_length=True,
                             heart_beat_receive_scale=2.5)
-        self._amqs_timeout = timeout
 
-    def connect(self, *args: Any, wait: bool = False, **kwargs: Any) -> None:
+    def connect(self, *args: Any, **kwargs: Any) -> None:
         self.transport.start()
-        Protocol12.connect(self, *args, wait=False, **kwargs)
-        if not wait:
-            return
-        # stomp.py's own wait has no end: a port that accepts TCP and never answers the CONNECT
-        # frame (a hung broker, another protocol) held the caller for ever. The same time-out
-        # as the TCP connect bounds the STOMP handshake; the caller then says which it was.
-        deadline = time.monotonic() + self._amqs_timeout
-        while not self.transport.is_connected():
-            if self.transport.connection_error or not self.transport.running or time.monotonic() >= deadline:
-                raise stomp_exc.ConnectFailedException()
-            time.sleep(0.005)
+        Protocol12.connect(self, *args, **kwargs)
 
     def disconnect(self, receipt: str | None = None, headers: Any = None, **kw: Any) -> None:
         Protocol12.disconnect(self, receipt, headers, **kw)
@@ -354,10 +340,6 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     answered = inbox.await_connected(timeout=p.connect_timeout)
     if answered and not inbox.errors and not inbox.lost and conn.is_connected():
         return conn
-    if inbox.lost and not inbox.errors:
-        # stomp.py reports the socket's end as soon as it sees it, and an ERROR frame read
-        # just before may still be on its way to the listener: give the reason a moment.
-        inbox.await_refusal(timeout=REFUSAL_GRACE)
     quiet_close(conn)
     elapsed = time.monotonic() - started
     if inbox.errors or not answered:

@@ -75,7 +75,9 @@ class Inbox(stomp.ConnectionListener):
 
     def await_connected(self, timeout: float) -> bool:
         """Wait until the broker answered CONNECT (CONNECTED or ERROR) or the socket ended;
-        False if none of that happened within ``timeout`` seconds."""
+        False if none of that happened within ``timeout`` seconds. The reader thread hands
+        an ERROR frame to the listeners before it reports the socket's end, so a refusal's
+        reason is in :attr:`errors` once :attr:`lost` is set."""
         with self.cond:
             return bool(self.cond.wait_for(lambda: self.connected or self.errors or self.lost, timeout=timeout))
 
@@ -86,13 +88,3 @@ class Inbox(stomp.ConnectionListener):
         self.messages.put(None)
 
     on_heartbeat_timeout = on_disconnected
-
-    def await_refusal(self, timeout: float) -> None:
-        """Wait until the reader thread has reported an ERROR frame or the socket's end.
-
-        stomp.py wakes a failed ``connect(wait=True)`` *before* it hands the ERROR frame to
-        the listeners, so without this the caller races the reader thread and may explain
-        a refused login as a silent broker.
-        """
-        with self.cond:
-            self.cond.wait_for(lambda: self.errors or self.lost, timeout=timeout)

@@ -333,7 +333,7 @@ def _parse(destination: str) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ selectors
-_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?)|(?P<op><>|<=|>=|[=<>(),])"
+_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<op><>|[=(),])"
                     r"|(?P<word>[A-Za-z_][A-Za-z0-9_.]*))")
 _KEYWORDS = {"AND", "OR", "NOT", "IS", "NULL", "IN", "LIKE", "ESCAPE", "TRUE", "FALSE"}
 
@@ -379,16 +379,15 @@ def _or(a: bool | None, b: bool | None) -> bool | None:
     return None if a is None or b is None else False
 
 
-def _not(a: bool | None) -> bool | None:
-    return None if a is None else not a
-
-
 class _Parser:
     def __init__(self, tokens: list[tuple[str, str]], text: str) -> None:
         self.tokens, self.text, self.pos = tokens, text, 0
 
-    def _peek(self, value: str) -> bool:
-        return self.pos < len(self.tokens) and self.tokens[self.pos][1] == value
+    def _skip(self, value: str) -> bool:
+        """Take the next token if it is ``value``."""
+        found = self.pos < len(self.tokens) and self.tokens[self.pos][1] == value
+        self.pos += found
+        return found
 
     def _take(self, value: str | None = None) -> tuple[str, str]:
         if self.pos >= len(self.tokens) or (value is not None and self.tokens[self.pos][1] != value):
@@ -399,8 +398,7 @@ class _Parser:
     def _chain(self, word: str, operand: Callable[[], Predicate],
                join: Callable[[bool | None, bool | None], bool | None]) -> Predicate:
         left = operand()
-        while self._peek(word):
-            self._take()
+        while self._skip(word):
             right, prev = operand(), left
             left = (lambda a, b: lambda h: join(a(h), b(h)))(prev, right)
         return left
@@ -412,74 +410,46 @@ class _Parser:
         return self._chain("AND", self._not, _and)
 
     def _not(self) -> Predicate:
-        if self._peek("NOT"):
-            self._take()
+        if self._skip("NOT"):
             inner = self._not()
-            return lambda h: _not(inner(h))
+            return lambda h: None if (v := inner(h)) is None else not v
         return self._cmp()
 
-    def _literal(self) -> Any:
+    def _literal(self) -> str:
         kind, value = self._take()
-        if kind == "str":
-            return value[1:-1].replace("''", "'")
-        if kind == "num":
-            return float(value)
-        raise ValueError(f"selector {self.text!r}: expected a literal, got {value!r}")
+        if kind != "str":
+            raise ValueError(f"selector {self.text!r}: expected a literal, got {value!r}")
+        return value[1:-1].replace("''", "'")
 
-    # One grammar rule (parenthesis, IS [NOT] NULL, [NOT] IN, [NOT] LIKE, comparison): a branch per production.
-    def _cmp(self) -> Predicate:  # noqa: C901
-        if self._peek("("):
-            self._take("(")
+    # One grammar rule (parenthesis, IS [NOT] NULL, [NOT] IN, [NOT] LIKE, = and <>): a branch per production.
+    def _cmp(self) -> Predicate:
+        if self._skip("("):
             inner = self.expr()
             self._take(")")
             return inner
         _, ident = self._take()
         ident = _HEADER_OF.get(ident, ident)
-        negate = False
-        if self._peek("IS"):
-            self._take()
-            if self._peek("NOT"):
-                self._take()
-                negate = True
+        if self._skip("IS"):
+            present = self._skip("NOT")
             self._take("NULL")
-            return lambda h: (ident in h) if negate else (ident not in h)
-        if self._peek("NOT"):
-            self._take()
-            negate = True
-        if self._peek("IN"):
-            self._take()
+            return lambda h: (ident in h) == present
+        negate = self._skip("NOT")
+        if self._skip("LIKE"):
+            pattern = self._literal()
+            rx = _like(pattern, self._literal() if self._skip("ESCAPE") else None)
+            return lambda h: None if ident not in h else bool(rx.fullmatch(str(h[ident]))) != negate
+        if self._skip("IN"):
             self._take("(")
             values = [self._literal()]
-            while self._peek(","):
-                self._take()
+            while self._skip(","):
                 values.append(self._literal())
             self._take(")")
-            return lambda h: None if ident not in h else (str(h[ident]) in values) != negate
-        if self._peek("LIKE"):
-            self._take()
-            pattern, escape = self._literal(), None
-            if self._peek("ESCAPE"):
-                self._take()
-                escape = self._literal()
-            rx = _like(pattern, escape)
-            return lambda h: None if ident not in h else bool(rx.fullmatch(str(h[ident]))) != negate
-        op = self._take()[1]
-        value = self._literal()
-
-        def compare(h: Headers) -> bool | None:
-            if ident not in h:
-                return None
-            have: Any = h[ident]
-            if isinstance(value, float):
-                try:
-                    have = float(have)
-                except ValueError:
-                    return False
-            else:
-                have = str(have)
-            return bool({"=": have == value, "<>": have != value, "<": have < value, ">": have > value,
-                         "<=": have <= value, ">=": have >= value}[op])
-        return compare
+        else:  # = and <> are IN and NOT IN with one value
+            op = self._take()[1]
+            if op not in ("=", "<>"):
+                raise ValueError(f"selector {self.text!r}: expected =, <>, IN, LIKE or IS after {ident}, got {op!r}")
+            negate, values = negate != (op == "<>"), [self._literal()]
+        return lambda h: None if ident not in h else (str(h[ident]) in values) != negate
 
 
 # The JMS names of header fields a STOMP frame carries under its own name.

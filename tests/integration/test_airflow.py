@@ -305,7 +305,7 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     out = tmp_path / "out"
     sdir = StateDir.create(out)
     for sid, at in (("s1", 2), ("s0", 1)):  # completion records, as a receiver packs them (claims.pack_done)
-        receiver_store(sdir).put(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])
+        receiver_store(sdir).put_many([(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])])
     for sid in ("s1", "s0", "gone"):  # "gone": its record was cleaned away since
         record_claim(sdir, "airflow:d/r/t/-1", sid)
     assert [d["stream_id"] for d in find_claimed(out, "airflow:d/r/t/-1")] == ["s0", "s1"]

@@ -51,7 +51,7 @@ def receiver_store(sdir: str | os.PathLike[str], retention_days: float | None = 
 
     :param retention_days: days records are kept (None: the default; 0: for ever).
     """
-    return st.open_store(st.store_path(sdir), retention_days)
+    return st.open_store(sdir, retention_days)
 
 
 def _b64(hexdigest: str) -> str:
@@ -124,8 +124,8 @@ def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True,
 
     :param sync: flush it now (False: the caller flushes a whole group).
     """
-    receiver_store(sdir, retention_days).put(st.CLAIM, claim_key(check_claim(claim)),
-                                             [stream_id, round(time.time(), 1)], sync=sync)
+    receiver_store(sdir, retention_days).put_many([(st.CLAIM, claim_key(check_claim(claim)),
+                                                    [stream_id, round(time.time(), 1)])], sync=sync)
 
 
 def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,

@@ -219,7 +219,7 @@ class PartialFile:
             os.pwrite(self.fd, data, offset)
         except OSError as exc:
             raise self.disk_error(exc, f"writing chunk {seq} at offset {offset} of {self.part}") from exc
-        self.state.mark_written(seq)
+        self.state.written.add(seq)
         self._hash_along(seq, data)
         self.new.append(seq)
 

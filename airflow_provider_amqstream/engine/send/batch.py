@@ -28,24 +28,9 @@ log = logging.getLogger(__name__)
 # filesystem's journal (tens of ms on a loaded machine); now 4.
 LEDGER_GROUP = 256
 LEDGER_INTERVAL = 1.0
-
-
-@dataclass
-class BatchStatus:
-    """Where a batch stands; passed to the progress callback after each group."""
-
-    files_total: int
-    bytes_total: int
-    files_done: int = 0
-    bytes_done: int = 0
-    bytes_sent: int = 0
-    failed: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def rate(self) -> float:
-        """MiB/s moved by this run."""
-        return self.bytes_sent / max(time.monotonic() - self.started, 1e-6) / 2**20
+# Results (and failures) a batch lists in full, the first ones; past them only totals, and
+# every file's result in its files list (a file), so memory does not grow with the files.
+MAX_KEPT_RESULTS = 1000
 
 
 @dataclass
@@ -61,37 +46,50 @@ class FileFailure:
         return asdict(self)
 
 
-class BatchTally:
-    """Totals over every file of a batch, kept instead of a list per file so a send's
-    memory does not grow with the number of files; the first ``keep`` results and failures
-    are also kept, in full, for callers that list them (small batches)."""
+@dataclass
+class BatchStatus:
+    """Where a batch stands; passed to the progress callback after each group. Totals over
+    every file, kept instead of a list per file so a send's memory does not grow with the
+    number of files; the first :data:`MAX_KEPT_RESULTS` results and failures are also kept,
+    in full, for callers that list them (small batches)."""
 
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self.results: list[TransferResult] = []
-        self.failures: list[FileFailure] = []
-        self.files = self.sent = self.already = self.failed = 0
-        self.bytes = self.moved = 0
+    files_total: int
+    bytes_total: int
+    files_done: int = 0
+    bytes_done: int = 0
+    bytes_sent: int = 0
+    failed: int = 0
+    started: float = field(default_factory=time.monotonic)
+    files_sent: int = 0
+    files_already_sent: int = 0
+    results: list[TransferResult] = field(default_factory=list)
+    failures: list[FileFailure] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        """MiB/s moved by this run."""
+        return self.bytes_sent / max(time.monotonic() - self.started, 1e-6) / 2**20
 
     def add(self, res: TransferResult) -> None:
-        self.files += 1
-        self.sent += res.status == "complete"
-        self.already += res.status == "already_sent"
-        self.bytes += res.bytes
-        self.moved += res.bytes_transferred
-        if len(self.results) < self.keep:
+        """Count a file confirmed, now or by an earlier run."""
+        self.files_done += 1
+        self.files_sent += res.status == "complete"
+        self.files_already_sent += res.status == "already_sent"
+        self.bytes_done += res.bytes
+        self.bytes_sent += res.bytes_transferred
+        if len(self.results) < MAX_KEPT_RESULTS:
             self.results.append(res)
 
     def fail(self, failure: FileFailure) -> None:
         self.failed += 1
-        if len(self.failures) < self.keep:
+        if len(self.failures) < MAX_KEPT_RESULTS:
             self.failures.append(failure)
 
 
 @dataclass
 class BulkResult:
     """What a batch send did: totals over every file, and its results and failures in full
-    for the first :data:`~airflow_provider_amqstream.engine.send.bulk.MAX_KEPT_RESULTS` of
+    for the first :data:`MAX_KEPT_RESULTS` of
     each (all of them for a batch that small). ``files_list`` is a JSON-lines file with every
     file's result (one ``TransferResult.to_json()`` per line, plus ``dir``)."""
 
@@ -100,28 +98,28 @@ class BulkResult:
     results: list[TransferResult]
     failures: list[FileFailure]
     seconds: float
-    tally: BatchTally
+    status: BatchStatus
     broker: str = ""
     files_list: str | None = None
 
     @property
     def failed(self) -> int:
         """How many files failed (``failures`` may list only the first of them)."""
-        return self.tally.failed
+        return self.status.failed
 
     @property
     def complete(self) -> bool:
         """Whether ``results`` and ``failures`` list every file."""
-        return self.tally.files == len(self.results) and self.tally.failed == len(self.failures)
+        return self.status.files_done == len(self.results) and self.status.failed == len(self.failures)
 
     def totals(self) -> dict[str, Any]:
-        t = self.tally
+        t = self.status
         return {
             "status": "totals", "batch_id": self.batch_id, "destination": self.destination, "broker": self.broker,
-            "files": t.files + t.failed, "files_sent": t.sent, "files_already_sent": t.already,
-            "files_failed": t.failed, "bytes": t.bytes, "bytes_transferred": t.moved,
-            "seconds": round(self.seconds, 3), "files_per_second": round(t.files / max(self.seconds, 1e-6), 1),
-            "mib_per_second": round(t.moved / max(self.seconds, 1e-6) / 2**20, 1), "files_list": self.files_list,
+            "files": t.files_done + t.failed, "files_sent": t.files_sent, "files_already_sent": t.files_already_sent,
+            "files_failed": t.failed, "bytes": t.bytes_done, "bytes_transferred": t.bytes_sent,
+            "seconds": round(self.seconds, 3), "files_per_second": round(t.files_done / max(self.seconds, 1e-6), 1),
+            "mib_per_second": round(t.bytes_sent / max(self.seconds, 1e-6) / 2**20, 1), "files_list": self.files_list,
         }
 
 

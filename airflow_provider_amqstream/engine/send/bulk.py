@@ -26,14 +26,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from airflow_provider_amqstream.engine.records import TransferResult, open_private, sender_store
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchLedger,
     BatchStatus,
-    BatchTally,
     BulkResult,
     FileFailure,
 )
@@ -42,8 +41,7 @@ from airflow_provider_amqstream.engine.send.small_files import (
     Pack,
     index_bytes,
     inline_member,
-    pending_result,
-    send_chunks,
+    send_few,
 )
 from airflow_provider_amqstream.engine.send.stream import (
     SendOptions,
@@ -51,7 +49,6 @@ from airflow_provider_amqstream.engine.send.stream import (
     id_key,
     seal_recipients,
     send_file,
-    stream_origin,
 )
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.exceptions import (
@@ -63,7 +60,6 @@ from airflow_provider_amqstream.exceptions import (
 from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
-from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec
 from airflow_provider_amqstream.protocol.names import Destination, derive_stream_id, validate_stream_id
 from airflow_provider_amqstream.protocol.seal import SEALED_NAME
@@ -81,9 +77,6 @@ MAX_IN_FLIGHT_BYTES = 64 * 2**20
 # below the in-flight bounds, so a receipt is always outstanding when those are reached.
 SEAL_FILES = 32
 SEAL_BYTES = 2 * 2**20
-# Results (and failures) a BulkResult lists in full, the first ones; past them only totals,
-# and every file's result in its files list (a file), so memory does not grow with the files.
-MAX_KEPT_RESULTS = 1000
 BatchProgress = Callable[[BatchStatus], None]
 
 
@@ -99,7 +92,7 @@ def send_files(
     on_failure: Callable[[FileFailure], None] | None = None,
 ) -> BulkResult:
     """Send many files over one connection; return the totals (and the first
-    :data:`MAX_KEPT_RESULTS` results in full, and a file listing every one).
+    :data:`~.batch.MAX_KEPT_RESULTS` results in full, and a file listing every one).
 
     Memory stays flat in the number of files: they are read twice (counted, then sent) one
     at a time, and each result is counted and appended to the files list, not kept.
@@ -125,11 +118,11 @@ def send_files(
     codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     if iter(files) is files:  # a one-pass iterator: the send reads the files twice
         files = list(files)
-    tally = BatchTally(MAX_KEPT_RESULTS)
+    status = BatchStatus(0, 0)
 
     def fail(path: Path | str, error: str, sid: str = "") -> None:
         failure = FileFailure(str(path), error, sid)
-        tally.fail(failure)
+        status.fail(failure)
         log.error("%s: %s", path, error)
         if on_failure:
             on_failure(failure)
@@ -142,18 +135,22 @@ def send_files(
     sealed = bool(recipients)
     # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
-    count, size, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None, sealed=sealed)
+    status.files_total, status.bytes_total, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None,
+                                                          sealed=sealed)
     if batch_id is None:
-        batch_id = f"b-{hashlib.sha256(f'{dest}|{count}|{ids:x}'.encode()).hexdigest()[:20]}"
+        batch_id = f"b-{hashlib.sha256(f'{dest}|{status.files_total}|{ids:x}'.encode()).hexdigest()[:20]}"
     validate_stream_id(batch_id)
     # The first use in a process prunes expired records, checkpoints and ledgers.
     sdir = SendStateDir()
     sender_store(sdir, params.records_retention_days)
     ledger = BatchLedger(sdir.ledger(batch_id, params), opts.ledger_flush)
-    listing = _FilesList(sdir.files_list(batch_id, params))
-    status = BatchStatus(count, size)
+    # Every file's result of this run, one JSON line each, appended as it is confirmed (the
+    # list a task's XCom points to, and what the batch announcement is read from).
+    files_list = sdir.files_list(batch_id, params)
+    files_list.parent.mkdir(parents=True, exist_ok=True)
+    listing = os.fdopen(open_private(files_list, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
     ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
-               status=status, tally=tally, listing=listing, progress=progress, on_result=on_result,
+               status=status, listing=listing, progress=progress, on_result=on_result,
                sealed=sealed)
     done = {} if opts.restart else ledger.load()
     seeded = set() if opts.restart else set(opts.ledger_seed)
@@ -164,16 +161,17 @@ def send_files(
         ledger.flush()
         listing.close()
     if opts.manifest:
-        _announce(params, dest, batch_id, listing, opts.reconnect_timeout, recipients)
-    elif tally.files and not ctx.sent_any:
+        _announce(params, dest, batch_id, files_list, count=status.files_done, reconnect_timeout=opts.reconnect_timeout,
+                  recipients=recipients)
+    elif status.files_done and not ctx.connected:
         # Everything was sent before: still prove the broker takes these credentials, so a
         # wrong password fails rather than passing as "already sent".
         with open_link(params) as link:
             link.round_trip()
     if progress:
         progress(status)
-    return BulkResult(batch_id, str(dest), tally.results, tally.failures, time.monotonic() - t0, tally, params.url,
-                      files_list=str(listing.path))
+    return BulkResult(batch_id, str(dest), status.results, status.failures, time.monotonic() - t0, status, params.url,
+                      files_list=str(files_list))
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
@@ -211,42 +209,18 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destina
         yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
 
 
-class _FilesList:
-    """Every file's result of this run of a batch, one JSON line each, appended as they are
-    confirmed (the list a task's XCom points to, and what the batch announcement is read
-    from): nothing of it stays in memory."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.count = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        self.fh = os.fdopen(fd, "w", encoding="utf-8")
-
-    def add(self, res: TransferResult, subdir: str) -> None:
-        self.fh.write(json.dumps({**res.to_json(), "dir": subdir}, ensure_ascii=False) + "\n")
-        self.count += 1
-
-    def close(self) -> None:
-        self.fh.close()
-
-    def entries(self) -> Iterator[dict[str, Any]]:
-        with open(self.path, encoding="utf-8") as fh:
-            for line in fh:
-                yield json.loads(line)
-
-
-def _announce(params: BrokerParams, dest: Destination, batch_id: str, listing: _FilesList,
+def _announce(params: BrokerParams, dest: Destination, batch_id: str, files_list: Path, *, count: int,
               reconnect_timeout: float, recipients: list[bytes]) -> None:
-    """Send the batch's file list after its offers, read back from ``listing`` part by part
+    """Send the batch's file list after its offers, read back from ``files_list`` part by part
     (a re-run sends it again: receivers rewrite the same manifest), each part sealed for
     ``recipients`` if there are any."""
     reconnect = Reconnect(f"announcing batch {batch_id} on {dest}", params.url, reconnect_timeout)
     while True:
         try:
-            with open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link:
+            with (open_link(params, client_id=f"amqs-bulk-{os.getpid()}") as link,
+                  open(files_list, encoding="utf-8") as fh):
                 reconnect.connected()
-                for headers, body in bw.iter_batch_messages(batch_id, listing.entries(), listing.count):
+                for headers, body in bw.iter_batch_messages(batch_id, map(json.loads, fh), count):
                     if recipients:
                         headers, body = bw.seal_batch_part(headers, body, recipients)
                     link.send_confirmed(str(dest), body, headers)
@@ -316,20 +290,19 @@ class _InFlight:
         self.bytes -= e.size
         return e
 
-    def confirm_oldest(self, link: Link) -> list[tuple[Outgoing, TransferResult]]:
-        """Wait for the oldest receipt asked for; return the files it covers (those up to
-        it), which leave the window confirmed."""
+    def confirm_oldest(self, link: Link, record: Callable[[Outgoing, TransferResult], None]) -> None:
+        """Wait for the oldest receipt asked for; the files it covers (those up to it) leave
+        the window confirmed, each to ``record``."""
         rid = next(r for r, _, _ in self.files if r is not None)
         link.wait_receipt(rid)
-        done = []
         while True:
             r, e, res = self.files.popleft()
             self.bytes -= e.size
             res.seconds = time.monotonic() - res.seconds
             res.finished_at = time.time()
-            done.append((e, res))
+            record(e, res)
             if r == rid:
-                return done
+                return
 
 
 @dataclass
@@ -344,11 +317,10 @@ class _Ctx:
     codec: ChunkCodec
     ledger: BatchLedger
     status: BatchStatus
-    tally: BatchTally
-    listing: _FilesList
+    listing: TextIO
     progress: BatchProgress | None
     on_result: Callable[[TransferResult], None] | None
-    sent_any: bool = False
+    connected: bool = False  # a connection opened: the broker took these credentials
     last_progress: float = 0.0
     restarted: set[str] = field(default_factory=set)
     sealed: bool = False
@@ -374,6 +346,7 @@ class _Ctx:
             try:
                 with open_link(self.params, client_id=f"amqs-bulk-{os.getpid()}") as link:
                     reconnect.connected()
+                    self.connected = True
                     self.run(link, todo, fail)
             except TransportError as exc:
                 # A full destination is a receiver that stopped or lags: it takes messages
@@ -398,7 +371,7 @@ class _Ctx:
                 small = self._small(e)
                 if not small:  # a large file goes alone, after every small one before it
                     while flight.files:
-                        self._confirm(link, flight)
+                        flight.confirm_oldest(link, self._record)
                 nxt = todo.second()
                 seal = (e.seal or nxt is None or not self._small(nxt)
                         or unsealed_files + 1 >= SEAL_FILES or unsealed_bytes + e.size >= SEAL_BYTES)
@@ -415,7 +388,6 @@ class _Ctx:
                         todo.appendleft(last)
                     continue
                 todo.popleft()
-                self.sent_any = True
                 if isinstance(sent, TransferResult):
                     self._record(e, sent)
                     continue
@@ -424,7 +396,7 @@ class _Ctx:
                 unsealed_files, unsealed_bytes = (0, 0) if rid else (unsealed_files + 1, unsealed_bytes + e.size)
                 self._bound(link, flight)
             while flight.files:
-                self._confirm(link, flight)
+                flight.confirm_oldest(link, self._record)
         except (TransportError, ConnectionLost):
             # Not confirmed (or not even sent): they go again, whole, on the next connection.
             for e, _, _, _ in reversed(pack.files):
@@ -446,11 +418,11 @@ class _Ctx:
         else:
             index = index_bytes(headers)
             if not pack.fits(index, wire):
-                self._send_pack(link, pack, flight)
+                pack.send(link, self.dest, flight.add)
             todo.popleft()
             pack.add(e, headers, wire, res, index)
         if pack.files and (not todo or not self._one_chunk(todo[0])):
-            self._send_pack(link, pack, flight)
+            pack.send(link, self.dest, flight.add)
         self._bound(link, flight)
 
     def _small(self, e: Outgoing) -> bool:
@@ -461,13 +433,6 @@ class _Ctx:
         """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
         return not self.sealed and e.size <= self.chunk
 
-    def _send_pack(self, link: Link, pack: Pack, flight: _InFlight) -> None:
-        """Send ``pack``; its files wait in ``flight`` for its receipt."""
-        rid, carried = pack.send(link, self.dest)
-        self.sent_any = True
-        for n, (e, res) in enumerate(carried, 1):
-            flight.add(rid if n == len(carried) else None, e, res)
-
     def _send_small(self, link: Link, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
         file sent before it (the returned receipt id; else None)."""
@@ -475,24 +440,14 @@ class _Ctx:
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
             rid = link.send(str(self.dest), wire, headers, receipt=seal)
         else:
-            started = time.time()
-            spec = p.StreamSpec(e.stream_id, e.src.name, e.size, self.chunk, hdr.Mode.ATOMIC)
-            origin = stream_origin(e.identity, self.dest)
-            sha = send_chunks(link, e, self.dest, spec, self.codec)
-            rid = link.send(str(self.dest), b"", p.offer_headers(spec, self.dest, sender=self.params.user,
-                                                                 origin=origin, subdir=e.subdir), receipt=seal)
-            res = pending_result(e, self.dest, spec, sha, origin=origin, broker=self.params.url, started=started)
+            rid, res = send_few(link, e, self.dest, self.chunk, self.codec, receipt=seal)
         if seal and rid is None:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
         return rid, res
 
     def _bound(self, link: Link, flight: _InFlight) -> None:
         while len(flight.files) > MAX_IN_FLIGHT_FILES or flight.bytes > MAX_IN_FLIGHT_BYTES:
-            self._confirm(link, flight)
-
-    def _confirm(self, link: Link, flight: _InFlight) -> None:
-        for e, res in flight.confirm_oldest(link):
-            self._record(e, res)
+            flight.confirm_oldest(link, self._record)
 
     def _send_large(self, link: Link, e: Outgoing) -> TransferResult:
         base = self.status.bytes_done
@@ -517,7 +472,6 @@ class _Ctx:
                          "bytes": res.bytes, "chunks": res.chunks, "chunk_size": res.chunk_size,
                          "sha256": res.sha256, "mode": res.mode, "sent_at": time.time()})
         self._tally(e, res)
-        self.status.bytes_sent += res.bytes_transferred
         now = time.monotonic()
         if self.progress and now - self.last_progress > 0.5:
             self.last_progress = now
@@ -525,9 +479,7 @@ class _Ctx:
 
     def _tally(self, e: Outgoing, res: TransferResult) -> None:
         """Count a file confirmed (now or by an earlier run), list it, report it."""
-        self.tally.add(res)
-        self.listing.add(res, e.subdir)
-        self.status.files_done += 1
-        self.status.bytes_done += e.size
+        self.status.add(res)
+        self.listing.write(json.dumps({**res.to_json(), "dir": e.subdir}, ensure_ascii=False) + "\n")
         if self.on_result:
             self.on_result(res)

@@ -24,10 +24,10 @@ from airflow_provider_amqstream.transport.link import Link, open_link
 log = logging.getLogger(__name__)
 
 
-def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], rerequests: list[int]) -> int:
-    """One connected attempt; returns the bytes it sent. ``timeouts`` are the request
-    timeout, the discovery window (topics) and the ack timeout, in seconds; the rewinds
-    receivers asked for are added to ``rerequests[0]``."""
+def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float]) -> None:
+    """One connected attempt, the bytes it sends added to ``out.sent`` and the rewinds receivers
+    asked for to ``out.rerequests``. ``timeouts`` are the request timeout, the discovery window
+    (topics) and the ack timeout, in seconds."""
     state = out.state
     if state.sha256 is None:
         # Rewinds make a running hash impossible; hash the file once up front instead.
@@ -43,11 +43,10 @@ def send_handshake_attempt(out: Outbound, timeouts: tuple[float, float, float], 
             attempt.gather(*timeouts[:2])
             attempt.pump(timeouts[2])
         finally:
-            rerequests[0] += attempt.hs.rewinds
+            out.rerequests += attempt.hs.rewinds
     state.end_sent = True
     if out.progress:
         out.progress(state.spec.size, state.spec.size)
-    return attempt.sent
 
 
 class _HandshakeAttempt:
@@ -59,7 +58,6 @@ class _HandshakeAttempt:
         self.spec, self.sid = out.state.spec, out.state.spec.stream_id
         self.control_q = out.dest.control_queue(self.sid)
         self.hs = HandshakeSender(self.spec, out.window, point_to_point=out.dest.kind == "queue")
-        self.sent = 0
 
     def offer(self) -> None:
         """Listen on the control queue, then offer (again, on a topic)."""
@@ -82,8 +80,10 @@ class _HandshakeAttempt:
             out.save()
 
     def hear(self, frame: Any) -> bool:
-        """Take a control message; a malformed or foreign one is logged and ignored, so
-        nobody but our receivers can stop, rewind or finish this sender."""
+        """Take a control message (None: none came); a malformed or foreign one is logged and
+        ignored, so nobody but our receivers can stop, rewind or finish this sender."""
+        if frame is None:
+            return False
         try:
             return self.hs.on_control(frame.headers, now=time.monotonic()) is not None
         except ProtocolError as exc:
@@ -104,9 +104,7 @@ class _HandshakeAttempt:
         if self.out.dest.kind == "topic":
             until = time.monotonic() + discovery_window
             while (left := until - time.monotonic()) > 0:
-                frame = self.link.get(left)
-                if frame is not None:
-                    self.hear(frame)
+                self.hear(self.link.get(left))
 
     def pump(self, ack_timeout: float) -> None:
         """Send chunks and the end marker until every receiver is done."""
@@ -120,8 +118,7 @@ class _HandshakeAttempt:
                         heard = time.monotonic()
                 if self._send_next(reader):
                     continue
-                frame = link.get(1.0)
-                if frame is not None and self.hear(frame):
+                if self.hear(link.get(1.0)):
                     heard = time.monotonic()
                     if self.out.progress:
                         self.out.progress(spec.offset_of(hs.slowest), spec.size)
@@ -142,7 +139,7 @@ class _HandshakeAttempt:
         if seq is not None:
             chunk = reader.at(seq)
             self.link.send(data_q, chunk.wire, chunk.headers)
-            self.sent += chunk.length
+            self.out.sent += chunk.length
             return True
         if self.hs.take_end():
             self.link.send(data_q, b"", self.out.end())

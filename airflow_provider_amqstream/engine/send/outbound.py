@@ -41,6 +41,8 @@ class Outbound:
     origin: str
     subdir: str = ""
     seal: Seal | None = None
+    sent: int = 0  # bytes this run sent, chunks sent again included
+    rerequests: int = 0
 
     def offer(self, window: int = hdr.DEFAULT_WINDOW, **kw: Any) -> dict[str, str]:
         """The stream's offer (``kw``: offer_headers' keywords), with its seal if sealed."""

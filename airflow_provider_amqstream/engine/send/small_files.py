@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,47 +53,48 @@ def changed(e: Outgoing) -> StreamError:
                        "Send it again once it is stable.")
 
 
-def pending_result(e: Outgoing, dest: Destination, spec: p.StreamSpec, sha256: str, *, origin: str,
-                   broker: str, started: float) -> TransferResult:
-    """A small file's result, sent but not yet confirmed: ``seconds`` holds the monotonic
-    start until the confirmation turns it into a duration."""
-    res = TransferResult(e.stream_id, str(dest), spec.name, e.size, spec.chunks, sha256, 0.0, spec.mode.value, 0,
-                         e.size, str(e.src), started, 0.0, chunk_size=spec.chunk_size, origin=origin, broker=broker)
-    res.seconds = time.monotonic()
-    return res
+def _pending(e: Outgoing, dest: Destination, chunk: int, params: BrokerParams) -> tuple[p.StreamSpec, TransferResult]:
+    """A small file's spec, and its result until it is confirmed: ``seconds`` holds the
+    monotonic start until the confirmation turns it into a duration, ``sha256`` is set once read."""
+    spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, hdr.Mode.ATOMIC)
+    return spec, TransferResult(e.stream_id, str(dest), spec.name, e.size, spec.chunks, "", time.monotonic(),
+                                spec.mode.value, 0, e.size, str(e.src), time.time(), 0.0, chunk_size=spec.chunk_size,
+                                origin=stream_origin(e.identity, dest), broker=params.url)
 
 
 def inline_member(e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec,
                   params: BrokerParams) -> tuple[dict[str, str], bytes, TransferResult]:
     """A file of one chunk or less read, hashed and encoded as its inline offer (sent as
     ``params.login``, to ``params.url``)."""
-    started = time.time()
-    spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, hdr.Mode.ATOMIC)
-    origin = stream_origin(e.identity, dest)
+    spec, res = _pending(e, dest, chunk, params)
     with open(e.src, "rb") as fh:
         body = fh.read(e.size + 1)
     if len(body) != e.size:
         raise changed(e)
-    sha = hashlib.sha256(body).hexdigest()
-    headers, wire = bw.inline_offer(spec, dest, body, sha, sender=params.user, codec=codec, origin=origin,
+    res.sha256 = hashlib.sha256(body).hexdigest()
+    headers, wire = bw.inline_offer(spec, dest, body, res.sha256, sender=params.user, codec=codec, origin=res.origin,
                                    subdir=e.subdir)
-    return headers, wire, pending_result(e, dest, spec, sha, origin=origin, broker=params.url, started=started)
+    return headers, wire, res
 
 
-def send_chunks(link: Link, e: Outgoing, dest: Destination, spec: p.StreamSpec, codec: ChunkCodec) -> str:
-    """A file of a few chunks: its chunks and end marker (its offer follows); returns its SHA-256."""
+def send_few(link: Link, e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec, *,
+             receipt: bool) -> tuple[str | None, TransferResult]:
+    """A file of a few chunks: its chunks and end marker, then its offer, asking for a receipt
+    with ``receipt`` (the id returned with the file's result)."""
+    spec, res = _pending(e, dest, chunk, link.params)
     data_q = dest.data_queue(e.stream_id, link.params.user)
     hasher = hashlib.sha256()
     with open(e.src, "rb") as fh:
         reader = ChunkReader(fh, spec, codec, hasher)
         for seq in range(1, spec.chunks + 1):
-            chunk = reader.next(seq)
-            link.send(data_q, chunk.wire, chunk.headers)
+            message = reader.next(seq)
+            link.send(data_q, message.wire, message.headers)
         if os.fstat(fh.fileno()).st_size != e.size:
             raise changed(e)
-    sha = hasher.hexdigest()
-    link.send(data_q, b"", p.end_headers(spec, sha))
-    return sha
+    res.sha256 = hasher.hexdigest()
+    link.send(data_q, b"", p.end_headers(spec, res.sha256))
+    offer = p.offer_headers(spec, dest, sender=link.params.user, origin=res.origin, subdir=e.subdir)
+    return link.send(str(dest), b"", offer, receipt=receipt), res
 
 
 def index_bytes(headers: dict[str, str]) -> int:
@@ -118,13 +120,13 @@ class Pack:
         self.bytes += len(wire)
         self.index += index
 
-    def send(self, link: Link, dest: Destination) -> tuple[str, list[tuple[Outgoing, TransferResult]]]:
+    def send(self, link: Link, dest: Destination, sent: Callable[[str | None, Outgoing, TransferResult], None]) -> None:
         """Send the pack with a receipt (confirming it and everything before it on the
-        connection) and empty it; returns the receipt id and the files it carried."""
+        connection) and empty it; each file it carried goes to ``sent``, the last with the receipt id."""
         headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files])
         rid = link.send(str(dest), body, headers, receipt=True)
         if rid is None:
             raise TransportError(f"no receipt id for pack {headers[hdr.H_STREAM]} on {link.params.url}")
-        sent = [(e, res) for e, _, _, res in self.files]
+        for n, (e, _, _, res) in enumerate(self.files, 1):
+            sent(rid if n == len(self.files) else None, e, res)
         self.files, self.bytes, self.index = [], 0, 0
-        return rid, sent

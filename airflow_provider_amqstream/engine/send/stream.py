@@ -172,22 +172,19 @@ def send_file(
     def save(final: bool = False) -> None:
         ckpt.save({**state.to_json(), **extra}, final=final)
 
-    out = Outbound(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
+    out = _Attempt(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
                    sealed)
-    attempt = _Attempt(out)
     reconnect = Reconnect(f"sending stream {sid} to {dest}", params.url, opts.reconnect_timeout)
-    rerequests = [0]
     if link is not None:
         if spec.mode is hdr.Mode.HANDSHAKE:
             raise StreamError(f"stream {sid}: handshake mode needs a connection of its own")
-        attempt.over(link)
+        out.over(link)
     else:
-        resumed_from = _retry(attempt, reconnect, (opts.request_timeout, opts.discovery_window, opts.ack_timeout),
-                              rerequests, resumed_from)
+        resumed_from = _retry(out, reconnect, opts, resumed_from)
     ckpt.save({**state.to_json(), **extra, "seal_key": None, "sent_at": time.time()}, final=True)
     return TransferResult(spec.stream_id, str(dest), real_name, spec.size, spec.chunks, state.sha256 or "",
-                          time.monotonic() - t0, spec.mode.value, resumed_from, attempt.sent, str(src), started,
-                          time.time(), rerequests=rerequests[0], chunk_size=spec.chunk_size, origin=out.origin,
+                          time.monotonic() - t0, spec.mode.value, resumed_from, out.sent, str(src), started,
+                          time.time(), rerequests=out.rerequests, chunk_size=spec.chunk_size, origin=out.origin,
                           broker=params.url, retries=reconnect.attempts)
 
 
@@ -253,11 +250,10 @@ def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: Destinati
     return state
 
 
-def _retry(attempt: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, float, float],
-           rerequests: list[int], resumed_from: int) -> int:
+def _retry(out: _Attempt, reconnect: Reconnect, opts: SendOptions, resumed_from: int) -> int:
     """Connected attempts, each on a connection of its own, until the stream is sent; return
     the offset this run last resumed at (``resumed_from``, unless a lost connection came after)."""
-    out, state = attempt.out, attempt.state
+    state = out.state
     while True:
         before = state.confirmed_seq
         if reconnect.attempts and state.confirmed_offset:
@@ -266,9 +262,10 @@ def _retry(attempt: _Attempt, reconnect: Reconnect, hs_timeouts: tuple[float, fl
             resumed_from = state.confirmed_offset
         try:
             if state.spec.mode is hdr.Mode.HANDSHAKE:
-                attempt.sent += send_handshake_attempt(out, hs_timeouts, rerequests)
+                send_handshake_attempt(out, (opts.request_timeout, opts.discovery_window, opts.ack_timeout))
             else:
-                attempt.run()
+                with open_link(out.params, client_id=f"amqs-send-{state.spec.stream_id}-{os.getpid()}") as link:
+                    out.over(link)
             return resumed_from
         except TransportError as exc:
             # Attempts open their own connections: the broker was reached if it took the offer.
@@ -351,29 +348,20 @@ def _sender_state(data: dict[str, Any]) -> SenderState:
         raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
 
 
-class _Attempt:
+class _Attempt(Outbound):
     """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
 
-    def __init__(self, out: Outbound) -> None:
-        self.out, self.state = out, out.state
-        self.data_q = out.dest.data_queue(out.state.spec.stream_id, out.params.user)
-        self.sent = 0
-
-    def run(self) -> None:
-        with open_link(self.out.params, client_id=f"amqs-send-{self.state.spec.stream_id}-{os.getpid()}") as link:
-            self.over(link)
-
-    def _send_chunks(self, link: Link, fh: Any, hasher: Any) -> None:
+    def _send_chunks(self, link: Link, fh: Any, hasher: Any, data_q: str) -> None:
         """Send every chunk past the confirmed one (each prepared while the one before it goes
         out: ``ChunkReader.ahead``), confirming each window as its receipt comes."""
-        state, spec, data_q = self.state, self.state.spec, self.data_q
+        state, spec = self.state, self.state.spec
         # Two windows in flight: the broker stores one while we send the next.
         pending: collections.deque[tuple[str, int]] = collections.deque()
-        chunks = ChunkReader(fh, spec, self.out.codec, hasher, self.out.seal).ahead(state.confirmed_seq + 1)
+        chunks = ChunkReader(fh, spec, self.codec, hasher, self.seal).ahead(state.confirmed_seq + 1)
         with contextlib.closing(chunks):
             for chunk in chunks:
                 seq = chunk.seq
-                want = seq % self.out.window == 0 or seq == spec.chunks
+                want = seq % self.window == 0 or seq == spec.chunks
                 rid = link.send(data_q, chunk.wire, chunk.headers, receipt=want)
                 self.sent += chunk.length
                 if rid:
@@ -382,41 +370,42 @@ class _Attempt:
                     rid0, seq0 = pending.popleft()
                     link.wait_receipt(rid0)
                     state.confirm(seq0)
-                    self.out.save()
-                    if self.out.progress:
-                        self.out.progress(state.confirmed_offset, spec.size)
+                    self.save()
+                    if self.progress:
+                        self.progress(state.confirmed_offset, spec.size)
 
     def over(self, link: Link) -> None:
         """One connected attempt; adds the bytes it sent to ``self.sent``."""
-        state, spec, dest, data_q = self.state, self.state.spec, self.out.dest, self.data_q
+        state, spec, dest = self.state, self.state.spec, self.dest
+        data_q = dest.data_queue(spec.stream_id, self.params.user)
         rerun = state.offer_sent or state.confirmed_seq > 0
         if spec.mode is hdr.Mode.STREAM and not state.offer_sent:
-            link.send_confirmed(str(dest), b"", self.out.offer())
+            link.send_confirmed(str(dest), b"", self.offer())
             state.offer_sent = True
-            self.out.save()
+            self.save()
         hasher = hashlib.sha256()
-        with open(self.out.src, "rb") as fh:
+        with open(self.src, "rb") as fh:
             hash_prefix(fh, hasher, state.confirmed_offset)
             fh.seek(state.confirmed_offset)
-            self._send_chunks(link, fh, hasher)
+            self._send_chunks(link, fh, hasher, data_q)
             if os.fstat(fh.fileno()).st_size != spec.size:
-                raise StreamError(f"stream {spec.stream_id}: {self.out.src} changed while it was being sent; the "
+                raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
                                   "stream is incomplete. Re-send with restart=True once it is stable.")
         if not state.end_sent:
             state.sha256 = hasher.hexdigest()
-            link.send_confirmed(data_q, b"", self.out.end())
+            link.send_confirmed(data_q, b"", self.end())
             state.end_sent = True
-            self.out.save()
+            self.save()
         if not state.offer_sent:
-            link.send_confirmed(str(dest), b"", self.out.offer())
+            link.send_confirmed(str(dest), b"", self.offer())
             state.offer_sent = True
             if rerun:
                 # Atomic re-run: chunks repeated after the first end marker would be
                 # left behind once a receiver published at that marker.
-                link.send_confirmed(str(dest), b"", self.out.offer(reoffer=True))
+                link.send_confirmed(str(dest), b"", self.offer(reoffer=True))
         elif rerun:
             # We may have repeated chunks or the end marker that a receiver already
             # consumed and published; the re-offer sends it back to clear them.
-            link.send_confirmed(str(dest), b"", self.out.offer(reoffer=True))
-        if self.out.progress and spec.chunks == 0:
-            self.out.progress(spec.size, spec.size)
+            link.send_confirmed(str(dest), b"", self.offer(reoffer=True))
+        if self.progress and spec.chunks == 0:
+            self.progress(spec.size, spec.size)

@@ -75,7 +75,7 @@ def test_rate_after_an_outage_is_the_rate_now_not_an_average_over_the_downtime()
 
 def test_rate_is_over_the_last_window_of_readings() -> None:
     clock = Clock()
-    meter = ProgressMeter(0.0, clock, window=30.0)
+    meter = ProgressMeter(0.0, clock)
     done = 0
     for step in range(120):  # 60 s at 100 B/s, then 60 s at 1000 B/s
         clock.t += 1.0

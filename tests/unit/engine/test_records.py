@@ -101,7 +101,7 @@ def test_an_expired_record_no_longer_blocks_and_its_day_is_pruned(broker: Memory
 def test_records_kept_for_ever_with_retention_zero(broker: MemoryBroker, tmp_path: Path) -> None:
     out = tmp_path / "out"
     old = st.RecordStore(out / ".amqstream" / "records", clock=lambda: time.time() - 400 * 86400)
-    old.put(st.DONE, "x-1", ["", "", 1, 1, 0, "", "", 0, "landing", "s", "x.bin"])
+    old.put_many([(st.DONE, "x-1", ["", "", 1, 1, 0, "", "", 0, "landing", "s", "x.bin"])])
     old.close()
     assert find_received(out, "x-1", retention_days=0) is not None
     assert find_received(out, "x-1") is None, "the default retention is 30 days"
@@ -112,7 +112,7 @@ def test_claims_are_found_for_their_taker_only(tmp_path: Path) -> None:
     sdir = out / ".amqstream"
     old = st.RecordStore(sdir / "records")
     for sid, at in (("s1", 2), ("s0", 1)):
-        old.put(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])
+        old.put_many([(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])])
         record_claim(sdir, "airflow:d/r/t/-1", sid)
     assert [d["stream_id"] for d in find_claimed(out, "airflow:d/r/t/-1")] == ["s0", "s1"]
     assert find_claimed(out, "airflow:d/r/t/0") == []

@@ -35,9 +35,9 @@ def done(i: int, out: str = "/data/in") -> TransferResult:
 
 def test_a_record_is_found_by_its_key_and_only_by_it(tmp_path: Path) -> None:
     s = st.RecordStore(tmp_path / "records")
-    s.put(st.DONE, "a-1", ["a-1", "x"])
-    s.put(st.DONE, "b-1", ["b-1", "y"])
-    s.put(st.CLAIM, "a-1", ["not a completion record"])
+    s.put_many([(st.DONE, "a-1", ["a-1", "x"])])
+    s.put_many([(st.DONE, "b-1", ["b-1", "y"])])
+    s.put_many([(st.CLAIM, "a-1", ["not a completion record"])])
     assert s.get(st.DONE, "a-1") == ["a-1", "x"]
     assert s.get(st.DONE, "b-1") == ["b-1", "y"]
     assert s.get(st.DONE, "c-1") is None
@@ -63,7 +63,7 @@ def test_a_completion_record_round_trips_compactly() -> None:
 
 def test_a_torn_tail_is_ignored_and_spoils_no_other_record(tmp_path: Path) -> None:
     s = st.RecordStore(tmp_path / "records")
-    s.put(st.DONE, "whole-1", ["whole-1"])
+    s.put_many([(st.DONE, "whole-1", ["whole-1"])])
     [seg] = (tmp_path / "records").rglob("*.log")
     # "torn-1" filed in the same bucket, so that the look-up reads this very file.
     torn_key = next(k for k in (f"torn-{i}" for i in range(1000)) if st.bucket(st.DONE, k) == seg.parent.name)
@@ -85,7 +85,7 @@ def test_a_torn_tail_is_ignored_and_spoils_no_other_record(tmp_path: Path) -> No
 
 def test_a_writer_whose_write_failed_starts_a_new_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = st.RecordStore(tmp_path / "records")
-    s.put(st.DONE, "k-1", ["k-1"])
+    s.put_many([(st.DONE, "k-1", ["k-1"])])
     first = s._name
     real = os.write
 
@@ -96,16 +96,16 @@ def test_a_writer_whose_write_failed_starts_a_new_file(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(os, "write", short_then_fail)
     with pytest.raises(OSError):
-        s.put(st.DONE, "k-2", ["k-2"])
+        s.put_many([(st.DONE, "k-2", ["k-2"])])
     assert s._name != first
-    s.put(st.DONE, "k-3", ["k-3"])
+    s.put_many([(st.DONE, "k-3", ["k-3"])])
     assert s.get(st.DONE, "k-1") == ["k-1"] and s.get(st.DONE, "k-3") == ["k-3"] and s.get(st.DONE, "k-2") is None
 
 
 def test_two_writers_on_one_directory_see_each_other_and_never_share_a_file(tmp_path: Path) -> None:
     a, b = st.RecordStore(tmp_path / "records"), st.RecordStore(tmp_path / "records")
     for i in range(300):
-        (a if i % 2 else b).put(st.DONE, f"s-{i}", [f"s-{i}"], sync=False)
+        (a if i % 2 else b).put_many([(st.DONE, f"s-{i}", [f"s-{i}"])], sync=False)
     assert all(a.get(st.DONE, f"s-{i}") == [f"s-{i}"] for i in range(300))
     assert all(b.get(st.DONE, f"s-{i}") == [f"s-{i}"] for i in range(300))
     writers = {f.name for f in (tmp_path / "records").rglob("*.log")}
@@ -116,9 +116,9 @@ def test_records_past_the_retention_are_pruned_by_whole_days(tmp_path: Path) -> 
     now = 1_790_000_000.0
     clock = Clock(now - 31 * DAY)
     s = st.RecordStore(tmp_path / "records", retention_days=30, clock=clock)
-    s.put(st.DONE, "old-1", ["old-1"])
+    s.put_many([(st.DONE, "old-1", ["old-1"])])
     clock.t = now - 29 * DAY
-    s.put(st.DONE, "young-1", ["young-1"])
+    s.put_many([(st.DONE, "young-1", ["young-1"])])
     clock.t = now
     # Expired records are invisible at once, before any pruning.
     assert s.get(st.DONE, "old-1") is None and s.get(st.DONE, "young-1") == ["young-1"]
@@ -234,8 +234,8 @@ RecordStoreAndKeys = tuple[st.RecordStore, list[str]]
 def test_past_days_merge_into_one_sorted_file_per_bucket_found_by_bisection(tmp_path: Path) -> None:
     clock = Clock(1_790_000_000.0)
     s, keys = _past_days(tmp_path / "records", clock, 5, 400)
-    s.put(st.DONE, "today-1", ["today-1", 0])
-    s.put(st.DONE, "d2-7", ["d2-7", "again today"])
+    s.put_many([(st.DONE, "today-1", ["today-1", 0])])
+    s.put_many([(st.DONE, "d2-7", ["d2-7", "again today"])])
     assert st.prune_quietly(s) == 0
     root = tmp_path / "records"
     assert sorted(p.name for p in root.iterdir()) == [time.strftime("%Y%m%d", time.gmtime(clock.t)), "past"]
@@ -283,7 +283,7 @@ def test_merged_records_past_the_retention_are_ignored_then_dropped(tmp_path: Pa
     size = sum(f.stat().st_size for f in root.glob("past/*/*.sorted"))
     later = st.RecordStore(root, retention_days=2.5, clock=clock)
     assert later.get(st.DONE, "d3-1") is None and later.get(st.DONE, "d2-1") == ["d2-1", 2]
-    later.put(st.DONE, "x", ["x"])
+    later.put_many([(st.DONE, "x", ["x"])])
     clock.t += 2 * DAY  # a new past day to merge: the merge drops the expired ones
     st.prune_quietly(later)
     assert later.get(st.DONE, "d2-1") is None and later.get(st.DONE, "x") == ["x"]
@@ -330,13 +330,13 @@ def test_a_log_written_to_during_a_merge_keeps_its_new_record(tmp_path: Path) ->
     root = tmp_path / "records"
     s, _ = _past_days(root, clock, 1, 20)
     late = st.RecordStore(root, clock=Clock(clock.t - DAY))
-    late.put(st.DONE, "late-0", ["late-0"])
+    late.put_many([(st.DONE, "late-0", ["late-0"])])
     real_rename = os.rename
 
     def rename_then_write(src: str, dst: str) -> None:
         real_rename(src, dst)
         if "late-1" not in str(list(late.get_all(st.DONE, "late-1"))):
-            late.put(st.DONE, "late-1", ["late-1"])  # a writer whose clock is a day behind
+            late.put_many([(st.DONE, "late-1", ["late-1"])])  # a writer whose clock is a day behind
 
     os.rename = rename_then_write  # type: ignore[assignment]
     try:
@@ -402,13 +402,13 @@ def test_a_look_up_that_listed_a_log_sorted_away_meanwhile_lists_again(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(st, "LOG_LIMIT", 1024)
     s, reader = st.RecordStore(tmp_path / "records"), st.RecordStore(tmp_path / "records")
-    s.put(st.DONE, "first", ["first"])
+    s.put_many([(st.DONE, "first", ["first"])])
     b = st.bucket(st.DONE, "first")
     stale = reader._files(b)
     i = 0
     while s._logs:  # until the log that holds "first" is sorted into a run and removed
         i += 1
-        s.put(st.DONE, f"more-{i}", ["m"] * 20) if st.bucket(st.DONE, f"more-{i}") == b else None
+        s.put_many([(st.DONE, f"more-{i}", ["m"] * 20)]) if st.bucket(st.DONE, f"more-{i}") == b else None
     listings = iter([stale])
     real = reader._files
     monkeypatch.setattr(reader, "_files", lambda bb: next(listings, None) or real(bb))

@@ -157,14 +157,14 @@ def test_a_refused_connect_waits_for_the_brokers_reason() -> None:
     inbox = Inbox()
     refusal = Frame("ERROR", {"message": "User name [x] or password is invalid."}, b"")
     threading.Timer(0.2, inbox.on_error, [refusal]).start()
-    inbox.await_refusal(timeout=30)
+    inbox.await_connected(timeout=30)
     assert inbox.errors == ["User name [x] or password is invalid."]
 
 
 def test_waiting_for_a_refusal_ends_with_the_socket() -> None:
     inbox = Inbox()
     threading.Timer(0.2, inbox.on_disconnected).start()
-    inbox.await_refusal(timeout=30)
+    inbox.await_connected(timeout=30)
     assert inbox.lost and not inbox.errors
 
 
