@@ -253,12 +253,9 @@ class Batches:
     def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         """The batch's first part if every part of it is here, else None."""
         first = read_json(self.sdir.batch_part(owner, batch_id, 1))
-        if first is None:
-            return None
-        for k in range(2, int(first["parts"]) + 1):
-            if not self.sdir.batch_part(owner, batch_id, k).is_file():
-                return None
-        return first
+        whole = first is not None and all(self.sdir.batch_part(owner, batch_id, k).is_file()
+                                          for k in range(2, int(first["parts"]) + 1))
+        return first if whole else None
 
     def _part_records(self, owner: str, batch_id: str, k: int,
                       nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
