@@ -191,7 +191,6 @@ def _write_sorted(directory: str, fresh: list[bytes], olds: list[str], cutoff: b
 
 
 def _listed(bdir: str) -> list[str]:
-    """The logs and sorted runs in ``bdir`` in name order (none if it has no directory)."""
     try:
         names = sorted(os.listdir(bdir))
     except (FileNotFoundError, NotADirectoryError):
@@ -435,8 +434,6 @@ class RecordStore:
         return {h[1:].decode(): v for h, v in found.items()}
 
     def _files(self, b: str) -> list[str]:
-        """Bucket ``b``'s logs and sorted runs of each day kept (newest first), then its merged
-        past days' files."""
         return [*(p for day in self._days() for p in _listed(f"{self.root}/{day}/{b}")),
                 *_listed(f"{self.root}/{PAST}/{b}")]
 
@@ -567,10 +564,9 @@ def open_store(state_dir: str | os.PathLike[str], retention_days: float | None =
         raise ValueError(f"records_retention_days must be 0 (keep for ever) or more, got {retention_days}")
     key = (os.path.abspath(os.path.join(state_dir, STORE_DIR_NAME)), days)
     with _STORES_LOCK:
-        store = _STORES.get(key)
-        if store is None:
-            store = _STORES[key] = RecordStore(key[0], retention_days=days)
-    return store
+        if key not in _STORES:
+            _STORES[key] = RecordStore(key[0], retention_days=days)
+        return _STORES[key]
 
 
 def prune_quietly(store: RecordStore) -> int:

@@ -54,23 +54,17 @@ class ConnFields:
     source: str = field(default="connection", compare=False)
 
     def broker_params(self) -> BrokerParams:
-        """The broker settings these fields describe; ConfigurationError for a scheme or setting we refuse."""
+        """The broker settings these fields describe; ConfigurationError for a scheme (conn_type;
+        None or empty is ``amqstream``) that is not an amqstream one, or a setting we refuse."""
+        scheme = self.conn_type or "amqstream"
+        tls_scheme = SCHEMES.get(scheme.lower())
+        if tls_scheme is None:
+            accepted = ", ".join(f"{name}://" for name in SCHEMES)
+            raise ConfigurationError(f"{self.source}: connection type (URI scheme) {scheme[:40]!r} is not an amqstream "
+                                     f"one; accepted: {accepted} (the +ssl ones mean TLS; the others use TLS with the "
+                                     "extra tls=true)")
         return BrokerParams.from_parts(self.host, self.port, self.login, self.password, self.extra,
-                                       tls_scheme=scheme_tls(self.conn_type, self.source), where=self.source)
-
-
-def scheme_tls(conn_type: str | None, where: str = "connection") -> bool:
-    """Whether a connection's scheme (its conn_type; None or empty is ``amqstream``) alone
-    means TLS; refuses any scheme that is not an amqstream one."""
-    if not conn_type:
-        return False
-    try:
-        return SCHEMES[conn_type.lower()]
-    except KeyError:
-        accepted = ", ".join(f"{name}://" for name in SCHEMES)
-        raise ConfigurationError(f"{where}: connection type (URI scheme) {conn_type[:40]!r} is not an amqstream one; "
-                         f"accepted: {accepted} (the +ssl ones mean TLS; the others use TLS with the extra "
-                         "tls=true)") from None
+                                       tls_scheme=tls_scheme, where=self.source)
 
 
 def env_var_name(conn_id: str) -> str:

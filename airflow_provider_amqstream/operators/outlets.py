@@ -157,7 +157,9 @@ def emit(context: Any, task: Any, port: Any, uri: str, extra: dict[str, Any] | N
         events[port].extra = extra
     else:
         events[port].add(Asset(uri=uri), extra=extra)
-    log.info("asset event for %s: %s", uri, _brief(extra))
+    shown = ", ".join(f"{k}={extra[k]}" for k in ("files", "bytes", "stream_id", "batch_id", "manifest", "out_dir")
+                      if extra.get(k) is not None)
+    log.info("asset event for %s: %s", uri, shown)
     return True
 
 
@@ -170,9 +172,4 @@ def sent_extra(result: Mapping[str, Any]) -> dict[str, Any] | None:
             return None
         return {k: totals.get(k) for k in ("batch_id", "files", "files_sent", "files_already_sent", "bytes")}
     return {k: result.get(k) for k in ("stream_id", "name", "bytes", "sha256", "mode", "status")}
-
-
-def _brief(extra: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={extra[k]}" for k in ("files", "bytes", "stream_id", "batch_id", "manifest", "out_dir")
-                     if extra.get(k) is not None)
 

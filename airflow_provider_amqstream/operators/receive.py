@@ -70,8 +70,7 @@ class ReceivingTask:
         if not arrivals.files:
             self.log.info("no asset event for %s: nothing new arrived (%d repeats of streams received before)",
                           uri, arrivals.duplicates)
-            return emit(context, self, self.landing_port, uri, None, self.log)
-        extra = arrivals.extra(self.out_dir, manifest=manifest, batch_id=batch_id)
+        extra = arrivals.extra(self.out_dir, manifest=manifest, batch_id=batch_id) if arrivals.files else None
         return emit(context, self, self.landing_port, uri, extra, self.log)
 
     def _check_destinations(self) -> None:
