@@ -20,7 +20,6 @@ import hashlib
 import os
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine import store as st
@@ -116,16 +115,6 @@ def done_records(sdir: StateDir, out: str, results: Iterable[TransferResult], *,
             items.append((st.CLAIM, claim_key(claim), [res.stream_id, now]))
         items.append((st.DONE, res.stream_id, pack_done(res, out)))
     receiver_store(sdir, retention_days).put_many(items, sync=sync)
-
-
-def record_claim(sdir: Path, claim: str, stream_id: str, *, sync: bool = True,
-                 retention_days: float | None = None) -> None:
-    """Note that ``claim`` took ``stream_id``.
-
-    :param sync: flush it now (False: the caller flushes a whole group).
-    """
-    receiver_store(sdir, retention_days).put_many([(st.CLAIM, claim_key(check_claim(claim)),
-                                                    [stream_id, round(time.time(), 1)])], sync=sync)
 
 
 def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,

@@ -99,26 +99,20 @@ def look(link: Link, dest: Destination, stream_id: str, *, timeout: float = 30.0
     return found
 
 
-def announce(link: Link, dest: Destination, stream_id: str, holder: Holder) -> None:
-    """Leave a note (persistent, confirmed by the broker) that ``holder`` takes ``stream_id``."""
-    link.send_confirmed(dest.held_queue(stream_id), b"", holder.headers(stream_id))
-
-
-def release(link: Link, dest: Destination, stream_id: str, *, only: Holder | None = None, known: int = 1,
-            quiet: float = 0.0, limit: float = 5.0) -> int:
+def release(link: Link, dest: Destination, stream_id: str, *, only: Holder | None = None, known: int = 1) -> int:
     """Remove the notes of ``stream_id``: every one (the stream was published or quarantined,
     so no partial data of it is worth keeping anywhere), or ``only`` that holder's (it kept
-    nothing after all). Waits for the ``known`` notes it expects (up to ``limit`` seconds),
-    then takes what else has already arrived, waiting ``quiet`` seconds for more (none by
-    default: a note written after this receiver looked is another holder's business, and
-    waiting cost every stream 50 ms here); returns how many it removed. Notes it leaves go
-    back to the queue when it unsubscribes (never acknowledged)."""
+    nothing after all). Waits for the ``known`` notes it expects (up to 5 s), then takes what
+    else has already arrived, without waiting for more (a note written after this receiver
+    looked is another holder's business, and waiting cost every stream 50 ms here); returns
+    how many it removed. Notes it leaves go back to the queue when it unsubscribes (never
+    acknowledged)."""
     sub = link.subscribe(dest.held_queue(stream_id), prefetch=16)
     seen = removed = 0
-    until = time.monotonic() + limit
+    until = time.monotonic() + 5.0
     try:
         while (left := until - time.monotonic()) > 0:
-            frame = link.get(min(left, 1.0) if seen < known else quiet, sub)
+            frame = link.get(min(left, 1.0) if seen < known else 0.0, sub)
             if frame is None:
                 if seen >= known:
                     break

@@ -86,20 +86,14 @@ class Offers:
         # acknowledged yet: what a group cut short by a yield still has to give back.
         self.unsettled: set[str] = set()
 
-    def _selector(self, inline_only: bool) -> str:
-        if self.stream_id:
-            # A packed stream comes with its pack: the whole pack is received.
-            return p.offer_selector(self.stream_id)
-        if inline_only:
-            return f"{bw.H_INLINE} = '1'"
-        # Any other value of the header is refused by the receiver, so it must reach one.
-        return f"{bw.H_INLINE} IS NULL OR {bw.H_INLINE} <> '1'"
-
     def _subscribe(self) -> None:
-        self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=self._selector(False))
+        # A packed stream asked for by id comes with its pack: the whole pack is received. Any
+        # value of the inline header but "1" is refused by the receiver, so it must reach one.
+        main = p.offer_selector(self.stream_id) if self.stream_id else f"{bw.H_INLINE} IS NULL OR {bw.H_INLINE} <> '1'"
+        self.sub = self.link.subscribe(str(self.dest), prefetch=1, selector=main)
         if not self.stream_id:
             self.inline_sub = self.link.subscribe(str(self.dest), prefetch=inline.PREFETCH,
-                                                  selector=self._selector(True))
+                                                  selector=f"{bw.H_INLINE} = '1'")
         if self.dest.kind == "queue":
             self.parked_sub = self.link.subscribe(self.dest.parked_queue(), prefetch=1,
                                                   selector=p.offer_selector(self.stream_id) if self.stream_id else None)
@@ -263,11 +257,3 @@ class Offers:
     def settled(self, message: Message) -> bool:
         """Whether ``message`` of the inline group being received was acknowledged."""
         return str(message.headers["ack"]) not in self.unsettled
-
-    def close(self) -> None:
-        """Leave the subscriptions; the broker requeues what we hold unacknowledged."""
-        for attr in ("inline_sub", "sub", "parked_sub"):
-            sub = getattr(self, attr)
-            if sub is not None:
-                setattr(self, attr, None)
-                self.link.unsubscribe(sub)

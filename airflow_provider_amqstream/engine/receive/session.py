@@ -10,7 +10,7 @@ docs/protocol.md, "When a stream fails".
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import socket
@@ -207,9 +207,9 @@ class _Report:
         for outcome in outcomes:
             if outcome is None:
                 continue
-            if self.stream_id and _stream_of(outcome) != self.stream_id:
+            if self.stream_id and (aside := _aside(outcome, self.stream_id)):
                 # Another file of the pack that carried ours: received all the same.
-                log.info("%s (it came in the same pack as stream %s)", _describe(outcome), self.stream_id)
+                log.info("%s (it came in the same pack as stream %s)", aside, self.stream_id)
                 continue
             if isinstance(outcome, TransferResult):
                 for manifest in self.batches.published(outcome.stream_id):
@@ -227,17 +227,12 @@ class _Report:
             raise failed
 
 
-def _stream_of(outcome: TransferResult | StreamError) -> str:
+def _aside(outcome: TransferResult | StreamError, stream_id: str) -> str:
+    """How to log ``outcome`` if it is of a stream other than ``stream_id``; "" if it is of that one."""
     if isinstance(outcome, TransferResult):
-        return outcome.stream_id
-    failure = getattr(outcome, "failure", None)
-    return failure.stream_id if failure is not None else ""
-
-
-def _describe(outcome: TransferResult | StreamError) -> str:
-    if isinstance(outcome, TransferResult):
-        return f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})"
-    return str(outcome)
+        return "" if outcome.stream_id == stream_id else (
+            f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})")
+    return "" if outcome.failure is not None and outcome.failure.stream_id == stream_id else str(outcome) or "?"
 
 
 class ReceiveSession:
@@ -259,27 +254,25 @@ class ReceiveSession:
         """Settle ``offer`` (with the small files delivered after it, for a group): the
         outcome of each stream, None for one with nothing to report.
         """
+        sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
         foreign = self.offers.foreign(offer)
         if foreign is not None:
-            return [self._quarantine(offer, str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID],
-                                     Outcome.FOREIGN_PARKED, foreign)]
-        if bw.is_pack(offer.headers) or (
-            bw.is_inline(offer.headers) and offer.headers.get(hdr.H_KIND) == hdr.Kind.OFFER.value
-        ):
+            return [self._quarantine(offer, sid, Outcome.FOREIGN_PARKED, foreign)]
+        kind = offer.headers.get(hdr.H_KIND)
+        if bw.is_pack(offer.headers) or (bw.is_inline(offer.headers) and kind == hdr.Kind.OFFER.value):
             return self.take_inline(self.offers.gather_inline(offer, room))
-        return [self.take(offer)]
-
-    def take(self, offer: Message) -> TransferResult | StreamError | None:
-        """Settle one offer: a result, a handled failure (to report or raise), or None for a
-        re-offer or a batch message (nothing to receive)."""
-        sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
-        if offer.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
-            return self._take_batch(offer, sid)
+        if kind == hdr.Kind.BATCH.value:
+            return [self._take_batch(offer, sid)]
         if offer.headers.get(hdr.H_REOFFER):
             self._clear_leftovers(offer)
-            return None
+            return [None]
         if bw.is_inline(offer.headers):  # asked for by id, or an inline header of the wrong value
-            return self.take_inline([offer])[0]
+            return self.take_inline([offer])
+        return [self.take(offer, sid)]
+
+    def take(self, offer: Message, sid: str) -> TransferResult | StreamError | None:
+        """Settle the offer of a stream with a data queue: a result, or a handled failure (to
+        report or raise)."""
         sender = self.offers.sender(offer)
         try:
             opened = self._unseal(Delivered(read_offer(offer.headers, self.dest, sender=sender), offer))
@@ -303,8 +296,7 @@ class ReceiveSession:
         filed = self._filed_before(offer, sid)
         if filed is not None:
             # Filed by a receiver here that died before it had moved the chunks: finish.
-            return self._quarantine(offer, sid, filed["cause"], filed["reason"], offset=filed["offset"],
-                                    then=receiver.abandon, filed=True)
+            return self._quarantine(offer, sid, **filed, then=receiver.abandon, filed=True)
         try:
             result = receiver.run()
         except Poisoned as bad:
@@ -319,17 +311,12 @@ class ReceiveSession:
         receiver holds no key for, or of an unsealed one where sealing is required."""
         offer, spec, data_q = got.handle, got.message.spec, got.message.data_queue
         sid, header = spec.stream_id, offer.headers.get(seal.H_SEAL)
-        if not header:
-            if self.opts.seal_required:
-                return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} ({data_q}) is not sealed, and "
-                                        "this receiver requires sealed streams (seal: required); nothing was received")
+        if not header and not self.opts.seal_required:
             return None, got
         opened = seal.Seal.open(str(header), list(self.opts.identities), stream_id=sid, size=spec.size,
-                                chunk_size=spec.chunk_size)
+                                chunk_size=spec.chunk_size) if header else None
         if opened is None:
-            held = ", ".join(i.source for i in self.opts.identities) or "none"
-            return self._quarantine(offer, sid, Outcome.NO_KEY, f"stream {sid} ({data_q}) is sealed for keys this "
-                                    f"receiver does not hold (its key files: {held}); nothing was received")
+            return self._unopened(offer, sid, f"stream {sid} ({data_q})", "received")
         name = opened[1]
         if not name or len(name.encode("utf-8", "surrogatepass")) > hdr.MAX_NAME_BYTES:
             raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {hdr.MAX_NAME_BYTES} bytes")
@@ -337,11 +324,15 @@ class ReceiveSession:
 
     def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Message) -> StreamError:
         """A stream being received gave way: leave its data queue, keep only its data on disk,
-        and park its offer; one that never began costs its sender the round."""
+        and park its offer. One that gave way before anything of it came (nothing sent, or no
+        data queue) costs its sender the rest of the round (engine/receive/offers.py); one that
+        stopped part-way does not: its sender may have died and been re-run with other, good offers."""
         receiver.stop_data()
         receiver.file.shrink()
         receiver.forget_if_empty()
-        if _never_began(exc, receiver):
+        if isinstance(exc, StreamRefused) or (
+            isinstance(exc, StreamStalled) and receiver.offset == 0 and receiver.file.last_write is None
+        ):
             self.offers.note_stalled(offer)
         return self._yielded(exc, sid, receiver.offset, offer)
 
@@ -370,15 +361,10 @@ class ReceiveSession:
         try:
             if offer.headers.get(seal.H_SEAL):
                 body = bw.open_batch_part(offer.headers, offer.body or b"", list(self.opts.identities))
-            elif self.opts.seal_required:
-                return self._quarantine(offer, sid, Outcome.UNSEALED, f"batch list {sid} is not sealed, and this "
-                                        "receiver requires sealed streams (seal: required); nothing was recorded")
             else:
-                body = bytes(offer.body or b"")
+                body = None if self.opts.seal_required else bytes(offer.body or b"")
             if body is None:
-                held = ", ".join(i.source for i in self.opts.identities) or "none"
-                return self._quarantine(offer, sid, Outcome.NO_KEY, f"batch list {sid} is sealed for keys this "
-                                        f"receiver does not hold (its key files: {held}); nothing was recorded")
+                return self._unopened(offer, sid, f"batch list {sid}", "recorded")
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, body)
         except seal.SealBroken as exc:
             return self._quarantine(offer, sid, Outcome.SEAL_BROKEN, f"invalid batch message: {exc}")
@@ -393,6 +379,16 @@ class ReceiveSession:
         if manifest is not None:
             self.opts.emit("batch_complete", manifest=str(manifest))
         return None
+
+    def _unopened(self, offer: Message, sid: str, what: str, done: str) -> StreamQuarantined:
+        """Quarantine ``what`` (a stream, a batch list) this receiver cannot open: unsealed where
+        sealing is required, or sealed for keys it does not hold. ``done``: what nothing was."""
+        if not offer.headers.get(seal.H_SEAL):
+            return self._quarantine(offer, sid, Outcome.UNSEALED, f"{what} is not sealed, and this receiver requires "
+                                    f"sealed streams (seal: required); nothing was {done}")
+        held = ", ".join(i.source for i in self.opts.identities) or "none"
+        return self._quarantine(offer, sid, Outcome.NO_KEY, f"{what} is sealed for keys this receiver does not hold "
+                                f"(its key files: {held}); nothing was {done}")
 
     def _check_offer(self, got: _Offer, sender: str) -> StreamError | TransferResult | None:
         """What every valid offer goes through before anything is received: within limits, not
@@ -411,7 +407,11 @@ class ReceiveSession:
                     f"stream id {sid} belongs to a stream user {owner!r} sent (received as "
                     f"{done.get('path')}); this offer from {sender or 'an unidentified sender'!r} was not "
                     "received. Send with your own stream id."))
-            if _same_stream(done, spec, got.message.origin):
+            # A repeat has the same size, chunks, chunk size and origin (none on both sides for a
+            # producer that sends none).
+            if (done["bytes"], done["chunks"], done["chunk_size"], str(done["origin"])) == (
+                spec.size, spec.chunks, spec.chunk_size, got.message.origin
+            ):
                 return self._duplicate(got, done)
             when = datetime.fromtimestamp(float(done.get("finished_at") or 0), timezone.utc).strftime("%Y-%m-%d %H:%M")
             return self._quarantine(offer, sid, Outcome.REUSED_ID, (
@@ -436,13 +436,10 @@ class ReceiveSession:
         system calls). Nothing of the group is recorded before it commits, so the answer
         holds while it is written. An id that is not valid, or a store that cannot be read,
         is left to the look-up of each offer, which reports it as before."""
-        ids = {str(o.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID] for o in offers}
         valid = set()
-        for sid in ids:
-            try:
-                valid.add(validate_stream_id(sid))
-            except ProtocolError:
-                continue
+        for offer in offers:
+            with contextlib.suppress(ProtocolError):
+                valid.add(validate_stream_id(str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]))
         try:
             found = find_received_many(self.out, valid, retention_days=self.opts.records_retention_days)
         except StreamError:
@@ -588,17 +585,15 @@ class ReceiveSession:
                                         by=socket.gethostname(),
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                         sender=self.offers.sender(inline.message_of(offer)))
-        note = self._filed_note(sid)
         mid = str(offer.headers.get("message-id", ""))
         if not filed:
             self.link.send_confirmed(qdest, b"", headers)
-        moved = 0
+        moved, note = 0, None
         if then is not None:
-            if note is not None and mid:
-                tmp = note.with_name(note.name + ".tmp")
-                tmp.write_text(json.dumps({"message_id": mid, "cause": cause.value, "reason": reason,
-                                           "offset": offset}))
-                tmp.replace(note)
+            # Only a stream being received (its id valid) is given ``then``, and so a note.
+            note = self.sdir.quarantined(sid)
+            if mid:
+                write_json(note, {"message_id": mid, "cause": cause.value, "reason": reason, "offset": offset})
             moved = then()
         inline.settle(self.offers.ack, offer)
         if note is not None:
@@ -609,23 +604,14 @@ class ReceiveSession:
         self.opts.emit("stream_quarantined", **failure.to_json())
         return StreamQuarantined(f"stream {sid or '?'} on {self.dest} was quarantined to {qdest}: {reason}", failure)
 
-    def _filed_note(self, sid: str) -> Path | None:
-        """Where the note that ``sid`` was filed in quarantine is kept; None for an id that
-        cannot name a file."""
-        try:
-            validate_stream_id(sid)
-        except ProtocolError:
-            return None
-        return self.sdir.quarantined(sid)
-
     def _filed_before(self, offer: Message, sid: str) -> dict[str, Any] | None:
-        """The note of a quarantine of this very offer (same message id) begun here and not
-        finished, or None. A note of another offer is stale: removed."""
-        note = self._filed_note(sid)
-        if note is None or not note.exists():
-            return None
+        """The cause, reason and offset of a quarantine of this very offer (same message id)
+        begun here and not finished, or None. A note of another offer is stale: removed."""
+        note = self.sdir.quarantined(sid)
         try:
-            filed = json.loads(note.read_text())
+            filed = read_json(note)
+            if filed is None:
+                return None
             if filed["message_id"] == str(offer.headers.get("message-id", "")):
                 return {"cause": Outcome.parse(filed["cause"]) or Outcome.INVALID, "reason": str(filed["reason"]),
                         "offset": int(filed["offset"])}
@@ -656,23 +642,6 @@ class ReceiveSession:
             self.opts.emit("leftovers_cleared", stream_id=sid, messages=drained)
             self.sdir.reoffered(sid).unlink(missing_ok=True)
         self.link.ack(offer)
-
-
-def _never_began(exc: StreamYielded, receiver: StreamReceiver) -> bool:
-    """Whether a stream gave way before anything of it came (nothing sent, or no data queue):
-    that costs its sender the rest of the round (engine/receive/offers.py). One that stopped
-    part-way does not: its sender may have died and been re-run with other, good offers."""
-    if isinstance(exc, StreamRefused):
-        return True
-    return isinstance(exc, StreamStalled) and receiver.offset == 0 and receiver.file.last_write is None
-
-
-def _same_stream(done: dict[str, Any], spec: p.StreamSpec, origin: str) -> bool:
-    """Whether an offer repeats the stream a completion record describes: the same size, chunks,
-    chunk size and origin (none on both sides for a producer that sends none)."""
-    if (done["bytes"], done["chunks"], done["chunk_size"]) != (spec.size, spec.chunks, spec.chunk_size):
-        return False
-    return str(done["origin"]) == origin
 
 
 def _other_partial(sdir: StateDir, spec: p.StreamSpec, sender: str) -> tuple[Outcome, str] | None:

@@ -361,10 +361,11 @@ class StreamReceiver:
         return [h for h in found if not h.same_place(self.holder)]
 
     def _note_holding(self) -> None:
-        """Note on the broker, before any chunk is acknowledged, that this directory holds
-        the stream's partial data."""
+        """Note on the broker (persistent, confirmed), before any chunk is acknowledged, that
+        this directory holds the stream's partial data."""
         if self.notes and not self.announced:
-            holders.announce(self.link, self.dest, self.spec.stream_id, self.holder)
+            sid = self.spec.stream_id
+            self.link.send_confirmed(self.dest.held_queue(sid), b"", self.holder.headers(sid))
             self.announced = True
             self.noted += 1
 

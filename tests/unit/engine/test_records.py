@@ -19,7 +19,7 @@ from airflow_provider_amqstream.engine import (
     send_files,
 )
 from airflow_provider_amqstream.engine import store as st
-from airflow_provider_amqstream.engine.receive.claims import record_claim
+from airflow_provider_amqstream.engine.receive.claims import claim_key
 from airflow_provider_amqstream.transport.memory import MemoryBroker
 
 Q = "/queue/landing"
@@ -112,8 +112,8 @@ def test_claims_are_found_for_their_taker_only(tmp_path: Path) -> None:
     sdir = out / ".amqstream"
     old = st.RecordStore(sdir / "records")
     for sid, at in (("s1", 2), ("s0", 1)):
-        old.put_many([(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])])
-        record_claim(sdir, "airflow:d/r/t/-1", sid)
+        old.put_many([(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"]),
+                      (st.CLAIM, claim_key("airflow:d/r/t/-1"), [sid, at])])
     assert [d["stream_id"] for d in find_claimed(out, "airflow:d/r/t/-1")] == ["s0", "s1"]
     assert find_claimed(out, "airflow:d/r/t/0") == []
 
