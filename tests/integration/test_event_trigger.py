@@ -283,7 +283,7 @@ def test_hostile_offers_are_skipped_and_reported_once(broker: EmbeddedBroker, co
         asyncio.run(_collect(trig.run(), events, lambda: looks["n"] >= 6, 120))
     assert [e.payload["stream_id"] for e in events] == ["good-1"]
     sender = events[0].payload["sender"]
-    assert sender is None or (len(sender) <= offers_mod.MAX_SENDER and sender.isprintable())
+    assert sender is None or (len(sender) <= hdr.MAX_USER_ID and sender.isprintable())
     # Each filed away once, with its reason, where a receiver files what it cannot take.
     warnings = [r for r in caplog.records if "quarantined to" in r.getMessage()]
     assert len(warnings) == 7, [r.getMessage()[:120] for r in warnings]

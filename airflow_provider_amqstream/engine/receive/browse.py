@@ -19,7 +19,7 @@ import re
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,21 +36,12 @@ from airflow_provider_amqstream.transport.retry import transient
 
 log = logging.getLogger(__name__)
 
-# The longest sender an event reports (protocol.sender_of decides what a sender is).
-MAX_SENDER = hdr.MAX_USER_ID
-
 # The message ids a broker gives (ActiveMQ: ID:host-port-time-n:n:n:n:n) and nothing that
 # could end a quoted selector literal: a junk message is only taken by an id of this shape.
 _MESSAGE_ID = re.compile(r"ID:[A-Za-z0-9:._-]{1,200}")
 # Quarantined junk logged one by one, then counted at most this often (seconds).
 _SAY_EACH = 10
 _SAY_EVERY = 60.0
-
-
-@dataclass(frozen=True)
-class _Junk:
-    message_id: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -67,9 +58,7 @@ class Offer:
     offered_at: int | None
 
     def payload(self) -> dict[str, Any]:
-        return {"stream_id": self.stream_id, "name": self.name, "size": self.size, "chunks": self.chunks,
-                "mode": self.mode, "destination": self.destination, "sender": self.sender,
-                "offered_at": self.offered_at}
+        return asdict(self)
 
 
 def parse_visible_offer(headers: Mapping[str, Any], dest: Destination,
@@ -110,7 +99,7 @@ class OfferBrowser:
         self.quarantine = self.dest.quarantine_queue(quarantine)
         self.quarantined = 0  # junk messages filed away so far
         self._bad_seen: set[str] = set()
-        self._junk: list[_Junk] = []
+        self._junk: dict[str, str] = {}  # message id -> why it is no offer
         self._may_take = True  # False once the broker refused us the queue or the quarantine
         self._said = (0, 0.0)  # quarantined count and time of the last log line about it
 
@@ -221,7 +210,7 @@ class OfferBrowser:
         reason and then acknowledged. What another consumer took meanwhile is simply not
         there. A broker that refuses us the queue or the quarantine ends the taking, once,
         with a warning; watching goes on."""
-        junk, self._junk = {j.message_id: j for j in self._junk}, []
+        junk, self._junk = self._junk, {}
         if not self._may_take:
             return
         ids = ", ".join(f"'{mid}'" for mid in junk)
@@ -235,8 +224,7 @@ class OfferBrowser:
                 frame = link.get(2.0, subscription=sub)
                 if frame is None:
                     break
-                found = junk.get(str(frame.headers.get("message-id", "")))
-                reason = found.reason if found else "not a valid offer"
+                reason = junk.get(str(frame.headers.get("message-id", "")), "not a valid offer")
                 link.send_confirmed(self.quarantine, b"", p.quarantined_headers(
                     frame.headers, cause=Outcome.INVALID, reason=f"invalid offer (seen by a watcher): {reason}",
                     source=str(self.dest),
@@ -290,7 +278,7 @@ class OfferBrowser:
     def _report_bad(self, headers: Mapping[str, Any], exc: ProtocolError, *, junk: bool = False) -> None:
         key = str(headers.get("message-id", ""))[:200]
         if junk and self._may_take and _MESSAGE_ID.fullmatch(key):
-            self._junk.append(_Junk(key, str(exc)))
+            self._junk[key] = str(exc)
             return  # said when it is quarantined
         if key in self._bad_seen:
             return

@@ -24,6 +24,7 @@ written again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -36,14 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_amqstream.engine.receive.claims import done_records
-from airflow_provider_amqstream.engine.receive.partial_file import Room, default_reserve, final_name
+from airflow_provider_amqstream.engine.receive.partial_file import Room, final_name
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions, open_subdir
 from airflow_provider_amqstream.engine.records import TransferResult, open_private
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.engine.store import unlink_missing_ok, write_all
-from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
+from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.protocol import bulk as bw
-from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.messages import Delivered, StreamOffer
@@ -71,22 +71,19 @@ PREFETCH = 8
 MARK = "user.amqstream.stream"
 
 
+@dataclass(eq=False)
 class _Pack:
-    def __init__(self, message: Message, members: int) -> None:
-        self.message, self.left = message, members
+    message: Message
+    left: int  # members not yet settled
 
 
+@dataclass(slots=True, eq=False)
 class PackMember:
     """One file of a pack, with the headers and body of the inline offer it is."""
 
-    __slots__ = ("headers", "body", "pack")
-
-    def __init__(self, headers: dict[str, str], body: memoryview, pack: _Pack) -> None:
-        self.headers, self.body, self.pack = headers, body, pack
-
-    @property
-    def pack_id(self) -> str:
-        return str(self.pack.message.headers.get(hdr.H_STREAM, ""))
+    headers: dict[str, str]
+    body: memoryview
+    pack: _Pack
 
 
 def unpack(message: Message) -> list[PackMember]:
@@ -117,13 +114,6 @@ def files_in(message: Message) -> int:
     return min(int(raw), bw.MAX_PACK_FILES) if raw.isdigit() and 0 < len(raw) < 4 else 1
 
 
-def _mark(fd: int, stream_id: str) -> None:
-    try:
-        os.setxattr(fd, MARK, stream_id.encode("ascii"))
-    except OSError:
-        pass  # no user xattrs here: only the take-over after a crash is lost, not data
-
-
 def _load_syncfs() -> Callable[[int], int] | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).syncfs
@@ -140,28 +130,23 @@ _SYNCFS = _load_syncfs()
 _TEMP = re.compile(r".+\.([0-9]+)-[0-9a-f]{8}\.inline")
 
 
-def sweep_temporaries(sdir: StateDir) -> int:
+def sweep_temporaries(sdir: StateDir) -> None:
     """Remove the temporary files of receivers that died holding a group (their offers came
-    back to the queue); those of live receivers sharing the directory stay. Returns how many."""
-    removed = 0
+    back to the queue); those of live receivers sharing the directory stay."""
     try:
         entries = list(os.scandir(sdir))
     except FileNotFoundError:
-        return 0
+        return
     for entry in entries:
         m = _TEMP.fullmatch(entry.name)
         if m is None:
             continue
         try:
             os.kill(int(m.group(1)), 0)
-            continue
         except ProcessLookupError:
-            pass
+            os.unlink(entry.path)  # its receiver is gone
         except PermissionError:
             continue  # alive, another user's
-        os.unlink(entry.path)
-        removed += 1
-    return removed
 
 
 @dataclass
@@ -209,14 +194,10 @@ def _sync(fds: list[int]) -> None:
         for fd in fds:
             os.fsync(fd)
         return
-    seen: set[int] = set()
-    for fd in fds:
-        dev = os.fstat(fd).st_dev
-        if dev not in seen:
-            seen.add(dev)
-            if _SYNCFS(fd) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err))
+    for fd in {os.fstat(fd).st_dev: fd for fd in fds}.values():  # any one fd of a filesystem syncs all of it
+        if _SYNCFS(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
 
 
 class InlineGroup:
@@ -227,15 +208,10 @@ class InlineGroup:
 
     def __init__(self, out: Path, sdir: StateDir, destination: str, opts: ReceiveOptions) -> None:
         self.out, self.sdir, self.destination, self.opts = out, sdir, destination, opts
-        # Per-file paths are built as strings (see records.write_json).
-        self._out, self._sdir = os.fspath(out), os.fspath(sdir)
         self.items: list[_Item] = []
         self.dir_fds: dict[tuple[str, ...], int] = {}
-        self.room = Room(sdir, opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(out))
+        self.room = Room(sdir, opts.min_free_bytes)
         self.ids: set[str] = set()
-
-    def holds(self, stream_id: str) -> bool:
-        return stream_id in self.ids
 
     def add(self, got: Delivered[StreamOffer, Message], data: bytes, *, sha256: str, sender: str = "") -> None:
         """Write one verified file under a temporary name. Raises :class:`StreamNoRoom` if
@@ -243,25 +219,20 @@ class InlineGroup:
         target directory that is a link."""
         spec, subdir = got.message.spec, got.message.subdir
         what = f"stream {spec.stream_id} ({self.destination}, inline)"
-        short = self.room.shortfall(spec.size)
-        if short:
-            raise StreamNoRoom(
-                f"{what}: {self.out} has no room for it ({short}); the stream yields its place and is tried again "
-                "later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) or receive into another "
-                "directory.")
+        self.room.check(what, spec.size)
         if subdir not in self.dir_fds:
             try:
                 self.dir_fds[subdir] = open_subdir(self.out, subdir, what)
             except OSError as exc:
                 raise self._disk_error(exc, what, f"creating {self.out.joinpath(*subdir)}") from exc
         temp = f"{spec.stream_id}.{os.getpid()}-{secrets.token_hex(4)}.inline"
-        started = time.time()
         try:
-            fd = open_private(f"{self._sdir}/{temp}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = open_private(f"{self.sdir}/{temp}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise self._disk_error(exc, what, "creating its file") from exc
-        _mark(fd, spec.stream_id)
-        item = _Item(got.handle, spec, got.message.origin, subdir, sha256, temp, fd, started, sender=sender)
+        with contextlib.suppress(OSError):  # no user xattrs here: only the take-over after a crash is lost
+            os.setxattr(fd, MARK, spec.stream_id.encode("ascii"))
+        item = _Item(got.handle, spec, got.message.origin, subdir, sha256, temp, fd, time.time(), sender=sender)
         self.items.append(item)
         self.ids.add(spec.stream_id)
         try:
@@ -279,21 +250,24 @@ class InlineGroup:
         try:
             _sync([it.fd for it in self.items])
             for it in self.items:
-                os.close(it.fd)
-                it.fd = -1
                 dir_fd = self.dir_fds[it.subdir]
                 name = final_name(dir_fd, it.spec, overwrite=self.opts.overwrite)
                 plain = paths.safe_file_name(it.spec.name, it.spec.stream_id)
                 if name != plain and _published_before(dir_fd, plain, it):
                     name = plain
-                os.replace(f"{self._sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
-                it.path = os.path.join(self._out, *it.subdir, name)
+                os.replace(f"{self.sdir}/{it.temp}", name, dst_dir_fd=dir_fd)
+                it.path = os.path.join(self.out, *it.subdir, name)
             _sync(list(self.dir_fds.values()))
             results = [(it.offer, self._result(it)) for it in self.items]
-            # Without syncfs every record is flushed as written; with it, by _sync_records.
-            done_records(self.sdir, self._out, [r for _, r in results], claim=self.opts.claim,
+            # Without syncfs every record is flushed as written, and the _sync below flushes their
+            # names; with syncfs it flushes both.
+            done_records(self.sdir, str(self.out), [r for _, r in results], claim=self.opts.claim,
                          sync=_SYNCFS is None, retention_days=self.opts.records_retention_days)
-            self._sync_records()
+            fd = os.open(self.sdir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                _sync([fd])
+            finally:
+                os.close(fd)
         except OSError as exc:
             first = self.items[0].spec.stream_id
             raise self._disk_error(exc, f"streams {first} and {len(self.items) - 1} more ({self.destination})",
@@ -309,7 +283,7 @@ class InlineGroup:
                 os.close(it.fd)
                 it.fd = -1
             if it.path is None:
-                unlink_missing_ok(f"{self._sdir}/{it.temp}")
+                unlink_missing_ok(f"{self.sdir}/{it.temp}")
         for fd in self.dir_fds.values():
             os.close(fd)
         self.dir_fds.clear()
@@ -320,18 +294,9 @@ class InlineGroup:
         for leftover in (self.sdir.part(spec.stream_id), self.sdir.resume(spec.stream_id)):
             unlink_missing_ok(leftover)
         now = time.time()
-        result = TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
-                                now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
-                                chunk_size=spec.chunk_size, origin=it.origin, sender=it.sender)
-        return result
-
-    def _sync_records(self) -> None:
-        fd = os.open(self.sdir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            # Without syncfs each record was flushed as written; their names still need this.
-            _sync([fd])
-        finally:
-            os.close(fd)
+        return TransferResult(spec.stream_id, self.destination, spec.name, spec.size, spec.chunks, it.sha256,
+                              now - it.started, spec.mode.value, 0, spec.size, it.path, it.started, now,
+                              chunk_size=spec.chunk_size, origin=it.origin, sender=it.sender)
 
     def _disk_error(self, exc: OSError, what: str, doing: str) -> StreamError:
         return StreamError(f"{what}: {doing} failed: {exc.strerror or exc} ({shutil.disk_usage(self.sdir).free} "

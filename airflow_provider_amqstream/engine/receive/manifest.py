@@ -122,14 +122,11 @@ class Batches:
         # (sender dir, batch id) -> [newest part's mtime, bytes on disk, parts here] of every
         # batch with any part here: at most MAX_PENDING entries.
         self.held: dict[tuple[str, str], list[float]] = {}
-        self._loaded = False
 
     def load(self) -> None:
-        """Count what senders left here and forget what is past the bounds (at a receiver's
-        start, so the room it frees is there before any stream); then look at each batch."""
-        if self._loaded:
-            return
-        self._loaded = True
+        """Count what senders left here and forget what is past the bounds (once, before
+        :meth:`record` or :meth:`published`, at a receiver's start, so the room it frees is
+        there before any stream); then look at each batch."""
         try:
             self._scan()
         except OSError as exc:
@@ -212,7 +209,6 @@ class Batches:
                sender: str = "") -> Path | None:
         """Keep one part of ``sender``'s batch; return the manifest's path if the batch is
         now complete. Raises :class:`StreamNoRoom` (the part gives way) when it does not fit."""
-        self.load()
         owner = sender_dir(sender)
         key = (owner, batch_id)
         data = {"batch_id": batch_id, "part": part, "parts": parts, "sender": sender,
@@ -245,7 +241,6 @@ class Batches:
 
     def published(self, stream_id: str) -> list[Path]:
         """A stream was published here; return the manifests this completed."""
-        self.load()
         done = []
         for key, (at, missing) in list(self.missing.items()):
             missing.discard(stream_id)
@@ -258,41 +253,20 @@ class Batches:
     def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         """The batch's first part if every part of it is here, else None."""
         first = read_json(self.sdir.batch_part(owner, batch_id, 1))
-        if first is None:
-            return None
-        for k in range(2, int(first["parts"]) + 1):
-            if not self.sdir.batch_part(owner, batch_id, k).is_file():
-                return None
-        return first
+        whole = first is not None and all(self.sdir.batch_part(owner, batch_id, k).is_file()
+                                          for k in range(2, int(first["parts"]) + 1))
+        return first if whole else None
 
-    def _entries(self, owner: str, batch_id: str, nparts: int) -> Iterator[dict[str, Any]]:
-        """The batch's entries, one part read at a time (a part lists at most
-        ``BATCH_PART_FILES``): a batch of a million files is never one list."""
-        for k in range(1, nparts + 1):
-            yield from self._part(owner, batch_id, k, nparts)
-
-    def _part(self, owner: str, batch_id: str, k: int, nparts: int) -> list[dict[str, Any]]:
+    def _part_records(self, owner: str, batch_id: str, k: int,
+                      nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+        """Each entry of part ``k`` with its stream's completion record (None if not received
+        here), the part's records looked up together."""
         data = read_json(self.sdir.batch_part(owner, batch_id, k))
         if data is None:
             raise ValueError(f"part {k} of {nparts} went missing")
-        return list(data["entries"])
-
-    def _with_records(self, owner: str, batch_id: str,
-                      nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
-        """Each entry of the batch with its stream's completion record (None if not received
-        here): the records of a part looked up together, one part at a time."""
-        part: list[dict[str, Any]] = []
-        for e in self._entries(owner, batch_id, nparts):
-            part.append(e)
-            if len(part) == bw.BATCH_PART_FILES:
-                yield from self._records_of(part)
-                part = []
-        yield from self._records_of(part)
-
-    def _records_of(self, entries: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
-        if not entries:
-            return
-        known = find_received_many(self.out, [e["stream_id"] for e in entries], retention_days=self.retention_days)
+        entries = list(data["entries"])
+        known = find_received_many(self.out, [e["stream_id"] for e in entries],
+                                   retention_days=self.retention_days) if entries else {}
         for e in entries:
             yield e, known.get(e["stream_id"])
 
@@ -309,7 +283,7 @@ class Batches:
             nparts = int(first["parts"])
             for k in range(start, nparts + 1):
                 missing = set()
-                for e, rec in self._records_of(self._part(owner, batch_id, k, nparts)):
+                for e, rec in self._part_records(owner, batch_id, k, nparts):
                     if rec is None:
                         missing.add(e["stream_id"])
                     elif str(rec.get("sender") or "") != sender:
@@ -345,7 +319,10 @@ class Batches:
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         rows = 0
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for e, rec in self._with_records(owner, batch_id, nparts):
+            # One part's entries and their records at a time (a part lists at most
+            # BATCH_PART_FILES): a batch of a million files is never one list.
+            entries = (row for k in range(1, nparts + 1) for row in self._part_records(owner, batch_id, k, nparts))
+            for e, rec in entries:
                 if rec is None:
                     raise ValueError(f"the completion record of stream {e['stream_id']} went missing")
                 if rec.get("sha256") != e["sha256"] or int(rec.get("bytes", -1)) != int(e["bytes"]):

@@ -9,6 +9,7 @@ with the broker that decides what to write is ``stream.py``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -53,12 +54,14 @@ class Room:
     flood of tiny files cannot exhaust the inodes or the blocks that their sizes hide.
     """
 
-    def __init__(self, path: str | os.PathLike[str], min_free: int) -> None:
-        st = os.statvfs(path)
+    def __init__(self, sdir: StateDir, min_free: int | None) -> None:
+        """:param min_free: bytes to leave free (None: :func:`default_reserve`)."""
+        st = os.statvfs(sdir)
+        self.sdir = sdir
         self.block = st.f_frsize or 4096
         self.free = st.f_bavail * self.block
         self.inodes = st.f_favail
-        self.min_free = min_free
+        self.min_free = default_reserve(sdir.out) if min_free is None else min_free
         # Filesystems that report no inode count (some network ones) have no inode limit to keep.
         self.inode_reserve = max(64, st.f_files // 50) if st.f_files else 0
 
@@ -67,36 +70,39 @@ class Room:
         blocks = -(-size // self.block) - have // self.block
         return (max(0, blocks) + RECORD_FILES) * self.block
 
-    def shortfall(self, size: int, have: int = 0, *, files: int = 1) -> str | None:
-        """Why ``files`` more file(s) of ``size`` bytes do not fit, or None if they do."""
-        need = self.cost(size, have) * files
+    def check(self, what: str, size: int, have: int = 0, *, needs: str = "it") -> None:
+        """Raise :class:`StreamNoRoom` if a file of ``size`` bytes, ``have`` of them already
+        allocated, does not fit (``needs`` names it in the message)."""
+        need = self.cost(size, have)
         if self.free - need < self.min_free:
-            return f"needs {need} bytes with its records, {self.free} are free and {self.min_free} kept in reserve"
-        if self.inodes and self.inodes - (1 + RECORD_FILES) * files < self.inode_reserve:
-            return f"needs {1 + RECORD_FILES} inodes, {self.inodes} are free and {self.inode_reserve} kept in reserve"
-        return None
+            short = f"needs {need} bytes with its records, {self.free} are free and {self.min_free} kept in reserve"
+        elif self.inodes and self.inodes - (1 + RECORD_FILES) < self.inode_reserve:
+            short = f"needs {1 + RECORD_FILES} inodes, {self.inodes} are free and {self.inode_reserve} kept in reserve"
+        else:
+            return
+        raise StreamNoRoom(
+            f"{what}: {self.sdir.out} has no room for {needs} ({short}); the stream yields its place and is tried "
+            "again later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) or receive into "
+            "another directory.")
 
     def take(self, size: int) -> None:
         self.free -= self.cost(size)
         self.inodes -= 1 + RECORD_FILES
 
 
-def reserve(fd: int, size: int, have: int, sdir: StateDir, min_free: int, what: str) -> None:
+def reserve(fd: int, size: int, have: int, sdir: StateDir, min_free: int | None, what: str) -> None:
     """Allocate the whole file open as ``fd`` now, so a full disk fails here rather than hours
     in, and later syncs need not flush a growing size. A stream that would leave less than
-    ``min_free`` bytes free is refused (:class:`StreamNoRoom`) before anything is allocated;
-    after a failed allocation the caller gives back what it may have taken.
+    ``min_free`` bytes free (None: :func:`default_reserve`) is refused (:class:`StreamNoRoom`)
+    before anything is allocated; after a failed allocation the caller gives back what it may
+    have taken.
 
     :param fd: the ``.part`` file, open for writing.
     :param have: the file's size now (a resumed stream's is already allocated).
     :param what: the stream, as error messages name it.
     """
-    short = Room(sdir, min_free).shortfall(size, have) if have < size or have == 0 else None
-    if short:
-        raise StreamNoRoom(
-            f"{what}: {sdir.out} has no room for {size - have} more bytes ({short}); the stream yields its "
-            "place and is tried again later. Free space or inodes, lower the reserve (min_free_bytes, --min-free) "
-            "or receive into another directory.")
+    if have < size or have == 0:
+        Room(sdir, min_free).check(what, size, have, needs=f"{size - have} more bytes")
     if size == 0 or have >= size:
         return
     try:
@@ -109,12 +115,8 @@ def reserve(fd: int, size: int, have: int, sdir: StateDir, min_free: int, what: 
 
 
 class PartialFile:
-    """The ``.part`` file of one stream and the durable record of what is in it.
-
-    Writes land at their offsets at once; a batch becomes durable when a worker thread
-    has fdatasynced the file and saved the state that records it. Only then are its
-    messages acknowledged, so an acknowledged chunk is always on disk.
-    """
+    """The ``.part`` file of one stream and the durable record of what is in it (the
+    module's docstring says when a batch is durable)."""
 
     def __init__(self, sdir: StateDir, spec: p.StreamSpec, what: str, sender: str = "") -> None:
         self.spec, self.what, self.sdir, self.sender = spec, what, sdir, sender
@@ -123,7 +125,6 @@ class PartialFile:
         # When this reception began, kept across resumes: `amqstream streams ls` shows it.
         self.started_at = time.time()
         self.fd = -1
-        self.created = False
         # Whether this process took the partial file's lock: only then is what is on disk ours
         # to shrink after a yield (another receiver process of the directory may hold it).
         self.owned = False
@@ -132,11 +133,12 @@ class PartialFile:
         self.hasher = hashlib.sha256()
         self.hashed_to = 1
         self.new: list[int] = []
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Its one thread starts with the first commit (after open) and ends in close.
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
         self.inflight: tuple[concurrent.futures.Future[None], list[int], list[Message]] | None = None
 
-    def open(self, min_free: int) -> None:
-        self.created = not os.path.lexists(self.part)
+    def open(self, min_free: int | None) -> None:
+        created = not os.path.lexists(self.part)
         self.fd = open_private(self.part, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -150,29 +152,26 @@ class PartialFile:
         # wait from zero. The state file is written only when chunks are committed; the
         # part's own mtime moves with every reservation, and receivers restarted within the
         # idle timeout then waited from zero each time and never gave a silent stream up.
-        self.last_write = self._last_progress()
+        with contextlib.suppress(FileNotFoundError):
+            self.last_write = os.stat(self.state_file).st_mtime
         self.state = self._load_state()
         have = os.fstat(self.fd).st_size
         try:
             reserve(self.fd, self.spec.size, have, self.sdir, min_free, self.what)
         except StreamNoRoom:
-            self._release(have)
+            # Give back what the failed reservation took: fallocate may have filled the disk first.
+            if created:
+                self.close()
+                self.part.unlink(missing_ok=True)
+            else:
+                os.ftruncate(self.fd, have)
             raise
         with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
             hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
         self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqs-sync")
-
-    def _last_progress(self) -> float | None:
-        try:
-            return os.stat(self.state_file).st_mtime
-        except FileNotFoundError:
-            return None
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
+        self.pool.shutdown(wait=True)
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -195,10 +194,8 @@ class PartialFile:
         if top == 0:
             self.discard()
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.truncate(self.part, self.spec.offset_of(top + 1))
-        except FileNotFoundError:
-            pass
 
     def _load_state(self) -> ReceiverState:
         try:
@@ -216,14 +213,6 @@ class PartialFile:
                               "stream with the same id; delete it to receive from the start")
         log.info("%s: resuming with %d of %d bytes on disk", self.what, state.received_bytes, self.spec.size)
         return state
-
-    def _release(self, keep: int) -> None:
-        """Give back a reservation that failed: fallocate may have filled the disk first."""
-        if self.created:
-            self.close()
-            self.part.unlink(missing_ok=True)
-        else:
-            os.ftruncate(self.fd, keep)
 
     def write(self, seq: int, offset: int, data: bytes | memoryview) -> None:
         try:
@@ -257,8 +246,6 @@ class PartialFile:
         snapshot = ReceiverState.from_json(self.state.to_json())
         for seq in self.new:
             snapshot.mark_durable(seq)
-        if self.pool is None:
-            raise StreamError(f"{self.what}: commit on a partial file that is not open")
         fut = self.pool.submit(self._sync, {**snapshot.to_json(), "sender": self.sender,
                                             "started_at": self.started_at} if self.new else None)
         self.inflight = (fut, self.new, frames)

@@ -472,7 +472,7 @@ class ReceiveSession:
                 self._look_up_group(offers)
             for offer in offers:
                 sid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
-                if files.holds(sid):
+                if sid in files.ids:
                     later.append(offer)  # the same stream twice in one group: a repeat, settled after
                     continue
                 try:

@@ -11,6 +11,7 @@ let the queue move on).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -27,7 +28,7 @@ from typing import Any
 from airflow_provider_amqstream.engine.keys import read_key_file
 from airflow_provider_amqstream.engine.receive import holders
 from airflow_provider_amqstream.engine.receive.claims import check_claim, done_records
-from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, default_reserve, final_name
+from airflow_provider_amqstream.engine.receive.partial_file import PartialFile, final_name
 from airflow_provider_amqstream.engine.records import TransferResult, open_private
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import (
@@ -172,15 +173,11 @@ def receiver_token(sdir: StateDir, stream_id: str) -> str:
     under a key kept in ``.amqstream/receiver.key`` (mode 0600), so a receiver that
     restarts, or another process on the same directory, speaks with the same token."""
     key_file = sdir.key
-    try:
-        fd = open_private(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secrets.token_bytes(32))
-            fh.flush()
-            os.fsync(fh.fileno())
+    with contextlib.suppress(FileExistsError), os.fdopen(
+            open_private(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+        fh.write(secrets.token_bytes(32))
+        fh.flush()
+        os.fsync(fh.fileno())
     with os.fdopen(open_private(key_file, os.O_RDONLY), "rb") as fh:
         key = fh.read()
     if len(key) < 32:
@@ -276,7 +273,6 @@ class StreamReceiver:
         spec, opts = self.spec, self.opts
         started = time.time()
         t0 = time.monotonic()
-        min_free = opts.min_free_bytes if opts.min_free_bytes is not None else default_reserve(self.out)
         # Opened before any data moves: a bad target directory quarantines the stream at once.
         try:
             dir_fd = open_subdir(self.out, self.subdir, self.what)
@@ -288,7 +284,7 @@ class StreamReceiver:
                 # Its first chunks are on another disk: leave the rest on the broker for them.
                 raise StreamElsewhere(holders.elsewhere_report(self.what, self.dest, spec.stream_id, self.out, others,
                                                                data_q=self.data_q))
-            self.file.open(min_free)
+            self.file.open(opts.min_free_bytes)
             if self.seal is not None:
                 self.file.state.opener = self.seal.opener(spec.chunks)
             self._note_holding()
@@ -345,17 +341,15 @@ class StreamReceiver:
         left on its data queue (the broker moves them to its DLQ), remove the partial
         data. Returns how many messages were refused."""
         self._settle_quietly()
-        n = 0
-        for frame in [*self.unacked, *self.refused]:
+        held = [*self.unacked, *self.refused]
+        for frame in held:
             self.link.nack(frame)
-            n += 1
         self.unacked, self.refused = [], []
         self.stop_data()
         self.file.discard()
-        if not self.reply_to:
-            n += drain_queue(self.link, self.data_q, ack=False)
+        left = 0 if self.reply_to else drain_queue(self.link, self.data_q, ack=False)
         self._release_notes()
-        return n
+        return len(held) + left
 
     def _look_for_holders(self) -> list[holders.Holder]:
         """The other receivers that noted holding this stream's partial data."""
@@ -415,7 +409,7 @@ class StreamReceiver:
         written = 0
         progress_since: float | None = None
         while not state.complete:
-            timeout = self._timeout(quiet_since)
+            timeout = self._timeout()
             busy = self.unacked or self.file.inflight
             # With work pending, a short pause means the broker is waiting for our acks.
             began = time.monotonic()
@@ -480,13 +474,11 @@ class StreamReceiver:
             return time.monotonic()
         return time.monotonic() - max(0.0, time.time() - last)
 
-    def _timeout(self, quiet_since: float) -> float:
-        """How long to wait for the next message."""
-        opts = self.opts
+    def _timeout(self) -> float:
         if self.reply_to:
-            return opts.rerequest_after
+            return self.opts.rerequest_after
         if self.file.state.expected_sha256:
-            return opts.gap_grace
+            return self.opts.gap_grace
         return max(0.0, self.credit)
 
     def _earn(self, nbytes: int) -> None:
