@@ -65,16 +65,16 @@ def test_a_long_send_that_loses_the_broker_gets_the_whole_reconnect_timeout(
     # Backoff's clock, ten minutes later once the first attempt ends: a long transfer.
     monkeypatch.setattr(records, "time", types.SimpleNamespace(
         monotonic=lambda: real_time.monotonic() + clock[0], sleep=real_time.sleep, time=real_time.time))
-    real_run, calls = sending._Attempt.run, []
+    real_over, calls = sending._Attempt.over, []
 
-    def lost_after_the_data(self: sending._Attempt, shared: object = None) -> None:
+    def lost_after_the_data(self: sending._Attempt, link: object) -> None:
         calls.append(1)
-        real_run(self)
+        real_over(self, link)
         if len(calls) == 1:
             clock[0] += 600
             raise ConnectionLost(f"connection to {params.url} was lost (test)")  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(sending._Attempt, "run", lost_after_the_data)
+    monkeypatch.setattr(sending._Attempt, "over", lost_after_the_data)
     res = sending.send_file(params, src, queue_name,
                             options=SendOptions(chunk_size=1024 * 1024, window=1, reconnect_timeout=30))
     assert len(calls) == 2 and res.sha256 == sha256_file(src)
