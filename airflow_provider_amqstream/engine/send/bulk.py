@@ -137,6 +137,7 @@ def send_files(
     key = id_key(params)
     status.files_total, status.bytes_total, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None,
                                                           sealed=sealed)
+    status.started = time.monotonic()  # its rate is the sending's: a long walk is not in it
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{status.files_total}|{ids:x}'.encode()).hexdigest()[:20]}"
     validate_stream_id(batch_id)
