@@ -125,7 +125,8 @@ def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
     check_tree(out, sums, "amqstream")
     os.sync()
     return {"seconds": secs, "send_rss": sent[-1]["peak_rss_kib"], "recv_rss": max(r["peak_rss_kib"] for r in got),
-            "cpu": [sent[-1]["cpu_seconds"], max(r["cpu_seconds"] for r in got), round(broker_cpu, 2)]}
+            "cpu": [sent[-1]["cpu_seconds"], max(r["cpu_seconds"] for r in got), round(broker_cpu, 2)],
+            "system": [sent[-1]["system_seconds"], max(r["system_seconds"] for r in got)]}
 
 
 def sftp_put_r(sshd: Sshd, src: Path, dest: Path) -> float:
@@ -244,7 +245,7 @@ def run_bulk(sets: list[str], work: Path, uri: str, *, ssh: bool = True, airflow
             o = median_run(runs)
             row["ours"] = {**rate(o["seconds"]), "send_rss_kib": max(r["send_rss"] for r in runs),
                            "recv_rss_kib": max(r["recv_rss"] for r in runs),
-                           "cpu_rounds": [r["cpu"] for r in runs]}
+                           "cpu_rounds": [r["cpu"] for r in runs], "system_rounds": [r["system"] for r in runs]}
             if sshd:
                 row["sftp"] = rate(sorted(sftp_secs)[len(sftp_secs) // 2])
                 row["ours_vs_sftp_rounds"] = [round(s / r["seconds"], 2) for r, s in zip(runs, sftp_secs, strict=True)]
