@@ -3,8 +3,7 @@
 The sender's :class:`SenderState` is its checkpoint: the chunks the broker has confirmed.
 The receiver's :class:`ReceiverState` decides what to do with each message of a
 stream's data queue (:meth:`ReceiverState.decide`) and tracks which chunks are on disk;
-both are saved as JSON so a re-run of either end continues where it stopped. The wire
-format they read is in ``wire.py`` and ``codec.py``; this module does no I/O either.
+both are saved as JSON so a re-run of either end continues where it stopped.
 """
 
 from __future__ import annotations
