@@ -95,9 +95,8 @@ class HandshakeSender:
         return kind
 
     def _admit(self, kind: Kind, consumer: str, token: str, now: float) -> bool:
-        known = self.tokens.get(consumer)
-        if known is not None:
-            return known == token
+        if consumer in self.tokens:
+            return self.tokens[consumer] == token
         if kind is not Kind.HELLO:
             return False  # a receiver introduces itself before anything else
         if self.point_to_point and self.tokens:
