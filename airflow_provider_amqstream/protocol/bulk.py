@@ -7,11 +7,7 @@ together as one *pack* message: a JSON index of their headers, then their bodies
 (:func:`pack_message`, :func:`read_pack`); each member is checked as the inline offer it
 is. After a batch's offers, the sender lists its files in *batch* messages
 (:func:`iter_batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
-manifest.
-
-Pure, no I/O: it builds on ``wire.py`` (StreamSpec, offers) and ``headers.py``, and is read
-by the engine (``engine/send/small_files.py``, ``engine/send/bulk.py``, ``engine/receive/inline.py``). The
-wire format is in ``docs/protocol.md``.
+manifest. The wire format is in ``docs/protocol.md``.
 """
 
 from __future__ import annotations

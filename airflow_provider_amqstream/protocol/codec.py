@@ -20,10 +20,9 @@ def crc32(body: bytes | memoryview) -> int:
     return int(_crc32(body)) & 0xFFFFFFFF
 
 
-ENCODINGS = ("zstd",)
-# What a sender may be asked for: a wire encoding always tried, "auto" (compress what shrinks,
-# stop trying on data that does not) or "none".
-COMPRESSION_SETTINGS = ("auto", *ENCODINGS, "none")
+# What a sender may be asked for: "zstd" (always tried), "auto" (compress what shrinks, stop
+# trying on data that does not) or "none".
+COMPRESSION_SETTINGS = ("auto", "zstd", "none")
 # Compress what pays: each byte not carried saves the broker ~9 CPU-s/GiB, and data that does not
 # shrink costs one failed attempt per 64 chunks (docs/decisions/broker-tuning.md).
 DEFAULT_COMPRESSION = "auto"
@@ -52,9 +51,9 @@ _AUTO_MAX_SKIP = 64
 
 
 def normalise_compression(setting: str | None) -> str | None:
-    """The compression a sender was asked for, checked: ``"auto"``, an encoding of
-    :data:`ENCODINGS`, or None for none. ``"none"`` (any case) is None; None stays None
-    (callers that mean "the default" pass :data:`DEFAULT_COMPRESSION`)."""
+    """The compression a sender was asked for, checked: ``"auto"``, ``"zstd"``, or None for
+    none. ``"none"`` (any case) is None; None stays None (callers that mean "the default"
+    pass :data:`DEFAULT_COMPRESSION`)."""
     value = "none" if setting is None else str(setting).strip().lower()
     if value == "none":
         return None
@@ -65,17 +64,10 @@ def normalise_compression(setting: str | None) -> str | None:
 
 
 class ChunkCodec:
-    """Optional per-chunk zstd compression on the sending side.
-
-    ``"zstd"`` tries every chunk at level 1 and sends raw any that does not shrink by 5 %.
-    ``"auto"`` compresses chunks of 256 KiB or more at the faster level -3 (smaller ones at
-    level 1), keeps a chunk compressed only if it shrank to half or less, and after one that
-    did not, skips trying for a growing number of chunks (1, 2, 4 ... 64): CSV or JSON is
-    compressed from its first chunk, random or already compressed data costs one failed
-    attempt per 64 chunks. Either way each chunk says on the wire whether it is compressed
-    (``amqs_enc``), so receivers need no setting, and every receiver since per-chunk zstd
-    decodes both levels.
-    """
+    """Optional per-chunk zstd compression on the sending side: ``"zstd"`` tries every chunk
+    (``_MIN_SAVING``), ``"auto"`` as ``_AUTO_SAVING``, ``_AUTO_LEVEL`` and ``_AUTO_MAX_SKIP`` say.
+    Each chunk says on the wire whether it is compressed (``amqs_encoding``), so receivers need
+    no setting, and every receiver since per-chunk zstd decodes both levels."""
 
     def __init__(self, encoding: str | None) -> None:
         setting = normalise_compression(encoding)

@@ -25,7 +25,6 @@ H_SEQ = "amqs_seq"
 H_OFFSET = "amqs_offset"
 H_CRC = "amqs_crc32"
 H_SHA256 = "amqs_sha256"
-# Standard JMS group properties: a plain JMS consumer can reassemble with these alone.
 H_ENCODING = "amqs_encoding"
 H_REPLY_TO = "amqs_reply_to"
 H_WINDOW = "amqs_window"
@@ -62,6 +61,7 @@ H_HELD_HOST = "amqs_held_host"
 H_HELD_DIR = "amqs_held_dir"
 H_HELD_PART = "amqs_held_part"
 H_HELD_SINCE = "amqs_held_since"
+# Standard JMS group properties: a plain JMS consumer can reassemble with these alone.
 H_GROUP_ID = "JMSXGroupID"
 H_GROUP_SEQ = "JMSXGroupSeq"
 # The sender as the broker authenticated it, stamped on every message by a broker with

@@ -80,12 +80,8 @@ class Destination:
     def parse(cls, text: str) -> Destination:
         """Accept ``/queue/x``, ``/topic/x``, ``queue://x``, ``topic://x`` or bare ``x`` (queue)."""
         raw = (text or "").strip()
-        kind, name = "queue", raw
-        for prefix, k in (("/queue/", "queue"), ("/topic/", "topic"),
-                          ("queue://", "queue"), ("topic://", "topic")):
-            if raw.startswith(prefix):
-                kind, name = k, raw[len(prefix):]
-                break
+        prefix = next((p for p in ("/queue/", "/topic/", "queue://", "topic://") if raw.startswith(p)), "")
+        kind, name = prefix.strip("/:") or "queue", raw[len(prefix):]
         if not name or len(name) > 200 or not _NAME_RE.fullmatch(name):
             raise ProtocolError(
                 f"destination {text!r} is not valid: use /queue/NAME or /topic/NAME where NAME "

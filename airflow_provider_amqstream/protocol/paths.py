@@ -1,8 +1,7 @@
 """Names off the wire made into safe local paths: an offer's file name (``amqs_name``) and
 subdirectory (``amqs_dir``) become a path that cannot leave the receiver's output directory.
 
-Pure, no I/O, like the rest of ``protocol/``. The
-rules are in ``docs/protocol.md``, "File names" and "The output directory".
+The rules are in ``docs/protocol.md``, "File names" and "The output directory".
 """
 
 from __future__ import annotations

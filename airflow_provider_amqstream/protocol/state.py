@@ -3,8 +3,7 @@
 The sender's :class:`SenderState` is its checkpoint: the chunks the broker has confirmed.
 The receiver's :class:`ReceiverState` decides what to do with each message of a
 stream's data queue (:meth:`ReceiverState.decide`) and tracks which chunks are on disk;
-both are saved as JSON so a re-run of either end continues where it stopped. The wire
-format they read is in ``wire.py`` and ``codec.py``; this module does no I/O either.
+both are saved as JSON so a re-run of either end continues where it stopped.
 """
 
 from __future__ import annotations
@@ -219,17 +218,13 @@ class ReceiverState:
         return self.contiguous_bytes + sum(self.spec.chunk_span(s)[1] for s in self.ahead)
 
     @property
-    def all_chunks(self) -> bool:
-        return self.next_seq > self.spec.chunks
-
-    @property
     def all_written(self) -> bool:
         """Every chunk is durable or written (``written`` never overlaps the durable set)."""
         return self.next_seq - 1 + len(self.ahead) + len(self.written) >= self.spec.chunks
 
     @property
     def complete(self) -> bool:
-        return self.all_chunks and self.expected_sha256 is not None
+        return self.next_seq > self.spec.chunks and self.expected_sha256 is not None
 
     def missing_ranges(self) -> list[tuple[int, int]]:
         """Missing chunk ranges as inclusive (first, last) pairs."""

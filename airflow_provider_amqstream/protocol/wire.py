@@ -5,11 +5,6 @@ chunk, placed by offset, never by arrival order, so a broker that reorders, rede
 duplicates cannot corrupt the file) and one ``end`` with the SHA-256 of the whole, on a
 per-stream queue (:meth:`Destination.data_queue`); in ``handshake`` mode receivers also
 answer on a control queue (``hello``, ``ack``, ``rereq``, ``done``).
-
-Here: :class:`StreamSpec`, the messages (offer, data, end, control), their builders and
-parsers, and the offer selector. The rest of the pure layer (``headers.py``, ``names.py``,
-``codec.py``, ``state.py``, ``handshake.py``, ``bulk.py``, ``paths.py``) is listed in
-docs/protocol.md; the engine (``engine/``) reads files, writes files and talks to the broker.
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ _DIGITS = re.compile(r"[0-9]{1,20}")
 _OWNER_ELEMENT_RE = re.compile(r"_|_h[0-9a-f]{40}|(?:[A-Za-z0-9-]|_[0-9a-f]{2}){1,64}")
 
 
-# --------------------------------------------------------------------------- stream
 @dataclass(frozen=True)
 class StreamSpec:
     """What an offer announces; both ends derive chunk boundaries from it."""
@@ -320,11 +314,9 @@ def parked_until(headers: Mapping[str, Any]) -> float:
     parked. A value that is not a number counts as not parked: whoever sent it gains
     nothing, since a stream taken early only yields again."""
     raw = str(headers.get(hdr.H_NOT_BEFORE) or "")
-    if not raw or len(raw) > 24:
-        return 0.0
     try:
-        value = float(raw)
-    except ValueError:
+        value = float(raw) if len(raw) <= 24 else 0.0
+    except ValueError:  # "" too
         return 0.0
     return value if math.isfinite(value) else 0.0
 
