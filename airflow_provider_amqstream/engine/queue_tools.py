@@ -58,7 +58,6 @@ class Browsed:
     :param full: the queue does not exist and its owner's cap forbids making it (the text says so).
     """
 
-    queue: str
     frames: list[Any] = field(default_factory=list)
     truncated: bool = False
     denied: str = ""
@@ -116,13 +115,13 @@ class QueueSession(AbstractContextManager["QueueSession"]):
                 link.unsubscribe(sub)
         except AccessDenied as exc:
             self.reset()
-            return Browsed(queue, denied=str(exc))
+            return Browsed(denied=str(exc))
         except DestinationFull as exc:
             # The queue does not exist and its cap forbids making it (a stream quarantined
             # past its sender's cap on DLQ.NAME.amqs.<sender>.>: the broker dropped its chunks).
             self.reset()
-            return Browsed(queue, [], full=str(exc))
-        return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
+            return Browsed(full=str(exc))
+        return Browsed(frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
 
     def require_read(self, queues: Iterable[str]) -> None:
         """Fail before anything moves if the user may not read one of ``queues`` (a browse needs

@@ -202,15 +202,14 @@ class ChunkCheck:
             problems.append("its chunks do not add up to the SHA-256 of its end marker (corrupt)")
         return problems
 
-    def forward(self, frame: Any) -> dict[str, str] | None:
-        """For the final move: the first copy of each chunk and of the end marker goes on
-        (with its staged headers); exact repeats stay behind (None)."""
+    def forward(self, frame: Any) -> bool:
+        """For the final move: the first copy of each chunk and of the end marker goes on;
+        exact repeats stay behind."""
         h = frame.headers
         key = (str(h.get(hdr.H_KIND)), int(h.get(hdr.H_SEQ) or 0), str(h.get(hdr.H_CRC) or h.get(H_NONCE) or ""))
-        if key in self._forwarded:
-            return None
+        first = key not in self._forwarded
         self._forwarded.add(key)
-        return {}
+        return first
 
 
 @dataclass
@@ -358,7 +357,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             marks = {H_REDRIVEN_BY: params.user,
                      H_REDRIVEN_AT: datetime.now(timezone.utc).isoformat(timespec="seconds")}
             moved = move_queue(link, stage_q, target_q, quiet=quiet,
-                               decide=lambda f: None if check.forward(f) is None else marks)
+                               decide=lambda f: marks if check.forward(f) else None)
             link.send_confirmed(str(dest), b"", {**offer, hdr.H_DATA_DEST: target_q, **marks,
                                                  H_REDRIVE_SENDER: sender_before})
             for frame in copies:
