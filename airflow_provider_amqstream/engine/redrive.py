@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from itertools import groupby
 from typing import Any
 
-from airflow_provider_amqstream.engine.inventory import offered_streams, parked_streams
+from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
     QueueSession,
@@ -35,7 +35,6 @@ from airflow_provider_amqstream.exceptions import (
     RemoteProtocolError,
     StreamError,
 )
-from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
@@ -251,20 +250,6 @@ def _offer_headers(copy: Any) -> dict[str, str]:
     return h
 
 
-def _waiting_elsewhere(qs: QueueSession, dest: Destination, sid: str) -> str | None:
-    """An offer or parked copy of ``sid`` on the destination: another stream under the same id
-    (or the same one sent again), whose chunks share the data queue."""
-    for queue, read in ((str(dest), lambda b: offered_streams(b, dest)[0]),
-                        (dest.parked_queue(), parked_streams)):
-        browsed = qs.browse(queue, keep_body=lambda f: bw.is_pack(f.headers))
-        if browsed.denied:
-            raise StreamError(browsed.denied)
-        for entry in read(browsed):
-            if entry.stream_id == sid:
-                return queue
-    return None
-
-
 def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: Destination,
                      qq: str) -> list[Any]:
     """The quarantine copies filed by a ``trusted`` user. Every receiving user may write the
@@ -314,9 +299,15 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     where = f"stream {sid} on {dest}"
     with QueueSession(params, client_id="amqstream-redrive", browse_limit=browse_limit) as qs:
         qs.require_read((qq, stage_q, target_q))
-        if busy := _waiting_elsewhere(qs, dest, sid):
+        # An offer or parked copy of it is another stream under its id (or the same one sent
+        # again), whose chunks share its data queue. A batch list under its id is no offer.
+        seen = take_inventory(params, destination, quarantine=quarantine, browse_limit=browse_limit)
+        if denied := seen.denied.get("offered") or seen.denied.get("parked"):
+            raise StreamError(denied)
+        if busy := [seen.queues[k] for k, found in (("offered", seen.offered), ("parked", seen.parked))
+                    if any(e.stream_id == sid for e in found)]:
             raise RedriveRefused(
-                f"{where}: an offer for {sid} waits on {busy} (the stream sent again, or another stream under the "
+                f"{where}: an offer for {sid} waits on {busy[0]} (the stream sent again, or another stream under the "
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
                 f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
