@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import offered_streams
+from airflow_provider_amqstream.engine.partials import partial_streams
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
     QueueSession,
@@ -22,7 +23,6 @@ from airflow_provider_amqstream.engine.queue_tools import (
     take_copies,
     take_matching,
 )
-from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefused, LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -78,16 +78,11 @@ class DiscardResult:
 def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
     """Refuse (nothing removed) while a receiver holds the stream's partial file in one of
     ``out_dirs`` (its lock, read from ``/proc/locks``: looking takes no lock)."""
-    held = held_inodes() or set()
     for out_dir in out_dirs:
-        part = StateDir(out_dir).part(sid)
-        try:
-            st = os.stat(part, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if locked_now(st, held):
-            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds {part}); "
-                             "nothing was removed. Stop that receiver, or wait for the stream to yield.")
+        if any(e.stream_id == sid and e.receiving_now for e in partial_streams(out_dir)):
+            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds "
+                                 f"{StateDir(out_dir).part(sid)}); nothing was removed. Stop that receiver, or wait "
+                                 "for the stream to yield.")
 
 
 def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
