@@ -114,8 +114,7 @@ def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardR
                                 "the ones ahead)")
         return {p.sender_of(f.headers) for f in offers} | {o.sender for o in seen if o.stream_id == sid}
     finally:
-        if sub is not None:
-            link.unsubscribe(sub)  # what was not acknowledged goes back
+        link.unsubscribe(sub)  # what was not acknowledged goes back
 
 
 def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
@@ -165,8 +164,7 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         for queue in (dest.parked_queue(), qq):
             frames, sub = take_copies(link, queue, dest, sid, quarantine=queue == qq, quiet=step, user=params.user)
             result.take(link, queue, frames)
-            if sub is not None:
-                link.unsubscribe(sub)
+            link.unsubscribe(sub)
             # Their first senders name its data queues.
             senders |= {p.sender_of(f.headers, parked=True) for f in frames}
         for queue in (*dest.stream_queues(sid, senders), dest.staging_queue(sid), dest.control_queue(sid),

@@ -161,7 +161,7 @@ def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
 
 def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, selector: str,
                   sweep: bool, quiet: float = 1.0,
-                  stamp: Callable[[Message], dict[str, str]] | None = None) -> tuple[list[Message], str | None]:
+                  stamp: Callable[[Message], dict[str, str]] | None = None) -> tuple[list[Message], str]:
     """The messages on ``queue`` that ``match``, delivered to ``link`` and held
     unacknowledged, and the subscription holding them: the caller acknowledges them, or
     unsubscribes (or closes) to send them back to the queue.
@@ -193,9 +193,6 @@ def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, s
             extra = stamp(frame) if stamp else {}
             link.send_confirmed(queue, bytes(frame.body or b""), {**copy_headers(frame, **extra), H_SWEEP: token})
             link.ack(frame)
-    if not found:
-        link.unsubscribe(sub)
-        return [], None
     return found, sub
 
 
@@ -255,7 +252,7 @@ def move_queue(link: Link, source: str, target: str | None, *,
 
 
 def take_copies(link: Link, queue: str, dest: Destination, stream_id: str, *, quarantine: bool,
-                quiet: float, user: str = "") -> tuple[list[Any], str | None]:
+                quiet: float, user: str = "") -> tuple[list[Any], str]:
     """Take every copy of ``stream_id``'s offer off a parked or quarantine queue (swept:
     their order means nothing); on a quarantine queue, only copies filed from ``dest``, and
     a copy passed to the tail keeps who filed it. Returns the copies, unacknowledged, and

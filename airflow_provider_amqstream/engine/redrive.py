@@ -312,11 +312,11 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
                 f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
         copies, sub = take_copies(link, qq, dest, sid, quarantine=True, quiet=quiet, user=params.user)
-        if not copies:
-            raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
-                              "lists the quarantined streams (give --quarantine if its receiver used another "
-                              "queue).")
         try:
+            if not copies:
+                raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
+                                  "lists the quarantined streams (give --quarantine if its receiver used another "
+                                  "queue).")
             copies = _believed_copies(copies, {params.user, *receivers}, user=params.user, sid=sid, dest=dest, qq=qq)
             copy = max(copies, key=lambda f: str(f.headers.get(hdr.H_QUARANTINED_AT, "")))
             cause = quarantine_cause(copy.headers)
@@ -354,7 +354,7 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             for frame in copies:
                 link.ack(frame)
         finally:
-            if sub is not None and link.connected:
+            if link.connected:
                 link.unsubscribe(sub)  # copies not acknowledged go back to the quarantine queue
     log.info("%s redriven by %s: %d chunks, %d bytes, sent by %s before", where, params.user or "?", spec.chunks,
              moved.bytes, sender_before or "an unidentified sender")
