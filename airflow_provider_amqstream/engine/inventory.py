@@ -39,12 +39,6 @@ def _int(value: Any) -> int | None:
     return int(text) if re.fullmatch(r"[0-9]{1,20}", text) else None
 
 
-def _stamp_time(headers: Mapping[str, Any]) -> float | None:
-    """When the broker accepted a message (its ``timestamp`` header, milliseconds)."""
-    ms = _int(headers.get("timestamp"))
-    return ms / 1000.0 if ms else None
-
-
 @dataclass
 class Offered:
     """A stream offered on the destination and not yet received.
@@ -185,7 +179,8 @@ def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered],
     for h, frame in _offers(browsed.frames):
         sid = str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID]
         sender = p.sender_of(frame.headers)
-        at = _stamp_time(frame.headers)
+        # When the broker accepted it (its ``timestamp`` header, milliseconds).
+        at = ms / 1000.0 if (ms := _int(frame.headers.get("timestamp"))) else None
         kind = h.get(hdr.H_KIND)
         if kind == hdr.Kind.BATCH.value:
             try:
