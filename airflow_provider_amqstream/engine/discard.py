@@ -75,16 +75,6 @@ class DiscardResult:
         return {**asdict(self), "bytes_freed": self.bytes_freed, "messages": self.messages}
 
 
-def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
-    """Refuse (nothing removed) while a receiver holds the stream's partial file in one of
-    ``out_dirs`` (its lock, read from ``/proc/locks``: looking takes no lock)."""
-    for out_dir in out_dirs:
-        if any(e.stream_id == sid and e.receiving_now for e in partial_streams(out_dir)):
-            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds "
-                                 f"{StateDir(out_dir).part(sid)}); nothing was removed. Stop that receiver, or wait "
-                                 "for the stream to yield.")
-
-
 def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
     """Remove the stream's fresh offers on the destination, with a selector only (a sweep
     would re-send the others with our stamp); refuse while a receiver holds one. Returns
@@ -152,7 +142,11 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     dirs = [str(d) for d in out_dirs]
     result = DiscardResult(sid, str(dest))
     where = f"stream {sid} on {dest}"
-    _check_not_receiving(dirs, sid, where)
+    for out_dir in dirs:  # a receiver's lock on the partial file, read from /proc/locks: looking takes none
+        if any(e.stream_id == sid and e.receiving_now for e in partial_streams(out_dir)):
+            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds "
+                                 f"{StateDir(out_dir).part(sid)}); nothing was removed. Stop that receiver, or wait "
+                                 "for the stream to yield.")
     qq = dest.quarantine_queue(quarantine)
     step = min(quiet, 0.5)
     with QueueSession(params, client_id="amqstream-discard", browse_limit=browse_limit) as qs:

@@ -62,7 +62,6 @@ SORTED = ".sorted"
 PAST = "past"  # the merged past days, beside the day directories
 
 def bucket(kind: str, key: str) -> str:
-    """The bucket (a directory name) a record of ``kind`` under ``key`` is filed in."""
     return f"{zlib.crc32(f'{kind}{key}'.encode('utf-8', 'surrogatepass')) % BUCKETS:02x}"
 
 
@@ -73,7 +72,6 @@ def _check_key(key: str) -> str:
 
 
 def encode(kind: str, key: str, value: Any) -> bytes:
-    """One record line (see the module's docstring)."""
     body = f"{kind}{_check_key(key)}\t{_ENCODER.encode(value)}".encode()
     return body + b"\t%08x\n" % zlib.crc32(body)
 
