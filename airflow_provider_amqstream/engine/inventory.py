@@ -233,8 +233,7 @@ def quarantined_streams(browsed: Browsed, dest: Destination, viewer: str = "") -
     out = []
     for frame in browsed.frames:
         h = frame.headers
-        source = str(h.get(hdr.H_QUARANTINED_FROM, ""))
-        if source and source != str(dest):
+        if str(h.get(hdr.H_QUARANTINED_FROM) or dest) != str(dest):
             continue
         cause = quarantine_cause(h)
         out.append(Quarantined(
