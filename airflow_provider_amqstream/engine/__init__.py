@@ -5,16 +5,15 @@ Which module does what: docs/protocol.md (its opening) and docs/development.md, 
 from __future__ import annotations
 
 from airflow_provider_amqstream.engine.receive.claims import find_claimed, find_received
-from airflow_provider_amqstream.engine.receive.manifest import find_manifest, manifest_path
+from airflow_provider_amqstream.engine.receive.manifest import find_manifest
 from airflow_provider_amqstream.engine.receive.session import receive_stream, receive_streams
 from airflow_provider_amqstream.engine.receive.stream import ReceiveOptions
-from airflow_provider_amqstream.engine.records import Checkpoint, FileCheckpoint, TransferResult
+from airflow_provider_amqstream.engine.records import FileCheckpoint, TransferResult
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchStatus,
     BulkResult,
     FileFailure,
-    FileSet,
     iter_files,
 )
 from airflow_provider_amqstream.engine.send.bulk import send_files
@@ -25,23 +24,15 @@ from airflow_provider_amqstream.engine.send.stream import (
     send_file,
 )
 from airflow_provider_amqstream.engine.state_dir import SendStateDir, StateDir, checkpoint_name, default_state_dir
-from airflow_provider_amqstream.exceptions import (
-    StreamError,
-    StreamFailure,
-    StreamNoRoom,
-    StreamQuarantined,
-    StreamStalled,
-    StreamYielded,
-)
+from airflow_provider_amqstream.exceptions import StreamFailure, StreamQuarantined, StreamStalled
 
 __all__ = [
-    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "FileSet", "iter_files",
+    "BatchFile", "BatchStatus", "BulkResult", "FileFailure", "iter_files",
     "find_claimed", "find_manifest",
-    "manifest_path",
     "send_files",
-    "SendStateDir", "StateDir", "Checkpoint", "FileCheckpoint", "ReceiveOptions", "SendOptions", "StreamError",
+    "SendStateDir", "StateDir", "FileCheckpoint", "ReceiveOptions", "SendOptions",
     "StreamFailure",
-    "StreamNoRoom", "StreamQuarantined", "StreamStalled", "StreamYielded", "TransferResult", "checkpoint_name",
+    "StreamQuarantined", "StreamStalled", "TransferResult", "checkpoint_name",
     "default_state_dir", "default_stream_id", "find_received", "id_key", "receive_stream", "receive_streams",
     "send_file",
 ]

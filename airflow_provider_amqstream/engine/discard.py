@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import offered_streams
+from airflow_provider_amqstream.engine.partials import partial_streams
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
     QueueSession,
@@ -22,7 +23,6 @@ from airflow_provider_amqstream.engine.queue_tools import (
     take_copies,
     take_matching,
 )
-from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefused, LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -75,21 +75,6 @@ class DiscardResult:
         return {**asdict(self), "bytes_freed": self.bytes_freed, "messages": self.messages}
 
 
-def _check_not_receiving(out_dirs: list[str], sid: str, where: str) -> None:
-    """Refuse (nothing removed) while a receiver holds the stream's partial file in one of
-    ``out_dirs`` (its lock, read from ``/proc/locks``: looking takes no lock)."""
-    held = held_inodes() or set()
-    for out_dir in out_dirs:
-        part = StateDir(out_dir).part(sid)
-        try:
-            st = os.stat(part, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if locked_now(st, held):
-            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds {part}); "
-                             "nothing was removed. Stop that receiver, or wait for the stream to yield.")
-
-
 def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardResult, quiet: float) -> set[str]:
     """Remove the stream's fresh offers on the destination, with a selector only (a sweep
     would re-send the others with our stamp); refuse while a receiver holds one. Returns
@@ -119,8 +104,7 @@ def _take_offers(qs: QueueSession, dest: Destination, sid: str, result: DiscardR
                                 "the ones ahead)")
         return {p.sender_of(f.headers) for f in offers} | {o.sender for o in seen if o.stream_id == sid}
     finally:
-        if sub is not None:
-            link.unsubscribe(sub)  # what was not acknowledged goes back
+        link.unsubscribe(sub)  # what was not acknowledged goes back
 
 
 def _remove_partials(out_dirs: list[str], sid: str, result: DiscardResult) -> None:
@@ -158,7 +142,11 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     dirs = [str(d) for d in out_dirs]
     result = DiscardResult(sid, str(dest))
     where = f"stream {sid} on {dest}"
-    _check_not_receiving(dirs, sid, where)
+    for out_dir in dirs:  # a receiver's lock on the partial file, read from /proc/locks: looking takes none
+        if any(e.stream_id == sid and e.receiving_now for e in partial_streams(out_dir)):
+            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds "
+                                 f"{StateDir(out_dir).part(sid)}); nothing was removed. Stop that receiver, or wait "
+                                 "for the stream to yield.")
     qq = dest.quarantine_queue(quarantine)
     step = min(quiet, 0.5)
     with QueueSession(params, client_id="amqstream-discard", browse_limit=browse_limit) as qs:
@@ -170,8 +158,7 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
         for queue in (dest.parked_queue(), qq):
             frames, sub = take_copies(link, queue, dest, sid, quarantine=queue == qq, quiet=step, user=params.user)
             result.take(link, queue, frames)
-            if sub is not None:
-                link.unsubscribe(sub)
+            link.unsubscribe(sub)
             # Their first senders name its data queues.
             senders |= {p.sender_of(f.headers, parked=True) for f in frames}
         for queue in (*dest.stream_queues(sid, senders), dest.staging_queue(sid), dest.control_queue(sid),

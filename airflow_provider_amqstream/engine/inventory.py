@@ -39,12 +39,6 @@ def _int(value: Any) -> int | None:
     return int(text) if re.fullmatch(r"[0-9]{1,20}", text) else None
 
 
-def _stamp_time(headers: Mapping[str, Any]) -> float | None:
-    """When the broker accepted a message (its ``timestamp`` header, milliseconds)."""
-    ms = _int(headers.get("timestamp"))
-    return ms / 1000.0 if ms else None
-
-
 @dataclass
 class Offered:
     """A stream offered on the destination and not yet received.
@@ -81,7 +75,6 @@ class Parked:
     :param first_sender: who offered it (``amqs_first_sender``, believed on the parked queue).
     :param not_before: when a receiver may take it again (epoch seconds).
     :param reason: why it yielded last.
-    :param parked_at: when it was parked last (epoch seconds).
     """
 
     stream_id: str
@@ -91,7 +84,6 @@ class Parked:
     not_before: float | None = None
     yields: int = 0
     reason: str = ""
-    parked_at: float | None = None
     pack: str | None = None
 
 
@@ -110,7 +102,6 @@ class Quarantined:
     name: str = ""
     size: int | None = None
     reason: str = ""
-    quarantined_from: str = ""
     by_host: str = ""
     by_user: str = ""
     sender: str = ""
@@ -188,7 +179,8 @@ def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered],
     for h, frame in _offers(browsed.frames):
         sid = str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID]
         sender = p.sender_of(frame.headers)
-        at = _stamp_time(frame.headers)
+        # When the broker accepted it (its ``timestamp`` header, milliseconds).
+        at = ms / 1000.0 if (ms := _int(frame.headers.get("timestamp"))) else None
         kind = h.get(hdr.H_KIND)
         if kind == hdr.Kind.BATCH.value:
             try:
@@ -228,8 +220,7 @@ def parked_streams(browsed: Browsed) -> list[Parked]:
             str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID], name=str(h.get(hdr.H_NAME, ""))[:255],
             size=_int(h.get(hdr.H_SIZE)), first_sender=p.sender_of(frame.headers, parked=True),
             not_before=p.parked_until(frame.headers) or None, yields=p.yields_of(frame.headers),
-            reason=str(frame.headers.get(hdr.H_YIELD_REASON, ""))[:500], parked_at=_stamp_time(frame.headers),
-            pack=h.get("_pack")))
+            reason=str(frame.headers.get(hdr.H_YIELD_REASON, ""))[:500], pack=h.get("_pack")))
     return out
 
 
@@ -242,23 +233,18 @@ def quarantined_streams(browsed: Browsed, dest: Destination, viewer: str = "") -
     out = []
     for frame in browsed.frames:
         h = frame.headers
-        source = str(h.get(hdr.H_QUARANTINED_FROM, ""))
-        if source and source != str(dest):
+        if str(h.get(hdr.H_QUARANTINED_FROM) or dest) != str(dest):
             continue
         cause = quarantine_cause(h)
         out.append(Quarantined(
             str(h.get(hdr.H_STREAM, ""))[:hdr.MAX_STREAM_ID], name=str(h.get(hdr.H_NAME, ""))[:255],
             size=_int(h.get(hdr.H_SIZE)), reason=str(h.get(hdr.H_QUARANTINE_REASON, ""))[:2000],
-            quarantined_from=source, by_host=str(h.get(hdr.H_QUARANTINED_BY, ""))[:255],
+            by_host=str(h.get(hdr.H_QUARANTINED_BY, ""))[:255],
             by_user=quarantined_by_user(h, sweeper=viewer), at=str(h.get(hdr.H_QUARANTINED_AT, ""))[:40],
             cause=cause.label,
             redrivable=cause.redrivable, advice=cause.advice, redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256],
             sender=p.sender_of(h, parked=True)))
     return out
-
-
-def _keep_pack_or_batch(frame: Any) -> bool:
-    return frame.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value, hdr.Kind.BATCH.value)
 
 
 _NEEDS = {"offered": "read on the destination (a receiver's right)",
@@ -285,7 +271,8 @@ def take_inventory(params: BrokerParams, destination: str, *, out_dirs: Iterable
         "offered": str(dest), "parked": dest.parked_queue(), "quarantined": dest.quarantine_queue(quarantine)})
     with QueueSession(params, browse_limit=browse_limit) as qs:
         for section, queue in inv.queues.items():
-            browsed = qs.browse(queue, keep_body=_keep_pack_or_batch)
+            browsed = qs.browse(queue, keep_body=lambda f: f.headers.get(hdr.H_KIND) in (hdr.Kind.PACK.value,
+                                                                                          hdr.Kind.BATCH.value))
             if browsed.denied:
                 # The transport's refusal says what to grant for a transfer; a look needs other rights.
                 inv.denied[section] = (f"the broker refused {params.login or '(anonymous)'} a look at {queue} "

@@ -58,7 +58,6 @@ class Browsed:
     :param full: the queue does not exist and its owner's cap forbids making it (the text says so).
     """
 
-    queue: str
     frames: list[Any] = field(default_factory=list)
     truncated: bool = False
     denied: str = ""
@@ -116,13 +115,13 @@ class QueueSession(AbstractContextManager["QueueSession"]):
                 link.unsubscribe(sub)
         except AccessDenied as exc:
             self.reset()
-            return Browsed(queue, denied=str(exc))
+            return Browsed(denied=str(exc))
         except DestinationFull as exc:
             # The queue does not exist and its cap forbids making it (a stream quarantined
             # past its sender's cap on DLQ.NAME.amqs.<sender>.>: the broker dropped its chunks).
             self.reset()
-            return Browsed(queue, [], full=str(exc))
-        return Browsed(queue, frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
+            return Browsed(full=str(exc))
+        return Browsed(frames, truncated=bool(selector) or len(frames) >= self.browse_limit)
 
     def require_read(self, queues: Iterable[str]) -> None:
         """Fail before anything moves if the user may not read one of ``queues`` (a browse needs
@@ -162,7 +161,7 @@ def copy_headers(frame: Any, **extra: str) -> dict[str, str]:
 
 def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, selector: str,
                   sweep: bool, quiet: float = 1.0,
-                  stamp: Callable[[Message], dict[str, str]] | None = None) -> tuple[list[Message], str | None]:
+                  stamp: Callable[[Message], dict[str, str]] | None = None) -> tuple[list[Message], str]:
     """The messages on ``queue`` that ``match``, delivered to ``link`` and held
     unacknowledged, and the subscription holding them: the caller acknowledges them, or
     unsubscribes (or closes) to send them back to the queue.
@@ -194,9 +193,6 @@ def take_matching(link: Link, queue: str, match: Callable[[Message], bool], *, s
             extra = stamp(frame) if stamp else {}
             link.send_confirmed(queue, bytes(frame.body or b""), {**copy_headers(frame, **extra), H_SWEEP: token})
             link.ack(frame)
-    if not found:
-        link.unsubscribe(sub)
-        return [], None
     return found, sub
 
 
@@ -256,7 +252,7 @@ def move_queue(link: Link, source: str, target: str | None, *,
 
 
 def take_copies(link: Link, queue: str, dest: Destination, stream_id: str, *, quarantine: bool,
-                quiet: float, user: str = "") -> tuple[list[Any], str | None]:
+                quiet: float, user: str = "") -> tuple[list[Any], str]:
     """Take every copy of ``stream_id``'s offer off a parked or quarantine queue (swept:
     their order means nothing); on a quarantine queue, only copies filed from ``dest``, and
     a copy passed to the tail keeps who filed it. Returns the copies, unacknowledged, and

@@ -127,11 +127,10 @@ class FileCheckpoint:
 _PRUNED_SENDER_DIRS: set[Path] = set()
 
 
-def sender_store(directory: str | os.PathLike[str] | None = None,
-                 retention_days: float | None = None) -> RecordStore:
-    """The record store of a sender's state directory (default :func:`default_state_dir`).
-    The first use in a process prunes it: days of records past the retention, and the
-    checkpoints of streams abandoned in flight and batch ledgers not touched for as long.
+def sender_store(directory: str | os.PathLike[str], retention_days: float | None) -> RecordStore:
+    """The record store of a sender's state directory. The first use in a process prunes it:
+    days of records past the retention, and the checkpoints of streams abandoned in flight
+    and batch ledgers not touched for as long.
 
     :param retention_days: days kept (None: 30; 0: for ever).
     """

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from itertools import groupby
 from typing import Any
 
-from airflow_provider_amqstream.engine.inventory import offered_streams, parked_streams
+from airflow_provider_amqstream.engine.inventory import take_inventory
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
     QueueSession,
@@ -35,7 +35,6 @@ from airflow_provider_amqstream.exceptions import (
     RemoteProtocolError,
     StreamError,
 )
-from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
@@ -202,15 +201,14 @@ class ChunkCheck:
             problems.append("its chunks do not add up to the SHA-256 of its end marker (corrupt)")
         return problems
 
-    def forward(self, frame: Any) -> dict[str, str] | None:
-        """For the final move: the first copy of each chunk and of the end marker goes on
-        (with its staged headers); exact repeats stay behind (None)."""
+    def forward(self, frame: Any) -> bool:
+        """For the final move: the first copy of each chunk and of the end marker goes on;
+        exact repeats stay behind."""
         h = frame.headers
         key = (str(h.get(hdr.H_KIND)), int(h.get(hdr.H_SEQ) or 0), str(h.get(hdr.H_CRC) or h.get(H_NONCE) or ""))
-        if key in self._forwarded:
-            return None
+        first = key not in self._forwarded
         self._forwarded.add(key)
-        return {}
+        return first
 
 
 @dataclass
@@ -250,20 +248,6 @@ def _offer_headers(copy: Any) -> dict[str, str]:
                 hdr.H_NOT_BEFORE, hdr.H_YIELDS, hdr.H_YIELD_REASON, hdr.H_FIRST_SENDER, hdr.H_REOFFER):
             h.pop(k)
     return h
-
-
-def _waiting_elsewhere(qs: QueueSession, dest: Destination, sid: str) -> str | None:
-    """An offer or parked copy of ``sid`` on the destination: another stream under the same id
-    (or the same one sent again), whose chunks share the data queue."""
-    for queue, read in ((str(dest), lambda b: offered_streams(b, dest)[0]),
-                        (dest.parked_queue(), parked_streams)):
-        browsed = qs.browse(queue, keep_body=lambda f: bw.is_pack(f.headers))
-        if browsed.denied:
-            raise StreamError(browsed.denied)
-        for entry in read(browsed):
-            if entry.stream_id == sid:
-                return queue
-    return None
 
 
 def _believed_copies(copies: list[Any], trusted: set[str], *, user: str, sid: str, dest: Destination,
@@ -315,18 +299,24 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     where = f"stream {sid} on {dest}"
     with QueueSession(params, client_id="amqstream-redrive", browse_limit=browse_limit) as qs:
         qs.require_read((qq, stage_q, target_q))
-        if busy := _waiting_elsewhere(qs, dest, sid):
+        # An offer or parked copy of it is another stream under its id (or the same one sent
+        # again), whose chunks share its data queue. A batch list under its id is no offer.
+        seen = take_inventory(params, destination, quarantine=quarantine, browse_limit=browse_limit)
+        if denied := seen.denied.get("offered") or seen.denied.get("parked"):
+            raise StreamError(denied)
+        if busy := [seen.queues[k] for k, found in (("offered", seen.offered), ("parked", seen.parked))
+                    if any(e.stream_id == sid for e in found)]:
             raise RedriveRefused(
-                f"{where}: an offer for {sid} waits on {busy} (the stream sent again, or another stream under the "
+                f"{where}: an offer for {sid} waits on {busy[0]} (the stream sent again, or another stream under the "
                 f"same id), and receivers keep one record per id. Nothing was moved: redrive once that one is "
                 f"received, or discard it (`amqstream streams discard {sid} --from {dest}`).")
         link = qs.link
         copies, sub = take_copies(link, qq, dest, sid, quarantine=True, quiet=quiet, user=params.user)
-        if not copies:
-            raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
-                              "lists the quarantined streams (give --quarantine if its receiver used another "
-                              "queue).")
         try:
+            if not copies:
+                raise StreamError(f"{where}: no quarantine copy of it on {qq}. `amqstream streams ls --from {dest}` "
+                                  "lists the quarantined streams (give --quarantine if its receiver used another "
+                                  "queue).")
             copies = _believed_copies(copies, {params.user, *receivers}, user=params.user, sid=sid, dest=dest, qq=qq)
             copy = max(copies, key=lambda f: str(f.headers.get(hdr.H_QUARANTINED_AT, "")))
             cause = quarantine_cause(copy.headers)
@@ -358,13 +348,13 @@ def redrive(params: BrokerParams, destination: str, stream_id: str, *, quarantin
             marks = {H_REDRIVEN_BY: params.user,
                      H_REDRIVEN_AT: datetime.now(timezone.utc).isoformat(timespec="seconds")}
             moved = move_queue(link, stage_q, target_q, quiet=quiet,
-                               decide=lambda f: None if check.forward(f) is None else marks)
+                               decide=lambda f: marks if check.forward(f) else None)
             link.send_confirmed(str(dest), b"", {**offer, hdr.H_DATA_DEST: target_q, **marks,
                                                  H_REDRIVE_SENDER: sender_before})
             for frame in copies:
                 link.ack(frame)
         finally:
-            if sub is not None and link.connected:
+            if link.connected:
                 link.unsubscribe(sub)  # copies not acknowledged go back to the quarantine queue
     log.info("%s redriven by %s: %d chunks, %d bytes, sent by %s before", where, params.user or "?", spec.chunks,
              moved.bytes, sender_before or "an unidentified sender")

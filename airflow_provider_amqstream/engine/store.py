@@ -50,7 +50,6 @@ BUCKETS = 32
 # One encoder: json.dumps with separators builds a new one per call (a third of a write).
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
-# Kinds of record.
 DONE = "d"  # a receiver published a stream: key = stream id
 CLAIM = "c"  # a receiving task took a stream: key = the claim label, value = [stream id, at]
 SENT = "s"  # a sender's checkpoint of a stream the broker confirmed whole: key = checkpoint name
@@ -62,7 +61,6 @@ SORTED = ".sorted"
 PAST = "past"  # the merged past days, beside the day directories
 
 def bucket(kind: str, key: str) -> str:
-    """The bucket (a directory name) a record of ``kind`` under ``key`` is filed in."""
     return f"{zlib.crc32(f'{kind}{key}'.encode('utf-8', 'surrogatepass')) % BUCKETS:02x}"
 
 
@@ -73,7 +71,6 @@ def _check_key(key: str) -> str:
 
 
 def encode(kind: str, key: str, value: Any) -> bytes:
-    """One record line (see the module's docstring)."""
     body = f"{kind}{_check_key(key)}\t{_ENCODER.encode(value)}".encode()
     return body + b"\t%08x\n" % zlib.crc32(body)
 
@@ -292,8 +289,6 @@ class RecordStore:
         self._pid = os.getpid()
         self._next_prune = float("inf")  # set by the first prune (the receiver's start)
 
-    # -- writing ----------------------------------------------------------------
-
     def put_many(self, items: Iterable[tuple[str, str, Any]], *, sync: bool = True) -> None:
         """Record each (kind, key, value) of ``items``, durable when this returns if ``sync``;
         grouped by file: one write (and fsync) per bucket touched.
@@ -382,8 +377,6 @@ class RecordStore:
         for fd, _path, _size in logs.values():
             os.close(fd)
 
-    # -- reading ----------------------------------------------------------------
-
     def get(self, kind: str, key: str) -> Any:
         """The newest record of (``kind``, ``key``) within retention, or None."""
         return next(self.get_all(kind, key), None)
@@ -448,8 +441,6 @@ class RecordStore:
     def _cutoff(self) -> str:
         """The oldest day still kept ("" keeps every day)."""
         return _day(self.clock() - self.retention) if self.retention > 0 else ""
-
-    # -- retention --------------------------------------------------------------
 
     def prune(self) -> int:
         """Remove the days older than the retention; return how many. Safe to run in several
