@@ -83,12 +83,9 @@ class OfferBrowser:
     from a worker thread in a trigger).
 
     :param browse_timeout: seconds to wait for the broker's end-of-browse marker.
-    :param quarantine: where junk on ``source`` is filed (default ``/queue/DLQ.<name>``, as
-        receivers do).
     """
 
-    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0,
-                 quarantine: str | None = None) -> None:
+    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0) -> None:
         self.params = params
         self.dest = Destination.parse(source)
         if self.dest.kind != "queue":
@@ -96,7 +93,7 @@ class OfferBrowser:
         self.browse_timeout = browse_timeout
         self.link: Link | None = None
         self.opened = 0  # sessions opened so far: one, unless the broker went away
-        self.quarantine = self.dest.quarantine_queue(quarantine)
+        self.quarantine = self.dest.quarantine_queue()  # /queue/DLQ.<name>, where receivers file junk by default
         self.quarantined = 0  # junk messages filed away so far
         self._bad_seen: set[str] = set()
         self._junk: dict[str, str] = {}  # message id -> why it is no offer
@@ -154,7 +151,7 @@ class OfferBrowser:
             raise
         return offers
 
-    def _draw_here(self, link: Link, selector: str, hold: float = 1.0) -> None:
+    def _draw_here(self, link: Link, selector: str) -> None:
         """In a network of brokers, make offers waiting at another broker come to this one.
 
         A bridge forwards a queue's messages only to where a consumer is, and a browser does
@@ -163,7 +160,7 @@ class OfferBrowser:
         sees it and a receiver takes it. Nothing is consumed."""
         sub = link.subscribe(str(self.dest), selector=selector, prefetch=1)
         try:
-            link.get(hold, subscription=sub)
+            link.get(1.0, subscription=sub)
         finally:
             link.unsubscribe(sub)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
-from airflow_provider_amqstream.engine.receive.partial_file import default_reserve
+from airflow_provider_amqstream.engine.receive.partial_file import Room
 from airflow_provider_amqstream.engine.records import open_private, read_json, write_json
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
@@ -108,7 +108,7 @@ class Batches:
     """The batches this output directory waits on, and which of their streams are missing.
 
     :param retention_days: the directory's record retention (None: the default).
-    :param min_free: the free-space reserve (None: :func:`default_reserve`).
+    :param min_free: the free-space reserve (None: :class:`Room`'s default).
     """
 
     def __init__(self, out: Path, sdir: StateDir, *, retention_days: float | None = None,
@@ -184,11 +184,10 @@ class Batches:
         """Bytes the batches may hold: half of what is free above the reserve, counting
         their own, so what senders list never takes the room their streams need."""
         try:
-            st = os.statvfs(self.root.parent)
+            room = Room(self.sdir, self.min_free)
         except OSError:
             return 0
-        reserve = self.min_free if self.min_free is not None else default_reserve(self.root.parent)
-        return max(0, (st.f_bavail * st.f_frsize + self._total() - reserve) // 2)
+        return max(0, (room.free + self._total() - room.min_free) // 2)
 
     def _make_room(self, key: tuple[str, str], size: int) -> str | None:
         """Why ``size`` more bytes of ``key``'s batch do not fit once its sender's older
@@ -250,13 +249,6 @@ class Batches:
                     done.append(path)
         return done
 
-    def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
-        """The batch's first part if every part of it is here, else None."""
-        first = read_json(self.sdir.batch_part(owner, batch_id, 1))
-        whole = first is not None and all(self.sdir.batch_part(owner, batch_id, k).is_file()
-                                          for k in range(2, int(first["parts"]) + 1))
-        return first if whole else None
-
     def _part_records(self, owner: str, batch_id: str, k: int,
                       nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Each entry of part ``k`` with its stream's completion record (None if not received
@@ -275,9 +267,10 @@ class Batches:
         the first part with streams still missing, or write the manifest if none is."""
         key = (owner, batch_id)
         try:
-            first = self._head(owner, batch_id)
-            if first is None:
-                self.missing.pop(key, None)
+            first = read_json(self.sdir.batch_part(owner, batch_id, 1))
+            if first is None or not all(self.sdir.batch_part(owner, batch_id, k).is_file()
+                                        for k in range(2, int(first["parts"]) + 1)):
+                self.missing.pop(key, None)  # not every part is here yet
                 return None
             sender = str(first.get("sender") or "")
             nparts = int(first["parts"])
