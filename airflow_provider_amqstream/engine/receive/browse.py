@@ -183,19 +183,16 @@ class OfferBrowser:
                 continue  # nobody starts a reception from a re-offer: not an arrival
             if parked and p.sender_of(frame.headers) not in ("", self.params.user):
                 continue  # parked by another user: a receiver files it away (receive/offers.py)
-            if frame.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
-                if frame.headers.get(H_SEAL):
-                    continue  # sealed: only its receivers can read it, and they judge it
-                try:  # a batch's file list is for its receivers; only a broken one is junk
-                    bw.parse_batch(frame.headers, frame.body or b"")
-                except ProtocolError as exc:
-                    self._report_bad(frame.headers, exc, junk=not parked)
-                continue
-            if bw.is_pack(frame.headers):
-                offers.extend(self._members(frame, junk=not parked))
-                continue
             try:
-                offers.append(parse_visible_offer(frame.headers, self.dest, parked=parked))
+                if frame.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
+                    # Its file list is for its receivers (sealed, only they can read and judge it): only a
+                    # broken one is junk.
+                    if not frame.headers.get(H_SEAL):
+                        bw.parse_batch(frame.headers, frame.body or b"")
+                elif bw.is_pack(frame.headers):
+                    offers.extend(self._members(frame))
+                else:
+                    offers.append(parse_visible_offer(frame.headers, self.dest, parked=parked))
             except ProtocolError as exc:
                 self._report_bad(frame.headers, exc, junk=not parked)
         link.unsubscribe(sub)
@@ -255,15 +252,11 @@ class OfferBrowser:
                     "offers behind them from this watcher until a receiver takes them; grant this user read on "
                     "%s and write on %s", self.dest, self.quarantine, exc, self.dest, self.quarantine)
 
-    def _members(self, frame: Message, *, junk: bool) -> list[Offer]:
-        """The valid offers inside a pack: one per file, as receivers will take them."""
+    def _members(self, frame: Message) -> list[Offer]:
+        """The valid offers inside a pack: one per file, as receivers will take them (raises
+        :class:`ProtocolError` for a pack that cannot be read)."""
         found = []
-        try:
-            members = bw.read_pack(frame.headers, frame.body or b"")
-        except ProtocolError as exc:
-            self._report_bad(frame.headers, exc, junk=junk)
-            return []
-        for headers, _ in members:
+        for headers, _ in bw.read_pack(frame.headers, frame.body or b""):
             try:
                 # Who sent it and when are the broker's word about the pack, not its index's.
                 found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))
