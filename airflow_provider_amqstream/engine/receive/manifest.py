@@ -49,15 +49,15 @@ MAX_AGE = 2 * 86400.0
 # Where the broker stamps no sender (an external broker without populateJMSXUserID).
 UNIDENTIFIED = "_unidentified"
 _PLAIN_USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_PART = re.compile(r"(.+)\.([0-9]{1,5})\.json")
+_PART = re.compile(r"(.+)\.[0-9]{1,5}\.json")
 # A temporary this old was left by a writer that died (a live one renames it within moments).
 STALE_TMP = 3600.0
 
 
-def _part_of(name: str) -> tuple[str, int] | None:
-    """(batch id, part) a file in a sender's batch directory holds, None for anything else."""
+def _batch_of(name: str) -> str | None:
+    """The batch a part file in a sender's batch directory belongs to, None for anything else."""
     m = _PART.fullmatch(name)
-    return (m.group(1), int(m.group(2))) if m else None
+    return m.group(1) if m else None
 
 
 def sender_dir(sender: str) -> str:
@@ -155,12 +155,12 @@ class Batches:
                     st = f.lstat()
                 except FileNotFoundError:
                     continue
-                found = _part_of(f.name)
-                if found is None:
+                batch_id = _batch_of(f.name)
+                if batch_id is None:
                     if stat.S_ISREG(st.st_mode) and st.st_mtime < stale:
                         f.unlink(missing_ok=True)  # a dead writer's temporary
                     continue
-                h = self.held.setdefault((d.name, found[0]), [0.0, 0, 0])
+                h = self.held.setdefault((d.name, batch_id), [0.0, 0, 0])
                 h[0], h[1], h[2] = max(h[0], st.st_mtime), h[1] + _on_disk(st), h[2] + 1
 
     def _prune(self) -> None:
@@ -299,8 +299,7 @@ class Batches:
         self.missing.pop((owner, batch_id), None)
         self.held.pop((owner, batch_id), None)
         for f in (self.root / owner).glob(f"{batch_id}.*.json"):
-            found = _part_of(f.name)
-            if found is not None and found[0] == batch_id:  # not batch "<id>.x"'s
+            if _batch_of(f.name) == batch_id:  # not batch "<id>.x"'s
                 f.unlink(missing_ok=True)
 
     def _write(self, owner: str, batch_id: str, sender: str, nparts: int) -> Path:
