@@ -204,16 +204,11 @@ class OfferBrowser:
         reason and then acknowledged. What another consumer took meanwhile is simply not
         there. A broker that refuses us the queue or the quarantine ends the taking, once,
         with a warning; watching goes on."""
-        junk, self._junk = self._junk, {}
-        if not self._may_take:
-            return
+        junk, self._junk = self._junk, {}  # gathered only while _may_take
         ids = ", ".join(f"'{mid}'" for mid in junk)
+        sub = None
         try:
             sub = link.subscribe(str(self.dest), selector=f"JMSMessageID IN ({ids})", prefetch=len(junk))
-        except AccessDenied as exc:
-            self._refused(exc)
-            return
-        try:
             for _ in range(len(junk)):
                 frame = link.get(2.0, subscription=sub)
                 if frame is None:
@@ -230,7 +225,7 @@ class OfferBrowser:
         except AccessDenied as exc:
             self._refused(exc)
         finally:
-            if link.connected:
+            if sub is not None and link.connected:
                 link.unsubscribe(sub)
 
     def _say_quarantined(self, message_id: str, reason: str) -> None:
