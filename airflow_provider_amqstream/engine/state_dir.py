@@ -44,8 +44,7 @@ class StateDir:
     def __fspath__(self) -> str:
         return os.fspath(self.path)
 
-    def __str__(self) -> str:
-        return str(self.path)
+    __str__ = __fspath__
 
     def part(self, stream_id: str) -> Path:
         """A stream's partial data."""
