@@ -119,8 +119,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
         fn = ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int]  # it returns an int, ctypes' default
     return fn
 
 
