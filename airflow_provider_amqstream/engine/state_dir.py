@@ -15,8 +15,6 @@ from pathlib import Path
 from airflow_provider_amqstream.exceptions import StreamError
 from airflow_provider_amqstream.transport.params import BrokerParams
 
-STATE_DIR_NAME = ".amqstream"
-
 
 class StateDir:
     """The state directory of one output directory. It is a path (``os.fspath`` gives it), and
@@ -25,7 +23,7 @@ class StateDir:
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.out = Path(out_dir)
-        self.path = self.out / STATE_DIR_NAME
+        self.path = self.out / ".amqstream"
 
     @classmethod
     def create(cls, out_dir: str | os.PathLike[str]) -> StateDir:
@@ -46,8 +44,7 @@ class StateDir:
     def __fspath__(self) -> str:
         return os.fspath(self.path)
 
-    def __str__(self) -> str:
-        return str(self.path)
+    __str__ = __fspath__
 
     def part(self, stream_id: str) -> Path:
         """A stream's partial data."""

@@ -83,12 +83,9 @@ class OfferBrowser:
     from a worker thread in a trigger).
 
     :param browse_timeout: seconds to wait for the broker's end-of-browse marker.
-    :param quarantine: where junk on ``source`` is filed (default ``/queue/DLQ.<name>``, as
-        receivers do).
     """
 
-    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0,
-                 quarantine: str | None = None) -> None:
+    def __init__(self, params: BrokerParams, source: str, *, browse_timeout: float = 30.0) -> None:
         self.params = params
         self.dest = Destination.parse(source)
         if self.dest.kind != "queue":
@@ -96,7 +93,7 @@ class OfferBrowser:
         self.browse_timeout = browse_timeout
         self.link: Link | None = None
         self.opened = 0  # sessions opened so far: one, unless the broker went away
-        self.quarantine = self.dest.quarantine_queue(quarantine)
+        self.quarantine = self.dest.quarantine_queue()  # /queue/DLQ.<name>, where receivers file junk by default
         self.quarantined = 0  # junk messages filed away so far
         self._bad_seen: set[str] = set()
         self._junk: dict[str, str] = {}  # message id -> why it is no offer
@@ -154,7 +151,7 @@ class OfferBrowser:
             raise
         return offers
 
-    def _draw_here(self, link: Link, selector: str, hold: float = 1.0) -> None:
+    def _draw_here(self, link: Link, selector: str) -> None:
         """In a network of brokers, make offers waiting at another broker come to this one.
 
         A bridge forwards a queue's messages only to where a consumer is, and a browser does
@@ -163,7 +160,7 @@ class OfferBrowser:
         sees it and a receiver takes it. Nothing is consumed."""
         sub = link.subscribe(str(self.dest), selector=selector, prefetch=1)
         try:
-            link.get(hold, subscription=sub)
+            link.get(1.0, subscription=sub)
         finally:
             link.unsubscribe(sub)
 
@@ -186,19 +183,16 @@ class OfferBrowser:
                 continue  # nobody starts a reception from a re-offer: not an arrival
             if parked and p.sender_of(frame.headers) not in ("", self.params.user):
                 continue  # parked by another user: a receiver files it away (receive/offers.py)
-            if frame.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
-                if frame.headers.get(H_SEAL):
-                    continue  # sealed: only its receivers can read it, and they judge it
-                try:  # a batch's file list is for its receivers; only a broken one is junk
-                    bw.parse_batch(frame.headers, frame.body or b"")
-                except ProtocolError as exc:
-                    self._report_bad(frame.headers, exc, junk=not parked)
-                continue
-            if bw.is_pack(frame.headers):
-                offers.extend(self._members(frame, junk=not parked))
-                continue
             try:
-                offers.append(parse_visible_offer(frame.headers, self.dest, parked=parked))
+                if frame.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value:
+                    # Its file list is for its receivers (sealed, only they can read and judge it): only a
+                    # broken one is junk.
+                    if not frame.headers.get(H_SEAL):
+                        bw.parse_batch(frame.headers, frame.body or b"")
+                elif bw.is_pack(frame.headers):
+                    offers.extend(self._members(frame))
+                else:
+                    offers.append(parse_visible_offer(frame.headers, self.dest, parked=parked))
             except ProtocolError as exc:
                 self._report_bad(frame.headers, exc, junk=not parked)
         link.unsubscribe(sub)
@@ -210,16 +204,11 @@ class OfferBrowser:
         reason and then acknowledged. What another consumer took meanwhile is simply not
         there. A broker that refuses us the queue or the quarantine ends the taking, once,
         with a warning; watching goes on."""
-        junk, self._junk = self._junk, {}
-        if not self._may_take:
-            return
+        junk, self._junk = self._junk, {}  # gathered only while _may_take
         ids = ", ".join(f"'{mid}'" for mid in junk)
+        sub = None
         try:
             sub = link.subscribe(str(self.dest), selector=f"JMSMessageID IN ({ids})", prefetch=len(junk))
-        except AccessDenied as exc:
-            self._refused(exc)
-            return
-        try:
             for _ in range(len(junk)):
                 frame = link.get(2.0, subscription=sub)
                 if frame is None:
@@ -236,7 +225,7 @@ class OfferBrowser:
         except AccessDenied as exc:
             self._refused(exc)
         finally:
-            if link.connected:
+            if sub is not None and link.connected:
                 link.unsubscribe(sub)
 
     def _say_quarantined(self, message_id: str, reason: str) -> None:
@@ -258,15 +247,11 @@ class OfferBrowser:
                     "offers behind them from this watcher until a receiver takes them; grant this user read on "
                     "%s and write on %s", self.dest, self.quarantine, exc, self.dest, self.quarantine)
 
-    def _members(self, frame: Message, *, junk: bool) -> list[Offer]:
-        """The valid offers inside a pack: one per file, as receivers will take them."""
+    def _members(self, frame: Message) -> list[Offer]:
+        """The valid offers inside a pack: one per file, as receivers will take them (raises
+        :class:`ProtocolError` for a pack that cannot be read)."""
         found = []
-        try:
-            members = bw.read_pack(frame.headers, frame.body or b"")
-        except ProtocolError as exc:
-            self._report_bad(frame.headers, exc, junk=junk)
-            return []
-        for headers, _ in members:
+        for headers, _ in bw.read_pack(frame.headers, frame.body or b""):
             try:
                 # Who sent it and when are the broker's word about the pack, not its index's.
                 found.append(parse_visible_offer(headers, self.dest, stamped=frame.headers))

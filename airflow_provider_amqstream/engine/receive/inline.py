@@ -119,8 +119,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
         fn = ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int]  # it returns an int, ctypes' default
     return fn
 
 
@@ -133,11 +132,7 @@ _TEMP = re.compile(r".+\.([0-9]+)-[0-9a-f]{8}\.inline")
 def sweep_temporaries(sdir: StateDir) -> None:
     """Remove the temporary files of receivers that died holding a group (their offers came
     back to the queue); those of live receivers sharing the directory stay."""
-    try:
-        entries = list(os.scandir(sdir))
-    except FileNotFoundError:
-        return
-    for entry in entries:
+    for entry in list(os.scandir(sdir)):
         m = _TEMP.fullmatch(entry.name)
         if m is None:
             continue
@@ -173,7 +168,7 @@ def _published_before(dir_fd: int, name: str, it: _Item) -> bool:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
         return False
-    try:
+    with os.fdopen(fd, "rb", buffering=0) as fh:
         try:
             marked = os.getxattr(fd, MARK).decode("ascii", "replace")
         except OSError:
@@ -181,11 +176,9 @@ def _published_before(dir_fd: int, name: str, it: _Item) -> bool:
         if marked != it.spec.stream_id or os.fstat(fd).st_size != it.spec.size:
             return False
         h = hashlib.sha256()
-        while block := os.read(fd, 1024 * 1024):
+        while block := fh.read(1024 * 1024):
             h.update(block)
         return h.hexdigest() == it.sha256
-    finally:
-        os.close(fd)
 
 
 def _sync(fds: list[int]) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import find_received_many
-from airflow_provider_amqstream.engine.receive.partial_file import default_reserve
+from airflow_provider_amqstream.engine.receive.partial_file import Room
 from airflow_provider_amqstream.engine.records import open_private, read_json, write_json
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import StreamError, StreamNoRoom
@@ -49,15 +49,15 @@ MAX_AGE = 2 * 86400.0
 # Where the broker stamps no sender (an external broker without populateJMSXUserID).
 UNIDENTIFIED = "_unidentified"
 _PLAIN_USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_PART = re.compile(r"(.+)\.([0-9]{1,5})\.json")
+_PART = re.compile(r"(.+)\.[0-9]{1,5}\.json")
 # A temporary this old was left by a writer that died (a live one renames it within moments).
 STALE_TMP = 3600.0
 
 
-def _part_of(name: str) -> tuple[str, int] | None:
-    """(batch id, part) a file in a sender's batch directory holds, None for anything else."""
+def _batch_of(name: str) -> str | None:
+    """The batch a part file in a sender's batch directory belongs to, None for anything else."""
     m = _PART.fullmatch(name)
-    return (m.group(1), int(m.group(2))) if m else None
+    return m.group(1) if m else None
 
 
 def sender_dir(sender: str) -> str:
@@ -108,7 +108,7 @@ class Batches:
     """The batches this output directory waits on, and which of their streams are missing.
 
     :param retention_days: the directory's record retention (None: the default).
-    :param min_free: the free-space reserve (None: :func:`default_reserve`).
+    :param min_free: the free-space reserve (None: :class:`Room`'s default).
     """
 
     def __init__(self, out: Path, sdir: StateDir, *, retention_days: float | None = None,
@@ -155,12 +155,12 @@ class Batches:
                     st = f.lstat()
                 except FileNotFoundError:
                     continue
-                found = _part_of(f.name)
-                if found is None:
+                batch_id = _batch_of(f.name)
+                if batch_id is None:
                     if stat.S_ISREG(st.st_mode) and st.st_mtime < stale:
                         f.unlink(missing_ok=True)  # a dead writer's temporary
                     continue
-                h = self.held.setdefault((d.name, found[0]), [0.0, 0, 0])
+                h = self.held.setdefault((d.name, batch_id), [0.0, 0, 0])
                 h[0], h[1], h[2] = max(h[0], st.st_mtime), h[1] + _on_disk(st), h[2] + 1
 
     def _prune(self) -> None:
@@ -184,11 +184,10 @@ class Batches:
         """Bytes the batches may hold: half of what is free above the reserve, counting
         their own, so what senders list never takes the room their streams need."""
         try:
-            st = os.statvfs(self.root.parent)
+            room = Room(self.sdir, self.min_free)
         except OSError:
             return 0
-        reserve = self.min_free if self.min_free is not None else default_reserve(self.root.parent)
-        return max(0, (st.f_bavail * st.f_frsize + self._total() - reserve) // 2)
+        return max(0, (room.free + self._total() - room.min_free) // 2)
 
     def _make_room(self, key: tuple[str, str], size: int) -> str | None:
         """Why ``size`` more bytes of ``key``'s batch do not fit once its sender's older
@@ -250,13 +249,6 @@ class Batches:
                     done.append(path)
         return done
 
-    def _head(self, owner: str, batch_id: str) -> dict[str, Any] | None:
-        """The batch's first part if every part of it is here, else None."""
-        first = read_json(self.sdir.batch_part(owner, batch_id, 1))
-        whole = first is not None and all(self.sdir.batch_part(owner, batch_id, k).is_file()
-                                          for k in range(2, int(first["parts"]) + 1))
-        return first if whole else None
-
     def _part_records(self, owner: str, batch_id: str, k: int,
                       nparts: int) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Each entry of part ``k`` with its stream's completion record (None if not received
@@ -275,9 +267,10 @@ class Batches:
         the first part with streams still missing, or write the manifest if none is."""
         key = (owner, batch_id)
         try:
-            first = self._head(owner, batch_id)
-            if first is None:
-                self.missing.pop(key, None)
+            first = read_json(self.sdir.batch_part(owner, batch_id, 1))
+            if first is None or not all(self.sdir.batch_part(owner, batch_id, k).is_file()
+                                        for k in range(2, int(first["parts"]) + 1)):
+                self.missing.pop(key, None)  # not every part is here yet
                 return None
             sender = str(first.get("sender") or "")
             nparts = int(first["parts"])
@@ -306,8 +299,7 @@ class Batches:
         self.missing.pop((owner, batch_id), None)
         self.held.pop((owner, batch_id), None)
         for f in (self.root / owner).glob(f"{batch_id}.*.json"):
-            found = _part_of(f.name)
-            if found is not None and found[0] == batch_id:  # not batch "<id>.x"'s
+            if _batch_of(f.name) == batch_id:  # not batch "<id>.x"'s
                 f.unlink(missing_ok=True)
 
     def _write(self, owner: str, batch_id: str, sender: str, nparts: int) -> Path:

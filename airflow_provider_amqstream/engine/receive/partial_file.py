@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -36,11 +37,6 @@ log = logging.getLogger(__name__)
 _NAME_MAX = 255
 
 
-def default_reserve(path: Path) -> int:
-    total = shutil.disk_usage(path).total
-    return min(total // 50, 2**30)
-
-
 # Besides its data, a published stream costs its completion record and, for a task, its
 # claim: lines of ~200 bytes in the record store, whose files (one per bucket and day) take
 # blocks and inodes as they are created. Counted as a block and an inode each, which is
@@ -55,13 +51,13 @@ class Room:
     """
 
     def __init__(self, sdir: StateDir, min_free: int | None) -> None:
-        """:param min_free: bytes to leave free (None: :func:`default_reserve`)."""
+        """:param min_free: bytes to leave free (None: 2 % of the filesystem, at most 1 GiB)."""
         st = os.statvfs(sdir)
         self.sdir = sdir
         self.block = st.f_frsize or 4096
         self.free = st.f_bavail * self.block
         self.inodes = st.f_favail
-        self.min_free = default_reserve(sdir.out) if min_free is None else min_free
+        self.min_free = min(st.f_blocks * self.block // 50, 2**30) if min_free is None else min_free
         # Filesystems that report no inode count (some network ones) have no inode limit to keep.
         self.inode_reserve = max(64, st.f_files // 50) if st.f_files else 0
 
@@ -88,30 +84,6 @@ class Room:
     def take(self, size: int) -> None:
         self.free -= self.cost(size)
         self.inodes -= 1 + RECORD_FILES
-
-
-def reserve(fd: int, size: int, have: int, sdir: StateDir, min_free: int | None, what: str) -> None:
-    """Allocate the whole file open as ``fd`` now, so a full disk fails here rather than hours
-    in, and later syncs need not flush a growing size. A stream that would leave less than
-    ``min_free`` bytes free (None: :func:`default_reserve`) is refused (:class:`StreamNoRoom`)
-    before anything is allocated; after a failed allocation the caller gives back what it may
-    have taken.
-
-    :param fd: the ``.part`` file, open for writing.
-    :param have: the file's size now (a resumed stream's is already allocated).
-    :param what: the stream, as error messages name it.
-    """
-    if have < size or have == 0:
-        Room(sdir, min_free).check(what, size, have, needs=f"{size - have} more bytes")
-    if size == 0 or have >= size:
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        free = shutil.disk_usage(sdir).free
-        raise StreamNoRoom(
-            f"{what}: cannot reserve {size} bytes in {sdir.out} ({exc.strerror}; {free} bytes free); "
-            "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
 
 
 class PartialFile:
@@ -157,7 +129,7 @@ class PartialFile:
         self.state = self._load_state()
         have = os.fstat(self.fd).st_size
         try:
-            reserve(self.fd, self.spec.size, have, self.sdir, min_free, self.what)
+            self._reserve(have, min_free)
         except StreamNoRoom:
             # Give back what the failed reservation took: fallocate may have filled the disk first.
             if created:
@@ -169,6 +141,25 @@ class PartialFile:
         with os.fdopen(os.dup(self.fd), "rb", buffering=0) as rfh:
             hash_prefix(rfh, self.hasher, self.state.contiguous_bytes)
         self.hashed_to = self.state.next_seq  # first chunk not yet in the hash
+
+    def _reserve(self, have: int, min_free: int | None) -> None:
+        """Allocate the whole file now, so a full disk fails here rather than hours in, and
+        later syncs need not flush a growing size. A stream that would leave less than
+        ``min_free`` bytes free is refused (:class:`StreamNoRoom`) before anything is
+        allocated; after a failed allocation the caller gives back what it may have taken.
+        ``have`` is the file's size now (a resumed stream's is already allocated)."""
+        size = self.spec.size
+        if have < size or have == 0:
+            Room(self.sdir, min_free).check(self.what, size, have, needs=f"{size - have} more bytes")
+        if size == 0 or have >= size:
+            return
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as exc:
+            free = shutil.disk_usage(self.sdir).free
+            raise StreamNoRoom(
+                f"{self.what}: cannot reserve {size} bytes in {self.sdir.out} ({exc.strerror}; {free} bytes free); "
+                "the stream yields its place. Free space or choose another output directory, then re-run.") from exc
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -346,6 +337,11 @@ def collision_name(name: str, stream_id: str) -> str:
     return cut + tail
 
 
+# A lock in /proc/locks, "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a blocked waiter
+# has "->" after the number): the file's device (hex major:minor) and inode.
+_LOCK = re.compile(r"^[0-9]+:\s+(?:->\s+)?(?:\S+\s+){4}([0-9a-f]+):([0-9a-f]+):([0-9]+)\s", re.MULTILINE)
+
+
 def held_inodes() -> set[tuple[int, int, int]] | None:
     """(major, minor, inode) of every file some process holds a lock on (``/proc/locks``),
     or None where the kernel does not say. Reading it takes no lock: a receiver trying its
@@ -354,20 +350,7 @@ def held_inodes() -> set[tuple[int, int, int]] | None:
         text = Path("/proc/locks").read_text()
     except OSError:
         return None
-    held = set()
-    for line in text.splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a blocked waiter has "->" first)
-        if parts and parts[1] == "->":
-            parts = parts[1:]
-        if len(parts) < 6:
-            continue
-        try:
-            major, minor, inode = parts[5].split(":")
-            held.add((int(major, 16), int(minor, 16), int(inode)))
-        except ValueError:
-            continue
-    return held
+    return {(int(major, 16), int(minor, 16), int(inode)) for major, minor, inode in _LOCK.findall(text)}
 
 
 def locked_now(st: os.stat_result, held: set[tuple[int, int, int]]) -> bool:

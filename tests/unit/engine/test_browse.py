@@ -69,7 +69,8 @@ def test_a_watcher_the_broker_refuses_keeps_watching(broker: MemoryBroker, monke
     with open_link(broker.params("mallory")) as link:
         link.send(Q, b"junk", {})
     offer(broker, "alice", "good-2")
-    browser = OfferBrowser(broker.params("receiver"), Q, quarantine="/queue/readonly")
+    browser = OfferBrowser(broker.params("receiver"), Q)
+    browser.quarantine = "/queue/readonly"
     link = browser._session()
     sent = link.send_confirmed
 
