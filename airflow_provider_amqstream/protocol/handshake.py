@@ -3,9 +3,10 @@
 In ``handshake`` mode receivers answer the offer with ``hello`` on the stream's
 control queue, acknowledge each window with ``ack``, ask for a resend from a sequence
 number with ``rereq``, and say ``done``. :class:`HandshakeSender` takes those messages and
-decides which chunk goes next; ``engine/send/handshake.py`` drives it over the broker. How
-a control message is written (:func:`protocol.control_headers`, :func:`protocol.handshake_terms`)
-is in ``wire.py`` with the rest of the wire format.
+decides which chunk goes next; ``engine/send/handshake.py`` drives it over the broker. A
+control message is read once into a :class:`Control` (:func:`parse_control`); how one is
+written (:func:`protocol.control_headers`, :func:`protocol.handshake_terms`) is in
+``wire.py`` with the rest of the wire format.
 """
 
 from __future__ import annotations
@@ -18,6 +19,36 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import ProtocolError, RemoteProtocolError
 from airflow_provider_amqstream.protocol.headers import CONTROL_KINDS, H_CONSUMER, H_NEXT_SEQ, H_STREAM, H_TOKEN, Kind
 from airflow_provider_amqstream.protocol.wire import StreamSpec, from_the_wire, int_header, kind_of
+
+
+@dataclass(frozen=True)
+class Control:
+    """A receiver's control message, checked: its kind (hello, ack, rereq or done), who sent
+    it (the consumer's name and the token it said hello with) and the first chunk it lacks."""
+
+    kind: Kind
+    consumer: str
+    token: str
+    next_seq: int
+
+
+@from_the_wire
+def parse_control(headers: Mapping[str, Any], spec: StreamSpec) -> Control:
+    """The control message ``headers`` carry for stream ``spec``; raises ProtocolError on a
+    malformed one or one for another stream."""
+    sid = spec.stream_id
+    if headers.get(H_STREAM) != sid:
+        raise ProtocolError(f"stream {sid}: control message for another stream arrived")
+    kind = kind_of(headers)
+    if kind not in CONTROL_KINDS:
+        raise ProtocolError(f"stream {sid}: {kind.value} arrived on the control queue")
+    consumer = str(headers.get(H_CONSUMER) or "")
+    if not consumer or len(consumer) > 200:
+        raise ProtocolError(f"stream {sid}: control message without a valid {H_CONSUMER}")
+    token = str(headers.get(H_TOKEN) or "")
+    if not re.fullmatch(r"[0-9a-f]{32}", token):
+        raise ProtocolError(f"stream {sid}: control message from {consumer[:80]!r} without a valid {H_TOKEN}")
+    return Control(kind, consumer, token, int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=spec.chunks + 1))
 
 
 @dataclass
@@ -57,24 +88,12 @@ class HandshakeSender:
     def max_resend(self) -> int:
         return 2 * self.spec.chunks + 64
 
-    @from_the_wire
     def on_control(self, headers: Mapping[str, Any], *, now: float) -> Kind | None:
         """Take one control message; return its kind, or None if it was ignored (not from a
         receiver this sender serves). Raises ProtocolError on a malformed message."""
-        sid = self.spec.stream_id
-        if headers.get(H_STREAM) != sid:
-            raise ProtocolError(f"stream {sid}: control message for another stream arrived")
-        kind = kind_of(headers)
-        if kind not in CONTROL_KINDS:
-            raise ProtocolError(f"stream {sid}: {kind.value} arrived on the control queue")
-        consumer = str(headers.get(H_CONSUMER) or "")
-        if not consumer or len(consumer) > 200:
-            raise ProtocolError(f"stream {sid}: control message without a valid {H_CONSUMER}")
-        token = str(headers.get(H_TOKEN) or "")
-        if not re.fullmatch(r"[0-9a-f]{32}", token):
-            raise ProtocolError(f"stream {sid}: control message from {consumer[:80]!r} without a valid {H_TOKEN}")
-        pos = int_header(headers, H_NEXT_SEQ, sid, lo=1, hi=self.spec.chunks + 1)
-        if not self._admit(kind, consumer, token, now):
+        msg = parse_control(headers, self.spec)
+        kind, consumer, pos = msg.kind, msg.consumer, msg.next_seq
+        if not self._admit(kind, consumer, msg.token, now):
             self.ignored += 1
             return None
         self.heard[consumer] = now
