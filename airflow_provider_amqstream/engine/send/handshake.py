@@ -95,9 +95,8 @@ class _HandshakeAttempt:
         deadline = time.monotonic() + request_timeout
         while not self.hs.positions:
             frame = self.link.get(max(0.05, deadline - time.monotonic()))
-            if frame is not None:
-                self.hear(frame)
-            elif time.monotonic() >= deadline:
+            self.hear(frame)
+            if frame is None and time.monotonic() >= deadline:
                 raise StreamError(
                     f"stream {self.sid}: no receiver answered the offer on {self.out.dest} within "
                     f"{request_timeout:.0f}s. The offer stays queued; re-run the sender once a receiver is running.")

@@ -23,18 +23,16 @@ Progress = Callable[[int, int], None]
 class Outbound:
     """One file on its way to one destination, across reconnects.
 
-    :param save: writes the checkpoint (``final=True`` makes it durable at once).
     :param progress: called with (bytes confirmed, total bytes).
     :param origin: the offer's ``amqs_origin`` (which file went where).
     :param subdir: the receiver-side directory (offer header ``amqs_dir``).
-    :param seal: a sealed stream's seal (None: unsealed).
     """
 
     params: BrokerParams
     src: Path
     dest: Destination
     state: SenderState
-    save: Callable[..., None]
+    save: Callable[[], None]
     window: int
     progress: Progress | None
     codec: ChunkCodec

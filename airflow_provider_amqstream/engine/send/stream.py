@@ -14,6 +14,7 @@ import functools
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -136,7 +137,7 @@ def send_file(
     started = time.time()
     t0 = time.monotonic()
     src = Path(path)
-    st_ = _regular_file(src)
+    st_ = regular_file(src)
     dest = Destination.parse(destination)
     kind = hdr.Mode(opts.mode)
     if dest.kind != "queue" and kind is not hdr.Mode.HANDSHAKE:
@@ -151,7 +152,10 @@ def send_file(
     ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
         SendStateDir().checkpoint(sid, params), retention_days=params.records_retention_days)
     loaded = None if opts.restart else ckpt.load()
-    state = None if not loaded else _sender_state(loaded)
+    try:
+        state = SenderState.from_json(loaded) if loaded else None
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
     chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, hdr.DEFAULT_CHUNK_SIZE)
@@ -169,8 +173,8 @@ def send_file(
     if resumed_from:
         log.info("stream %s: resuming at byte %d of %d", sid, resumed_from, spec.size)
 
-    def save(final: bool = False) -> None:
-        ckpt.save({**state.to_json(), **extra}, final=final)
+    def save() -> None:
+        ckpt.save({**state.to_json(), **extra})
 
     out = _Attempt(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
                    sealed)
@@ -212,12 +216,13 @@ def _stream_seal(loaded: dict[str, Any] | None, recipients: list[bytes], spec: p
     return seal.Seal.create(spec.stream_id, recipients, name=name, size=spec.size, chunk_size=spec.chunk_size)
 
 
-def _regular_file(src: Path) -> os.stat_result:
+def regular_file(src: Path) -> os.stat_result:
+    """``src``'s stat, refused unless it is a regular file (links followed)."""
     try:
         st_ = src.stat()
     except OSError as exc:
         raise StreamError(f"cannot read {src}: {exc.strerror}") from exc
-    if not src.is_file():
+    if not stat.S_ISREG(st_.st_mode):
         raise StreamError(f"{src} is not a regular file")
     return st_
 
@@ -341,13 +346,6 @@ def _first(*values: int | None) -> int:
     return next(v for v in values if v is not None)
 
 
-def _sender_state(data: dict[str, Any]) -> SenderState:
-    try:
-        return SenderState.from_json(data)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
-
-
 class _Attempt(Outbound):
     """Stream and atomic mode: connected attempts that continue at the confirmed chunk."""
 
@@ -385,8 +383,7 @@ class _Attempt(Outbound):
             self.save()
         hasher = hashlib.sha256()
         with open(self.src, "rb") as fh:
-            hash_prefix(fh, hasher, state.confirmed_offset)
-            fh.seek(state.confirmed_offset)
+            hash_prefix(fh, hasher, state.confirmed_offset)  # leaves fh there
             self._send_chunks(link, fh, hasher, data_q)
             if os.fstat(fh.fileno()).st_size != spec.size:
                 raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
@@ -399,13 +396,10 @@ class _Attempt(Outbound):
         if not state.offer_sent:
             link.send_confirmed(str(dest), b"", self.offer())
             state.offer_sent = True
-            if rerun:
-                # Atomic re-run: chunks repeated after the first end marker would be
-                # left behind once a receiver published at that marker.
-                link.send_confirmed(str(dest), b"", self.offer(reoffer=True))
-        elif rerun:
-            # We may have repeated chunks or the end marker that a receiver already
-            # consumed and published; the re-offer sends it back to clear them.
+        if rerun:
+            # We may have repeated chunks or the end marker that a receiver already consumed
+            # and published (atomic: chunks after the first end marker would be left behind);
+            # the re-offer sends it back to clear them.
             link.send_confirmed(str(dest), b"", self.offer(reoffer=True))
         if self.progress and spec.chunks == 0:
             self.progress(spec.size, spec.size)
