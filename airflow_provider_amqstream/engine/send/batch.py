@@ -48,10 +48,8 @@ class FileFailure:
 
 @dataclass
 class BatchStatus:
-    """Where a batch stands; passed to the progress callback after each group. Totals over
-    every file, kept instead of a list per file so a send's memory does not grow with the
-    number of files; the first :data:`MAX_KEPT_RESULTS` results and failures are also kept,
-    in full, for callers that list them (small batches)."""
+    """Where a batch stands, passed to the progress callback after each group: totals over
+    every file, and the first :data:`MAX_KEPT_RESULTS` results and failures in full."""
 
     files_total: int
     bytes_total: int
@@ -82,10 +80,9 @@ class BatchStatus:
 
 @dataclass
 class BulkResult:
-    """What a batch send did: totals over every file, and its results and failures in full
-    for the first :data:`MAX_KEPT_RESULTS` of
-    each (all of them for a batch that small). ``files_list`` is a JSON-lines file with every
-    file's result (one ``TransferResult.to_json()`` per line, plus ``dir``)."""
+    """What a batch send did: its :class:`BatchStatus`, with the results and failures it kept.
+    ``files_list`` is a JSON-lines file with every file's result (one
+    ``TransferResult.to_json()`` per line, plus ``dir``)."""
 
     batch_id: str
     destination: str
