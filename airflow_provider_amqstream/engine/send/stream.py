@@ -147,7 +147,12 @@ def send_file(
     recipients = seal_recipients(opts, params)
     sid = validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params),
                                                                               sealed=bool(recipients))
-    window = _check_window(_first(opts.window, params.window, hdr.DEFAULT_WINDOW), kind)
+    window = _first(opts.window, params.window, hdr.DEFAULT_WINDOW)
+    if window < 1:
+        raise StreamError(f"window must be at least 1, got {window}")
+    if kind is hdr.Mode.HANDSHAKE and window > hdr.MAX_AHEAD:
+        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
+                          f"{hdr.MAX_AHEAD} past their first missing one; use at most {hdr.MAX_AHEAD}")
     codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
         SendStateDir().checkpoint(sid, params), retention_days=params.records_retention_days)
@@ -225,15 +230,6 @@ def regular_file(src: Path) -> os.stat_result:
     if not stat.S_ISREG(st_.st_mode):
         raise StreamError(f"{src} is not a regular file")
     return st_
-
-
-def _check_window(window: int, mode: hdr.Mode) -> int:
-    if window < 1:
-        raise StreamError(f"window must be at least 1, got {window}")
-    if mode is hdr.Mode.HANDSHAKE and window > hdr.MAX_AHEAD:
-        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
-                          f"{hdr.MAX_AHEAD} past their first missing one; use at most {hdr.MAX_AHEAD}")
-    return window
 
 
 def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: Destination, identity: str,
@@ -325,12 +321,6 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | Destinati
 
 
 @functools.lru_cache(maxsize=16)
-def _derive_id_key(login: str, password: str) -> bytes:
-    # Slow on purpose (~30 ms, once per connection and process): an id seen on the wire
-    # must not make guessing the password that keys it cheap.
-    return hashlib.pbkdf2_hmac("sha256", password.encode(), f"amqstream-ids|{login}".encode(), 100_000)
-
-
 def id_key(params: BrokerParams) -> bytes:
     """The key default stream and batch ids are derived with, from the connection's login
     and password: every worker and retry using the connection derives the same ids (so
@@ -339,7 +329,11 @@ def id_key(params: BrokerParams) -> bytes:
     predictable as its broker is open). A changed password means new ids: a send
     interrupted before the change starts over as a new stream.
     """
-    return _derive_id_key(params.user, params.password) if params.password else b""
+    if not params.password:
+        return b""
+    # Slow on purpose (~30 ms, once per connection and process): an id seen on the wire
+    # must not make guessing the password that keys it cheap.
+    return hashlib.pbkdf2_hmac("sha256", params.password.encode(), f"amqstream-ids|{params.user}".encode(), 100_000)
 
 
 def _first(*values: int | None) -> int:
