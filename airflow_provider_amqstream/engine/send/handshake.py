@@ -15,8 +15,7 @@ import time
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import hash_prefix
-from airflow_provider_amqstream.engine.send.chunks import ChunkReader
-from airflow_provider_amqstream.engine.send.outbound import Outbound
+from airflow_provider_amqstream.engine.send.outbound import ChunkReader, Outbound
 from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.transport.link import Link, open_link

@@ -28,9 +28,8 @@ from airflow_provider_amqstream.engine.records import (
     TransferResult,
     hash_prefix,
 )
-from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
-from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
+from airflow_provider_amqstream.engine.send.outbound import ChunkReader, Outbound, Progress
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.exceptions import (
     ConfigurationError,
