@@ -132,7 +132,6 @@ def send_files(
     # batch's file list is sealed part by part.
     recipients = seal_recipients(opts, params)
     sealed = bool(recipients)
-    # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
     status.files_total, status.bytes_total, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None,
                                                           sealed=sealed)
@@ -175,7 +174,7 @@ def send_files(
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
             key: bytes, fail: Callable[..., None], *, sealed: bool) -> tuple[int, int, int]:
-    """The files a send will send: how many, their bytes, and the sum of their stream ids'
+    """The files a send will send, not kept: how many, their bytes, and the sum of their stream ids'
     digests (the same files give the same sum in any order). Each failing one is reported by
     the sending pass; with fail_fast, ``fail`` is the send's report-and-raise: the first is
     reported here and stops the send before anything is sent."""
