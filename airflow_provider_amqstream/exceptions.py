@@ -4,15 +4,10 @@ Catch the root to handle anything the provider refuses or cannot do; anything el
 escapes is a bug and should be seen. Each class also derives from the built-in exception
 of its kind (``ValueError``, ``ConnectionError``, ...), which is what generic code catches.
 
-* Protocol errors come in two kinds, as in h11: :class:`RemoteProtocolError` (a peer sent
-  something the protocol does not allow: the stream is quarantined) and
-  :class:`LocalProtocolError` (we were asked to do something the protocol does not allow:
-  a bad argument).
-* :class:`TransportError` and its kinds: the broker could not be reached, dropped us,
-  refused us, or refused a message.
-* :class:`StreamError` and its kinds: one stream cannot be completed now or ever.
-* :class:`ConfigurationError`, :class:`ConnectionNotFound`: a connection that cannot work.
-* :class:`BrokerError`: the embedded broker cannot start, stop or be configured.
+Protocol errors come in two kinds, as in h11: :class:`RemoteProtocolError` (a peer sent
+something the protocol does not allow: the stream is quarantined) and
+:class:`LocalProtocolError` (we were asked to do something the protocol does not allow: a
+bad argument).
 """
 
 from __future__ import annotations

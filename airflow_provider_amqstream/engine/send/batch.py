@@ -48,10 +48,8 @@ class FileFailure:
 
 @dataclass
 class BatchStatus:
-    """Where a batch stands; passed to the progress callback after each group. Totals over
-    every file, kept instead of a list per file so a send's memory does not grow with the
-    number of files; the first :data:`MAX_KEPT_RESULTS` results and failures are also kept,
-    in full, for callers that list them (small batches)."""
+    """Where a batch stands, passed to the progress callback after each group: totals over
+    every file, and the first :data:`MAX_KEPT_RESULTS` results and failures in full."""
 
     files_total: int
     bytes_total: int
@@ -59,16 +57,10 @@ class BatchStatus:
     bytes_done: int = 0
     bytes_sent: int = 0
     failed: int = 0
-    started: float = field(default_factory=time.monotonic)
     files_sent: int = 0
     files_already_sent: int = 0
     results: list[TransferResult] = field(default_factory=list)
     failures: list[FileFailure] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        """MiB/s moved by this run."""
-        return self.bytes_sent / max(time.monotonic() - self.started, 1e-6) / 2**20
 
     def add(self, res: TransferResult) -> None:
         """Count a file confirmed, now or by an earlier run."""
@@ -88,10 +80,9 @@ class BatchStatus:
 
 @dataclass
 class BulkResult:
-    """What a batch send did: totals over every file, and its results and failures in full
-    for the first :data:`MAX_KEPT_RESULTS` of
-    each (all of them for a batch that small). ``files_list`` is a JSON-lines file with every
-    file's result (one ``TransferResult.to_json()`` per line, plus ``dir``)."""
+    """What a batch send did: its :class:`BatchStatus`, with the results and failures it kept.
+    ``files_list`` is a JSON-lines file with every file's result (one
+    ``TransferResult.to_json()`` per line, plus ``dir``)."""
 
     batch_id: str
     destination: str
@@ -234,39 +225,37 @@ class FileSet:
         # Fail on a missing path or a directory without recursive before anything is sent.
         self._plan()
 
-    def _plan(self) -> list[tuple[str, Any]]:
-        """Each argument as ("tree", dir) or ("files", [paths]); a tree inside another tree
-        given too is walked once, as part of the outer one."""
-        plan: list[tuple[str, Any]] = []
+    def _plan(self) -> list[tuple[Path, bool]]:
+        """Each file (a pattern's each) and directory named, with whether it is a tree to walk;
+        a tree inside another tree given too is walked once, as part of the outer one."""
+        plan: list[tuple[Path, bool]] = []
         for text in self.args:
             if not os.path.lexists(text) and any(c in text for c in "*?["):
-                files = [Path(m) for m in sorted(glob.glob(text, recursive=True)) if os.path.isfile(m)]
+                files = [(Path(m), False) for m in sorted(glob.glob(text, recursive=True)) if os.path.isfile(m)]
                 if not files:
                     raise StreamError(f"no file matches {text!r}")
-                plan.append(("files", files))
+                plan += files
                 continue
             path = Path(text)
-            if path.is_dir():
-                if not self.recursive:
-                    raise StreamError(f"{path} is a directory; pass recursive=True (--recursive) to send what is in it")
-                plan.append(("tree", path))
-                continue
-            if not path.is_file():
+            tree = path.is_dir()
+            if tree and not self.recursive:
+                raise StreamError(f"{path} is a directory; pass recursive=True (--recursive) to send what is in it")
+            if not tree and not path.is_file():
                 raise StreamError(f"{path} does not exist or is not a regular file")
-            plan.append(("files", [path]))
+            plan.append((path, tree))
         return plan
 
     def __iter__(self) -> Iterator[BatchFile]:
         plan = self._plan()
-        trees = [t.resolve() for kind, t in plan if kind == "tree"]
+        trees = [t.resolve() for t, tree in plan if tree]
 
         def in_tree(key: Path, but: Path | None = None) -> bool:
             return any(t != but and key.is_relative_to(t) for t in trees)
 
         walked: set[Path] = set()
         named: set[Path] = set()  # files named one by one (or by a pattern): as many as the caller listed
-        for kind, what in plan:
-            if kind == "tree":
+        for what, tree in plan:
+            if tree:
                 top = what.resolve()
                 if top in walked or in_tree(top, but=top):
                     continue  # the same directory twice, or one inside another given too
@@ -280,12 +269,11 @@ class FileSet:
                         continue
                     yield BatchFile(f, subdir, real)
                 continue
-            for f in what:
-                key = f.resolve()
-                if key in named or in_tree(key):
-                    continue
-                named.add(key)
-                yield BatchFile(f, "")
+            key = what.resolve()
+            if key in named or in_tree(key):
+                continue
+            named.add(key)
+            yield BatchFile(what, "")
 
 
 iter_files = FileSet

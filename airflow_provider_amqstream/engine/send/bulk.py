@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -47,12 +46,12 @@ from airflow_provider_amqstream.engine.send.stream import (
     SendOptions,
     file_identity,
     id_key,
+    regular_file,
     seal_recipients,
     send_file,
 )
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.exceptions import (
-    ConnectionLost,
     ProtocolError,
     StreamError,
     TransportError,
@@ -133,11 +132,9 @@ def send_files(
     # batch's file list is sealed part by part.
     recipients = seal_recipients(opts, params)
     sealed = bool(recipients)
-    # First pass: how many files, their bytes, and the batch's default id, without keeping them.
     key = id_key(params)
     status.files_total, status.bytes_total, ids = _survey(files, dest, key, fail if opts.fail_fast else lambda *_: None,
                                                           sealed=sealed)
-    status.started = time.monotonic()  # its rate is the sending's: a long walk is not in it
     if batch_id is None:
         batch_id = f"b-{hashlib.sha256(f'{dest}|{status.files_total}|{ids:x}'.encode()).hexdigest()[:20]}"
     validate_stream_id(batch_id)
@@ -177,7 +174,7 @@ def send_files(
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
             key: bytes, fail: Callable[..., None], *, sealed: bool) -> tuple[int, int, int]:
-    """The files a send will send: how many, their bytes, and the sum of their stream ids'
+    """The files a send will send, not kept: how many, their bytes, and the sum of their stream ids'
     digests (the same files give the same sum in any order). Each failing one is reported by
     the sending pass; with fail_fast, ``fail`` is the send's report-and-raise: the first is
     reported here and stops the send before anything is sent."""
@@ -196,18 +193,15 @@ def _outgoing(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destina
     for item in files:
         bf = item if isinstance(item, BatchFile) else BatchFile(Path(item), "")
         try:
-            st_ = bf.path.stat()
-            if not stat.S_ISREG(st_.st_mode):
-                raise StreamError(f"{bf.path} is not a regular file")
-            subdir = bf.subdir
-            paths.safe_subdir(subdir, "local")  # refuse here what any receiver would refuse
+            st_ = regular_file(bf.path)
+            paths.safe_subdir(bf.subdir, "local")  # refuse here what any receiver would refuse
             identity = file_identity(bf.path, st_, bf.real)
             stem = SEALED_NAME if sealed else bf.path.name
             sid = derive_stream_id(stem, f"{identity}|{dest}", key)  # as default_stream_id
         except (OSError, StreamError, ProtocolError) as exc:
             fail(bf.path, str(getattr(exc, "strerror", None) or exc))
             continue
-        yield Outgoing(bf.path, subdir, sid, st_.st_size, identity)
+        yield Outgoing(bf.path, bf.subdir, sid, st_.st_size, identity)
 
 
 def _announce(params: BrokerParams, dest: Destination, batch_id: str, files_list: Path, *, count: int,
@@ -398,12 +392,10 @@ class _Ctx:
                 self._bound(link, flight)
             while flight.files:
                 flight.confirm_oldest(link, self._record)
-        except (TransportError, ConnectionLost):
+        except TransportError:
             # Not confirmed (or not even sent): they go again, whole, on the next connection.
-            for e, _, _, _ in reversed(pack.files):
-                todo.appendleft(e)
-            for _, e, _ in reversed(flight.files):
-                todo.appendleft(e)
+            todo.extendleft(e for e, *_ in reversed(pack.files))
+            todo.extendleft(e for _, e, _ in reversed(flight.files))
             raise
 
     def _pack_next(self, link: Link, todo: _Todo, pack: Pack, flight: _InFlight,

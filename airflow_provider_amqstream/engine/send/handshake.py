@@ -15,8 +15,7 @@ import time
 from typing import Any
 
 from airflow_provider_amqstream.engine.records import hash_prefix
-from airflow_provider_amqstream.engine.send.chunks import ChunkReader
-from airflow_provider_amqstream.engine.send.outbound import Outbound
+from airflow_provider_amqstream.engine.send.outbound import ChunkReader, Outbound
 from airflow_provider_amqstream.exceptions import ProtocolError, StreamError
 from airflow_provider_amqstream.protocol.handshake import HandshakeSender
 from airflow_provider_amqstream.transport.link import Link, open_link
@@ -95,9 +94,8 @@ class _HandshakeAttempt:
         deadline = time.monotonic() + request_timeout
         while not self.hs.positions:
             frame = self.link.get(max(0.05, deadline - time.monotonic()))
-            if frame is not None:
-                self.hear(frame)
-            elif time.monotonic() >= deadline:
+            self.hear(frame)
+            if frame is None and time.monotonic() >= deadline:
                 raise StreamError(
                     f"stream {self.sid}: no receiver answered the offer on {self.out.dest} within "
                     f"{request_timeout:.0f}s. The offer stays queued; re-run the sender once a receiver is running.")

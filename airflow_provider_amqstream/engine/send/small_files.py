@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_amqstream.engine.records import TransferResult
-from airflow_provider_amqstream.engine.send.chunks import ChunkReader
+from airflow_provider_amqstream.engine.send.outbound import ChunkReader
 from airflow_provider_amqstream.engine.send.stream import stream_origin
 from airflow_provider_amqstream.exceptions import StreamError, TransportError
 from airflow_provider_amqstream.protocol import bulk as bw

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,9 +28,8 @@ from airflow_provider_amqstream.engine.records import (
     TransferResult,
     hash_prefix,
 )
-from airflow_provider_amqstream.engine.send.chunks import ChunkReader
 from airflow_provider_amqstream.engine.send.handshake import send_handshake_attempt
-from airflow_provider_amqstream.engine.send.outbound import Outbound, Progress
+from airflow_provider_amqstream.engine.send.outbound import ChunkReader, Outbound, Progress
 from airflow_provider_amqstream.engine.state_dir import SendStateDir
 from airflow_provider_amqstream.exceptions import (
     ConfigurationError,
@@ -136,7 +136,7 @@ def send_file(
     started = time.time()
     t0 = time.monotonic()
     src = Path(path)
-    st_ = _regular_file(src)
+    st_ = regular_file(src)
     dest = Destination.parse(destination)
     kind = hdr.Mode(opts.mode)
     if dest.kind != "queue" and kind is not hdr.Mode.HANDSHAKE:
@@ -146,12 +146,20 @@ def send_file(
     recipients = seal_recipients(opts, params)
     sid = validate_stream_id(stream_id) if stream_id else default_stream_id(src, dest, st_, key=id_key(params),
                                                                               sealed=bool(recipients))
-    window = _check_window(_first(opts.window, params.window, hdr.DEFAULT_WINDOW), kind)
+    window = _first(opts.window, params.window, hdr.DEFAULT_WINDOW)
+    if window < 1:
+        raise StreamError(f"window must be at least 1, got {window}")
+    if kind is hdr.Mode.HANDSHAKE and window > hdr.MAX_AHEAD:
+        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
+                          f"{hdr.MAX_AHEAD} past their first missing one; use at most {hdr.MAX_AHEAD}")
     codec = ChunkCodec(opts.compression if opts.compression is not None else params.compression)
     ckpt = opts.checkpoint_for(sid) if opts.checkpoint_for else FileCheckpoint(
         SendStateDir().checkpoint(sid, params), retention_days=params.records_retention_days)
     loaded = None if opts.restart else ckpt.load()
-    state = None if not loaded else _sender_state(loaded)
+    try:
+        state = SenderState.from_json(loaded) if loaded else None
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
     # A re-run that names no chunk size continues with the interrupted run's.
     default_chunk = state.spec.chunk_size if state is not None else None
     chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, hdr.DEFAULT_CHUNK_SIZE)
@@ -169,8 +177,8 @@ def send_file(
     if resumed_from:
         log.info("stream %s: resuming at byte %d of %d", sid, resumed_from, spec.size)
 
-    def save(final: bool = False) -> None:
-        ckpt.save({**state.to_json(), **extra}, final=final)
+    def save() -> None:
+        ckpt.save({**state.to_json(), **extra})
 
     out = _Attempt(params, src, dest, state, save, window, opts.progress, codec, stream_origin(identity, dest), subdir,
                    sealed)
@@ -212,23 +220,15 @@ def _stream_seal(loaded: dict[str, Any] | None, recipients: list[bytes], spec: p
     return seal.Seal.create(spec.stream_id, recipients, name=name, size=spec.size, chunk_size=spec.chunk_size)
 
 
-def _regular_file(src: Path) -> os.stat_result:
+def regular_file(src: Path) -> os.stat_result:
+    """``src``'s stat, refused unless it is a regular file (links followed)."""
     try:
         st_ = src.stat()
     except OSError as exc:
         raise StreamError(f"cannot read {src}: {exc.strerror}") from exc
-    if not src.is_file():
+    if not stat.S_ISREG(st_.st_mode):
         raise StreamError(f"{src} is not a regular file")
     return st_
-
-
-def _check_window(window: int, mode: hdr.Mode) -> int:
-    if window < 1:
-        raise StreamError(f"window must be at least 1, got {window}")
-    if mode is hdr.Mode.HANDSHAKE and window > hdr.MAX_AHEAD:
-        raise StreamError(f"window {window} is too large for handshake mode: receivers accept chunks at most "
-                          f"{hdr.MAX_AHEAD} past their first missing one; use at most {hdr.MAX_AHEAD}")
-    return window
 
 
 def _resume_state(state: SenderState | None, spec: p.StreamSpec, dest: Destination, identity: str,
@@ -320,12 +320,6 @@ def default_stream_id(path: str | os.PathLike[str], destination: str | Destinati
 
 
 @functools.lru_cache(maxsize=16)
-def _derive_id_key(login: str, password: str) -> bytes:
-    # Slow on purpose (~30 ms, once per connection and process): an id seen on the wire
-    # must not make guessing the password that keys it cheap.
-    return hashlib.pbkdf2_hmac("sha256", password.encode(), f"amqstream-ids|{login}".encode(), 100_000)
-
-
 def id_key(params: BrokerParams) -> bytes:
     """The key default stream and batch ids are derived with, from the connection's login
     and password: every worker and retry using the connection derives the same ids (so
@@ -334,18 +328,15 @@ def id_key(params: BrokerParams) -> bytes:
     predictable as its broker is open). A changed password means new ids: a send
     interrupted before the change starts over as a new stream.
     """
-    return _derive_id_key(params.user, params.password) if params.password else b""
+    if not params.password:
+        return b""
+    # Slow on purpose (~30 ms, once per connection and process): an id seen on the wire
+    # must not make guessing the password that keys it cheap.
+    return hashlib.pbkdf2_hmac("sha256", params.password.encode(), f"amqstream-ids|{params.user}".encode(), 100_000)
 
 
 def _first(*values: int | None) -> int:
     return next(v for v in values if v is not None)
-
-
-def _sender_state(data: dict[str, Any]) -> SenderState:
-    try:
-        return SenderState.from_json(data)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise StreamError(f"resume state is invalid ({exc}); pass restart=True to start over") from exc
 
 
 class _Attempt(Outbound):
@@ -385,8 +376,7 @@ class _Attempt(Outbound):
             self.save()
         hasher = hashlib.sha256()
         with open(self.src, "rb") as fh:
-            hash_prefix(fh, hasher, state.confirmed_offset)
-            fh.seek(state.confirmed_offset)
+            hash_prefix(fh, hasher, state.confirmed_offset)  # leaves fh there
             self._send_chunks(link, fh, hasher, data_q)
             if os.fstat(fh.fileno()).st_size != spec.size:
                 raise StreamError(f"stream {spec.stream_id}: {self.src} changed while it was being sent; the "
@@ -399,13 +389,10 @@ class _Attempt(Outbound):
         if not state.offer_sent:
             link.send_confirmed(str(dest), b"", self.offer())
             state.offer_sent = True
-            if rerun:
-                # Atomic re-run: chunks repeated after the first end marker would be
-                # left behind once a receiver published at that marker.
-                link.send_confirmed(str(dest), b"", self.offer(reoffer=True))
-        elif rerun:
-            # We may have repeated chunks or the end marker that a receiver already
-            # consumed and published; the re-offer sends it back to clear them.
+        if rerun:
+            # We may have repeated chunks or the end marker that a receiver already consumed
+            # and published (atomic: chunks after the first end marker would be left behind);
+            # the re-offer sends it back to clear them.
             link.send_confirmed(str(dest), b"", self.offer(reoffer=True))
         if self.progress and spec.chunks == 0:
             self.progress(spec.size, spec.size)
