@@ -81,18 +81,17 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
 def cmd_broker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from airflow_provider_amqstream.broker.config import HOST
     from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
     from airflow_provider_amqstream.broker.network import NetworkConfig
 
-    network = None
-    if (args.openwire_port or args.openwire_tls_port or args.network_to or args.bridge_secret
-            or args.network_queue or args.network_ca):
-        network = NetworkConfig(openwire_port=args.openwire_port, peers=tuple(args.network_to or ()),
-                                bridge_secret=Path(args.bridge_secret) if args.bridge_secret else None,
-                                queues=tuple(args.network_queue or ()), openwire_tls_port=args.openwire_tls_port,
-                                peer_cas=tuple(Path(c) for c in args.network_ca or ()))
-    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb,
-                            tls_port=args.tls_port, network=network)
+    network = NetworkConfig(openwire_port=args.openwire_port, peers=tuple(args.network_to or ()),
+                            bridge_secret=Path(args.bridge_secret) if args.bridge_secret else None,
+                            queues=tuple(args.network_queue or ()), openwire_tls_port=args.openwire_tls_port,
+                            peer_cas=tuple(Path(c) for c in args.network_ca or ()))
+    # No network option given: the network this data dir was last started with.
+    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, tls_port=args.tls_port,
+                            network=network if network != NetworkConfig() else None)
     if args.action == "start":
         info, created = broker.start()
         print(f"broker running: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
@@ -123,7 +122,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         return 0
     pid = broker.running_pid()
     if pid is not None and broker.port_open():
-        print(f"running: pid {pid}, stomp://{broker.bind}:{broker.port}, data in {broker.data_dir}")
+        print(f"running: pid {pid}, stomp://{HOST}:{broker.port}, data in {broker.data_dir}")
         return 0
     print(f"not running (data dir {broker.data_dir})")
     return 1
@@ -132,7 +131,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_users(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
-    broker = EmbeddedBroker(args.data_dir, port=args.port)
+    broker = EmbeddedBroker(args.data_dir)
     if args.action == "list":
         for name, info in sorted(broker.users().items()):
             print(f"{name}: send {', '.join(info['send']) or '-'}; receive {', '.join(info['receive']) or '-'}")
@@ -310,7 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", help="config, KahaDB and logs (default ~/.local/state/amqstream/broker)")
     b.add_argument("--port", type=int, help="STOMP port on 127.0.0.1 (default 61613)")
     b.add_argument("--no-auth", action="store_true", help="allow anonymous clients (not recommended)")
-    b.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap (default 512)")
     b.add_argument("--tls-port", type=int, help="also listen for STOMP over TLS here (certificate generated)")
     b.add_argument("--tls", action="store_true", help="uri: print the TLS URI")
     b.add_argument("--openwire-port", type=int, help="network: also listen for OpenWire (other brokers' bridges, "
@@ -338,7 +336,6 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--max-waiting", type=int, metavar="N", help="add: streams of this user that may wait at once "
                    "on each destination it sends to (their data queues; default 1000, ~14 KiB of broker heap each)")
     u.add_argument("--data-dir", help="the broker's data dir (default ~/.local/state/amqstream/broker)")
-    u.add_argument("--port", type=int, help="the broker's STOMP port, for the printed URI")
     u.set_defaults(func=cmd_users)
 
     def common(p: argparse.ArgumentParser) -> None:

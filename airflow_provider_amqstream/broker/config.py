@@ -5,7 +5,6 @@ and the trust store for ``ssl://`` peers, the administrator's credentials and th
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -25,6 +24,8 @@ from airflow_provider_amqstream.broker.process import broker_jar, keytool_binary
 from airflow_provider_amqstream.exceptions import BrokerError
 
 DEFAULT_USER = "amqstream"
+# Every listener of the embedded broker, and its clients, on loopback only.
+HOST = "127.0.0.1"
 # Where, below the data directory, the secrets live (all mode 0600).
 CREDENTIALS_FILE = "credentials.json"
 USERS_FILE = "users.json"
@@ -72,7 +73,7 @@ def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
     _write_private(data_dir / USERS_FILE, json.dumps({"users": dict(users)}, indent=1))
 
 
-def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
+def keystore(data_dir: Path) -> tuple[Path, str]:
     """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
     made once with the JDK's keytool; the certificate is exported for clients."""
     tls = data_dir / "tls"
@@ -84,7 +85,7 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
     password = secrets.token_urlsafe(18)
     common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
     subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
-                    "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={certificate_names(bind)}",
+                    "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={certificate_names()}",
                     "-keypass", password, *common], check=True, capture_output=True, timeout=60)
     subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(data_dir / CA_FILE), *common],
                    check=True, capture_output=True, timeout=60)
@@ -93,19 +94,12 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
     return store, password
 
 
-def certificate_names(bind: str) -> str:
-    """Subject names for the generated certificate: loopback, this host's names (a
-    remote site's bridge verifies the name it dialled), and the bind address."""
+def certificate_names() -> str:
+    """Subject names for the generated certificate: loopback and this host's names (a
+    remote site's bridge verifies the name it dialled)."""
     dns = {"localhost", socket.gethostname(), socket.getfqdn()}
-    ips = {"127.0.0.1"}
-    if bind not in ("0.0.0.0", "::", ""):
-        try:
-            ipaddress.ip_address(bind)
-            ips.add(bind)
-        except ValueError:
-            dns.add(bind)
     names = [f"dns:{n}" for n in sorted(dns) if n and re.fullmatch(r"[A-Za-z0-9.-]+", n)]
-    return ",".join(names + [f"ip:{ip}" for ip in sorted(ips)])
+    return ",".join([*names, f"ip:{HOST}"])
 
 
 def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str]:
@@ -145,7 +139,7 @@ def credentials(data_dir: Path) -> tuple[str, str, bool]:
     return DEFAULT_USER, password, True
 
 
-def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port: int | None, store_dir: Path,
+def render_config(data_dir: Path, *, port: int, auth: bool, tls_port: int | None, store_dir: Path,
                   network: NetworkConfig) -> tuple[Path, bool]:
     """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created)."""
     # The data dir holds the credentials and every stored message (KahaDB's journal):
@@ -175,7 +169,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     store_mb = max(512, int(free * 0.9 / 2**20))
     ssl_xml = tls_xml = ""
     if tls_port or network.needs_tls:
-        store, store_pw = keystore(data_dir, bind)
+        store, store_pw = keystore(data_dir)
         trust = ""
         if network.peer_cas:
             peers_store, trust_pw = trust_store(data_dir, network.peer_cas)
@@ -184,7 +178,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         ssl_xml = (f'    <sslContext><sslContext keyStore="file:{xml_attr(str(store))}" '
                    f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
     if tls_port:
-        tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
+        tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{HOST}:{tls_port}'
                    f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=9437184'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
     store_xml = offers_xml = ""
@@ -198,9 +192,9 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     xml = string.Template(text).safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml, store_plugin=store_xml,
-        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
+        bind=HOST, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
         waiting_caps=caps_xml + offers_xml,
-        advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
+        advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, HOST),
         network_connectors=connectors_xml(network, f"amqstream-{port}", bridge_user, bridge_password, xml_attr),
     )
     _write_private(conf / "activemq.xml", xml)

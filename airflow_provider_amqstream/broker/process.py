@@ -35,7 +35,8 @@ JAVA_OPENS = [
 # the broker's own threads used the same CPU per GiB, and C2's compiler threads, still at
 # 1.8-2.8 CPU-s per GiB through the third GiB after a start, are gone. What it risks: CPU-bound
 # Java code (TLS ciphers, many small messages) runs less optimised; docs/decisions/broker-tuning.md.
-# $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4).
+# $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4), or
+# change the heap (-Xmx2g: the last -Xmx wins).
 JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
 
 
@@ -75,7 +76,7 @@ def keytool_binary() -> str:
     return shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
 
 
-def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int) -> list[str]:
+def java_command(java: str, home: Path, data_dir: Path, conf: Path) -> list[str]:
     """The command line that runs ActiveMQ in the foreground on ``conf/activemq.xml``."""
     data = data_dir / "data"
     jar = broker_jar()
@@ -84,7 +85,7 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
                  BROKER_JAR, data_dir)
     classpath = f"{conf}:{jar}" if jar else str(conf)
     return [
-        java, f"-Xmx{heap_mb}M", f"-Xms{min(heap_mb, 256)}M",
+        java, "-Xmx512M", "-Xms256M",
         "-XX:+ExitOnOutOfMemoryError",
         *JIT_OPTIONS,
         *JAVA_OPENS,
