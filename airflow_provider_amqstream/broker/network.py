@@ -33,9 +33,6 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import NetworkError, ProtocolError
 from airflow_provider_amqstream.protocol.names import Destination
 
-BRIDGE_GROUP = "amqs-bridge"
-# Every advisory topic. Only the bridge (and the administrator) may read or write them.
-ADVISORY_PATTERN = "ActiveMQ.Advisory.>"
 DEFAULT_BRIDGE_USER = "amqs-bridge"
 NETWORK_FILE = "network.json"
 _URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
@@ -145,15 +142,6 @@ def bridge_credentials(path: Path) -> tuple[str, str]:
             and password):
         raise NetworkError(f"--bridge-secret {path}: expected {{\"user\": NAME, \"password\": SECRET}}")
     return user, password
-
-
-def bridge_acl(queues: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(kind, pattern, rights) the bridge user needs on each broker: to consume and produce
-    the forwarded queues (and create them), and to read the advisories that tell it where
-    consumers are. It and the administrator are the only users who may write advisories."""
-    names = forwarded_names(queues) or [">"]
-    return [*(("queue", n, "read,write,admin") for n in names),
-            ("topic", ADVISORY_PATTERN, "read,write,admin")]
 
 
 def connectors_xml(cfg: NetworkConfig, name: str, user: str | None, password: str | None,
