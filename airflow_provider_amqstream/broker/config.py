@@ -153,7 +153,6 @@ def render_config(data_dir: Path, *, port: int, auth: bool, tls_port: int | None
     created = False
     auth_xml = caps_xml = ""
     bridge = bridge_credentials(network.bridge_secret) if network.active and network.bridge_secret else None
-    bridge_user, bridge_password = bridge or (None, None)
     pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
     text = (pkg / "activemq.xml.tmpl").read_text()
     if auth:
@@ -195,7 +194,7 @@ def render_config(data_dir: Path, *, port: int, auth: bool, tls_port: int | None
         bind=HOST, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
         waiting_caps=caps_xml + offers_xml,
         advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, HOST),
-        network_connectors=connectors_xml(network, f"amqstream-{port}", bridge_user, bridge_password, xml_attr),
+        network_connectors=connectors_xml(network, f"amqstream-{port}", bridge, xml_attr),
     )
     _write_private(conf / "activemq.xml", xml)
     (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())

@@ -144,12 +144,12 @@ def bridge_credentials(path: Path) -> tuple[str, str]:
     return user, password
 
 
-def connectors_xml(cfg: NetworkConfig, name: str, user: str | None, password: str | None,
-                   attr: Any) -> str:
-    """``<networkConnectors>`` for ``cfg.peers`` (``attr`` escapes XML attribute values)."""
+def connectors_xml(cfg: NetworkConfig, name: str, bridge: tuple[str, str] | None, attr: Any) -> str:
+    """``<networkConnectors>`` for ``cfg.peers``, logging in as ``bridge`` (name, password); ``attr``
+    escapes XML attribute values."""
     if not cfg.peers:
         return ""
-    creds = f' userName="{attr(user)}" password="{attr(password)}"' if user else ""
+    creds = f' userName="{attr(bridge[0])}" password="{attr(bridge[1])}"' if bridge else ""
     include = "".join(f'<queue physicalName="{attr(n)}"/>' for n in forwarded_names(cfg.queues))
     blocks = []
     for i, peer in enumerate(cfg.peers):
