@@ -92,9 +92,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     # No network option given: the network this data dir was last started with.
     broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, tls_port=args.tls_port,
                             network=network if network != NetworkConfig() else None)
-    if args.action == "start":
+    if args.action in ("start", "restart"):
+        if args.action == "restart":
+            broker.stop()
         info, created = broker.start()
-        print(f"broker running: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
+        print(f"broker {'restarted' if args.action == 'restart' else 'running'}: pid {info.pid}, "
+              f"stomp://{info.host}:{info.port}, data in {info.data_dir}")
         if info.tls_port:
             print(f"  TLS: stomp+ssl://{info.host}:{info.tls_port}, certificate {info.ca_file}")
         net = broker.network
@@ -110,11 +113,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
         return 0
     if args.action == "stop":
         print("broker stopped" if broker.stop() else "broker was not running")
-        return 0
-    if args.action == "restart":
-        broker.stop()
-        info, _ = broker.start()
-        print(f"broker restarted: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
         return 0
     if args.action == "uri":
         info = broker.info()
