@@ -155,30 +155,25 @@ class _BatchProgress:
     """Progress of a many-file send on stderr: files done/total, bytes, recent MiB/s of this run."""
 
     def __init__(self) -> None:
-        from airflow_provider_amqstream.engine.progress import RecentRate
+        from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 
         self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.ended = False
+        # Paced by files: a batch ends when every file is sent or failed, whatever bytes that took.
+        self.meter = ProgressMeter(0.2 if self.tty else 10.0)
         self.rate = RecentRate()
 
     def __call__(self, st: Any) -> None:
-        if self.ended:
+        rate = self.rate.add(time.monotonic(), st.bytes_done)
+        rep = self.meter.reading(st.files_done + st.failed, st.files_total)
+        if rep is None:
             return
-        now = time.monotonic()
-        rate = self.rate.add(now, st.bytes_done)
-        final = st.files_done + st.failed >= st.files_total
-        if not final and now - self.last < (0.2 if self.tty else 10.0):
-            return
-        self.last = now
         shown = f", {rate / 2**20:,.1f} MiB/s" if rate is not None else ""
         line = (f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
                 f"{st.bytes_total / 2**20:,.1f} MiB{shown}")
         if self.tty:
-            sys.stderr.write("\r" + line + ("\n" if final else ""))
+            sys.stderr.write("\r" + line + ("\n" if rep.final else ""))
         else:
             sys.stderr.write(line + "\n")
-        self.ended = final
         sys.stderr.flush()
 
 
