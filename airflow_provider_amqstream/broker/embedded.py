@@ -109,8 +109,7 @@ class EmbeddedBroker:
         self.ca_file = self.data_dir / CA_FILE
         self.users_file = self.data_dir / USERS_FILE
         # None: the network this data dir was last started with, if any (restart keeps it).
-        self.network = network if network is not None else (NetworkConfig.remembered(self.data_dir)
-                                                             or NetworkConfig())
+        self.network = network if network is not None else NetworkConfig.remembered(self.data_dir)
         self.port = port if port is not None else self._remembered("broker.port") or DEFAULT_PORT
         self.tls_port = tls_port if tls_port is not None else self._remembered("broker.tls_port")
         self.auth = auth

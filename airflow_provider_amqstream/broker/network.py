@@ -102,8 +102,8 @@ class NetworkConfig:
         return bool(self.openwire_tls_port or any(p.startswith("ssl://") for p in self.peers))
 
     @classmethod
-    def remembered(cls, data_dir: Path) -> NetworkConfig | None:
-        """The network a broker was last started with (``broker restart`` keeps it)."""
+    def remembered(cls, data_dir: Path) -> NetworkConfig:
+        """The network a broker was last started with (``broker restart`` keeps it), if any."""
         try:
             data = json.loads((data_dir / NETWORK_FILE).read_text())
             secret = data.get("bridge_secret")
@@ -112,7 +112,7 @@ class NetworkConfig:
                        openwire_tls_port=data.get("openwire_tls_port"),
                        peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
         except FileNotFoundError:
-            return None
+            return cls()
         except (OSError, ValueError) as exc:
             raise NetworkError(f"{data_dir / NETWORK_FILE} is unreadable ({exc}); start with the network "
                                "options again") from exc
