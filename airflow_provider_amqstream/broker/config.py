@@ -147,9 +147,8 @@ def render_config(data_dir: Path, *, port: int, auth: bool, tls_port: int | None
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(data_dir, 0o700)
     conf = data_dir / "conf"
-    conf.mkdir(parents=True, exist_ok=True)
-    (data_dir / "data").mkdir(exist_ok=True)
-    (data_dir / "tmp").mkdir(exist_ok=True)
+    for sub in (conf, data_dir / "data", data_dir / "tmp"):
+        sub.mkdir(exist_ok=True)
     created = False
     auth_xml = caps_xml = ""
     bridge = bridge_credentials(network.bridge_secret) if network.active and network.bridge_secret else None

@@ -51,11 +51,8 @@ from airflow_provider_amqstream.protocol.headers import DEFAULT_PORT
 
 def default_data_dir() -> Path:
     """Where the embedded broker keeps its config, KahaDB and pid unless told otherwise."""
-    env = os.environ.get("AMQSTREAM_BROKER_DIR")
-    if env:
-        return Path(env)
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "amqstream" / "broker"
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return Path(os.environ.get("AMQSTREAM_BROKER_DIR") or state / "amqstream" / "broker")
 
 
 @dataclass(frozen=True)
@@ -141,9 +138,7 @@ class EmbeddedBroker:
             destination it sends to (default 1,000; the broker refuses more).
         """
         user = new_user(name, send=send, receive=receive, password=password, max_waiting=max_waiting)
-        users = self.users()
-        users[name] = user
-        write_users(self.data_dir, users)
+        write_users(self.data_dir, {**self.users(), name: user})
         return self.info(user=name)
 
     def remove_user(self, name: str) -> bool:

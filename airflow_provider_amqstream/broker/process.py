@@ -3,6 +3,7 @@ stopping it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -148,11 +149,9 @@ def running_pid(pid_file: Path, data_dir: Path) -> int | None:
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            # Reap it if it is our child, so it does not linger as a zombie.
+        # Reap it if it is our child, so it does not linger as a zombie.
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
