@@ -45,13 +45,17 @@ class _Progress:
         rate = f" {rep.rate / 2**20:,.1f} MiB/s" if rep.rate is not None else ""
         if self.tty:
             bar = "#" * int(rep.percent / 4)
-            sys.stderr.write(f"\r{self.label} [{bar:<25}] {rep.percent:5.1f}% {done / 2**20:,.1f}/"
-                             f"{total / 2**20:,.1f} MiB{rate}\x1b[K")
-            if rep.final:
-                sys.stderr.write("\n")
+            line = (f"{self.label} [{bar:<25}] {rep.percent:5.1f}% {done / 2**20:,.1f}/"
+                    f"{total / 2**20:,.1f} MiB{rate}")
         else:
-            sys.stderr.write(f"{self.label}: {rep.percent:5.1f}% {done}/{total} bytes{rate}\n")
-        sys.stderr.flush()
+            line = f"{self.label}: {rep.percent:5.1f}% {done}/{total} bytes{rate}"
+        _show(line, tty=self.tty, final=rep.final)
+
+
+def _show(line: str, *, tty: bool, final: bool) -> None:
+    """A progress line on stderr: rewritten in place on a terminal, one after another in logs."""
+    sys.stderr.write((f"\r{line}\x1b[K" + ("\n" if final else "")) if tty else line + "\n")
+    sys.stderr.flush()
 
 
 def _print_result(res: Any, as_json: bool, verb: str) -> None:
@@ -168,13 +172,8 @@ class _BatchProgress:
         if rep is None:
             return
         shown = f", {rate / 2**20:,.1f} MiB/s" if rate is not None else ""
-        line = (f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
-                f"{st.bytes_total / 2**20:,.1f} MiB{shown}")
-        if self.tty:
-            sys.stderr.write("\r" + line + ("\n" if rep.final else ""))
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        _show(f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
+              f"{st.bytes_total / 2**20:,.1f} MiB{shown}", tty=self.tty, final=rep.final)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
