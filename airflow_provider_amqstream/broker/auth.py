@@ -128,9 +128,7 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
         # a plain message a user wrote to ActiveMQ.Advisory.Consumer.Queue.NAME reached the
         # bridge as a consumer advisory and shut it down (NullPointerException at the other
         # site, the bridge rebuilt and shut down again for every such message).
-        advisories = entries[ADVISORY_TOPICS]
-        for name in users:
-            advisories["admin"].add(f"amqs-user-{name}")
+        entries[ADVISORY_TOPICS]["admin"].update(f"amqs-user-{name}" for name in users)
     for (kind, pattern), groups in sorted(entries.items()):
         attrs = " ".join(f'{r}="{xml_attr(",".join(sorted(groups[r] | {ADMIN_GROUP})))}"'
                          for r in ("read", "write", "admin"))

@@ -1,6 +1,6 @@
-"""What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its
-settings, and the secrets that file names, kept in its data directory: the TLS keystore
-and the trust store for ``ssl://`` peers, the administrator's credentials and the users.
+"""What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its settings,
+and the secrets that file names: the TLS keystore, the trust store for ``ssl://`` peers, the
+administrator's credentials and the users (in its data directory) and a network's bridge user.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.broker.auth import USER_NAME, auth_plugins, parse_grant, waiting_caps, xml_attr
-from airflow_provider_amqstream.broker.network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
+from airflow_provider_amqstream.broker.network import NetworkConfig, connectors_xml, openwire_xml
 from airflow_provider_amqstream.broker.process import broker_jar, keytool_binary
-from airflow_provider_amqstream.exceptions import BrokerError
+from airflow_provider_amqstream.exceptions import BrokerError, NetworkError
 
 DEFAULT_USER = "amqstream"
+DEFAULT_BRIDGE_USER = "amqs-bridge"
 # Every listener of the embedded broker, and its clients, on loopback only.
 HOST = "127.0.0.1"
 # Where, below the data directory, the secrets live (all mode 0600).
@@ -127,16 +128,37 @@ def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str
 
 def credentials(data_dir: Path) -> tuple[str, str, bool]:
     """Return (user, password, created_now); the password is generated once."""
-    creds_file = data_dir / CREDENTIALS_FILE
-    if creds_file.is_file():
-        data = json.loads(creds_file.read_text())
-        return data["user"], data["password"], False
-    password = _new_password()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"user": DEFAULT_USER, "password": password}, fh)
-    return DEFAULT_USER, password, True
+    data, created = _login_file(data_dir / CREDENTIALS_FILE, {"user": DEFAULT_USER, "password": _new_password()})
+    return data["user"], data["password"], created
+
+
+def _login_file(path: Path, new: dict[str, str]) -> tuple[dict[str, Any], bool]:
+    """The JSON in ``path``, or ``new`` written there first (mode 0600) if it is missing; and
+    whether it was written now."""
+    try:
+        return json.loads(path.read_text()), False
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another broker of this machine made it just now
+            return _login_file(path, new)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(new, fh)
+        return new, True
+
+
+def bridge_credentials(path: Path) -> tuple[str, str]:
+    """The bridge user's (name, password) from ``path``, made there first if it is missing."""
+    try:
+        data, _ = _login_file(path, {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)})
+    except (OSError, ValueError) as exc:
+        raise NetworkError(f"--bridge-secret {path}: unreadable ({exc})") from exc
+    user, password = data.get("user"), data.get("password")
+    if not (isinstance(user, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", user) and isinstance(password, str)
+            and password):
+        raise NetworkError(f"--bridge-secret {path}: expected {{\"user\": NAME, \"password\": SECRET}}")
+    return user, password
 
 
 def render_config(data_dir: Path, *, port: int, auth: bool, tls_port: int | None, store_dir: Path,

@@ -22,9 +22,7 @@ This module only renders configuration; :mod:`airflow_provider_amqstream.broker.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,7 +31,6 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import NetworkError, ProtocolError
 from airflow_provider_amqstream.protocol.names import Destination
 
-DEFAULT_BRIDGE_USER = "amqs-bridge"
 NETWORK_FILE = "network.json"
 _URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
 
@@ -120,28 +117,6 @@ class NetworkConfig:
     def remember(self, data_dir: Path) -> None:
         # Paths as text, tuples as lists: the file remembered reads.
         (data_dir / NETWORK_FILE).write_text(json.dumps(asdict(self), default=str))
-
-
-def bridge_credentials(path: Path) -> tuple[str, str]:
-    """The bridge user's (name, password) from ``path``, made there first if it is missing."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)}
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another broker of this machine made it just now
-            return bridge_credentials(path)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-    except (OSError, ValueError) as exc:
-        raise NetworkError(f"--bridge-secret {path}: unreadable ({exc})") from exc
-    user, password = data.get("user"), data.get("password")
-    if not (isinstance(user, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", user) and isinstance(password, str)
-            and password):
-        raise NetworkError(f"--bridge-secret {path}: expected {{\"user\": NAME, \"password\": SECRET}}")
-    return user, password
 
 
 def connectors_xml(cfg: NetworkConfig, name: str, bridge: tuple[str, str] | None, attr: Any) -> str:
