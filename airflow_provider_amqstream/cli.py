@@ -187,7 +187,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import SendOptions
+    from airflow_provider_amqstream.engine import SendOptions, iter_files, send_file, send_files
 
     single = len(args.path) == 1 and not args.recursive and os.path.isfile(args.path[0])
     options = SendOptions(chunk_size=args.chunk_size, window=args.window, mode=args.mode, restart=args.restart,
@@ -197,13 +197,9 @@ def cmd_send(args: argparse.Namespace) -> int:
                           progress=_Progress(f"send {os.path.basename(args.path[0])}")
                           if single and not args.quiet else None)
     if single:
-        from airflow_provider_amqstream.engine import send_file
-
         res = send_file(_params(args), args.path[0], args.to, options, stream_id=args.stream_id)
         _print_result(res, args.json, "sent")
         return 0
-    from airflow_provider_amqstream.engine import iter_files, send_files
-
     if args.stream_id:
         raise ValueError("--stream-id names one stream; it cannot be used with several files")
     files = iter_files(args.path, recursive=args.recursive)
