@@ -45,13 +45,17 @@ class _Progress:
         rate = f" {rep.rate / 2**20:,.1f} MiB/s" if rep.rate is not None else ""
         if self.tty:
             bar = "#" * int(rep.percent / 4)
-            sys.stderr.write(f"\r{self.label} [{bar:<25}] {rep.percent:5.1f}% {done / 2**20:,.1f}/"
-                             f"{total / 2**20:,.1f} MiB{rate}\x1b[K")
-            if rep.final:
-                sys.stderr.write("\n")
+            line = (f"{self.label} [{bar:<25}] {rep.percent:5.1f}% {done / 2**20:,.1f}/"
+                    f"{total / 2**20:,.1f} MiB{rate}")
         else:
-            sys.stderr.write(f"{self.label}: {rep.percent:5.1f}% {done}/{total} bytes{rate}\n")
-        sys.stderr.flush()
+            line = f"{self.label}: {rep.percent:5.1f}% {done}/{total} bytes{rate}"
+        _show(line, tty=self.tty, final=rep.final)
+
+
+def _show(line: str, *, tty: bool, final: bool) -> None:
+    """A progress line on stderr: rewritten in place on a terminal, one after another in logs."""
+    sys.stderr.write((f"\r{line}\x1b[K" + ("\n" if final else "")) if tty else line + "\n")
+    sys.stderr.flush()
 
 
 def _print_result(res: Any, as_json: bool, verb: str) -> None:
@@ -81,21 +85,23 @@ def _print_result(res: Any, as_json: bool, verb: str) -> None:
 def cmd_broker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from airflow_provider_amqstream.broker.config import HOST
     from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
     from airflow_provider_amqstream.broker.network import NetworkConfig
 
-    network = None
-    if (args.openwire_port or args.openwire_tls_port or args.network_to or args.bridge_secret
-            or args.network_queue or args.network_ca):
-        network = NetworkConfig(openwire_port=args.openwire_port, peers=tuple(args.network_to or ()),
-                                bridge_secret=Path(args.bridge_secret) if args.bridge_secret else None,
-                                queues=tuple(args.network_queue or ()), openwire_tls_port=args.openwire_tls_port,
-                                peer_cas=tuple(Path(c) for c in args.network_ca or ()))
-    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, heap_mb=args.heap_mb,
-                            tls_port=args.tls_port, network=network)
-    if args.action == "start":
+    network = NetworkConfig(openwire_port=args.openwire_port, peers=tuple(args.network_to or ()),
+                            bridge_secret=Path(args.bridge_secret) if args.bridge_secret else None,
+                            queues=tuple(args.network_queue or ()), openwire_tls_port=args.openwire_tls_port,
+                            peer_cas=tuple(Path(c) for c in args.network_ca or ()))
+    # No network option given: the network this data dir was last started with.
+    broker = EmbeddedBroker(args.data_dir, port=args.port, auth=not args.no_auth, tls_port=args.tls_port,
+                            network=network if network != NetworkConfig() else None)
+    if args.action in ("start", "restart"):
+        if args.action == "restart":
+            broker.stop()
         info, created = broker.start()
-        print(f"broker running: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
+        print(f"broker {'restarted' if args.action == 'restart' else 'running'}: pid {info.pid}, "
+              f"stomp://{info.host}:{info.port}, data in {info.data_dir}")
         if info.tls_port:
             print(f"  TLS: stomp+ssl://{info.host}:{info.tls_port}, certificate {info.ca_file}")
         net = broker.network
@@ -112,18 +118,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "stop":
         print("broker stopped" if broker.stop() else "broker was not running")
         return 0
-    if args.action == "restart":
-        broker.stop()
-        info, _ = broker.start()
-        print(f"broker restarted: pid {info.pid}, stomp://{info.host}:{info.port}, data in {info.data_dir}")
-        return 0
     if args.action == "uri":
         info = broker.info()
         print(info.tls_uri if args.tls and info.tls_uri else info.uri)
         return 0
     pid = broker.running_pid()
     if pid is not None and broker.port_open():
-        print(f"running: pid {pid}, stomp://{broker.bind}:{broker.port}, data in {broker.data_dir}")
+        print(f"running: pid {pid}, stomp://{HOST}:{broker.port}, data in {broker.data_dir}")
         return 0
     print(f"not running (data dir {broker.data_dir})")
     return 1
@@ -132,7 +133,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_users(args: argparse.Namespace) -> int:
     from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
-    broker = EmbeddedBroker(args.data_dir, port=args.port)
+    broker = EmbeddedBroker(args.data_dir)
     if args.action == "list":
         for name, info in sorted(broker.users().items()):
             print(f"{name}: send {', '.join(info['send']) or '-'}; receive {', '.join(info['receive']) or '-'}")
@@ -158,31 +159,21 @@ class _BatchProgress:
     """Progress of a many-file send on stderr: files done/total, bytes, recent MiB/s of this run."""
 
     def __init__(self) -> None:
-        from airflow_provider_amqstream.engine.progress import RecentRate
+        from airflow_provider_amqstream.engine.progress import ProgressMeter, RecentRate
 
         self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.ended = False
+        # Paced by files: a batch ends when every file is sent or failed, whatever bytes that took.
+        self.meter = ProgressMeter(0.2 if self.tty else 10.0)
         self.rate = RecentRate()
 
     def __call__(self, st: Any) -> None:
-        if self.ended:
+        rate = self.rate.add(time.monotonic(), st.bytes_done)
+        rep = self.meter.reading(st.files_done + st.failed, st.files_total)
+        if rep is None:
             return
-        now = time.monotonic()
-        rate = self.rate.add(now, st.bytes_done)
-        final = st.files_done + st.failed >= st.files_total
-        if not final and now - self.last < (0.2 if self.tty else 10.0):
-            return
-        self.last = now
         shown = f", {rate / 2**20:,.1f} MiB/s" if rate is not None else ""
-        line = (f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
-                f"{st.bytes_total / 2**20:,.1f} MiB{shown}")
-        if self.tty:
-            sys.stderr.write("\r" + line + ("\n" if final else ""))
-        else:
-            sys.stderr.write(line + "\n")
-        self.ended = final
-        sys.stderr.flush()
+        _show(f"send: {st.files_done}/{st.files_total} files, {st.bytes_done / 2**20:,.1f}/"
+              f"{st.bytes_total / 2**20:,.1f} MiB{shown}", tty=self.tty, final=rep.final)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -196,7 +187,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from airflow_provider_amqstream.engine import SendOptions
+    from airflow_provider_amqstream.engine import SendOptions, iter_files, send_file, send_files
 
     single = len(args.path) == 1 and not args.recursive and os.path.isfile(args.path[0])
     options = SendOptions(chunk_size=args.chunk_size, window=args.window, mode=args.mode, restart=args.restart,
@@ -206,13 +197,9 @@ def cmd_send(args: argparse.Namespace) -> int:
                           progress=_Progress(f"send {os.path.basename(args.path[0])}")
                           if single and not args.quiet else None)
     if single:
-        from airflow_provider_amqstream.engine import send_file
-
         res = send_file(_params(args), args.path[0], args.to, options, stream_id=args.stream_id)
         _print_result(res, args.json, "sent")
         return 0
-    from airflow_provider_amqstream.engine import iter_files, send_files
-
     if args.stream_id:
         raise ValueError("--stream-id names one stream; it cannot be used with several files")
     files = iter_files(args.path, recursive=args.recursive)
@@ -310,7 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", help="config, KahaDB and logs (default ~/.local/state/amqstream/broker)")
     b.add_argument("--port", type=int, help="STOMP port on 127.0.0.1 (default 61613)")
     b.add_argument("--no-auth", action="store_true", help="allow anonymous clients (not recommended)")
-    b.add_argument("--heap-mb", type=int, default=512, help="broker JVM heap (default 512)")
     b.add_argument("--tls-port", type=int, help="also listen for STOMP over TLS here (certificate generated)")
     b.add_argument("--tls", action="store_true", help="uri: print the TLS URI")
     b.add_argument("--openwire-port", type=int, help="network: also listen for OpenWire (other brokers' bridges, "
@@ -338,7 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--max-waiting", type=int, metavar="N", help="add: streams of this user that may wait at once "
                    "on each destination it sends to (their data queues; default 1000, ~14 KiB of broker heap each)")
     u.add_argument("--data-dir", help="the broker's data dir (default ~/.local/state/amqstream/broker)")
-    u.add_argument("--port", type=int, help="the broker's STOMP port, for the printed URI")
     u.set_defaults(func=cmd_users)
 
     def common(p: argparse.ArgumentParser) -> None:

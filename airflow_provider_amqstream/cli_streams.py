@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from airflow_provider_amqstream.cli_common import CONN_HELP, setup_logging
+from airflow_provider_amqstream.cli_common import CONN_HELP
 from airflow_provider_amqstream.cli_common import broker_params as _params
 from airflow_provider_amqstream.protocol.names import Destination
 
@@ -80,9 +80,7 @@ def _destinations(args: argparse.Namespace, *, one: bool) -> list[str]:
 
     found = list(args.source or [])
     if not found:
-        fields, _ = connection.lookup(args.conn)
-        if "airflow" in sys.modules:
-            setup_logging(args.verbose)  # Airflow's import sends logs to stdout: take them back
+        fields, _ = connection.lookup(args.conn)  # as broker_params did, which took logging back from Airflow
         found = extra_list(fields.extra, "destinations") if fields else []
     if not found:
         raise ConfigurationError("name the destination with --from /queue/NAME (or list them in the connection's "

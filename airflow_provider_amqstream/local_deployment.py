@@ -43,41 +43,32 @@ def hostname() -> str:
     return os.environ.get("AMQSTREAM_HOSTNAME") or LOOPBACK
 
 
-def _loopback_task_handler() -> type:
-    from airflow.utils.log.file_task_handler import FileTaskHandler
-
-    class LoopbackTaskHandler(FileTaskHandler):
-        """Airflow's file task handler, fetching a worker's served log from the one log server
-        on 127.0.0.1 whatever host name the worker recorded (``worker1`` resolves nowhere)."""
-
-        def _get_log_retrieval_url(self, ti: Any, log_relative_path: str, log_type: Any = None) -> Any:
-            url, rel = super()._get_log_retrieval_url(ti, log_relative_path, log_type)
-            if url:
-                parts = urlsplit(url)
-                url = urlunsplit(parts._replace(netloc=f"{LOOPBACK}:{parts.port}"))
-            return url, rel
-
-    return LoopbackTaskHandler
-
-
-def _logging_config() -> dict[str, Any]:
-    import copy
-
-    from airflow.config_templates.airflow_local_settings import DEFAULT_LOGGING_CONFIG
-
-    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
-    config["handlers"]["task"]["class"] = f"{__name__}.LoopbackTaskHandler"
-    return config
-
-
 def __getattr__(name: str) -> Any:
     # Built on first use (``[logging] logging_config_class`` names LOGGING_CONFIG): importing
     # Airflow's logging here would cost every user of this module (the SQLite connect
     # arguments above are read while Airflow configures itself).
     if name == "LOGGING_CONFIG":
-        value: Any = _logging_config()
+        import copy
+
+        from airflow.config_templates.airflow_local_settings import DEFAULT_LOGGING_CONFIG
+
+        value: Any = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+        value["handlers"]["task"]["class"] = f"{__name__}.LoopbackTaskHandler"
     elif name == "LoopbackTaskHandler":
-        value = _loopback_task_handler()
+        from airflow.utils.log.file_task_handler import FileTaskHandler
+
+        class LoopbackTaskHandler(FileTaskHandler):
+            """Airflow's file task handler, fetching a worker's served log from the one log server
+            on 127.0.0.1 whatever host name the worker recorded (``worker1`` resolves nowhere)."""
+
+            def _get_log_retrieval_url(self, ti: Any, log_relative_path: str, log_type: Any = None) -> Any:
+                url, rel = super()._get_log_retrieval_url(ti, log_relative_path, log_type)
+                if url:
+                    parts = urlsplit(url)
+                    url = urlunsplit(parts._replace(netloc=f"{LOOPBACK}:{parts.port}"))
+                return url, rel
+
+        value = LoopbackTaskHandler
     else:
         raise AttributeError(name)
     globals()[name] = value

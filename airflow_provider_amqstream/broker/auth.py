@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_amqstream.broker.network import ADVISORY_PATTERN, BRIDGE_GROUP, bridge_acl
+from airflow_provider_amqstream.broker.network import forwarded_names
 from airflow_provider_amqstream.exceptions import BrokerError, ProtocolError
 from airflow_provider_amqstream.protocol.names import Destination, owner_element
 
@@ -21,7 +21,9 @@ def xml_attr(value: str) -> str:
 
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ADMIN_GROUP = "amqstream"
-ADVISORY_TOPICS = ("topic", ADVISORY_PATTERN)
+BRIDGE_GROUP = "amqs-bridge"
+# Every advisory topic. Only the bridge (and the administrator) may read or write them.
+ADVISORY_TOPICS = ("topic", "ActiveMQ.Advisory.>")
 # How many data queues (streams offered and not yet taken, plus queues emptied less than a
 # minute ago) one user may have at once on each destination it may send to: the broker
 # refuses the next. Each costs the broker ~14 KiB of heap whatever it holds, so without a
@@ -112,7 +114,11 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
     # whose pattern matches, so the per-user entries only ever add rights.
     acl = [f'              <authorizationEntry {k}=">" read="{ADMIN_GROUP}" write="{ADMIN_GROUP}" '
            f'admin="{ADMIN_GROUP}"/>' for k in ("queue", "topic")]
-    entries = acl_entries(users, bridge=bridge_acl(forwarded) if bridge else ())
+    # The bridge user consumes and produces the forwarded queues (and creates them), and reads
+    # the advisories that tell it where consumers are.
+    bridged = [*(("queue", n, "read,write,admin") for n in forwarded_names(forwarded) or [">"]),
+               (*ADVISORY_TOPICS, "read,write,admin")] if bridge else []
+    entries = acl_entries(users, bridge=bridged)
     if bridge:
         # With advisories on, the broker raises one for each destination and consumer a user
         # creates, and creates the advisory's topic in that user's name: without admin there
@@ -122,9 +128,7 @@ def auth_plugins(user: str, password: str, users: Mapping[str, Mapping[str, Any]
         # a plain message a user wrote to ActiveMQ.Advisory.Consumer.Queue.NAME reached the
         # bridge as a consumer advisory and shut it down (NullPointerException at the other
         # site, the bridge rebuilt and shut down again for every such message).
-        advisories = entries[ADVISORY_TOPICS]
-        for name in users:
-            advisories["admin"].add(f"amqs-user-{name}")
+        entries[ADVISORY_TOPICS]["admin"].update(f"amqs-user-{name}" for name in users)
     for (kind, pattern), groups in sorted(entries.items()):
         attrs = " ".join(f'{r}="{xml_attr(",".join(sorted(groups[r] | {ADMIN_GROUP})))}"'
                          for r in ("read", "write", "admin"))

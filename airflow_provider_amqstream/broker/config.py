@@ -1,11 +1,10 @@
-"""What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its
-settings, and the secrets that file names, kept in its data directory: the TLS keystore
-and the trust store for ``ssl://`` peers, the administrator's credentials and the users.
+"""What the embedded broker is configured with: ``conf/activemq.xml`` rendered from its settings,
+and the secrets that file names: the TLS keystore, the trust store for ``ssl://`` peers, the
+administrator's credentials and the users (in its data directory) and a network's bridge user.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -20,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.broker.auth import USER_NAME, auth_plugins, parse_grant, waiting_caps, xml_attr
-from airflow_provider_amqstream.broker.network import NetworkConfig, bridge_credentials, connectors_xml, openwire_xml
+from airflow_provider_amqstream.broker.network import NetworkConfig, connectors_xml, openwire_xml
 from airflow_provider_amqstream.broker.process import broker_jar, keytool_binary
-from airflow_provider_amqstream.exceptions import BrokerError
+from airflow_provider_amqstream.exceptions import BrokerError, NetworkError
 
 DEFAULT_USER = "amqstream"
+DEFAULT_BRIDGE_USER = "amqs-bridge"
+# Every listener of the embedded broker, and its clients, on loopback only.
+HOST = "127.0.0.1"
 # Where, below the data directory, the secrets live (all mode 0600).
 CREDENTIALS_FILE = "credentials.json"
 USERS_FILE = "users.json"
@@ -72,7 +74,7 @@ def write_users(data_dir: Path, users: Mapping[str, Any]) -> None:
     _write_private(data_dir / USERS_FILE, json.dumps({"users": dict(users)}, indent=1))
 
 
-def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
+def keystore(data_dir: Path) -> tuple[Path, str]:
     """A PKCS12 keystore with a self-signed certificate for localhost/127.0.0.1,
     made once with the JDK's keytool; the certificate is exported for clients."""
     tls = data_dir / "tls"
@@ -84,7 +86,7 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
     password = secrets.token_urlsafe(18)
     common = ["-keystore", str(store), "-storetype", "PKCS12", "-storepass", password]
     subprocess.run([keytool, "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
-                    "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={certificate_names(bind)}",
+                    "-validity", "825", "-dname", "CN=localhost", "-ext", f"SAN={certificate_names()}",
                     "-keypass", password, *common], check=True, capture_output=True, timeout=60)
     subprocess.run([keytool, "-exportcert", "-alias", "broker", "-rfc", "-file", str(data_dir / CA_FILE), *common],
                    check=True, capture_output=True, timeout=60)
@@ -93,19 +95,12 @@ def keystore(data_dir: Path, bind: str) -> tuple[Path, str]:
     return store, password
 
 
-def certificate_names(bind: str) -> str:
-    """Subject names for the generated certificate: loopback, this host's names (a
-    remote site's bridge verifies the name it dialled), and the bind address."""
+def certificate_names() -> str:
+    """Subject names for the generated certificate: loopback and this host's names (a
+    remote site's bridge verifies the name it dialled)."""
     dns = {"localhost", socket.gethostname(), socket.getfqdn()}
-    ips = {"127.0.0.1"}
-    if bind not in ("0.0.0.0", "::", ""):
-        try:
-            ipaddress.ip_address(bind)
-            ips.add(bind)
-        except ValueError:
-            dns.add(bind)
     names = [f"dns:{n}" for n in sorted(dns) if n and re.fullmatch(r"[A-Za-z0-9.-]+", n)]
-    return ",".join(names + [f"ip:{ip}" for ip in sorted(ips)])
+    return ",".join([*names, f"ip:{HOST}"])
 
 
 def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str]:
@@ -133,19 +128,40 @@ def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str
 
 def credentials(data_dir: Path) -> tuple[str, str, bool]:
     """Return (user, password, created_now); the password is generated once."""
-    creds_file = data_dir / CREDENTIALS_FILE
-    if creds_file.is_file():
-        data = json.loads(creds_file.read_text())
-        return data["user"], data["password"], False
-    password = _new_password()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"user": DEFAULT_USER, "password": password}, fh)
-    return DEFAULT_USER, password, True
+    data, created = _login_file(data_dir / CREDENTIALS_FILE, {"user": DEFAULT_USER, "password": _new_password()})
+    return data["user"], data["password"], created
 
 
-def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port: int | None, store_dir: Path,
+def _login_file(path: Path, new: dict[str, str]) -> tuple[dict[str, Any], bool]:
+    """The JSON in ``path``, or ``new`` written there first (mode 0600) if it is missing; and
+    whether it was written now."""
+    try:
+        return json.loads(path.read_text()), False
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another broker of this machine made it just now
+            return _login_file(path, new)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(new, fh)
+        return new, True
+
+
+def bridge_credentials(path: Path) -> tuple[str, str]:
+    """The bridge user's (name, password) from ``path``, made there first if it is missing."""
+    try:
+        data, _ = _login_file(path, {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)})
+    except (OSError, ValueError) as exc:
+        raise NetworkError(f"--bridge-secret {path}: unreadable ({exc})") from exc
+    user, password = data.get("user"), data.get("password")
+    if not (isinstance(user, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", user) and isinstance(password, str)
+            and password):
+        raise NetworkError(f"--bridge-secret {path}: expected {{\"user\": NAME, \"password\": SECRET}}")
+    return user, password
+
+
+def render_config(data_dir: Path, *, port: int, auth: bool, tls_port: int | None, store_dir: Path,
                   network: NetworkConfig) -> tuple[Path, bool]:
     """Write conf/activemq.xml and conf/log4j.properties; return (conf dir, creds created)."""
     # The data dir holds the credentials and every stored message (KahaDB's journal):
@@ -153,13 +169,11 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(data_dir, 0o700)
     conf = data_dir / "conf"
-    conf.mkdir(parents=True, exist_ok=True)
-    (data_dir / "data").mkdir(exist_ok=True)
-    (data_dir / "tmp").mkdir(exist_ok=True)
+    for sub in (conf, data_dir / "data", data_dir / "tmp"):
+        sub.mkdir(exist_ok=True)
     created = False
     auth_xml = caps_xml = ""
     bridge = bridge_credentials(network.bridge_secret) if network.active and network.bridge_secret else None
-    bridge_user, bridge_password = bridge or (None, None)
     pkg = resources.files("airflow_provider_amqstream") / "broker" / "conf"
     text = (pkg / "activemq.xml.tmpl").read_text()
     if auth:
@@ -175,7 +189,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     store_mb = max(512, int(free * 0.9 / 2**20))
     ssl_xml = tls_xml = ""
     if tls_port or network.needs_tls:
-        store, store_pw = keystore(data_dir, bind)
+        store, store_pw = keystore(data_dir)
         trust = ""
         if network.peer_cas:
             peers_store, trust_pw = trust_store(data_dir, network.peer_cas)
@@ -184,7 +198,7 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
         ssl_xml = (f'    <sslContext><sslContext keyStore="file:{xml_attr(str(store))}" '
                    f'keyStorePassword="{xml_attr(store_pw)}" keyStoreType="pkcs12"{trust}/></sslContext>')
     if tls_port:
-        tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{bind}:{tls_port}'
+        tls_xml = (f'      <transportConnector name="stomp+ssl" uri="stomp+ssl://{HOST}:{tls_port}'
                    f'?transport.tcpNoDelay=true&amp;{IO_BUFFERS}&amp;wireFormat.maxDataLength=9437184'
                    '&amp;transport.hbGracePeriodMultiplier=2.5"/>')
     store_xml = offers_xml = ""
@@ -198,10 +212,10 @@ def render_config(data_dir: Path, *, port: int, bind: str, auth: bool, tls_port:
     xml = string.Template(text).safe_substitute(
         broker_name=f"amqstream-{port}", data_dir=str(data_dir / "data"),
         store_dir=str(store_dir), store_limit=f"{store_mb} mb", auth_plugins=auth_xml, store_plugin=store_xml,
-        bind=bind, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
+        bind=HOST, port=port, ssl_context=ssl_xml, tls_connector=tls_xml, io_buffers=IO_BUFFERS,
         waiting_caps=caps_xml + offers_xml,
-        advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, bind),
-        network_connectors=connectors_xml(network, f"amqstream-{port}", bridge_user, bridge_password, xml_attr),
+        advisory="true" if network.active else "false", openwire_connector=openwire_xml(network, HOST),
+        network_connectors=connectors_xml(network, f"amqstream-{port}", bridge, xml_attr),
     )
     _write_private(conf / "activemq.xml", xml)
     (conf / "log4j.properties").write_text((pkg / "log4j.properties").read_text())

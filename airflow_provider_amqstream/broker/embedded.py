@@ -20,12 +20,13 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 from airflow_provider_amqstream.broker.config import (
     CA_FILE,
     CREDENTIALS_FILE,
+    HOST,
     USERS_FILE,
     new_user,
     read_users,
@@ -47,16 +48,11 @@ from airflow_provider_amqstream.broker.process import (
 from airflow_provider_amqstream.exceptions import BrokerError
 from airflow_provider_amqstream.protocol.headers import DEFAULT_PORT
 
-_D = TypeVar("_D", int, None)
-
 
 def default_data_dir() -> Path:
     """Where the embedded broker keeps its config, KahaDB and pid unless told otherwise."""
-    env = os.environ.get("AMQSTREAM_BROKER_DIR")
-    if env:
-        return Path(env)
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "amqstream" / "broker"
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return Path(os.environ.get("AMQSTREAM_BROKER_DIR") or state / "amqstream" / "broker")
 
 
 @dataclass(frozen=True)
@@ -95,13 +91,13 @@ class EmbeddedBroker:
     """Start, stop and inspect one ActiveMQ process bound to a data directory.
 
     :param data_dir: directory for config, KahaDB, logs and pid file.
-    :param port: STOMP port on loopback.
+    :param port: STOMP port on loopback (:data:`~airflow_provider_amqstream.broker.config.HOST`).
     :param auth: require a user name and password (generated on first start).
     :param network: join a network of brokers (see :mod:`~airflow_provider_amqstream.broker.network`).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
-                 auth: bool = True, bind: str = "127.0.0.1", heap_mb: int = 512, tls_port: int | None = None,
+                 auth: bool = True, tls_port: int | None = None,
                  store_dir: str | os.PathLike[str] | None = None, network: NetworkConfig | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
         self.pid_file = self.data_dir / "broker.pid"
@@ -110,22 +106,19 @@ class EmbeddedBroker:
         self.ca_file = self.data_dir / CA_FILE
         self.users_file = self.data_dir / USERS_FILE
         # None: the network this data dir was last started with, if any (restart keeps it).
-        self.network = network if network is not None else (NetworkConfig.remembered(self.data_dir)
-                                                             or NetworkConfig())
-        self.port = port if port is not None else self._remembered("broker.port", DEFAULT_PORT)
-        self.tls_port = tls_port if tls_port is not None else self._remembered("broker.tls_port", None)
+        self.network = network if network is not None else NetworkConfig.remembered(self.data_dir)
+        self.port = port if port is not None else self._remembered("broker.port") or DEFAULT_PORT
+        self.tls_port = tls_port if tls_port is not None else self._remembered("broker.tls_port")
         self.auth = auth
-        self.bind = bind
-        self.heap_mb = heap_mb
         # Two brokers given the same store_dir form a shared-store master/slave pair: the
         # one holding the KahaDB lock serves, the other waits to take over.
         self.store_dir = Path(store_dir) if store_dir else self.data_dir / "data" / "kahadb"
 
-    def _remembered(self, name: str, default: _D) -> int | _D:
+    def _remembered(self, name: str) -> int | None:
         try:
             return int((self.data_dir / name).read_text().strip())
         except (OSError, ValueError):
-            return default
+            return None
 
     # -- users and configuration --------------------------------------------------
     def users(self) -> dict[str, dict[str, Any]]:
@@ -145,9 +138,7 @@ class EmbeddedBroker:
             destination it sends to (default 1,000; the broker refuses more).
         """
         user = new_user(name, send=send, receive=receive, password=password, max_waiting=max_waiting)
-        users = self.users()
-        users[name] = user
-        write_users(self.data_dir, users)
+        write_users(self.data_dir, {**self.users(), name: user})
         return self.info(user=name)
 
     def remove_user(self, name: str) -> bool:
@@ -159,7 +150,7 @@ class EmbeddedBroker:
         return True
 
     def render_config(self) -> tuple[Path, bool]:
-        return render_config(self.data_dir, port=self.port, bind=self.bind, auth=self.auth, tls_port=self.tls_port,
+        return render_config(self.data_dir, port=self.port, auth=self.auth, tls_port=self.tls_port,
                              store_dir=self.store_dir, network=self.network)
 
     # -- process -----------------------------------------------------------------
@@ -168,7 +159,7 @@ class EmbeddedBroker:
 
     def port_open(self, timeout: float = 0.5, port: int | None = None) -> bool:
         try:
-            with socket.create_connection((self.bind, port or self.port), timeout=timeout):
+            with socket.create_connection((HOST, port or self.port), timeout=timeout):
                 return True
         except OSError:
             return False
@@ -190,7 +181,7 @@ class EmbeddedBroker:
         elif self.auth and self.creds_file.is_file():
             data = json.loads(self.creds_file.read_text())
             user, password = data["user"], data["password"]
-        return BrokerInfo(self.bind, self.port, user, password, self.running_pid(), self.data_dir,
+        return BrokerInfo(HOST, self.port, user, password, self.running_pid(), self.data_dir,
                           self.tls_port, self.ca_file if self.tls_port else None)
 
     def start(self, *, timeout: float = 90.0, wait: bool = True) -> tuple[BrokerInfo, bool]:
@@ -205,11 +196,11 @@ class EmbeddedBroker:
         java = java_binary()
         if self.port_open():
             raise BrokerError(
-                f"port {self.bind}:{self.port} is already in use by another process; "
+                f"port {HOST}:{self.port} is already in use by another process; "
                 "stop it or pass --port to run the embedded broker elsewhere."
             )
         conf, created = self.render_config()
-        proc = spawn(java_command(java, home, self.data_dir, conf, self.heap_mb), self.data_dir)
+        proc = spawn(java_command(java, home, self.data_dir, conf), self.data_dir)
         self.pid_file.write_text(f"{proc.pid}\n")
         (self.data_dir / "broker.port").write_text(f"{self.port}\n")
         if self.tls_port:
@@ -223,7 +214,7 @@ class EmbeddedBroker:
             return self.info(), created
         self.stop()
         raise BrokerError(
-            f"ActiveMQ did not open {self.bind}:{self.port} within {timeout:.0f}s; "
+            f"ActiveMQ did not open {HOST}:{self.port} within {timeout:.0f}s; "
             f"see {self.log_file}:\n{tail(logs)}"
         )
 

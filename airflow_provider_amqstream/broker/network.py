@@ -22,9 +22,7 @@ This module only renders configuration; :mod:`airflow_provider_amqstream.broker.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,10 +31,6 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import NetworkError, ProtocolError
 from airflow_provider_amqstream.protocol.names import Destination
 
-BRIDGE_GROUP = "amqs-bridge"
-# Every advisory topic. Only the bridge (and the administrator) may read or write them.
-ADVISORY_PATTERN = "ActiveMQ.Advisory.>"
-DEFAULT_BRIDGE_USER = "amqs-bridge"
 NETWORK_FILE = "network.json"
 _URI = re.compile(r"(tcp|ssl)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
 
@@ -105,8 +99,8 @@ class NetworkConfig:
         return bool(self.openwire_tls_port or any(p.startswith("ssl://") for p in self.peers))
 
     @classmethod
-    def remembered(cls, data_dir: Path) -> NetworkConfig | None:
-        """The network a broker was last started with (``broker restart`` keeps it)."""
+    def remembered(cls, data_dir: Path) -> NetworkConfig:
+        """The network a broker was last started with (``broker restart`` keeps it), if any."""
         try:
             data = json.loads((data_dir / NETWORK_FILE).read_text())
             secret = data.get("bridge_secret")
@@ -115,7 +109,7 @@ class NetworkConfig:
                        openwire_tls_port=data.get("openwire_tls_port"),
                        peer_cas=tuple(Path(c) for c in data.get("peer_cas") or ()))
         except FileNotFoundError:
-            return None
+            return cls()
         except (OSError, ValueError) as exc:
             raise NetworkError(f"{data_dir / NETWORK_FILE} is unreadable ({exc}); start with the network "
                                "options again") from exc
@@ -125,43 +119,12 @@ class NetworkConfig:
         (data_dir / NETWORK_FILE).write_text(json.dumps(asdict(self), default=str))
 
 
-def bridge_credentials(path: Path) -> tuple[str, str]:
-    """The bridge user's (name, password) from ``path``, made there first if it is missing."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)}
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another broker of this machine made it just now
-            return bridge_credentials(path)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-    except (OSError, ValueError) as exc:
-        raise NetworkError(f"--bridge-secret {path}: unreadable ({exc})") from exc
-    user, password = data.get("user"), data.get("password")
-    if not (isinstance(user, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", user) and isinstance(password, str)
-            and password):
-        raise NetworkError(f"--bridge-secret {path}: expected {{\"user\": NAME, \"password\": SECRET}}")
-    return user, password
-
-
-def bridge_acl(queues: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(kind, pattern, rights) the bridge user needs on each broker: to consume and produce
-    the forwarded queues (and create them), and to read the advisories that tell it where
-    consumers are. It and the administrator are the only users who may write advisories."""
-    names = forwarded_names(queues) or [">"]
-    return [*(("queue", n, "read,write,admin") for n in names),
-            ("topic", ADVISORY_PATTERN, "read,write,admin")]
-
-
-def connectors_xml(cfg: NetworkConfig, name: str, user: str | None, password: str | None,
-                   attr: Any) -> str:
-    """``<networkConnectors>`` for ``cfg.peers`` (``attr`` escapes XML attribute values)."""
+def connectors_xml(cfg: NetworkConfig, name: str, bridge: tuple[str, str] | None, attr: Any) -> str:
+    """``<networkConnectors>`` for ``cfg.peers``, logging in as ``bridge`` (name, password); ``attr``
+    escapes XML attribute values."""
     if not cfg.peers:
         return ""
-    creds = f' userName="{attr(user)}" password="{attr(password)}"' if user else ""
+    creds = f' userName="{attr(bridge[0])}" password="{attr(bridge[1])}"' if bridge else ""
     include = "".join(f'<queue physicalName="{attr(n)}"/>' for n in forwarded_names(cfg.queues))
     blocks = []
     for i, peer in enumerate(cfg.peers):

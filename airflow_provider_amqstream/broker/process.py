@@ -3,6 +3,7 @@ stopping it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -35,7 +36,8 @@ JAVA_OPENS = [
 # the broker's own threads used the same CPU per GiB, and C2's compiler threads, still at
 # 1.8-2.8 CPU-s per GiB through the third GiB after a start, are gone. What it risks: CPU-bound
 # Java code (TLS ciphers, many small messages) runs less optimised; docs/decisions/broker-tuning.md.
-# $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4).
+# $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4), or
+# change the heap (-Xmx2g: the last -Xmx wins).
 JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
 
 
@@ -75,7 +77,7 @@ def keytool_binary() -> str:
     return shutil.which("keytool") or str(Path(java_binary()).resolve().parent / "keytool")
 
 
-def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int) -> list[str]:
+def java_command(java: str, home: Path, data_dir: Path, conf: Path) -> list[str]:
     """The command line that runs ActiveMQ in the foreground on ``conf/activemq.xml``."""
     data = data_dir / "data"
     jar = broker_jar()
@@ -84,7 +86,7 @@ def java_command(java: str, home: Path, data_dir: Path, conf: Path, heap_mb: int
                  BROKER_JAR, data_dir)
     classpath = f"{conf}:{jar}" if jar else str(conf)
     return [
-        java, f"-Xmx{heap_mb}M", f"-Xms{min(heap_mb, 256)}M",
+        java, "-Xmx512M", "-Xms256M",
         "-XX:+ExitOnOutOfMemoryError",
         *JIT_OPTIONS,
         *JAVA_OPENS,
@@ -147,11 +149,9 @@ def running_pid(pid_file: Path, data_dir: Path) -> int | None:
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            # Reap it if it is our child, so it does not linger as a zombie.
+        # Reap it if it is our child, so it does not linger as a zombie.
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

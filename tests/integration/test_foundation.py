@@ -177,9 +177,9 @@ def test_broker_jvm_runs_c1_only_unless_the_user_says_otherwise(tmp_path: Path,
     from airflow_provider_amqstream.broker.process import java_command
 
     monkeypatch.delenv("AMQSTREAM_BROKER_JAVA_OPTS", raising=False)
-    cmd = java_command("java", tmp_path, tmp_path, tmp_path, 512)
+    cmd = java_command("java", tmp_path, tmp_path, tmp_path)
     assert "-XX:TieredStopAtLevel=1" in cmd
     # The user's options come later, so the JVM takes theirs (the last of a flag wins).
     monkeypatch.setenv("AMQSTREAM_BROKER_JAVA_OPTS", "-XX:TieredStopAtLevel=4")
-    cmd = java_command("java", tmp_path, tmp_path, tmp_path, 512)
+    cmd = java_command("java", tmp_path, tmp_path, tmp_path)
     assert cmd.index("-XX:TieredStopAtLevel=4") > cmd.index("-XX:TieredStopAtLevel=1")

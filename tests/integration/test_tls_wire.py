@@ -133,7 +133,7 @@ def elsewhere_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embed
     """A broker whose TLS certificate names only OTHER_NAME, not the 127.0.0.1 we dial."""
     b = EmbeddedBroker(tmp_path_factory.mktemp("elsewhere") / "broker", port=free_port(), tls_port=free_port())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(broker_config, "certificate_names", lambda bind: f"dns:{OTHER_NAME}")
+        mp.setattr(broker_config, "certificate_names", lambda: f"dns:{OTHER_NAME}")
         b.start()
     try:
         yield b

@@ -210,7 +210,7 @@ def test_network_options_are_checked_and_rendered(tmp_path: Path) -> None:
     with pytest.raises(NetworkError, match="--network-queue '/topic/t'"):
         NetworkConfig(openwire_port=61616, bridge_secret=tmp_path / "s.json", queues=("/topic/t",))
     cfg = NetworkConfig(peers=("tcp://site-b.example:61616",), bridge_secret=tmp_path / "s.json", queues=(QUEUE,))
-    xml = connectors_xml(cfg, "amqstream-1", "amqs-bridge", 'p"w', lambda v: v.replace('"', "&quot;"))
+    xml = connectors_xml(cfg, "amqstream-1", ("amqs-bridge", 'p"w'), lambda v: v.replace('"', "&quot;"))
     assert 'duplex="true"' in xml and 'password="p&quot;w"' in xml and 'conduitSubscriptions="false"' in xml
     for name in ("net", "net.amqs.>", "net.amqs_ctl.>"):
         assert f'<queue physicalName="{name}"/>' in xml
