@@ -58,7 +58,7 @@ __all__ = [
     "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus",
     "BrokerParams", "BulkResult", "Destination", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter",
     "ReceiveOptions", "RecentRate", "SendOptions", "SendStateDir", "StreamFailure", "TransferResult", "find_claimed",
-    "find_received", "iter_files", "parse_recipient", "validate_stream_id",
+    "find_received", "id_key", "iter_files", "keyed_digest", "parse_recipient", "validate_stream_id",
 ]
 MODES = tuple(m.value for m in hdr.Mode)
 
@@ -135,14 +135,6 @@ class AmqStreamHook(BaseHook):
         :param sealed: the stream is sealed: the id shows nothing of the file's name.
         """
         return default_stream_id(path, destination, key=id_key(self.broker_params()), sealed=sealed)
-
-    def derive_batch_id(self, run: str) -> str:
-        """A many-file send's batch id for ``run`` (what identifies the send, the same for every
-        try), keyed as ``default_stream_id`` is.
-
-        :param run: the text that identifies the send, e.g. dag, task, run and map index.
-        """
-        return "af-" + keyed_digest(run, id_key(self.broker_params()))[:24]
 
     @staticmethod
     def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
@@ -248,10 +240,10 @@ class AmqStreamHook(BaseHook):
         drained.manifest = manifest
         return drained
 
-    def offer_browser(self, source: str, *, browse_timeout: float = 30.0) -> OfferBrowser:
+    def offer_browser(self, source: str) -> OfferBrowser:
         """A watcher of the offers on ``source`` over one kept session (blocking: call it from
         a thread in a trigger); it opens its session on the first look."""
-        return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
+        return OfferBrowser(self.broker_params(), source)
 
 
 class _BatchWatch:

@@ -19,7 +19,9 @@ from airflow_provider_amqstream.hooks.amqstream import (
     BulkResult,
     Destination,
     SendOptions,
+    id_key,
     iter_files,
+    keyed_digest,
     parse_recipient,
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
@@ -182,10 +184,10 @@ def names_one_file(path: str | list[str]) -> bool:
 
 def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
     """The batch id of a many-file send: the same for every try of the task instance, so a
-    retry finds the ledger of what earlier tries sent; keyed by the connection's secret, so
-    another user who knows the dag, task and run cannot announce it first."""
-    return hook.derive_batch_id(
-        f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
+    retry finds the ledger of what earlier tries sent; keyed by the connection's secret (as
+    default stream ids are), so another user who knows the dag, task and run cannot announce it first."""
+    run = f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}"
+    return "af-" + keyed_digest(run, id_key(hook.broker_params()))[:24]
 
 
 def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: TaskLog) -> dict[str, Any]:
