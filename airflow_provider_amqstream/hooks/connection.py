@@ -272,15 +272,14 @@ def settings_not_flagged_as_secrets() -> Iterator[None]:
     """While Airflow looks a connection up: without the masker's ``Skipping masking for a
     secret as it's too short`` warning. Airflow masks every string of an extra, and ours are
     settings (``"auto"``, ``"zstd"``), no secrets."""
-    quiet = _not_short_secret_notice
     loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
     for logger in loggers:
-        logger.addFilter(quiet)
+        logger.addFilter(_not_short_secret_notice)
     try:
         yield
     finally:
         for logger in loggers:
-            logger.removeFilter(quiet)
+            logger.removeFilter(_not_short_secret_notice)
 
 
 def from_metadata_db(conn_id: str) -> ConnFields | None:

@@ -90,8 +90,16 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                  reconnect_timeout: float = 120.0, seal_to: list[str] | None = None,
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_send_arguments(self.task_id, mode=mode, chunk_size=chunk_size, window=window, compression=compression)
-        # Checked here, at parse time: a typo fails the DAG, not a run.
+        # Checked here, at parse time: a typo fails the DAG, not a run; each error names the task.
+        if mode not in MODES:
+            raise ValueError(f"{self.task_id}: mode must be one of {list(MODES)}, got {mode!r}")
+        if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(f"{self.task_id}: chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
+        if compression not in (None, *COMPRESSION_SETTINGS):
+            raise ValueError(f"{self.task_id}: compression must be one of {COMPRESSION_SETTINGS} or None (the "
+                             f"connection's), got {compression!r}")
         for recipient in seal_to or ():
             parse_recipient(recipient)
         # The options every send of this task starts from (nothing in them reads the connection).
@@ -161,20 +169,6 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
     def lineage_start_path(self) -> str | None:
         """The file, when ``path`` names one file (a glob or directory is known only once expanded)."""
         return str(self.path) if names_one_file(self.path) else None
-
-
-def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, window: int | None,
-                         compression: str | None) -> None:
-    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task."""
-    if mode not in MODES:
-        raise ValueError(f"{task_id}: mode must be one of {list(MODES)}, got {mode!r}")
-    if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
-        raise ValueError(f"{task_id}: chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
-    if window is not None and window < 1:
-        raise ValueError(f"{task_id}: window must be at least 1, got {window}")
-    if compression not in (None, *COMPRESSION_SETTINGS):
-        raise ValueError(f"{task_id}: compression must be one of {COMPRESSION_SETTINGS} or None (the "
-                         f"connection's), got {compression!r}")
 
 
 def names_one_file(path: str | list[str]) -> bool:
