@@ -26,7 +26,6 @@ from airflow_provider_amqstream.engine import (
     BatchStatus,
     BulkResult,
     FileCheckpoint,
-    FileFailure,
     ReceiveOptions,
     SendOptions,
     SendStateDir,
@@ -158,18 +157,16 @@ class AmqStreamHook(BaseHook):
     def send_files(self, files: Iterable[str | os.PathLike[str] | BatchFile], destination: str, *,
                    options: SendOptions | None = None, batch_id: str | None = None,
                    progress: Callable[[BatchStatus], None] | None = None,
-                   on_result: Callable[[TransferResult], None] | None = None,
-                   on_failure: Callable[[FileFailure], None] | None = None) -> BulkResult:
+                   on_result: Callable[[TransferResult], None] | None = None) -> BulkResult:
         """Send many files over one connection; see :func:`airflow_provider_amqstream.engine.send_files`.
 
         :param files: paths, or :class:`BatchFile` (path and relative directory).
         :param batch_id: names the batch's ledger (default derived from the destination and files).
         :param progress: called with a :class:`BatchStatus` after each group of confirmations.
         :param on_result: called with each file's result as it is confirmed.
-        :param on_failure: called with each file that failed.
         """
         return engine.send_files(self.broker_params(), files, destination, options, batch_id=batch_id,
-                                 progress=progress, on_result=on_result, on_failure=on_failure)
+                                 progress=progress, on_result=on_result)
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
