@@ -197,12 +197,9 @@ class AmqStreamHook(BaseHook):
         """
         if options.records_retention_days is None:
             options = dataclasses.replace(options, records_retention_days=self.broker_params().records_retention_days)
-        claim = options.claim
-        drained = into or Drained()
-        drained.start()
-        try:
-            for done in (find_claimed(out_dir, claim, retention_days=options.records_retention_days)
-                         if claim else []):
+        with into or Drained() as drained:
+            for done in (find_claimed(out_dir, options.claim, retention_days=options.records_retention_days)
+                         if options.claim else []):
                 drained.add(done)
             until = time.monotonic() + deadline
             watch = _BatchWatch(options.events, lambda: engine.find_manifest(out_dir, batch_id, batch_sender)) \
@@ -232,8 +229,6 @@ class AmqStreamHook(BaseHook):
                     break
                 if not batch_id and drained.count == before:
                     break
-        finally:
-            drained.close()
         drained.manifest = manifest
         return drained
 
@@ -282,10 +277,11 @@ class Drained:
     files_list: Any = None  # an open text file while draining; its path before and after
     on_failure: Callable[[StreamFailure], None] | None = None
 
-    def start(self) -> None:
+    def __enter__(self) -> Drained:
         if self.files_list is not None:
             Path(self.files_list).parent.mkdir(parents=True, exist_ok=True)
-            self.files_list = open(self.files_list, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            self.files_list = open(self.files_list, "w", encoding="utf-8")  # noqa: SIM115 - closed by __exit__
+        return self
 
     def add(self, record: dict[str, Any]) -> None:
         self.count += 1
@@ -295,7 +291,7 @@ class Drained:
         if self.files_list is not None:
             self.files_list.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    def close(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.files_list is not None:
             self.files_list.close()
             self.files_list = self.files_list.name
