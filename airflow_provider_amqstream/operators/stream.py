@@ -122,6 +122,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         options = replace(self.send_options, checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
         one = names_one_file(self.path)
         result = self._execute_one(hook, options) if one else self._execute_many(context, hook, options)
+        self._amqstream_result = result
         emit(context, self, self.destination_port, destination_uri(self.amqstream_conn_id, self.destination),
              sent_extra(result), self.log)
         return result
@@ -141,9 +142,9 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                           stream_id, result.resumed_from, result.bytes_transferred)
         self.log.info("sent %s (%d bytes, %d chunks) to %s in %.1fs, sha256 %s", src, result.bytes, result.chunks,
                       result.destination, result.seconds, result.sha256)
-        self._amqstream_result = result.to_json()
-        metrics.emit("stream_sent", self._amqstream_result, destination=self.destination)
-        return self._amqstream_result
+        sent = result.to_json()
+        metrics.emit("stream_sent", sent, destination=self.destination)
+        return sent
 
     def _execute_many(self, context: Any, hook: AmqStreamHook, options: SendOptions) -> dict[str, Any]:
         if self.stream_id or self.name:
@@ -158,8 +159,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
             batch_id=batch_id, on_result=self._sent,
             progress=BatchLogProgress(self.log, f"batch {batch_id} -> {self.destination}", self.progress_interval),
         )
-        self._amqstream_result = batch_result(bulk, batch_id, self.task_id, ti, self.log)
-        return self._amqstream_result
+        return batch_result(bulk, batch_id, self.task_id, ti, self.log)
 
     def _sent(self, sent: Any) -> None:
         """Each file's metrics as it is confirmed (its result is not kept)."""

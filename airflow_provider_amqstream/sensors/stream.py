@@ -116,7 +116,6 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
             raise AirflowException((event or {}).get("message", "trigger ended without an event"))
         result = self.take_stream(context, 30.0)
         if result is None:
-            # Another consumer took the offer between the trigger's look and ours.
             self.log.info("the offered stream was taken by another receiver, or yielded its place; waiting again")
             self._defer(context)
             return None
