@@ -26,17 +26,15 @@ log = logging.getLogger(__name__)
 class AmqStreamAdminHook(AmqStreamHook):
     """See where streams are and redrive or discard them (``amqstream streams``).
 
-    ``amqstream_conn_id`` and ``uri`` are as on ``AmqStreamHook``.
+    ``amqstream_conn_id`` is as on ``AmqStreamHook``.
 
     :param connect_timeout: seconds to wait for the broker (overrides the connection's: a
         page must not wait for a slow broker as long as a transfer would).
     """
 
-    hook_name = "ActiveMQ Stream: streams"
-
-    def __init__(self, amqstream_conn_id: str = AmqStreamHook.default_conn_name, *, uri: str | None = None,
+    def __init__(self, amqstream_conn_id: str = AmqStreamHook.default_conn_name, *,
                  connect_timeout: float | None = None) -> None:
-        super().__init__(amqstream_conn_id, uri=uri)
+        super().__init__(amqstream_conn_id)
         self.connect_timeout = connect_timeout
 
     def broker_params(self) -> BrokerParams:
