@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-FILE_SCHEME = "file"
 FILE_NAMESPACE = "file"
 
 
@@ -42,4 +41,4 @@ def absolute(path: str | os.PathLike[str]) -> str:
 
 def dir_uri(path: str | os.PathLike[str]) -> str:
     """``file:///abs/path`` of a local directory."""
-    return f"{FILE_SCHEME}://{absolute(path)}"
+    return f"file://{absolute(path)}"

@@ -26,7 +26,6 @@ from airflow_provider_amqstream.engine import (
     BatchStatus,
     BulkResult,
     FileCheckpoint,
-    FileFailure,
     ReceiveOptions,
     SendOptions,
     SendStateDir,
@@ -58,7 +57,7 @@ __all__ = [
     "COMPRESSION_SETTINGS", "DEFAULT_RECEIVE_BATCH", "MAX_CHUNK_SIZE", "MODES", "AmqStreamHook", "BatchStatus",
     "BrokerParams", "BulkResult", "Destination", "Drained", "FileCheckpoint", "OfferBrowser", "ProgressMeter",
     "ReceiveOptions", "RecentRate", "SendOptions", "SendStateDir", "StreamFailure", "TransferResult", "find_claimed",
-    "find_received", "iter_files", "parse_recipient", "validate_stream_id",
+    "find_received", "id_key", "iter_files", "keyed_digest", "parse_recipient", "validate_stream_id",
 ]
 MODES = tuple(m.value for m in hdr.Mode)
 
@@ -136,14 +135,6 @@ class AmqStreamHook(BaseHook):
         """
         return default_stream_id(path, destination, key=id_key(self.broker_params()), sealed=sealed)
 
-    def derive_batch_id(self, run: str) -> str:
-        """A many-file send's batch id for ``run`` (what identifies the send, the same for every
-        try), keyed as ``default_stream_id`` is.
-
-        :param run: the text that identifies the send, e.g. dag, task, run and map index.
-        """
-        return "af-" + keyed_digest(run, id_key(self.broker_params()))[:24]
-
     @staticmethod
     def files_list_path(out_dir: str | os.PathLike[str], claim: str | None) -> Path:
         """Where a drain of ``out_dir`` by ``claim`` lists every stream it received (a retry replaces it)."""
@@ -166,18 +157,16 @@ class AmqStreamHook(BaseHook):
     def send_files(self, files: Iterable[str | os.PathLike[str] | BatchFile], destination: str, *,
                    options: SendOptions | None = None, batch_id: str | None = None,
                    progress: Callable[[BatchStatus], None] | None = None,
-                   on_result: Callable[[TransferResult], None] | None = None,
-                   on_failure: Callable[[FileFailure], None] | None = None) -> BulkResult:
+                   on_result: Callable[[TransferResult], None] | None = None) -> BulkResult:
         """Send many files over one connection; see :func:`airflow_provider_amqstream.engine.send_files`.
 
         :param files: paths, or :class:`BatchFile` (path and relative directory).
         :param batch_id: names the batch's ledger (default derived from the destination and files).
         :param progress: called with a :class:`BatchStatus` after each group of confirmations.
         :param on_result: called with each file's result as it is confirmed.
-        :param on_failure: called with each file that failed.
         """
         return engine.send_files(self.broker_params(), files, destination, options, batch_id=batch_id,
-                                 progress=progress, on_result=on_result, on_failure=on_failure)
+                                 progress=progress, on_result=on_result)
 
     def receive_streams(self, source: str, out_dir: str | os.PathLike[str], *, count: int | None = None,
                         stream_id: str | None = None, options: ReceiveOptions | None = None,
@@ -208,12 +197,9 @@ class AmqStreamHook(BaseHook):
         """
         if options.records_retention_days is None:
             options = dataclasses.replace(options, records_retention_days=self.broker_params().records_retention_days)
-        claim = options.claim
-        drained = into or Drained()
-        drained.start()
-        try:
-            for done in (find_claimed(out_dir, claim, retention_days=options.records_retention_days)
-                         if claim else []):
+        with into or Drained() as drained:
+            for done in (find_claimed(out_dir, options.claim, retention_days=options.records_retention_days)
+                         if options.claim else []):
                 drained.add(done)
             until = time.monotonic() + deadline
             watch = _BatchWatch(options.events, lambda: engine.find_manifest(out_dir, batch_id, batch_sender)) \
@@ -243,15 +229,13 @@ class AmqStreamHook(BaseHook):
                     break
                 if not batch_id and drained.count == before:
                     break
-        finally:
-            drained.close()
         drained.manifest = manifest
         return drained
 
-    def offer_browser(self, source: str, *, browse_timeout: float = 30.0) -> OfferBrowser:
+    def offer_browser(self, source: str) -> OfferBrowser:
         """A watcher of the offers on ``source`` over one kept session (blocking: call it from
         a thread in a trigger); it opens its session on the first look."""
-        return OfferBrowser(self.broker_params(), source, browse_timeout=browse_timeout)
+        return OfferBrowser(self.broker_params(), source)
 
 
 class _BatchWatch:
@@ -293,10 +277,11 @@ class Drained:
     files_list: Any = None  # an open text file while draining; its path before and after
     on_failure: Callable[[StreamFailure], None] | None = None
 
-    def start(self) -> None:
+    def __enter__(self) -> Drained:
         if self.files_list is not None:
             Path(self.files_list).parent.mkdir(parents=True, exist_ok=True)
-            self.files_list = open(self.files_list, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            self.files_list = open(self.files_list, "w", encoding="utf-8")  # noqa: SIM115 - closed by __exit__
+        return self
 
     def add(self, record: dict[str, Any]) -> None:
         self.count += 1
@@ -306,7 +291,7 @@ class Drained:
         if self.files_list is not None:
             self.files_list.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    def close(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.files_list is not None:
             self.files_list.close()
             self.files_list = self.files_list.name

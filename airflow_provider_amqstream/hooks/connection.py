@@ -234,11 +234,10 @@ def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
     return (_airflow_config(env)[0] / "airflow.db").is_file()
 
 
-def local_deployments(environ: Mapping[str, str] | None = None) -> list[Path]:
+def local_deployments() -> list[Path]:
     """The env.sh files of local deployments (``make airflow``) found from here: the one
     ``AMQSTREAM_AIRFLOW_DIR`` names, ``./airflow-local`` and the checkout's."""
-    env = os.environ if environ is None else environ
-    dirs = [Path(env["AMQSTREAM_AIRFLOW_DIR"])] if env.get("AMQSTREAM_AIRFLOW_DIR") else []
+    dirs = [Path(os.environ["AMQSTREAM_AIRFLOW_DIR"])] if os.environ.get("AMQSTREAM_AIRFLOW_DIR") else []
     dirs += [Path.cwd() / "airflow-local", Path(__file__).resolve().parents[2] / "airflow-local"]
     found: list[Path] = []
     for d in dirs:
@@ -272,15 +271,14 @@ def settings_not_flagged_as_secrets() -> Iterator[None]:
     """While Airflow looks a connection up: without the masker's ``Skipping masking for a
     secret as it's too short`` warning. Airflow masks every string of an extra, and ours are
     settings (``"auto"``, ``"zstd"``), no secrets."""
-    quiet = _not_short_secret_notice
     loggers = [logging.getLogger(name) for name in MASKER_LOGGERS]
     for logger in loggers:
-        logger.addFilter(quiet)
+        logger.addFilter(_not_short_secret_notice)
     try:
         yield
     finally:
         for logger in loggers:
-            logger.removeFilter(quiet)
+            logger.removeFilter(_not_short_secret_notice)
 
 
 def from_metadata_db(conn_id: str) -> ConnFields | None:

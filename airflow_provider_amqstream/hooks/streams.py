@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from airflow_provider_amqstream.engine import discard as discarding
 from airflow_provider_amqstream.engine import inventory as views
@@ -27,17 +26,15 @@ log = logging.getLogger(__name__)
 class AmqStreamAdminHook(AmqStreamHook):
     """See where streams are and redrive or discard them (``amqstream streams``).
 
-    ``amqstream_conn_id`` and ``uri`` are as on ``AmqStreamHook``.
+    ``amqstream_conn_id`` is as on ``AmqStreamHook``.
 
     :param connect_timeout: seconds to wait for the broker (overrides the connection's: a
         page must not wait for a slow broker as long as a transfer would).
     """
 
-    hook_name = "ActiveMQ Stream: streams"
-
-    def __init__(self, amqstream_conn_id: str = AmqStreamHook.default_conn_name, *, uri: str | None = None,
+    def __init__(self, amqstream_conn_id: str = AmqStreamHook.default_conn_name, *,
                  connect_timeout: float | None = None) -> None:
-        super().__init__(amqstream_conn_id, uri=uri)
+        super().__init__(amqstream_conn_id)
         self.connect_timeout = connect_timeout
 
     def broker_params(self) -> BrokerParams:
@@ -69,34 +66,28 @@ class AmqStreamAdminHook(AmqStreamHook):
         value = str(fields.extra.get("quarantine") or "") if fields else ""
         return str(Destination.parse(value)) if value else None
 
-    def _where(self, out_dirs: Iterable[str] | None, quarantine: str | None) -> dict[str, Any]:
-        """The receivers' directories and quarantine queue given, else the connection's."""
-        return {"out_dirs": self.out_dirs() if out_dirs is None else list(out_dirs),
-                "quarantine": quarantine or self.quarantine()}
-
-    def inventory(self, destination: str, *, out_dirs: Iterable[str] | None = None, quarantine: str | None = None,
+    def inventory(self, destination: str, *,
                   previous: Mapping[str, tuple[int, float]] | None = None) -> views.Inventory:
-        """Every stream of ``destination``; see :func:`~airflow_provider_amqstream.engine.inventory.take_inventory`.
+        """Every stream of ``destination``, as the connection's ``out_dirs`` and ``quarantine`` extras
+        see it; see :func:`~airflow_provider_amqstream.engine.inventory.take_inventory`.
 
-        :param out_dirs: receivers' directories (default: the connection's ``out_dirs``).
-        :param quarantine: the quarantine queue receivers were given, if not ``DLQ.<name>``.
         :param previous: an earlier look's progress marks, for rates.
         """
-        return views.take_inventory(self.broker_params(), destination, previous=previous,
-                                    **self._where(out_dirs, quarantine))
+        return views.take_inventory(self.broker_params(), destination, previous=previous, out_dirs=self.out_dirs(),
+                                    quarantine=self.quarantine())
 
-    def show(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
-             quarantine: str | None = None) -> StreamReport:
+    def show(self, destination: str, stream_id: str) -> StreamReport:
         """Everything known about one stream; see :func:`~airflow_provider_amqstream.engine.show.show_stream`."""
-        return show_stream(self.broker_params(), destination, stream_id, **self._where(out_dirs, quarantine))
+        return show_stream(self.broker_params(), destination, stream_id, out_dirs=self.out_dirs(),
+                           quarantine=self.quarantine())
 
-    def redrive(self, destination: str, stream_id: str, *, quarantine: str | None = None) -> redriving.RedriveResult:
+    def redrive(self, destination: str, stream_id: str) -> redriving.RedriveResult:
         """Put a quarantined stream back; see :func:`~airflow_provider_amqstream.engine.redrive.redrive`. The
         quarantine copies believed are the connection user's and those of the users its ``receivers`` extra names."""
-        return redriving.redrive(self.broker_params(), destination, stream_id,
-                                 quarantine=quarantine or self.quarantine(), receivers=self.receivers())
+        return redriving.redrive(self.broker_params(), destination, stream_id, quarantine=self.quarantine(),
+                                 receivers=self.receivers())
 
-    def discard(self, destination: str, stream_id: str, *, out_dirs: Iterable[str] | None = None,
-                quarantine: str | None = None) -> discarding.DiscardResult:
+    def discard(self, destination: str, stream_id: str) -> discarding.DiscardResult:
         """Remove a stream everywhere; see :func:`~airflow_provider_amqstream.engine.discard.discard`."""
-        return discarding.discard(self.broker_params(), destination, stream_id, **self._where(out_dirs, quarantine))
+        return discarding.discard(self.broker_params(), destination, stream_id, out_dirs=self.out_dirs(),
+                                  quarantine=self.quarantine())

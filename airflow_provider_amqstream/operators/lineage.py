@@ -100,18 +100,6 @@ def batch_lineage(result: dict[str, Any] | None, params: BrokerParams | None, *,
     return OperatorLineage(inputs=[dest], outputs=local)
 
 
-def result_of(operator: Any, task_instance: Any) -> dict[str, Any] | None:
-    """What the task returned: kept on the operator by the run that just finished, else
-    read back from XCom (a deferred task resumes in another operator object)."""
-    kept = getattr(operator, "_amqstream_result", None)
-    if kept is not None:
-        return dict(kept)
-    if task_instance is None:
-        return None
-    value = task_instance.xcom_pull(task_ids=task_instance.task_id, key="return_value")
-    return dict(value) if isinstance(value, dict) else None
-
-
 class ReportsLineage:
     """The OpenLineage facet methods (called by name by Airflow's OpenLineage listener) of a
     task that moves files to or from the destination its ``lineage_destination_field`` names,
@@ -139,5 +127,10 @@ class ReportsLineage:
         return OperatorLineage(inputs=[file_dataset(path, role="input")] if path else [], outputs=[dest])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        # What the task returned: kept on the operator by the run that just finished, else
+        # read back from XCom (a deferred task resumes in another operator object).
+        result = getattr(self, "_amqstream_result", None)
+        if result is None and task_instance is not None:
+            result = task_instance.xcom_pull(task_ids=task_instance.task_id, key="return_value")
         params = AmqStreamHook(self.amqstream_conn_id).broker_params()
-        return batch_lineage(result_of(self, task_instance), params, sending=self.lineage_sending)
+        return batch_lineage(dict(result) if isinstance(result, dict) else None, params, sending=self.lineage_sending)

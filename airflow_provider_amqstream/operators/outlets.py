@@ -37,10 +37,6 @@ if TYPE_CHECKING:
 MAX_IDS = 10
 
 
-def templated(value: str) -> bool:
-    return "{{" in value or "{%" in value
-
-
 def destination_asset(conn_id: str, destination: str) -> Any:
     """The ``Asset`` of ``destination`` through connection ``conn_id``
     (``amqstream://<conn id>/queue/NAME``), e.g. for a DAG scheduled on it."""
@@ -54,7 +50,7 @@ def destination_port(conn_id: str, destination: str, task_id: str) -> Any:
     ``Asset``, or for a templated destination an ``AssetAlias`` of the task."""
     from airflow.sdk import AssetAlias
 
-    if templated(destination):
+    if "{{" in destination or "{%" in destination:
         return AssetAlias(name=f"amqstream:{conn_id}:task:{task_id}")
     return destination_asset(conn_id, destination)
 

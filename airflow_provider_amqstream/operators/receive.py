@@ -73,11 +73,14 @@ class ReceivingTask:
         extra = arrivals.extra(self.out_dir, manifest=manifest, batch_id=batch_id) if arrivals.files else None
         return emit(context, self, self.landing_port, uri, extra, self.log)
 
-    def _check_destinations(self) -> None:
-        """Refuse, before any connection, a ``source`` or ``quarantine`` that names no destination."""
+    def _check_names(self, stream_id: str | None) -> None:
+        """Refuse, before any connection, a ``source`` or ``quarantine`` that names no
+        destination, or a stream (or batch) id no sender could have used."""
         Destination.parse(self.source)
         if self.quarantine:
             Destination.parse(self.quarantine)
+        if stream_id:
+            validate_stream_id(stream_id)
 
     def receive_options(self, *, wait: float, claim: str | None,
                         events: Callable[[str, dict[str, Any]], None] | None = None) -> ReceiveOptions:
@@ -170,9 +173,7 @@ class ReceiveStreamsOperator(ReceivingTask, ReportsLineage, BaseOperator):
         self.wait_timeout, self.deadline = wait_timeout, deadline
 
     def execute(self, context: Any) -> dict[str, Any]:
-        self._check_destinations()
-        if self.batch_id:
-            validate_stream_id(self.batch_id)
+        self._check_names(self.batch_id)
         hook = AmqStreamHook(self.amqstream_conn_id)
         claim = task_claim(context)
         failed = FailureReport(self.log)

@@ -85,7 +85,6 @@ class QuietSparkSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("name", APP_NAME)
         kwargs["conf"] = quiet_spark_conf(kwargs.get("conf"))
         super().__init__(**kwargs)
-        self.parquet_dir = parquet_dir
         self.parquet_asset = directory_asset(parquet_dir) if parquet_dir is not None else None
         if self.parquet_asset is not None:
             self.outlets = with_port(self.outlets, self.parquet_asset)

@@ -19,7 +19,9 @@ from airflow_provider_amqstream.hooks.amqstream import (
     BulkResult,
     Destination,
     SendOptions,
+    id_key,
     iter_files,
+    keyed_digest,
     parse_recipient,
 )
 from airflow_provider_amqstream.operators.checkpoint import BatchLedger, send_checkpoint
@@ -88,8 +90,16 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                  reconnect_timeout: float = 120.0, seal_to: list[str] | None = None,
                  progress_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_send_arguments(self.task_id, mode=mode, chunk_size=chunk_size, window=window, compression=compression)
-        # Checked here, at parse time: a typo fails the DAG, not a run.
+        # Checked here, at parse time: a typo fails the DAG, not a run; each error names the task.
+        if mode not in MODES:
+            raise ValueError(f"{self.task_id}: mode must be one of {list(MODES)}, got {mode!r}")
+        if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(f"{self.task_id}: chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"{self.task_id}: window must be at least 1, got {window}")
+        if compression not in (None, *COMPRESSION_SETTINGS):
+            raise ValueError(f"{self.task_id}: compression must be one of {COMPRESSION_SETTINGS} or None (the "
+                             f"connection's), got {compression!r}")
         for recipient in seal_to or ():
             parse_recipient(recipient)
         # The options every send of this task starts from (nothing in them reads the connection).
@@ -112,6 +122,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         options = replace(self.send_options, checkpoint_for=lambda sid: send_checkpoint(context, sid, params))
         one = names_one_file(self.path)
         result = self._execute_one(hook, options) if one else self._execute_many(context, hook, options)
+        self._amqstream_result = result
         emit(context, self, self.destination_port, destination_uri(self.amqstream_conn_id, self.destination),
              sent_extra(result), self.log)
         return result
@@ -131,9 +142,9 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
                           stream_id, result.resumed_from, result.bytes_transferred)
         self.log.info("sent %s (%d bytes, %d chunks) to %s in %.1fs, sha256 %s", src, result.bytes, result.chunks,
                       result.destination, result.seconds, result.sha256)
-        self._amqstream_result = result.to_json()
-        metrics.emit("stream_sent", self._amqstream_result, destination=self.destination)
-        return self._amqstream_result
+        sent = result.to_json()
+        metrics.emit("stream_sent", sent, destination=self.destination)
+        return sent
 
     def _execute_many(self, context: Any, hook: AmqStreamHook, options: SendOptions) -> dict[str, Any]:
         if self.stream_id or self.name:
@@ -148,8 +159,7 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
             batch_id=batch_id, on_result=self._sent,
             progress=BatchLogProgress(self.log, f"batch {batch_id} -> {self.destination}", self.progress_interval),
         )
-        self._amqstream_result = batch_result(bulk, batch_id, self.task_id, ti, self.log)
-        return self._amqstream_result
+        return batch_result(bulk, batch_id, self.task_id, ti, self.log)
 
     def _sent(self, sent: Any) -> None:
         """Each file's metrics as it is confirmed (its result is not kept)."""
@@ -161,20 +171,6 @@ class SendStreamOperator(ReportsLineage, BaseOperator):
         return str(self.path) if names_one_file(self.path) else None
 
 
-def check_send_arguments(task_id: str, *, mode: str, chunk_size: int | None, window: int | None,
-                         compression: str | None) -> None:
-    """Refuse, when the DAG is parsed, arguments no send could use; each error names the task."""
-    if mode not in MODES:
-        raise ValueError(f"{task_id}: mode must be one of {list(MODES)}, got {mode!r}")
-    if chunk_size is not None and not 1 <= chunk_size <= MAX_CHUNK_SIZE:
-        raise ValueError(f"{task_id}: chunk_size must be in 1..{MAX_CHUNK_SIZE}, got {chunk_size}")
-    if window is not None and window < 1:
-        raise ValueError(f"{task_id}: window must be at least 1, got {window}")
-    if compression not in (None, *COMPRESSION_SETTINGS):
-        raise ValueError(f"{task_id}: compression must be one of {COMPRESSION_SETTINGS} or None (the "
-                         f"connection's), got {compression!r}")
-
-
 def names_one_file(path: str | list[str]) -> bool:
     """Whether ``path`` (rendered) is one file, not a list, a glob pattern or a directory."""
     return isinstance(path, str) and not any(c in path for c in "*?[") and not Path(path).is_dir()
@@ -182,10 +178,10 @@ def names_one_file(path: str | list[str]) -> bool:
 
 def task_batch_id(hook: AmqStreamHook, ti: Any, task_id: str) -> str:
     """The batch id of a many-file send: the same for every try of the task instance, so a
-    retry finds the ledger of what earlier tries sent; keyed by the connection's secret, so
-    another user who knows the dag, task and run cannot announce it first."""
-    return hook.derive_batch_id(
-        f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}")
+    retry finds the ledger of what earlier tries sent; keyed by the connection's secret (as
+    default stream ids are), so another user who knows the dag, task and run cannot announce it first."""
+    run = f"{getattr(ti, 'dag_id', '')}|{task_id}|{getattr(ti, 'run_id', '')}|{getattr(ti, 'map_index', -1)}"
+    return "af-" + keyed_digest(run, id_key(hook.broker_params()))[:24]
 
 
 def batch_result(bulk: BulkResult, batch_id: str, task_id: str, ti: Any, log: TaskLog) -> dict[str, Any]:

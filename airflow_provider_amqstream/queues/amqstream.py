@@ -32,14 +32,12 @@ except ImportError as exc:  # the extra is not installed
 if TYPE_CHECKING:
     from airflow.triggers.base import BaseEventTrigger
 
-SCHEME = "amqstream"
-
 
 class AmqStreamMessageQueueProvider(BaseMessageQueueProvider):
     """Streams offered on an ActiveMQ queue, for ``MessageQueueTrigger(scheme="amqstream")``:
     its keyword arguments and events are :class:`StreamOfferedTrigger`'s."""
 
-    scheme = SCHEME
+    scheme = "amqstream"
 
     def trigger_class(self) -> type[BaseEventTrigger]:
         from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger

@@ -15,12 +15,10 @@ from airflow_provider_amqstream.hooks.amqstream import (
     TransferResult,
     find_claimed,
     find_received,
-    validate_stream_id,
 )
 from airflow_provider_amqstream.operators.checkpoint import task_claim
 from airflow_provider_amqstream.operators.lineage import ReportsLineage
 from airflow_provider_amqstream.operators.outlets import Arrivals
-from airflow_provider_amqstream.operators.progress import TaskLog
 from airflow_provider_amqstream.operators.receive import FailureReport, ReceivingTask
 from airflow_provider_amqstream.triggers.stream import StreamOfferTrigger
 
@@ -84,13 +82,8 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         self.deferrable = deferrable
         self.offer_wait = offer_wait
 
-    def _validate(self) -> None:
-        self._check_destinations()
-        if self.stream_id:
-            validate_stream_id(self.stream_id)
-
     def poke(self, context: Any) -> PokeReturnValue:
-        self._validate()
+        self._check_names(self.stream_id)
         result = self.take_stream(context, self.offer_wait)
         if result is None:
             return PokeReturnValue(is_done=False)
@@ -99,7 +92,7 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        self._validate()
+        self._check_names(self.stream_id)
         # Take a stream that is already there without a round trip through the triggerer.
         result = self.take_stream(context, 1.0)
         if result is not None:
@@ -123,7 +116,6 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
             raise AirflowException((event or {}).get("message", "trigger ended without an event"))
         result = self.take_stream(context, 30.0)
         if result is None:
-            # Another consumer took the offer between the trigger's look and ours.
             self.log.info("the offered stream was taken by another receiver, or yielded its place; waiting again")
             self._defer(context)
             return None
@@ -145,8 +137,10 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
         ours = done is None or not self.stream_id or any(
             r.get("stream_id") == done.stream_id for r in self.claimed(claim))
         self.emit_landing(context, Arrivals.of(r.to_json() for r in got) if ours else Arrivals(duplicates=len(got)))
-        if len(got) > 1:
-            report_pack(got[1:], context.get("ti"), self.log)
+        for other in got[1:]:
+            self.log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
+        if len(got) > 1 and context.get("ti") is not None:
+            context["ti"].xcom_push(key="also_received", value=[r.to_json() for r in got[1:]])
         return got[0]
 
     def receive_offered(self, context: Any, wait: float, claim: str | None) -> list[TransferResult]:
@@ -210,15 +204,6 @@ class StreamCompleteSensor(ReceivingTask, ReportsLineage, BaseSensorOperator):
             self.log.warning("%s is no longer there (moved or deleted since stream %s was received)",
                              result.path, result.stream_id)
         return result
-
-
-def report_pack(others: list[TransferResult], ti: Any, log: TaskLog) -> None:
-    """Report the other files of the pack a sensor's stream came in (on disk and recorded
-    like that stream) as XCom ``also_received``, so they are not left for nobody to find."""
-    for other in others:
-        log.info("also received stream %s -> %s (same pack)", other.stream_id, other.path)
-    if ti is not None:
-        ti.xcom_push(key="also_received", value=[r.to_json() for r in others])
 
 
 def timeout_left(timeout: float, context: Any) -> float:

@@ -44,7 +44,7 @@ class StreamOfferedTrigger(BaseEventTrigger):
     first and leave the others waiting for the next offer. Paced, each starts its own
     run, one after the other as fast as the runs take their streams.
 
-    ``amqstream_conn_id``, ``poll_interval`` and ``still_waiting_every`` are as on ``StreamOfferTrigger``.
+    ``amqstream_conn_id`` and ``poll_interval`` are as on ``StreamOfferTrigger``.
 
     :param destination: ``/queue/NAME`` where streams are offered.
     :param pace: seconds at most to wait for a fired stream to be taken before firing the
@@ -52,7 +52,7 @@ class StreamOfferedTrigger(BaseEventTrigger):
     """
 
     def __init__(self, *, destination: str, amqstream_conn_id: str = "amqstream_default",
-                 poll_interval: float = 5.0, still_waiting_every: float = 600.0, pace: float = 120.0) -> None:
+                 poll_interval: float = 5.0, pace: float = 120.0) -> None:
         # untyped_calls_exclude (pyproject.toml) does not reach a super() call.
         super().__init__()  # type: ignore[no-untyped-call]
         if pace < 0 or poll_interval <= 0:
@@ -61,14 +61,12 @@ class StreamOfferedTrigger(BaseEventTrigger):
         self.destination = destination
         self.amqstream_conn_id = amqstream_conn_id
         self.poll_interval = poll_interval
-        self.still_waiting_every = still_waiting_every
         self.pace = pace
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"destination": self.destination, "amqstream_conn_id": self.amqstream_conn_id,
-                 "poll_interval": self.poll_interval, "still_waiting_every": self.still_waiting_every,
-                 "pace": self.pace})
+                 "poll_interval": self.poll_interval, "pace": self.pace})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
@@ -78,7 +76,7 @@ class StreamOfferedTrigger(BaseEventTrigger):
         params = browser.params
         fired: set[str] = set()
         last: tuple[str, float] | None = None  # the stream fired last, and when
-        note = Every(self.still_waiting_every)
+        note = Every()
         self.log.info("watching %s on %s for offered streams, looking every %gs", self.destination, params.url,
                       self.poll_interval)
         failing = False

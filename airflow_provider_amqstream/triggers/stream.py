@@ -23,7 +23,7 @@ class StreamOfferTrigger(BaseTrigger):
     """Fire when ``source`` holds an offer (for ``stream_id`` if given).
 
     Logs once what it waits for and until when, then a line every
-    ``still_waiting_every`` seconds; a lost broker is reported and retried until the
+    10 minutes; a lost broker is reported and retried until the
     timeout, on a fresh connection.
 
     :param source: destination to watch.
@@ -31,12 +31,11 @@ class StreamOfferTrigger(BaseTrigger):
     :param amqstream_conn_id: Airflow connection of type ``amqstream``.
     :param poll_interval: seconds between looks.
     :param timeout: seconds before giving up with a ``timeout`` event (None: never).
-    :param still_waiting_every: seconds between "still waiting" log lines.
     """
 
     def __init__(self, *, source: str, stream_id: str | None = None,
                  amqstream_conn_id: str = "amqstream_default", poll_interval: float = 5.0,
-                 timeout: float | None = None, still_waiting_every: float = 600.0) -> None:
+                 timeout: float | None = None) -> None:
         # untyped_calls_exclude (pyproject.toml) does not reach a super() call.
         super().__init__()  # type: ignore[no-untyped-call]
         self.source = source
@@ -44,13 +43,11 @@ class StreamOfferTrigger(BaseTrigger):
         self.amqstream_conn_id = amqstream_conn_id
         self.poll_interval = poll_interval
         self.timeout = timeout
-        self.still_waiting_every = still_waiting_every
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"source": self.source, "stream_id": self.stream_id, "amqstream_conn_id": self.amqstream_conn_id,
-                 "poll_interval": self.poll_interval, "timeout": self.timeout,
-                 "still_waiting_every": self.still_waiting_every})
+                 "poll_interval": self.poll_interval, "timeout": self.timeout})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_amqstream.hooks.amqstream import AmqStreamHook
@@ -68,7 +65,7 @@ class StreamOfferTrigger(BaseTrigger):
             return
         self.log.info("waiting for %s to be offered on %s at %s (%s), looking every %gs", what, self.source,
                       params.url, until, self.poll_interval)
-        note = Every(self.still_waiting_every)
+        note = Every()
         last_error: str | None = None
         try:
             while True:
