@@ -21,7 +21,7 @@ from typing import Any
 from airflow_provider_amqstream import __version__
 from airflow_provider_amqstream.cli_common import CONN_HELP, setup_logging
 from airflow_provider_amqstream.cli_common import broker_params as _params
-from airflow_provider_amqstream.exceptions import AmqStreamError
+from airflow_provider_amqstream.exceptions import AmqStreamError, ConfigurationError, UsageError
 from airflow_provider_amqstream.protocol.headers import DEFAULT_RECEIVE_BATCH
 
 # The choices of ``send --mode``, here so that building the parser imports nothing;
@@ -139,7 +139,7 @@ def cmd_users(args: argparse.Namespace) -> int:
             print(f"{name}: send {', '.join(info['send']) or '-'}; receive {', '.join(info['receive']) or '-'}")
         return 0
     if not args.name:
-        raise ValueError(f"users {args.action}: name the user")
+        raise UsageError(f"users {args.action}: name the user")
     if args.action == "add":
         added = broker.add_user(args.name, send=args.send, receive=args.receive, max_waiting=args.max_waiting)
         print(f"user {args.name} may send to {', '.join(args.send) or 'nothing'} and receive from "
@@ -147,7 +147,7 @@ def cmd_users(args: argparse.Namespace) -> int:
               f"{broker.users_file}):")
         print(f"  {added.tls_uri or added.uri}")
     elif not broker.remove_user(args.name):
-        raise ValueError(f"no user {args.name!r} in {broker.users_file}")
+        raise ConfigurationError(f"no user {args.name!r} in {broker.users_file}; `amqstream users list` names them")
     else:
         print(f"user {args.name} removed")
     if broker.running_pid() is not None:
@@ -201,7 +201,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         _print_result(res, args.json, "sent")
         return 0
     if args.stream_id:
-        raise ValueError("--stream-id names one stream; it cannot be used with several files")
+        raise UsageError("--stream-id names one stream; it cannot be used with several files")
     files = iter_files(args.path, recursive=args.recursive)
     progress = None if args.quiet else _BatchProgress()
 
@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         return code
     # Ours say what failed and what to do; OSError is the file system's (a path that is
     # not there). Anything else is a bug, shown with its traceback.
+    except UsageError as exc:
+        print(f"amqstream: error: {exc}", file=sys.stderr)
+        return 2
     except (AmqStreamError, OSError) as exc:
         print(f"amqstream: error: {exc}", file=sys.stderr)
         return 1

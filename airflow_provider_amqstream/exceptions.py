@@ -67,6 +67,10 @@ class ConfigurationError(AmqStreamError, ValueError):
     """A connection or option that cannot work; the text names which (never a password)."""
 
 
+class UsageError(ConfigurationError):
+    """Command-line arguments that do not go together; the CLI exits 2, as for argparse's own."""
+
+
 class ConnectionNotFound(AmqStreamError, LookupError):
     """No connection of that id anywhere we looked; the message says how to make one."""
 
