@@ -68,6 +68,9 @@ class Reconnect:
         self.what, self.url, self.timeout, self.wait_at_start = what, url, timeout, wait_at_start
         self.attempts = 0  # failed attempts, in all
         self.reached = self._full = False
+        self._restart()
+
+    def _restart(self) -> None:
         self.deadline: float | None = None  # set by the first failure since the work last moved
         self.delay = 0.5
         self._said = ("", 0.0)
@@ -112,8 +115,3 @@ class Reconnect:
             log.debug("%s: %s (trying again in %.1fs)", self.what, exc, delay)
         time.sleep(delay)
         self.delay = min(self.delay * 2, 5.0)
-
-    def _restart(self) -> None:
-        self.deadline = None
-        self.delay = 0.5
-        self._said = ("", 0.0)
