@@ -1,8 +1,8 @@
 """An in-memory broker and link: the engine's logic in unit tests, without ActiveMQ.
 
 It behaves as the parts of ActiveMQ the engine relies on do: queues deliver each message
-to one subscriber at a time, up to its prefetch of unacknowledged messages; topics deliver
-to every subscriber present; an acknowledged message is gone, a refused one (NACK) moves
+to one subscriber at a time, up to its prefetch of unacknowledged messages; an
+acknowledged message is gone, a refused one (NACK) moves
 to ``DLQ.<queue>``, and what a subscriber leaves unacknowledged (it unsubscribes, closes or
 loses its connection) goes back to the head of its queue, marked redelivered. Selectors
 are the subset of JMS selectors the provider writes (``=``, ``<>``, ``IS [NOT] NULL``,
@@ -11,8 +11,8 @@ three-valued logic; ``JMSMessageID`` is the message id. Every message is stamped
 sending user (``JMSXUserID``) as a broker with ``populateJMSXUserID`` does. A test can drop every connection
 (:meth:`MemoryBroker.drop`) to exercise reconnects.
 
-Nothing is persistent and there is no flow control or paging: those are the real broker's,
-proved by the integration tests.
+Nothing is persistent and there are no topics, flow control or paging: those are the real
+broker's, proved by the integration tests.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _Message:
 class _Sub:
     link: MemoryLink
     sub_id: str
-    destination: str
+    queue: str
     prefetch: int
     match: Predicate
     unacked: dict[str, _Message] = field(default_factory=dict)
@@ -92,7 +92,7 @@ class MemoryBroker:
     def messages(self, destination: str) -> list[tuple[dict[str, Any], bytes]]:
         """What waits on a queue now (not what is delivered and unacknowledged)."""
         with self.cond:
-            return [(dict(m.headers), m.body) for m in self.queues.get(_parse(destination)[1], ())]
+            return [(dict(m.headers), m.body) for m in self.queues.get(_queue(destination), ())]
 
     def refuse(self, destination: str, times: int) -> None:
         """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
@@ -115,7 +115,7 @@ class MemoryBroker:
 
     # -- the broker's work, under self.cond ----------------------------------------------
     def _send(self, link: MemoryLink, destination: str, body: bytes, headers: Headers) -> None:
-        kind, name = _parse(destination)
+        name = _queue(destination)
         if self.refusals.get(destination, 0) > 0:
             self.refusals[destination] -= 1
             raise DestinationFull(f"memory broker {self.name} refused messages to {destination}: its memory is full")
@@ -125,17 +125,12 @@ class MemoryBroker:
                             "timestamp": str(int(time.time() * 1000))})
         if link.params.login:
             msg.headers["JMSXUserID"] = link.params.login
-        if kind == "topic":
-            for sub in self.subs:
-                if sub.destination == destination and sub.match(msg.headers):
-                    self._deliver(sub, _Message(dict(msg.headers), msg.body))
-            return
         self.queues[name].append(msg)
         self._dispatch(name)
 
     def _dispatch(self, name: str) -> None:
         queue = self.queues.get(name)
-        subs = [s for s in self.subs if _parse(s.destination) == ("queue", name)]
+        subs = [s for s in self.subs if s.queue == name]
         if not queue or not subs:
             return
         kept: collections.deque[_Message] = collections.deque()
@@ -163,24 +158,21 @@ class MemoryBroker:
         if sub is None:
             raise TransportError(f"memory broker {self.name}: no unacknowledged message {ack}")
         msg = sub.unacked.pop(ack)
-        kind, name = _parse(sub.destination)
-        if refuse and kind == "queue":
+        if refuse:
             msg.redelivered = False
-            self.queues[f"DLQ.{name}"].append(msg)
-            self._dispatch(f"DLQ.{name}")
-        if kind == "queue":
-            self._dispatch(name)
+            self.queues[f"DLQ.{sub.queue}"].append(msg)
+            self._dispatch(f"DLQ.{sub.queue}")
+        self._dispatch(sub.queue)
 
     def _unsubscribe(self, sub: _Sub) -> None:
         self.subs.remove(sub)
-        kind, name = _parse(sub.destination)
         sub.link.inbox = collections.deque(f for f in sub.link.inbox if f.headers.get("subscription") != sub.sub_id)
-        if kind == "queue" and sub.unacked:
+        if sub.unacked:
             back = list(sub.unacked.values())
             for msg in back:
                 msg.redelivered = True
-            self.queues[name].extendleft(reversed(back))
-            self._dispatch(name)
+            self.queues[sub.queue].extendleft(reversed(back))
+            self._dispatch(sub.queue)
 
     def _disconnect(self, link: MemoryLink) -> None:
         for sub in [s for s in self.subs if s.link is link]:
@@ -261,17 +253,16 @@ class MemoryLink:
             if broker.uncreatable.get(destination, 0) > 0:
                 broker.uncreatable[destination] -= 1
                 raise DestinationRefused(f"memory broker {broker.name} refused to create {destination}")
-            kind, name = _parse(destination)
+            name = _queue(destination)
             if browser:
-                waiting = broker.queues.get(name, ()) if kind == "queue" else ()
+                waiting = broker.queues.get(name, ())
                 self.inbox.extend(Frame("MESSAGE", {**m.headers, "subscription": sub_id}, m.body)
                                   for m in waiting if match(m.headers))
                 self.inbox.append(Frame("MESSAGE", {"subscription": sub_id, "browser": "end"}, b""))
                 broker.cond.notify_all()
                 return sub_id
-            broker.subs.append(_Sub(self, sub_id, destination, max(1, prefetch), match))
-            if kind == "queue":
-                broker._dispatch(name)
+            broker.subs.append(_Sub(self, sub_id, name, max(1, prefetch), match))
+            broker._dispatch(name)
         return sub_id
 
     def unsubscribe(self, sub_id: str) -> None:
@@ -311,11 +302,10 @@ class MemoryLink:
                 broker.cond.wait(left)
 
 
-def _parse(destination: str) -> tuple[str, str]:
-    for prefix, kind in (("/queue/", "queue"), ("/topic/", "topic")):
-        if destination.startswith(prefix):
-            return kind, destination[len(prefix):]
-    raise TransportError(f"memory broker: {destination!r} is not /queue/NAME or /topic/NAME")
+def _queue(destination: str) -> str:
+    if not destination.startswith("/queue/"):
+        raise TransportError(f"memory broker: {destination!r} is not /queue/NAME (a topic needs the real broker)")
+    return destination.removeprefix("/queue/")
 
 
 # ------------------------------------------------------------------ selectors
