@@ -73,7 +73,6 @@ class FastTransport(Transport):
         self._amqs_hosts = list(hosts)
         self._amqs_timeout = timeout
         self._amqs_tls = tls
-        # Why each host failed, for the error message: its TCP connect, or its TLS handshake.
         self.tcp_errors: list[str] = []
         self.tls_errors: list[str] = []
         if tls is not None:

@@ -168,10 +168,9 @@ class MemoryBroker:
         self.subs.remove(sub)
         sub.link.inbox = collections.deque(f for f in sub.link.inbox if f.headers.get("subscription") != sub.sub_id)
         if sub.unacked:
-            back = list(sub.unacked.values())
-            for msg in back:
+            for msg in sub.unacked.values():
                 msg.redelivered = True
-            self.queues[sub.queue].extendleft(reversed(back))
+            self.queues[sub.queue].extendleft(reversed(sub.unacked.values()))
             self._dispatch(sub.queue)
 
     def _disconnect(self, link: MemoryLink) -> None:
@@ -309,7 +308,6 @@ def _queue(destination: str) -> str:
 
 
 # ------------------------------------------------------------------ selectors
-# A token (a quoted literal, an operator, a name or keyword), or the character that is none.
 _TOKEN = re.compile(r"\s*(?:(?P<token>'(?:[^']|'')*'|<>|[=(),]|[A-Za-z_][A-Za-z0-9_.]*)|(?P<bad>\S))")
 _KEYWORDS = {"AND", "OR", "NOT", "IS", "NULL", "IN", "LIKE", "ESCAPE", "TRUE", "FALSE"}
 
