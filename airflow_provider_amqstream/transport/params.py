@@ -150,10 +150,9 @@ class BrokerParams:
                 kind = "a whole number" if conv is int else "a number"
                 raise ConfigurationError(f"{at}connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
 
-        tls = _tls(extra, tls_scheme, where)
         return cls(
             hosts=tuple(hosts), login=login or None, password=password or None,
-            vhost=extra.get("vhost") or None, tls=tls,
+            vhost=extra.get("vhost") or None, tls=_tls(extra, tls_scheme, where),
             ca_file=extra.get("ca_file") or None, cert_file=extra.get("cert_file") or None,
             key_file=extra.get("key_file") or None, check_hostname=flag("check_hostname", True),
             heartbeat_ms=num("heartbeat_ms", 10_000), connect_timeout=num("connect_timeout", 15.0, float),
