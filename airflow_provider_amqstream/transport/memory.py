@@ -80,7 +80,7 @@ class MemoryBroker:
         self.uncreatable: dict[str, int] = {}
         MemoryBroker._brokers[self.name] = self
 
-    def params(self, user: str | None = "tester", **kw: Any) -> BrokerParams:
+    def params(self, user: str | None, **kw: Any) -> BrokerParams:
         """Connection settings that reach this broker as ``user``."""
         return BrokerParams(hosts=((self.name, 0),), login=user, backend="memory", **kw)
 
