@@ -9,6 +9,7 @@ refused login, nothing listening, a failed TLS handshake, or a port that does no
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import selectors
@@ -32,14 +33,12 @@ from airflow_provider_amqstream.transport.params import BrokerParams
 log = logging.getLogger(__name__)
 
 
-class _LostConnectionNoise(logging.Filter):
+def _not_lost_connection_noise(record: logging.LogRecord) -> bool:
     """Drops stomp.py's ``error sending frame`` record: it comes with a traceback (``OSError:
     [Errno 9] Bad file descriptor`` when the broker went away) and was the first line a user
     saw of a lost connection, while the session raises :class:`ConnectionLost` for the same
     failure and the engine reports it (what was lost, and that it reconnects)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != "error sending frame"
+    return record.msg != "error sending frame"
 
 
 # stomp.py logs every connect at INFO ("established connection to host ..."); in task logs
@@ -47,8 +46,8 @@ class _LostConnectionNoise(logging.Filter):
 _stomp_log = logging.getLogger("stomp.py")
 if _stomp_log.level == logging.NOTSET:
     _stomp_log.setLevel(logging.WARNING)
-if not any(isinstance(f, _LostConnectionNoise) for f in _stomp_log.filters):
-    _stomp_log.addFilter(_LostConnectionNoise())
+if _not_lost_connection_noise not in _stomp_log.filters:
+    _stomp_log.addFilter(_not_lost_connection_noise)
 
 
 class FastTransport(Transport):
@@ -71,11 +70,10 @@ class FastTransport(Transport):
         super().__init__(hosts, timeout=timeout, **kwargs)
         self._amqs_frames = FrameParser()
         self._amqs_scratch = bytearray(self._SCRATCH)
-        self._amqs_bodies: list[bytearray] = []
+        self._amqs_bodies: collections.deque[bytearray] = collections.deque(maxlen=self._SPARE_BODIES)
         self._amqs_hosts = list(hosts)
         self._amqs_timeout = timeout
         self._amqs_tls = tls
-        # Why each host failed, for the error message: its TCP connect, or its TLS handshake.
         self.tcp_errors: list[str] = []
         self.tls_errors: list[str] = []
         if tls is not None:
@@ -115,25 +113,23 @@ class FastTransport(Transport):
             if self._amqs_tls is None:
                 # As stomp.py leaves a plain socket: blocking, without a timeout.
                 sock.settimeout(None)
-                self.socket = sock
-                self.current_host_and_port = (host, port)
-                return
-            try:
-                tls_sock = self._amqs_tls.wrap_socket(sock, server_hostname=host)
-            except OSError as exc:  # ssl.SSLError and timeouts alike
-                sock.close()
-                self.tls_errors.append(f"{host}:{port}: {exc}")
-                log.debug("TLS handshake with %s:%s failed: %s", host, port, exc)  # the error says it
-                continue
-            # What stomp.py does after its own handshake: a TLS socket is read and written
-            # non-blocking, through a selector shared with the send queue.
-            self.send_queue = PollableQueue()
-            self.sel = selectors.DefaultSelector()
-            self.sel.register(self.send_queue, selectors.EVENT_READ)
-            self.sel.register(tls_sock, selectors.EVENT_READ)
-            self.blocking = False
-            tls_sock.setblocking(False)
-            self.socket = tls_sock
+            else:
+                try:
+                    sock = self._amqs_tls.wrap_socket(sock, server_hostname=host)
+                except OSError as exc:  # ssl.SSLError and timeouts alike
+                    sock.close()
+                    self.tls_errors.append(f"{host}:{port}: {exc}")
+                    log.debug("TLS handshake with %s:%s failed: %s", host, port, exc)  # the error says it
+                    continue
+                # What stomp.py does after its own handshake: a TLS socket is read and written
+                # non-blocking, through a selector shared with the send queue.
+                self.send_queue = PollableQueue()
+                self.sel = selectors.DefaultSelector()
+                self.sel.register(self.send_queue, selectors.EVENT_READ)
+                self.sel.register(sock, selectors.EVENT_READ)
+                self.blocking = False
+                sock.setblocking(False)
+            self.socket = sock
             self.current_host_and_port = (host, port)
             return
         raise stomp_exc.ConnectFailedException()
@@ -236,29 +232,25 @@ class FastTransport(Transport):
         nobody else holds any more (the engine drops a chunk once it is written), else new.
         A new bytearray is zeroed first: ~4 % of a receiver's CPU for 1 MiB chunks."""
         for buf in self._amqs_bodies:
-            # Our list's reference and getrefcount's argument: no frame, view or queue has it.
+            # Our deque's reference and getrefcount's argument: no frame, view or queue has it.
             if len(buf) == size and sys.getrefcount(buf) == 3:
                 return buf
         buf = bytearray(size)
-        if len(self._amqs_bodies) >= self._SPARE_BODIES:
-            self._amqs_bodies.pop(0)
-        self._amqs_bodies.append(buf)
+        self._amqs_bodies.append(buf)  # past _SPARE_BODIES, the oldest is let go
         return buf
 
 
 class Connection12(BaseConnection, Protocol12):
-    """StompConnection12 built on :class:`FastTransport` (its ``hosts``, ``timeout`` and ``tls``);
-    ``heartbeats`` in milliseconds."""
+    """StompConnection12 built on :class:`FastTransport` to ``params``' hosts (TLS if it asks)."""
 
-    def __init__(self, hosts: list[tuple[str, int]], heartbeats: tuple[int, int], timeout: float,
-                 tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, params: BrokerParams) -> None:
         transport = FastTransport(
-            hosts, prefer_localhost=False, try_loopback_connect=False,
-            reconnect_attempts_max=1, timeout=timeout, auto_decode=False,
-            recv_bytes=1024 * 1024, tls=tls,
+            list(params.hosts), prefer_localhost=False, try_loopback_connect=False,
+            reconnect_attempts_max=1, timeout=params.connect_timeout, auto_decode=False,
+            recv_bytes=1024 * 1024, tls=tls_context(params) if params.tls else None,
         )
         BaseConnection.__init__(self, transport)
-        Protocol12.__init__(self, transport, heartbeats, auto_content_length=True,
+        Protocol12.__init__(self, transport, (params.heartbeat_ms, params.heartbeat_ms), auto_content_length=True,
                             heart_beat_receive_scale=2.5)
 
     def connect(self, *args: Any, **kwargs: Any) -> None:
@@ -307,8 +299,7 @@ def open_connection(params: BrokerParams, inbox: Inbox, client_id: str | None) -
     (:class:`BrokerUnreachable` when no broker answered at all); ``client_id`` is the name the
     broker logs."""
     p = params
-    conn = Connection12(list(p.hosts), (p.heartbeat_ms, p.heartbeat_ms), p.connect_timeout,
-                        tls=tls_context(p) if p.tls else None)
+    conn = Connection12(p)
     conn.set_listener("amqstream", inbox)
     # ActiveMQ refuses a second connection with a client-id already in use; the
     # suffix keeps threads of one process (and a fast reconnect) apart.

@@ -44,8 +44,7 @@ class Inbox(stomp.ConnectionListener):
 
     def on_message(self, frame: Frame) -> None:
         with self.cond:
-            if not self._can_deliver():
-                self.cond.wait_for(self._can_deliver, timeout=self.MAX_HOLD)
+            self.cond.wait_for(self._can_deliver, timeout=self.MAX_HOLD)  # returns at once if it can
             self.held += len(frame.body or b"")
         self.messages.put(frame)
 

@@ -48,9 +48,9 @@ class Link(Protocol):
     def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
         """Send one persistent message and return once the broker has stored it."""
 
-    def wait_receipt(self, rid: str, timeout: float | None = None) -> None: ...
+    def wait_receipt(self, rid: str) -> None: ...
 
-    def round_trip(self, timeout: float = 10.0) -> None:
+    def round_trip(self) -> None:
         """Prove the session works end to end."""
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,

@@ -1,8 +1,8 @@
 """An in-memory broker and link: the engine's logic in unit tests, without ActiveMQ.
 
 It behaves as the parts of ActiveMQ the engine relies on do: queues deliver each message
-to one subscriber at a time, up to its prefetch of unacknowledged messages; topics deliver
-to every subscriber present; an acknowledged message is gone, a refused one (NACK) moves
+to one subscriber at a time, up to its prefetch of unacknowledged messages; an
+acknowledged message is gone, a refused one (NACK) moves
 to ``DLQ.<queue>``, and what a subscriber leaves unacknowledged (it unsubscribes, closes or
 loses its connection) goes back to the head of its queue, marked redelivered. Selectors
 are the subset of JMS selectors the provider writes (``=``, ``<>``, ``IS [NOT] NULL``,
@@ -11,8 +11,8 @@ three-valued logic; ``JMSMessageID`` is the message id. Every message is stamped
 sending user (``JMSXUserID``) as a broker with ``populateJMSXUserID`` does. A test can drop every connection
 (:meth:`MemoryBroker.drop`) to exercise reconnects.
 
-Nothing is persistent and there is no flow control or paging: those are the real broker's,
-proved by the integration tests.
+Nothing is persistent and there are no topics, flow control or paging: those are the real
+broker's, proved by the integration tests.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _Message:
 class _Sub:
     link: MemoryLink
     sub_id: str
-    destination: str
+    queue: str
     prefetch: int
     match: Predicate
     unacked: dict[str, _Message] = field(default_factory=dict)
@@ -80,7 +80,7 @@ class MemoryBroker:
         self.uncreatable: dict[str, int] = {}
         MemoryBroker._brokers[self.name] = self
 
-    def params(self, user: str | None = "tester", **kw: Any) -> BrokerParams:
+    def params(self, user: str | None, **kw: Any) -> BrokerParams:
         """Connection settings that reach this broker as ``user``."""
         return BrokerParams(hosts=((self.name, 0),), login=user, backend="memory", **kw)
 
@@ -92,7 +92,7 @@ class MemoryBroker:
     def messages(self, destination: str) -> list[tuple[dict[str, Any], bytes]]:
         """What waits on a queue now (not what is delivered and unacknowledged)."""
         with self.cond:
-            return [(dict(m.headers), m.body) for m in self.queues.get(_parse(destination)[1], ())]
+            return [(dict(m.headers), m.body) for m in self.queues.get(_queue(destination), ())]
 
     def refuse(self, destination: str, times: int) -> None:
         """Refuse the next ``times`` sends to ``destination`` with :class:`DestinationFull`."""
@@ -115,40 +115,33 @@ class MemoryBroker:
 
     # -- the broker's work, under self.cond ----------------------------------------------
     def _send(self, link: MemoryLink, destination: str, body: bytes, headers: Headers) -> None:
-        kind, name = _parse(destination)
+        name = _queue(destination)
         if self.refusals.get(destination, 0) > 0:
             self.refusals[destination] -= 1
             raise DestinationFull(f"memory broker {self.name} refused messages to {destination}: its memory is full")
-        msg = _Message({k: str(v) for k, v in headers.items() if k not in ("receipt", "persistent")}, bytes(body))
+        kept = {k: str(v) for k, v in headers.items() if k not in ("receipt", "persistent", "JMSXUserID")}
+        msg = _Message(kept, bytes(body))
         msg.headers.update({"message-id": f"ID:{self.name}-{next(self._ids)}", "destination": destination,
                             "timestamp": str(int(time.time() * 1000))})
         if link.params.login:
             msg.headers["JMSXUserID"] = link.params.login
-        else:
-            msg.headers.pop("JMSXUserID", None)
-        if kind == "topic":
-            for sub in self.subs:
-                if sub.destination == destination and sub.match(msg.headers):
-                    self._deliver(sub, _Message(dict(msg.headers), msg.body))
-            return
         self.queues[name].append(msg)
         self._dispatch(name)
 
     def _dispatch(self, name: str) -> None:
         queue = self.queues.get(name)
-        subs = [s for s in self.subs if _parse(s.destination) == ("queue", name)]
+        subs = [s for s in self.subs if s.queue == name]
         if not queue or not subs:
             return
         kept: collections.deque[_Message] = collections.deque()
-        while queue:
-            msg = queue.popleft()
+        for msg in queue:
             sub = next((s for s in subs if len(s.unacked) < s.prefetch and s.match(msg.headers)), None)
             if sub is None:
                 kept.append(msg)
-                continue
-            self._deliver(sub, msg)
-            subs.remove(sub)
-            subs.append(sub)  # round robin among those that can take one
+            else:
+                self._deliver(sub, msg)
+                subs.remove(sub)
+                subs.append(sub)  # round robin among those that can take one
         self.queues[name] = kept
 
     def _deliver(self, sub: _Sub, msg: _Message) -> None:
@@ -165,24 +158,20 @@ class MemoryBroker:
         if sub is None:
             raise TransportError(f"memory broker {self.name}: no unacknowledged message {ack}")
         msg = sub.unacked.pop(ack)
-        kind, name = _parse(sub.destination)
-        if refuse and kind == "queue":
+        if refuse:
             msg.redelivered = False
-            self.queues[f"DLQ.{name}"].append(msg)
-            self._dispatch(f"DLQ.{name}")
-        if kind == "queue":
-            self._dispatch(name)
+            self.queues[f"DLQ.{sub.queue}"].append(msg)
+            self._dispatch(f"DLQ.{sub.queue}")
+        self._dispatch(sub.queue)
 
     def _unsubscribe(self, sub: _Sub) -> None:
         self.subs.remove(sub)
-        kind, name = _parse(sub.destination)
         sub.link.inbox = collections.deque(f for f in sub.link.inbox if f.headers.get("subscription") != sub.sub_id)
-        if kind == "queue" and sub.unacked:
-            back = list(sub.unacked.values())
-            for msg in back:
+        if sub.unacked:
+            for msg in sub.unacked.values():
                 msg.redelivered = True
-            self.queues[name].extendleft(reversed(back))
-            self._dispatch(name)
+            self.queues[sub.queue].extendleft(reversed(sub.unacked.values()))
+            self._dispatch(sub.queue)
 
     def _disconnect(self, link: MemoryLink) -> None:
         for sub in [s for s in self.subs if s.link is link]:
@@ -248,10 +237,10 @@ class MemoryLink:
     def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
         self.send(destination, body, headers)
 
-    def wait_receipt(self, rid: str, timeout: float | None = None) -> None:
+    def wait_receipt(self, rid: str) -> None:
         self._live()
 
-    def round_trip(self, timeout: float = 10.0) -> None:
+    def round_trip(self) -> None:
         self._live()
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
@@ -263,18 +252,16 @@ class MemoryLink:
             if broker.uncreatable.get(destination, 0) > 0:
                 broker.uncreatable[destination] -= 1
                 raise DestinationRefused(f"memory broker {broker.name} refused to create {destination}")
-            kind, name = _parse(destination)
+            name = _queue(destination)
             if browser:
-                waiting = list(broker.queues.get(name, ())) if kind == "queue" else []
-                for msg in waiting:
-                    if match(msg.headers):
-                        self.inbox.append(Frame("MESSAGE", {**msg.headers, "subscription": sub_id}, msg.body))
+                waiting = broker.queues.get(name, ())
+                self.inbox.extend(Frame("MESSAGE", {**m.headers, "subscription": sub_id}, m.body)
+                                  for m in waiting if match(m.headers))
                 self.inbox.append(Frame("MESSAGE", {"subscription": sub_id, "browser": "end"}, b""))
                 broker.cond.notify_all()
                 return sub_id
-            broker.subs.append(_Sub(self, sub_id, destination, max(1, prefetch), match))
-            if kind == "queue":
-                broker._dispatch(name)
+            broker.subs.append(_Sub(self, sub_id, name, max(1, prefetch), match))
+            broker._dispatch(name)
         return sub_id
 
     def unsubscribe(self, sub_id: str) -> None:
@@ -314,16 +301,14 @@ class MemoryLink:
                 broker.cond.wait(left)
 
 
-def _parse(destination: str) -> tuple[str, str]:
-    for prefix, kind in (("/queue/", "queue"), ("/topic/", "topic")):
-        if destination.startswith(prefix):
-            return kind, destination[len(prefix):]
-    raise TransportError(f"memory broker: {destination!r} is not /queue/NAME or /topic/NAME")
+def _queue(destination: str) -> str:
+    if not destination.startswith("/queue/"):
+        raise TransportError(f"memory broker: {destination!r} is not /queue/NAME (a topic needs the real broker)")
+    return destination.removeprefix("/queue/")
 
 
 # ------------------------------------------------------------------ selectors
-_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<op><>|[=(),])"
-                    r"|(?P<word>[A-Za-z_][A-Za-z0-9_.]*))")
+_TOKEN = re.compile(r"\s*(?:(?P<token>'(?:[^']|'')*'|<>|[=(),]|[A-Za-z_][A-Za-z0-9_.]*)|(?P<bad>\S))")
 _KEYWORDS = {"AND", "OR", "NOT", "IS", "NULL", "IN", "LIKE", "ESCAPE", "TRUE", "FALSE"}
 
 
@@ -333,7 +318,7 @@ def compile_selector(text: str) -> Predicate:
     parser = _Parser(text)
     pred = parser.expr()
     if parser.pos != len(parser.tokens):
-        raise ValueError(f"selector {text!r}: unexpected {parser.tokens[parser.pos][1]!r}")
+        raise ValueError(f"selector {text!r}: unexpected {parser.tokens[parser.pos]!r}")
     return pred
 
 
@@ -344,37 +329,30 @@ _RANK = {False: 0, None: 1, True: 2}
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text, self.pos = text, 0
-        self.tokens: list[tuple[str, str]] = []
-        at = 0
-        while text[at:].strip():
-            m = _TOKEN.match(text, at)
-            if not m:
-                raise ValueError(f"selector {text!r}: cannot read at {text[at:at + 20]!r}")
-            kind = m.lastgroup or ""
-            value = m.group(kind)
-            if kind == "word" and value.upper() in _KEYWORDS:
-                kind, value = "kw", value.upper()
-            self.tokens.append((kind, value))
-            at = m.end()
+        self.tokens: list[str] = []
+        for m in _TOKEN.finditer(text):
+            if m["bad"]:
+                raise ValueError(f"selector {text!r}: cannot read at {text[m.start('bad'):][:20]!r}")
+            token = m["token"]
+            self.tokens.append(token.upper() if token.upper() in _KEYWORDS else token)
 
     def _skip(self, value: str) -> bool:
         """Take the next token if it is ``value``."""
-        found = self.pos < len(self.tokens) and self.tokens[self.pos][1] == value
+        found = self.pos < len(self.tokens) and self.tokens[self.pos] == value
         self.pos += found
         return found
 
-    def _take(self, value: str | None = None) -> tuple[str, str]:
-        if self.pos >= len(self.tokens) or (value is not None and self.tokens[self.pos][1] != value):
+    def _take(self, value: str | None = None) -> str:
+        if self.pos >= len(self.tokens) or (value is not None and self.tokens[self.pos] != value):
             raise ValueError(f"selector {self.text!r}: expected {value or 'more'}")
         self.pos += 1
         return self.tokens[self.pos - 1]
 
     def _chain(self, word: str, operand: Callable[[], Predicate], join: Callable[..., Any]) -> Predicate:
-        left = operand()
+        parts = [operand()]
         while self._skip(word):
-            right, prev = operand(), left
-            left = (lambda a, b: lambda h: join(a(h), b(h), key=_RANK.__getitem__))(prev, right)
-        return left
+            parts.append(operand())
+        return lambda h: join((part(h) for part in parts), key=_RANK.__getitem__)
 
     def expr(self) -> Predicate:
         return self._chain("OR", self._and, max)
@@ -389,8 +367,8 @@ class _Parser:
         return self._cmp()
 
     def _literal(self) -> str:
-        kind, value = self._take()
-        if kind != "str":
+        value = self._take()
+        if not value.startswith("'"):
             raise ValueError(f"selector {self.text!r}: expected a literal, got {value!r}")
         return value[1:-1].replace("''", "'")
 
@@ -400,8 +378,9 @@ class _Parser:
             inner = self.expr()
             self._take(")")
             return inner
-        _, ident = self._take()
-        ident = _HEADER_OF.get(ident, ident)
+        ident = self._take()
+        # JMSMessageID is the one JMS header field a STOMP frame carries under its own name.
+        ident = "message-id" if ident == "JMSMessageID" else ident
         if self._skip("IS"):
             present = self._skip("NOT")
             self._take("NULL")
@@ -418,25 +397,15 @@ class _Parser:
                 values.append(self._literal())
             self._take(")")
         else:  # = and <> are IN and NOT IN with one value
-            op = self._take()[1]
+            op = self._take()
             if op not in ("=", "<>"):
                 raise ValueError(f"selector {self.text!r}: expected =, <>, IN, LIKE or IS after {ident}, got {op!r}")
             negate, values = negate != (op == "<>"), [self._literal()]
         return lambda h: None if ident not in h else (str(h[ident]) in values) != negate
 
 
-# The JMS names of header fields a STOMP frame carries under its own name.
-_HEADER_OF = {"JMSMessageID": "message-id"}
-
-
 def _like(pattern: str, escape: str | None) -> re.Pattern[str]:
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if escape and c == escape and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.S)
+    # Pieces: an escaped character (the escape and the one it escapes), else one character.
+    pieces = re.findall(f"{re.escape(escape)}.|." if escape else ".", pattern, re.S)
+    wild = {"%": ".*", "_": "."}
+    return re.compile("".join(wild.get(p) or re.escape(p[-1]) for p in pieces), re.S)

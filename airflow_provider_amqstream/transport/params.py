@@ -21,7 +21,6 @@ _FALSE = frozenset({"false", "0", "no", "off"})
 # Other spellings of a TLS switch (``ssl=true``, ``use_tls``, ``TLS``): refused rather than
 # ignored, since ignoring one would connect in plain text while the user asked for TLS.
 _TLS_LOOKALIKE = re.compile(r"(use_|enable_)?(tls|ssl)(_enabled)?")
-TLS_FILES = ("ca_file", "cert_file", "key_file")
 
 
 def _at(where: str | None) -> str:
@@ -151,10 +150,9 @@ class BrokerParams:
                 kind = "a whole number" if conv is int else "a number"
                 raise ConfigurationError(f"{at}connection extra {name!r} must be {kind}, got {str(v)[:40]!r}") from None
 
-        tls = _tls(extra, tls_scheme, where)
         return cls(
             hosts=tuple(hosts), login=login or None, password=password or None,
-            vhost=extra.get("vhost") or None, tls=tls,
+            vhost=extra.get("vhost") or None, tls=_tls(extra, tls_scheme, where),
             ca_file=extra.get("ca_file") or None, cert_file=extra.get("cert_file") or None,
             key_file=extra.get("key_file") or None, check_hostname=flag("check_hostname", True),
             heartbeat_ms=num("heartbeat_ms", 10_000), connect_timeout=num("connect_timeout", 15.0, float),
@@ -162,7 +160,8 @@ class BrokerParams:
             chunk_size=num("chunk_size", None), window=num("window", None),
             compression=_compression(extra, at),
             network=flag("network", False),
-            records_retention_days=_retention(num("records_retention_days", None, float), at),
+            records_retention_days=_at_least_zero("records_retention_days", num("records_retention_days", None, float),
+                                                  at, zero=" (keep records for ever)"),
             min_rate=_at_least_zero("min_rate", num("min_rate", None, float), at),
             keys=tuple(extra_list(extra, "keys")), seal_to=_recipients(extra_list(extra, "seal_to"), at),
             seal_required=_seal_policy(extra.get("seal"), at),
@@ -207,16 +206,10 @@ def _compression(extra: Mapping[str, Any], at: str) -> str | None:
         raise ConfigurationError(f"{at}connection extra 'compression': {exc}") from None
 
 
-def _retention(days: float | None, at: str) -> float | None:
-    if days is not None and days < 0:
-        raise ConfigurationError(f"{at}connection extra 'records_retention_days' must be 0 (keep records for ever) "
-                                 f"or more days, got {days:g}")
-    return days
-
-
-def _at_least_zero(name: str, value: float | None, at: str) -> float | None:
+def _at_least_zero(name: str, value: float | None, at: str, *, zero: str = "") -> float | None:
+    """``value``, refused if negative; ``zero`` says what 0 means."""
     if value is not None and value < 0:
-        raise ConfigurationError(f"{at}connection extra {name!r} must be 0 or more, got {value:g}")
+        raise ConfigurationError(f"{at}connection extra {name!r} must be 0{zero} or more, got {value:g}")
     return value
 
 
@@ -231,7 +224,7 @@ def _tls(extra: Mapping[str, Any], tls_scheme: bool, where: str | None) -> bool:
     tls = parse_flag(extra.get("tls"), "tls", tls_scheme, where)
     if tls_scheme and not tls:
         raise ConfigurationError(f"{at}the scheme asks for TLS but the extra tls is false: remove one of the two")
-    files = [name for name in TLS_FILES if extra.get(name)]
+    files = [name for name in ("ca_file", "cert_file", "key_file") if extra.get(name)]
     if files and not tls:
         raise ConfigurationError(f"{at}{', '.join(files)} given but TLS is off: set the extra tls=true (or use "
                          "stomp+ssl://), or remove them")

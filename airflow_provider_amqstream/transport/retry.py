@@ -68,6 +68,9 @@ class Reconnect:
         self.what, self.url, self.timeout, self.wait_at_start = what, url, timeout, wait_at_start
         self.attempts = 0  # failed attempts, in all
         self.reached = self._full = False
+        self._restart()
+
+    def _restart(self) -> None:
         self.deadline: float | None = None  # set by the first failure since the work last moved
         self.delay = 0.5
         self._said = ("", 0.0)
@@ -95,25 +98,19 @@ class Reconnect:
         now = time.monotonic()
         if self.deadline is None:
             self.deadline = now + self.timeout
-        deadline = self.deadline
-        if now >= deadline:
+        if now >= self.deadline:
             raise StreamError(
                 f"{self.what}: gave up after {self.timeout:.0f}s of trying to reach {self.url} "
                 f"({self.attempts} attempts); last error: {str(exc).rstrip('. ')}. "
                 "Re-run to continue from the checkpoint."
             ) from exc
-        delay = min(self.delay, deadline - now)
+        delay = min(self.delay, self.deadline - now)
         text, when = self._said
         if str(exc) != text or now - when >= self.REPEAT_LOG_INTERVAL:
             self._said = (str(exc), now)
             log.warning("%s: %s (trying again in %.1fs, for up to %.0fs more)", self.what, exc, delay,
-                        deadline - now)
+                        self.deadline - now)
         else:
             log.debug("%s: %s (trying again in %.1fs)", self.what, exc, delay)
         time.sleep(delay)
         self.delay = min(self.delay * 2, 5.0)
-
-    def _restart(self) -> None:
-        self.deadline = None
-        self.delay = 0.5
-        self._said = ("", 0.0)

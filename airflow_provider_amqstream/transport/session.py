@@ -66,8 +66,7 @@ class StompLink:
     def _check_refused(self) -> None:
         """Raise AccessDenied if the broker refused us a destination. Checked before a
         lost connection: ActiveMQ closes the session right after saying why."""
-        denied = access_denied(self.params, self._inbox.errors)
-        if denied is not None:
+        if denied := access_denied(self.params, self._inbox.errors):
             raise denied
 
     def _live(self) -> Connection12:
@@ -92,11 +91,9 @@ class StompLink:
     def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
              receipt: bool = False, persistent: bool = True) -> str | None:
         conn = self._live()
-        h = dict(headers)
-        h["persistent"] = "true" if persistent else "false"
-        rid = None
-        if receipt:
-            rid = self._receipt_id()
+        h = {**headers, "persistent": "true" if persistent else "false"}
+        rid = self._receipt_id() if receipt else None
+        if rid:
             h["receipt"] = rid
         with self._lost(f"sending to {destination}"):
             conn.send(destination, body, headers=h)
@@ -136,13 +133,13 @@ class StompLink:
             finally:
                 inbox.receipt_waiters -= 1
 
-    def round_trip(self, timeout: float = 10.0) -> None:
+    def round_trip(self) -> None:
         conn = self._live()
         n = next(self._ids)
         # An empty transaction touches no destination and needs no permission.
         conn.send_frame("BEGIN", {"transaction": f"ping-{n}"})
         conn.send_frame("ABORT", {"transaction": f"ping-{n}", "receipt": f"ping-{n}"})
-        self.wait_receipt(f"ping-{n}", timeout)
+        self.wait_receipt(f"ping-{n}", 10.0)
 
     def subscribe(self, destination: str, *, ack: str = "client-individual", prefetch: int = 1,
                   selector: str | None = None, browser: bool = False) -> str:

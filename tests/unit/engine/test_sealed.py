@@ -18,7 +18,7 @@ from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol.codec import crc32
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE
-from airflow_provider_amqstream.transport.memory import MemoryBroker, _parse
+from airflow_provider_amqstream.transport.memory import MemoryBroker, _queue
 
 Q = "/queue/landing"
 DEST = Destination.parse(Q)
@@ -84,7 +84,7 @@ def _tampered(broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], change
     res = send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)))
     q = DEST.data_queue(res.stream_id, "alice")
     chunks = broker.messages(q)
-    broker.queues.pop(_parse(q)[1])
+    broker.queues.pop(_queue(q))
     with broker_link(broker) as link:
         for headers, body in change(chunks):
             link.send(q, body, {**headers, hdr.H_CRC: str(crc32(body))} if hdr.H_SEQ in headers else headers)
@@ -134,7 +134,7 @@ def test_a_chunk_transplanted_from_another_stream_does_not_open(
     qa, qb = DEST.data_queue(ra.stream_id, "alice"), DEST.data_queue(rb.stream_id, "alice")
     foreign = broker.messages(qb)[1][1]
     chunks = broker.messages(qa)
-    broker.queues.pop(_parse(qa)[1])
+    broker.queues.pop(_queue(qa))
     with broker_link(broker) as link:
         for i, (h, body) in enumerate(chunks):
             body = foreign if i == 1 else body
@@ -280,7 +280,7 @@ def test_a_sealed_batch_list_that_does_not_open_is_quarantined_and_records_nothi
         new_key_file(other)
         keys = (str(other),)
     else:
-        msgs = broker.queues[_parse(Q)[1]]
+        msgs = broker.queues[_queue(Q)]
         [batch] = [m for m in msgs if m.headers.get(hdr.H_KIND) == hdr.Kind.BATCH.value]
         if change == "altered":
             batch.body = bytes([batch.body[0] ^ 1]) + batch.body[1:]
