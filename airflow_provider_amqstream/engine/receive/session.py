@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive import inline
-from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many, receiver_store
+from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many
 from airflow_provider_amqstream.engine.receive.inline import InlineGroup
 from airflow_provider_amqstream.engine.receive.manifest import Batches
 from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS, Offers
@@ -36,7 +36,7 @@ from airflow_provider_amqstream.engine.receive.stream import (
 )
 from airflow_provider_amqstream.engine.records import TransferResult, read_json, write_json
 from airflow_provider_amqstream.engine.state_dir import StateDir
-from airflow_provider_amqstream.engine.store import prune_quietly
+from airflow_provider_amqstream.engine.store import open_store, prune_quietly
 from airflow_provider_amqstream.exceptions import (
     ProtocolError,
     StreamError,
@@ -124,7 +124,7 @@ def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str],
     out = Path(out_dir)
     sdir = StateDir.create(out)
     inline.sweep_temporaries(sdir)
-    prune_quietly(receiver_store(sdir, opts.records_retention_days))
+    prune_quietly(open_store(sdir, opts.records_retention_days))
     batches = Batches(out, sdir, retention_days=opts.records_retention_days, min_free=opts.min_free_bytes)
     batches.load()  # what senders left is bounded before anything else takes room
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
@@ -366,10 +366,9 @@ class ReceiveSession:
             if body is None:
                 return self._unopened(offer, sid, f"batch list {sid}", "recorded")
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, body)
-        except seal.SealBroken as exc:
-            return self._quarantine(offer, sid, Outcome.SEAL_BROKEN, f"invalid batch message: {exc}")
         except ProtocolError as exc:
-            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
+            cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
+            return self._quarantine(offer, sid, cause, f"invalid batch message: {exc}")
         try:
             manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
         except StreamNoRoom as exc:
@@ -482,8 +481,6 @@ class ReceiveSession:
                     break  # what follows goes back, unacknowledged
                 if outcome is not None:
                     outcomes.append(outcome)
-            # What the group publishes is recorded now: later offers look it up again.
-            self._known = None
             for offer, result in files.commit():
                 inline.settle(self.offers.ack, offer)
                 # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
@@ -492,7 +489,7 @@ class ReceiveSession:
                                bytes_transferred=result.bytes_transferred)
                 outcomes.append(result)
         finally:
-            self._known = None
+            self._known = None  # what the group published is recorded now: later offers look it up again
             files.close()
         if yielded is not None:
             return [*outcomes, self._give_way(group, *yielded)]

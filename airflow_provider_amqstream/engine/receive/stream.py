@@ -194,10 +194,8 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
         walked = out
         for part in parts:
             walked = walked / part
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o777, dir_fd=fd)
-            except FileExistsError:
-                pass
             try:
                 sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
