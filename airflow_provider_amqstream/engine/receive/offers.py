@@ -62,8 +62,6 @@ class Offers:
     def __init__(self, link: Link, dest: Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
         self.link, self.dest, self.stream_id, self.opts = link, dest, stream_id, opts
         self.sub: str | None = None
-        # Inline offers (small files in their offer) come through a second subscription with
-        # a deeper prefetch, so a group of them can be made durable together.
         self.inline_sub: str | None = None
         self.parked_sub: str | None = None
         # The parked offer a sweep stopped at: ours (prefetch 1) until the next sweep.

@@ -61,9 +61,7 @@ from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
-ResultSink = Callable[[TransferResult], None]
 _Offer = Delivered[StreamOffer, Message]
-FailureSink = Callable[[StreamFailure], None]
 
 
 def receive_stream(
@@ -95,8 +93,8 @@ def receive_streams(
     count: int | None = None,
     stream_id: str | None = None,
     options: ReceiveOptions | None = None,
-    on_result: ResultSink | None = None,
-    on_failure: FailureSink | None = None,
+    on_result: Callable[[TransferResult], None] | None = None,
+    on_failure: Callable[[StreamFailure], None] | None = None,
 ) -> list[TransferResult]:
     """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
     offer, or until ``options.stop_after`` seconds have passed or ``options.stop_when`` says
@@ -184,8 +182,8 @@ class _Report:
     stream_id: str | None
     wanted: int | None = None  # streams to receive in all (None: no limit)
     fail_fast: bool = False
-    on_result: ResultSink | None = None
-    on_failure: FailureSink | None = None
+    on_result: Callable[[TransferResult], None] | None = None
+    on_failure: Callable[[StreamFailure], None] | None = None
     # The receive's own, set once it has resolved its options and loaded its batches.
     batches: Batches = field(init=False)
     opts: ReceiveOptions = field(init=False)
@@ -207,9 +205,11 @@ class _Report:
         for outcome in outcomes:
             if outcome is None:
                 continue
-            if self.stream_id and (aside := _aside(outcome, self.stream_id)):
+            if self.stream_id and _stream_of(outcome) != self.stream_id:
                 # Another file of the pack that carried ours: received all the same.
-                log.info("%s (it came in the same pack as stream %s)", aside, self.stream_id)
+                told = (f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})"
+                        if isinstance(outcome, TransferResult) else str(outcome))
+                log.info("%s (it came in the same pack as stream %s)", told, self.stream_id)
                 continue
             if isinstance(outcome, TransferResult):
                 for manifest in self.batches.published(outcome.stream_id):
@@ -227,12 +227,11 @@ class _Report:
             raise failed
 
 
-def _aside(outcome: TransferResult | StreamError, stream_id: str) -> str:
-    """How to log ``outcome`` if it is of a stream other than ``stream_id``; "" if it is of that one."""
+def _stream_of(outcome: TransferResult | StreamError) -> str:
+    """The id of the stream ``outcome`` is of ("" for a failure that names none)."""
     if isinstance(outcome, TransferResult):
-        return "" if outcome.stream_id == stream_id else (
-            f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})")
-    return "" if outcome.failure is not None and outcome.failure.stream_id == stream_id else str(outcome) or "?"
+        return outcome.stream_id
+    return outcome.failure.stream_id if outcome.failure is not None else ""
 
 
 class ReceiveSession:
@@ -494,13 +493,12 @@ class ReceiveSession:
         if yielded is not None:
             return [*outcomes, self._give_way(group, *yielded)]
         for offer in later:
-            checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
-            if isinstance(checked, Delivered):  # not published after all: back to the tail
-                message = inline.message_of(offer)
-                if not self.offers.settled(message):
-                    self.offers.requeue(message)
-                continue
-            outcomes.append(checked)
+            message = inline.message_of(offer)
+            checked = self._parse_inline(offer, self.offers.sender(message))
+            if not isinstance(checked, Delivered):
+                outcomes.append(checked)
+            elif not self.offers.settled(message):  # not published after all: back to the tail
+                self.offers.requeue(message)
         return outcomes
 
     def _write_inline(self, files: InlineGroup, offer: Message, sid: str) -> StreamError | TransferResult | None:
