@@ -245,9 +245,9 @@ class ReceiveSession:
                  offers: Offers, batches: Batches) -> None:
         self.link, self.dest, self.out, self.sdir = link, dest, out, sdir
         self.opts, self.offers, self.batches = opts, offers, batches
-        # The completion records of a group's streams, looked up together while the group
-        # is written (None: look each offer up on its own).
-        self._known: tuple[set[str], dict[str, dict[str, Any]]] | None = None
+        # The completion record (or None) of each stream of a group, looked up together while
+        # the group is written; an id not in it is looked up on its own.
+        self._known: dict[str, dict[str, Any] | None] = {}
 
     def settle(self, offer: Message, room: int | None) -> list[TransferResult | StreamError | None]:
         """Settle ``offer`` (with the small files delivered after it, for a group): the
@@ -397,7 +397,8 @@ class ReceiveSession:
         if self.opts.max_bytes is not None and spec.size > self.opts.max_bytes:
             return self._quarantine(offer, sid, Outcome.MAX_BYTES, f"stream {sid} is {spec.size} bytes, over this "
                                     f"receiver's limit of {self.opts.max_bytes} (max_bytes)")
-        done = self._received(sid)
+        done = self._known[sid] if sid in self._known else find_received(
+            self.out, sid, retention_days=self.opts.records_retention_days)
         if done is not None:
             owner = str(done.get("sender") or "")
             if owner and sender != owner:
@@ -421,12 +422,6 @@ class ReceiveSession:
             return self._quarantine(offer, sid, *clash)
         return None
 
-    def _received(self, sid: str) -> dict[str, Any] | None:
-        """The completion record of ``sid`` here: from the group's look-up when it covers it."""
-        if self._known is not None and sid in self._known[0]:
-            return self._known[1].get(sid)
-        return find_received(self.out, sid, retention_days=self.opts.records_retention_days)
-
     def _look_up_group(self, offers: list[Message]) -> None:
         """Read the completion records of a group's streams in one pass over their buckets:
         looked up one by one, each offer cost a listing of the store's days and of its
@@ -442,7 +437,7 @@ class ReceiveSession:
             found = find_received_many(self.out, valid, retention_days=self.opts.records_retention_days)
         except StreamError:
             return
-        self._known = (valid, found)
+        self._known = {sid: found.get(sid) for sid in valid}
 
     def _parse_inline(self, offer: Message, sender: str) -> _Offer | StreamError | TransferResult:
         """An inline offer parsed and checked like any offer, or its outcome."""
@@ -488,7 +483,7 @@ class ReceiveSession:
                                bytes_transferred=result.bytes_transferred)
                 outcomes.append(result)
         finally:
-            self._known = None  # what the group published is recorded now: later offers look it up again
+            self._known = {}  # what the group published is recorded now: later offers look it up again
             files.close()
         if yielded is not None:
             return [*outcomes, self._give_way(group, *yielded)]
