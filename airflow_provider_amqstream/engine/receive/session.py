@@ -81,7 +81,7 @@ def receive_stream(
     stream that fails is handled by the policy above first (quarantined, or yielded), then
     raised: :class:`StreamQuarantined`, :class:`StreamStalled` or :class:`StreamNoRoom`.
     """
-    got = _receive(params, source, out_dir, options, _Report(stream_id, wanted=1, fail_fast=True))
+    got = _receive(params, source, out_dir, options, _Report(stream_id, left=1, fail_fast=True))
     return got[0] if got else None
 
 
@@ -109,7 +109,7 @@ def receive_streams(
     :param on_failure: called with each stream quarantined or yielded.
     """
     return _receive(params, source, out_dir, options,
-                    _Report(stream_id, wanted=count, on_result=on_result, on_failure=on_failure))
+                    _Report(stream_id, left=count, on_result=on_result, on_failure=on_failure))
 
 
 def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], options: ReceiveOptions | None,
@@ -144,7 +144,7 @@ def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str],
                     if offer is None:
                         return report.results
                     wait = opts.wait_timeout
-                    report.add(session.settle(offer, report.room()))
+                    report.add(session.settle(offer, report.left))
                     reconnect.progressed()
                 return report.results
         except TransportError as exc:
@@ -168,10 +168,8 @@ def _connection_defaults(opts: ReceiveOptions, params: BrokerParams) -> ReceiveO
 def _deadline(wait: float | None, until: float | None) -> float | None:
     """When to stop waiting for the next offer (monotonic): ``wait`` seconds from now, and
     no later than ``until``; None for never."""
-    deadline = None if wait is None else time.monotonic() + wait
-    if until is None:
-        return deadline
-    return until if deadline is None else min(deadline, until)
+    limits = (until, None if wait is None else time.monotonic() + wait)
+    return min((t for t in limits if t is not None), default=None)
 
 
 @dataclass
@@ -180,7 +178,7 @@ class _Report:
     or raised, batches told of each stream published."""
 
     stream_id: str | None
-    wanted: int | None = None  # streams to receive in all (None: no limit)
+    left: int | None = None  # streams still to receive (None: no limit)
     fail_fast: bool = False
     on_result: Callable[[TransferResult], None] | None = None
     on_failure: Callable[[StreamFailure], None] | None = None
@@ -188,15 +186,10 @@ class _Report:
     batches: Batches = field(init=False)
     opts: ReceiveOptions = field(init=False)
     results: list[TransferResult] = field(default_factory=list)
-    count: int = 0
-
-    def room(self) -> int | None:
-        """How many more streams to take (None: no limit)."""
-        return None if self.wanted is None else self.wanted - self.count
 
     def satisfied(self) -> bool:
-        """Whether the receive is done: ``wanted`` streams received, or ``stop_when`` says so."""
-        if self.wanted is not None and self.count >= self.wanted:
+        """Whether the receive is done: no stream ``left`` to receive, or ``stop_when`` says so."""
+        if self.left is not None and self.left <= 0:
             return True
         return self.opts.stop_when is not None and self.opts.stop_when()
 
@@ -214,7 +207,8 @@ class _Report:
             if isinstance(outcome, TransferResult):
                 for manifest in self.batches.published(outcome.stream_id):
                     self.opts.emit("batch_complete", manifest=str(manifest))
-                self.count += 1
+                if self.left is not None:
+                    self.left -= 1
                 if self.on_result:
                     self.on_result(outcome)
                 else:
