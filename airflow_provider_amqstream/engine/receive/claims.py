@@ -63,8 +63,7 @@ def pack_done(result: TransferResult, out: str) -> list[Any]:
     destination without ``/queue/``; the mode's initial; 0 for the default chunk size; the name
     only if the file got another."""
     path = result.path or ""
-    prefix = out.rstrip("/") + "/"
-    rel = path[len(prefix):] if path.startswith(prefix) else path
+    rel = path.removeprefix(out.rstrip("/") + "/")
     if rel and result.stream_id.rpartition("-")[0] == rel:
         rel = ""
     name = "" if os.path.basename(path) == result.name else result.name

@@ -97,8 +97,7 @@ class Offers:
         if self.sub is None:
             self._subscribe()
         while True:
-            now = time.monotonic()
-            if self.parked_sub and now >= self.next_sweep:
+            if self.parked_sub and time.monotonic() >= self.next_sweep:
                 # Back to back sweeps only while no fresh offer waits: one that came during the
                 # last stream goes first.
                 offer = self._fresh(0.0) if self.main_idle else None

@@ -524,11 +524,8 @@ class ReceiveSession:
         quarantined whole (its outcome goes to ``outcomes``)."""
         found: list[Message] = []
         for offer in group:
-            if not bw.is_pack(offer.headers):
-                found.append(offer)
-                continue
             try:
-                found.extend(inline.unpack(offer))
+                found.extend(inline.unpack(offer) if bw.is_pack(offer.headers) else [offer])
             except ProtocolError as exc:
                 pid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
@@ -644,8 +641,7 @@ def _other_partial(sdir: StateDir, spec: p.StreamSpec, sender: str) -> tuple[Out
             f"this offer from {sender or 'an unidentified sender'!r} was not received. Send with your own "
             "stream id."
         )
-    same = (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name)
-    if same:
+    if (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name):
         return None
     return Outcome.PARTIAL_OF_OTHER, (
         f"stream id {spec.stream_id} has a partial reception of another stream ({data.get('name')!r}, "
