@@ -292,7 +292,7 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
 
     from airflow_provider_amqstream.engine import find_claimed
     from airflow_provider_amqstream.engine import store as st
-    from airflow_provider_amqstream.engine.receive.claims import claim_key, receiver_store
+    from airflow_provider_amqstream.engine.receive.claims import claim_key
     from airflow_provider_amqstream.engine.state_dir import StateDir
     from airflow_provider_amqstream.operators.checkpoint import task_claim
 
@@ -305,9 +305,9 @@ def test_a_claim_is_one_task_instance_across_its_tries(tmp_path: Path) -> None:
     out = tmp_path / "out"
     sdir = StateDir.create(out)
     for sid, at in (("s1", 2), ("s0", 1)):  # completion records, as a receiver packs them (claims.pack_done)
-        receiver_store(sdir).put_many([(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])])
+        st.open_store(sdir).put_many([(st.DONE, sid, ["", "", 1, 1, 0, "", "", at, "landing", "s", f"{sid}.bin"])])
     for sid in ("s1", "s0", "gone"):  # "gone": its record was cleaned away since
-        receiver_store(sdir).put_many([(st.CLAIM, claim_key("airflow:d/r/t/-1"), [sid, 1.0])])
+        st.open_store(sdir).put_many([(st.CLAIM, claim_key("airflow:d/r/t/-1"), [sid, 1.0])])
     assert [d["stream_id"] for d in find_claimed(out, "airflow:d/r/t/-1")] == ["s0", "s1"]
     assert find_claimed(out, "airflow:d/r/t/0") == []
     for bad in ("", "x\n", "x" * 2000):

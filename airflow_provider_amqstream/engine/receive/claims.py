@@ -33,24 +33,15 @@ from airflow_provider_amqstream.protocol.names import validate_stream_id
 MAX_CLAIM_LENGTH = 1024
 
 
-def check_claim(claim: str) -> str:
-    """``claim`` if usable as a claim label, else ValueError naming the problem."""
+def check_claim(claim: str) -> None:
+    """Raise ConfigurationError, naming the problem, unless ``claim`` is usable as a claim label."""
     if not claim or len(claim) > MAX_CLAIM_LENGTH or not claim.isprintable():
         raise ConfigurationError(f"a claim must be 1-{MAX_CLAIM_LENGTH} printable characters, got {claim[:80]!r}")
-    return claim
 
 
 def claim_key(claim: str) -> str:
     """A claim's key in the store: its digest (a label may be 1 KiB; 96 bits tell labels apart)."""
     return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-
-
-def receiver_store(sdir: str | os.PathLike[str], retention_days: float | None = None) -> st.RecordStore:
-    """The record store of a state directory (``out_dir/.amqstream``), pruned once per process.
-
-    :param retention_days: days records are kept (None: the default; 0: for ever).
-    """
-    return st.open_store(sdir, retention_days)
 
 
 def _b64(hexdigest: str) -> str:
@@ -72,8 +63,7 @@ def pack_done(result: TransferResult, out: str) -> list[Any]:
     destination without ``/queue/``; the mode's initial; 0 for the default chunk size; the name
     only if the file got another."""
     path = result.path or ""
-    prefix = out.rstrip("/") + "/"
-    rel = path[len(prefix):] if path.startswith(prefix) else path
+    rel = path.removeprefix(out.rstrip("/") + "/")
     if rel and result.stream_id.rpartition("-")[0] == rel:
         rel = ""
     name = "" if os.path.basename(path) == result.name else result.name
@@ -114,7 +104,7 @@ def done_records(sdir: StateDir, out: str, results: Iterable[TransferResult], *,
         if claim:
             items.append((st.CLAIM, claim_key(claim), [res.stream_id, now]))
         items.append((st.DONE, res.stream_id, pack_done(res, out)))
-    receiver_store(sdir, retention_days).put_many(items, sync=sync)
+    st.open_store(sdir, retention_days).put_many(items, sync=sync)
 
 
 def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
@@ -124,7 +114,7 @@ def find_received(out_dir: str | os.PathLike[str], stream_id: str, *,
     """
     validate_stream_id(stream_id)
     try:
-        value = receiver_store(StateDir(out_dir), retention_days).get(st.DONE, stream_id)
+        value = st.open_store(StateDir(out_dir), retention_days).get(st.DONE, stream_id)
         return None if value is None else unpack_done(value, stream_id, out_dir)
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion record of stream {stream_id} in {out_dir} is unreadable ({exc}); "
@@ -138,7 +128,7 @@ def find_received_many(out_dir: str | os.PathLike[str], stream_ids: Iterable[str
     """
     ids = [validate_stream_id(sid) for sid in stream_ids]
     try:
-        values = receiver_store(StateDir(out_dir), retention_days).get_many(st.DONE, ids)
+        values = st.open_store(StateDir(out_dir), retention_days).get_many(st.DONE, ids)
         return {sid: rec for sid, v in values.items() if (rec := unpack_done(v, sid, out_dir)) is not None}
     except (OSError, ValueError) as exc:
         raise StreamError(f"completion records in {out_dir} are unreadable ({exc}); check the directory's "
@@ -156,7 +146,7 @@ def find_claimed(out_dir: str | os.PathLike[str], claim: str, *,
     """
     check_claim(claim)
     try:
-        ids = [v[0] for v in receiver_store(StateDir(out_dir), retention_days).get_all(st.CLAIM, claim_key(claim))
+        ids = [v[0] for v in st.open_store(StateDir(out_dir), retention_days).get_all(st.CLAIM, claim_key(claim))
                if isinstance(v, list) and v and isinstance(v[0], str)]
     except OSError as exc:
         raise StreamError(f"the claims of {claim!r} in {out_dir} are unreadable ({exc}); check the directory's "

@@ -21,7 +21,6 @@ it is published).
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,10 +49,6 @@ class Holder:
     out_dir: str
     part: str
     since: float = 0.0
-
-    @classmethod
-    def here(cls, out: Path, part: Path) -> Holder:
-        return cls(socket.gethostname(), str(out.resolve()), str(part.resolve()), time.time())
 
     def same_place(self, other: Holder) -> bool:
         """The same directory on the same host (a shared directory seen from two hosts is

@@ -47,11 +47,6 @@ _DRY = 1.0
 _MAX_STALLED = 4096
 
 
-def backoff_for(yields: int, first: float) -> float:
-    """Seconds a stream is parked after its ``yields``-th yield (1 for the first)."""
-    return min(max(1.0, first) * 2.0 ** min(max(yields, 1) - 1, 20), MAX_YIELD_BACKOFF)
-
-
 class Offers:
     """The subscriptions that hand this receiver its offers.
 
@@ -67,8 +62,6 @@ class Offers:
     def __init__(self, link: Link, dest: Destination, stream_id: str | None, opts: ReceiveOptions) -> None:
         self.link, self.dest, self.stream_id, self.opts = link, dest, stream_id, opts
         self.sub: str | None = None
-        # Inline offers (small files in their offer) come through a second subscription with
-        # a deeper prefetch, so a group of them can be made durable together.
         self.inline_sub: str | None = None
         self.parked_sub: str | None = None
         # The parked offer a sweep stopped at: ours (prefetch 1) until the next sweep.
@@ -104,8 +97,7 @@ class Offers:
         if self.sub is None:
             self._subscribe()
         while True:
-            now = time.monotonic()
-            if self.parked_sub and now >= self.next_sweep:
+            if self.parked_sub and time.monotonic() >= self.next_sweep:
                 # Back to back sweeps only while no fresh offer waits: one that came during the
                 # last stream goes first.
                 offer = self._fresh(0.0) if self.main_idle else None
@@ -136,14 +128,12 @@ class Offers:
             self.stalled.clear()
         return offer
 
-    def stalled_in_round(self, offer: Message) -> str:
-        """The sender of ``offer``, fresh from the queue of offers, if a stream of theirs
-        never began in this round (its offer then waits its turn parked, unseen); else "". Never on
+    def stalled_in_round(self, offer: Message) -> bool:
+        """Whether ``offer``, fresh from the queue of offers, is of a sender a stream of whom
+        never began in this round (its offer then waits its turn parked, unseen). Never on
         a topic, where nothing can be parked: each subscriber has its own copy to look at."""
-        sender = self.sender(offer)
-        if self.stream_id or self.parked_sub is None or self._parked(offer) or sender not in self.stalled:
-            return ""
-        return sender
+        return not (self.stream_id or self.parked_sub is None or self._parked(offer)) and (
+            self.sender(offer) in self.stalled)
 
     def note_stalled(self, offer: Message) -> None:
         """A stream of the sender of ``offer`` never began (or its data queue was refused):
@@ -223,15 +213,15 @@ class Offers:
         self.ack(message)
 
     def park(self, message: Message, reason: str) -> float:
-        """Give way: park ``message`` for its next back-off; return the back-off. On a topic
-        there is nowhere to park: the offer is dropped for this subscriber (a re-run of its
-        sender offers it again)."""
-        yields = p.yields_of(message.headers) + 1
-        backoff = backoff_for(yields, self.opts.yield_backoff)
-        if self.dest.kind != "queue":
+        """Give way: park ``message`` for its next back-off (``yield_backoff``, doubled for each
+        earlier yield, at most an hour); return it. On a topic there is nowhere to park: the
+        offer is dropped for this subscriber (a re-run of its sender offers it again)."""
+        earlier = p.yields_of(message.headers)
+        backoff = min(max(1.0, self.opts.yield_backoff) * 2.0 ** min(earlier, 20), MAX_YIELD_BACKOFF)
+        if self.dest.kind == "queue":
+            self.requeue(message, not_before=time.time() + backoff, reason=reason)
+        else:
             self.ack(message)
-            return backoff
-        self.requeue(message, not_before=time.time() + backoff, reason=reason)
         return backoff
 
     def gather_inline(self, first: Message, room: int | None) -> list[Message]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.engine.receive import inline
-from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many, receiver_store
+from airflow_provider_amqstream.engine.receive.claims import find_received, find_received_many
 from airflow_provider_amqstream.engine.receive.inline import InlineGroup
 from airflow_provider_amqstream.engine.receive.manifest import Batches
 from airflow_provider_amqstream.engine.receive.offers import MAX_YIELDS, Offers
@@ -36,7 +36,7 @@ from airflow_provider_amqstream.engine.receive.stream import (
 )
 from airflow_provider_amqstream.engine.records import TransferResult, read_json, write_json
 from airflow_provider_amqstream.engine.state_dir import StateDir
-from airflow_provider_amqstream.engine.store import prune_quietly
+from airflow_provider_amqstream.engine.store import open_store, prune_quietly
 from airflow_provider_amqstream.exceptions import (
     ProtocolError,
     StreamError,
@@ -61,9 +61,7 @@ from airflow_provider_amqstream.transport.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
-ResultSink = Callable[[TransferResult], None]
 _Offer = Delivered[StreamOffer, Message]
-FailureSink = Callable[[StreamFailure], None]
 
 
 def receive_stream(
@@ -83,7 +81,7 @@ def receive_stream(
     stream that fails is handled by the policy above first (quarantined, or yielded), then
     raised: :class:`StreamQuarantined`, :class:`StreamStalled` or :class:`StreamNoRoom`.
     """
-    got = _receive(params, source, out_dir, options, _Report(stream_id, wanted=1, fail_fast=True))
+    got = _receive(params, source, out_dir, options, _Report(stream_id, left=1, fail_fast=True))
     return got[0] if got else None
 
 
@@ -95,8 +93,8 @@ def receive_streams(
     count: int | None = None,
     stream_id: str | None = None,
     options: ReceiveOptions | None = None,
-    on_result: ResultSink | None = None,
-    on_failure: FailureSink | None = None,
+    on_result: Callable[[TransferResult], None] | None = None,
+    on_failure: Callable[[StreamFailure], None] | None = None,
 ) -> list[TransferResult]:
     """Receive streams until ``count`` arrived, until ``wait_timeout`` passes with no
     offer, or until ``options.stop_after`` seconds have passed or ``options.stop_when`` says
@@ -111,7 +109,7 @@ def receive_streams(
     :param on_failure: called with each stream quarantined or yielded.
     """
     return _receive(params, source, out_dir, options,
-                    _Report(stream_id, wanted=count, on_result=on_result, on_failure=on_failure))
+                    _Report(stream_id, left=count, on_result=on_result, on_failure=on_failure))
 
 
 def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str], options: ReceiveOptions | None,
@@ -124,7 +122,7 @@ def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str],
     out = Path(out_dir)
     sdir = StateDir.create(out)
     inline.sweep_temporaries(sdir)
-    prune_quietly(receiver_store(sdir, opts.records_retention_days))
+    prune_quietly(open_store(sdir, opts.records_retention_days))
     batches = Batches(out, sdir, retention_days=opts.records_retention_days, min_free=opts.min_free_bytes)
     batches.load()  # what senders left is bounded before anything else takes room
     what = f"receiving {'stream ' + stream_id if stream_id else 'streams'} from {dest}"
@@ -146,7 +144,7 @@ def _receive(params: BrokerParams, source: str, out_dir: str | os.PathLike[str],
                     if offer is None:
                         return report.results
                     wait = opts.wait_timeout
-                    report.add(session.settle(offer, report.room()))
+                    report.add(session.settle(offer, report.left))
                     reconnect.progressed()
                 return report.results
         except TransportError as exc:
@@ -170,10 +168,8 @@ def _connection_defaults(opts: ReceiveOptions, params: BrokerParams) -> ReceiveO
 def _deadline(wait: float | None, until: float | None) -> float | None:
     """When to stop waiting for the next offer (monotonic): ``wait`` seconds from now, and
     no later than ``until``; None for never."""
-    deadline = None if wait is None else time.monotonic() + wait
-    if until is None:
-        return deadline
-    return until if deadline is None else min(deadline, until)
+    limits = (until, None if wait is None else time.monotonic() + wait)
+    return min((t for t in limits if t is not None), default=None)
 
 
 @dataclass
@@ -182,23 +178,18 @@ class _Report:
     or raised, batches told of each stream published."""
 
     stream_id: str | None
-    wanted: int | None = None  # streams to receive in all (None: no limit)
+    left: int | None = None  # streams still to receive (None: no limit)
     fail_fast: bool = False
-    on_result: ResultSink | None = None
-    on_failure: FailureSink | None = None
+    on_result: Callable[[TransferResult], None] | None = None
+    on_failure: Callable[[StreamFailure], None] | None = None
     # The receive's own, set once it has resolved its options and loaded its batches.
     batches: Batches = field(init=False)
     opts: ReceiveOptions = field(init=False)
     results: list[TransferResult] = field(default_factory=list)
-    count: int = 0
-
-    def room(self) -> int | None:
-        """How many more streams to take (None: no limit)."""
-        return None if self.wanted is None else self.wanted - self.count
 
     def satisfied(self) -> bool:
-        """Whether the receive is done: ``wanted`` streams received, or ``stop_when`` says so."""
-        if self.wanted is not None and self.count >= self.wanted:
+        """Whether the receive is done: no stream ``left`` to receive, or ``stop_when`` says so."""
+        if self.left is not None and self.left <= 0:
             return True
         return self.opts.stop_when is not None and self.opts.stop_when()
 
@@ -207,14 +198,17 @@ class _Report:
         for outcome in outcomes:
             if outcome is None:
                 continue
-            if self.stream_id and (aside := _aside(outcome, self.stream_id)):
+            if self.stream_id and _stream_of(outcome) != self.stream_id:
                 # Another file of the pack that carried ours: received all the same.
-                log.info("%s (it came in the same pack as stream %s)", aside, self.stream_id)
+                told = (f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})"
+                        if isinstance(outcome, TransferResult) else str(outcome))
+                log.info("%s (it came in the same pack as stream %s)", told, self.stream_id)
                 continue
             if isinstance(outcome, TransferResult):
                 for manifest in self.batches.published(outcome.stream_id):
                     self.opts.emit("batch_complete", manifest=str(manifest))
-                self.count += 1
+                if self.left is not None:
+                    self.left -= 1
                 if self.on_result:
                     self.on_result(outcome)
                 else:
@@ -227,12 +221,11 @@ class _Report:
             raise failed
 
 
-def _aside(outcome: TransferResult | StreamError, stream_id: str) -> str:
-    """How to log ``outcome`` if it is of a stream other than ``stream_id``; "" if it is of that one."""
+def _stream_of(outcome: TransferResult | StreamError) -> str:
+    """The id of the stream ``outcome`` is of ("" for a failure that names none)."""
     if isinstance(outcome, TransferResult):
-        return "" if outcome.stream_id == stream_id else (
-            f"stream {outcome.stream_id} was received too ({outcome.status}, {outcome.path})")
-    return "" if outcome.failure is not None and outcome.failure.stream_id == stream_id else str(outcome) or "?"
+        return outcome.stream_id
+    return outcome.failure.stream_id if outcome.failure is not None else ""
 
 
 class ReceiveSession:
@@ -246,9 +239,9 @@ class ReceiveSession:
                  offers: Offers, batches: Batches) -> None:
         self.link, self.dest, self.out, self.sdir = link, dest, out, sdir
         self.opts, self.offers, self.batches = opts, offers, batches
-        # The completion records of a group's streams, looked up together while the group
-        # is written (None: look each offer up on its own).
-        self._known: tuple[set[str], dict[str, dict[str, Any]]] | None = None
+        # The completion record (or None) of each stream of a group, looked up together while
+        # the group is written; an id not in it is looked up on its own.
+        self._known: dict[str, dict[str, Any] | None] = {}
 
     def settle(self, offer: Message, room: int | None) -> list[TransferResult | StreamError | None]:
         """Settle ``offer`` (with the small files delivered after it, for a group): the
@@ -366,10 +359,9 @@ class ReceiveSession:
             if body is None:
                 return self._unopened(offer, sid, f"batch list {sid}", "recorded")
             batch_id, part, parts, entries = bw.parse_batch(offer.headers, body)
-        except seal.SealBroken as exc:
-            return self._quarantine(offer, sid, Outcome.SEAL_BROKEN, f"invalid batch message: {exc}")
         except ProtocolError as exc:
-            return self._quarantine(offer, sid, Outcome.INVALID, f"invalid batch message: {exc}")
+            cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
+            return self._quarantine(offer, sid, cause, f"invalid batch message: {exc}")
         try:
             manifest = self.batches.record(batch_id, part, parts, entries, self.offers.sender(offer))
         except StreamNoRoom as exc:
@@ -399,7 +391,8 @@ class ReceiveSession:
         if self.opts.max_bytes is not None and spec.size > self.opts.max_bytes:
             return self._quarantine(offer, sid, Outcome.MAX_BYTES, f"stream {sid} is {spec.size} bytes, over this "
                                     f"receiver's limit of {self.opts.max_bytes} (max_bytes)")
-        done = self._received(sid)
+        done = self._known[sid] if sid in self._known else find_received(
+            self.out, sid, retention_days=self.opts.records_retention_days)
         if done is not None:
             owner = str(done.get("sender") or "")
             if owner and sender != owner:
@@ -423,12 +416,6 @@ class ReceiveSession:
             return self._quarantine(offer, sid, *clash)
         return None
 
-    def _received(self, sid: str) -> dict[str, Any] | None:
-        """The completion record of ``sid`` here: from the group's look-up when it covers it."""
-        if self._known is not None and sid in self._known[0]:
-            return self._known[1].get(sid)
-        return find_received(self.out, sid, retention_days=self.opts.records_retention_days)
-
     def _look_up_group(self, offers: list[Message]) -> None:
         """Read the completion records of a group's streams in one pass over their buckets:
         looked up one by one, each offer cost a listing of the store's days and of its
@@ -444,7 +431,7 @@ class ReceiveSession:
             found = find_received_many(self.out, valid, retention_days=self.opts.records_retention_days)
         except StreamError:
             return
-        self._known = (valid, found)
+        self._known = {sid: found.get(sid) for sid in valid}
 
     def _parse_inline(self, offer: Message, sender: str) -> _Offer | StreamError | TransferResult:
         """An inline offer parsed and checked like any offer, or its outcome."""
@@ -482,8 +469,6 @@ class ReceiveSession:
                     break  # what follows goes back, unacknowledged
                 if outcome is not None:
                     outcomes.append(outcome)
-            # What the group publishes is recorded now: later offers look it up again.
-            self._known = None
             for offer, result in files.commit():
                 inline.settle(self.offers.ack, offer)
                 # Destination and sizes ride along for whoever counts (airflow_provider_amqstream.metrics).
@@ -492,18 +477,17 @@ class ReceiveSession:
                                bytes_transferred=result.bytes_transferred)
                 outcomes.append(result)
         finally:
-            self._known = None
+            self._known = {}  # what the group published is recorded now: later offers look it up again
             files.close()
         if yielded is not None:
             return [*outcomes, self._give_way(group, *yielded)]
         for offer in later:
-            checked = self._parse_inline(offer, self.offers.sender(inline.message_of(offer)))
-            if isinstance(checked, Delivered):  # not published after all: back to the tail
-                message = inline.message_of(offer)
-                if not self.offers.settled(message):
-                    self.offers.requeue(message)
-                continue
-            outcomes.append(checked)
+            message = inline.message_of(offer)
+            checked = self._parse_inline(offer, self.offers.sender(message))
+            if not isinstance(checked, Delivered):
+                outcomes.append(checked)
+            elif not self.offers.settled(message):  # not published after all: back to the tail
+                self.offers.requeue(message)
         return outcomes
 
     def _write_inline(self, files: InlineGroup, offer: Message, sid: str) -> StreamError | TransferResult | None:
@@ -540,11 +524,8 @@ class ReceiveSession:
         quarantined whole (its outcome goes to ``outcomes``)."""
         found: list[Message] = []
         for offer in group:
-            if not bw.is_pack(offer.headers):
-                found.append(offer)
-                continue
             try:
-                found.extend(inline.unpack(offer))
+                found.extend(inline.unpack(offer) if bw.is_pack(offer.headers) else [offer])
             except ProtocolError as exc:
                 pid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
                 outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
@@ -660,8 +641,7 @@ def _other_partial(sdir: StateDir, spec: p.StreamSpec, sender: str) -> tuple[Out
             f"this offer from {sender or 'an unidentified sender'!r} was not received. Send with your own "
             "stream id."
         )
-    same = (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name)
-    if same:
+    if (data.get("size"), data.get("chunk_size"), data.get("name")) == (spec.size, spec.chunk_size, spec.name):
         return None
     return Outcome.PARTIAL_OF_OTHER, (
         f"stream id {spec.stream_id} has a partial reception of another stream ({data.get('name')!r}, "

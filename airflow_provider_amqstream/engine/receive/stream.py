@@ -63,10 +63,6 @@ CHUNK_CREDIT = 0.03
 # Least seconds between two progress readings of a receive (a display throttles further).
 PROGRESS_EVERY = 0.5
 
-Progress = Callable[[int, int], None]
-EventSink = Callable[[str, dict[str, Any]], None]
-
-
 @dataclass
 class ReceiveOptions:
     """Knobs for receiving.
@@ -127,8 +123,8 @@ class ReceiveOptions:
     yield_backoff: float = 300.0
     rerequest_after: float = 2.0
     claim: str | None = None
-    events: EventSink | None = None
-    progress: Progress | None = None
+    events: Callable[[str, dict[str, Any]], None] | None = None
+    progress: Callable[[int, int], None] | None = None
     records_retention_days: float | None = None
     min_rate: float | None = None
     keys: tuple[str, ...] = ()
@@ -194,10 +190,8 @@ def open_subdir(out: Path, parts: tuple[str, ...], what: str) -> int:
         walked = out
         for part in parts:
             walked = walked / part
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o777, dir_fd=fd)
-            except FileExistsError:
-                pass
             try:
                 sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
@@ -254,7 +248,8 @@ class StreamReceiver:
         # (holders.py): needed only when chunks are acknowledged before the stream is
         # published, i.e. when it spans more than one batch; never on topics (handshake).
         self.notes = not self.reply_to and dest.kind == "queue" and spec.chunks > self.batch
-        self.holder = holders.Holder.here(out, self.file.part)
+        self.holder = holders.Holder(socket.gethostname(), str(out.resolve()), str(self.file.part.resolve()),
+                                     since=time.time())
         self.noted = 0  # notes of this stream known to be on the broker (ours included)
         self.announced = False
         self.rate = DEFAULT_MIN_RATE if opts.min_rate is None else opts.min_rate
