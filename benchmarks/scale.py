@@ -295,16 +295,24 @@ def table(rows: list[dict[str, Any]]) -> str:
 SECTION_START, SECTION_END = "<!-- scale: written by make bench -->", "<!-- /scale -->"
 
 
-def section(rows: list[dict[str, Any]], commit: str) -> str:
-    """The "Scale" section of docs/benchmarks.md for ``rows``, between its markers."""
+def section(rows: list[dict[str, Any]], commit: str, per_dir: int = PER_DIR) -> str:
+    """The "Scale" section of docs/benchmarks.md for ``rows``, between its markers.
+
+    :param per_dir: the files to a directory the rows were measured with (0: all in one).
+    """
+    layout = f"{per_dir:,} to a directory" if per_dir else "all in one directory"
+    # The load when the section is written, not a fixed phrase: the same code measured idle and
+    # beside other work differs by 2-3x here.
+    load = os.getloadavg()[1]
     return "\n".join([
         SECTION_START, "## Scale: many small files", "",
         "One installed `amqstream send DIR --recursive` and one `amqstream receive --count N` started together "
         "(connection from `AIRFLOW_CONN_AMQSTREAM_DEFAULT`, the embedded broker), N files of 512 B to 4 KiB, "
-        f"{PER_DIR:,} to a directory (`python -m benchmarks.scale`, `make bench ARGS=\"--only scale --scale "
+        f"{layout} (`python -m benchmarks.scale`, `make bench ARGS=\"--only scale --scale "
         "1000,10000\"`). Send files/s from the sender's totals, receive files/s from its first start to its last "
         "finish; peak RSS is VmHWM; `.amqstream` is what the receiver's records take after the run. "
-        f"Measured at commit {commit}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores shared with other work.",
+        f"Measured at commit {commit}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load average "
+        f"{load:.1f} over the last 5 minutes as it finished.",
         "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION_END])
 
 
@@ -377,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.docs:
-        update_report(Path(args.docs), section(rows, args.code and f"(the code in {args.code})" or head_commit()))
+        update_report(Path(args.docs), section(rows, args.code and f"(the code in {args.code})" or head_commit(),
+                                               args.per_dir))
     return 0
 
 
