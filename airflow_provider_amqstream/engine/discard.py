@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_amqstream.engine.inventory import offered_streams
-from airflow_provider_amqstream.engine.partials import partial_streams
 from airflow_provider_amqstream.engine.queue_tools import (
     BROWSE_LIMIT,
     QueueSession,
@@ -23,6 +22,7 @@ from airflow_provider_amqstream.engine.queue_tools import (
     take_copies,
     take_matching,
 )
+from airflow_provider_amqstream.engine.receive.partial_file import held_inodes, locked_now
 from airflow_provider_amqstream.engine.state_dir import StateDir
 from airflow_provider_amqstream.exceptions import DestinationFull, DiscardRefused, LocalProtocolError
 from airflow_provider_amqstream.protocol import bulk as bw
@@ -142,11 +142,16 @@ def discard(params: BrokerParams, destination: str, stream_id: str, *, quarantin
     dirs = [str(d) for d in out_dirs]
     result = DiscardResult(sid, str(dest))
     where = f"stream {sid} on {dest}"
-    for out_dir in dirs:  # a receiver's lock on the partial file, read from /proc/locks: looking takes none
-        if any(e.stream_id == sid and e.receiving_now for e in partial_streams(out_dir)):
-            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds "
-                                 f"{StateDir(out_dir).part(sid)}); nothing was removed. Stop that receiver, or wait "
-                                 "for the stream to yield.")
+    held = held_inodes() or set()  # receivers' locks, read from /proc/locks: looking takes none
+    for out_dir in dirs:
+        part = StateDir(out_dir).part(sid)
+        try:
+            st = os.stat(part, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if locked_now(st, held):
+            raise DiscardRefused(f"{where} is being received into {out_dir} right now (a receiver holds {part}); "
+                                 "nothing was removed. Stop that receiver, or wait for the stream to yield.")
     qq = dest.quarantine_queue(quarantine)
     step = min(quiet, 0.5)
     with QueueSession(params, client_id="amqstream-discard", browse_limit=browse_limit) as qs:

@@ -4,7 +4,9 @@ proves the wiring in tests/integration/test_streams_admin.py."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from airflow_provider_amqstream.engine import ReceiveOptions, receive_stream
 from airflow_provider_amqstream.engine import inventory as inv
 from airflow_provider_amqstream.engine.discard import discard
 from airflow_provider_amqstream.engine.redrive import ChunkCheck, RedriveRefused, redrive
-from airflow_provider_amqstream.exceptions import StreamError, StreamQuarantined, StreamStalled
+from airflow_provider_amqstream.exceptions import DiscardRefused, StreamError, StreamQuarantined, StreamStalled
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import quarantine as qr
 from airflow_provider_amqstream.protocol import wire as p
@@ -174,3 +176,22 @@ def test_redrive_and_discard_on_the_memory_link(broker: MemoryBroker, tmp_path: 
         redrive(broker.params("admin"), Q, "cut", quiet=0.05, receivers=["spark"])
     filed = broker.messages(dead_letter_queue(DEST.data_queue("cut", "site-a")))
     assert sorted(h[hdr.H_SEQ] for h, _ in filed) == ["1", "2"]
+
+
+def test_discard_refuses_a_stream_a_receiver_holds_and_removes_nothing(broker: MemoryBroker, tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    sdir = tmp_path / "in" / ".amqstream"
+    sdir.mkdir(parents=True)
+    part = sdir / "held.part"
+    part.write_bytes(b"x" * 10)
+    # Another receiver's partial state beside it, unreadable: not the discard's business.
+    (sdir / "other.part").write_bytes(b"")
+    (sdir / "other.json").write_text("{not json")
+    with open(part, "rb") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a receiver holds its .part
+        with pytest.raises(DiscardRefused, match=r"held on /queue/landing is being received into .*held\.part"):
+            discard(broker.params("admin"), Q, "held", out_dirs=[tmp_path / "in"], quiet=0.05)
+        assert part.read_bytes() == b"x" * 10
+    out = discard(broker.params("admin"), Q, "held", out_dirs=[tmp_path / "in"], quiet=0.05)
+    assert not part.exists() and out.bytes_freed >= 10
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "other" in r.getMessage()]
