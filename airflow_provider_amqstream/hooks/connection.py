@@ -194,16 +194,19 @@ def parse_connection(value: str, conn_id: str, where: str = "connection") -> Con
     return parse_uri(value, conn_id, where)
 
 
-def _airflow_config(env: Mapping[str, str]) -> tuple[Path, configparser.ConfigParser]:
-    """AIRFLOW_HOME and airflow.cfg as Airflow would find them, read without importing it."""
-    home = Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
-    cfg = Path(env.get("AIRFLOW_CONFIG") or home / "airflow.cfg").expanduser()
+def _airflow_home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow").expanduser()
+
+
+def _airflow_config(env: Mapping[str, str]) -> configparser.ConfigParser:
+    """airflow.cfg as Airflow would find it, read without importing it."""
+    cfg = Path(env.get("AIRFLOW_CONFIG") or _airflow_home(env) / "airflow.cfg").expanduser()
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     try:
         parser.read(cfg)
     except configparser.Error as exc:
         raise ConfigurationError(f"{cfg}: cannot be read as Airflow's configuration ({exc})") from None
-    return home, parser
+    return parser
 
 
 def _configured(env: Mapping[str, str], settings: list[tuple[str, str]]) -> str | None:
@@ -212,16 +215,18 @@ def _configured(env: Mapping[str, str], settings: list[tuple[str, str]]) -> str 
     for name in (f"AIRFLOW__{section}__{key}".upper() for section, key in settings):
         if env.get(name, "").strip():
             return env[name].strip()
-    _, parser = _airflow_config(env)
+    parser = _airflow_config(env)
     return next((v for v in (parser.get(s, k, fallback="").strip() for s, k in settings) if v), None)
+
+
+_SECRETS_BACKEND = [("secrets", "backend"), ("workers", "secrets_backend")]
 
 
 def custom_secrets_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """The custom secrets backend Airflow is configured with (``[secrets] backend`` or
     ``[workers] secrets_backend``): Airflow asks it before the environment variables, so with
     one set the shortcut through ``AIRFLOW_CONN_<ID>`` would change which definition wins."""
-    return _configured(os.environ if environ is None else environ,
-                       [("secrets", "backend"), ("workers", "secrets_backend")])
+    return _configured(os.environ if environ is None else environ, _SECRETS_BACKEND)
 
 
 def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
@@ -229,9 +234,9 @@ def airflow_may_know(environ: Mapping[str, str] | None = None) -> bool:
     metadata database configured, or the default SQLite file); else importing Airflow is wasted."""
     env = os.environ if environ is None else environ
     keys = ("sql_alchemy_conn", "sql_alchemy_conn_cmd", "sql_alchemy_conn_secret")
-    if custom_secrets_backend(env) or _configured(env, [(s, k) for s in ("database", "core") for k in keys]):
-        return True
-    return (_airflow_config(env)[0] / "airflow.db").is_file()
+    # One reading of airflow.cfg for all of them (this runs before most CLI commands).
+    settings = [*_SECRETS_BACKEND, *((s, k) for s in ("database", "core") for k in keys)]
+    return _configured(env, settings) is not None or (_airflow_home(env) / "airflow.db").is_file()
 
 
 def local_deployments() -> list[Path]:

@@ -49,3 +49,18 @@ def test_airflow_is_asked_only_where_it_may_know(tmp_path: Path) -> None:
     assert not c.airflow_may_know(env)
     (home / "airflow.db").touch()
     assert c.airflow_may_know(env)
+
+
+def test_deciding_whether_airflow_may_know_reads_airflow_cfg_once(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "airflow.cfg").write_text("[core]\nload_examples = False\n")
+    reads: list[int] = []
+    real = c._airflow_config
+
+    def counted(env: dict[str, str]) -> object:
+        reads.append(1)
+        return real(env)
+
+    monkeypatch.setattr(c, "_airflow_config", counted)
+    assert not c.airflow_may_know({"AIRFLOW_HOME": str(tmp_path)})
+    assert len(reads) == 1
