@@ -13,7 +13,7 @@ import shutil
 import socket
 import string
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -128,30 +128,34 @@ def trust_store(data_dir: Path, certificates: Iterable[Path]) -> tuple[Path, str
 
 def credentials(data_dir: Path) -> tuple[str, str, bool]:
     """Return (user, password, created_now); the password is generated once."""
-    data, created = _login_file(data_dir / CREDENTIALS_FILE, {"user": DEFAULT_USER, "password": _new_password()})
+    data, created = _login_file(data_dir / CREDENTIALS_FILE, lambda: {"user": DEFAULT_USER,
+                                                                      "password": _new_password()})
     return data["user"], data["password"], created
 
 
-def _login_file(path: Path, new: dict[str, str]) -> tuple[dict[str, Any], bool]:
-    """The JSON in ``path``, or ``new`` written there first (mode 0600) if it is missing; and
-    whether it was written now."""
+def _login_file(path: Path, new: Callable[[], dict[str, str]]) -> tuple[dict[str, Any], bool]:
+    """The JSON in ``path``, or ``new()`` written there first (mode 0600) if it is missing; and
+    whether it was written now. It appears whole or not at all: two brokers of this machine
+    starting at once both read the one that was linked first, never half of it."""
     try:
         return json.loads(path.read_text()), False
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        data = new()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
+        _write_private(tmp, json.dumps(data))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another broker of this machine made it just now
-            return _login_file(path, new)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(new, fh)
-        return new, True
+            os.link(tmp, path)  # fails if another start made it meanwhile
+        except FileExistsError:
+            return json.loads(path.read_text()), False
+        finally:
+            os.unlink(tmp)
+        return data, True
 
 
 def bridge_credentials(path: Path) -> tuple[str, str]:
     """The bridge user's (name, password) from ``path``, made there first if it is missing."""
     try:
-        data, _ = _login_file(path, {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)})
+        data, _ = _login_file(path, lambda: {"user": DEFAULT_BRIDGE_USER, "password": secrets.token_urlsafe(24)})
     except (OSError, ValueError) as exc:
         raise NetworkError(f"--bridge-secret {path}: unreadable ({exc})") from exc
     user, password = data.get("user"), data.get("password")
