@@ -44,11 +44,11 @@ def metric_calls(event_kind: str, data: Mapping[str, Any], *,
     ``destination`` where the event's data does not name it."""
     dest = str(data.get("destination") or destination or "unknown")
     tags = {"destination": dest}
-    if event_kind == "stream_sent" and data.get("status") == "already_sent":
-        return []
-    if event_kind in ("stream_close", "stream_sent"):
-        files, moved = (FILES_RECEIVED, BYTES_RECEIVED) if event_kind == "stream_close" else (FILES_SENT, BYTES_SENT)
-        return [(files, 1, tags), (moved, _count(data.get("bytes_transferred", data.get("bytes"))), tags)]
+    moved = _count(data.get("bytes_transferred", data.get("bytes")))
+    if event_kind == "stream_close":
+        return [(FILES_RECEIVED, 1, tags), (BYTES_RECEIVED, moved, tags)]
+    if event_kind == "stream_sent":  # a file an earlier run sent moved nothing now
+        return [] if data.get("status") == "already_sent" else [(FILES_SENT, 1, tags), (BYTES_SENT, moved, tags)]
     if event_kind == "stream_quarantined":
         return [(STREAMS_QUARANTINED, 1, tags)]
     if event_kind == "stream_yielded":
