@@ -38,6 +38,7 @@ from airflow_provider_amqstream.exceptions import (
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
+from airflow_provider_amqstream.protocol.crypto import TAG
 from airflow_provider_amqstream.protocol.names import Destination, dead_letter_queue, validate_stream_id
 from airflow_provider_amqstream.protocol.quarantine import (
     H_REDRIVE_SENDER,
@@ -46,7 +47,7 @@ from airflow_provider_amqstream.protocol.quarantine import (
     quarantine_cause,
     quarantined_by_user,
 )
-from airflow_provider_amqstream.protocol.seal import H_NONCE, H_SEAL, TAG
+from airflow_provider_amqstream.protocol.seal import H_NONCE, H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 log = logging.getLogger(__name__)

@@ -142,7 +142,8 @@ def iter_batch_messages(batch_id: str, entries: Iterable[Mapping[str, Any]],
         yield h, body
 
 
-def seal_batch_part(headers: dict[str, str], body: bytes, recipients: list[bytes]) -> tuple[dict[str, str], bytes]:
+def seal_batch_part(headers: dict[str, str], body: bytes,
+                    recipients: list[bytes]) -> tuple[dict[str, str], bytes | bytearray]:
     """A batch part sealed like one chunk of its own stream (the part's names and SHA-256
     would otherwise wait in the broker's store in clear): a fresh key wrapped for
     ``recipients``, bound to the batch id, the part and the number of parts.

@@ -16,7 +16,7 @@ except ImportError:  # isal is a dependency; a platform without its wheel still 
     _crc32 = zlib.crc32
 
 
-def crc32(body: bytes | memoryview) -> int:
+def crc32(body: bytes | bytearray | memoryview) -> int:
     return int(_crc32(body)) & 0xFFFFFFFF
 
 

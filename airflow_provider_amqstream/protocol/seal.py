@@ -1,7 +1,8 @@
 """Sealed streams: a file the broker carries but cannot read (docs/protocol.md, "Sealed streams").
 
 Pure (no I/O): key pairs and recipient strings, the per-stream key wrapped for each recipient
-(age's X25519 stanza: ephemeral X25519, HKDF-SHA256, here with AES-256-OCB3), the sealed header
+(age's X25519 stanza: ephemeral X25519, HKDF-SHA256, here with AES-256-OCB3, all three from
+protocol/crypto.py), the sealed header
 that carries the file's real name, and each chunk sealed under the stream key with associated
 data binding stream id, chunk index and whether it is the last. The engine reads and writes key
 files (see the engine's keys module); the offer shows only what routing needs.
@@ -18,13 +19,10 @@ import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-    from cryptography.hazmat.primitives.ciphers.aead import AESOCB3
+from typing import Any
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
+from airflow_provider_amqstream.protocol.crypto import OCB3, TAG, hkdf_sha256, x25519_public, x25519_shared
 from airflow_provider_amqstream.protocol.headers import H_ENCODING
 
 # On a sealed offer: the wrapped keys and the sealed header (see Seal.header).
@@ -38,7 +36,6 @@ SEAL_VERSION = 2
 # sealing copies nothing more (a prefix in the body cost a copy of every chunk on each end).
 H_NONCE = "amqs_seal_nonce"
 SALT = 4
-TAG = 16
 # Five stanzas and a 255-byte name keep amqs_seal under the 1,024 characters a quarantine copy keeps
 # of each header, so a stream quarantined for want of a key can be redriven.
 MAX_RECIPIENTS = 5
@@ -60,46 +57,27 @@ def _check(data: bytes) -> bytes:
     return hashlib.sha256(b"amqs-recipient|" + data).digest()[:4]
 
 
-# `cryptography` is imported where it is used, never at module import: its OpenSSL bindings
-# cost every process about 7 MiB of RSS, and an unsealed transfer needs none of it.
 # One AEAD for everything: AES-256-OCB3 (RFC 7253, OpenPGP's mandatory AEAD mode), which with
 # AES-NI seals a GiB for 0.27 CPU-s on this project's loaded machines where AES-256-GCM took 0.45
 # and ChaCha20-Poly1305 0.57: what brings a sealed sender to the 15 % over an unsealed one the
 # issue allows (docs/benchmarks.md, "Sealed streams").
-def _aead(key: bytes) -> AESOCB3:
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives.ciphers.aead import AESOCB3
-
-    try:
-        return AESOCB3(key)
-    except UnsupportedAlgorithm as exc:
-        raise ConfigurationError("sealed streams use AES-256-OCB3, which this `cryptography` lacks (built on "
-                                 "LibreSSL or BoringSSL, or OpenSSL in FIPS mode): install its own wheel from PyPI, "
-                                 "`pip install --force-reinstall cryptography`") from exc
-
-
-def _raw_public(private: X25519PrivateKey) -> bytes:
-    # The *_raw methods, not serialization's: that module pulls in SSH key support (bcrypt,
-    # cffi), ~3 MiB of RSS on each sealed end.
-    return private.public_key().public_bytes_raw()
 
 
 @dataclass(frozen=True)
 class Identity:
-    """A receiver's private key. ``source`` names where it came from (a file), never its bytes."""
+    """A receiver's private key (32 bytes of X25519). ``source`` names where it came from (a
+    file), never its bytes."""
 
-    private: X25519PrivateKey
+    private: bytes = field(repr=False)
     source: str = ""
 
     @classmethod
     def generate(cls) -> Identity:
-        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+        return cls(os.urandom(32))
 
-        return cls(X25519PrivateKey.generate())
-
-    @property
+    @cached_property
     def public(self) -> bytes:
-        return _raw_public(self.private)
+        return x25519_public(self.private)
 
     @property
     def recipient(self) -> str:
@@ -108,7 +86,7 @@ class Identity:
 
     def to_text(self) -> str:
         """The key file's content: a comment naming the recipient, then the secret line."""
-        raw = self.private.private_bytes_raw()
+        raw = self.private
         return f"# recipient: {self.recipient}\n{KEY_PREFIX}-{_b32(raw + _check(raw))}\n"
 
     @classmethod
@@ -121,9 +99,7 @@ class Identity:
         if len(raw) != 36 or not hmac.compare_digest(_check(raw[:32]), raw[32:]):
             raise ConfigurationError(f"{source} is not an amqstream key file (expected one line {KEY_PREFIX}-..., "
                                      "as `amqstream keys new` writes it); is it the right file, complete?")
-        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-        return cls(X25519PrivateKey.from_private_bytes(raw[:32]), source)
+        return cls(raw[:32], source)
 
 
 def _unb32(text: str) -> bytes:
@@ -149,34 +125,29 @@ def parse_recipient(text: str) -> bytes:
 
 # --------------------------------------------------------------------------- wrapping
 def _wrap_key(shared: bytes, eph: bytes, public: bytes) -> bytes:
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-    return HKDF(hashes.SHA256(), 32, eph + public, b"amqstream seal v2 X25519").derive(shared)
+    return hkdf_sha256(shared, eph + public, b"amqstream seal v2 X25519")
 
 
 def wrap(stream_key: bytes, public: bytes) -> bytes:
     """One stanza: ``stream_key`` wrapped for the holder of ``public``'s private key."""
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-
-    eph = X25519PrivateKey.generate()
-    eph_pub = _raw_public(eph)
-    kek = _wrap_key(eph.exchange(X25519PublicKey.from_public_bytes(public)), eph_pub, public)
-    return eph_pub + _aead(kek).encrypt(bytes(12), stream_key, None)
+    eph = os.urandom(32)
+    eph_pub = x25519_public(eph)
+    shared = x25519_shared(eph, public)
+    if shared is None:
+        raise ConfigurationError(f"recipient {RECIPIENT_PREFIX}{_b32(public + _check(public))} is no usable "
+                                 "X25519 key (a low-order point, which no `amqstream keys new` makes): "
+                                 "check the seal_to values")
+    return eph_pub + OCB3(_wrap_key(shared, eph_pub, public)).encrypt(bytes(12), stream_key, b"")
 
 
 def unwrap(stanza: bytes, identity: Identity) -> bytes | None:
     """The stream key if ``stanza`` was wrapped for ``identity``, else None."""
-    from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
-
     eph_pub = stanza[:32]
-    try:
-        shared = identity.private.exchange(X25519PublicKey.from_public_bytes(eph_pub))
-        kek = _wrap_key(shared, eph_pub, identity.public)
-        return _aead(kek).decrypt(bytes(12), stanza[32:], None)
-    except (InvalidTag, ValueError):
+    shared = x25519_shared(identity.private, eph_pub)
+    if shared is None:
         return None
+    key = OCB3(_wrap_key(shared, eph_pub, identity.public)).decrypt(bytes(12), stanza[32:], b"")
+    return bytes(key) if key is not None and len(key) == 32 else None
 
 
 # --------------------------------------------------------------------------- the seal
@@ -201,7 +172,7 @@ class Seal:
             raise ConfigurationError(f"stream {stream_id}: seal to 1 to {MAX_RECIPIENTS} recipients, "
                                      f"got {len(recipients)}")
         key = os.urandom(32)
-        sealed = _aead(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
+        sealed = OCB3(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
                                     _header_ad(stream_id, size, chunk_size))
         blob = bytes([SEAL_VERSION, len(recipients)]) + b"".join(wrap(key, r) for r in recipients) + sealed
         return cls(key, stream_id, base64.urlsafe_b64encode(blob).decode().rstrip("="))
@@ -224,63 +195,61 @@ class Seal:
                     if (k := unwrap(blob[2 + i * _STANZA:2 + (i + 1) * _STANZA], ident)) is not None), None)
         if key is None:
             return None
-        from cryptography.exceptions import InvalidTag
-
-        try:
-            meta = json.loads(_aead(key).decrypt(bytes(12), blob[end:], _header_ad(stream_id, size, chunk_size)))
-            name = meta["name"]
-        except (InvalidTag, ValueError, KeyError, TypeError):
+        opened = OCB3(key).decrypt(bytes(12), blob[end:], _header_ad(stream_id, size, chunk_size))
+        if opened is None:
             raise SealBroken(f"stream {stream_id}: the sealed header does not open (altered, or moved from "
-                             "another stream)") from None
+                             "another stream)")
+        try:
+            name = json.loads(opened)["name"]
+        except (ValueError, KeyError, TypeError):
+            name = None
         if not isinstance(name, str):
             raise SealBroken(f"stream {stream_id}: the sealed header names no file")
         return cls(key, stream_id, header), name
 
-    def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> tuple[bytes, dict[str, str]]:
+    def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> tuple[bytearray, dict[str, str]]:
         """Chunk ``seq``'s wire body (``body``, encoded as ``encoding``, sealed) and its nonce header."""
         salt = os.urandom(SALT)
         sealed = self._cipher.encrypt(_nonce(seq, salt), body, self._ad(seq, last, encoding))
         return sealed, {H_NONCE: salt.hex()}
 
-    def opener(self, chunks: int) -> Callable[[int, bytes | memoryview, Mapping[str, Any]], bytes | memoryview]:
+    def opener(self, chunks: int) -> Callable[[int, bytes | memoryview, Mapping[str, Any]], memoryview]:
         """Opens chunk ``seq`` of a stream of ``chunks`` from body and headers (for
         state.ReceiverState) into one buffer, reused: the receiver writes and hashes each chunk
         before it takes the next, and a fresh plaintext per chunk cost its allocation and zeroing."""
         buf = bytearray()
 
-        def open_into(seq: int, wire: bytes | memoryview, headers: Mapping[str, Any]) -> bytes | memoryview:
+        def open_into(seq: int, wire: bytes | memoryview, headers: Mapping[str, Any]) -> memoryview:
             nonlocal buf
             size = max(len(wire) - TAG, 0)
             if len(buf) < size:
                 buf = bytearray(size)
-            return self.open_chunk(seq, seq == chunks, wire, headers, into=memoryview(buf)[:size])
+            view = memoryview(buf)[:size]
+            self.open_chunk(seq, seq == chunks, wire, headers, into=view)
+            return view
 
         return open_into
 
     def open_chunk(self, seq: int, last: bool, wire: bytes | memoryview, headers: Mapping[str, Any],
-                   into: memoryview | None = None) -> bytes | memoryview:
+                   into: memoryview | None = None) -> bytearray | memoryview:
         """Chunk ``seq``'s body, still encoded as its ``amqs_encoding`` header says (which the seal
         covers), in ``into`` if given; :class:`SealBroken` if it was not sealed as chunk ``seq``
         (last or not) of this stream with that encoding, or was altered."""
         salt = str(headers.get(H_NONCE) or "")
         if len(salt) != 2 * SALT or any(c not in "0123456789abcdef" for c in salt) or len(wire) < TAG:
             raise SealBroken(f"stream {self.stream_id}: sealed chunk {seq} has no valid {H_NONCE} or is too short")
-        from cryptography.exceptions import InvalidTag
-
         nonce, ad = _nonce(seq, bytes.fromhex(salt)), self._ad(seq, last, headers.get(H_ENCODING))
-        try:
-            if into is None:
-                return self._cipher.decrypt(nonce, wire, ad)
-            self._cipher.decrypt_into(nonce, wire, ad, into)
-            return into
-        except InvalidTag:
+        opened = self._cipher.decrypt(nonce, wire, ad) if into is None else (
+            into if self._cipher.decrypt_into(nonce, wire, ad, into) else None)
+        if opened is None:
             raise SealBroken(f"stream {self.stream_id}: chunk {seq} does not open under the stream's seal "
-                             "(altered, truncated, reordered or from another stream)") from None
+                             "(altered, truncated, reordered or from another stream)")
+        return opened
 
     @cached_property
-    def _cipher(self) -> AESOCB3:
-        # One cipher object for the stream, not one per chunk.
-        return _aead(self.key)
+    def _cipher(self) -> OCB3:
+        # One cipher for the stream, keyed once, not one per chunk.
+        return OCB3(self.key)
 
     def digest(self, sha256_hex: str) -> str:
         """What the end marker carries for the file's SHA-256: an HMAC of it under the stream

@@ -114,7 +114,7 @@ def control_headers(spec: StreamSpec, kind: hdr.Kind, consumer: str, next_seq: i
 
 
 def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | None = None,
-                 seal: Seal | None = None) -> tuple[dict[str, str], bytes]:
+                 seal: Seal | None = None) -> tuple[dict[str, str], bytes | bytearray]:
     """Headers and wire body of chunk ``seq``. The CRC-32 covers the wire body, so
     corruption is caught before anything is decompressed. ``seal`` (a sealed stream's)
     seals the encoded body, binding its encoding, and adds its nonce header instead of the
@@ -125,6 +125,7 @@ def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | No
             f"stream {spec.stream_id}: chunk {seq} at offset {offset} has {len(body)} bytes, "
             f"expected {length} (did the file change while it was being sent?)"
         )
+    wire: bytes | bytearray
     wire, encoding = codec.encode(body) if codec else (body, None)
     sealed: dict[str, str] = {}
     if seal is not None:

@@ -41,11 +41,11 @@ class Link(Protocol):
     @property
     def connected(self) -> bool: ...
 
-    def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
+    def send(self, destination: str, body: bytes | bytearray, headers: Mapping[str, str], *,
              receipt: bool = False, persistent: bool = True) -> str | None:
         """Send one message; with ``receipt``, return the id :meth:`wait_receipt` waits on."""
 
-    def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
+    def send_confirmed(self, destination: str, body: bytes | bytearray, headers: Mapping[str, str]) -> None:
         """Send one persistent message and return once the broker has stored it."""
 
     def wait_receipt(self, rid: str) -> None: ...

@@ -114,7 +114,7 @@ class MemoryBroker:
             self.cond.notify_all()
 
     # -- the broker's work, under self.cond ----------------------------------------------
-    def _send(self, link: MemoryLink, destination: str, body: bytes, headers: Headers) -> None:
+    def _send(self, link: MemoryLink, destination: str, body: bytes | bytearray, headers: Headers) -> None:
         name = _queue(destination)
         if self.refusals.get(destination, 0) > 0:
             self.refusals[destination] -= 1
@@ -227,14 +227,14 @@ class MemoryLink:
             raise ConnectionLost(f"connection to {self.params.url} was lost")
         return self.broker
 
-    def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
+    def send(self, destination: str, body: bytes | bytearray, headers: Mapping[str, str], *,
              receipt: bool = False, persistent: bool = True) -> str | None:
         broker = self._live()
         with broker.cond:
             broker._send(self, destination, body, headers)
         return f"r-{next(self._ids)}" if receipt else None
 
-    def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
+    def send_confirmed(self, destination: str, body: bytes | bytearray, headers: Mapping[str, str]) -> None:
         self.send(destination, body, headers)
 
     def wait_receipt(self, rid: str) -> None:

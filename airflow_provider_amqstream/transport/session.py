@@ -88,7 +88,7 @@ class StompLink:
             raise ConnectionLost(f"{doing} on {self.params.url} failed: {exc}") from exc
 
     # -- operations --------------------------------------------------------------
-    def send(self, destination: str, body: bytes, headers: Mapping[str, str], *,
+    def send(self, destination: str, body: bytes | bytearray, headers: Mapping[str, str], *,
              receipt: bool = False, persistent: bool = True) -> str | None:
         conn = self._live()
         h = {**headers, "persistent": "true" if persistent else "false"}
@@ -99,7 +99,7 @@ class StompLink:
             conn.send(destination, body, headers=h)
         return rid
 
-    def send_confirmed(self, destination: str, body: bytes, headers: Mapping[str, str]) -> None:
+    def send_confirmed(self, destination: str, body: bytes | bytearray, headers: Mapping[str, str]) -> None:
         rid = self._receipt_id()
         self.send(destination, body, {**headers, "receipt": rid})
         self.wait_receipt(rid)

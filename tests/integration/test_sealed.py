@@ -128,7 +128,7 @@ def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_s
         if seq == 2:  # a flipped byte with a CRC to match: only the seal can tell
             wire = wire[:5] + bytes([wire[5] ^ 1]) + wire[6:]
             headers[hdr.H_CRC] = str(crc32(wire))
-        raw.send(dest.data_queue(spec.stream_id, "rt"), wire, headers)
+        raw.send(dest.data_queue(spec.stream_id, "rt"), bytes(wire), headers)  # stomp.py takes bytes only
     raw.send(dest.data_queue(spec.stream_id, "rt"), b"", p.end_headers(spec, sealed.digest("0" * 64)))
     raw.close()
     good = make_file(tmp_path / "good.bin", 5000)

@@ -216,9 +216,10 @@ def _announce(params: BrokerParams, dest: Destination, batch_id: str, files_list
                   open(files_list, encoding="utf-8") as fh):
                 reconnect.connected()
                 for headers, body in bw.iter_batch_messages(batch_id, map(json.loads, fh), count):
+                    part: bytes | bytearray = body
                     if recipients:
-                        headers, body = bw.seal_batch_part(headers, body, recipients)
-                    link.send_confirmed(str(dest), body, headers)
+                        headers, part = bw.seal_batch_part(headers, body, recipients)
+                    link.send_confirmed(str(dest), part, headers)
             return
         except TransportError as exc:
             reconnect.failed(exc)

@@ -27,7 +27,7 @@ class Chunk(NamedTuple):
 
     seq: int
     headers: dict[str, str]
-    wire: bytes
+    wire: bytes | bytearray  # bytearray: sealed, as the cipher wrote it
     length: int
 
 
