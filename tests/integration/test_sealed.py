@@ -1,7 +1,8 @@
 """Sealed streams against a real ActiveMQ: the broker's store holds no readable byte of a
-sealed file, the key holder receives it byte-exact, and every bad case (no key, a tampered
-chunk from a send-only user, a malformed recipient) is refused with its cause while the next
-good stream still arrives. The views (``streams ls/show``, the page's API), discard, redrive of a
+sealed file, the key holder receives it byte-exact, and every bad case (no key; a chunk a
+send-only user tampered with, reordered, replayed, transplanted or cut off; a malformed
+recipient or key file) is refused with its cause while the next good stream still arrives, and
+no log holds a key, a sealed name or plaintext. The views (``streams ls/show``, the page's API), discard, redrive of a
 batch list's part and the event triggers see a sealed stream without its name or SHA-256."""
 
 from __future__ import annotations
@@ -112,23 +113,40 @@ def test_the_broker_store_holds_the_unsealed_marker_and_never_the_sealed_one(
     assert _in_store(broker, sealed_marker) == []
 
 
-def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_stream_arrives(
-        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+def _hostile_stream(case: str, sealed: seal.Seal, other: seal.Seal, data: bytes) -> tuple[p.StreamSpec, list[bytes]]:
+    """What a send-only user puts on the broker for ``case``: the offer's spec and the wire body
+    sent as chunk 1, 2, 3 (each is then given a CRC-32 that matches, so only the seal can tell)."""
+    spec = p.StreamSpec(sealed.stream_id, seal.SEALED_NAME, len(data), 1000)
+    wires = [bytes(p.data_message(spec, seq, data[(seq - 1) * 1000:seq * 1000], None, sealed)[1]) for seq in (1, 2, 3)]
+    if case == "tampered":
+        wires[1] = wires[1][:5] + bytes([wires[1][5] ^ 1]) + wires[1][6:]
+    elif case == "reordered":
+        wires[1], wires[2] = wires[2], wires[1]
+    elif case == "replayed":
+        wires[1] = wires[0]
+    elif case == "transplanted":  # chunk 2 of another sealed stream to the same receiver
+        wires[1] = bytes(p.data_message(spec, 2, data[1000:2000], None, other)[1])
+    elif case == "truncated":  # the offer claims two chunks, so chunk 2 would pass as the last
+        spec, wires = dataclasses.replace(spec, size=2000), wires[:2]
+    return spec, wires
+
+
+@pytest.mark.parametrize("case", ["tampered", "reordered", "replayed", "transplanted", "truncated"])
+def test_a_sealed_stream_altered_by_a_send_only_user_is_refused_and_the_next_stream_arrives(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str],
+        case: str) -> None:
     rt = dataclasses.replace(params_from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
     data = os.urandom(3000)
-    spec = p.StreamSpec("hostile-sealed-1", seal.SEALED_NAME, len(data), 1000)
-    sealed = seal.Seal.create(spec.stream_id, [seal.parse_recipient(key[1])], name="x.bin", size=spec.size,
-                              chunk_size=spec.chunk_size)
+    recipients = [seal.parse_recipient(key[1])]
+    sealed, other = (seal.Seal.create(sid, recipients, name="x.bin", size=len(data), chunk_size=1000)
+                     for sid in (f"hostile-sealed-{case}", "hostile-sealed-other"))
+    spec, wires = _hostile_stream(case, sealed, other, data)
     dest = Destination.parse(queue_name)
     raw = RawSender(rt)
     raw.send(str(dest), b"", {**p.offer_headers(spec, dest, sender="rt"), seal.H_SEAL: sealed.header})
-    for seq in (1, 2, 3):
-        off, n = spec.chunk_span(seq)
-        headers, wire = p.data_message(spec, seq, data[off:off + n], None, sealed)
-        if seq == 2:  # a flipped byte with a CRC to match: only the seal can tell
-            wire = wire[:5] + bytes([wire[5] ^ 1]) + wire[6:]
-            headers[hdr.H_CRC] = str(crc32(wire))
-        raw.send(dest.data_queue(spec.stream_id, "rt"), bytes(wire), headers)  # stomp.py takes bytes only
+    for seq, wire in enumerate(wires, 1):
+        headers = p.data_message(spec, seq, data[(seq - 1) * 1000:seq * 1000], None, sealed)[0]
+        raw.send(dest.data_queue(spec.stream_id, "rt"), wire, {**headers, hdr.H_CRC: str(crc32(wire))})
     raw.send(dest.data_queue(spec.stream_id, "rt"), b"", p.end_headers(spec, sealed.digest("0" * 64)))
     raw.close()
     good = make_file(tmp_path / "good.bin", 5000)
@@ -138,6 +156,40 @@ def test_a_tampered_sealed_chunk_from_a_send_only_user_is_refused_and_the_next_s
     assert not (tmp_path / "out" / "x.bin").exists()
     assert [r.sha256 for r in got] == [sent.sha256]
     assert (tmp_path / "out" / "good.bin").read_bytes() == good.read_bytes()
+
+
+def test_a_malformed_key_file_is_refused_by_name_before_anything_is_taken(
+        broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
+        key: tuple[str, str]) -> None:
+    send_file(params, make_file(tmp_path / "f.bin", 3000), queue_name, SendOptions(seal_to=(key[1],)))
+    bad = tmp_path / "bad.key"
+    bad.write_text(Path(key[0]).read_text()[:-5] + "\n")
+    bad.chmod(0o600)
+    code, _, err = _run_cli("receive", "--from", queue_name, "--out-dir", str(tmp_path / "out"), "--key", str(bad),
+                            "--conn", uri, "--wait", "5")
+    assert code == 1 and str(bad) in err and "not an amqstream key file" in err
+    assert Path(key[0]).read_text().splitlines()[1][:40] not in err
+    assert len(browse(params, queue_name, timeout=5)) == 1  # the offer still waits for a key holder
+
+
+def test_no_key_no_file_name_and_no_plaintext_in_the_logs_of_a_sealed_transfer(
+        broker: EmbeddedBroker, uri: str, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+    src = tmp_path / "payroll-secret-name.csv"
+    src.write_bytes(b"PLAINTEXT-MARKER-91c2," * 500)
+    code, sent_out, sent_err = _run_cli("-v", "send", str(src), "--to", queue_name, "--seal-to", key[1],
+                                        "--conn", uri, "--chunk-size", "4096")
+    assert code == 0, sent_err[-2000:]
+    code, got_out, got_err = _run_cli("-v", "receive", "--from", queue_name, "--out-dir", str(tmp_path / "out"),
+                                      "--key", key[0], "--conn", uri, "--wait", "30")
+    assert code == 0, got_err[-2000:]
+    assert (tmp_path / "out" / src.name).read_bytes() == src.read_bytes()
+    assert "connection from" in sent_err and "connection from" in got_err  # -v: there is a log to search
+    secret = Path(key[0]).read_text().splitlines()[1]
+    for text in (sent_out, sent_err, got_out, got_err):
+        assert secret not in text and secret.rsplit("-", 1)[1][:20] not in text
+        assert "PLAINTEXT-MARKER" not in text
+    # The broker's own log (its data directory) never sees the name either: only the key holder's output does.
+    assert _in_store(broker, b"payroll-secret-name") == []
 
 
 def test_a_malformed_recipient_is_refused_before_anything_is_sent(
