@@ -206,23 +206,27 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def scratch_broker(workdir: str | None, prefix: str) -> Iterator[tuple[Path, str]]:
+def scratch_broker(workdir: str | None, prefix: str, store: str | None = None) -> Iterator[tuple[Path, str]]:
     """A scratch directory and a fresh embedded broker in it, for one benchmark run: yields
     (the directory, the broker's URI); stops the broker after, and removes the directory
     unless it was ``workdir`` (given to keep it).
 
     :param workdir: the directory to use and keep, or None for a temporary one.
     :param prefix: the temporary directory's name prefix.
+    :param store: a directory on another filesystem to keep the broker's data in (removed after).
     """
     from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
     work = Path(workdir or tempfile.mkdtemp(prefix=prefix))
-    broker = EmbeddedBroker(work / "broker", port=free_port())
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir=store)) if store else work
+    broker = EmbeddedBroker(home / "broker", port=free_port())
     info, _ = broker.start()
     try:
         yield work, info.uri
     finally:
         broker.stop()
+        if store:
+            shutil.rmtree(home, ignore_errors=True)
         if not workdir:
             shutil.rmtree(work, ignore_errors=True)
 
