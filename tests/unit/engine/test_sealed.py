@@ -292,3 +292,18 @@ def test_a_sealed_batch_list_that_does_not_open_is_quarantined_and_records_nothi
     expected = "no_key" if change == "no key" else "seal_broken"
     assert expected in [f.cause for f in failures], failures
     assert not manifest_path(tmp_path / "out", sent.batch_id, "alice").exists()
+
+
+def test_a_sealed_stream_sent_again_under_its_id_is_a_duplicate(broker: MemoryBroker, tmp_path: Path,
+                                                                 key: tuple[str, str]) -> None:
+    src, data = _file(tmp_path)
+    opts = SendOptions(chunk_size=1000, seal_to=(key[1],))
+    send_file(broker.params("alice"), src, Q, opts, stream_id="sealed-daily")
+    assert _receive(broker, tmp_path / "out", keys=(key[0],)).status == "complete"
+    # Sent again from scratch: a new stream key, the same file under the same id.
+    send_file(broker.params("alice"), src, Q, SendOptions(chunk_size=1000, seal_to=(key[1],), restart=True),
+              stream_id="sealed-daily")
+    again = _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert again.status == "duplicate" and again.bytes_transferred == 0
+    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == [".amqstream", "payroll 2026.csv"]
+    assert (tmp_path / "out" / "payroll 2026.csv").read_bytes() == data
