@@ -123,7 +123,8 @@ class SendStateDir:
     :func:`~airflow_provider_amqstream.engine.store.open_store`'s). Nothing else joins names onto it."""
 
     # A checkpoint (``<stream id>@<broker key>.json``, a task's ``amqstream_send_...``), a
-    # batch's ledger or files list (``batch-``/``files-<batch id>@<broker key>.jsonl``).
+    # batch's ledger or files list (``batch-``/``files-<batch id>@<broker key>.jsonl``), the
+    # small sealed files' secret (``seal@<broker key>.json``).
     OURS = re.compile(r"[A-Za-z0-9._-]+@[0-9a-f]{12}\.jsonl?")
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -147,6 +148,11 @@ class SendStateDir:
     def ledger(self, batch_id: str, params: BrokerParams) -> Path:
         """A many-file send's ledger: the files the broker confirmed."""
         return self.path / f"batch-{batch_id}@{self.broker_key(params)}.jsonl"
+
+    def seal_secret(self, params: BrokerParams) -> Path:
+        """The secret (0600) each small sealed file's stream key is derived from, one per broker:
+        a later run, whatever else it sends, seals a file it sent part of under the same key."""
+        return self.path / f"seal@{self.broker_key(params)}.json"
 
     def files_list(self, batch_id: str, params: BrokerParams) -> Path:
         """Every file's result of a many-file send's last run."""

@@ -165,13 +165,15 @@ class Seal:
     header: str
 
     @classmethod
-    def create(cls, stream_id: str, recipients: list[bytes], *, name: str, size: int, chunk_size: int) -> Seal:
-        """A new stream key wrapped for each recipient, with ``name`` sealed in the header,
-        bound to the stream's id, size and chunk size (which the offer shows in clear)."""
+    def create(cls, stream_id: str, recipients: list[bytes], *, name: str, size: int, chunk_size: int,
+               key: bytes | None = None) -> Seal:
+        """A stream key (``key``, else a new random one) wrapped for each recipient, with ``name``
+        sealed in the header, bound to the stream's id, size and chunk size (which the offer
+        shows in clear)."""
         if not 1 <= len(recipients) <= MAX_RECIPIENTS:
             raise ConfigurationError(f"stream {stream_id}: seal to 1 to {MAX_RECIPIENTS} recipients, "
                                      f"got {len(recipients)}")
-        key = os.urandom(32)
+        key = key or os.urandom(32)
         sealed = OCB3(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
                                     _header_ad(stream_id, size, chunk_size))
         blob = bytes([SEAL_VERSION, len(recipients)]) + b"".join(wrap(key, r) for r in recipients) + sealed
@@ -259,6 +261,12 @@ class Seal:
     def _ad(self, seq: int, last: bool, encoding: Any) -> bytes:
         enc = str(encoding or "").encode("utf-8", "surrogatepass")[:64]
         return b"amqs-chunk|" + self.stream_id.encode() + struct.pack(">QB", seq, int(last)) + b"|" + enc
+
+
+def derived_key(secret: bytes, stream_id: str) -> bytes:
+    """Stream ``stream_id``'s key derived from a batch's ``secret``: the same on every run that
+    holds the secret, different for every stream."""
+    return hkdf_sha256(secret, b"", b"amqstream small-file stream key|" + stream_id.encode())
 
 
 def _nonce(seq: int, salt: bytes) -> bytes:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_provider_amqstream.engine.records import TransferResult, open_private, sender_store
+from airflow_provider_amqstream.engine.records import TransferResult, open_private, read_json, sender_store, write_json
 from airflow_provider_amqstream.engine.send.batch import (
     BatchFile,
     BatchLedger,
@@ -61,7 +61,8 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol.codec import ChunkCodec
 from airflow_provider_amqstream.protocol.names import Destination, derive_stream_id, validate_stream_id
-from airflow_provider_amqstream.protocol.seal import SEALED_NAME
+from airflow_provider_amqstream.protocol.seal import SEALED_NAME, Seal, derived_key
+from airflow_provider_amqstream.protocol.wire import StreamSpec
 from airflow_provider_amqstream.transport.link import Link, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import Reconnect
@@ -128,8 +129,8 @@ def send_files(
         if opts.fail_fast:
             raise StreamError(f"{path}: {error}")
 
-    # Sealed: every file goes through the chunked path (no inline offers or packs yet); the
-    # batch's file list is sealed part by part.
+    # Sealed: no inline offers or packs (a file travels as a sealed stream of its own, small
+    # ones back to back under one receipt as unsealed); the batch's file list is sealed part by part.
     recipients = seal_recipients(opts, params)
     sealed = bool(recipients)
     key = id_key(params)
@@ -148,8 +149,8 @@ def send_files(
     files_list.parent.mkdir(parents=True, exist_ok=True)
     listing = os.fdopen(open_private(files_list, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
     ctx = _Ctx(params=params, dest=dest, options=opts, window=window, chunk=chunk, codec=codec, ledger=ledger,
-               status=status, listing=listing, progress=progress, on_result=on_result,
-               sealed=sealed)
+               status=status, listing=listing, progress=progress, on_result=on_result, recipients=recipients,
+               seal_secret=_seal_secret(sdir.seal_secret(params)) if sealed else b"")
     done = {} if opts.restart else ledger.load()
     seeded = set() if opts.restart else set(opts.ledger_seed)
     todo = _Todo(ctx.skip_sent(_outgoing(files, dest, key, fail, sealed=sealed), done, seeded))
@@ -170,6 +171,34 @@ def send_files(
         progress(status)
     return BulkResult(batch_id, str(dest), status.results, status.failures, time.monotonic() - t0, status, params.url,
                       files_list=str(files_list))
+
+
+def _seal_secret(path: Path) -> bytes:
+    """The small sealed files' secret: the one earlier runs used (the keys of any chunks they
+    left on the broker), else a new one, written 0600 before anything is sent. Touched on use,
+    as state files unused for the retention period are pruned."""
+    try:
+        held = read_json(path)
+    except ValueError:  # not JSON (ours are written whole and renamed): replaced below
+        held = {}
+    text = str((held or {}).get("secret", ""))
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+        os.utime(path)
+        return bytes.fromhex(text)
+    secret = os.urandom(32)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
+    write_json(tmp, {"secret": secret.hex()}, mode=0o600)
+    try:
+        if held is not None:
+            os.replace(tmp, path)
+            return secret
+        try:
+            os.link(tmp, path)  # fails if another first sealed send made it meanwhile: theirs is taken
+        except FileExistsError:
+            return _seal_secret(path)
+        return secret
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _survey(files: Iterable[str | os.PathLike[str] | BatchFile], dest: Destination,
@@ -319,7 +348,8 @@ class _Ctx:
     connected: bool = False  # a connection opened: the broker took these credentials
     last_progress: float = 0.0
     restarted: set[str] = field(default_factory=set)
-    sealed: bool = False
+    recipients: list[bytes] = field(default_factory=list)
+    seal_secret: bytes = b""
 
     def skip_sent(self, entries: Iterable[Outgoing], done: dict[str, dict[str, Any]],
                   seeded: set[str]) -> Iterator[Outgoing]:
@@ -421,11 +451,17 @@ class _Ctx:
 
     def _small(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one window: sent back to back, confirmed with others."""
-        return not self.sealed and e.size <= self.window * self.chunk
+        return e.size <= self.window * self.chunk
 
     def _one_chunk(self, e: Outgoing) -> bool:
-        """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack."""
-        return not self.sealed and e.size <= self.chunk
+        """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack (never sealed)."""
+        return not self.recipients and e.size <= self.chunk
+
+    def _seal(self, spec: StreamSpec, name: str) -> Seal:
+        # The key comes from the batch's secret: a file sent again after a crash (its chunks
+        # may be on the broker already, its offer not) is sealed under the key they were.
+        return Seal.create(spec.stream_id, self.recipients, name=name, size=spec.size, chunk_size=spec.chunk_size,
+                           key=derived_key(self.seal_secret, spec.stream_id))
 
     def _send_small(self, link: Link, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
@@ -434,7 +470,8 @@ class _Ctx:
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
             rid = link.send(str(self.dest), wire, headers, receipt=seal)
         else:
-            rid, res = send_few(link, e, self.dest, self.chunk, self.codec, receipt=seal)
+            rid, res = send_few(link, e, self.dest, self.chunk, self.codec, receipt=seal,
+                                seal=self._seal if self.recipients else None)
         if seal and rid is None:
             raise TransportError(f"no receipt id for the offer of stream {e.stream_id} on {self.params.url}")
         return rid, res

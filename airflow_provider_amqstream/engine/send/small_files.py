@@ -22,6 +22,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec
 from airflow_provider_amqstream.protocol.names import Destination
+from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME, Seal
 from airflow_provider_amqstream.transport.link import Link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -53,11 +54,13 @@ def changed(e: Outgoing) -> StreamError:
                        "Send it again once it is stable.")
 
 
-def _pending(e: Outgoing, dest: Destination, chunk: int, params: BrokerParams) -> tuple[p.StreamSpec, TransferResult]:
-    """A small file's spec, and its result until it is confirmed: ``seconds`` holds the
-    monotonic start until the confirmation turns it into a duration, ``sha256`` is set once read."""
-    spec = p.StreamSpec(e.stream_id, e.src.name, e.size, chunk, hdr.Mode.ATOMIC)
-    return spec, TransferResult(e.stream_id, str(dest), spec.name, e.size, spec.chunks, "", time.monotonic(),
+def _pending(e: Outgoing, dest: Destination, chunk: int, params: BrokerParams,
+             sealed: bool = False) -> tuple[p.StreamSpec, TransferResult]:
+    """A small file's spec (named ``sealed`` if it is), and its result until it is confirmed:
+    ``seconds`` holds the monotonic start until the confirmation turns it into a duration,
+    ``sha256`` is set once read."""
+    spec = p.StreamSpec(e.stream_id, SEALED_NAME if sealed else e.src.name, e.size, chunk, hdr.Mode.ATOMIC)
+    return spec, TransferResult(e.stream_id, str(dest), e.src.name, e.size, spec.chunks, "", time.monotonic(),
                                 spec.mode.value, 0, e.size, str(e.src), time.time(), 0.0, chunk_size=spec.chunk_size,
                                 origin=stream_origin(e.identity, dest), broker=params.url)
 
@@ -77,23 +80,27 @@ def inline_member(e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec,
     return headers, wire, res
 
 
-def send_few(link: Link, e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec, *,
-             receipt: bool) -> tuple[str | None, TransferResult]:
+def send_few(link: Link, e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec, *, receipt: bool,
+             seal: Callable[[p.StreamSpec, str], Seal] | None = None) -> tuple[str | None, TransferResult]:
     """A file of a few chunks: its chunks and end marker, then its offer, asking for a receipt
-    with ``receipt`` (the id returned with the file's result)."""
-    spec, res = _pending(e, dest, chunk, link.params)
+    with ``receipt`` (the id returned with the file's result); sealed with ``seal(spec, name)``
+    if given, as a sealed stream of its own (no inline offer or pack exists sealed)."""
+    spec, res = _pending(e, dest, chunk, link.params, sealed=seal is not None)
+    sealed = seal(spec, e.src.name) if seal is not None else None
     data_q = dest.data_queue(e.stream_id, link.params.user)
     hasher = hashlib.sha256()
     with open(e.src, "rb") as fh:
-        reader = ChunkReader(fh, spec, codec, hasher)
+        reader = ChunkReader(fh, spec, codec, hasher, sealed)
         for seq in range(1, spec.chunks + 1):
             message = reader.next(seq)
             link.send(data_q, message.wire, message.headers)
         if os.fstat(fh.fileno()).st_size != e.size:
             raise changed(e)
     res.sha256 = hasher.hexdigest()
-    link.send(data_q, b"", p.end_headers(spec, res.sha256))
+    link.send(data_q, b"", p.end_headers(spec, sealed.digest(res.sha256) if sealed else res.sha256))
     offer = p.offer_headers(spec, dest, sender=link.params.user, origin=res.origin, subdir=e.subdir)
+    if sealed is not None:
+        offer[H_SEAL] = sealed.header
     return link.send(str(dest), b"", offer, receipt=receipt), res
 
 

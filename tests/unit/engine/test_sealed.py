@@ -4,14 +4,23 @@ case is quarantined with its cause and nothing published."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_provider_amqstream.engine import ReceiveOptions, SendOptions, receive_stream, send_file, send_files
+from airflow_provider_amqstream.engine import (
+    ReceiveOptions,
+    SendOptions,
+    receive_stream,
+    receive_streams,
+    send_file,
+    send_files,
+)
 from airflow_provider_amqstream.engine.keys import new_key_file
+from airflow_provider_amqstream.engine.send import small_files
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamQuarantined
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
@@ -200,6 +209,54 @@ def test_many_small_sealed_files_go_as_sealed_streams(broker: MemoryBroker, tmp_
     for _ in files:
         _receive(broker, tmp_path / "out", keys=(key[0],))
     assert sorted(f.name for f in (tmp_path / "out").iterdir() if f.is_file()) == ["f0.csv", "f1.csv", "f2.csv"]
+    # They went the small-file way (back to back, one receipt for several): no checkpoint per
+    # file, only the secret (owner-only) their keys derive from.
+    state = Path(os.environ["AMQSTREAM_STATE_DIR"])
+    [secret_file] = state.glob("seal@*.json")
+    assert secret_file.stat().st_mode & 0o077 == 0 and list(state.glob("sealed-*")) == []
+
+
+def test_a_small_sealed_file_is_sealed_under_the_key_derived_from_the_senders_secret(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    src, _ = _file(tmp_path, "f.csv", 3000)
+    [res] = send_files(broker.params("alice"), [src], Q, SendOptions(seal_to=(key[1],), chunk_size=1000)).results
+    secret_file = next(Path(os.environ["AMQSTREAM_STATE_DIR"]).glob("seal@*.json"))
+    secret = bytes.fromhex(json.loads(secret_file.read_text())["secret"])
+    [(h, body)] = [m for m in broker.messages(DEST.data_queue(res.stream_id, "alice")) if m[0].get(hdr.H_SEQ) == "1"]
+    seal.Seal(seal.derived_key(secret, res.stream_id), res.stream_id, "").open_chunk(1, False, body, h)
+    with pytest.raises(seal.SealBroken):
+        seal.Seal(seal.derived_key(secret, "another-id"), res.stream_id, "").open_chunk(1, False, body, h)
+
+
+def test_a_sealed_small_file_cut_off_by_a_crash_is_sent_again_under_the_same_key(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crash falls after a file's chunks reached the broker and before its offer; the re-run
+    (over a different set of files) seals it again under the key those chunks were sealed with:
+    a new key would make the receiver refuse them as broken and quarantine a file that was fine."""
+    files = [_file(tmp_path, f"f{i}.csv", 2500)[0] for i in range(3)]
+    opts = SendOptions(seal_to=(key[1],), chunk_size=1000, manifest=False)
+    real, offered = small_files.p.offer_headers, []
+
+    def offer_then_crash(spec: Any, *args: Any, **kw: Any) -> Any:
+        offered.append(spec.stream_id)
+        if len(offered) == 2:
+            raise KeyboardInterrupt("the sender's machine went down")
+        return real(spec, *args, **kw)
+
+    monkeypatch.setattr(small_files.p, "offer_headers", offer_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        send_files(broker.params("alice"), files, Q, opts)
+    cut = offered[-1]
+    assert len(broker.messages(DEST.data_queue(cut, "alice"))) == 3 + 1  # its chunks and end wait, unoffered
+    assert not any(h[hdr.H_STREAM] == cut for h, _ in broker.messages(Q))
+    monkeypatch.setattr(small_files.p, "offer_headers", real)
+    again = send_files(broker.params("alice"), [*files, _file(tmp_path, "new.csv", 2500)[0]], Q, opts)
+    assert not again.failures and len(again.results) == 4
+    got = receive_streams(broker.params("rx"), Q, tmp_path / "out",
+                          options=ReceiveOptions(**{**FAST, "keys": (key[0],)}))
+    assert broker.messages(f"/queue/DLQ.{DEST.name}") == [] and "quarantined" not in {r.status for r in got}
+    for src in [*files, tmp_path / "src" / "new.csv"]:
+        assert (tmp_path / "out" / src.name).read_bytes() == src.read_bytes()
 
 
 def test_sealing_required_quarantines_small_files_sent_inline_and_in_packs(broker: MemoryBroker, tmp_path: Path,
@@ -307,3 +364,15 @@ def test_a_sealed_stream_sent_again_under_its_id_is_a_duplicate(broker: MemoryBr
     assert again.status == "duplicate" and again.bytes_transferred == 0
     assert sorted(f.name for f in (tmp_path / "out").iterdir()) == [".amqstream", "payroll 2026.csv"]
     assert (tmp_path / "out" / "payroll 2026.csv").read_bytes() == data
+
+
+def test_the_small_files_secret_is_made_once_kept_private_and_replaced_only_when_not_ours(tmp_path: Path) -> None:
+    from airflow_provider_amqstream.engine.send.bulk import _seal_secret
+
+    path = tmp_path / "seal@0123456789ab.json"
+    first = _seal_secret(path)
+    assert len(first) == 32 and path.stat().st_mode & 0o777 == 0o600
+    assert _seal_secret(path) == first and list(tmp_path.iterdir()) == [path]  # read back, no temporary left
+    path.write_text("not json")
+    replaced = _seal_secret(path)
+    assert replaced != first and _seal_secret(path) == replaced

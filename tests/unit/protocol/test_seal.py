@@ -120,6 +120,14 @@ def test_recipients_are_bounded() -> None:
         s.Seal.create("x", [], name="n", size=1, chunk_size=1)
 
 
+def test_a_recipient_that_is_no_usable_key_is_refused_before_anything_is_sealed() -> None:
+    # A low-order point passes the checksum (anyone can spell one) but gives no shared secret.
+    point = bytes(32)
+    with pytest.raises(ConfigurationError, match="no usable X25519 key") as exc:
+        s.Seal.create("x", [s.parse_recipient(ALICE.recipient), point], name="n", size=1, chunk_size=1)
+    assert s.RECIPIENT_PREFIX in str(exc.value)
+
+
 def test_no_key_material_in_a_repr() -> None:
     sealed = _seal()
     assert sealed.key.hex() not in repr(sealed) and str(sealed.key) not in repr(sealed)
