@@ -458,8 +458,8 @@ class _Ctx:
         return not self.recipients and e.size <= self.chunk
 
     def _seal(self, spec: StreamSpec, name: str) -> Seal:
-        # The key comes from the batch's secret: a file sent again after a crash (its chunks
-        # may be on the broker already, its offer not) is sealed under the key they were.
+        # The key comes from the sender's secret for this broker: a file sent again after a
+        # crash (its chunks may be on the broker already, its offer not) is sealed under the key they were.
         return Seal.create(spec.stream_id, self.recipients, name=name, size=spec.size, chunk_size=spec.chunk_size,
                            key=derived_key(self.seal_secret, spec.stream_id))
 
