@@ -21,7 +21,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
 from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
-from airflow_provider_amqstream.protocol.seal import Seal
+from airflow_provider_amqstream.protocol.seal import H_SEAL, Seal
 
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
@@ -79,14 +79,18 @@ def _base(spec: StreamSpec, kind: hdr.Kind) -> dict[str, str]:
 
 
 def offer_headers(spec: StreamSpec, destination: Destination, window: int = hdr.DEFAULT_WINDOW, *, sender: str,
-                  reoffer: bool = False, origin: str | None = None, subdir: str = "") -> dict[str, str]:
+                  reoffer: bool = False, origin: str | None = None, subdir: str = "",
+                  seal: Seal | None = None) -> dict[str, str]:
     """The offer announcing a stream. A ``reoffer`` follows a sender's re-run: it may have
     repeated messages a receiver already consumed, so whoever published the stream
     clears them; nobody starts a reception from a re-offer. ``origin`` identifies the
     sender's file (see :data:`H_ORIGIN`); ``subdir`` the relative directory it goes to
     (see :data:`H_DIR`). ``sender`` is the user the sender logs in as, which names its
-    data queue (:meth:`Destination.data_queue`)."""
+    data queue (:meth:`Destination.data_queue`). ``seal`` (a sealed stream's) adds its
+    wrapped keys and sealed header."""
     h = _base(spec, hdr.Kind.OFFER)
+    if seal is not None:
+        h[H_SEAL] = seal.header
     if subdir:
         h[hdr.H_DIR] = subdir
     if reoffer:
@@ -138,11 +142,13 @@ def data_message(spec: StreamSpec, seq: int, body: bytes, codec: ChunkCodec | No
     return h, wire
 
 
-def end_headers(spec: StreamSpec, sha256_hex: str) -> dict[str, str]:
+def end_headers(spec: StreamSpec, sha256_hex: str, seal: Seal | None = None) -> dict[str, str]:
+    """The end marker: the file's SHA-256, or for a stream sealed with ``seal`` its HMAC under
+    the stream key (:meth:`Seal.digest`)."""
     h = _base(spec, hdr.Kind.END)
     # JMSXGroupSeq -1 closes the message group in ActiveMQ, freeing the consumer.
-    h.update({hdr.H_SIZE: str(spec.size), hdr.H_CHUNKS: str(spec.chunks), hdr.H_SHA256: sha256_hex,
-              hdr.H_GROUP_SEQ: "-1"})
+    h.update({hdr.H_SIZE: str(spec.size), hdr.H_CHUNKS: str(spec.chunks),
+              hdr.H_SHA256: seal.digest(sha256_hex) if seal is not None else sha256_hex, hdr.H_GROUP_SEQ: "-1"})
     return h
 
 

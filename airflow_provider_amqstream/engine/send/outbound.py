@@ -17,7 +17,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec
 from airflow_provider_amqstream.protocol.names import Destination
-from airflow_provider_amqstream.protocol.seal import H_SEAL, Seal
+from airflow_provider_amqstream.protocol.seal import Seal
 from airflow_provider_amqstream.protocol.state import SenderState
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -106,12 +106,9 @@ class Outbound:
     def offer(self, window: int = hdr.DEFAULT_WINDOW, **kw: Any) -> dict[str, str]:
         """The stream's offer (``kw``: offer_headers' keywords), with its seal if sealed."""
         kw.setdefault("subdir", self.subdir)
-        h = p.offer_headers(self.state.spec, self.dest, window, sender=self.params.user, origin=self.origin, **kw)
-        if self.seal is not None:
-            h[H_SEAL] = self.seal.header
-        return h
+        return p.offer_headers(self.state.spec, self.dest, window, sender=self.params.user, origin=self.origin,
+                               seal=self.seal, **kw)
 
     def end(self) -> dict[str, str]:
         """The end marker: the file's SHA-256, under the seal's HMAC if sealed."""
-        sha = self.state.sha256 or ""
-        return p.end_headers(self.state.spec, self.seal.digest(sha) if self.seal is not None else sha)
+        return p.end_headers(self.state.spec, self.state.sha256 or "", self.seal)

@@ -22,7 +22,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.codec import ChunkCodec
 from airflow_provider_amqstream.protocol.names import Destination
-from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME, Seal
+from airflow_provider_amqstream.protocol.seal import SEALED_NAME, Seal
 from airflow_provider_amqstream.transport.link import Link
 from airflow_provider_amqstream.transport.params import BrokerParams
 
@@ -97,10 +97,8 @@ def send_few(link: Link, e: Outgoing, dest: Destination, chunk: int, codec: Chun
         if os.fstat(fh.fileno()).st_size != e.size:
             raise changed(e)
     res.sha256 = hasher.hexdigest()
-    link.send(data_q, b"", p.end_headers(spec, sealed.digest(res.sha256) if sealed else res.sha256))
-    offer = p.offer_headers(spec, dest, sender=link.params.user, origin=res.origin, subdir=e.subdir)
-    if sealed is not None:
-        offer[H_SEAL] = sealed.header
+    link.send(data_q, b"", p.end_headers(spec, res.sha256, sealed))
+    offer = p.offer_headers(spec, dest, sender=link.params.user, origin=res.origin, subdir=e.subdir, seal=sealed)
     return link.send(str(dest), b"", offer, receipt=receipt), res
 
 
