@@ -167,7 +167,7 @@ def open_batch_part(headers: Mapping[str, Any], body: bytes | memoryview,
     opened = Seal.open(str(headers.get(H_SEAL)), identities, stream_id=batch_id, size=part, chunk_size=parts)
     if opened is None:
         return None
-    return bytes(opened[0].open_chunk(1, True, body, headers))  # already bytes: no copy
+    return bytes(opened[0].open_chunk(1, True, body, headers))  # a copy of at most MAX_BATCH_BODY, per part
 
 
 @dataclass(frozen=True)
