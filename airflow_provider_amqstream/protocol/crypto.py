@@ -127,9 +127,11 @@ def x25519_shared(private: bytes, public: bytes) -> bytes | None:
     """The X25519 shared secret, or None for a peer key that gives none (a low-order point,
     whose secret is all zero: OpenSSL refuses it, as RFC 7748 allows)."""
     lib = _libcrypto()
-    key, peer = _pkey(private, True), _pkey(public, False)
-    ctx = lib.EVP_PKEY_CTX_new(key, None)
+    key = _pkey(private, True)
+    peer = ctx = None  # OpenSSL's free functions take NULL
     try:
+        peer = _pkey(public, False)
+        ctx = lib.EVP_PKEY_CTX_new(key, None)
         out, size = ctypes.create_string_buffer(32), _SIZE(32)
         ok = (ctx and lib.EVP_PKEY_derive_init(ctx) == 1 and lib.EVP_PKEY_derive_set_peer(ctx, peer) == 1
               and lib.EVP_PKEY_derive(ctx, out, ctypes.byref(size)) == 1 and size.value == 32)

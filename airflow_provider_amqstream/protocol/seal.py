@@ -86,8 +86,7 @@ class Identity:
 
     def to_text(self) -> str:
         """The key file's content: a comment naming the recipient, then the secret line."""
-        raw = self.private
-        return f"# recipient: {self.recipient}\n{KEY_PREFIX}-{_b32(raw + _check(raw))}\n"
+        return f"# recipient: {self.recipient}\n{KEY_PREFIX}-{_b32(self.private + _check(self.private))}\n"
 
     @classmethod
     def parse(cls, text: str, source: str) -> Identity:
