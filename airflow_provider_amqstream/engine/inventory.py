@@ -30,7 +30,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
-from airflow_provider_amqstream.protocol.seal import H_SEAL
+from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 
@@ -163,12 +163,21 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
             out.append((headers, frame))
             continue
         try:
-            members = bw.read_pack(headers, frame.body or b"")
+            members = _sealed_members(headers) if bw.is_sealed_pack(headers) else [
+                m for m, _ in bw.read_pack(headers, frame.body or b"")]
         except ProtocolError as exc:
             out.append(({**headers, "_invalid": str(exc)}, frame))
             continue
-        out.extend(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame) for member, _ in members)
+        out.extend(({**headers, **member, "_pack": str(headers.get(hdr.H_STREAM, ""))}, frame) for member in members)
     return out
+
+
+def _sealed_members(headers: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A sealed pack's files as its headers show them: id and size, named as sealed streams are
+    (``_sealed``: its receivers check the rest, which only they can read)."""
+    return [{hdr.H_KIND: hdr.Kind.OFFER.value, hdr.H_STREAM: sid, hdr.H_NAME: SEALED_NAME, hdr.H_SIZE: str(size),
+             hdr.H_CHUNKS: str(min(size, 1)), hdr.H_MODE: hdr.Mode.ATOMIC.value, bw.H_INLINE: "1", "_sealed": "1"}
+            for sid, size in bw.sealed_members(headers)]
 
 
 def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered], list[BatchAnnounced]]:
@@ -198,6 +207,8 @@ def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered],
                         offered_at=at, pack=h.get("_pack"), redriven_by=str(h.get(H_REDRIVEN_BY, ""))[:256])
         if "_invalid" in h:
             entry.kind, entry.note = "invalid", f"invalid pack: {h['_invalid']}"
+        elif "_sealed" in h:
+            entry.kind = "inline"
         else:
             try:
                 p.parse_offer(h, dest, sender=sender)

@@ -5,9 +5,9 @@ body, with the CRC-32 of that body and the file's SHA-256 in its headers, and no
 queue at all (:func:`inline_offer`, :func:`read_inline`). Several inline offers may travel
 together as one *pack* message: a JSON index of their headers, then their bodies
 (:func:`pack_message`, :func:`read_pack`); each member is checked as the inline offer it
-is. After a batch's offers, the sender lists its files in *batch* messages
-(:func:`iter_batch_messages`, :func:`parse_batch`), from which a receiver writes the batch's
-manifest. The wire format is in ``docs/protocol.md``.
+is. A sealed send seals each pack whole for its recipients (:func:`open_pack`). After a
+batch's offers, the sender lists its files in *batch* messages (:func:`iter_batch_messages`,
+:func:`parse_batch`), from which a receiver writes the batch's manifest. The wire format is in ``docs/protocol.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import re
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,13 +24,21 @@ from typing import Any
 from airflow_provider_amqstream.exceptions import LocalProtocolError, ProtocolError
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
 from airflow_provider_amqstream.protocol.headers import (
+    H_CHUNK_SIZE,
+    H_CHUNKS,
     H_CRC,
+    H_DATA_DEST,
     H_ENCODING,
     H_KIND,
+    H_MODE,
+    H_NAME,
+    H_ORIGIN,
     H_PACK_IDS,
     H_SHA256,
+    H_SIZE,
     H_STREAM,
     H_VERSION,
+    MAX_CHUNK_SIZE,
     MAX_STREAM_ID,
     PROTOCOL_VERSION,
     Kind,
@@ -37,7 +46,7 @@ from airflow_provider_amqstream.protocol.headers import (
 )
 from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.paths import safe_subdir
-from airflow_provider_amqstream.protocol.seal import H_SEAL, Identity, Seal
+from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME, Identity, Seal
 from airflow_provider_amqstream.protocol.wire import StreamSpec, from_the_wire, int_header, kind_of, offer_headers
 
 # "1": the offer carries the whole file (at most one chunk) as its body; no data queue.
@@ -52,6 +61,8 @@ H_PARTS = "amqs_parts"
 H_PACK_FILES = "amqs_pack_files"
 H_PACK_INDEX = "amqs_pack_index"
 H_PACK_LEN = "amqs_pack_len"
+# A sealed pack's members' sizes, "|" separated as H_PACK_IDS (their names are sealed).
+H_PACK_SIZES = "amqs_pack_sizes"
 
 # A batch list is split into parts of at most this many files (each a JSON line of ~250 bytes),
 # and a receiver refuses a part whose body is larger than MAX_BATCH_BODY.
@@ -63,6 +74,9 @@ MAX_BATCH_PARTS = 10_000
 MAX_PACK_FILES = 64
 MAX_PACK_INDEX = 256 * 1024
 MAX_PACK_MEMBER_HEADERS = 32
+# What a sealed pack's member shows in a quarantine copy: what a sealed stream's offer shows.
+_SEALED_MEMBER_SHOWS = frozenset({H_VERSION, H_KIND, H_STREAM, H_MODE, H_SIZE, H_CHUNK_SIZE, H_CHUNKS, H_DATA_DEST,
+                                  H_ORIGIN, H_INLINE})
 
 
 # --------------------------------------------------------------------------- inline offers
@@ -217,15 +231,21 @@ def parse_batch(headers: Mapping[str, Any], body: bytes) -> tuple[str, int, int,
 
 
 # --------------------------------------------------------------------------- packs
-def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]]) -> tuple[dict[str, str], bytes]:
+def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]],
+                 recipients: Sequence[bytes] = ()) -> tuple[dict[str, str], bytes | bytearray]:
     """Headers and body of a pack: several inline offers (``(headers, wire body)`` as
-    :func:`inline_offer` makes them) in one message.
+    :func:`inline_offer` makes them) in one message, sealed for ``recipients`` if any.
 
     Per message, the broker journals, dispatches and acknowledges; for 64 KiB files
     that cost more than the bytes, so a bulk sender puts up to a few dozen small files in
     one message. The body is a JSON index (each member's offer headers plus
     :data:`H_PACK_LEN`, its wire length) followed by the members' wire bodies in order.
-    The pack's own id is derived from its members' ids."""
+    The pack's own id is derived from its members' ids.
+
+    Sealed, the body is the index's length (4 bytes) then index and members, all sealed as
+    one chunk of the pack's own: the index holds the names, directories and SHA-256s. The
+    headers show what a sealed stream's offer shows of each member, its id and size
+    (:data:`H_PACK_SIZES`), and one key is wrapped per pack, not per file."""
     if not 1 <= len(members) <= MAX_PACK_FILES:
         raise LocalProtocolError(f"a pack holds 1..{MAX_PACK_FILES} files, not {len(members)}")
     ids = [str(h[H_STREAM]) for h, _ in members]
@@ -236,28 +256,96 @@ def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]]) -> tuple[di
     if len(index) > MAX_PACK_INDEX:
         raise LocalProtocolError(f"the index of a pack of {len(members)} files is {len(index)} bytes, "
                                  f"over {MAX_PACK_INDEX}")
-    body = b"".join([index, *(w for _, w in members)])
     pack_id = "pk-" + hashlib.sha256("|".join(ids).encode()).hexdigest()[:32]
-    return {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.PACK.value, H_STREAM: pack_id, H_INLINE: "1",
-            H_PACK_FILES: str(len(members)), H_PACK_INDEX: str(len(index)), H_PACK_IDS: "|" + "|".join(ids) + "|",
-            H_CRC: str(crc32(body))}, body
+    headers = {H_VERSION: str(PROTOCOL_VERSION), H_KIND: Kind.PACK.value, H_STREAM: pack_id, H_INLINE: "1",
+               H_PACK_FILES: str(len(members)), H_PACK_IDS: "|" + "|".join(ids) + "|"}
+    if recipients:
+        headers[H_PACK_SIZES] = "|" + "|".join(str(h[H_SIZE]) for h, _ in members) + "|"
+        sealed = Seal.create(pack_id, list(recipients), name="pack", size=len(members),
+                             chunk_size=_shown_digest(headers))
+        plain = b"".join([struct.pack(">I", len(index)), index, *(w for _, w in members)])
+        wire, nonce = sealed.chunk(1, True, plain, None)
+        return {**headers, H_SEAL: sealed.header, **nonce}, wire
+    body = b"".join([index, *(w for _, w in members)])
+    return {**headers, H_PACK_INDEX: str(len(index)), H_CRC: str(crc32(body))}, body
 
 
 def is_pack(headers: Mapping[str, Any]) -> bool:
     return headers.get(H_KIND) == Kind.PACK.value
 
 
+def is_sealed_pack(headers: Mapping[str, Any]) -> bool:
+    return is_pack(headers) and headers.get(H_SEAL) is not None
+
+
 @from_the_wire
 def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tuple[dict[str, str], memoryview]]:
-    """The members of a pack: each one's offer headers and wire body, to be checked as an
-    inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file
+    """The members of an unsealed pack: each one's offer headers and wire body, to be checked
+    as an inline offer of its own (:func:`parse_offer`, :func:`read_inline`), so one bad file
     fails alone. Raises ProtocolError if the pack itself is malformed (then no member can
-    be trusted)."""
+    be trusted), or sealed (see :func:`open_pack`)."""
     pid, count = _pack_header(headers)
+    if headers.get(H_SEAL) is not None:
+        raise ProtocolError(f"pack {pid} is sealed: only a key holder can read its index")
     view = memoryview(body)
     index_len = int_header(headers, H_PACK_INDEX, pid, lo=2, hi=min(MAX_PACK_INDEX, len(view)))
     if crc32(view) != int_header(headers, H_CRC, pid, hi=0xFFFFFFFF):
         raise ProtocolError(f"pack {pid}: the body failed its CRC-32 check")
+    return _members(headers, pid, count, view, index_len)
+
+
+@from_the_wire
+def open_pack(headers: Mapping[str, Any], body: bytes | memoryview,
+              identities: list[Identity]) -> list[tuple[dict[str, str], memoryview]] | None:
+    """The members of a sealed pack, as :func:`read_pack` gives an unsealed one's; None when no
+    identity holds a key for it. Raises :class:`~airflow_provider_amqstream.protocol.seal.SealBroken`
+    when it, or the ids and sizes it shows, were altered, or it was moved from another pack; a
+    ProtocolError when it opens but its index or members are malformed (its sender sealed them so)."""
+    pid, count = _pack_header(headers)
+    shown = sealed_members(headers)
+    opened = Seal.open(str(headers.get(H_SEAL)), identities, stream_id=pid, size=count,
+                       chunk_size=_shown_digest(headers))
+    if opened is None:
+        return None
+    plain = memoryview(opened[0].open_chunk(1, True, body, headers))
+    # From here on the pack opened: what is wrong inside was sealed so by its sender.
+    index_len = int.from_bytes(plain[:4], "big") if len(plain) >= 4 else -1
+    if not 2 <= index_len <= min(MAX_PACK_INDEX, len(plain) - 4):
+        raise ProtocolError(f"pack {pid}: its index length is {index_len}, outside 2..{len(plain) - 4}")
+    members = _members(headers, pid, count, plain[4:], index_len)
+    if [m.get(H_SIZE) for m, _ in members] != [str(size) for _, size in shown]:
+        raise ProtocolError(f"pack {pid}: {H_PACK_SIZES} are not its members' sizes")
+    return members
+
+
+def _shown_digest(headers: Mapping[str, Any]) -> int:
+    """What a sealed pack shows of its members (ids and sizes), as the 64-bit number its sealed
+    header is bound to: the broker can change neither without the pack failing to open."""
+    shown = f"{headers.get(H_PACK_IDS, '')}{headers.get(H_PACK_SIZES, '')}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.sha256(shown).digest()[:8], "big")
+
+
+@from_the_wire
+def sealed_members(headers: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """What a sealed pack shows of its members without a key: each one's stream id and size,
+    checked (a key holder also checks them against the members, :func:`open_pack`)."""
+    pid, count = _pack_header(headers)
+    ids, sizes = (str(headers.get(h, "")).split("|") for h in (H_PACK_IDS, H_PACK_SIZES))
+    if len(ids) != count + 2 or len(sizes) != count + 2 or ids[0] or ids[-1] or sizes[0] or sizes[-1]:
+        raise ProtocolError(f"pack {pid}: {H_PACK_IDS} and {H_PACK_SIZES} must each list its {count} files "
+                            "between bars")
+    shown = []
+    for sid, size in zip(ids[1:-1], sizes[1:-1], strict=True):
+        if not (size.isdigit() and len(size) <= len(str(MAX_CHUNK_SIZE))):
+            raise ProtocolError(f"pack {pid}: member {sid[:MAX_STREAM_ID]!r} has a size {size[:20]!r} that is no "
+                                "chunk's")
+        shown.append((validate_stream_id(sid), int(size)))
+    return shown
+
+
+def _members(headers: Mapping[str, Any], pid: str, count: int, view: memoryview,
+             index_len: int) -> list[tuple[dict[str, str], memoryview]]:
+    """A pack body's index (its first ``index_len`` bytes of ``view``) and members, checked."""
     try:
         index = json.loads(bytes(view[:index_len]))
     except (ValueError, RecursionError) as exc:
@@ -283,6 +371,12 @@ def read_pack(headers: Mapping[str, Any], body: bytes | memoryview) -> list[tupl
     if headers.get(H_PACK_IDS) != ids:
         raise ProtocolError(f"pack {pid}: {H_PACK_IDS} does not list exactly its members' stream ids")
     return members
+
+
+def sealed_member_view(headers: Mapping[str, str]) -> dict[str, str]:
+    """What a member of a sealed pack may show outside it (in a quarantine copy): what a sealed
+    stream's offer shows, so no name, directory, CRC-32 or SHA-256."""
+    return {**{k: v for k, v in headers.items() if k in _SEALED_MEMBER_SHOWS}, H_NAME: SEALED_NAME}
 
 
 def _pack_header(headers: Mapping[str, Any]) -> tuple[str, int]:

@@ -87,8 +87,9 @@ class Outcome(Enum):
                 "seal it (seal_to), or redrive it to a receiver that does not require sealing")
     # What a quarantine copy cannot give back, whatever its cause: redrive is refused.
     INLINE = ("inline", Q, "inline", False,
-              "the file travelled in its offer (or pack), and the quarantine copy keeps only the headers: the sender "
-              "must send it again")
+              "the file travelled in its offer (or pack), and the quarantine copy keeps only the headers: fix the "
+              "cause the reason gives (no_key: give the receiver the recipient's key file), then the sender must "
+              "send it again (a many-file send with --restart: its ledger counts the file as sent)")
     HANDSHAKE = ("handshake", Q, "handshake", False,
                  "a handshake stream needs its live sender: the sender must send it again")
     BATCH_LIST = ("batch_list", Q, "batch_list", False,

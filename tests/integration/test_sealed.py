@@ -158,6 +158,85 @@ def test_a_sealed_stream_altered_by_a_send_only_user_is_refused_and_the_next_str
     assert (tmp_path / "out" / "good.bin").read_bytes() == good.read_bytes()
 
 
+def _hostile_pack(case: str, recipients: list[bytes], tag: str, dest: Destination) -> tuple[dict[str, str], bytes]:
+    """A sealed pack of two files as a send-only user ``rt`` puts it on the broker for ``case``."""
+    def members(prefix: str) -> list[tuple[dict[str, str], bytes]]:
+        out = []
+        for i in range(2):
+            body = f"{tag} row {i}\n".encode() * 50
+            spec = p.StreamSpec(f"{prefix}-{i}", f"{prefix}-{i}.csv", len(body), 1024 * 1024, hdr.Mode.ATOMIC)
+            out.append(bw.inline_offer(spec, dest, body, hashlib.sha256(body).hexdigest(), sender="rt"))
+        return out
+
+    headers, wire = bw.pack_message(members(f"hostile-pack-{case}"), recipients)
+    body = bytes(wire)
+    if case == "tampered":
+        body = body[:30] + bytes([body[30] ^ 1]) + body[31:]
+    elif case == "reordered":  # the files it shows, swapped in the clear
+        first, second = headers[hdr.H_PACK_IDS].strip("|").split("|")
+        headers = {**headers, hdr.H_PACK_IDS: f"|{second}|{first}|"}
+    elif case == "resized":
+        headers = {**headers, bw.H_PACK_SIZES: "|1|1|"}
+    elif case == "transplanted":  # another sealed pack's body under these headers
+        body = bytes(bw.pack_message(members("hostile-pack-other"), recipients)[1])
+    elif case == "truncated":
+        body = body[:-1]
+    return headers, body
+
+
+@pytest.mark.parametrize("case", ["tampered", "reordered", "resized", "transplanted", "truncated"])
+def test_a_sealed_pack_altered_by_a_send_only_user_is_refused_whole_and_the_next_pack_arrives(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str],
+        case: str) -> None:
+    from airflow_provider_amqstream.engine import send_files
+
+    rt = dataclasses.replace(params_from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
+    tag = f"HOSTILE-{os.urandom(4).hex()}"
+    dest = Destination.parse(queue_name)
+    headers, body = _hostile_pack(case, [seal.parse_recipient(key[1])], tag, dest)
+    raw = RawSender(rt)
+    raw.send(str(dest), body, headers)
+    raw.close()
+    good = _secret_files(tmp_path, "good", 3)
+    sent = send_files(rt, good, queue_name, SendOptions(seal_to=(key[1],), manifest=False))
+    got, failed = _receive(params, queue_name, tmp_path / "out", 3, keys=(key[0],))
+    assert [f.cause for f in failed] == ["seal_broken"] and failed[0].stream_id.startswith("pk-"), failed
+    assert not [f for f in (tmp_path / "out").iterdir() if f.name.startswith("hostile-pack")]
+    assert sorted(r.sha256 for r in got) == sorted(r.sha256 for r in sent.results)
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in good)
+    assert _in_store(broker, tag.encode()) == []
+
+
+def test_sealed_packs_leave_no_name_or_byte_in_the_store_and_without_the_key_are_quarantined_whole(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine import send_files
+
+    tag, marker = os.urandom(6).hex(), os.urandom(12).hex().encode()
+    files = _secret_files(tmp_path, tag, 70, size=1000)  # two packs: at most 64 files each
+    for path in files:
+        path.write_bytes(os.urandom(500) + marker + os.urandom(500))
+    opts = SendOptions(seal_to=(key[1],), manifest=False, compression="none")
+    sent = send_files(params, files, queue_name, opts)
+    waiting = browse(params, queue_name)
+    assert [f.headers[bw.H_PACK_FILES] for f in waiting] == ["64", "6"]
+    assert all(bw.is_sealed_pack(f.headers) for f in waiting)
+    assert _in_store(broker, marker) == [] and _in_store(broker, f"secret-{tag}".encode()) == []
+    assert _in_store(broker, sent.results[0].sha256.encode()) == []
+    other = tmp_path / "other.key"
+    new_key_file(other)
+    got, failed = _receive(params, queue_name, tmp_path / "nokey", 70, keys=(str(other),))
+    assert got == [] and [f.cause for f in failed] == ["no_key", "no_key"]
+    assert not [f for f in (tmp_path / "nokey").iterdir() if f.is_file()]
+    filed = browse(params, Destination.parse(queue_name).quarantine_queue(None))
+    assert [f.headers.get(seal.H_SEAL) is not None for f in filed] == [True, True]
+    assert _in_store(broker, marker) == [] and _in_store(broker, f"secret-{tag}".encode()) == []
+    # Sent again (the receiver now has the key): byte-exact under the real names, sealing required.
+    sent = send_files(params, files, queue_name, dataclasses.replace(opts, restart=True))
+    got, failed = _receive(params, queue_name, tmp_path / "out", 70, keys=(key[0],), seal_required=True)
+    assert failed == [] and sorted(r.name for r in got) == sorted(f.name for f in files)
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
+
+
 def test_a_malformed_key_file_is_refused_by_name_before_anything_is_taken(
         broker: EmbeddedBroker, params: BrokerParams, uri: str, tmp_path: Path, queue_name: str,
         key: tuple[str, str]) -> None:
@@ -246,10 +325,10 @@ def test_a_sealed_many_file_send_writes_its_manifest_at_the_key_holder_and_no_na
     # The batch list names every file and its SHA-256: sealed, neither is in the broker's store.
     assert _in_store(broker, f"secret-{tag}".encode()) == []
     assert _in_store(broker, sent.results[0].sha256.encode()) == []
-    # Small enough to travel inline or packed (packs are on by default), yet each is a sealed chunked stream.
+    # One sealed pack for the three files (packs are on by default), then the sealed batch list.
     waiting = browse(params, queue_name)
-    assert len(waiting) == 4 and all(f.headers.get(seal.H_SEAL) for f in waiting)
-    assert not any(bw.is_pack(f.headers) or f.headers.get(bw.H_INLINE) for f in waiting)
+    assert len(waiting) == 2 and all(f.headers.get(seal.H_SEAL) for f in waiting)
+    assert bw.is_sealed_pack(waiting[0].headers) and waiting[0].headers[bw.H_PACK_FILES] == "3"
     # No count: the receiver goes on past the three files to the batch list, until 3 s pass with no offer.
     failed: list[Any] = []
     got = receive_streams(params, queue_name, tmp_path / "out", on_failure=failed.append,
@@ -338,7 +417,6 @@ def test_a_batch_list_part_quarantined_for_want_of_a_key_is_re_sent_not_redriven
     from airflow_provider_amqstream.engine import send_files
     from airflow_provider_amqstream.engine.discard import discard
     from airflow_provider_amqstream.engine.receive.manifest import manifest_path
-    from airflow_provider_amqstream.engine.redrive import redrive
 
     files = _secret_files(tmp_path, os.urandom(6).hex(), 2)
     opts = SendOptions(seal_to=(key[1],), manifest=True)
@@ -348,21 +426,24 @@ def test_a_batch_list_part_quarantined_for_want_of_a_key_is_re_sent_not_redriven
     failed: list[Any] = []
     receive_streams(params, queue_name, tmp_path / "nokey", on_failure=failed.append,
                     options=ReceiveOptions(wait_timeout=3, keys=(str(other),)))
-    assert sorted(f.stream_id for f in failed if f.cause == "no_key") == sorted(
-        [sent.batch_id, *(r.stream_id for r in sent.results)])
+    # The two files went in one sealed pack: it and the batch list are each quarantined whole.
+    [pack_id] = [f.stream_id for f in failed if f.stream_id != sent.batch_id]
+    assert sorted((f.stream_id, f.cause) for f in failed) == sorted([(sent.batch_id, "no_key"), (pack_id, "no_key")])
     # The part's copy keeps only its headers: redrive refuses it, saying what to do instead.
     code, _, err = _run_cli("streams", "redrive", sent.batch_id, "--conn", uri, "--from", queue_name)
     assert code == 1 and "batch list" in err and "re-run the send" in err, err
+    # So does the pack's: its files are sent again.
+    code, _, err = _run_cli("streams", "redrive", pack_id, "--conn", uri, "--from", queue_name)
+    assert code == 1 and "send it again" in err, err
     view = take_inventory(params, queue_name)
     assert {(q.stream_id, q.cause, q.redrivable) for q in view.quarantined} == {
-        (sent.batch_id, "batch_list", False), *((r.stream_id, "no_key", True) for r in sent.results)}
-    # As the advice says: the files are redriven to the key holder, the send re-run announces the list
-    # again, and the part's copy is discarded.
-    for r in sent.results:
-        redrive(params, queue_name, r.stream_id)
-    again = send_files(params, files, queue_name, opts)
+        (sent.batch_id, "batch_list", False), (pack_id, "inline", False)}
+    # As the advice says: the send re-run from scratch (its ledger counts the files as sent) announces
+    # files and list again, and the copies are discarded.
+    again = send_files(params, files, queue_name, dataclasses.replace(opts, restart=True))
     assert again.batch_id == sent.batch_id and not again.failures
     assert discard(params, queue_name, sent.batch_id).messages == 1
+    assert discard(params, queue_name, pack_id).messages == 1
     got = receive_streams(params, queue_name, tmp_path / "out", options=ReceiveOptions(wait_timeout=3, keys=(key[0],)))
     assert sorted(r.name for r in got) == [f.name for f in files]
     assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)

@@ -29,7 +29,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
-from airflow_provider_amqstream.protocol.seal import H_SEAL
+from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME
 from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import transient
@@ -69,13 +69,16 @@ def parse_visible_offer(headers: Mapping[str, Any], dest: Destination,
         pack member's (which its sender wrote): who sent it and when come from these only.
     :param parked: it was seen in the destination's parked queue (its first sender is named).
     """
-    stamped = headers if stamped is None else stamped
-    # The broker's stamp, never an amqs_* header: those are whatever the sender wrote.
-    sender = p.sender_of(stamped, parked=parked) or None
+    sender, offered_at = _stamp(headers if stamped is None else stamped, parked)
     spec, _ = p.parse_offer(headers, dest, sender=sender or "")
-    raw_ts = str(stamped.get("timestamp", ""))
-    offered_at = int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
     return Offer(spec.stream_id, spec.name, spec.size, spec.chunks, spec.mode.value, str(dest), sender, offered_at)
+
+
+def _stamp(stamped: Mapping[str, Any], parked: bool = False) -> tuple[str | None, int | None]:
+    """Who sent a message and when (milliseconds), by the broker's stamp: never an amqs_*
+    header, which is whatever the sender wrote."""
+    raw_ts = str(stamped.get("timestamp", ""))
+    return p.sender_of(stamped, parked=parked) or None, int(raw_ts) if raw_ts.isdigit() and len(raw_ts) <= 16 else None
 
 
 class OfferBrowser:
@@ -250,6 +253,11 @@ class OfferBrowser:
     def _members(self, frame: Message) -> list[Offer]:
         """The valid offers inside a pack: one per file, as receivers will take them (raises
         :class:`ProtocolError` for a pack that cannot be read)."""
+        if bw.is_sealed_pack(frame.headers):
+            # Only its receivers can read its index: each file as a sealed stream's offer shows it.
+            sender, at = _stamp(frame.headers)
+            return [Offer(sid, SEALED_NAME, size, min(size, 1), hdr.Mode.ATOMIC.value, str(self.dest), sender, at)
+                    for sid, size in bw.sealed_members(frame.headers)]
         found = []
         for headers, _ in bw.read_pack(frame.headers, frame.body or b""):
             try:

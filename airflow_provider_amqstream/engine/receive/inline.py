@@ -16,8 +16,8 @@ redelivered offer is received again; the order means no record ever describes a 
 whose bytes or name might not be on disk.
 
 A pack (several inline offers in one message) is taken apart into :class:`PackMember`
-offers, each settled like an inline offer of its own; the pack message is acknowledged
-when the last of them is. Until then a crash or a yield sends the whole pack back, and
+offers, each settled like an inline offer of its own (a sealed pack opened first); the pack
+message is acknowledged when the last of them is. Until then a crash or a yield sends the whole pack back, and
 its members already published come back as duplicates, which are acknowledged and not
 written again.
 """
@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from airflow_provider_amqstream.engine.receive.claims import done_records
 from airflow_provider_amqstream.engine.receive.partial_file import Room, final_name
@@ -47,6 +48,7 @@ from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import paths
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.messages import Delivered, StreamOffer
+from airflow_provider_amqstream.protocol.seal import Identity
 from airflow_provider_amqstream.transport.link import Message
 
 # A group is bounded in files (offers held unacknowledged, each with its file open until the
@@ -75,6 +77,7 @@ MARK = "user.amqstream.stream"
 class _Pack:
     message: Message
     left: int  # members not yet settled
+    sealed: bool
 
 
 @dataclass(slots=True, eq=False)
@@ -86,11 +89,27 @@ class PackMember:
     pack: _Pack
 
 
-def unpack(message: Message) -> list[PackMember]:
-    """The members of a pack message; raises ProtocolError for a malformed pack."""
-    members = bw.read_pack(message.headers, message.body or b"")
-    pack = _Pack(message, len(members))
+def unpack(message: Message, identities: list[Identity]) -> list[PackMember] | None:
+    """The members of a pack message (a sealed one opened with ``identities``), or None for a
+    sealed pack none of them opens; raises ProtocolError for a malformed or altered pack."""
+    headers, body = message.headers, message.body or b""
+    sealed = bw.is_sealed_pack(headers)
+    members = bw.open_pack(headers, body, identities) if sealed else bw.read_pack(headers, body)
+    if members is None:
+        return None
+    pack = _Pack(message, len(members), sealed)
     return [PackMember(headers, body, pack) for headers, body in members]
+
+
+def sealed(offer: Message) -> bool:
+    """Whether ``offer`` came sealed: a member of a sealed pack (no inline offer is sealed)."""
+    return isinstance(offer, PackMember) and offer.pack.sealed
+
+
+def shown(offer: Message) -> dict[str, Any]:
+    """The headers of ``offer`` that may go back to the broker (in a quarantine copy): a sealed
+    pack member's without what its seal hid."""
+    return bw.sealed_member_view(offer.headers) if sealed(offer) else dict(offer.headers)
 
 
 def settle(ack: Callable[[Message], None], offer: Message) -> None:

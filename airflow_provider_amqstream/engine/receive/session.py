@@ -440,7 +440,7 @@ class ReceiveSession:
             got = Delivered(read_offer(offer.headers, self.dest, sender=sender, inline=True), offer)
         except ProtocolError as exc:
             return self._quarantine(offer, sid, Outcome.INVALID, f"invalid offer: {exc}")
-        if self.opts.seal_required:  # sealed files never travel inline
+        if self.opts.seal_required and not inline.sealed(offer):  # only a pack is sealed, never one inline offer
             return self._quarantine(offer, sid, Outcome.UNSEALED, f"stream {sid} travelled inline, unsealed, and "
                                     "this receiver requires sealed streams (seal: required); nothing was received")
         settled = self._check_offer(got, sender)
@@ -524,11 +524,21 @@ class ReceiveSession:
         quarantined whole (its outcome goes to ``outcomes``)."""
         found: list[Message] = []
         for offer in group:
+            if not bw.is_pack(offer.headers):
+                found.append(offer)
+                continue
+            pid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
             try:
-                found.extend(inline.unpack(offer) if bw.is_pack(offer.headers) else [offer])
+                members = inline.unpack(offer, list(self.opts.identities))
             except ProtocolError as exc:
-                pid = str(offer.headers.get(hdr.H_STREAM, ""))[: hdr.MAX_STREAM_ID]
-                outcomes.append(self._quarantine(offer, pid, Outcome.INVALID, f"invalid pack: {exc}"))
+                cause = Outcome.SEAL_BROKEN if isinstance(exc, seal.SealBroken) else Outcome.INVALID
+                outcomes.append(self._quarantine(offer, pid, cause, f"invalid pack: {exc}"))
+                continue
+            if members is None:
+                files = offer.headers.get(bw.H_PACK_FILES)
+                outcomes.append(self._unopened(offer, pid, f"pack {pid} of {files} files", "received"))
+                continue
+            found.extend(members)
         return found
 
     def _duplicate(self, got: _Offer, done: dict[str, Any]) -> TransferResult:
@@ -562,7 +572,7 @@ class ReceiveSession:
         than look at a stream whose chunks are half gone (it looked stalled, or taken
         elsewhere, and was parked for ever instead)."""
         qdest = self.dest.quarantine_queue(self.opts.quarantine)
-        headers = p.quarantined_headers(offer.headers, cause=cause, reason=reason, source=str(self.dest),
+        headers = p.quarantined_headers(inline.shown(offer), cause=cause, reason=reason, source=str(self.dest),
                                         by=socket.gethostname(),
                                         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                         sender=self.offers.sender(inline.message_of(offer)))

@@ -129,8 +129,8 @@ def send_files(
         if opts.fail_fast:
             raise StreamError(f"{path}: {error}")
 
-    # Sealed: no inline offers or packs (a file travels as a sealed stream of its own, small
-    # ones back to back under one receipt as unsealed); the batch's file list is sealed part by part.
+    # Sealed: files of one chunk go in sealed packs, never inline alone; larger ones as sealed
+    # streams (small ones back to back under one receipt); the batch's file list is sealed part by part.
     recipients = seal_recipients(opts, params)
     sealed = bool(recipients)
     key = id_key(params)
@@ -391,7 +391,7 @@ class _Ctx:
         try:
             while todo:
                 e = todo[0]
-                if self.options.pack and self._one_chunk(e):
+                if self._packable(e):
                     self._pack_next(link, todo, pack, flight, fail)
                     continue
                 small = self._small(e)
@@ -442,19 +442,24 @@ class _Ctx:
         else:
             index = index_bytes(headers)
             if not pack.fits(index, wire):
-                pack.send(link, self.dest, flight.add)
+                pack.send(link, self.dest, flight.add, self.recipients)
             todo.popleft()
             pack.add(e, headers, wire, res, index)
-        if pack.files and (not todo or not self._one_chunk(todo[0])):
-            pack.send(link, self.dest, flight.add)
+        if pack.files and (not todo or not self._packable(todo[0])):
+            pack.send(link, self.dest, flight.add, self.recipients)
         self._bound(link, flight)
 
     def _small(self, e: Outgoing) -> bool:
         """Whether ``e`` fits in one window: sent back to back, confirmed with others."""
         return e.size <= self.window * self.chunk
 
-    def _one_chunk(self, e: Outgoing) -> bool:
-        """Whether ``e`` fits in one chunk: it can travel inline, and so in a pack (never sealed)."""
+    def _packable(self, e: Outgoing) -> bool:
+        """Whether ``e`` goes in a pack: packs are on and it fits in one chunk."""
+        return self.options.pack and e.size <= self.chunk
+
+    def _inline(self, e: Outgoing) -> bool:
+        """Whether ``e`` travels in an offer of its own: it fits in one chunk and the send is not
+        sealed (a sealed file of one chunk goes in a sealed pack, even alone, or as a stream)."""
         return not self.recipients and e.size <= self.chunk
 
     def _seal(self, spec: StreamSpec, name: str) -> Seal:
@@ -466,7 +471,7 @@ class _Ctx:
     def _send_small(self, link: Link, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every
         file sent before it (the returned receipt id; else None)."""
-        if self._one_chunk(e):  # the file rides in its offer (one message, no data queue)
+        if self._inline(e):  # the file rides in its offer (one message, no data queue)
             headers, wire, res = inline_member(e, self.dest, self.chunk, self.codec, self.params)
             rid = link.send(str(self.dest), wire, headers, receipt=seal)
         else:

@@ -84,7 +84,7 @@ def send_few(link: Link, e: Outgoing, dest: Destination, chunk: int, codec: Chun
              seal: Callable[[p.StreamSpec, str], Seal] | None = None) -> tuple[str | None, TransferResult]:
     """A file of a few chunks: its chunks and end marker, then its offer, asking for a receipt
     with ``receipt`` (the id returned with the file's result); sealed with ``seal(spec, name)``
-    if given, as a sealed stream of its own (no inline offer or pack exists sealed)."""
+    if given, as a sealed stream of its own."""
     spec, res = _pending(e, dest, chunk, link.params, sealed=seal is not None)
     sealed = seal(spec, e.src.name) if seal is not None else None
     data_q = dest.data_queue(e.stream_id, link.params.user)
@@ -125,10 +125,12 @@ class Pack:
         self.bytes += len(wire)
         self.index += index
 
-    def send(self, link: Link, dest: Destination, sent: Callable[[str | None, Outgoing, TransferResult], None]) -> None:
-        """Send the pack with a receipt (confirming it and everything before it on the
-        connection) and empty it; each file it carried goes to ``sent``, the last with the receipt id."""
-        headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files])
+    def send(self, link: Link, dest: Destination, sent: Callable[[str | None, Outgoing, TransferResult], None],
+             recipients: list[bytes]) -> None:
+        """Send the pack (sealed for ``recipients``, if any) with a receipt (confirming it and
+        everything before it on the connection) and empty it; each file it carried goes to
+        ``sent``, the last with the receipt id."""
+        headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files], recipients)
         rid = link.send(str(dest), body, headers, receipt=True)
         if rid is None:
             raise TransportError(f"no receipt id for pack {headers[hdr.H_STREAM]} on {link.params.url}")

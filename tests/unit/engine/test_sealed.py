@@ -22,6 +22,7 @@ from airflow_provider_amqstream.engine import (
 from airflow_provider_amqstream.engine.keys import new_key_file
 from airflow_provider_amqstream.engine.send import small_files
 from airflow_provider_amqstream.exceptions import ConfigurationError, StreamQuarantined
+from airflow_provider_amqstream.protocol import bulk as bw
 from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import seal
 from airflow_provider_amqstream.protocol.codec import crc32
@@ -200,20 +201,148 @@ def test_an_interrupted_sealed_send_resumes_under_the_same_key(
     assert got.sha256 == res.sha256 and (tmp_path / "out" / src.name).read_bytes() == data
 
 
-def test_many_small_sealed_files_go_as_sealed_streams(broker: MemoryBroker, tmp_path: Path,
-                                                      key: tuple[str, str]) -> None:
-    files = [_file(tmp_path, f"f{i}.csv", 300)[0] for i in range(3)]
-    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), manifest=True))
+def test_sealed_files_of_a_few_chunks_go_as_sealed_streams(broker: MemoryBroker, tmp_path: Path,
+                                                          key: tuple[str, str]) -> None:
+    files = [_file(tmp_path, f"f{i}.csv", 2500)[0] for i in range(3)]
+    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), chunk_size=1000, manifest=True))
     assert len(sent.results) == 3 and not sent.failures
-    assert all(seal.H_SEAL in h and MARKER not in b for h, b in broker.messages(Q))
-    for _ in files:
-        _receive(broker, tmp_path / "out", keys=(key[0],))
+    assert all(seal.H_SEAL in h and MARKER not in b and not bw.is_pack(h) for h, b in broker.messages(Q))
+    got = receive_streams(broker.params("rx"), Q, tmp_path / "out", options=ReceiveOptions(**FAST, keys=(key[0],)))
+    assert len(got) == 3
     assert sorted(f.name for f in (tmp_path / "out").iterdir() if f.is_file()) == ["f0.csv", "f1.csv", "f2.csv"]
     # They went the small-file way (back to back, one receipt for several): no checkpoint per
     # file, only the secret (owner-only) their keys derive from.
     state = Path(os.environ["AMQSTREAM_STATE_DIR"])
     [secret_file] = state.glob("seal@*.json")
     assert secret_file.stat().st_mode & 0o077 == 0 and list(state.glob("sealed-*")) == []
+
+
+def _packed(broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], count: int = 5,
+            **opts: Any) -> tuple[list[Path], Any]:
+    """``count`` files of one chunk, each named ``payroll-<i>.csv`` and holding MARKER, sent sealed."""
+    files = [_file(tmp_path, f"payroll-{i}.csv", 300 * (i + 1))[0] for i in range(count)]
+    sent = send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), manifest=False, **opts))
+    assert not sent.failures
+    return files, sent
+
+
+def _receive_all(broker: MemoryBroker, out: Path, **opts: Any) -> tuple[list[Any], list[Any]]:
+    failures: list[Any] = []
+    got = receive_streams(broker.params("rx"), Q, out, on_failure=failures.append,
+                          options=ReceiveOptions(**{**FAST, **opts}))
+    return got, failures
+
+
+def test_small_sealed_files_travel_in_one_sealed_pack_the_broker_cannot_read(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    files, sent = _packed(broker, tmp_path, key)
+    [(headers, body)] = broker.messages(Q)
+    assert bw.is_sealed_pack(headers) and headers[bw.H_PACK_FILES] == "5"
+    assert MARKER not in body and b"payroll" not in body and "payroll" not in str(headers)
+    assert not any(r.sha256 in str(headers) or r.sha256.encode() in body for r in sent.results)
+    assert bw.H_PACK_INDEX not in headers and hdr.H_CRC not in headers  # a CRC of the plaintext would confirm a guess
+    assert bw.sealed_members(headers) == [(r.stream_id, r.bytes) for r in sent.results]
+    # The key holder, sealing required, gets each file byte-exact under its real name.
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],), seal_required=True)
+    assert failures == [] and sorted(r.name for r in got) == [f.name for f in files]
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
+    assert broker.messages(Q) == []
+
+
+def test_a_sealed_pack_without_a_key_is_quarantined_whole_and_nothing_is_published(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    _packed(broker, tmp_path, key)
+    other = tmp_path / "keys" / "other.key"
+    new_key_file(other)
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(str(other),))
+    assert got == [] and [f.cause for f in failures] == ["no_key"]
+    assert "pack" in failures[0].reason and str(other) in failures[0].reason
+    assert not any(f.name.endswith(".csv") for f in (tmp_path / "out").iterdir())
+    [(filed, body)] = broker.messages(f"/queue/DLQ.{DEST.name}")
+    assert body == b"" and "payroll" not in str(filed) and filed[H_QUARANTINE_CAUSE] == "no_key"
+
+
+def _flip_body(h: dict[str, Any], b: bytes) -> tuple[dict[str, Any], bytes]:
+    return h, b[:40] + bytes([b[40] ^ 1]) + b[41:]
+
+
+def _reorder_ids(h: dict[str, Any], b: bytes) -> tuple[dict[str, Any], bytes]:
+    ids = h[hdr.H_PACK_IDS].strip("|").split("|")
+    return {**h, hdr.H_PACK_IDS: "|" + "|".join(reversed(ids)) + "|"}, b
+
+
+def _grow_size(h: dict[str, Any], b: bytes) -> tuple[dict[str, Any], bytes]:
+    sizes = h[bw.H_PACK_SIZES].strip("|").split("|")
+    return {**h, bw.H_PACK_SIZES: "|" + "|".join([str(int(sizes[0]) + 1), *sizes[1:]]) + "|"}, b
+
+
+def _cut(h: dict[str, Any], b: bytes) -> tuple[dict[str, Any], bytes]:
+    return h, b[:-1]
+
+
+@pytest.mark.parametrize("change", [_flip_body, _reorder_ids, _grow_size, _cut])
+def test_a_sealed_pack_altered_on_the_broker_is_seal_broken_and_publishes_nothing(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str], change: Any) -> None:
+    _packed(broker, tmp_path, key)
+    [msg] = broker.queues[_queue(Q)]
+    msg.headers, msg.body = change(dict(msg.headers), msg.body)
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],))
+    assert got == [] and [f.cause for f in failures] == ["seal_broken"], failures
+    assert not any(f.name.endswith(".csv") for f in (tmp_path / "out").iterdir())
+
+
+def test_a_sealed_pack_moved_under_another_packs_headers_does_not_open(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    _packed(broker, tmp_path, key, count=2)
+    first = broker.queues[_queue(Q)][0]
+    (tmp_path / "src2").mkdir()
+    others = [tmp_path / "src2" / f"o{i}.csv" for i in range(2)]
+    for o in others:
+        o.write_bytes(os.urandom(300))
+    send_files(broker.params("alice"), others, Q, SendOptions(seal_to=(key[1],), manifest=False))
+    second = broker.queues[_queue(Q)][1]
+    second.body = first.body
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],))
+    assert sorted(r.name for r in got) == ["payroll-0.csv", "payroll-1.csv"]
+    assert [f.cause for f in failures] == ["seal_broken"] and not (tmp_path / "out" / "o0.csv").exists()
+
+
+def test_a_sealed_pack_member_quarantined_alone_shows_the_broker_no_name_or_hash(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    files, sent = _packed(broker, tmp_path, key, count=3)
+    # The largest is over this receiver's limit; the other two arrive.
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],), max_bytes=sent.results[1].bytes)
+    assert sorted(r.name for r in got) == ["payroll-0.csv", "payroll-1.csv"]
+    assert [(f.stream_id, f.cause) for f in failures] == [(sent.results[2].stream_id, "max_bytes")]
+    [(filed, body)] = broker.messages(f"/queue/DLQ.{DEST.name}")
+    assert body == b"" and filed[hdr.H_NAME] == seal.SEALED_NAME and filed[hdr.H_STREAM] == sent.results[2].stream_id
+    assert "payroll" not in str(filed) and sent.results[2].sha256 not in str(filed)
+    assert not {hdr.H_SHA256, hdr.H_CRC, hdr.H_DIR} & set(filed)
+
+
+def test_a_sealed_pack_sent_again_is_a_duplicate_and_the_views_show_its_files_sealed(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine.inventory import take_inventory
+    from airflow_provider_amqstream.engine.receive.browse import OfferBrowser
+
+    files, sent = _packed(broker, tmp_path, key, count=3)
+    seen = take_inventory(broker.params("admin"), Q)
+    pid = broker.messages(Q)[0][0][hdr.H_STREAM]
+    assert [(o.stream_id, o.name, o.size, o.kind, o.pack) for o in seen.offered] == [
+        (r.stream_id, seal.SEALED_NAME, r.bytes, "inline", pid) for r in sent.results]
+    browser = OfferBrowser(broker.params("admin"), Q)
+    try:
+        assert [(o.stream_id, o.name, o.size, o.sender) for o in browser.look()] == [
+            (r.stream_id, seal.SEALED_NAME, r.bytes, "alice") for r in sent.results]
+    finally:
+        browser.close()
+    got, _ = _receive_all(broker, tmp_path / "out", keys=(key[0],))
+    assert len(got) == 3
+    # Sent again from scratch: another pack key, the same files under the same ids.
+    send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), manifest=False, restart=True))
+    again, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],))
+    assert failures == [] and [r.status for r in again] == ["duplicate"] * 3
+    assert sorted(f.name for f in (tmp_path / "out").iterdir() if f.is_file()) == [f.name for f in files]
 
 
 def test_a_small_sealed_file_is_sealed_under_the_key_derived_from_the_senders_secret(

@@ -151,3 +151,76 @@ def test_sealing_never_imports_cryptography() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- sealed packs
+def _pack(n: int = 3, *who: s.Identity) -> tuple[list[tuple[dict[str, str], bytes]], dict[str, str], bytes]:
+    from airflow_provider_amqstream.protocol import bulk as bw
+    from airflow_provider_amqstream.protocol import wire as p
+    from airflow_provider_amqstream.protocol.names import Destination
+
+    members = []
+    for i in range(n):
+        body = f"payroll row {i}\n".encode() * (i + 1)
+        spec = p.StreamSpec(f"sid-{i}", f"payroll-{i}.csv", len(body), 1000, p.hdr.Mode.ATOMIC)
+        members.append(bw.inline_offer(spec, Destination.parse("/queue/q"), body, "0" * 64, sender="a"))
+    headers, wire = bw.pack_message(members, [s.parse_recipient(i.recipient) for i in (who or (ALICE,))])
+    return members, headers, bytes(wire)
+
+
+def test_a_sealed_pack_opens_to_its_members_for_a_recipient_only() -> None:
+    from airflow_provider_amqstream.protocol import bulk as bw
+
+    members, headers, wire = _pack(3, ALICE, BOB)
+    assert b"payroll" not in wire and "payroll" not in str(headers)
+    for who in (ALICE, BOB):
+        opened = bw.open_pack(headers, wire, [who])
+        assert opened is not None
+        assert [(m, bytes(b)) for m, b in opened] == [({k: v for k, v in h.items() if k.startswith("amqs_")}, b)
+                                                     for h, b in members]
+    assert bw.open_pack(headers, wire, [EVE]) is None
+    assert bw.sealed_members(headers) == [(h["amqs_stream"], int(h["amqs_size"])) for h, _ in members]
+    with pytest.raises(s.RemoteProtocolError, match="sealed"):
+        bw.read_pack(headers, wire)  # no unsealed reading of a sealed pack
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_byte_of_a_sealed_pack_altered_fails_to_open(data: st.DataObject) -> None:
+    from airflow_provider_amqstream.protocol import bulk as bw
+
+    _, headers, wire = _pack(2)
+    at = data.draw(st.integers(0, len(wire) - 1))
+    bad = wire[:at] + bytes([wire[at] ^ data.draw(st.integers(1, 255))]) + wire[at + 1:]
+    with pytest.raises(s.SealBroken):
+        bw.open_pack(headers, bad, [ALICE])
+
+
+@pytest.mark.parametrize("change", [
+    {"amqs_pack_ids": "|sid-1|sid-0|sid-2|"},   # reordered in the clear
+    {"amqs_pack_sizes": "|14|28|43|"},          # a size grown
+    {"amqs_pack_files": "2"},                   # a member hidden
+    {"amqs_stream": "pk-" + "0" * 32},          # another pack's id
+])
+def test_what_a_sealed_pack_shows_cannot_be_changed_without_it_failing(change: dict[str, str]) -> None:
+    from airflow_provider_amqstream.protocol import bulk as bw
+
+    _, headers, wire = _pack(3)
+    with pytest.raises(s.RemoteProtocolError):
+        bw.open_pack({**headers, **change}, wire, [ALICE])
+
+
+@pytest.mark.parametrize("shown", [
+    {"amqs_pack_sizes": "|1|2|"}, {"amqs_pack_sizes": "|1|x|3|"}, {"amqs_pack_sizes": "1|2|3"},
+    {"amqs_pack_sizes": "|1|2|" + "9" * 40 + "|"}, {"amqs_pack_ids": "|../x|sid-1|sid-2|"}, {"amqs_pack_sizes": None},
+])
+def test_a_sealed_pack_showing_malformed_ids_or_sizes_is_refused_before_any_key_is_tried(
+        shown: dict[str, str | None]) -> None:
+    from airflow_provider_amqstream.protocol import bulk as bw
+
+    _, headers, wire = _pack(3)
+    bad = {k: v for k, v in {**headers, **shown}.items() if v is not None}
+    with pytest.raises(s.RemoteProtocolError):
+        bw.sealed_members(bad)
+    with pytest.raises(s.RemoteProtocolError):
+        bw.open_pack(bad, wire, [ALICE])
