@@ -36,9 +36,10 @@ SEAL_VERSION = 2
 # sealing copies nothing more (a prefix in the body cost a copy of every chunk on each end).
 H_NONCE = "amqs_seal_nonce"
 SALT = 4
-# Five stanzas and a 255-byte name keep amqs_seal under the 1,024 characters a quarantine copy keeps
-# of each header, so a stream quarantined for want of a key can be redriven.
+# Five stanzas, a 255-byte name and a 1,024-byte directory keep amqs_seal under the 4,096
+# characters a quarantine copy keeps of it, so a stream quarantined for want of a key can be redriven.
 MAX_RECIPIENTS = 5
+MAX_SEAL_HEADER = 4096
 _STANZA = 32 + 32 + TAG  # ephemeral public key, wrapped stream key and its tag
 _B32 = "abcdefghijklmnopqrstuvwxyz234567"
 
@@ -165,24 +166,25 @@ class Seal:
 
     @classmethod
     def create(cls, stream_id: str, recipients: list[bytes], *, name: str, size: int, chunk_size: int,
-               key: bytes | None = None) -> Seal:
+               subdir: str = "", key: bytes | None = None) -> Seal:
         """A stream key (``key``, else a new random one) wrapped for each recipient, with ``name``
-        sealed in the header, bound to the stream's id, size and chunk size (which the offer
-        shows in clear)."""
+        and ``subdir`` (the receiver-side directory, if any) sealed in the header, bound to the
+        stream's id, size and chunk size (which the offer shows in clear)."""
         if not 1 <= len(recipients) <= MAX_RECIPIENTS:
             raise ConfigurationError(f"stream {stream_id}: seal to 1 to {MAX_RECIPIENTS} recipients, "
                                      f"got {len(recipients)}")
         key = key or os.urandom(32)
-        sealed = OCB3(key).encrypt(bytes(12), json.dumps({"name": name}, ensure_ascii=False).encode(),
+        inside = {"name": name, **({"dir": subdir} if subdir else {})}
+        sealed = OCB3(key).encrypt(bytes(12), json.dumps(inside, ensure_ascii=False).encode(),
                                     _header_ad(stream_id, size, chunk_size))
         blob = bytes([SEAL_VERSION, len(recipients)]) + b"".join(wrap(key, r) for r in recipients) + sealed
         return cls(key, stream_id, base64.urlsafe_b64encode(blob).decode().rstrip("="))
 
     @classmethod
     def open(cls, header: str, identities: list[Identity], *, stream_id: str, size: int,
-             chunk_size: int) -> tuple[Seal, str] | None:
-        """The seal and the real file name, or None when no identity holds a key for it.
-        Raises :class:`SealBroken` on a header that is malformed or was altered."""
+             chunk_size: int) -> tuple[Seal, str, str] | None:
+        """The seal, the real file name and its directory ("" for none), or None when no identity
+        holds a key for it. Raises :class:`SealBroken` on a header that is malformed or was altered."""
         try:
             blob = base64.urlsafe_b64decode(header + "=" * (-len(header) % 4))
         except ValueError:
@@ -201,12 +203,13 @@ class Seal:
             raise SealBroken(f"stream {stream_id}: the sealed header does not open (altered, or moved from "
                              "another stream)")
         try:
-            name = json.loads(opened)["name"]
-        except (ValueError, KeyError, TypeError):
-            name = None
-        if not isinstance(name, str):
+            inside = json.loads(opened)
+            name, subdir = inside["name"], inside.get("dir", "")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            name = subdir = None
+        if not isinstance(name, str) or not isinstance(subdir, str):
             raise SealBroken(f"stream {stream_id}: the sealed header names no file")
-        return cls(key, stream_id, header), name
+        return cls(key, stream_id, header), name, subdir
 
     def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> tuple[bytearray, dict[str, str]]:
         """Chunk ``seq``'s wire body (``body``, encoded as ``encoding``, sealed) and its nonce header."""

@@ -21,7 +21,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol.codec import ChunkCodec, crc32
 from airflow_provider_amqstream.protocol.names import Destination, validate_stream_id
 from airflow_provider_amqstream.protocol.outcomes import H_QUARANTINE_CAUSE, Outcome
-from airflow_provider_amqstream.protocol.seal import H_SEAL, Seal
+from airflow_provider_amqstream.protocol.seal import H_SEAL, MAX_SEAL_HEADER, Seal
 
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
@@ -87,11 +87,11 @@ def offer_headers(spec: StreamSpec, destination: Destination, window: int = hdr.
     sender's file (see :data:`H_ORIGIN`); ``subdir`` the relative directory it goes to
     (see :data:`H_DIR`). ``sender`` is the user the sender logs in as, which names its
     data queue (:meth:`Destination.data_queue`). ``seal`` (a sealed stream's) adds its
-    wrapped keys and sealed header."""
+    wrapped keys and sealed header, which holds ``subdir`` in its place (see :meth:`Seal.create`)."""
     h = _base(spec, hdr.Kind.OFFER)
     if seal is not None:
         h[H_SEAL] = seal.header
-    if subdir:
+    elif subdir:
         h[hdr.H_DIR] = subdir
     if reoffer:
         h[hdr.H_REOFFER] = "1"
@@ -359,7 +359,7 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
 def quarantined_headers(headers: Mapping[str, Any], *, cause: Outcome, reason: str, source: str, by: str, at: str,
                         sender: str) -> dict[str, str]:
     """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
-    headers (each cut to 1,024 characters; no earlier verdict kept) and why, from where, by
+    headers (each cut to 1,024 characters, ``amqs_seal`` to 4,096; no earlier verdict kept) and why, from where, by
     which host and when.
 
     :param cause: why, as the failure table names it (``amqs_quarantine_cause``).
@@ -371,7 +371,7 @@ def quarantined_headers(headers: Mapping[str, Any], *, cause: Outcome, reason: s
         any the offer carried (only receivers write a quarantine queue, so it is believed
         there, and names the stream's data queues); "" for unknown.
     """
-    out = {k: str(v)[:1024] for k, v in headers.items()
+    out = {k: str(v)[:MAX_SEAL_HEADER if k == H_SEAL else 1024] for k, v in headers.items()
            if k.startswith("amqs_") and not k.startswith("amqs_quarantine") and k != hdr.H_FIRST_SENDER}
     out.update({H_QUARANTINE_CAUSE: cause.value, hdr.H_QUARANTINE_REASON: reason[:2000], hdr.H_QUARANTINED_FROM: source,
                 hdr.H_QUARANTINED_BY: by, hdr.H_QUARANTINED_AT: at})

@@ -207,34 +207,37 @@ def test_a_sealed_pack_altered_by_a_send_only_user_is_refused_whole_and_the_next
     assert _in_store(broker, tag.encode()) == []
 
 
-def test_sealed_packs_leave_no_name_or_byte_in_the_store_and_without_the_key_are_quarantined_whole(
+def test_sealed_packs_and_directories_leave_no_name_or_byte_in_the_store_and_without_the_key_go_whole(
         broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str]) -> None:
-    from airflow_provider_amqstream.engine import send_files
+    from airflow_provider_amqstream.engine import BatchFile, send_files
 
     tag, marker = os.urandom(6).hex(), os.urandom(12).hex().encode()
-    files = _secret_files(tmp_path, tag, 70, size=1000)  # two packs: at most 64 files each
-    for path in files:
+    files = _secret_files(tmp_path, tag, 71, size=1000)  # two packs (at most 64 files each) and a stream
+    for path in files[:70]:
         path.write_bytes(os.urandom(500) + marker + os.urandom(500))
+    files[70].write_bytes(os.urandom(1_500_000) + marker + os.urandom(1_500_000))
+    subdir = f"secret-{tag}-dir/2026"  # a directory is no less telling than a name
     opts = SendOptions(seal_to=(key[1],), manifest=False, compression="none")
-    sent = send_files(params, files, queue_name, opts)
+    sent = send_files(params, [BatchFile(f, subdir) for f in files], queue_name, opts)
     waiting = browse(params, queue_name)
-    assert [f.headers[bw.H_PACK_FILES] for f in waiting] == ["64", "6"]
-    assert all(bw.is_sealed_pack(f.headers) for f in waiting)
+    assert [f.headers.get(bw.H_PACK_FILES) for f in waiting] == ["64", "6", None]
+    assert all(f.headers.get(seal.H_SEAL) for f in waiting) and hdr.H_DIR not in waiting[2].headers
     assert _in_store(broker, marker) == [] and _in_store(broker, f"secret-{tag}".encode()) == []
     assert _in_store(broker, sent.results[0].sha256.encode()) == []
     other = tmp_path / "other.key"
     new_key_file(other)
-    got, failed = _receive(params, queue_name, tmp_path / "nokey", 70, keys=(str(other),))
-    assert got == [] and [f.cause for f in failed] == ["no_key", "no_key"]
-    assert not [f for f in (tmp_path / "nokey").iterdir() if f.is_file()]
+    got, failed = _receive(params, queue_name, tmp_path / "nokey", 71, keys=(str(other),))
+    assert got == [] and [f.cause for f in failed] == ["no_key"] * 3
+    assert not [f for f in (tmp_path / "nokey").rglob("*") if f.is_file() and ".amqstream" not in f.parts]
     filed = browse(params, Destination.parse(queue_name).quarantine_queue(None))
-    assert [f.headers.get(seal.H_SEAL) is not None for f in filed] == [True, True]
+    assert [f.headers.get(seal.H_SEAL) is not None for f in filed] == [True] * 3
     assert _in_store(broker, marker) == [] and _in_store(broker, f"secret-{tag}".encode()) == []
-    # Sent again (the receiver now has the key): byte-exact under the real names, sealing required.
-    sent = send_files(params, files, queue_name, dataclasses.replace(opts, restart=True))
-    got, failed = _receive(params, queue_name, tmp_path / "out", 70, keys=(key[0],), seal_required=True)
+    # Sent again (the receiver now has the key): byte-exact under the real names and directory,
+    # sealing required.
+    send_files(params, [BatchFile(f, subdir) for f in files], queue_name, dataclasses.replace(opts, restart=True))
+    got, failed = _receive(params, queue_name, tmp_path / "out", 71, keys=(key[0],), seal_required=True)
     assert failed == [] and sorted(r.name for r in got) == sorted(f.name for f in files)
-    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
+    assert all((tmp_path / "out" / subdir / f.name).read_bytes() == f.read_bytes() for f in files)
 
 
 def test_a_malformed_key_file_is_refused_by_name_before_anything_is_taken(

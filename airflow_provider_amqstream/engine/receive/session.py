@@ -310,10 +310,15 @@ class ReceiveSession:
                                 chunk_size=spec.chunk_size) if header else None
         if opened is None:
             return self._unopened(offer, sid, f"stream {sid} ({data_q})", "received")
-        name = opened[1]
+        sealed, name, subdir = opened
         if not name or len(name.encode("utf-8", "surrogatepass")) > hdr.MAX_NAME_BYTES:
             raise seal.SealBroken(f"stream {sid}: the sealed file name is empty or over {hdr.MAX_NAME_BYTES} bytes")
-        return opened[0], replace(got, message=replace(got.message, spec=replace(spec, name=name)))
+        if offer.headers.get(hdr.H_DIR) is not None:
+            # Not covered by the seal: whoever added it (the broker) would choose where the file lands.
+            raise seal.SealBroken(f"stream {sid}: a sealed offer carries {hdr.H_DIR} in clear; its directory "
+                                  "travels inside the seal")
+        return sealed, replace(got, message=replace(got.message, spec=replace(spec, name=name),
+                                                    subdir=paths.safe_subdir(subdir, sid)))
 
     def _let_go(self, exc: StreamYielded, sid: str, receiver: StreamReceiver, offer: Message) -> StreamError:
         """A stream being received gave way: leave its data queue, keep only its data on disk,

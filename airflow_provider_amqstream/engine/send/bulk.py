@@ -462,11 +462,11 @@ class _Ctx:
         sealed (a sealed file of one chunk goes in a sealed pack, even alone, or as a stream)."""
         return not self.recipients and e.size <= self.chunk
 
-    def _seal(self, spec: StreamSpec, name: str) -> Seal:
+    def _seal(self, spec: StreamSpec, name: str, subdir: str) -> Seal:
         # The key comes from the sender's secret for this broker: a file sent again after a
         # crash (its chunks may be on the broker already, its offer not) is sealed under the key they were.
         return Seal.create(spec.stream_id, self.recipients, name=name, size=spec.size, chunk_size=spec.chunk_size,
-                           key=derived_key(self.seal_secret, spec.stream_id))
+                           subdir=subdir, key=derived_key(self.seal_secret, spec.stream_id))
 
     def _send_small(self, link: Link, e: Outgoing, seal: bool) -> tuple[str | None, TransferResult]:
         """Send a small file; with ``seal``, ask for the receipt that confirms it and every

@@ -81,12 +81,12 @@ def inline_member(e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec,
 
 
 def send_few(link: Link, e: Outgoing, dest: Destination, chunk: int, codec: ChunkCodec, *, receipt: bool,
-             seal: Callable[[p.StreamSpec, str], Seal] | None = None) -> tuple[str | None, TransferResult]:
+             seal: Callable[[p.StreamSpec, str, str], Seal] | None = None) -> tuple[str | None, TransferResult]:
     """A file of a few chunks: its chunks and end marker, then its offer, asking for a receipt
-    with ``receipt`` (the id returned with the file's result); sealed with ``seal(spec, name)``
+    with ``receipt`` (the id returned with the file's result); sealed with ``seal(spec, name, subdir)``
     if given, as a sealed stream of its own."""
     spec, res = _pending(e, dest, chunk, link.params, sealed=seal is not None)
-    sealed = seal(spec, e.src.name) if seal is not None else None
+    sealed = seal(spec, e.src.name, e.subdir) if seal is not None else None
     data_q = dest.data_queue(e.stream_id, link.params.user)
     hasher = hashlib.sha256()
     with open(e.src, "rb") as fh:

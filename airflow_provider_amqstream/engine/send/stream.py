@@ -165,7 +165,7 @@ def send_file(
     chunk_size = _first(opts.chunk_size, default_chunk, params.chunk_size, hdr.DEFAULT_CHUNK_SIZE)
     real_name = name or src.name
     spec = p.StreamSpec(sid, seal.SEALED_NAME if recipients else real_name, st_.st_size, chunk_size, kind)
-    sealed = _stream_seal(loaded if state is not None else None, recipients, spec, real_name)
+    sealed = _stream_seal(loaded if state is not None else None, recipients, spec, real_name, subdir)
     extra: dict[str, Any] = {"broker": params.url, "login": params.user}
     if sealed is not None:
         # Kept (0600, in the state dir) until the stream is sent: a resumed send seals under the same key.
@@ -207,7 +207,7 @@ def seal_recipients(opts: SendOptions, params: BrokerParams) -> list[bytes]:
 
 
 def _stream_seal(loaded: dict[str, Any] | None, recipients: list[bytes], spec: p.StreamSpec,
-                 name: str) -> seal.Seal | None:
+                 name: str, subdir: str) -> seal.Seal | None:
     """A sealed stream's seal: the interrupted run's (its receivers hold its offer), else a new one."""
     if loaded is not None and bool(loaded.get("seal_header")) != bool(recipients):
         raise StreamError(f"stream {spec.stream_id}: an interrupted transfer with this id was "
@@ -217,7 +217,8 @@ def _stream_seal(loaded: dict[str, Any] | None, recipients: list[bytes], spec: p
         return None
     if loaded is not None and loaded.get("seal_key"):
         return seal.Seal(bytes.fromhex(str(loaded["seal_key"])), spec.stream_id, str(loaded["seal_header"]))
-    return seal.Seal.create(spec.stream_id, recipients, name=name, size=spec.size, chunk_size=spec.chunk_size)
+    return seal.Seal.create(spec.stream_id, recipients, name=name, size=spec.size, chunk_size=spec.chunk_size,
+                            subdir=subdir)
 
 
 def regular_file(src: Path) -> os.stat_result:

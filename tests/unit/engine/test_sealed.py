@@ -505,3 +505,26 @@ def test_the_small_files_secret_is_made_once_kept_private_and_replaced_only_when
     path.write_text("not json")
     replaced = _seal_secret(path)
     assert replaced != first and _seal_secret(path) == replaced
+
+
+def test_a_sealed_files_directory_travels_inside_the_seal_and_the_broker_cannot_move_it(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    from airflow_provider_amqstream.engine import BatchFile
+
+    big, _ = _file(tmp_path, "big.csv", 2500)
+    small, _ = _file(tmp_path, "small.csv", 300)
+    files = [BatchFile(big, "payroll/2026"), BatchFile(small, "payroll/2026")]
+    send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), chunk_size=1000, manifest=False))
+    waiting = broker.messages(Q)
+    assert len(waiting) == 2 and not any("payroll" in str(h) or b"payroll" in b for h, b in waiting)
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],))
+    assert failures == [] and len(got) == 2
+    for src in (big, small):
+        assert (tmp_path / "out" / "payroll" / "2026" / src.name).read_bytes() == src.read_bytes()
+    # A directory the broker writes next to a sealed offer would choose where the file lands: refused.
+    send_file(broker.params("alice"), big, Q, SendOptions(chunk_size=1000, seal_to=(key[1],)), stream_id="moved")
+    [offer] = [m for m in broker.queues[_queue(Q)] if m.headers.get(hdr.H_KIND) == hdr.Kind.OFFER.value]
+    offer.headers = {**offer.headers, hdr.H_DIR: "elsewhere"}
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],))
+    assert got == [] and [(f.stream_id, f.cause) for f in failures] == [("moved", "seal_broken")]
+    assert not (tmp_path / "out" / "elsewhere").exists()

@@ -54,6 +54,23 @@ def test_only_a_recipient_opens_the_stream_and_learns_the_name() -> None:
     assert "secret" not in sealed.header
 
 
+def test_the_directory_travels_in_the_seal_and_a_longest_one_fits_a_quarantine_copy() -> None:
+    from airflow_provider_amqstream.protocol import wire as p
+
+    assert s.Seal.open(_seal().header, [ALICE], stream_id="sid-1", size=10, chunk_size=4)[2] == ""  # type: ignore[index]
+    # Five recipients, the longest name and directory, each character one JSON escapes.
+    name, subdir = '"' * 255, "/".join(['\\' * 127] * 8)[:1024]
+    sealed = s.Seal.create("sid-1", [s.parse_recipient(s.Identity.generate().recipient) for _ in range(5)],
+                           name=name, size=10, chunk_size=4, subdir=subdir)
+    assert len(sealed.header) <= s.MAX_SEAL_HEADER
+    copy = p.quarantined_headers({s.H_SEAL: sealed.header}, cause=p.Outcome.NO_KEY, reason="r", source="q", by="h",
+                                 at="t", sender="a")
+    me = s.Identity.generate()
+    kept = s.Seal.create("sid-1", [s.parse_recipient(me.recipient)], name="n", size=10, chunk_size=4, subdir=subdir)
+    assert copy[s.H_SEAL] == sealed.header
+    assert s.Seal.open(kept.header, [me], stream_id="sid-1", size=10, chunk_size=4)[1:] == ("n", subdir)  # type: ignore[index]
+
+
 @pytest.mark.parametrize("where", [{"stream_id": "sid-2"}, {"size": 11}, {"chunk_size": 5}])
 def test_a_header_moved_to_another_stream_or_spec_does_not_open(where: dict[str, object]) -> None:
     sealed = _seal()
@@ -145,7 +162,7 @@ def test_sealing_never_imports_cryptography() -> None:
             "me = s.Identity.generate()\n"
             "sealed = s.Seal.create('sid', [s.parse_recipient(me.recipient)], name='n', size=3, chunk_size=3)\n"
             "wire, h = sealed.chunk(1, True, b'abc', None)\n"
-            "opened, name = s.Seal.open(sealed.header, [me], stream_id='sid', size=3, chunk_size=3)\n"
+            "opened, name, _ = s.Seal.open(sealed.header, [me], stream_id='sid', size=3, chunk_size=3)\n"
             "assert bytes(opened.open_chunk(1, True, wire, h)) == b'abc' and name == 'n'\n"
             "print('cryptography' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
