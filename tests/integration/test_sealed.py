@@ -1,8 +1,9 @@
-"""Sealed streams against a real ActiveMQ: the broker's store holds no readable byte of a
-sealed file, the key holder receives it byte-exact, and every bad case (no key; a chunk a
-send-only user tampered with, reordered, replayed, transplanted or cut off; a malformed
-recipient or key file) is refused with its cause while the next good stream still arrives, and
-no log holds a key, a sealed name or plaintext. The views (``streams ls/show``, the page's API), discard, redrive of a
+"""Sealed streams and sealed packs against a real ActiveMQ: the broker's store holds no readable
+byte, name or directory of a sealed file, the key holder receives it byte-exact, and every bad
+case (no key; a chunk or pack a send-only user tampered with, reordered, replayed, transplanted,
+resized or cut off, up to 1,000 of them ahead of a good one; a malformed recipient or key file)
+is refused with its cause while the next good stream still arrives, and no log holds a key, a
+sealed name or plaintext. The views (``streams ls/show``, the page's API), discard, redrive of a
 batch list's part and the event triggers see a sealed stream without its name or SHA-256."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -238,6 +240,69 @@ def test_sealed_packs_and_directories_leave_no_name_or_byte_in_the_store_and_wit
     got, failed = _receive(params, queue_name, tmp_path / "out", 71, keys=(key[0],), seal_required=True)
     assert failed == [] and sorted(r.name for r in got) == sorted(f.name for f in files)
     assert all((tmp_path / "out" / subdir / f.name).read_bytes() == f.read_bytes() for f in files)
+
+
+def _bad_sealed_pack(shape: str, i: int, recipients: list[bytes], dest: Destination) -> tuple[dict[str, str], bytes]:
+    """One of the bad sealed packs a send-only user floods a queue with (ids unique per ``i``)."""
+    body = b"x" * 100
+    spec = p.StreamSpec(f"flood-{shape}-{i}", "f.csv", len(body), 1024 * 1024, hdr.Mode.ATOMIC)
+    member = bw.inline_offer(spec, dest, body, hashlib.sha256(body).hexdigest(), sender="rt")
+    headers, wire = bw.pack_message([member], recipients)
+    wire = bytes(wire)
+    if shape == "tampered":
+        wire = wire[:20] + bytes([wire[20] ^ 1]) + wire[21:]
+    elif shape == "resized":
+        headers = {**headers, bw.H_PACK_SIZES: "|101|"}
+    elif shape == "garbled":
+        headers = {**headers, seal.H_SEAL: "!" * 3000}
+    elif shape == "bad-index":  # sealed by its sender, so it opens: what is inside is wrong
+        sealed = seal.Seal.create(headers[hdr.H_STREAM], recipients, name="pack", size=1,
+                                  chunk_size=bw._shown_digest(headers))
+        wire, nonce = sealed.chunk(1, True, (2**31).to_bytes(4, "big") + b"[]", None)
+        headers, wire = {**headers, seal.H_SEAL: sealed.header, **nonce}, bytes(wire)
+    return headers, wire
+
+
+@pytest.mark.parametrize("n", [10, 100, 1000])
+def test_a_good_sealed_pack_passes_any_number_of_bad_ones_and_the_broker_heap_stays_flat(
+        broker: EmbeddedBroker, params: BrokerParams, tmp_path: Path, queue_name: str, key: tuple[str, str],
+        n: int) -> None:
+    from airflow_provider_amqstream.engine import send_files
+    from tests.helpers import assert_old_gen_bounded
+
+    rt = dataclasses.replace(params_from_uri(broker.info(user="rt").uri), connect_timeout=10.0)
+    dest = Destination.parse(queue_name)
+    mine = [seal.parse_recipient(key[1])]
+    someone_else = [seal.parse_recipient(seal.Identity.generate().recipient)]
+    shapes = {"tampered": "seal_broken", "resized": "seal_broken", "garbled": "seal_broken", "no-key": "no_key",
+              "bad-index": "invalid"}
+    raw = RawSender(rt)
+    try:
+        for i in range(n):
+            shape = list(shapes)[i % len(shapes)]
+            headers, wire = _bad_sealed_pack(shape, i, someone_else if shape == "no-key" else mine, dest)
+            raw.send(str(dest), wire, headers)
+    finally:
+        raw.close()
+    good = _secret_files(tmp_path, "good", 3)
+    sent = send_files(rt, good, queue_name, SendOptions(seal_to=(key[1],), manifest=False))
+    started = time.monotonic()
+    got, failed = _receive(params, queue_name, tmp_path / "out", 3, keys=(key[0],))
+    took = time.monotonic() - started
+    assert sorted(r.sha256 for r in got) == sorted(r.sha256 for r in sent.results)
+    expected: dict[str, int] = {}
+    for i in range(n):
+        cause = shapes[list(shapes)[i % len(shapes)]]
+        expected[cause] = expected.get(cause, 0) + 1
+    seen: dict[str, int] = {}
+    for f in failed:
+        seen[f.cause] = seen.get(f.cause, 0) + 1
+    assert seen == expected
+    assert not [f for f in (tmp_path / "out").iterdir() if f.name.startswith("flood-")]
+    # Each bad pack costs a confirmed copy to the quarantine and an acknowledgement.
+    assert took <= 10.0 + 0.05 * n, f"{took:.1f}s behind {n} bad sealed packs"
+    heap = assert_old_gen_bounded(broker, f"{n} bad sealed packs")
+    print(f"\nbehind {n} bad sealed packs: the good pack arrived in {took:.2f}s; broker old generation {heap:.0f} MiB")
 
 
 def test_a_malformed_key_file_is_refused_by_name_before_anything_is_taken(
