@@ -262,7 +262,7 @@ def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]],
     if recipients:
         headers[H_PACK_SIZES] = "|" + "|".join(str(h[H_SIZE]) for h, _ in members) + "|"
         sealed = Seal.create(pack_id, list(recipients), name="pack", size=len(members),
-                             chunk_size=_shown_digest(headers))
+                             chunk_size=shown_digest(headers))
         plain = b"".join([struct.pack(">I", len(index)), index, *(w for _, w in members)])
         wire, nonce = sealed.chunk(1, True, plain, None)
         return {**headers, H_SEAL: sealed.header, **nonce}, wire
@@ -304,7 +304,7 @@ def open_pack(headers: Mapping[str, Any], body: bytes | memoryview,
     pid, count = _pack_header(headers)
     shown = sealed_members(headers)
     opened = Seal.open(str(headers.get(H_SEAL)), identities, stream_id=pid, size=count,
-                       chunk_size=_shown_digest(headers))
+                       chunk_size=shown_digest(headers))
     if opened is None:
         return None
     plain = memoryview(opened[0].open_chunk(1, True, body, headers))
@@ -318,7 +318,7 @@ def open_pack(headers: Mapping[str, Any], body: bytes | memoryview,
     return members
 
 
-def _shown_digest(headers: Mapping[str, Any]) -> int:
+def shown_digest(headers: Mapping[str, Any]) -> int:
     """What a sealed pack shows of its members (ids and sizes), as the 64-bit number its sealed
     header is bound to: the broker can change neither without the pack failing to open."""
     shown = f"{headers.get(H_PACK_IDS, '')}{headers.get(H_PACK_SIZES, '')}".encode("utf-8", "surrogatepass")

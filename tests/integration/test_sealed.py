@@ -257,7 +257,7 @@ def _bad_sealed_pack(shape: str, i: int, recipients: list[bytes], dest: Destinat
         headers = {**headers, seal.H_SEAL: "!" * 3000}
     elif shape == "bad-index":  # sealed by its sender, so it opens: what is inside is wrong
         sealed = seal.Seal.create(headers[hdr.H_STREAM], recipients, name="pack", size=1,
-                                  chunk_size=bw._shown_digest(headers))
+                                  chunk_size=bw.shown_digest(headers))
         wire, nonce = sealed.chunk(1, True, (2**31).to_bytes(4, "big") + b"[]", None)
         headers, wire = {**headers, seal.H_SEAL: sealed.header, **nonce}, bytes(wire)
     return headers, wire
