@@ -25,7 +25,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,10 @@ def _cpu(pid: int | None) -> float:
 
 
 def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
-         broker_pid: int | None = None) -> dict[str, Any]:
+         broker_pid: int | None = None, *, send_args: Sequence[str] = (),
+         recv_args: Sequence[str] = ()) -> dict[str, Any]:
+    """One send + one receive of the set ``src`` (``send_args`` and ``recv_args`` added to each
+    command line): seconds, each end's peak RSS (KiB) and CPU-s, the broker's CPU-s."""
     q, out = f"/queue/bench.bulk.{os.getpid()}.{tag}", work / f"out-{tag}"
     # An installed package has its bytecode (pip compiles it); this tree run with -m has
     # none where PYTHONDONTWRITEBYTECODE is set, and each process would compile its modules
@@ -110,9 +113,9 @@ def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
     env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(work / "pycache")}
     cpu0, t0 = _cpu(broker_pid), time.monotonic()
     rx = cli_module("receive", "--from", q, "--out-dir", str(out), "--conn", uri, "--count", str(len(sums)), "--json",
-                    "-q", "--wait", "120", env=env)
+                    "-q", "--wait", "120", *recv_args, env=env)
     received = _collect(rx)
-    tx = cli_module("send", str(src), "--recursive", "--to", q, "--conn", uri, "--json", "-q",
+    tx = cli_module("send", str(src), "--recursive", "--to", q, "--conn", uri, "--json", "-q", *send_args,
                     env={**env, "AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
     s_out, s_err = tx.communicate(timeout=7200)
     r_out, r_err = received()

@@ -5,7 +5,9 @@ sender and receiver as separate processes started together, one fresh embedded b
 data kind, rounds alternate sealed (``send --seal-to``, ``receive --key``) and unsealed, since this
 machine's speed drifts within minutes. Each end's CPU-s per GiB is utime + stime of its process
 and its children (/proc), its peak RSS is VmHWM; the goal (issue 38) is sealed at most 15 % over
-unsealed on each end, RSS unchanged. Writes its section of docs/benchmarks.md.
+unsealed on each end, RSS unchanged. Then a many-file send of small files (``--files``, 1,000 x
+64 KiB by default: they travel in sealed packs), files/s sealed against unsealed, alternating as
+well. Writes its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bulk import make_set, ours, parse_set
 from benchmarks.common import ROOT, SIZES, MiB, amqstream_command, log, make_csv, make_random, result, scratch_broker
 from benchmarks.scale import head_commit, update_report
 
@@ -51,10 +55,45 @@ def median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def run(kinds: list[str], size: int, rounds: int, work: Path, uri: str) -> list[dict[str, Any]]:
+def new_key(work: Path) -> tuple[Path, str]:
+    """A key file and its recipient, as `amqstream keys new` makes them."""
     made = subprocess.run([sys.executable, "-m", "airflow_provider_amqstream.cli", "keys", "new",
                            str(work / "bench.key")], cwd=ROOT, check=True, capture_output=True, text=True)
-    key = (work / "bench.key", made.stdout.strip().splitlines()[-1])
+    return work / "bench.key", made.stdout.strip().splitlines()[-1]
+
+
+def many_files(count: int, size: int, rounds: int, work: Path, uri: str, key: tuple[Path, str]) -> dict[str, Any]:
+    """``count`` files of ``size`` bytes in one send and one receive (benchmarks.bulk's run),
+    sealed and unsealed in alternating rounds: files/s and each end's CPU-s (medians)."""
+    src = work / "small"
+    log(f"seal files: generating {count:,} x {size:,} bytes")
+    sums = make_set(src, count, size)
+    runs: list[dict[str, Any]] = []
+    for i in range(rounds + 1):  # the first pair warms the broker and the bytecode up, unmeasured
+        for k in ((key, None) if i % 2 == 0 else (None, key)):
+            tag = f"seal-files-{i}-{'sealed' if k else 'plain'}"
+            log(f"seal files: {'warm-up' if i == 0 else f'round {i} of {rounds}'}, {'sealed' if k else 'unsealed'}")
+            r = ours(src, sums, work, uri, tag, send_args=["--seal-to", k[1]] if k else [],
+                     recv_args=["--key", str(k[0])] if k else [])
+            shutil.rmtree(work / f"out-{tag}", ignore_errors=True)
+            if i:
+                runs.append({"sealed": bool(k), "files_s": round(count / r["seconds"], 1), "send_cpu": r["cpu"][0],
+                             "recv_cpu": r["cpu"][1], "send_rss": round(r["send_rss"] / 1024),
+                             "recv_rss": round(r["recv_rss"] / 1024)})
+                print(json.dumps({"kind": "files", **runs[-1]}), flush=True)
+    shutil.rmtree(src)
+    row: dict[str, Any] = {"files": count, "size": size, "rounds": rounds}
+    for name, sealed in (("sealed", True), ("plain", False)):
+        for f in ("files_s", "send_cpu", "recv_cpu", "send_rss", "recv_rss"):
+            row[f"{name}_{f}"] = median([r[f] for r in runs if r["sealed"] is sealed])
+    row["files_s_ratio"] = round(row["sealed_files_s"] / row["plain_files_s"], 3)
+    pairs = zip([r for r in runs if r["sealed"]], [r for r in runs if not r["sealed"]], strict=True)
+    row["round_ratios"] = [round(s["files_s"] / p["files_s"], 2) for s, p in pairs]
+    return row
+
+
+def run(kinds: list[str], size: int, rounds: int, work: Path, uri: str,
+        key: tuple[Path, str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     n = 0
     for kind in kinds:
@@ -112,7 +151,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def section(rows: list[dict[str, Any]], store: str | None, load: tuple[float, float]) -> str:
+def files_table(row: dict[str, Any]) -> str:
+    return "\n".join([
+        "| files | files/s: unsealed / sealed (ratio) | per-round ratios | CPU-s send: unsealed / sealed | "
+        "CPU-s receive: unsealed / sealed | peak RSS MiB send / receive: unsealed, sealed |",
+        "|---|---|---|---|---|---|",
+        f"| {row['files']:,} x {row['size'] // 1024} KiB | {row['plain_files_s']:.0f} / {row['sealed_files_s']:.0f} "
+        f"({row['files_s_ratio']:.2f}x) | {', '.join(f'{r:.2f}' for r in row['round_ratios'])} | "
+        f"{row['plain_send_cpu']:.2f} / {row['sealed_send_cpu']:.2f} | {row['plain_recv_cpu']:.2f} / "
+        f"{row['sealed_recv_cpu']:.2f} | {row['plain_send_rss']} / {row['plain_recv_rss']}, {row['sealed_send_rss']} / "
+        f"{row['sealed_recv_rss']} |"])
+
+
+def section(rows: list[dict[str, Any]], files: dict[str, Any] | None, store: str | None,
+            load: tuple[float, float]) -> str:
     return "\n".join([
         SECTION[0], "## Sealed streams: what sealing costs each end", "",
         "The installed `amqstream send --seal-to` / `receive --key` against the same commands unsealed, connection "
@@ -125,7 +177,11 @@ def section(rows: list[dict[str, Any]], store: str | None, load: tuple[float, fl
            "not sealing, moved the receiver's CPU by up to 0.5 s per GiB between rounds. " if store else "")
         + f"Measured at commit {head_commit()}, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, load average "
         f"{load[0]:.2f} at the start and {load[1]:.2f} at the end.",
-        "", table(rows), "", "```", *[json.dumps(r) for r in rows], "```", SECTION[1]])
+        "", table(rows), "",
+        *(["Many small files in one send and one receive (`amqstream send --recursive`, `receive --count`), sealed "
+           "files travelling in sealed packs; files/s is the whole run's, medians of the rounds:", "",
+           files_table(files), ""] if files else []),
+        "```", *[json.dumps(r) for r in [*rows, *([files] if files else [])]], "```", SECTION[1]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="1G", help="1G, 100M, 4G or a byte count")
     ap.add_argument("--data", default="random,csv", help="comma list of random, csv")
     ap.add_argument("--rounds", type=int, default=5, help="alternating pairs of sealed and unsealed runs per kind")
+    ap.add_argument("--files", default="1000x64K", help="COUNTxSIZE of the many-file run ('' to skip)")
     ap.add_argument("--workdir", help="scratch space (default a temp dir; needs ~2x the size free)")
     ap.add_argument("--docs", help="put the rows in the sealed-streams section of this benchmarks.md")
     ap.add_argument("--broker-store", default="/dev/shm" if os.access("/dev/shm", os.W_OK) else "",
@@ -142,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES.get(args.size) or int(args.size)
     start = os.getloadavg()[0]
     with scratch_broker(args.workdir, "amqs-seal-", args.broker_store or None) as (work, uri):
-        rows = run(args.data.split(","), size, args.rounds, work, uri)
+        key = new_key(work)
+        rows = run([d for d in args.data.split(",") if d], size, args.rounds, work, uri, key)
+        files = many_files(*parse_set(args.files), args.rounds, work, uri, key) if args.files else None
     print(table(rows))
+    if files:
+        print(files_table(files))
     if args.docs:
-        update_report(Path(args.docs), section(rows, args.broker_store, (start, os.getloadavg()[0])), SECTION)
+        update_report(Path(args.docs), section(rows, files, args.broker_store, (start, os.getloadavg()[0])), SECTION)
     return 0
 
 
