@@ -263,8 +263,7 @@ def pack_message(members: Sequence[tuple[Mapping[str, str], bytes]],
         headers[H_PACK_SIZES] = "|" + "|".join(str(h[H_SIZE]) for h, _ in members) + "|"
         sealed = Seal.create(pack_id, list(recipients), name="pack", size=len(members),
                              chunk_size=shown_digest(headers))
-        plain = b"".join([struct.pack(">I", len(index)), index, *(w for _, w in members)])
-        wire, nonce = sealed.chunk(1, True, plain, None)
+        wire, nonce = sealed.chunk(1, True, [struct.pack(">I", len(index)), index, *(w for _, w in members)], None)
         return {**headers, H_SEAL: sealed.header, **nonce}, wire
     body = b"".join([index, *(w for _, w in members)])
     return {**headers, H_PACK_INDEX: str(len(index)), H_CRC: str(crc32(body))}, body

@@ -23,6 +23,7 @@ from airflow_provider_amqstream.exceptions import ConfigurationError
 
 TAG = 16
 NONCE = 12
+Buffer = bytes | bytearray | memoryview
 _NID_X25519 = 1034
 _CTRL_GET_TAG, _CTRL_SET_TAG = 0x10, 0x11
 
@@ -172,9 +173,10 @@ class OCB3:
             self._contexts[encrypt] = ctx
         return ctx
 
-    def _run(self, encrypt: int, nonce: bytes, ad: bytes, *, src: Any, size: int, dst: Any, tag: Any) -> bool:
-        """One message through the context: ``size`` bytes from ``src`` to ``dst``; the tag is
-        read into ``tag`` (encrypting) or checked against it (decrypting)."""
+    def _run(self, encrypt: int, nonce: bytes, ad: bytes, *, src: list[tuple[Any, int]], dst: int,
+             tag: Any) -> bool:
+        """One message through the context: each ``(buffer, size)`` of ``src`` in turn, to ``dst``
+        (an address); the tag is read into ``tag`` (encrypting) or checked against it (decrypting)."""
         if len(nonce) != NONCE:
             raise ValueError(f"an OCB3 nonce here is {NONCE} bytes, not {len(nonce)}")
         lib, n = _libcrypto(), _INT()
@@ -186,22 +188,26 @@ class OCB3:
             # A null output pointer means "associated data" to OpenSSL.
             ok = ok and lib.EVP_CipherUpdate(ctx, None, ctypes.byref(n), ad, len(ad)) == 1
             done = 0
-            if ok and size:
-                ok = lib.EVP_CipherUpdate(ctx, dst, ctypes.byref(n), src, size) == 1
-                done = n.value
-            end = dst + done if isinstance(dst, int) else dst
-            ok = ok and lib.EVP_CipherFinal_ex(ctx, end, ctypes.byref(n)) == 1 and done + n.value == size
+            for buf, size in src:
+                # OCB keeps a partial block between updates: what each writes is counted, not assumed.
+                if ok and size:
+                    ok = lib.EVP_CipherUpdate(ctx, dst + done, ctypes.byref(n), buf, size) == 1
+                    done += n.value
+            total = sum(size for _, size in src)
+            ok = ok and lib.EVP_CipherFinal_ex(ctx, dst + done, ctypes.byref(n)) == 1 and done + n.value == total
             if ok and encrypt:
                 ok = lib.EVP_CIPHER_CTX_ctrl(ctx, _CTRL_GET_TAG, TAG, tag) == 1
         return bool(ok)
 
-    def encrypt(self, nonce: bytes, data: bytes | bytearray | memoryview, ad: bytes) -> bytearray:
-        """Ciphertext and tag of ``data``, in one new buffer (no copy after sealing)."""
-        size = memoryview(data).nbytes
+    def encrypt(self, nonce: bytes, data: Buffer | list[Buffer], ad: bytes) -> bytearray:
+        """Ciphertext and tag of ``data`` (or of a list of buffers one after the other, with no
+        copy to join them), in one new buffer (no copy after sealing)."""
+        src = [(_address(b), memoryview(b).nbytes) for b in (data if isinstance(data, list) else [data])]
+        size = sum(n for _, n in src)
         out = bytearray(size + TAG)
         view = (ctypes.c_char * len(out)).from_buffer(out)
         start = ctypes.addressof(view)
-        if not self._run(1, nonce, ad, src=_address(data), size=size, dst=start, tag=start + size):
+        if not self._run(1, nonce, ad, src=src, dst=start, tag=start + size):
             raise ConfigurationError("OpenSSL failed to seal with AES-256-OCB3")
         del view
         return out
@@ -215,10 +221,11 @@ class OCB3:
         size = wire.nbytes - TAG
         if size < 0 or memoryview(into).nbytes != size:
             return False
-        dst = _address(into, writable=True)
+        held = _address(into, writable=True)  # an empty buffer's stand-in lives while OpenSSL may write
+        dst = held if isinstance(held, int) else ctypes.addressof(held)
         # OpenSSL reads only ``size`` bytes, so the whole buffer can be passed: no slice, no copy.
         src = _address(data if isinstance(data, bytes) else wire)
-        if self._run(0, nonce, ad, src=src, size=size, dst=dst, tag=wire[size:].tobytes()):
+        if self._run(0, nonce, ad, src=[(src, size)], dst=dst, tag=wire[size:].tobytes()):
             return True
         if size:
             ctypes.memset(dst, 0, size)  # what OpenSSL wrote before the tag failed is no plaintext to keep

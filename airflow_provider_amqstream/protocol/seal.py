@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow_provider_amqstream.exceptions import ConfigurationError, RemoteProtocolError
-from airflow_provider_amqstream.protocol.crypto import OCB3, TAG, hkdf_sha256, x25519_public, x25519_shared
+from airflow_provider_amqstream.protocol.crypto import OCB3, TAG, Buffer, hkdf_sha256, x25519_public, x25519_shared
 from airflow_provider_amqstream.protocol.headers import H_ENCODING
 
 # On a sealed offer: the wrapped keys and the sealed header (see Seal.header).
@@ -211,8 +211,10 @@ class Seal:
             raise SealBroken(f"stream {stream_id}: the sealed header names no file")
         return cls(key, stream_id, header), name, subdir
 
-    def chunk(self, seq: int, last: bool, body: bytes, encoding: str | None) -> tuple[bytearray, dict[str, str]]:
-        """Chunk ``seq``'s wire body (``body``, encoded as ``encoding``, sealed) and its nonce header."""
+    def chunk(self, seq: int, last: bool, body: Buffer | list[Buffer],
+              encoding: str | None) -> tuple[bytearray, dict[str, str]]:
+        """Chunk ``seq``'s wire body (``body``, encoded as ``encoding``, sealed; a list of buffers is
+        sealed as their concatenation) and its nonce header."""
         salt = os.urandom(SALT)
         sealed = self._cipher.encrypt(_nonce(seq, salt), body, self._ad(seq, last, encoding))
         return sealed, {H_NONCE: salt.hex()}

@@ -32,6 +32,17 @@ def test_ocb3_seals_as_cryptography_does_and_opens_what_it_sealed(data: bytes, a
     assert ours.decrypt_into(nonce, sealed, ad, memoryview(into)[1:-1]) and into[1:-1] == data
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=5))
+def test_buffers_sealed_one_after_another_are_their_concatenation_sealed(data: bytes, cuts: list[int]) -> None:
+    # Cut anywhere, mid-block included (OCB keeps a partial block between updates).
+    bounds = [0, *sorted(min(x, len(data)) for x in cuts), len(data)]
+    parts: list[c.Buffer] = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    parts = [p if i % 2 else bytearray(p) for i, p in enumerate(parts)]
+    nonce = bytes(12)
+    assert bytes(c.OCB3(KEY).encrypt(nonce, parts, b"ad")) == AESOCB3(KEY).encrypt(nonce, data, b"ad")
+
+
 def test_one_cipher_seals_one_mib_chunks_in_turn_like_a_fresh_one() -> None:
     ours, chunks = c.OCB3(KEY), [os.urandom(1 << 20) for _ in range(3)]
     for i, chunk in enumerate(chunks):
