@@ -552,3 +552,37 @@ def test_the_event_trigger_fires_for_a_sealed_offer_and_only_the_key_holder_lear
                          options=ReceiveOptions(wait_timeout=10, keys=(key[0],)))
     assert got is not None and got.name == src.name and got.sha256 == sent.sha256
     assert (tmp_path / "out" / src.name).read_bytes() == src.read_bytes()
+
+
+def test_the_event_trigger_fires_for_each_file_of_a_sealed_pack_and_a_receiver_asking_for_one_gets_the_pack(
+        params: BrokerParams, uri: str, tmp_path: Path, queue_name: str, key: tuple[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from airflow_provider_amqstream.engine import send_files
+    from airflow_provider_amqstream.triggers.offered import StreamOfferedTrigger
+
+    monkeypatch.setenv("AIRFLOW_CONN_SEALED_EVT", uri)
+    files = _secret_files(tmp_path, tag := os.urandom(6).hex(), 3)
+    sent = send_files(params, files, queue_name, SendOptions(seal_to=(key[1],), manifest=False))
+    [waiting] = browse(params, queue_name)
+    assert bw.is_sealed_pack(waiting.headers)
+
+    async def events(trigger: Any, n: int) -> list[Any]:
+        it = trigger.run()
+        try:
+            return [await asyncio.wait_for(anext(it), 60) for _ in range(n)]
+        finally:
+            await it.aclose()
+
+    # pace=0: an event per file at once (no run started here takes any of them).
+    seen = asyncio.run(events(StreamOfferedTrigger(destination=queue_name, amqstream_conn_id="sealed_evt",
+                                                   poll_interval=0.2, pace=0), 3))
+    assert sorted((e.payload["stream_id"], e.payload["name"], e.payload["size"]) for e in seen) == sorted(
+        (r.stream_id, seal.SEALED_NAME, r.bytes) for r in sent.results)
+    assert not [e for e in seen if tag in json.dumps(e.payload)]
+    # Asked for by one id, the whole pack is received, under the real names.
+    got = receive_stream(params, queue_name, tmp_path / "out", stream_id=sent.results[1].stream_id,
+                         options=ReceiveOptions(wait_timeout=10, keys=(key[0],)))
+    assert got is not None and got.name == files[1].name
+    assert all((tmp_path / "out" / f.name).read_bytes() == f.read_bytes() for f in files)
