@@ -255,6 +255,8 @@ def _bad_sealed_pack(shape: str, i: int, recipients: list[bytes], dest: Destinat
         headers = {**headers, bw.H_PACK_SIZES: "|101|"}
     elif shape == "garbled":
         headers = {**headers, seal.H_SEAL: "!" * 3000}
+    elif shape == "nonce":
+        headers = {**headers, seal.H_NONCE: "zz" * 4000}
     elif shape == "bad-index":  # sealed by its sender, so it opens: what is inside is wrong
         sealed = seal.Seal.create(headers[hdr.H_STREAM], recipients, name="pack", size=1,
                                   chunk_size=bw.shown_digest(headers))
@@ -274,7 +276,8 @@ def test_a_good_sealed_pack_passes_any_number_of_bad_ones_and_the_broker_heap_st
     dest = Destination.parse(queue_name)
     mine = [seal.parse_recipient(key[1])]
     someone_else = [seal.parse_recipient(seal.Identity.generate().recipient)]
-    shapes = {"tampered": "seal_broken", "resized": "seal_broken", "garbled": "seal_broken", "no-key": "no_key",
+    shapes = {"tampered": "seal_broken", "resized": "seal_broken", "garbled": "seal_broken", "nonce": "seal_broken",
+              "no-key": "no_key",
               "bad-index": "invalid"}
     raw = RawSender(rt)
     try:
