@@ -528,3 +528,13 @@ def test_a_sealed_files_directory_travels_inside_the_seal_and_the_broker_cannot_
     got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],))
     assert got == [] and [(f.stream_id, f.cause) for f in failures] == [("moved", "seal_broken")]
     assert not (tmp_path / "out" / "elsewhere").exists()
+
+
+def test_with_packs_off_a_sealed_small_file_goes_as_a_sealed_stream_never_inline(
+        broker: MemoryBroker, tmp_path: Path, key: tuple[str, str]) -> None:
+    files = [_file(tmp_path, f"payroll-{i}.csv", 300)[0] for i in range(2)]
+    send_files(broker.params("alice"), files, Q, SendOptions(seal_to=(key[1],), pack=False, manifest=False))
+    offers = broker.messages(Q)
+    assert len(offers) == 2 and all(seal.H_SEAL in h and not bw.is_inline(h) and b == b"" for h, b in offers)
+    got, failures = _receive_all(broker, tmp_path / "out", keys=(key[0],), seal_required=True)
+    assert failures == [] and sorted(r.name for r in got) == [f.name for f in files]
