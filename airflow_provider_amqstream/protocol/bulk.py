@@ -7,7 +7,8 @@ together as one *pack* message: a JSON index of their headers, then their bodies
 (:func:`pack_message`, :func:`read_pack`); each member is checked as the inline offer it
 is. A sealed send seals each pack whole for its recipients (:func:`open_pack`). After a
 batch's offers, the sender lists its files in *batch* messages (:func:`iter_batch_messages`,
-:func:`parse_batch`), from which a receiver writes the batch's manifest. The wire format is in ``docs/protocol.md``.
+:func:`parse_batch`), from which a receiver writes the batch's manifest. The wire format is
+in ``docs/protocol.md``.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ redelivered offer is received again; the order means no record ever describes a 
 whose bytes or name might not be on disk.
 
 A pack (several inline offers in one message) is taken apart into :class:`PackMember`
-offers, each settled like an inline offer of its own (a sealed pack opened first); the pack
-message is acknowledged when the last of them is. Until then a crash or a yield sends the whole pack back, and
-its members already published come back as duplicates, which are acknowledged and not
-written again.
+offers, each settled like an inline offer of its own (a sealed pack opened first); the
+pack message is acknowledged when the last of them is. Until then a crash or a yield sends
+the whole pack back, and its members already published come back as duplicates, which are
+acknowledged and not written again.
 """
 
 from __future__ import annotations
