@@ -30,7 +30,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.quarantine import H_REDRIVEN_BY, quarantine_cause, quarantined_by_user
-from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME
+from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.params import BrokerParams
 
 
@@ -173,11 +173,9 @@ def _offers(frames: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
 
 
 def _sealed_members(headers: Mapping[str, Any]) -> list[dict[str, str]]:
-    """A sealed pack's files as its headers show them: id and size, named as sealed streams are
-    (``_sealed``: its receivers check the rest, which only they can read)."""
-    return [{hdr.H_KIND: hdr.Kind.OFFER.value, hdr.H_STREAM: sid, hdr.H_NAME: SEALED_NAME, hdr.H_SIZE: str(size),
-             hdr.H_CHUNKS: str(min(size, 1)), hdr.H_MODE: hdr.Mode.ATOMIC.value, bw.H_INLINE: "1", "_sealed": "1"}
-            for sid, size in bw.sealed_members(headers)]
+    """A sealed pack's files as its headers show them (``_sealed``: its receivers check the
+    rest, which only they can read)."""
+    return [{**member, "_sealed": "1"} for member in bw.sealed_member_offers(headers)]
 
 
 def offered_streams(browsed: Browsed, dest: Destination) -> tuple[list[Offered], list[BatchAnnounced]]:

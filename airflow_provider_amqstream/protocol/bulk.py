@@ -302,7 +302,7 @@ def open_pack(headers: Mapping[str, Any], body: bytes | memoryview,
     when it, or the ids and sizes it shows, were altered, or it was moved from another pack; a
     ProtocolError when it opens but its index or members are malformed (its sender sealed them so)."""
     pid, count = _pack_header(headers)
-    shown = sealed_members(headers)
+    shown = _shown(headers, pid, count)
     opened = Seal.open(str(headers.get(H_SEAL)), identities, stream_id=pid, size=count,
                        chunk_size=shown_digest(headers))
     if opened is None:
@@ -329,7 +329,19 @@ def shown_digest(headers: Mapping[str, Any]) -> int:
 def sealed_members(headers: Mapping[str, Any]) -> list[tuple[str, int]]:
     """What a sealed pack shows of its members without a key: each one's stream id and size,
     checked (a key holder also checks them against the members, :func:`open_pack`)."""
-    pid, count = _pack_header(headers)
+    return _shown(headers, *_pack_header(headers))
+
+
+def sealed_member_offers(headers: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A sealed pack's members as offer headers for the views (``streams ls``, the offer
+    watcher): what :func:`sealed_members` shows, named as a sealed stream is, each one an atomic
+    inline offer of at most one chunk, as the sender made it."""
+    return [{H_KIND: Kind.OFFER.value, H_STREAM: sid, H_NAME: SEALED_NAME, H_SIZE: str(size),
+             H_CHUNKS: str(min(size, 1)), H_MODE: Mode.ATOMIC.value, H_INLINE: "1"}
+            for sid, size in sealed_members(headers)]
+
+
+def _shown(headers: Mapping[str, Any], pid: str, count: int) -> list[tuple[str, int]]:
     ids, sizes = (str(headers.get(h, "")).split("|") for h in (H_PACK_IDS, H_PACK_SIZES))
     if len(ids) != count + 2 or len(sizes) != count + 2 or ids[0] or ids[-1] or sizes[0] or sizes[-1]:
         raise ProtocolError(f"pack {pid}: {H_PACK_IDS} and {H_PACK_SIZES} must each list its {count} files "

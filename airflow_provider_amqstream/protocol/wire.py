@@ -359,8 +359,8 @@ def parked_headers(headers: Mapping[str, Any], *, sender: str, not_before: float
 def quarantined_headers(headers: Mapping[str, Any], *, cause: Outcome, reason: str, source: str, by: str, at: str,
                         sender: str) -> dict[str, str]:
     """The headers of the copy of a message filed in a quarantine queue: its own ``amqs_*``
-    headers (each cut to 1,024 characters, ``amqs_seal`` to 4,096; no earlier verdict kept) and why, from where, by
-    which host and when.
+    headers (each cut to 1,024 characters, ``amqs_seal`` to 4,096; no earlier verdict kept)
+    and why, from where, by which host and when.
 
     :param cause: why, as the failure table names it (``amqs_quarantine_cause``).
     :param reason: why it can never succeed, for people (cut to 2,000 characters).

@@ -29,7 +29,7 @@ from airflow_provider_amqstream.protocol import headers as hdr
 from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.protocol.outcomes import Outcome
-from airflow_provider_amqstream.protocol.seal import H_SEAL, SEALED_NAME
+from airflow_provider_amqstream.protocol.seal import H_SEAL
 from airflow_provider_amqstream.transport.link import Link, Message, open_link
 from airflow_provider_amqstream.transport.params import BrokerParams
 from airflow_provider_amqstream.transport.retry import transient
@@ -256,8 +256,8 @@ class OfferBrowser:
         if bw.is_sealed_pack(frame.headers):
             # Only its receivers can read its index: each file as a sealed stream's offer shows it.
             sender, at = _stamp(frame.headers)
-            return [Offer(sid, SEALED_NAME, size, min(size, 1), hdr.Mode.ATOMIC.value, str(self.dest), sender, at)
-                    for sid, size in bw.sealed_members(frame.headers)]
+            return [Offer(m[hdr.H_STREAM], m[hdr.H_NAME], int(m[hdr.H_SIZE]), int(m[hdr.H_CHUNKS]), m[hdr.H_MODE],
+                          str(self.dest), sender, at) for m in bw.sealed_member_offers(frame.headers)]
         found = []
         for headers, _ in bw.read_pack(frame.headers, frame.body or b""):
             try:

@@ -387,7 +387,7 @@ class _Ctx:
         whose receipts did not arrive back at the front of ``todo``."""
         flight = _InFlight()
         unsealed_files = unsealed_bytes = 0  # small files sent since the last receipt asked for
-        pack = Pack()
+        pack = Pack(self.recipients)
         try:
             while todo:
                 e = todo[0]
@@ -442,11 +442,11 @@ class _Ctx:
         else:
             index = index_bytes(headers)
             if not pack.fits(index, wire):
-                pack.send(link, self.dest, flight.add, self.recipients)
+                pack.send(link, self.dest, flight.add)
             todo.popleft()
             pack.add(e, headers, wire, res, index)
         if pack.files and (not todo or not self._packable(todo[0])):
-            pack.send(link, self.dest, flight.add, self.recipients)
+            pack.send(link, self.dest, flight.add)
         self._bound(link, flight)
 
     def _small(self, e: Outgoing) -> bool:

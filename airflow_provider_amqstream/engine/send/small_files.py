@@ -108,9 +108,11 @@ def index_bytes(headers: dict[str, str]) -> int:
 
 
 class Pack:
-    """Inline offers gathered until a pack is full, then sent as one message."""
+    """Inline offers gathered until a pack is full, then sent as one message (sealed for
+    ``recipients``, if any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recipients: list[bytes]) -> None:
+        self.recipients = recipients
         self.files: list[tuple[Outgoing, dict[str, str], bytes, TransferResult]] = []
         self.bytes = self.index = 0
 
@@ -125,12 +127,10 @@ class Pack:
         self.bytes += len(wire)
         self.index += index
 
-    def send(self, link: Link, dest: Destination, sent: Callable[[str | None, Outgoing, TransferResult], None],
-             recipients: list[bytes]) -> None:
-        """Send the pack (sealed for ``recipients``, if any) with a receipt (confirming it and
-        everything before it on the connection) and empty it; each file it carried goes to
-        ``sent``, the last with the receipt id."""
-        headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files], recipients)
+    def send(self, link: Link, dest: Destination, sent: Callable[[str | None, Outgoing, TransferResult], None]) -> None:
+        """Send the pack with a receipt (confirming it and everything before it on the
+        connection) and empty it; each file it carried goes to ``sent``, the last with the receipt id."""
+        headers, body = bw.pack_message([(h, w) for _, h, w, _ in self.files], self.recipients)
         rid = link.send(str(dest), body, headers, receipt=True)
         if rid is None:
             raise TransportError(f"no receipt id for pack {headers[hdr.H_STREAM]} on {link.params.url}")
