@@ -37,6 +37,7 @@ from benchmarks.common import (
     Sshd,
     free_port,
     log,
+    machine_busy,
     make_csv,
     make_random,
     median_run,
@@ -94,25 +95,37 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
                     if label in installed_sizes:
                         # The goal compares these two, and this machine's speed drifts by more than
                         # the difference within minutes: alternate them, report the medians.
-                        envs, sftps = [], []
+                        envs, sftps, busy_env, busy_sftp = [], [], [], []
                         for k in range(1, PAIRED_ROUNDS + 1):
                             log(f"{kind} {label}: installed command with $AIRFLOW_CONN_AMQSTREAM_DEFAULT, then raw "
                                 f"stomp.py{', then OpenSSH sftp' if sshd else ''} (round {k} of {PAIRED_ROUNDS})")
+                            # The whole machine's CPU around each transfer: our three processes and
+                            # the kernel's writeback, against ssh, sshd and the same writeback.
+                            os.sync()
+                            c0 = machine_busy()
                             envs.append(b.ours(src, installed=True))
+                            busy_env.append(machine_busy() - c0)
                             raws.append(b.raw_stomp(src))
                             if sshd:
+                                os.sync()
+                                c0 = machine_busy()
                                 sftps.append(sshd.sftp_put(src, work / "ssh.out"))
+                                busy_sftp.append(machine_busy() - c0)
                                 (work / "ssh.out").unlink()
                         env_e2e = median_run(envs)
                         row.update(ours_env=mibs(size, env_e2e["seconds"]), env_send_rss=env_e2e["send_rss"],
                                    env_recv_rss=env_e2e["recv_rss"], cpu_env=per_gib(env_e2e["cpu"], size),
                                    env_vs_raw_rounds=[round(r["seconds"] / e["seconds"], 2)
                                                       for e, r in zip(envs, raws, strict=True)])
+                        row.update(machine_env=per_gib(busy_env, size))
                         if sftps:
                             # The goal against OpenSSH, from the same alternating rounds.
                             row.update(sftp_alt=mibs(size, sorted(sftps)[len(sftps) // 2]),
                                        env_vs_sftp_rounds=[round(t / e["seconds"], 2)
-                                                           for e, t in zip(envs, sftps, strict=True)])
+                                                           for e, t in zip(envs, sftps, strict=True)],
+                                       machine_sftp=per_gib(busy_sftp, size),
+                                       machine_vs_sftp_rounds=[round(e / t, 2)
+                                                               for e, t in zip(busy_env, busy_sftp, strict=True)])
                     log(f"{kind} {label}: amqstream end to end, zstd")
                     zstd = b.ours(src, compress=True)
                     row.update(ours_zstd=mibs(size, zstd["seconds"]), cpu_zstd=per_gib(zstd["cpu"], size))
@@ -174,6 +187,19 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells = [" / ".join(f"{c:.1f}" for c in r[k]) if k in r else "-"
                  for k in ("cpu_ours", "cpu_env", "cpu_zstd", "cpu_raw")]
         lines.append(f"| {r['kind']} | {r['size']} | " + " | ".join(cells) + " |")
+    machine = [r for r in rows if "machine_env" in r]
+    if machine:
+        lines += ["", "The whole machine's CPU-seconds per GiB (`/proc/stat`: every process and kernel thread, "
+                  "busy time around each transfer) in the same alternating rounds: the installed command "
+                  "against OpenSSH `sftp put`, each round's figures and their ratio.", "",
+                  "| data | size | amqstream, installed | OpenSSH sftp | ours / sftp, per round | median ratio |",
+                  "|---|---|---|---|---|---|"]
+        for r in machine:
+            ratios = r.get("machine_vs_sftp_rounds", [])
+            med = f"{sorted(ratios)[len(ratios) // 2]:.2f}x" if ratios else "-"
+            lines.append(f"| {r['kind']} | {r['size']} | {', '.join(f'{c:.2f}' for c in r['machine_env'])} | "
+                         f"{', '.join(f'{c:.2f}' for c in r.get('machine_sftp', [])) or '-'} | "
+                         f"{', '.join(f'{x:.2f}' for x in ratios) or '-'} | {med} |")
     return "\n".join(lines)
 
 

@@ -234,6 +234,14 @@ def scratch_broker(workdir: str | None, prefix: str, store: str | None = None) -
 _QUEUES = itertools.count(1)
 
 
+def machine_busy() -> float:
+    """CPU-seconds the whole machine has been busy since boot (``/proc/stat``: user, nice,
+    system, irq and softirq time of every CPU), every process and kernel thread included."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu(pid: int | None) -> float:
     """User plus system CPU seconds of a running process (all its threads)."""
     if pid is None:

@@ -523,3 +523,47 @@ class HeldProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def resident_pages(path: Path) -> int:
+    """How many of ``path``'s pages are in the page cache now (``mincore``)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    pages = -(-size // mmap.PAGESIZE)
+    with path.open("rb") as fh:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fh.fileno(), 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return sum(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
+
+
+def page_cache_droppable(directory: Path) -> bool:
+    """Whether the filesystem of ``directory`` gives a synced file's pages back when asked
+    (tmpfs keeps them: its pages are the file)."""
+    probe = directory / ".fadvise-probe"
+    probe.write_bytes(b"x" * 65536)
+    try:
+        fd = os.open(probe, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return resident_pages(probe) == 0
+    finally:
+        probe.unlink()

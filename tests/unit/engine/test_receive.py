@@ -34,7 +34,7 @@ from airflow_provider_amqstream.protocol import wire as p
 from airflow_provider_amqstream.protocol.names import Destination
 from airflow_provider_amqstream.transport.link import open_link
 from airflow_provider_amqstream.transport.memory import MemoryBroker
-from tests.helpers import Tamper, send_stream
+from tests.helpers import Tamper, page_cache_droppable, resident_pages, send_stream
 
 Q = "/queue/landing"
 DEST = Destination.parse(Q)
@@ -66,6 +66,37 @@ def test_chunks_out_of_order_and_repeated_arrive_byte_exact(broker: MemoryBroker
     assert got is not None and (tmp_path / "out" / "mixed.bin").read_bytes() == data
     assert got.duplicates == 10 and got.sender == "alice"
     assert broker.messages(DEST.data_queue("mixed-1", "alice")) == []
+
+
+def test_a_received_stream_gives_its_pages_back_batch_by_batch(broker: MemoryBroker, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each synced batch, then the published file, leaves the page cache; chunks out of order
+    are hashed from what is still cached, so the file still checks out."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if not page_cache_droppable(out):
+        pytest.skip(f"{out} is on a filesystem whose pages are the file (tmpfs)")
+    dropped: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            dropped.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    data = os.urandom(64 * 4096 + 123)
+    spec = p.StreamSpec("cold-1", "cold.bin", len(data), 4096)
+    seqs = list(range(1, spec.chunks + 1))
+    random.Random(3).shuffle(seqs)
+    play(broker, "alice", spec, data, seqs)
+    got = receive_stream(broker.params("rx"), Q, out, options=ReceiveOptions(**FAST, window=4))
+    assert got is not None and got.sha256 == hashlib.sha256(data).hexdigest()
+    assert resident_pages(out / "cold.bin") == 0
+    # Dropped while the stream was under way, never past what was durable and hashed.
+    assert len(dropped) > 2 and all(off == 0 and 0 < n <= len(data) for off, n in dropped)
+    assert dropped[-1] == (0, len(data)) and any(n < len(data) for _, n in dropped[:-1])
+    assert (out / "cold.bin").read_bytes() == data
 
 
 def test_a_missing_chunk_quarantines_the_stream_naming_the_range(broker: MemoryBroker, tmp_path: Path) -> None:
