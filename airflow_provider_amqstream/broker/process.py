@@ -43,7 +43,7 @@ JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
 # The heap starts at its maximum, so G1 never gives memory back between bursts. A heap that
 # shrank after a transfer had its pages taken again for the next one, and taking a page the
 # kernel had handed back costs far more than reusing one (under KVM with free page reporting
-# the host backs it anew): 3.3-3.9 broker CPU-s per GiB against 4.2-5.5 with -Xms256M, in
+# the host backs it anew): 3.3-3.7 broker CPU-s per GiB against 4.2-5.5 with -Xms256M, in 4
 # alternating rounds (docs/decisions/page-reuse.md). The pages are touched only as used.
 HEAP_OPTIONS = ["-Xms512M", "-Xmx512M"]
 

@@ -1,0 +1,170 @@
+"""``python -m benchmarks.page_reuse``: what reusing memory buys end to end, before against
+after, with OpenSSH ``sftp put`` in the same alternating rounds.
+
+* ``before``: the broker's heap may shrink (``-Xms256M``, as shipped until 2026-11-29) and the
+  receiver keeps every page it wrote in the page cache;
+* ``after``: as shipped (the heap starts at its maximum; the receiver hands each synced batch
+  back to the kernel, docs/decisions/page-reuse.md);
+* ``sftp``: OpenSSH ``sftp put`` of the same file to a local sshd.
+
+Each variant has its own broker, warmed up alike; every round moves the same file once per
+variant through the installed ``amqstream`` command (connection from
+``AIRFLOW_CONN_AMQSTREAM_DEFAULT``), the first variant rotating per round. Reported per round:
+MiB/s, the CPU-seconds of sender, receiver and broker, and the whole machine's busy
+CPU-seconds (``/proc/stat``), all per GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
+from benchmarks.common import (
+    ROOT,
+    SIZES,
+    MiB,
+    Sshd,
+    amqstream_command,
+    free_port,
+    log,
+    machine_busy,
+    make_csv,
+    make_random,
+    process_cpu,
+    result,
+)
+
+VARIANTS = ("before", "after", "sftp")
+# The receiver of "before": its page-cache hand-back turned off at start-up.
+_KEEP_CACHE = ("import airflow_provider_amqstream.engine.receive.partial_file as pf\n"
+               "pf._DONTNEED = None\n")
+
+
+@contextlib.contextmanager
+def _broker(home: Path, java_opts: str) -> Iterator[EmbeddedBroker]:
+    saved = os.environ.get("AMQSTREAM_BROKER_JAVA_OPTS")
+    os.environ["AMQSTREAM_BROKER_JAVA_OPTS"] = java_opts
+    broker = EmbeddedBroker(home, port=free_port())
+    try:
+        broker.start()
+    finally:
+        if saved is None:
+            os.environ.pop("AMQSTREAM_BROKER_JAVA_OPTS", None)
+        else:
+            os.environ["AMQSTREAM_BROKER_JAVA_OPTS"] = saved
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _ours(broker: EmbeddedBroker, src: Path, work: Path, pythonpath: str) -> dict[str, Any]:
+    info = broker.info()
+    queue, out = f"/queue/bench.reuse.{time.monotonic_ns()}", work / "out"
+    env = {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": info.uri, "PYTHONPATH": pythonpath}
+    b0 = process_cpu(info.pid)
+    rx = amqstream_command("receive", "--from", queue, "--out-dir", str(out), "--json", "-q", "--overwrite",
+                           "--wait", "120", env=env)
+    tx = amqstream_command("send", str(src), "--to", queue, "--json", "-q",
+                           env={**env, "AMQSTREAM_STATE_DIR": str(work / "state")})
+    sent, got = result(tx), result(rx)
+    if got["sha256"] != sent["sha256"]:
+        raise RuntimeError("amqstream delivered a different file")
+    (out / src.name).unlink()
+    return {"cpu": [sent["cpu_seconds"], got["cpu_seconds"], process_cpu(info.pid) - b0]}
+
+
+def run(size: int, kinds: list[str], rounds: int, work: Path) -> list[dict[str, Any]]:
+    keep = work / "keep-cache"
+    keep.mkdir(exist_ok=True)
+    (keep / "sitecustomize.py").write_text(_KEEP_CACHE)
+    paths = {"before": os.pathsep.join([str(ROOT), str(keep)]), "after": str(ROOT)}
+    warm = work / "warm.bin"
+    make_random(warm, 64 * MiB)
+    rows: list[dict[str, Any]] = []
+    with Sshd(work) as sshd, _broker(work / "broker-before", "-Xms256M") as before, \
+            _broker(work / "broker-after", "") as after:
+        brokers = {"before": before, "after": after}
+        for name, broker in brokers.items():
+            for _ in range(2):
+                _ours(broker, warm, work, paths[name])
+        for kind in kinds:
+            src = work / f"input-{kind}.{'csv' if kind == 'csv' else 'bin'}"
+            (make_csv(src, size, work / "seed.csv") if kind == "csv" else make_random(src, size))
+            for k in range(rounds):
+                order = VARIANTS[k % 3:] + VARIANTS[:k % 3]
+                for name in order:
+                    log(f"{kind}: round {k + 1} of {rounds}, {name}")
+                    os.sync()
+                    m0, t0 = machine_busy(), time.monotonic()
+                    if name == "sftp":
+                        sshd.sftp_put(src, work / "ssh.out")
+                        cpu: list[float] = []
+                    else:
+                        cpu = _ours(brokers[name], src, work, paths[name])["cpu"]
+                    secs, busy = time.monotonic() - t0, machine_busy() - m0
+                    if name == "sftp":
+                        (work / "ssh.out").unlink()
+                    gib = size / (1024 * MiB)
+                    row = {"kind": kind, "round": k + 1, "variant": name, "mib_s": round(size / MiB / secs, 1),
+                           "machine": round(busy / gib, 2), "cpu": [round(c / gib, 2) for c in cpu]}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            src.unlink()
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| data | variant | MiB/s per round | CPU-s per GiB, sender / receiver / broker (median) | "
+             "whole machine CPU-s per GiB per round (median) |", "|---|---|---|---|---|"]
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        for name in VARIANTS:
+            rs = [r for r in rows if r["kind"] == kind and r["variant"] == name]
+            cpu = " / ".join(f"{statistics.median(r['cpu'][i] for r in rs):.2f}" for i in range(3)) if rs[0]["cpu"] \
+                else "-"
+            machine = f"{', '.join(str(r['machine']) for r in rs)} ({statistics.median(r['machine'] for r in rs)})"
+            lines.append(f"| {kind} | {name} | {', '.join(str(r['mib_s']) for r in rs)} | {cpu} | {machine} |")
+    lines += ["", "| data | after / before, MiB/s per round | after / sftp, MiB/s per round | "
+              "whole machine CPU, after / before per round | after / sftp per round |", "|---|---|---|---|---|"]
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        by = {(r["variant"], r["round"]): r for r in rows if r["kind"] == kind}
+        ks = sorted({k for _, k in by})
+
+        def ratio(a: str, b: str, key: str, ks: list[int] = ks, by: dict[Any, Any] = by) -> str:
+            return ", ".join(f"{by[(a, k)][key] / by[(b, k)][key]:.2f}" for k in ks)
+
+        lines.append(f"| {kind} | {ratio('after', 'before', 'mib_s')} | {ratio('after', 'sftp', 'mib_s')} | "
+                     f"{ratio('after', 'before', 'machine')} | {ratio('after', 'sftp', 'machine')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1G", help="100M, 1G, 4G or a byte count")
+    ap.add_argument("--data", default="random,csv", help="comma list of random, csv")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", help="scratch space (default a temp dir)")
+    args = ap.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-reuse-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = run(SIZES.get(args.size) or int(args.size), args.data.split(","), args.rounds, work)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
