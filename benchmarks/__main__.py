@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             info, _ = broker.start()
             try:
                 bulk_rows = bulk.run_bulk(args.bulk_sets.split(","), work, info.uri, ssh=not args.no_ssh,
-                                          mapped_files=args.mapped_files)
+                                          mapped_files=args.mapped_files, broker_pid=info.pid)
                 if not args.no_startup:
                     from benchmarks import startup
 
