@@ -396,11 +396,14 @@ class RecordStore:
         for key in keys:
             by_bucket.setdefault(bucket(kind, key), []).append(f"{kind}{_check_key(key)}".encode())
         cutoff = self._cutoff().encode()
+        # The days are listed once for every bucket asked about: a receiver's group asks about
+        # many buckets at once. A day pruned meanwhile lists as empty, which it is to us.
+        days = self._days()
         found: dict[str, list[Any]] = {}
         for b, heads in by_bucket.items():
             for _ in range(RELISTS):
                 try:
-                    found.update(self._collect_bucket(b, heads, cutoff, first=first))
+                    found.update(self._collect_bucket(b, heads, cutoff, days, first=first))
                     break
                 except FileNotFoundError:
                     continue  # a file listed was merged into a new one since: list again
@@ -409,13 +412,14 @@ class RecordStore:
                                             "times during one look-up; try again")
         return found
 
-    def _collect_bucket(self, b: str, heads: list[bytes], cutoff: bytes, *, first: bool) -> dict[str, list[Any]]:
+    def _collect_bucket(self, b: str, heads: list[bytes], cutoff: bytes, days: list[str], *,
+                        first: bool) -> dict[str, list[Any]]:
         """The values of ``heads`` in bucket ``b``'s files, newest day first. Raises
         ``FileNotFoundError`` if a file listed is gone when opened: files are only appended to, and a
         record leaves one only after it is in a newer file (renamed into place first), so a
         look-up that opened every file it listed saw every record there when it listed."""
         found: dict[bytes, list[Any]] = {}
-        for path in self._files(b):
+        for path in self._files(b, days):
             todo = [h for h in heads if not (first and h in found)]
             if not todo:
                 break
@@ -426,8 +430,8 @@ class RecordStore:
                         found.setdefault(h, []).extend(values)
         return {h[1:].decode(): v for h, v in found.items()}
 
-    def _files(self, b: str) -> list[str]:
-        return [*(p for day in self._days() for p in _listed(f"{self.root}/{day}/{b}")),
+    def _files(self, b: str, days: list[str]) -> list[str]:
+        return [*(p for day in days for p in _listed(f"{self.root}/{day}/{b}")),
                 *_listed(f"{self.root}/{PAST}/{b}")]
 
     def _days(self) -> list[str]:

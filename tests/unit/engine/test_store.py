@@ -7,6 +7,7 @@ import os
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -404,12 +405,30 @@ def test_a_look_up_that_listed_a_log_sorted_away_meanwhile_lists_again(tmp_path:
     s, reader = st.RecordStore(tmp_path / "records"), st.RecordStore(tmp_path / "records")
     s.put_many([(st.DONE, "first", ["first"])])
     b = st.bucket(st.DONE, "first")
-    stale = reader._files(b)
+    stale = reader._files(b, reader._days())
     i = 0
     while s._logs:  # until the log that holds "first" is sorted into a run and removed
         i += 1
         s.put_many([(st.DONE, f"more-{i}", ["m"] * 20)]) if st.bucket(st.DONE, f"more-{i}") == b else None
     listings = iter([stale])
     real = reader._files
-    monkeypatch.setattr(reader, "_files", lambda bb: next(listings, None) or real(bb))
+    monkeypatch.setattr(reader, "_files", lambda bb, days: next(listings, None) or real(bb, days))
     assert reader.get(st.DONE, "first") == ["first"]
+
+
+def test_a_look_up_of_many_buckets_lists_the_days_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = st.RecordStore(tmp_path / "records")
+    keys = [f"k-{i}" for i in range(300)]
+    s.put_many([(st.DONE, k, [k]) for k in keys[::2]])
+    root = str(tmp_path / "records")
+    listed: list[str] = []
+    real = os.listdir
+
+    def spy(path: Any = ".") -> list[str]:
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(st.os, "listdir", spy)
+    got = s.get_many(st.DONE, keys)
+    assert got == {k: [k] for k in keys[::2]}
+    assert len({st.bucket(st.DONE, k) for k in keys}) > 16 and listed.count(root) == 1
