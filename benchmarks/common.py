@@ -206,6 +206,22 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def scratch_dir(workdir: str | None, prefix: str) -> Iterator[Path]:
+    """``workdir`` (created, and kept after) or a new temporary directory (removed after).
+
+    :param workdir: the directory to use and keep, or None for a temporary one.
+    :param prefix: the temporary directory's name prefix.
+    """
+    work = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if not workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def scratch_broker(workdir: str | None, prefix: str, store: str | None = None) -> Iterator[tuple[Path, str]]:
     """A scratch directory and a fresh embedded broker in it, for one benchmark run: yields
     (the directory, the broker's URI); stops the broker after, and removes the directory
@@ -217,18 +233,16 @@ def scratch_broker(workdir: str | None, prefix: str, store: str | None = None) -
     """
     from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 
-    work = Path(workdir or tempfile.mkdtemp(prefix=prefix))
-    home = Path(tempfile.mkdtemp(prefix=prefix, dir=store)) if store else work
-    broker = EmbeddedBroker(home / "broker", port=free_port())
-    info, _ = broker.start()
-    try:
-        yield work, info.uri
-    finally:
-        broker.stop()
-        if store:
-            shutil.rmtree(home, ignore_errors=True)
-        if not workdir:
-            shutil.rmtree(work, ignore_errors=True)
+    with scratch_dir(workdir, prefix) as work:
+        home = Path(tempfile.mkdtemp(prefix=prefix, dir=store)) if store else work
+        broker = EmbeddedBroker(home / "broker", port=free_port())
+        info, _ = broker.start()
+        try:
+            yield work, info.uri
+        finally:
+            broker.stop()
+            if store:
+                shutil.rmtree(home, ignore_errors=True)
 
 
 _QUEUES = itertools.count(1)

@@ -22,14 +22,13 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import amqstream_command, free_port, log
+from benchmarks.common import amqstream_command, free_port, log, scratch_dir
 from benchmarks.probe import merge
 
 # The bounds the tests hold each case to (tests/integration/test_hostile_scale.py,
@@ -383,12 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     counts = {c: d for c, (_, d) in CASES.items()} | dict(kv.split("=", 1) for kv in args.counts)
     cases = {c: [int(n) for n in counts[c].split(",")] for c in args.cases.split(",")}
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-hostile-"))
-    try:
+    with scratch_dir(args.workdir, "amqs-hostile-") as work:
         rows = run(cases, work, plugins=not args.no_plugins)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
     return 0
 

@@ -14,14 +14,13 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.broker.network import NetworkConfig
-from benchmarks.common import SIZES, amqstream_command, free_port, make_random, result
+from benchmarks.common import SIZES, amqstream_command, free_port, make_random, result, scratch_dir
 
 QUEUE = "/queue/bench.net"
 
@@ -93,13 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         size = int(text)
     else:
         ap.error(f"--size {args.size!r}: use 100M, 1G, 4G, a number with K, M or G, or a byte count")
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-net-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with scratch_dir(args.workdir, "amqs-net-") as work:
         rows = run(size, work)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
     print(table(rows, size))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

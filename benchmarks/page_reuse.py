@@ -20,9 +20,7 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +40,7 @@ from benchmarks.common import (
     make_random,
     process_cpu,
     result,
+    scratch_dir,
 )
 
 VARIANTS = ("before", "after", "sftp")
@@ -155,13 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", help="scratch space (default a temp dir)")
     args = ap.parse_args(argv)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="amqs-reuse-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        rows = run(SIZES.get(args.size) or int(args.size), args.data.split(","), args.rounds, work)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+    size = SIZES.get(args.size) or (int(args.size) if args.size.isdigit() else 0)
+    if not size:
+        ap.error(f"--size {args.size!r}: use {', '.join(SIZES)} or a byte count")
+    with scratch_dir(args.workdir, "amqs-reuse-") as work:
+        rows = run(size, args.data.split(","), args.rounds, work)
     print(table(rows))
     return 0
 
