@@ -86,7 +86,8 @@ def _ours(broker: EmbeddedBroker, src: Path, work: Path, pythonpath: str) -> dic
 def run(size: int, kinds: list[str], rounds: int, work: Path) -> list[dict[str, Any]]:
     keep = work / "keep-cache"
     keep.mkdir(exist_ok=True)
-    (keep / "sitecustomize.py").write_text(_KEEP_CACHE)
+    # Python imports the module "sitecustomize" from the path at start-up, before the command runs.
+    (keep / "sitecustomize").with_suffix(".py").write_text(_KEEP_CACHE)
     paths = {"before": os.pathsep.join([str(ROOT), str(keep)]), "after": str(ROOT)}
     warm = work / "warm.bin"
     make_random(warm, 64 * MiB)
