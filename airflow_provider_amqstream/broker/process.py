@@ -45,7 +45,11 @@ JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
 # kernel had handed back costs far more than reusing one (under KVM with free page reporting
 # the host backs it anew): 3.3-3.7 broker CPU-s per GiB against 4.2-5.5 with -Xms256M, in 4
 # alternating rounds (docs/decisions/page-reuse.md). The pages are touched only as used.
-HEAP_OPTIONS = ["-Xms512M", "-Xmx512M"]
+# Regions of 4 MiB: a 1 MiB body is then an ordinary young object, not a humongous one (half a
+# region or more). Humongous arrays, several per chunk, started a concurrent cycle every
+# ~80 ms, and that cost grew with every stream the broker had carried: 20 files of 50 MB, six
+# rounds alternating on two brokers, 3.4-3.6 broker CPU-s a round against 4.0-6.0 with 1 MiB.
+HEAP_OPTIONS = ["-Xms512M", "-Xmx512M", "-XX:G1HeapRegionSize=4m"]
 
 
 # Our store plugin (java/, built by scripts/broker_jar.sh, named in the configuration by

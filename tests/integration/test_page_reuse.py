@@ -25,11 +25,13 @@ def _flags(pid: int) -> dict[str, str]:
     return dict(f[4:].split("=", 1) for f in out.split() if f.startswith("-XX:") and "=" in f)
 
 
-def test_the_broker_heap_starts_at_its_maximum(broker: EmbeddedBroker) -> None:
+def test_the_broker_heap_starts_at_its_maximum_in_regions_a_chunk_fits(broker: EmbeddedBroker) -> None:
     pid = broker.running_pid()
     assert pid is not None
     flags = _flags(pid)
     assert flags["InitialHeapSize"] == flags["MaxHeapSize"] == str(512 * 2**20)
+    # A chunk's 1 MiB body is below half a region: a young object, not a humongous one.
+    assert flags["G1HeapRegionSize"] == str(4 * 2**20)
 
 
 def test_a_file_through_the_broker_leaves_no_pages_in_the_receivers_cache(broker: EmbeddedBroker,
