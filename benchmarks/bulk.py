@@ -37,6 +37,7 @@ from benchmarks.common import (
     log,
     make_random,
     median_run,
+    process_cpu,
     py,
     scratch_broker,
 )
@@ -92,15 +93,6 @@ def _collect(proc: subprocess.Popen[str]) -> Callable[[], tuple[str, str]]:
     return wait
 
 
-def _cpu(pid: int | None) -> float:
-    """User + system CPU-seconds of process ``pid`` so far (0.0 for None)."""
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
          broker_pid: int | None = None, *, send_args: Sequence[str] = (),
          recv_args: Sequence[str] = ()) -> dict[str, Any]:
@@ -111,7 +103,7 @@ def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
     # none where PYTHONDONTWRITEBYTECODE is set, and each process would compile its modules
     # again (0.17 CPU-s, a fifth of a 1,000 x 64 KiB run). The unmeasured warm-up writes it.
     env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(work / "pycache")}
-    cpu0, t0 = _cpu(broker_pid), time.monotonic()
+    cpu0, t0 = process_cpu(broker_pid), time.monotonic()
     rx = cli_module("receive", "--from", q, "--out-dir", str(out), "--conn", uri, "--count", str(len(sums)), "--json",
                     "-q", "--wait", "120", *recv_args, env=env)
     received = _collect(rx)
@@ -119,7 +111,7 @@ def ours(src: Path, sums: dict[str, str], work: Path, uri: str, tag: str,
                     env={**env, "AMQSTREAM_STATE_DIR": str(work / f"state-{tag}")})
     s_out, s_err = tx.communicate(timeout=7200)
     r_out, r_err = received()
-    secs, broker_cpu = time.monotonic() - t0, _cpu(broker_pid) - cpu0
+    secs, broker_cpu = time.monotonic() - t0, process_cpu(broker_pid) - cpu0
     if tx.returncode or rx.returncode:
         raise RuntimeError(f"amqstream failed: {s_err[-800:]} {r_err[-800:]}")
     sent, got = json_rows(s_out), json_rows(r_out)

@@ -271,16 +271,18 @@ class Bench:
     def queue(self) -> str:
         return f"/queue/bench.{os.getpid()}.{next(_QUEUES)}"
 
-    def ours(self, src: Path, *, compress: bool = False, installed: bool = False) -> dict[str, Any]:
+    def ours(self, src: Path, *, compress: bool = False, installed: bool = False,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
         """End to end through the CLI. ``installed``: the ``amqstream`` command with the
-        connection in ``AIRFLOW_CONN_AMQSTREAM_DEFAULT``; else ``python -m`` with ``--conn URI``."""
+        connection in ``AIRFLOW_CONN_AMQSTREAM_DEFAULT``; else ``python -m`` with ``--conn URI``.
+        ``env``: more environment for both commands (replacing ``PYTHONPATH`` replaces this tree's)."""
         q, out = self.queue(), self.work / "out"
         state = {"AMQSTREAM_STATE_DIR": str(self.work / "state")}
         extra = ["--compress", "zstd"] if compress else []
         if installed:
-            run, conn, env = amqstream_command, [], {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": self.uri}
+            run, conn, env = amqstream_command, [], {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": self.uri, **(env or {})}
         else:
-            run, conn, env = cli_module, ["--conn", self.uri], {}
+            run, conn, env = cli_module, ["--conn", self.uri], dict(env or {})
         t0, b0 = time.monotonic(), process_cpu(self.broker_pid)
         rx = run("receive", "--from", q, "--out-dir", str(out), *conn, "--json", "-q", "--overwrite", "--wait", "120",
                  env=env)

@@ -30,16 +30,14 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from benchmarks.common import (
     ROOT,
     SIZES,
+    Bench,
     MiB,
     Sshd,
-    amqstream_command,
     free_port,
     log,
     machine_busy,
     make_csv,
     make_random,
-    process_cpu,
-    result,
     scratch_dir,
 )
 
@@ -67,22 +65,6 @@ def _broker(home: Path, java_opts: str) -> Iterator[EmbeddedBroker]:
         broker.stop()
 
 
-def _ours(broker: EmbeddedBroker, src: Path, work: Path, pythonpath: str) -> dict[str, Any]:
-    info = broker.info()
-    queue, out = f"/queue/bench.reuse.{time.monotonic_ns()}", work / "out"
-    env = {"AIRFLOW_CONN_AMQSTREAM_DEFAULT": info.uri, "PYTHONPATH": pythonpath}
-    b0 = process_cpu(info.pid)
-    rx = amqstream_command("receive", "--from", queue, "--out-dir", str(out), "--json", "-q", "--overwrite",
-                           "--wait", "120", env=env)
-    tx = amqstream_command("send", str(src), "--to", queue, "--json", "-q",
-                           env={**env, "AMQSTREAM_STATE_DIR": str(work / "state")})
-    sent, got = result(tx), result(rx)
-    if got["sha256"] != sent["sha256"]:
-        raise RuntimeError("amqstream delivered a different file")
-    (out / src.name).unlink()
-    return {"cpu": [sent["cpu_seconds"], got["cpu_seconds"], process_cpu(info.pid) - b0]}
-
-
 def run(size: int, kinds: list[str], rounds: int, work: Path) -> list[dict[str, Any]]:
     keep = work / "keep-cache"
     keep.mkdir(exist_ok=True)
@@ -94,10 +76,11 @@ def run(size: int, kinds: list[str], rounds: int, work: Path) -> list[dict[str, 
     rows: list[dict[str, Any]] = []
     with Sshd(work) as sshd, _broker(work / "broker-before", "-Xms256M") as before, \
             _broker(work / "broker-after", "") as after:
-        brokers = {"before": before, "after": after}
-        for name, broker in brokers.items():
+        benches = {name: Bench(work, b.info().uri, b.running_pid())
+                   for name, b in (("before", before), ("after", after))}
+        for name, bench in benches.items():
             for _ in range(2):
-                _ours(broker, warm, work, paths[name])
+                bench.ours(warm, installed=True, env={"PYTHONPATH": paths[name]})
         for kind in kinds:
             src = work / f"input-{kind}.{'csv' if kind == 'csv' else 'bin'}"
             (make_csv(src, size, work / "seed.csv") if kind == "csv" else make_random(src, size))
@@ -111,7 +94,7 @@ def run(size: int, kinds: list[str], rounds: int, work: Path) -> list[dict[str, 
                         sshd.sftp_put(src, work / "ssh.out")
                         cpu: list[float] = []
                     else:
-                        cpu = _ours(brokers[name], src, work, paths[name])["cpu"]
+                        cpu = benches[name].ours(src, installed=True, env={"PYTHONPATH": paths[name]})["cpu"]
                     secs, busy = time.monotonic() - t0, machine_busy() - m0
                     if name == "sftp":
                         (work / "ssh.out").unlink()
