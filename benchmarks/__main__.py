@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="1000,10000,100000,300000",
                     help="file counts for benchmarks.scale: files/s and peak RSS of one send and one receive of N "
                          "small files (empty: skip)")
+    ap.add_argument("--scale-per-dir", type=int, default=0,
+                    help="benchmarks.scale: files to a directory (default 0: all in one, the layout issue 37's rows "
+                         "name)")
     ap.add_argument("--records", type=int, default=1_000_000,
                     help="benchmarks.scale: also receive the smallest count into a directory already holding this "
                          "many completion records (0: skip)")
@@ -290,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "scale":
         from benchmarks import scale
 
-        return scale.main([f"--scale={args.scale}", f"--records={args.records}",
+        return scale.main([f"--scale={args.scale}", f"--records={args.records}", f"--per-dir={args.scale_per_dir}",
                            f"--docs={Path(args.docs) / 'benchmarks.md'}",
                            *([f"--workdir={args.workdir}"] if args.workdir else [])])
     if args.only == "hostile":
@@ -335,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             info, _ = broker.start()
             try:
                 scale_rows = scale.run_scale(scale.parse_counts(args.scale), work / "scale", info.uri,
-                                             records=args.records)
+                                             records=args.records, per_dir=args.scale_per_dir)
                 print(scale.table(scale_rows))
             finally:
                 broker.stop()
@@ -363,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         docs.mkdir(exist_ok=True)
         report = docs / "benchmarks.md"
         previous = report.read_text() if report.exists() else ""
-        scale_text = scale.section(scale_rows, scale.head_commit()) if scale_rows else scale.kept_section(previous)
+        scale_text = (scale.section(scale_rows, scale.head_commit(), args.scale_per_dir) if scale_rows
+                      else scale.kept_section(previous))
         from benchmarks.seal import SECTION as SEAL_SECTION
 
         seal_text = scale.kept_section(previous, SEAL_SECTION)  # measured alone (--only seal)
