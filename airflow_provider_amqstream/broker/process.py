@@ -31,13 +31,13 @@ JAVA_OPENS = [
 ]
 
 
-# C1 only (no C2). The broker's hot paths are copies and system calls (STOMP bodies into
-# messages, messages into the journal, sockets), which C2 does not make faster: with C1 only
-# the broker's own threads used the same CPU per GiB, and C2's compiler threads, still at
-# 1.8-2.8 CPU-s per GiB through the third GiB after a start, are gone. What it risks: CPU-bound
-# Java code (TLS ciphers, many small messages) runs less optimised; docs/decisions/broker-tuning.md.
-# $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn it back (-XX:TieredStopAtLevel=4), or
-# change the heap (-Xms2g -Xmx2g: the last of each wins).
+# C1 only (no C2). The broker's hot paths are mostly copies and system calls, which C2 does
+# not make faster: once compiled, C2 saves ~7 % of the broker's CPU per GiB, but compiling
+# costs ~6.5 CPU-s over the first 10 GiB after a start, so it pays back only after ~25-35 GiB.
+# What C1 risks: CPU-bound Java code (TLS ciphers, many small messages) runs less optimised;
+# docs/decisions/broker-tuning.md. $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn C2 back
+# on (-XX:TieredStopAtLevel=4: for a broker that runs for weeks), or change the heap (-Xms2g
+# -Xmx2g: the last of each wins).
 JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
 
 # The heap starts at its maximum, so G1 never gives memory back between bursts. A heap that
