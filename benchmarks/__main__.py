@@ -266,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="file counts for benchmarks.scale: files/s and peak RSS of one send and one receive of N "
                          "small files (empty: skip)")
     ap.add_argument("--scale-per-dir", type=int, default=0,
-                    help="benchmarks.scale: files to a directory (default 0: all in one, the layout issue 37's rows "
-                         "name)")
+                    help="benchmarks.scale: files to a directory (default 0: all in one, where a walk could hold "
+                         "every name of it)")
     ap.add_argument("--records", type=int, default=1_000_000,
                     help="benchmarks.scale: also receive the smallest count into a directory already holding this "
                          "many completion records (0: skip)")

@@ -31,9 +31,9 @@ JAVA_OPENS = [
 ]
 
 
-# C1 only (no C2). The broker's hot paths are mostly copies and system calls, which C2 does
-# not make faster: once compiled, C2 saves ~7 % of the broker's CPU per GiB, but compiling
-# costs ~6.5 CPU-s over the first 10 GiB after a start, so it pays back only after ~25-35 GiB.
+# C1 only (no C2). The broker's hot paths are mostly copies and system calls, so C2's code is
+# only ~7 % cheaper per GiB once compiled, and compiling it costs ~6.5 CPU-s over the first
+# 10 GiB after a start: it pays back only after ~25-35 GiB.
 # What C1 risks: CPU-bound Java code (TLS ciphers, many small messages) runs less optimised;
 # docs/decisions/broker-tuning.md. $AMQSTREAM_BROKER_JAVA_OPTS comes after and can turn C2 back
 # on (-XX:TieredStopAtLevel=4: for a broker that runs for weeks), or change the heap (-Xms2g
