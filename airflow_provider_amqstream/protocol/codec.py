@@ -23,15 +23,16 @@ def crc32(body: bytes | bytearray | memoryview) -> int:
 # What a sender may be asked for: "zstd" (always tried), "auto" (compress what shrinks, stop
 # trying on data that does not) or "none".
 COMPRESSION_SETTINGS = ("auto", "zstd", "none")
-# Compress what pays: each byte not carried saves the broker ~9 CPU-s/GiB, and data that does not
-# shrink costs one failed attempt per 64 chunks (docs/decisions/broker-tuning.md).
+# Compress what shrinks well: each byte not carried is one the network, the broker's journal and
+# its CPU (~3.3 CPU-s per GiB) do not see, and data that does not shrink costs one failed attempt
+# per 64 chunks. With sender, broker and receivers on one machine it does not pay at any ratio
+# measured: zstd -3 costs the sender ~2.4 CPU-s and the receiver ~0.8 per GiB it reads, more than
+# the broker saves, and "none" is faster there (docs/decisions/page-reuse.md, README).
 DEFAULT_COMPRESSION = "auto"
 # Below this saving a chunk goes raw: decompressing it would cost more than it saves.
 _MIN_SAVING = 0.95
-# "auto" keeps a chunk compressed only if it shrank to half or less. At level -3 zstd costs
-# the sender ~1.8 CPU-s per GiB it reads on this project's 2-core machines and the receiver
-# ~0.9, and each GiB not carried saves the broker ~3 (docs/decisions/broker-tuning.md): below
-# 2x the whole path would spend more CPU than it saves (on one machine).
+# "auto" keeps a chunk compressed only if it shrank to half or less. The line was drawn when the
+# broker cost ~3x more per GiB carried than now; on one machine no ratio pays any more (above).
 _AUTO_SAVING = 0.5
 # zstd's level for "auto" on chunks of _AUTO_FAST_FROM bytes or more: -3 shrank 1 GiB of CSV
 # in 1 MiB chunks to 0.42 of its size where level 1 reached 0.27, at two thirds of the
