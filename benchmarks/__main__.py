@@ -31,7 +31,6 @@ from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from benchmarks.common import (
     PAIRED_ROUNDS,
     ROOT,
-    SIZES,
     Bench,
     MiB,
     Sshd,
@@ -41,6 +40,7 @@ from benchmarks.common import (
     make_csv,
     make_random,
     median_run,
+    parse_size,
     per_gib,
 )
 from benchmarks.readme import rows_from_report, update_readme
@@ -71,7 +71,7 @@ def run(sizes: list[str], kinds: list[str], work: Path, ssh: bool, warm_mib: int
     try:
         for kind in kinds:
             for label in sizes:
-                size = SIZES.get(label) or int(label)
+                size = parse_size(label)
                 src = work / f"input-{kind}-{label}.{'csv' if kind == 'csv' else 'bin'}"
                 log(f"{kind} {label}: generating {size / MiB:,.0f} MiB")
                 (make_csv(src, size, work / "seed.csv") if kind == "csv" else make_random(src, size))
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.network_size:
             from benchmarks import network
 
-            net_size = SIZES[args.network_size] if args.network_size in SIZES else int(args.network_size)
+            net_size = parse_size(args.network_size)
             net_text = network.table(network.run(net_size, work / "network"), net_size)
             print(net_text)
     finally:

@@ -35,7 +35,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker import process
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
-from benchmarks.common import SIZES, Bench, MiB, free_port, log, make_csv, make_random, per_gib
+from benchmarks.common import Bench, MiB, free_port, log, make_csv, make_random, parse_size, per_gib
 
 # Variant -> (with our jar, replacements in the rendered activemq.xml).
 VARIANTS: dict[str, tuple[bool, list[tuple[str, str]]]] = {
@@ -156,7 +156,7 @@ def main() -> None:
     jfr = Path(args.jfr).resolve() if args.jfr else None
     if jfr:
         jfr.mkdir(parents=True, exist_ok=True)
-    size = SIZES.get(args.size) or int(args.size)
+    size = parse_size(args.size)
     rows: list[dict[str, Any]] = []
     with brokers(work, names, jfr) as running:
         benches = {n: Bench(work, b.info().uri, b.running_pid()) for n, b in running.items()}

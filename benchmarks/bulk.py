@@ -37,6 +37,7 @@ from benchmarks.common import (
     log,
     make_random,
     median_run,
+    parse_size,
     process_cpu,
     py,
     scratch_broker,
@@ -47,8 +48,7 @@ KiB, MiB = 1024, 2**20
 
 def parse_set(text: str) -> tuple[int, int]:
     count, _, size = text.lower().partition("x")
-    mult = {"k": KiB, "m": MiB, "g": 1024 * MiB}.get(size[-1:], 1)
-    return int(count), int(size.rstrip("kmg")) * mult
+    return int(count), parse_size(size)
 
 
 def make_set(root: Path, count: int, size: int) -> dict[str, str]:

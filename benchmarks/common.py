@@ -26,7 +26,17 @@ from benchmarks.probe import merge
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 CHUNK = 1024 * 1024
-SIZES = {"100M": 100 * MiB, "1G": 1024 * MiB, "4G": 4096 * MiB}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``: a count, or one with K, M or G (binary: ``1G`` is 1024 MiB), any case.
+
+    :param text: what the user wrote, e.g. ``64K``, ``100M``, ``1G`` or ``4096``.
+    """
+    digits, unit = (text[:-1], text[-1].upper()) if text[-1:].isalpha() else (text, "")
+    if not digits.isdigit() or unit not in ("", "K", "M", "G"):
+        raise ValueError(f"size {text!r}: use a byte count or a number with K, M or G (e.g. 64K, 100M, 1G)")
+    return int(digits) * 1024 ** ("_KMG".index(unit or "_"))
 
 
 def log(msg: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from airflow_provider_amqstream.broker.network import NetworkConfig
-from benchmarks.common import SIZES, amqstream_command, free_port, make_random, result, scratch_dir
+from benchmarks.common import amqstream_command, free_port, make_random, parse_size, result, scratch_dir
 
 QUEUE = "/queue/bench.net"
 
@@ -83,15 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="scratch space (default a temp dir; needs ~4x the size free)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
-    text = args.size.upper()
-    if text in SIZES:
-        size = SIZES[text]
-    elif text[:-1].isdigit() and text[-1] in "KMG":
-        size = int(text[:-1]) * 1024 ** ("KMG".index(text[-1]) + 1)
-    elif text.isdigit():
-        size = int(text)
-    else:
-        ap.error(f"--size {args.size!r}: use 100M, 1G, 4G, a number with K, M or G, or a byte count")
+    try:
+        size = parse_size(args.size)
+    except ValueError as exc:
+        ap.error(f"--size: {exc}")
     with scratch_dir(args.workdir, "amqs-net-") as work:
         rows = run(size, work)
     print(table(rows, size))

@@ -29,7 +29,6 @@ from typing import Any
 from airflow_provider_amqstream.broker.embedded import EmbeddedBroker
 from benchmarks.common import (
     ROOT,
-    SIZES,
     Bench,
     MiB,
     Sshd,
@@ -38,6 +37,7 @@ from benchmarks.common import (
     machine_busy,
     make_csv,
     make_random,
+    parse_size,
     scratch_dir,
 )
 
@@ -138,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", help="scratch space (default a temp dir)")
     args = ap.parse_args(argv)
-    size = SIZES.get(args.size) or (int(args.size) if args.size.isdigit() else 0)
-    if not size:
-        ap.error(f"--size {args.size!r}: use {', '.join(SIZES)} or a byte count")
+    try:
+        size = parse_size(args.size)
+    except ValueError as exc:
+        ap.error(f"--size: {exc}")
     with scratch_dir(args.workdir, "amqs-reuse-") as work:
         rows = run(size, args.data.split(","), args.rounds, work)
     print(table(rows))

@@ -23,7 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bulk import make_set, ours, parse_set
-from benchmarks.common import ROOT, SIZES, MiB, amqstream_command, log, make_csv, make_random, result, scratch_broker
+from benchmarks.common import (
+    ROOT,
+    MiB,
+    amqstream_command,
+    log,
+    make_csv,
+    make_random,
+    parse_size,
+    result,
+    scratch_broker,
+)
 from benchmarks.scale import head_commit, update_report
 
 SECTION = ("<!-- seal: written by make bench -->", "<!-- /seal -->")
@@ -200,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the broker keeps its data, off the receiver's filesystem (default /dev/shm, a "
                          "tmpfs, if writable; '' keeps it in the scratch directory)")
     args = ap.parse_args(argv)
-    size = SIZES.get(args.size) or int(args.size)
+    size = parse_size(args.size)
     start = os.getloadavg()[0]
     with scratch_broker(args.workdir, "amqs-seal-", args.broker_store or None) as (work, uri):
         key = new_key(work)
